@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One entry point for the two quickstart commands:
+#   ./run.sh lab    set up .venv (first time) and open the course in JupyterLab
+#   ./run.sh test   set up .venv (first time) and run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=.venv
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PY" -m venv "$VENV"
+    fi
+    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        # torch 2.13.0: a local CPU wheel if this machine has one; the CUDA build only where
+        # a GPU is present; otherwise PyTorch's CPU index (never the multi-GB CUDA wheel).
+        if "$VENV/bin/pip" install --no-index "torch==2.13.0" 2>/dev/null; then
+            :
+        elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            "$VENV/bin/pip" install "torch==2.13.0"
+        else
+            "$VENV/bin/pip" install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+        fi
+    fi
+    "$VENV/bin/pip" install -q -e ".[course,dev]"
+}
+
+case "${1:-}" in
+    lab)
+        setup
+        exec "$VENV/bin/jupyter" lab notebooks/00_start_here.ipynb
+        ;;
+    test)
+        setup
+        exec "$VENV/bin/python" -m pytest "${@:2}"
+        ;;
+    *)
+        echo "usage: ./run.sh lab | ./run.sh test" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,147 @@
+"""The CPU stand-in behaves like a CUDA stream: asynchronous, in order, event-driven."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from toy_engine.device import DeviceError, ProcessDevice, RaceError
+from toy_engine.model import GPTConfig, TinyGPT
+
+SPECS = {"inbuf": ((8,), torch.long), "outbuf": ((8,), torch.long)}
+
+
+def sleep_ms(ctx, ms):
+    time.sleep(ms / 1000)
+
+
+def append_log(ctx, value):
+    ctx.state.setdefault("log", []).append(value)
+
+
+def copy_log(ctx):
+    log = torch.tensor(ctx.state["log"][-8:], dtype=torch.long)
+    ctx.store("outbuf", log)
+
+
+def fail(ctx):
+    raise ZeroDivisionError("boom on the device")
+
+
+@pytest.fixture(scope="module")
+def device():
+    model = TinyGPT(GPTConfig(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8))
+    dev = ProcessDevice(model, num_kv_blocks=4, block_size=4, buffer_specs=SPECS)
+    yield dev
+    dev.close()
+
+
+def test_launch_returns_before_the_work_is_done(device):
+    t0 = time.perf_counter()
+    device.launch(sleep_ms, 300, round=0)
+    launched = time.perf_counter() - t0
+    ev = device.record_event()
+    device.wait(ev)
+    waited = time.perf_counter() - t0
+    # Generous bounds: launching is a message (well under 0.1 s), waiting covers the work.
+    assert launched < 0.1, launched
+    assert waited >= 0.29, waited
+
+
+def test_launches_run_in_order_and_times_are_monotonic(device):
+    for i in range(8):
+        device.launch(append_log, i, round=i)
+    device.launch(copy_log, round=8, writes={"outbuf"})
+    device.wait(device.record_event())
+    assert device.host("outbuf").tolist() == list(range(8))
+    spans = device.spans()
+    starts = [s[2] for s in spans]
+    assert starts == sorted(starts)
+    assert all(end >= start for _, _, start, end in spans)
+    # device stamps are on the host clock: they fall inside this test's lifetime
+    assert all(0 < start <= time.perf_counter_ns() for _, _, start, _ in spans)
+
+
+def test_kernels_defined_at_run_time_reach_the_device_by_value(device):
+    offset = 40
+
+    def add_offset(ctx, x):  # a closure, like a function defined in a notebook cell
+        ctx.store("outbuf", torch.arange(8) + x + offset)
+
+    device.launch(add_offset, 2, round=0, writes={"outbuf"})
+    device.wait(device.record_event())
+    assert device.host("outbuf").tolist()[:2] == [42, 43]
+
+
+def test_race_checker_catches_reads_writes_and_freed_blocks(device):
+    device.launch(sleep_ms, 1, round=7, writes={"outbuf"}, reads={"inbuf"}, blocks={2})
+    with pytest.raises(RaceError, match=r"'outbuf'.*round 7"):
+        device.host("outbuf", "r")
+    with pytest.raises(RaceError, match=r"'inbuf'.*host write"):
+        device.host("inbuf", "w")
+    device.host("inbuf", "r")  # reading what the device only reads is fine
+    with pytest.raises(RaceError, match=r"KV blocks \[2\].*round 7"):
+        device.races.on_free([2], owner="request 5")
+    device.wait(device.record_event())
+    device.host("outbuf", "r")
+    device.races.on_free([3], owner="request 6")
+    with pytest.raises(RaceError, match=r"KV block 3.*request 6"):
+        device.launch(sleep_ms, 1, round=8, blocks={3})
+    device.races.on_alloc([3])
+    device.launch(sleep_ms, 1, round=8, blocks={3})
+    device.wait(device.record_event())
+
+
+def test_device_exceptions_are_sticky_host_errors():
+    model = TinyGPT(GPTConfig(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8))
+    dev = ProcessDevice(model, num_kv_blocks=4, block_size=4, buffer_specs=SPECS)
+    try:
+        dev.launch(fail, round=3)
+        dev.launch(append_log, 1, round=4)
+        with pytest.raises(DeviceError, match="ZeroDivisionError: boom on the device.*'fail'"):
+            dev.wait(dev.record_event())
+        with pytest.raises(DeviceError):  # sticky, like a CUDA error
+            dev.wait(dev.record_event())
+    finally:
+        dev.close()
+    assert not dev._proc.is_alive()
+
+
+def test_device_process_ignores_sigint(device):
+    os.kill(device.pid, signal.SIGINT)
+    time.sleep(0.2)
+    device.launch(append_log, 99, round=0)
+    device.wait(device.record_event())
+
+
+def test_device_process_dies_with_its_parent(tmp_path):
+    script = textwrap.dedent("""
+        import time
+        from toy_engine.device import ProcessDevice
+        from toy_engine.model import GPTConfig, TinyGPT
+        dev = ProcessDevice(TinyGPT(GPTConfig(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)),
+                            num_kv_blocks=4, block_size=4, buffer_specs={})
+        print(dev.pid, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap if it became our zombie (it should not)
+            os.waitpid(child_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"device process {child_pid} outlived its parent")

@@ -1,0 +1,208 @@
+"""Fast tests for toy_engine.timeline (pure Python, no torch)."""
+
+import json
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toy_engine.timeline import Span, Timeline
+
+
+def handmade() -> Timeline:
+    """Device [0,2],[3,5],[5,6],[8,9] (rounds 0,1,1,2) plus some host spans."""
+    tl = Timeline(origin_ns=1_000, meta={"mode": "overlap", "num_draft_tokens": 0})
+    tl.add("device", "forward", 0, 0, 2)
+    tl.add("device", "forward", 1, 3, 5)
+    tl.add("device", "sample", 1, 5, 6)
+    tl.add("device", "forward", 2, 8, 9, owner="StepState(round=2)")
+    # host: round 0 schedule+prepare overlap -> union 1.5; wait is excluded.
+    tl.add("host", "schedule", 0, -1, 0)
+    tl.add("host", "prepare", 0, -0.5, 0.5)
+    tl.add("host", "wait", 0, 0.5, 2)
+    tl.add("host", "postprocess", 0, 2, 3.5)   # round 0 total: 1.5 + 1.5 = 3.0
+    tl.add("host", "prepare", 1, 6, 7)         # round 1: 1.0
+    tl.add("host", "postprocess", 2, 9, 10)    # round 2: 1.0
+    return tl
+
+
+# -- Span validation --------------------------------------------------------
+
+def test_span_bad_lane():
+    with pytest.raises(ValueError, match="'gpu'"):
+        Span("gpu", "forward", 0, 0.0, 1.0)
+
+
+def test_span_end_before_start():
+    with pytest.raises(ValueError) as exc:
+        Span("device", "forward", 3, 5.0, 4.0)
+    msg = str(exc.value)
+    assert "'forward'" in msg and "round 3" in msg and "5.0" in msg and "4.0" in msg
+
+
+def test_span_negative_round_and_empty_stage():
+    with pytest.raises(ValueError, match="round"):
+        Span("host", "prepare", -1, 0.0, 1.0)
+    with pytest.raises(ValueError, match="stage"):
+        Span("host", "", 0, 0.0, 1.0)
+
+
+def test_span_duration_and_float_normalisation():
+    s = Span("host", "prepare", 0, 1, 3)
+    assert s.duration_ms == 2.0 and isinstance(s.start_ms, float)
+    assert Span("device", "forward", 0, 1.0, 1.0).duration_ms == 0.0
+
+
+# -- queries on the hand-made timeline ---------------------------------------
+
+def test_gaps_busy_idle():
+    tl = handmade()
+    assert tl.device_gaps() == [(2.0, 3.0), (6.0, 8.0)]
+    assert tl.device_busy_ms() == 2 + 2 + 1 + 1
+    assert tl.device_idle_fraction() == pytest.approx(3 / 9)
+    assert tl.device_busy_ms(rounds=[1]) == 3.0
+    assert tl.device_idle_fraction(rounds=[1]) == 0.0
+    assert tl.device_idle_fraction(rounds=[0, 2]) == pytest.approx(1 - 3 / 9)
+
+
+def test_gaps_window_clipped():
+    tl = handmade()
+    assert tl.device_gaps(start_ms=2.5, end_ms=7) == [(2.5, 3.0), (6.0, 7.0)]
+    assert tl.device_gaps(start_ms=3.5) == [(6.0, 8.0)]
+    assert tl.device_gaps(end_ms=2.0) == []
+
+
+def test_overlapping_device_spans_merged():
+    tl = Timeline(origin_ns=0)
+    tl.add("device", "forward", 0, 0, 4)
+    tl.add("device", "draft", 0, 1, 3)     # inside
+    tl.add("device", "sample", 0, 3.5, 6)  # overlaps the end
+    tl.add("device", "forward", 1, 7, 8)
+    assert tl.device_busy_ms() == 7.0
+    assert tl.device_gaps() == [(6.0, 7.0)]
+    assert tl.device_idle_fraction() == pytest.approx(1 / 8)
+
+
+def test_lane_rounds_len_repr():
+    tl = handmade()
+    starts = [s.start_ms for s in tl.lane("host")]
+    assert starts == sorted(starts)
+    assert tl.rounds() == [0, 1, 2]
+    assert len(tl) == 10
+    assert "spans=10" in repr(tl)
+
+
+def test_summary_handmade():
+    s = handmade().summary()
+    assert s["rounds"] == 3
+    assert s["wall_ms"] == 11.0  # -1 .. 10
+    assert s["device_busy_ms"] == 6.0
+    assert s["device_idle_fraction"] == pytest.approx(3 / 9)
+    assert s["mean_host_ms_per_round"] == pytest.approx((3.0 + 1.0 + 1.0) / 3)
+    assert s["mean_device_ms_per_round"] == pytest.approx((2.0 + 3.0 + 1.0) / 3)
+
+
+def test_empty_timeline():
+    tl = Timeline()
+    assert tl.device_gaps() == [] and tl.device_busy_ms() == 0.0
+    assert tl.device_idle_fraction() == 0.0
+    assert tl.summary()["rounds"] == 0 and tl.summary()["wall_ms"] == 0.0
+
+
+# -- JSON --------------------------------------------------------------------
+
+def _assert_same(a: Timeline, b: Timeline):
+    assert a.spans == b.spans and a.meta == b.meta and a.origin_ns == b.origin_ns
+
+
+def test_json_round_trip_string_and_file(tmp_path):
+    tl = handmade()
+    tl.add("host", "overhead", 3, 0.1 + 0.2, 1 / 3)  # awkward floats
+    text = tl.to_json()
+    assert json.loads(text)["version"] == 1
+    _assert_same(tl, Timeline.from_json(text))
+    path = tmp_path / "run.json"
+    assert tl.to_json(path) == text
+    _assert_same(tl, Timeline.from_json(path))
+    _assert_same(tl, Timeline.from_json(str(path)))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"origin_ns": 0, "meta": {}, "spans": []}', "version"),
+    ('{"version": 2, "origin_ns": 0, "meta": {}, "spans": []}', "unsupported"),
+    ('{"version": 1, "meta": {}, "spans": []}', "origin_ns"),
+    ('{"version": 1, "origin_ns": 0, "meta": {}, "spans": [{"lane": "host"}]}', "missing"),
+    ('{"version": 1, "origin_ns": 0, "meta": {}, "spans": [{"lane": "cpu", "stage": "x",'
+     ' "round": 0, "start_ms": 0, "end_ms": 1}]}', "span 0 is invalid"),
+    ('{"version": 1, "origin_ns": 0, "meta": {}, "spans": [{"lane": "host", "stage": "x",'
+     ' "round": 0, "start_ms": "a", "end_ms": 1}]}', "start_ms"),
+])
+def test_from_json_malformed(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Timeline.from_json(bad)
+
+
+def test_from_json_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot read"):
+        Timeline.from_json(tmp_path / "nope.json")
+
+
+# -- recording ---------------------------------------------------------------
+
+def test_host_span_records_even_on_error():
+    tl = Timeline()
+    with tl.host_span("prepare", 0, owner="StepState(round=0)"):
+        pass
+    with pytest.raises(RuntimeError):
+        with tl.host_span("postprocess", 0):
+            raise RuntimeError("boom")
+    assert [s.stage for s in tl.spans] == ["prepare", "postprocess"]
+    assert all(s.lane == "host" and s.duration_ms >= 0 for s in tl.spans)
+    assert tl.spans[0].owner == "StepState(round=0)"
+
+
+def test_add_device_ns_uses_shared_clock():
+    tl = Timeline(origin_ns=5_000_000)
+    s = tl.add_device_ns("forward", 1, 6_000_000, 8_500_000)
+    assert (s.lane, s.start_ms, s.end_ms) == ("device", 1.0, 3.5)
+    t0 = time.perf_counter_ns()
+    tl2 = Timeline()
+    assert tl2.origin_ns >= t0 and tl2.now_ms() >= 0.0
+
+
+# -- property ----------------------------------------------------------------
+
+_pieces = st.lists(
+    st.tuples(st.floats(0, 100, allow_nan=False), st.floats(0, 100, allow_nan=False)),
+    min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_pieces)
+def test_busy_plus_gaps_is_window_disjoint(pieces):
+    tl = Timeline(origin_ns=0)
+    t = 0.0
+    for gap, dur in pieces:
+        start = t + gap
+        t = start + dur
+        tl.add("device", "forward", 0, start, t)
+    spans = tl.lane("device")
+    window = spans[-1].end_ms - spans[0].start_ms
+    total = tl.device_busy_ms() + sum(b - a for a, b in tl.device_gaps())
+    assert abs(total - window) <= 1e-9
+    assert all(b > a for a, b in tl.device_gaps())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 20)), min_size=1, max_size=30))
+def test_busy_plus_gaps_is_window_overlapping(pieces):
+    tl = Timeline(origin_ns=0)
+    for start, dur in pieces:
+        tl.add("device", "forward", 0, start, start + dur)
+    window = max(s.end_ms for s in tl.spans) - min(s.start_ms for s in tl.spans)
+    total = tl.device_busy_ms() + sum(b - a for a, b in tl.device_gaps())
+    assert abs(total - window) <= 1e-9
+    assert tl.device_busy_ms() <= sum(s.duration_ms for s in tl.spans) + 1e-9

@@ -1,0 +1,133 @@
+"""Serial vs ZOS (and speculative variants) on one workload, side by side, in one process.
+
+    python -m toy_engine.bench            # a table
+    python -m toy_engine.bench --json     # the same numbers as JSON
+
+Each mode gets its own engine (start-up is not timed) and one warm-up run; then the
+modes run in turn, ``--repeats`` times, so slow phases of a shared machine hit all
+modes alike.  Per mode the median run is reported.  The *ideal* ZOS speed-up comes
+from the serial run's own per-round host and device times: overlapping them perfectly
+turns ``host + device`` into ``max(host, device)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from .data import generate_corpus
+from .engine import Engine, EngineConfig
+
+COLUMNS = [
+    ("tokens_per_s", "tok/s", "{:.0f}"),
+    ("wall_ms", "wall ms", "{:.0f}"),
+    ("device_busy_ms", "dev busy ms", "{:.0f}"),
+    ("decode_device_idle_fraction", "dev idle (decode)", "{:.3f}"),
+    ("mean_host_ms_per_round", "host ms/round", "{:.2f}"),
+    ("mean_device_ms_per_round", "dev ms/round", "{:.2f}"),
+    ("mean_accepted_per_round", "acc/round", "{:.2f}"),
+    ("equal_to_serial", "= serial", "{}"),
+]
+
+
+def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
+    """Prompts of mixed lengths (5 to ~60 characters), cut from the corpus."""
+    docs = generate_corpus(seed=seed, num_chars=20_000)
+    lengths = [5, 12, 20, 30, 45, 60]
+    return [docs[i][: lengths[i % len(lengths)]] for i in range(num_requests)]
+
+
+def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int = 3,
+              num_requests: int = 16, max_new_tokens: int = 96, max_batch_size: int = 8,
+              host_overhead_ms: float = 0.0, device: str = "auto", temperature: float = 0.0,
+              race_check: bool = False) -> dict:
+    """Run every mode on the same prompts; return per-mode medians and the ratios."""
+    prompts = default_workload(num_requests)
+    engines = {}
+    for mode in modes:
+        base, _, spec = mode.partition("+")
+        engines[mode] = Engine(EngineConfig(mode=base, device=device, max_batch_size=max_batch_size,
+                                            num_draft_tokens=num_draft_tokens if spec else 0,
+                                            host_overhead_ms=host_overhead_ms, race_check=race_check))
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
+    runs = {m: [] for m in modes}
+    outputs = {}
+    try:
+        for mode, engine in engines.items():  # warm-up
+            outputs[mode] = [c.token_ids for c in engine.generate(prompts, **kw)]
+        for _ in range(repeats):
+            for mode, engine in engines.items():
+                outs = engine.generate(prompts, **kw)
+                runs[mode].append(dict(engine.stats))
+                outputs[mode] = [c.token_ids for c in outs]
+        device_name = next(iter(engines.values())).device.name
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+    reference = outputs.get("serial")
+    result = {"workload": dict(num_requests=num_requests, max_new_tokens=max_new_tokens,
+                               max_batch_size=max_batch_size, host_overhead_ms=host_overhead_ms,
+                               num_draft_tokens=num_draft_tokens, repeats=repeats, temperature=temperature),
+              "device": device_name, "modes": {}}
+    for mode in modes:
+        median = {k: statistics.median(r[k] for r in runs[mode]) for k in runs[mode][0]
+                  if isinstance(runs[mode][0][k], (int, float))}
+        median["equal_to_serial"] = reference is None or outputs[mode] == reference
+        result["modes"][mode] = median
+    m = result["modes"]
+    for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
+        if fast in m and slow in m:
+            host, dev = m[slow]["mean_host_ms_per_round"], m[slow]["mean_device_ms_per_round"]
+            ideal = (host + dev) / max(host, dev)
+            ratio = m[fast]["tokens_per_s"] / m[slow]["tokens_per_s"]
+            result[f"{fast} / {slow}"] = dict(
+                throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
+                decode_idle_ratio=(m[fast]["decode_device_idle_fraction"] / m[slow]["decode_device_idle_fraction"]
+                                   if m[slow]["decode_device_idle_fraction"] else 0.0))
+    return result
+
+
+def format_table(result: dict) -> str:
+    w = result["workload"]
+    lines = [f"device: {result['device']}; {w['num_requests']} requests x {w['max_new_tokens']} new tokens, "
+             f"batch {w['max_batch_size']}, host overhead {w['host_overhead_ms']} ms/round, "
+             f"{w['repeats']} repeats (medians)", ""]
+    header = f"{'mode':<12}" + "".join(f"{title:>19}" for _, title, _ in COLUMNS)
+    lines += [header, "-" * len(header)]
+    for mode, stats in result["modes"].items():
+        lines.append(f"{mode:<12}" + "".join(f"{fmt.format(stats.get(key, '')):>19}" for key, _, fmt in COLUMNS))
+    for key, value in result.items():
+        if " / " in key:
+            lines.append("")
+            lines.append(f"{key}: throughput x{value['throughput_ratio']:.2f} (ideal x{value['ideal_ratio']:.2f}, "
+                         f"{value['ratio_over_ideal']:.0%} of ideal); decode idle fraction "
+                         f"x{value['decode_idle_ratio']:.2f} of the slower mode's")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--modes", default="serial,zos,serial+spec,zos+spec",
+                   help="comma-separated: serial, zos, serial+spec, zos+spec")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--host-overhead-ms", type=float, default=0.0,
+                   help="extra, labelled host work per round (teaching knob)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a = p.parse_args(argv)
+    result = run_bench(tuple(a.modes.split(",")), a.num_draft_tokens, a.repeats, a.requests, a.max_new_tokens,
+                       a.batch_size, a.host_overhead_ms, a.device, a.temperature)
+    print(json.dumps(result, indent=2) if a.json else format_table(result))
+    return 0 if all(m["equal_to_serial"] for m in result["modes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

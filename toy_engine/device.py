@@ -1,0 +1,452 @@
+"""Devices: where the model runs, asynchronously from the host.
+
+The engine talks to a device through five calls, the same ones a CUDA program uses:
+
+* ``launch(kernel, *args)`` queues work on the device's single in-order stream and
+  returns at once;
+* ``record_event()`` marks "everything launched so far";
+* ``wait(event)`` blocks the host until that point is reached (the only way to learn
+  that work is done);
+* ``host(name, mode)`` gives the host a buffer the device reads or writes;
+* ``spans()`` returns when each launch really started and ended on the device,
+  on the host's clock (ms), for the timeline.
+
+Two implementations:
+
+``CudaDevice``
+    A ``torch.cuda.Stream``; kernels enqueue CUDA work; events are
+    ``torch.cuda.Event(enable_timing=True)``.  Device times are aligned to the host
+    clock through a reference event recorded (and waited for) at start-up.
+
+``ProcessDevice`` (the CPU stand-in)
+    A separate *device process* owns the model and the KV cache.  Host-visible
+    buffers are shared-memory tensors sent to it once; each launch is a tiny message
+    on a Pipe; the device process runs kernels in order and stamps their start/end
+    with ``time.perf_counter_ns`` (the same clock in every process on Linux).
+    Why a process and not a thread: a worker thread running eager PyTorch fights the
+    host's Python for the GIL.  On a throwaway prototype it made device idle time
+    *look* smaller but rounds were no faster (0.96-1.02x) and the device step itself
+    slowed from 4 to 5-8 ms; a process gave 1.4-2.1x faster rounds with ~0.1-0.3 ms
+    launch latency, i.e. it behaves like a real accelerator on a 2-core machine.
+    Prototype lessons kept here: the process is started from a ``forkserver`` that
+    preloads torch (never ``fork`` after torch has run); it ignores SIGINT (Jupyter's
+    Interrupt signals the whole process group) and exits when its parent dies;
+    kernels defined in a notebook reach it by value through cloudpickle; an
+    exception in a kernel becomes a sticky ``DeviceError`` at the next ``wait``, as
+    a CUDA error would; the host blocks in ``recv`` instead of spinning.
+
+Both share a *race checker* (the course's compute-sanitizer): every launch declares
+which host buffers it reads and writes and which KV-cache blocks it touches; the host
+is only allowed to touch a buffer, or free KV blocks, after waiting on an event that
+covers every unfinished launch using them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import multiprocessing.spawn as mp_spawn
+import os
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import cloudpickle
+import torch
+import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
+
+
+class DeviceError(RuntimeError):
+    """A kernel failed on the device. Sticky: every later wait raises it too."""
+
+
+class RaceError(RuntimeError):
+    """The host touched state that unfinished device work still uses."""
+
+
+@dataclass
+class Event:
+    """A point in the stream: every launch with ``seq <= self.seq`` is before it."""
+
+    seq: int
+    round: int
+    handle: object = None  # torch.cuda.Event on CUDA, an integer id on the stand-in
+
+
+@dataclass
+class _Launch:
+    seq: int
+    name: str
+    round: int
+    reads: frozenset
+    writes: frozenset
+    blocks: frozenset
+
+
+class RaceChecker:
+    """Happens-before bookkeeping for host accesses, like compute-sanitizer's racecheck.
+
+    It does not look at the clock: an access is a race when no ``wait`` has ordered it
+    after the launch, even if the launch happened to be finished already.  That makes
+    every report deterministic.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.pending: list[_Launch] = []
+        self.free_blocks: dict[int, str] = {}  # block -> who freed it
+
+    def on_launch(self, launch: _Launch) -> None:
+        if not self.enabled:
+            return
+        for block in sorted(launch.blocks & self.free_blocks.keys()):
+            raise RaceError(
+                f"launch '{launch.name}' of round {launch.round} touches KV block {block}, "
+                f"which is free ({self.free_blocks[block]}): its cache may already belong "
+                f"to another request"
+            )
+        self.pending.append(launch)
+
+    def on_wait(self, seq: int) -> None:
+        self.pending = [p for p in self.pending if p.seq > seq]
+
+    def check_access(self, name: str, mode: str) -> None:
+        if not self.enabled:
+            return
+        for p in self.pending:
+            if name in p.writes or (mode == "w" and name in p.reads):
+                verb = "read" if mode == "r" else "write"
+                use = "writes" if name in p.writes else "reads"
+                raise RaceError(
+                    f"race on buffer '{name}': host {verb} while launch '{p.name}' of round "
+                    f"{p.round} still {use} it; wait on an event recorded after that launch "
+                    f"(round {p.round}'s completion event) first"
+                )
+
+    def on_free(self, blocks, owner: str) -> None:
+        if not self.enabled:
+            return
+        blocks = set(blocks)
+        for p in self.pending:
+            if p.blocks & blocks:
+                raise RaceError(
+                    f"KV blocks {sorted(p.blocks & blocks)} of {owner} freed while launch "
+                    f"'{p.name}' of round {p.round} may still use them; free a finished "
+                    f"request's cache only after waiting on round {p.round}'s event"
+                )
+        self.free_blocks.update((b, f"freed by {owner}") for b in blocks)
+
+    def on_alloc(self, blocks) -> None:
+        for b in blocks:
+            self.free_blocks.pop(b, None)
+
+
+@dataclass
+class DeviceContext:
+    """What a kernel sees: the model, its KV cache, device buffers and persistent state."""
+
+    model: torch.nn.Module
+    kv_cache: torch.Tensor
+    block_size: int
+    device: torch.device
+    host_buffers: dict
+    mirrors: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)  # kernels keep device-side values here
+
+    def load(self, name: str) -> torch.Tensor:
+        """A host buffer's contents as a device tensor (an async copy on CUDA)."""
+        buf = self.host_buffers[name]
+        if self.device.type == "cpu":
+            return buf
+        mirror = self.mirrors.get(name)
+        if mirror is None:
+            mirror = self.mirrors[name] = torch.empty_like(buf, device=self.device)
+        return mirror.copy_(buf, non_blocking=True)
+
+    def store(self, name: str, value: torch.Tensor) -> None:
+        """Write a device tensor into the start of a host buffer (async on CUDA)."""
+        self.host_buffers[name].view(-1)[: value.numel()].copy_(value.reshape(-1), non_blocking=True)
+
+
+def _build_context(model_bytes: bytes, num_kv_blocks: int, block_size: int, buffers: dict,
+                   device: torch.device) -> DeviceContext:
+    model = cloudpickle.loads(model_bytes).to(device)
+    kv = model.new_kv_cache(num_kv_blocks, block_size)
+    return DeviceContext(model, kv, block_size, device, buffers)
+
+
+class Device:
+    """The interface the engine uses; subclasses implement the stream."""
+
+    name = "device"
+
+    def __init__(self, race_check: bool = True):
+        self.races = RaceChecker(race_check)
+        self._seq = 0
+        self._last_round = 0
+
+    def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
+               blocks=()) -> None:
+        """Queue ``kernel(ctx, *args)`` on the stream; returns before it runs.
+
+        ``reads``/``writes`` name the host buffers it uses, ``blocks`` the KV-cache blocks
+        it touches; ``stage`` is its name on the timeline.
+        """
+        self._seq += 1
+        self._last_round = round
+        stage = stage or kernel.__name__
+        self.races.on_launch(_Launch(self._seq, stage, round, frozenset(reads), frozenset(writes),
+                                     frozenset(blocks)))
+        self._launch(self._seq, kernel, args, round, stage)
+
+    def record_event(self) -> Event:
+        return Event(self._seq, self._last_round, self._record())
+
+    def wait(self, event: Event) -> None:
+        """Block until every launch before ``event`` has finished."""
+        self._wait(event)
+        self.races.on_wait(event.seq)
+
+    def synchronize(self) -> None:
+        self.wait(self.record_event())
+
+    def host(self, name: str, mode: str = "r") -> torch.Tensor:
+        """The host side of a buffer, checked against unfinished launches."""
+        self.races.check_access(name, mode)
+        return self.buffers[name]
+
+    # implemented by subclasses
+    buffers: dict
+
+    def _launch(self, seq, kernel, args, round, stage): raise NotImplementedError
+    def _record(self): raise NotImplementedError
+    def _wait(self, event): raise NotImplementedError
+    def spans(self) -> list[tuple[str, int, int, int]]: raise NotImplementedError
+    def close(self) -> None: pass
+
+
+# --------------------------------------------------------------------------- CUDA
+
+class CudaDevice(Device):
+    name = "cuda"
+
+    def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True):
+        super().__init__(race_check)
+        dev = torch.device("cuda")
+        self.name = torch.cuda.get_device_name(dev)
+        self.buffers = {n: torch.zeros(*shape, dtype=dt).pin_memory() for n, (shape, dt) in buffer_specs.items()}
+        self.stream = torch.cuda.Stream(dev)
+        with torch.cuda.stream(self.stream):
+            self.ctx = _build_context(cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers, dev)
+        self._timed: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+        # Clock alignment: host time when a reference event is known to have completed.
+        self._ref = torch.cuda.Event(enable_timing=True)
+        self._ref.record(self.stream)
+        self._ref.synchronize()
+        self._ref_ns = time.perf_counter_ns()
+
+    def _launch(self, seq, kernel, args, round, stage):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(self.stream)
+        with torch.cuda.stream(self.stream):
+            kernel(self.ctx, *args)
+        end.record(self.stream)
+        self._timed.append((stage, round, start, end))
+
+    def _record(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        return ev
+
+    def _wait(self, event):
+        event.handle.synchronize()
+
+    def _to_ns(self, ev) -> int:
+        return self._ref_ns + int(self._ref.elapsed_time(ev) * 1e6)
+
+    def spans(self):
+        done = [t for t in self._timed if t[3].query()]
+        self._timed = [t for t in self._timed if not t[3].query()]
+        return [(name, rnd, self._to_ns(s), self._to_ns(e)) for name, rnd, s, e in done]
+
+
+# --------------------------------------------------------------- CPU stand-in
+
+_FORKSERVER = None
+
+
+def _context():
+    """One forkserver for the whole host process, with torch preloaded (fast starts)."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        _FORKSERVER = mp.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "toy_engine.device", "toy_engine.kernels"])
+    return _FORKSERVER
+
+
+@contextlib.contextmanager
+def _without_main_module():
+    """Start children without re-running the user's ``__main__``.
+
+    forkserver children normally re-import the parent's main script (so a script
+    without an ``if __name__ == "__main__"`` guard would run twice).  The device
+    process never needs it: kernels defined there arrive by value via cloudpickle.
+    """
+    original = mp_spawn.get_preparation_data
+
+    def preparation_data(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = preparation_data
+    try:
+        yield
+    finally:
+        mp_spawn.get_preparation_data = original
+
+
+def _device_main(conn, parent_pid: int, num_threads: int) -> None:
+    """The device process: run launches in order, report stamps at each event."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def die_with_parent():
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+
+    threading.Thread(target=die_with_parent, daemon=True).start()
+    torch.set_num_threads(num_threads)
+    kernels: dict[int, object] = {}
+    stamps: list[tuple[int, int, int]] = []
+    ctx, error = None, None
+    with torch.inference_mode():
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = msg[0]
+            if kind == "launch":
+                _, seq, kid, args = msg
+                if error is not None:
+                    continue  # sticky: after a failure nothing else runs
+                start = time.perf_counter_ns()
+                try:
+                    kernels[kid](ctx, *args)
+                except BaseException as exc:  # noqa: BLE001 - reported to the host
+                    error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
+                stamps.append((seq, start, time.perf_counter_ns()))
+            elif kind == "event":
+                conn.send(("event", msg[1], time.perf_counter_ns(), stamps, error))
+                stamps = []
+            elif kind == "kernel":
+                kernels[msg[1]] = cloudpickle.loads(msg[2])
+            elif kind == "setup":
+                _, model_bytes, num_kv_blocks, block_size, buffers = msg
+                ctx = _build_context(model_bytes, num_kv_blocks, block_size, buffers, torch.device("cpu"))
+                conn.send(("ready", os.getpid()))
+            elif kind == "close":
+                return
+
+
+def _shutdown(proc, conn) -> None:
+    try:
+        conn.send(("close",))
+    except (OSError, ValueError):
+        pass
+    proc.join(timeout=2)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=2)
+    conn.close()
+
+
+class ProcessDevice(Device):
+    """The CPU stand-in for a CUDA stream: a device process fed through a Pipe."""
+
+    name = "cpu-process"
+
+    def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
+                 num_threads: int = 1):
+        super().__init__(race_check)
+        self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
+        ctx = _context()
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_device_main, args=(child, os.getpid(), num_threads),
+                                 daemon=True, name="toy-engine-device")
+        with _without_main_module():
+            self._proc.start()
+        child.close()
+        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn)
+        self._kernel_ids: dict[object, int] = {}
+        self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
+        self._done_events: dict[int, int] = {}
+        self._stamps: list[tuple[str, int, int, int]] = []
+        self._latencies_ns: list[int] = []
+        self._last_end_ns = 0
+        self._events = 0
+        self._error: str | None = None
+        self._conn.send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))
+        msg = self._conn.recv()
+        assert msg[0] == "ready", msg
+        self.pid = msg[1]
+
+    def _launch(self, seq, kernel, args, round, stage):
+        kid = self._kernel_ids.get(kernel)
+        if kid is None:
+            kid = self._kernel_ids[kernel] = len(self._kernel_ids)
+            self._conn.send(("kernel", kid, cloudpickle.dumps(kernel)))
+        self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
+        self._conn.send(("launch", seq, kid, args))
+
+    def _record(self):
+        self._events += 1
+        self._conn.send(("event", self._events))
+        return self._events
+
+    def _receive(self) -> None:
+        _, ev_id, t_ns, stamps, error = self._conn.recv()
+        self._done_events[ev_id] = t_ns
+        for seq, start, end in stamps:
+            sent, name, rnd = self._sent_ns.pop(seq)
+            if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
+                self._latencies_ns.append(start - sent)
+            self._last_end_ns = end
+            self._stamps.append((name, rnd, start, end))
+        self._error = self._error or error
+
+    def _wait(self, event):
+        while event.handle not in self._done_events:
+            self._receive()
+        self._done_events.pop(event.handle)
+        if self._error:
+            raise DeviceError(self._error)
+
+    def spans(self):
+        out, self._stamps = self._stamps, []
+        return out
+
+    def launch_latencies_ms(self) -> list[float]:
+        return [ns / 1e6 for ns in self._latencies_ns]
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
+                num_threads: int = 1) -> Device:
+    """``kind``: "auto" (CUDA if available, else the CPU stand-in), "cuda" or "cpu"."""
+    if kind not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"unknown device {kind!r}: use 'auto', 'cuda' or 'cpu'")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        return CudaDevice(model, num_kv_blocks, block_size, buffer_specs, race_check)
+    return ProcessDevice(model, num_kv_blocks, block_size, buffer_specs, race_check, num_threads)

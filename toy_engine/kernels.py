@@ -1,0 +1,219 @@
+"""Device-side work: the functions the engine launches on the stream.
+
+Each kernel is ``kernel(ctx, *small_args)``: it runs on the device (in the device process
+on CPU, as CUDA work on a GPU), reads host buffers only through ``ctx.load`` and writes
+them only through ``ctx.store``.  Values that stay on the device between rounds live in
+``ctx.state``:
+
+* ``last_tokens[row]`` -- the newest token of each request: the *future-token map*.  A
+  decode input the host does not know yet (the previous round is still in flight) is
+  written as ``FROM_DEVICE`` and read from here; the host never waits to build a round.
+* ``accepted[row]``, ``drafts[row]``, ``history[row]`` -- speculative decoding: how many
+  drafts the row's latest round accepted, the drafts proposed for its next round, and
+  the last few tokens the n-gram drafter looks at.
+
+No kernel calls ``.item()``/``.tolist()``: everything the host must know (batch sizes,
+``max_q``) comes as launch arguments, so a CUDA stream never stalls on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model import PackedBatch
+
+FROM_DEVICE = -1  # input id placeholder: "take this token from the device's state"
+NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
+
+
+@dataclass(frozen=True)
+class MetaLayout:
+    """Where each metadata field lives inside one flat int64 host buffer.
+
+    One buffer per round means one host-to-device copy per round.  Fields sized T hold
+    one value per packed token, fields sized B one per request.
+    """
+
+    max_tokens: int
+    max_batch: int
+    max_blocks: int
+
+    TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping")
+    REQUEST_FIELDS = ("seqlens_q", "seqlens_k", "rows", "pending", "seeds")
+
+    @property
+    def size(self) -> int:
+        return (len(self.TOKEN_FIELDS) * self.max_tokens + len(self.REQUEST_FIELDS) * self.max_batch
+                + self.max_batch * self.max_blocks)
+
+    def views(self, flat: torch.Tensor, T: int, B: int, NB: int) -> dict[str, torch.Tensor]:
+        """Named views (no copies) of a metadata buffer holding T tokens, B requests."""
+        out, offset = {}, 0
+        for name in self.TOKEN_FIELDS:
+            out[name] = flat[offset: offset + T]
+            offset += self.max_tokens
+        for name in self.REQUEST_FIELDS:
+            out[name] = flat[offset: offset + B]
+            offset += self.max_batch
+        out["block_tables"] = flat[offset: offset + B * NB].view(B, NB)
+        return out
+
+
+def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_table) -> None:
+    """Allocate the device-side state once, at engine start."""
+    dev = ctx.device
+    ctx.state.update(
+        layout=layout,
+        num_drafts=num_drafts,
+        last_tokens=torch.zeros(max_rows, dtype=torch.long, device=dev),
+        accepted=torch.zeros(max_rows, dtype=torch.long, device=dev),
+        drafts=torch.zeros(max_rows, max(num_drafts, 1), dtype=torch.long, device=dev),
+        history=torch.zeros(max_rows, NGRAM - 1, dtype=torch.long, device=dev),
+        ngram_table=None if ngram_table is None else ngram_table.to(dev),
+    )
+
+
+def upload_inputs(ctx, slot: int, T: int, B: int, NB: int) -> None:
+    """Copy round metadata from its host buffer into device memory (async on CUDA)."""
+    meta = ctx.state["layout"].views(ctx.load(f"meta{slot}").clone(), T, B, NB)
+    meta["temperature"] = ctx.load(f"temps{slot}")[:B].clone()
+    ctx.state["inputs"] = meta
+
+
+def correct_seqlens_qk(ctx) -> None:
+    """Fix this round's stale lengths from the previous round's accepted drafts.
+
+    The host built the round assuming each in-flight round adds exactly one token.  A
+    request whose previous round is still uncommitted (``pending``) really advanced by
+    ``1 + accepted``, so its key length and positions shift by ``accepted`` and its
+    KV slots are recomputed from the shifted positions.  Query lengths (and so
+    cu_seqlens_q) do not change: a decode request always feeds 1 + k tokens.
+    """
+    meta = ctx.state["inputs"]
+    delta = ctx.state["accepted"][meta["rows"]] * meta["pending"]  # [B]
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=delta.device),
+                                    meta["seqlens_q"], output_size=len(meta["positions"]))
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    bs = ctx.block_size
+    block = meta["block_tables"][owner, meta["positions"] // bs]
+    meta["slot_mapping"].copy_(block * bs + meta["positions"] % bs)
+
+
+def resolve_input_ids(meta: dict, state: dict) -> torch.Tensor:
+    """Replace FROM_DEVICE placeholders: offset 0 in a request is its newest token,
+    offset i > 0 its i-th draft."""
+    ids, q = meta["input_ids"], meta["seqlens_q"]
+    owner = torch.repeat_interleave(torch.arange(len(q), device=ids.device), q, output_size=len(ids))
+    offset = torch.arange(len(ids), device=ids.device) - (torch.cumsum(q, 0) - q)[owner]
+    rows = meta["rows"][owner]
+    from_state = torch.where(offset == 0, state["last_tokens"][rows],
+                             state["drafts"][rows, (offset - 1).clamp(0, state["drafts"].shape[1] - 1)])
+    return torch.where(ids == FROM_DEVICE, from_state, ids)
+
+
+def forward(ctx, max_q: int) -> None:
+    meta = ctx.state["inputs"]
+    meta["input_ids"] = resolve_input_ids(meta, ctx.state)
+    batch = PackedBatch(meta["input_ids"], meta["positions"], meta["seqlens_q"], meta["seqlens_k"],
+                        meta["slot_mapping"], meta["block_tables"], max_q)
+    ctx.state["logits"] = ctx.model.forward_packed(batch, ctx.kv_cache, ctx.block_size)
+
+
+def _uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Counter-based random numbers in (0, 1), a pure function of (seed, position, token).
+
+    Because the noise for "the token at position p of request r" never depends on what
+    else was in the batch or how many tokens a round produced, sampling with
+    temperature gives the same text in the serial, ZOS and speculative engines.
+    """
+    mask = 0xFFFFFFFF
+    v = torch.arange(vocab, device=seeds.device)
+    x = (seeds[..., None] * 0x9E3779B1 + positions[..., None] * 0x85EBCA77 + v * 0xC2B2AE3D) & mask
+    for _ in range(3):
+        x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & mask
+        x = ((x ^ (x >> 13)) * 0x297A2D39) & mask
+    return (x.double() + 0.5) / 2**32
+
+
+def pick_tokens(logits, temperature, seeds, positions) -> torch.Tensor:
+    """Greedy argmax where temperature == 0, else a Gumbel-max sample keyed by position."""
+    greedy = logits.argmax(-1)
+    gumbel = -torch.log(-torch.log(_uniform(seeds, positions, logits.shape[-1])))
+    sampled = (logits / temperature.clamp(min=1e-6)[..., None] + gumbel).argmax(-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+def sample(ctx, slot: int, is_prefill: bool) -> None:
+    """Pick tokens, verify drafts, update the future-token map, write results for the host.
+
+    Output buffer ``out{slot}`` holds ``tokens[B, 1 + k]`` then ``accepted[B]``; the host
+    keeps ``tokens[b, : 1 + accepted[b]]``.
+    """
+    st, meta = ctx.state, ctx.state["inputs"]
+    k = 0 if is_prefill else st["num_drafts"]
+    q, rows = meta["seqlens_q"], meta["rows"]
+    B = len(q)
+    last = torch.cumsum(q, 0) - 1  # index of each request's last packed token
+    idx = (last - k)[:, None] + torch.arange(k + 1, device=q.device)  # [B, 1 + k]
+    temps = meta["temperature"][:, None].expand(B, k + 1)
+    seeds = meta["seeds"][:, None].expand(B, k + 1)
+    targets = pick_tokens(st["logits"][idx], temps, seeds, meta["positions"][idx] + 1)  # [B, 1+k]
+
+    # Accept the longest prefix of drafts that the target agrees with, plus one bonus.
+    drafts = meta["input_ids"][idx[:, 1:]]  # [B, k]
+    accepted = torch.cumprod((drafts == targets[:, :-1]).long(), dim=1).sum(dim=1)  # [B]
+    newest = targets.gather(1, accepted[:, None])[:, 0]
+    st["last_tokens"][rows] = newest
+    st["accepted"][rows] = accepted
+
+    # The drafter's context: the last NGRAM-1 tokens of (inputs so far + emitted tokens).
+    ctx_len = NGRAM - 1
+    if is_prefill:
+        # Short prompts repeat their first token on the left.
+        first = last - q + 1
+        ar = torch.arange(ctx_len, device=q.device)
+        window = meta["input_ids"][torch.maximum(last[:, None] - ctx_len + 1 + ar, first[:, None])]
+        history = torch.cat([window[:, 1:], newest[:, None]], dim=1)
+    else:
+        seq = torch.cat([st["history"][rows], targets], dim=1)  # [B, ctx_len + 1 + k]
+        history = seq.gather(1, accepted[:, None] + 1 + torch.arange(ctx_len, device=q.device))
+    st["history"][rows] = history
+    if st["num_drafts"]:
+        st["drafts"][rows] = propose_drafts(st["ngram_table"], history, st["num_drafts"])
+
+    out = torch.cat([targets.reshape(-1), accepted])
+    ctx.store(f"out{slot}", out)
+
+
+def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:
+    """k drafts per row by chaining an n-gram table: each draft extends the context."""
+    vocab = round(table.numel() ** (1 / (NGRAM - 1)))
+    context, drafts = history, []
+    for _ in range(k):
+        key = torch.zeros_like(context[:, 0])
+        for j in range(NGRAM - 1):
+            key = key * vocab + context[:, j]
+        drafts.append(table[key])
+        context = torch.cat([context[:, 1:], drafts[-1][:, None]], dim=1)
+    return torch.stack(drafts, dim=1)
+
+
+def build_ngram_table(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Most frequent next token for every (NGRAM-1)-token context (a dense lookup table).
+
+    Contexts never seen in the corpus fall back to the bigram guess from their last
+    token.  Ties go to the larger token id, so the table is deterministic.
+    """
+    n = NGRAM - 1
+    key = torch.zeros(len(tokens) - n, dtype=torch.long)
+    for j in range(n):
+        key = key * vocab + tokens[j: len(tokens) - n + j]
+    pairs, counts = torch.unique(key * vocab + tokens[n:], return_counts=True)
+    score = counts * vocab + pairs % vocab  # the best next token has the highest score
+    best = torch.full((vocab**n,), -1, dtype=torch.long).scatter_reduce(0, pairs // vocab, score, "amax")
+    bigram = torch.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab).view(vocab, vocab)
+    fallback = bigram.argmax(1)[torch.arange(vocab**n) % vocab]
+    return torch.where(best >= 0, best % vocab, fallback)

@@ -1,0 +1,105 @@
+"""Continuous batching: which requests run in the next round, and where their KV lives."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .sequence import Request
+
+
+class BlockManager:
+    """Hands out fixed-size KV-cache blocks.
+
+    A request reserves every block it can ever need when it is admitted, so a running
+    request never runs out of cache and nothing has to be preempted.  Freeing goes
+    through ``on_free`` so the race checker can see it.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, on_alloc=None, on_free=None):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.free_ids = deque(range(num_blocks))
+        self.on_alloc, self.on_free = on_alloc, on_free
+
+    def blocks_needed(self, num_positions: int) -> int:
+        return -(-num_positions // self.block_size)
+
+    def can_allocate(self, n: int) -> bool:
+        return len(self.free_ids) >= n
+
+    def allocate(self, n: int) -> list[int]:
+        blocks = [self.free_ids.popleft() for _ in range(n)]
+        if self.on_alloc:
+            self.on_alloc(blocks)
+        return blocks
+
+    def free(self, blocks: list[int], owner: str) -> None:
+        if self.on_free:
+            self.on_free(blocks, owner)
+        self.free_ids.extend(blocks)
+
+
+@dataclass
+class Plan:
+    """One round's work: a prefill of newly admitted requests, or a decode of running ones."""
+
+    round: int
+    is_prefill: bool
+    requests: list[Request]
+
+
+class Scheduler:
+    """FIFO admission limited by batch size and KV capacity; prefill before decode.
+
+    ``positions_needed(request)`` says how many cache positions a request may touch in
+    its whole life (prompt + new tokens + speculative slack).
+    """
+
+    def __init__(self, max_batch_size: int, blocks: BlockManager, positions_needed):
+        self.max_batch_size = max_batch_size
+        self.blocks = blocks
+        self.positions_needed = positions_needed
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admitted, holding a row and blocks
+        self.free_rows = list(range(max_batch_size))
+        self.round = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Plan | None:
+        """The next round's plan, or None when nothing can run until results land."""
+        admitted = []
+        while self.waiting and self.free_rows:
+            req = self.waiting[0]
+            n = self.blocks.blocks_needed(self.positions_needed(req))
+            if not self.blocks.can_allocate(n):
+                break
+            self.waiting.popleft()
+            req.blocks, req.row = self.blocks.allocate(n), self.free_rows.pop(0)
+            admitted.append(req)
+        self.running += admitted
+        if admitted:
+            plan = Plan(self.round, True, admitted)
+        else:
+            decodes = [r for r in self.running if r.wants_more()]
+            if not decodes:
+                return None
+            plan = Plan(self.round, False, decodes)
+        for req in plan.requests:
+            req.num_inflight += 1
+        self.round += 1
+        return plan
+
+    def release_if_done(self, req: Request) -> None:
+        """Free a finished request's row and blocks once no launched round can touch them."""
+        if req.finished and req.num_inflight == 0 and req in self.running:
+            self.running.remove(req)
+            self.blocks.free(req.blocks, owner=f"request {req.id}")
+            self.free_rows.append(req.row)
+            self.free_rows.sort()
+            req.blocks, req.row = [], -1

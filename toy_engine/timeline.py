@@ -1,0 +1,316 @@
+"""A recorded timeline of one engine run.
+
+The course's question is "how much of the time is the device waiting for the
+host?".  To answer it we record *spans*: intervals on two lanes, ``host`` (the
+Python scheduler loop) and ``device`` (the CUDA stream, or the CPU stand-in
+process), all on one shared clock.  Idle gaps on the device lane are the
+overhead that asynchronous ("zero-overhead") scheduling tries to hide.
+
+Design notes
+------------
+* Times are stored as float milliseconds relative to ``Timeline.origin_ns``
+  (a ``time.perf_counter_ns()`` value).  Small relative numbers are easy to
+  read and plot; ``perf_counter_ns`` is a monotonic clock shared by all
+  processes on Linux (CLOCK_MONOTONIC), so a device process can stamp its own
+  work in ns and we convert it with :meth:`Timeline.add_device_ns`.
+* A span's ``round`` is the engine round whose work it is, not the round during
+  which it ran: with overlap, round N-1's postprocess runs while round N is on
+  the device, and keeping the owner's round makes that visible.
+* Everything is plain Python + stdlib so the timeline can be saved as JSON from
+  the engine and reloaded in a notebook without torch.
+* Appending to ``spans`` is a single ``list.append`` (atomic under the GIL), so
+  a recorder thread and the main loop may both add spans; no locking is done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+__all__ = ["Span", "Timeline", "LANES", "HOST_STAGES", "DEVICE_STAGES"]
+
+LANES = ("host", "device")
+#: Conventional stage names (documentation only; any non-empty string is accepted).
+HOST_STAGES = ("schedule", "prepare", "wait", "postprocess", "flush", "overhead")
+DEVICE_STAGES = ("forward", "sample", "correct", "draft")
+
+_VERSION = 1
+_SPAN_FIELDS = ("lane", "stage", "round", "start_ms", "end_ms")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval of work on one lane.
+
+    ``start_ms``/``end_ms`` are ms on the shared clock, relative to the owning
+    timeline's ``origin_ns``.  They are stored as floats so that a span written
+    to JSON and read back compares equal.
+    """
+
+    lane: str
+    stage: str
+    round: int
+    start_ms: float
+    end_ms: float
+    owner: str = ""
+
+    def __post_init__(self) -> None:
+        if self.lane not in LANES:
+            raise ValueError(f"Span lane must be 'host' or 'device', got {self.lane!r}")
+        if not isinstance(self.stage, str) or not self.stage:
+            raise ValueError(f"Span stage must be a non-empty string, got {self.stage!r}")
+        if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 0:
+            raise ValueError(
+                f"Span round must be an int >= 0, got {self.round!r} (stage {self.stage!r})"
+            )
+        if not isinstance(self.owner, str):
+            raise ValueError(f"Span owner must be a string, got {self.owner!r}")
+        for name in ("start_ms", "end_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(
+                    f"Span {name} must be a finite number, got {value!r} "
+                    f"(stage {self.stage!r}, round {self.round})"
+                )
+            # Normalise ints to float so equality survives a JSON round trip.
+            object.__setattr__(self, name, float(value))
+        if self.end_ms < self.start_ms:
+            raise ValueError(
+                f"Span {self.stage!r} of round {self.round} ends before it starts: "
+                f"start_ms={self.start_ms!r}, end_ms={self.end_ms!r}"
+            )
+
+    @property
+    def duration_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+
+def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of intervals as sorted, disjoint intervals (touching ones are joined).
+
+    Merging first is what makes "busy" mean "the device was doing something":
+    a ``forward`` and an overlapping ``draft`` must not be counted twice, and
+    the gap between back-to-back spans is zero, not a gap.
+    """
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def _union_ms(spans: Iterable[Span]) -> float:
+    return sum(e - s for s, e in _merge((sp.start_ms, sp.end_ms) for sp in spans))
+
+
+class Timeline:
+    """Spans of one engine run, plus free-form ``meta`` (mode, device, ...)."""
+
+    def __init__(self, origin_ns: int | None = None, meta: dict | None = None) -> None:
+        self.origin_ns: int = time.perf_counter_ns() if origin_ns is None else int(origin_ns)
+        self.spans: list[Span] = []
+        self.meta: dict = dict(meta) if meta else {}
+
+    # -- clock ---------------------------------------------------------------
+
+    def ns_to_ms(self, t_ns: int) -> float:
+        """Convert a ``perf_counter_ns`` stamp to ms relative to ``origin_ns``."""
+        # Subtract as ints first: exact, and keeps the float small and precise.
+        return (t_ns - self.origin_ns) / 1e6
+
+    def now_ms(self) -> float:
+        return self.ns_to_ms(time.perf_counter_ns())
+
+    # -- recording -----------------------------------------------------------
+
+    def add(self, lane: str, stage: str, round: int, start_ms: float, end_ms: float,
+            owner: str = "") -> Span:
+        span = Span(lane, stage, round, start_ms, end_ms, owner)
+        self.spans.append(span)
+        return span
+
+    @contextmanager
+    def host_span(self, stage: str, round: int, owner: str = "") -> Iterator[None]:
+        """Record a host span around the ``with`` block.
+
+        The span is recorded even if the block raises: time spent before an
+        error is still time the device may have been waiting.
+        """
+        start = self.now_ms()
+        try:
+            yield
+        finally:
+            self.add("host", stage, round, start, self.now_ms(), owner)
+
+    def add_device_ns(self, stage: str, round: int, start_ns: int, end_ns: int,
+                      owner: str = "") -> Span:
+        """Add a device span stamped in ``perf_counter_ns`` (same clock as the host)."""
+        return self.add("device", stage, round, self.ns_to_ms(start_ns),
+                        self.ns_to_ms(end_ns), owner)
+
+    # -- queries -------------------------------------------------------------
+
+    def lane(self, lane: str) -> list[Span]:
+        """Spans of one lane, sorted by start (then end)."""
+        if lane not in LANES:
+            raise ValueError(f"lane must be 'host' or 'device', got {lane!r}")
+        return sorted((s for s in self.spans if s.lane == lane),
+                      key=lambda s: (s.start_ms, s.end_ms))
+
+    def rounds(self) -> list[int]:
+        """Distinct rounds that have at least one span, ascending."""
+        return sorted({s.round for s in self.spans})
+
+    def _device(self, rounds: Iterable[int] | None = None) -> list[Span]:
+        spans = self.lane("device")
+        if rounds is not None:
+            wanted = set(rounds)
+            spans = [s for s in spans if s.round in wanted]
+        return spans
+
+    def device_gaps(self, start_ms: float | None = None,
+                    end_ms: float | None = None) -> list[tuple[float, float]]:
+        """Idle intervals between consecutive (merged) device spans.
+
+        Only gaps strictly between device work count: time before the first or
+        after the last device span is start-up/tear-down, not overhead.  With
+        ``start_ms``/``end_ms`` the gaps are additionally clipped to that window.
+        """
+        merged = _merge((s.start_ms, s.end_ms) for s in self._device())
+        lo = -math.inf if start_ms is None else start_ms
+        hi = math.inf if end_ms is None else end_ms
+        gaps = []
+        for (_, prev_end), (next_start, _) in zip(merged, merged[1:]):
+            g0, g1 = max(prev_end, lo), min(next_start, hi)
+            if g1 > g0:
+                gaps.append((g0, g1))
+        return gaps
+
+    def device_busy_ms(self, rounds: Iterable[int] | None = None) -> float:
+        """Length of the union of device spans (optionally only of ``rounds``)."""
+        return _union_ms(self._device(rounds))
+
+    def device_idle_fraction(self, rounds: Iterable[int] | None = None) -> float:
+        """1 - busy / window, window = first device start .. last device end.
+
+        0.0 when there are no device spans (or the window has zero length).
+        """
+        spans = self._device(rounds)
+        if not spans:
+            return 0.0
+        window = max(s.end_ms for s in spans) - min(s.start_ms for s in spans)
+        if window <= 0:
+            return 0.0
+        return 1.0 - _union_ms(spans) / window
+
+    def summary(self) -> dict:
+        """Headline numbers for one run.
+
+        ``mean_host_ms_per_round`` is the union of host spans of each round
+        excluding ``wait`` (waiting for the device is not host *work*);
+        ``mean_device_ms_per_round`` the union of that round's device spans.
+        Both are averaged over all rounds in :meth:`rounds` (a round with no
+        span on a lane contributes 0).  ``wall_ms`` runs from the earliest
+        start to the latest end over both lanes.
+        """
+        rounds = self.rounds()
+        n = len(rounds)
+        host_total = sum(
+            _union_ms(s for s in self.spans
+                      if s.lane == "host" and s.round == r and s.stage != "wait")
+            for r in rounds)
+        device_total = sum(
+            _union_ms(s for s in self.spans if s.lane == "device" and s.round == r)
+            for r in rounds)
+        wall = (max(s.end_ms for s in self.spans) - min(s.start_ms for s in self.spans)
+                if self.spans else 0.0)
+        return {
+            "rounds": n,
+            "wall_ms": wall,
+            "device_busy_ms": self.device_busy_ms(),
+            "device_idle_fraction": self.device_idle_fraction(),
+            "mean_host_ms_per_round": host_total / n if n else 0.0,
+            "mean_device_ms_per_round": device_total / n if n else 0.0,
+        }
+
+    # -- persistence ---------------------------------------------------------
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialise to JSON text (and write it to ``path`` if given).
+
+        Python's ``json`` writes floats with ``repr``, which round-trips
+        exactly, so spans read back compare equal.
+        """
+        text = json.dumps({
+            "version": _VERSION,
+            "origin_ns": self.origin_ns,
+            "meta": self.meta,
+            "spans": [asdict(s) for s in self.spans],
+        })
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "Timeline":
+        """Load from a JSON string or a file path (``str`` or ``Path``).
+
+        A ``str`` whose first non-blank character is ``{`` or ``[`` is read as
+        JSON text, any other ``str`` as a path.  Malformed input raises
+        ``ValueError`` saying what is wrong.
+        """
+        if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith(("{", "[")):
+            try:
+                text = Path(text_or_path).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"cannot read timeline file {str(text_or_path)!r}: {exc}") from exc
+        else:
+            text = text_or_path
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"timeline JSON is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError("timeline JSON must be an object")
+        for key in ("version", "origin_ns", "meta", "spans"):
+            if key not in data:
+                raise ValueError(f"timeline JSON is missing field {key!r}")
+        if data["version"] != _VERSION:
+            raise ValueError(
+                f"unsupported timeline version {data['version']!r} (expected {_VERSION})")
+        origin = data["origin_ns"]
+        if isinstance(origin, bool) or not isinstance(origin, int):
+            raise ValueError(f"timeline origin_ns must be an int, got {origin!r}")
+        if not isinstance(data["meta"], dict):
+            raise ValueError("timeline meta must be an object")
+        if not isinstance(data["spans"], list):
+            raise ValueError("timeline spans must be a list")
+        tl = cls(origin_ns=origin, meta=data["meta"])
+        for i, raw in enumerate(data["spans"]):
+            if not isinstance(raw, dict):
+                raise ValueError(f"span {i} must be an object, got {raw!r}")
+            missing = [k for k in _SPAN_FIELDS if k not in raw]
+            if missing:
+                raise ValueError(f"span {i} is missing field(s) {missing}")
+            try:
+                tl.add(raw["lane"], raw["stage"], raw["round"], raw["start_ms"],
+                       raw["end_ms"], raw.get("owner", ""))
+            except ValueError as exc:
+                raise ValueError(f"span {i} is invalid: {exc}") from exc
+        return tl
+
+    # -- dunder --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __repr__(self) -> str:
+        return (f"Timeline(spans={len(self.spans)}, rounds={len(self.rounds())}, "
+                f"origin_ns={self.origin_ns}, meta={self.meta!r})")
