@@ -270,6 +270,7 @@ class Engine:
                                self.tokenizer.decode)
                     self._counts["tokens"] += len(req.output_ids) - before
                     if not plan.is_prefill:
+                        self._counts["decode_steps"] += 1
                         self._counts["proposed"] += k
                         self._counts["accepted"] += accepted
                 self.scheduler.release_if_done(req)
@@ -292,7 +293,7 @@ class Engine:
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         self.on_round = on_round
         self.timeline = Timeline(meta=self._meta())
-        self._counts = dict(tokens=0, proposed=0, accepted=0, discarded=0)
+        self._counts = dict(tokens=0, decode_steps=0, proposed=0, accepted=0, discarded=0)
         self._unproductive_schedule = False
         self._prefill_rounds: set[int] = set()
         self.requests = requests
@@ -433,7 +434,8 @@ class Engine:
             decode_device_idle_fraction=tl.device_idle_fraction(decode_rounds) if decode_rounds else 0.0,
             draft_tokens_proposed=c["proposed"],
             draft_tokens_accepted=c["accepted"],
-            mean_accepted_per_round=c["accepted"] / len(decode_rounds) if decode_rounds else 0.0,
+            # per request and decode round, as speculative-decoding papers report it
+            mean_accepted_per_round=c["accepted"] / c["decode_steps"] if c["decode_steps"] else 0.0,
             tokens_per_forward=c["tokens"] / len(rounds) if rounds else 0.0,
             discarded_outputs=c["discarded"],
         )
