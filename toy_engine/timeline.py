@@ -198,17 +198,22 @@ class Timeline:
         return _union_ms(self._device(rounds))
 
     def device_idle_fraction(self, rounds: Iterable[int] | None = None) -> float:
-        """1 - busy / window, window = first device start .. last device end.
+        """Share of the device's time spent waiting: idle / (idle + busy).
 
-        0.0 when there are no device spans (or the window has zero length).
+        Without ``rounds`` this is 1 - busy / window over the whole run.  With
+        ``rounds`` each idle gap is charged to the round whose work ends it (the
+        device was waiting *for that round*), so e.g. the decode rounds' idle
+        fraction is not polluted by prefill rounds in between.  0.0 when there
+        are no device spans.
         """
-        spans = self._device(rounds)
-        if not spans:
-            return 0.0
-        window = max(s.end_ms for s in spans) - min(s.start_ms for s in spans)
-        if window <= 0:
-            return 0.0
-        return 1.0 - _union_ms(spans) / window
+        wanted = None if rounds is None else set(rounds)
+        idle, reached = 0.0, None  # reached: end of all device work seen so far
+        for span in self.lane("device"):
+            if reached is not None and span.start_ms > reached and (wanted is None or span.round in wanted):
+                idle += span.start_ms - reached
+            reached = span.end_ms if reached is None else max(reached, span.end_ms)
+        busy = self.device_busy_ms(rounds)
+        return idle / (idle + busy) if idle + busy > 0 else 0.0
 
     def summary(self) -> dict:
         """Headline numbers for one run.
