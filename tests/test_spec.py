@@ -40,7 +40,7 @@ def test_worked_case_previous_round_accepted_one_draft():
         "last_tokens": torch.tensor([40, 0, 41, 0, 0, 42, 0, 0]),
         "drafts": torch.tensor([[10, 11]] + [[0, 0]] + [[20, 21]] + [[0, 0]] * 2 + [[30, 31]] + [[0, 0]] * 2),
     }
-    kernels.correct_seqlens_qk(SimpleNamespace(state=state, block_size=bs))
+    kernels.correct_seqlens_qk(meta, state["accepted"], bs)
     assert meta["seqlens_q"].tolist() == [3, 3, 3]  # query layout (cu_seqlens_q) unchanged
     assert meta["seqlens_k"].tolist() == [10, 6, 15]
     assert meta["positions"].tolist() == [7, 8, 9, 3, 4, 5, 12, 13, 14]
@@ -54,8 +54,7 @@ def test_nothing_changes_for_requests_the_host_already_committed():
     meta = {"positions": torch.tensor([5, 6]), "seqlens_q": torch.tensor([2]), "seqlens_k": torch.tensor([7]),
             "rows": torch.tensor([1]), "pending": torch.tensor([0]), "slot_mapping": torch.tensor([5, 6]),
             "block_tables": torch.tensor([[0, 1]])}
-    state = {"inputs": meta, "accepted": torch.tensor([0, 3])}
-    kernels.correct_seqlens_qk(SimpleNamespace(state=state, block_size=4))
+    kernels.correct_seqlens_qk(meta, torch.tensor([0, 3]), 4)
     assert meta["positions"].tolist() == [5, 6] and meta["seqlens_k"].tolist() == [7]
 
 

@@ -131,6 +131,7 @@ class Engine:
         self.stats: dict = {}
         self.completions: list[Completion] = []
         self.on_round = None
+        self.correction = kernels.correct_seqlens_qk  # the checkers swap in a learner's version
         self.requests: list[Request] = []
         self._next_id = 0
 
@@ -169,10 +170,13 @@ class Engine:
     # ------------------------------------------------------------------ the stages
 
     def schedule(self) -> Plan | None:
-        with self.timeline.host_span("schedule", self.scheduler.round):
-            if self.on_round is not None:
-                self.on_round(self, self.scheduler.round)
-            plan = self.scheduler.schedule()
+        start = self.timeline.now_ms()
+        if self.on_round is not None:
+            self.on_round(self, self.scheduler.round)
+        plan = self.scheduler.schedule()
+        # A schedule that finds nothing to launch belongs to the last round, not a new one.
+        self.timeline.add("host", "schedule", plan.round if plan else max(0, self.scheduler.round - 1),
+                          start, self.timeline.now_ms())
         if plan is not None and plan.is_prefill:
             self._prefill_rounds.add(plan.round)
         if plan is None:
@@ -235,7 +239,7 @@ class Engine:
     def correct_on_device(self, inputs: RoundInputs) -> None:
         """Fix stale lengths on the device (only speculation makes them stale)."""
         if self.config.num_draft_tokens and self.config.correct_seqlens and not inputs.plan.is_prefill:
-            self.device.launch(kernels.correct_seqlens_qk, round=inputs.plan.round, stage="correct")
+            self.device.launch(kernels.correct, self.correction, round=inputs.plan.round, stage="correct")
 
     def launch_forward(self, inputs: RoundInputs) -> None:
         with self.timeline.host_span("launch_forward", inputs.plan.round):
@@ -250,30 +254,40 @@ class Engine:
             return StepState(inputs.plan, slot, self.device.record_event())
 
     def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
-        """Wait for the step's sample event, then commit its tokens to the requests."""
-        plan = step.plan
-        self._unproductive_schedule = False
-        with self.timeline.host_span("wait", plan.round, step.owner):
+        """Wait for the step's sample event, read its tokens, commit them to the requests,
+        and free the cache of requests that are finished and in no launched round."""
+        with self.timeline.host_span("wait", step.plan.round, step.owner):
             self.device.wait(step.sample_done)
-        with self.timeline.host_span(stage, plan.round, step.owner):
-            k = 0 if plan.is_prefill else self.config.num_draft_tokens
-            B = len(plan.requests)
-            out = self.device.host(f"out{step.slot}", "r")[: B * (k + 2)].tolist()
-            for i, req in enumerate(plan.requests):
-                req.num_inflight -= 1
-                accepted = out[B * (k + 1) + i]
-                if req.finished:  # it finished in an earlier round: this is the extra step
-                    self._counts["discarded"] += 1
-                else:
-                    before = len(req.output_ids)
-                    req.commit(out[i * (k + 1): i * (k + 1) + accepted + 1], self.tokenizer.eos_id,
-                               self.tokenizer.decode)
-                    self._counts["tokens"] += len(req.output_ids) - before
-                    if not plan.is_prefill:
-                        self._counts["decode_steps"] += 1
-                        self._counts["proposed"] += k
-                        self._counts["accepted"] += accepted
+        with self.timeline.host_span(stage, step.plan.round, step.owner):
+            out = self.read_outputs(step)
+            for req in self.commit_outputs(step, out):
                 self.scheduler.release_if_done(req)
+
+    def read_outputs(self, step: StepState) -> list[int]:
+        """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
+        k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
+        return self.device.host(f"out{step.slot}", "r")[: len(step.plan.requests) * (k + 2)].tolist()
+
+    def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
+        """Hand a step's tokens to its requests; returns them.  A request that already
+        finished in an earlier round is in this step only as the extra step: discarded."""
+        plan, self._unproductive_schedule = step.plan, False
+        k = 0 if plan.is_prefill else self.config.num_draft_tokens
+        B = len(plan.requests)
+        for i, req in enumerate(plan.requests):
+            req.num_inflight -= 1
+            accepted = out[B * (k + 1) + i]
+            if req.finished:
+                self._counts["discarded"] += 1
+                continue
+            before = len(req.output_ids)
+            req.commit(out[i * (k + 1): i * (k + 1) + accepted + 1], self.tokenizer.eos_id, self.tokenizer.decode)
+            self._counts["tokens"] += len(req.output_ids) - before
+            if not plan.is_prefill:
+                self._counts["decode_steps"] += 1
+                self._counts["proposed"] += k
+                self._counts["accepted"] += accepted
+        return plan.requests
 
     def flush(self, previous: StepState | None) -> None:
         """Process a deferred step now: there is no next round to overlap it with."""
@@ -284,11 +298,12 @@ class Engine:
     # ------------------------------------------------------------------ public API
 
     def generate(self, prompts, max_new_tokens: int = 32, stop=None, temperature: float = 0.0,
-                 seed: int | None = None, on_round=None) -> list[Completion]:
+                 seed: int | None = None, on_round=None, loop=None) -> list[Completion]:
         """Run prompts to completion; returns one Completion per prompt, in order.
 
         ``on_round(engine, round)`` is called before each round is scheduled (it may call
-        ``engine.abort``).  Bad input raises ValueError before anything runs.
+        ``engine.abort``).  ``loop(engine)`` replaces the mode's loop (the exercises plug
+        a learner's loop in here).  Bad input raises ValueError before anything runs.
         """
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         self.on_round = on_round
@@ -302,7 +317,12 @@ class Engine:
             self.scheduler.add(req)
         start = time.perf_counter()
         try:
-            (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
+            if loop is not None:
+                loop(self)
+            else:
+                (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
+            if self.scheduler.has_work():
+                raise EngineStalled(self._stall_message())
         except BaseException:
             self._recover()
             raise
@@ -389,12 +409,20 @@ class Engine:
         return requests
 
     def _stall_message(self) -> str:
+        def names(reqs):
+            return ", ".join(f"request {r.id}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
+
         stuck = [r for r in self.scheduler.running if r.num_inflight]
-        names = ", ".join(f"request {r.id}" for r in stuck[:5])
-        if not stuck:
-            return "the engine cannot make progress: nothing can be scheduled and nothing is in flight"
-        return (f"the engine cannot make progress: {names} still wait for launched rounds whose results "
-                f"were never processed; was a deferred step dropped instead of processed or flushed?")
+        if stuck:
+            return (f"the engine cannot make progress: {names(stuck)} still wait for launched rounds whose "
+                    f"results were never processed; was a deferred step dropped instead of processed or flushed?")
+        kept = [r for r in self.scheduler.running if r.finished]
+        if kept and self.scheduler.waiting:
+            return (f"the engine cannot make progress: {names(kept)} finished but still hold their KV blocks "
+                    f"and rows, so waiting requests can never start; free finished requests")
+        left = [r for r in self.scheduler.running if not r.finished] + list(self.scheduler.waiting)
+        return (f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; "
+                f"keep scheduling rounds while the scheduler has work")
 
     def _recover(self) -> None:
         """After an exception: drain the device, release every request, stay usable."""

@@ -82,7 +82,7 @@ def upload_inputs(ctx, slot: int, T: int, B: int, NB: int) -> None:
     ctx.state["inputs"] = meta
 
 
-def correct_seqlens_qk(ctx) -> None:
+def correct_seqlens_qk(meta: dict, accepted: torch.Tensor, block_size: int) -> None:
     """Fix this round's stale lengths from the previous round's accepted drafts.
 
     The host built the round assuming each in-flight round adds exactly one token.  A
@@ -90,16 +90,22 @@ def correct_seqlens_qk(ctx) -> None:
     ``1 + accepted``, so its key length and positions shift by ``accepted`` and its
     KV slots are recomputed from the shifted positions.  Query lengths (and so
     cu_seqlens_q) do not change: a decode request always feeds 1 + k tokens.
+
+    ``meta`` holds the round's device-side metadata (changed in place); ``accepted``
+    is indexed by row and was written by the previous round's sampling.
     """
-    meta = ctx.state["inputs"]
-    delta = ctx.state["accepted"][meta["rows"]] * meta["pending"]  # [B]
+    delta = accepted[meta["rows"]] * meta["pending"]  # [B]
     owner = torch.repeat_interleave(torch.arange(len(delta), device=delta.device),
                                     meta["seqlens_q"], output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
-    bs = ctx.block_size
-    block = meta["block_tables"][owner, meta["positions"] // bs]
-    meta["slot_mapping"].copy_(block * bs + meta["positions"] % bs)
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correct(ctx, correction=correct_seqlens_qk) -> None:
+    """The kernel: apply a correction function to the uploaded metadata."""
+    correction(ctx.state["inputs"], ctx.state["accepted"], ctx.block_size)
 
 
 def resolve_input_ids(meta: dict, state: dict) -> torch.Tensor:

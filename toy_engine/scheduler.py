@@ -96,8 +96,13 @@ class Scheduler:
         return plan
 
     def release_if_done(self, req: Request) -> None:
-        """Free a finished request's row and blocks once no launched round can touch them."""
-        if req.finished and req.num_inflight == 0 and req in self.running:
+        """Free a finished request once no launched round can touch its cache."""
+        if req.finished and req.num_inflight == 0:
+            self.free(req)
+
+    def free(self, req: Request) -> None:
+        """Give a request's row and KV blocks back (the race checker sees the blocks go)."""
+        if req in self.running:
             self.running.remove(req)
             self.blocks.free(req.blocks, owner=f"request {req.id}")
             self.free_rows.append(req.row)
