@@ -29,6 +29,7 @@ import zlib
 from pathlib import Path
 
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from .timeline import Span, Timeline
@@ -63,6 +64,25 @@ _PROCESS_STAGES = ("postprocess", "flush")
 _LANE_Y = {"device": 0, "host": 1}  # numeric rows, so arrows can use data coordinates
 _BAR_WIDTH = 0.6
 TRACES_DIR = Path(__file__).parent / "traces"
+
+
+
+def _use_data_only_renderer() -> None:
+    """In a notebook, send figures as plotly JSON only.
+
+    Plotly's notebook default also embeds plotly.js (~5 MB) into every notebook that
+    shows a figure.  JupyterLab renders the JSON through the jupyterlab-plotly
+    extension that ships with plotly, so the course's notebooks stay small.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is not None and "IPKernelApp" in get_ipython().config:
+        pio.renderers.default = "plotly_mimetype"
+
+
+_use_data_only_renderer()
 
 
 def stage_color(stage: str) -> str:
