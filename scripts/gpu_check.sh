@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU check: on a CUDA machine, run the GPU tests, the benchmark (serial, zos and the
+# speculative variants) and record timelines (JSON + HTML) into one folder.
+#   bash scripts/gpu_check.sh [OUT_DIR]      (default: artifacts/gpu)
+# Fits in a few minutes on one GPU.  Needs the package installed (./run.sh test does it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-artifacts/gpu}
+PY=${PYTHON:-.venv/bin/python}
+mkdir -p "$OUT"
+"$PY" - <<'PY'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit("no CUDA GPU visible to torch: this script only makes sense on a GPU machine")
+print("GPU:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
+PY
+nvidia-smi -L | tee "$OUT/gpu.txt" || true
+"$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py tests/test_zos.py \
+    --override-ini addopts= 2>&1 | tee "$OUT/gpu_tests.txt"
+"$PY" -m toy_engine.bench --device cuda --json > "$OUT/bench_cuda.json"
+"$PY" -m toy_engine.bench --device cuda --host-overhead-ms 2 --json > "$OUT/bench_cuda_overhead2.json"
+"$PY" -c "import json,sys; from toy_engine.bench import format_table; print(format_table(json.load(open('$OUT/bench_cuda.json'))))" | tee "$OUT/bench_cuda.txt"
+"$PY" scripts/record_traces.py --device cuda --out "$OUT"
+"$PY" - "$OUT" <<'PY'
+import sys
+from pathlib import Path
+from toy_engine import viz
+from toy_engine.timeline import Timeline
+out = Path(sys.argv[1])
+runs = {p.stem: Timeline.from_json(p) for p in sorted(out.glob("cuda_*.json"))}
+for name, tl in runs.items():
+    viz.save_html(viz.timeline_figure(tl), out / f"{name}.html")
+if runs:
+    viz.save_html(viz.compare_figure(runs), out / "cuda_compare.html")
+print("wrote", sorted(p.name for p in out.iterdir()))
+PY

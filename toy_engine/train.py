@@ -1,0 +1,184 @@
+"""Train the shipped TinyGPT checkpoint: ``python -m toy_engine.train``.
+
+The defaults reproduce ``toy_engine/checkpoints/tiny_gpt.pt`` in a few minutes on
+two CPU cores.  The choices, briefly:
+
+* **Data.** The synthetic stories of ``toy_engine.data`` (corpus seed 0, ~300k chars),
+  each followed by EOS; the last 5% of the token stream is held out for validation.
+* **Windows of the full context length.** The model has absolute position
+  embeddings and the engine serves sequences up to ``context_len`` (256) positions,
+  so every position must be trained: we train on windows of ``block_size = 256``.
+  Half of the windows start at a story start, so that position 0 holds the first
+  character of a story, exactly like a prompt such as "Once" at inference; the other
+  half start anywhere, so the model also learns to continue from mid-story text.
+* **Optimiser.** AdamW (weight decay on matrices only), linear warmup then cosine
+  decay to 10% of the peak learning rate, gradient clipping at 1.0: the standard
+  nanoGPT recipe, which is robust at this small scale with a fairly high peak rate.
+* **Determinism.** ``torch.manual_seed(seed)`` fixes the initial weights, a private
+  ``torch.Generator`` draws the batches, and a fixed ``torch.set_num_threads`` fixes
+  how CPU kernels split their reductions: two runs with the same arguments on the
+  same machine give bit-identical weights.  Training runs in float32; the engine
+  upcasts the checkpoint to float64 on load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from .data import ALPHABET, CharTokenizer, corpus_token_stream, generate_corpus, split_train_val
+from .model import CHECKPOINT, GPTConfig, TinyGPT, save_checkpoint
+
+VAL_FRACTION = 0.05
+
+
+def load_data(tokenizer: CharTokenizer | None = None):
+    """(train, val) int64 token tensors of the default corpus."""
+    tokenizer = tokenizer or CharTokenizer()
+    stream = torch.tensor(corpus_token_stream(generate_corpus(seed=0), tokenizer))
+    return split_train_val(stream, VAL_FRACTION)
+
+
+@torch.no_grad()
+def evaluate(model: TinyGPT, tokens: torch.Tensor, block_size: int = 256, max_windows: int = 64) -> float:
+    """Mean next-token loss (nats/char) over consecutive non-overlapping windows."""
+    n = min(max_windows, (len(tokens) - 1) // block_size)
+    x = tokens[: n * block_size].view(n, block_size)
+    y = tokens[1 : n * block_size + 1].view(n, block_size)
+    was_training = model.training
+    model.eval()
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    model.train(was_training)
+    return loss
+
+
+@torch.no_grad()
+def sample_text(model: TinyGPT, tokenizer: CharTokenizer, prompt: str, max_new_tokens: int = 250) -> str:
+    """Greedy continuation of ``prompt`` with the full forward; stops at EOS."""
+    idx = torch.tensor([tokenizer.encode(prompt)])
+    out = []
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -model.cfg.context_len :])[0, -1]
+        nxt = int(logits.argmax())
+        if nxt == tokenizer.eos_id:
+            break
+        out.append(nxt)
+        idx = torch.cat([idx, torch.tensor([[nxt]])], dim=1)
+    return prompt + tokenizer.decode(out)
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay from ``lr`` to ``lr / 10``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(
+    steps: int = 800,
+    seed: int = 0,
+    batch_size: int = 16,
+    block_size: int = 256,
+    lr: float = 5e-3,
+    threads: int = 2,
+    out=None,
+    progress: bool = True,
+    evals: int = 4,
+):
+    """Train a TinyGPT from scratch; return ``(model, info)`` and save to ``out`` if given."""
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tok = CharTokenizer()
+        train_tokens, val_tokens = load_data(tok)
+        cfg = GPTConfig(vocab_size=tok.vocab_size)
+        if not 1 <= block_size <= cfg.context_len:
+            raise ValueError(f"block_size must be in 1..{cfg.context_len}, got {block_size}")
+
+        torch.manual_seed(seed)
+        model = TinyGPT(cfg)
+        gen = torch.Generator().manual_seed(seed)
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr, betas=(0.9, 0.99),
+        )
+        warmup = max(1, min(50, steps // 10))
+        eval_at = {round(steps * (k + 1) / evals) for k in range(evals)}
+
+        # Window starts: story starts (position 0 or right after an EOS) and anywhere.
+        last_start = len(train_tokens) - block_size - 1
+        story_starts = torch.cat([torch.tensor([0]), (train_tokens == tok.eos_id).nonzero().flatten() + 1])
+        story_starts = story_starts[story_starts <= last_start]
+        offsets = torch.arange(block_size + 1)
+
+        model.train()
+        t0 = time.perf_counter()
+        losses = {}
+        bar = tqdm(range(steps), desc="training", disable=not progress)
+        for step in bar:
+            anywhere = torch.randint(0, last_start + 1, (batch_size,), generator=gen)
+            at_story = story_starts[torch.randint(0, len(story_starts), (batch_size,), generator=gen)]
+            starts = torch.where(torch.rand(batch_size, generator=gen) < 0.5, at_story, anywhere)
+            chunk = train_tokens[starts[:, None] + offsets]  # [B, T+1]
+            logits = model(chunk[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten())
+
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            if step + 1 in eval_at:
+                losses = {
+                    "train_loss": evaluate(model, train_tokens, block_size),
+                    "val_loss": evaluate(model, val_tokens, block_size),
+                }
+                if progress:
+                    bar.write(f"step {step + 1}: train {losses['train_loss']:.4f}  val {losses['val_loss']:.4f}")
+        seconds = time.perf_counter() - t0
+        model.eval()
+    finally:
+        torch.set_num_threads(prev_threads)
+
+    info = {
+        "steps": steps, "seed": seed, "batch_size": batch_size, "block_size": block_size, "lr": lr,
+        **losses, "train_seconds": round(seconds, 1), "torch_version": str(torch.__version__),
+    }
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(model, ALPHABET, out, **info)
+    return model, info
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--out", type=Path, default=CHECKPOINT)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sample", type=int, default=250, help="chars of greedy sample to print (0: none)")
+    a = p.parse_args(argv)
+    model, info = train(a.steps, a.seed, a.batch_size, a.block_size, a.lr, a.threads, out=a.out)
+    print(f"{model.num_params():,} parameters; saved {a.out}")
+    print({k: info[k] for k in ("train_loss", "val_loss", "train_seconds")})
+    if a.sample > 0:
+        print(repr(sample_text(model, CharTokenizer(), "Once", a.sample)))
+
+
+if __name__ == "__main__":
+    main()
