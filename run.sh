@@ -2,6 +2,8 @@
 # One entry point for the two quickstart commands:
 #   ./run.sh lab    set up .venv (first time) and open the course in JupyterLab
 #   ./run.sh test   set up .venv (first time) and run the whole test suite
+#   ./run.sh setup  only set up .venv
+# Extra arguments go to jupyter lab / pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -26,16 +28,21 @@ setup() {
 }
 
 case "${1:-}" in
+    setup)
+        setup
+        ;;
     lab)
         setup
-        exec "$VENV/bin/jupyter" lab notebooks/00_start_here.ipynb
+        extra=()
+        if [ "$(id -u)" = 0 ]; then extra+=(--allow-root); fi  # e.g. inside a container
+        exec "$VENV/bin/jupyter" lab notebooks/00_start_here.ipynb "${extra[@]}" "${@:2}"
         ;;
     test)
         setup
         exec "$VENV/bin/python" -m pytest "${@:2}"
         ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup" >&2
         exit 2
         ;;
 esac

@@ -273,8 +273,8 @@ def check_process_outputs(process_outputs) -> Verdict:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"])
     except NotImplementedError:
         return _not_implemented("`process_outputs`")
-    except EngineStalled:
-        kept = [r.id for r in engine.scheduler.running if r.finished]
+    except EngineStalled as err:
+        kept = err.request_ids
         return Verdict(False, f"requests {kept} finished but kept their KV blocks and batch rows, so waiting "
                               f"requests could never start: free a finished request once no launched round "
                               f"uses it (req.num_inflight == 0)")

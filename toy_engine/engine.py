@@ -64,7 +64,9 @@ class EngineConfig:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress: results of launched rounds were never processed."""
+    """The loop cannot make progress; ``request_ids`` names the requests involved."""
+
+    request_ids: list[int] = []
 
 
 @dataclass
@@ -183,7 +185,7 @@ class Engine:
             # Legal only while launched results are outstanding, and only if the loop
             # then processes something before asking again.
             if self._unproductive_schedule or not any(r.num_inflight for r in self.scheduler.running):
-                raise EngineStalled(self._stall_message())
+                raise self._stalled()
             self._unproductive_schedule = True
         if plan is not None and self.config.host_overhead_ms:
             with self.timeline.host_span("overhead", plan.round):
@@ -322,7 +324,7 @@ class Engine:
             else:
                 (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
             if self.scheduler.has_work():
-                raise EngineStalled(self._stall_message())
+                raise self._stalled()
         except BaseException:
             self._recover()
             raise
@@ -408,21 +410,26 @@ class Engine:
         self._next_id += len(prompts)
         return requests
 
-    def _stall_message(self) -> str:
+    def _stalled(self) -> EngineStalled:
+        """Why the loop cannot go on, naming the requests involved (``err.request_ids``)."""
         def names(reqs):
             return ", ".join(f"request {r.id}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
         stuck = [r for r in self.scheduler.running if r.num_inflight]
-        if stuck:
-            return (f"the engine cannot make progress: {names(stuck)} still wait for launched rounds whose "
-                    f"results were never processed; was a deferred step dropped instead of processed or flushed?")
         kept = [r for r in self.scheduler.running if r.finished]
-        if kept and self.scheduler.waiting:
-            return (f"the engine cannot make progress: {names(kept)} finished but still hold their KV blocks "
-                    f"and rows, so waiting requests can never start; free finished requests")
         left = [r for r in self.scheduler.running if not r.finished] + list(self.scheduler.waiting)
-        return (f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; "
-                f"keep scheduling rounds while the scheduler has work")
+        if stuck:
+            reqs, msg = stuck, (f"{names(stuck)} still wait for launched rounds whose results were never "
+                                f"processed; was a deferred step dropped instead of processed or flushed?")
+        elif kept and self.scheduler.waiting:
+            reqs, msg = kept, (f"{names(kept)} finished but still hold their KV blocks and rows, so waiting "
+                               f"requests can never start; free finished requests")
+        else:
+            reqs, msg = left, (f"the loop stopped with work left: {names(left)} unfinished and nothing in "
+                               f"flight; keep scheduling rounds while the scheduler has work")
+        err = EngineStalled(f"the engine cannot make progress: {msg}")
+        err.request_ids = [r.id for r in reqs]
+        return err
 
     def _recover(self) -> None:
         """After an exception: drain the device, release every request, stay usable."""
