@@ -145,3 +145,15 @@ def test_device_process_dies_with_its_parent(tmp_path):
             pass
         time.sleep(0.2)
     pytest.fail(f"device process {child_pid} outlived its parent")
+
+
+def test_waiting_again_on_a_finished_event_returns_at_once(device):
+    device.launch(sleep_ms, 5, round=0)
+    first = device.record_event()
+    device.launch(sleep_ms, 5, round=1)
+    second = device.record_event()
+    device.wait(second)
+    t0 = time.perf_counter()
+    device.wait(first)   # older and already complete
+    device.wait(second)  # the same event twice, as CUDA allows
+    assert time.perf_counter() - t0 < 0.5

@@ -66,10 +66,10 @@ def _compare(got, expected) -> str | None:
         if g == e:
             continue
         if e[: len(g)] == g:
-            return f"request {i} lost its last {len(e) - len(g)} token(s)"
+            return f"prompt {i} lost its last {len(e) - len(g)} token(s)"
         first = next(j for j, (a, b) in enumerate(zip(g, e)) if a != b) if any(
             a != b for a, b in zip(g, e)) else min(len(g), len(e))
-        return f"request {i} differs from the reference from its token {first} on"
+        return f"prompt {i} differs from the reference from its token {first} on"
     return None
 
 
@@ -82,9 +82,13 @@ def _run_loop(loop, mode: str, what: str):
         return engine, None, _not_implemented(what)
     except EngineStalled as err:
         lost = _compare([c.token_ids for c in engine.completions], _reference())
-        hint = ("the deferred step was never flushed: when nothing is left to launch, process "
-                "`previous` with engine.flush(previous)") if mode == "zos" else (
-                "every launched step must be waited for and processed (engine.process_outputs)")
+        if "loop stopped with work left" in str(err):
+            hint = "your loop returned while the scheduler still had work: loop while engine.scheduler.has_work()"
+        elif mode == "zos":
+            hint = ("the deferred step was never flushed: when nothing is left to launch, process "
+                    "`previous` with engine.flush(previous)")
+        else:
+            hint = "every launched step must be waited for and processed (engine.process_outputs)"
         return engine, None, Verdict(False, f"{lost or 'results went missing'}: {hint}. ({err})")
     except RaceError as err:
         why = ""
@@ -111,8 +115,8 @@ def check_serial_loop(loop) -> Verdict:
         return Verdict(False, f"{diff}: each round must prepare, launch forward, launch sample, then "
                               f"process that step before the next round")
     rounds = engine.stats["rounds"]
-    return Verdict(True, f"the serial loop reproduces the reference: {len(outs)} requests, {rounds} rounds, "
-                         f"device idle {engine.stats['device_idle_fraction']:.0%} of the time")
+    return Verdict(True, f"the serial loop reproduces the reference: {len(outs)} prompts, {rounds} rounds, "
+                         f"every step processed before the next round")
 
 
 def check_zos_loop(loop) -> Verdict:
@@ -141,8 +145,7 @@ def check_zos_loop(loop) -> Verdict:
     if ("flush", max(r for s, r in order if s == "launch_sample")) not in seen:
         return Verdict(False, "the last round was not processed by engine.flush(previous)")
     return Verdict(True, f"ZOS loop matches the serial tokens; {deferred} decode steps were processed under "
-                         f"the next round's forward; decode device idle "
-                         f"{engine.stats['decode_device_idle_fraction']:.0%}")
+                         f"the next round's forward, and the last one was flushed")
 
 
 # ------------------------------------------------------------------ seqlen correction

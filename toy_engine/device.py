@@ -387,7 +387,7 @@ class ProcessDevice(Device):
         self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn)
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
-        self._done_events: dict[int, int] = {}
+        self._done_upto = 0  # events complete in order: every id <= this one is done
         self._stamps: list[tuple[str, int, int, int]] = []
         self._latencies_ns: list[int] = []
         self._last_end_ns = 0
@@ -412,8 +412,8 @@ class ProcessDevice(Device):
         return self._events
 
     def _receive(self) -> None:
-        _, ev_id, t_ns, stamps, error = self._conn.recv()
-        self._done_events[ev_id] = t_ns
+        _, ev_id, _t_ns, stamps, error = self._conn.recv()
+        self._done_upto = max(self._done_upto, ev_id)
         for seq, start, end in stamps:
             sent, name, rnd = self._sent_ns.pop(seq)
             if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
@@ -423,9 +423,8 @@ class ProcessDevice(Device):
         self._error = self._error or error
 
     def _wait(self, event):
-        while event.handle not in self._done_events:
+        while event.handle > self._done_upto:  # waiting again on a finished event returns at once
             self._receive()
-        self._done_events.pop(event.handle)
         if self._error:
             raise DeviceError(self._error)
 

@@ -164,13 +164,14 @@ def train(
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--out", type=Path, default=CHECKPOINT)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=800, help="optimizer steps")
+    p.add_argument("--out", type=Path, default=CHECKPOINT,
+                   help="where to write the checkpoint (default: the shipped one, which the defaults reproduce)")
+    p.add_argument("--seed", type=int, default=0, help="seed for initialisation and batch sampling")
+    p.add_argument("--batch-size", type=int, default=16, help="windows per step")
+    p.add_argument("--block-size", type=int, default=256, help="tokens per training window")
+    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (warm-up, then cosine decay)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads; a fixed count keeps runs bit-identical")
     p.add_argument("--sample", type=int, default=250, help="chars of greedy sample to print (0: none)")
     a = p.parse_args(argv)
     model, info = train(a.steps, a.seed, a.batch_size, a.block_size, a.lr, a.threads, out=a.out)
