@@ -177,3 +177,19 @@ def test_lifetime_checker():
     assert not v and "freed a finished request's KV cache while a launched round still uses it" in v.message
     v = checkers.check_process_outputs(process_never_frees)
     assert not v and "kept their KV blocks" in v.message and "requests []" not in v.message
+
+
+def test_a_correction_defined_at_run_time_reaches_the_device():
+    namespace = {}
+    exec(  # like a notebook cell: the function lives in no importable module
+        "import torch\n"
+        "def correct(meta, accepted, block_size):\n"
+        "    delta = accepted[meta['rows']] * meta['pending']\n"
+        "    owner = torch.repeat_interleave(torch.arange(len(delta)), meta['seqlens_q'],"
+        " output_size=len(meta['positions']))\n"
+        "    meta['seqlens_k'] += delta\n"
+        "    meta['positions'] += delta[owner]\n"
+        "    block = meta['block_tables'][owner, meta['positions'] // block_size]\n"
+        "    meta['slot_mapping'].copy_(block * block_size + meta['positions'] % block_size)\n",
+        namespace)
+    assert checkers.check_correction(namespace["correct"]).passed

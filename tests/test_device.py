@@ -157,3 +157,16 @@ def test_waiting_again_on_a_finished_event_returns_at_once(device):
     device.wait(first)   # older and already complete
     device.wait(second)  # the same event twice, as CUDA allows
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_launch_arguments_travel_by_value(device):
+    """A function defined at run time (as in a notebook) can be passed *as an argument*."""
+    def fill(ctx, value):
+        ctx.store("outbuf", torch.full((8,), value))
+
+    def apply(ctx, fn, value):
+        fn(ctx, value)
+
+    device.launch(apply, fill, 7, round=0, writes={"outbuf"})
+    device.wait(device.record_event())
+    assert device.host("outbuf").tolist() == [7] * 8

@@ -172,6 +172,9 @@ class Engine:
     # ------------------------------------------------------------------ the stages
 
     def schedule(self) -> Plan | None:
+        """The next round's plan; None when nothing can be launched now (or no work is left)."""
+        if not self.scheduler.has_work():
+            return None
         start = self.timeline.now_ms()
         if self.on_round is not None:
             self.on_round(self, self.scheduler.round)
