@@ -339,7 +339,7 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
                     continue  # sticky: after a failure nothing else runs
                 start = time.perf_counter_ns()
                 try:
-                    kernels[kid](ctx, *cloudpickle.loads(args))
+                    kernels[kid](ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
                 except BaseException as exc:  # noqa: BLE001 - reported to the host
                     error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
                 stamps.append((seq, start, time.perf_counter_ns()))
@@ -404,7 +404,9 @@ class ProcessDevice(Device):
             kid = self._kernel_ids[kernel] = len(self._kernel_ids)
             self._conn.send(("kernel", kid, cloudpickle.dumps(kernel)))
         self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
-        self._conn.send(("launch", seq, kid, cloudpickle.dumps(args)))  # by value: notebook functions too
+        if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
+            args = cloudpickle.dumps(args)
+        self._conn.send(("launch", seq, kid, args))
 
     def _record(self):
         self._events += 1

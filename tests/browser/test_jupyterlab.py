@@ -313,12 +313,18 @@ def _open_notebook(page, lab, rel: str):
 
 
 def _command(page, rel: str, command: str, active_cell: int | None = None) -> None:
-    """Run a JupyterLab command on the notebook, made current (and its active cell set)."""
+    """Start a JupyterLab command on the notebook, made current (and its active cell set).
+
+    Not awaited (a run command's promise settles only when its cells have run): the
+    callers poll the cells instead, with their own time limits.
+    """
     page.evaluate("""([p, command, active]) => {
         const w = window.__browserTest.panel(p);
         window.jupyterapp.shell.activateById(w.id);
         if (active !== null) w.content.activeCellIndex = active;
-        return window.jupyterapp.commands.execute(command);
+        window.jupyterapp.commands.execute(command)
+            .catch(e => console.error(`browser test: ${command} failed: ${e}`));
+        return true;
     }""", [rel, command, active_cell])
 
 
@@ -349,7 +355,9 @@ def _run_cells(page, rel: str, lo: int, hi: int, deadline: float) -> list[dict]:
     else:
         command, active = "notebook:run-all-below", lo
     started = False
-    for _attempt in range(6):
+    for attempt in range(6):
+        if attempt:
+            print(f"{rel}: {command} started no cell in 20 s; trying again ({attempt + 1})")
         _command(page, rel, command, active)
         t_end = min(deadline, time.monotonic() + 20)
         while time.monotonic() < t_end:
