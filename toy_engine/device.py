@@ -188,18 +188,20 @@ class Device:
         self._last_round = 0
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
-               blocks=()) -> None:
+               blocks=(), record_event: bool = False) -> Event | None:
         """Queue ``kernel(ctx, *args)`` on the stream; returns before it runs.
 
         ``reads``/``writes`` name the host buffers it uses, ``blocks`` the KV-cache blocks
-        it touches; ``stage`` is its name on the timeline.
+        it touches; ``stage`` is its name on the timeline.  ``record_event=True`` also
+        records an event right after it and returns it (one message instead of two).
         """
         self._seq += 1
         self._last_round = round
         stage = stage or kernel.__name__
         self.races.on_launch(_Launch(self._seq, stage, round, frozenset(reads), frozenset(writes),
                                      frozenset(blocks)))
-        self._launch(self._seq, kernel, args, round, stage)
+        handle = self._launch(self._seq, kernel, args, round, stage, record_event)
+        return Event(self._seq, round, handle) if record_event else None
 
     def record_event(self) -> Event:
         return Event(self._seq, self._last_round, self._record())
@@ -220,7 +222,7 @@ class Device:
     # implemented by subclasses
     buffers: dict
 
-    def _launch(self, seq, kernel, args, round, stage): raise NotImplementedError
+    def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
     def _wait(self, event): raise NotImplementedError
     def spans(self) -> list[tuple[str, int, int, int]]: raise NotImplementedError
@@ -247,13 +249,14 @@ class CudaDevice(Device):
         self._ref.synchronize()
         self._ref_ns = time.perf_counter_ns()
 
-    def _launch(self, seq, kernel, args, round, stage):
+    def _launch(self, seq, kernel, args, round, stage, record_event):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(self.stream)
         with torch.cuda.stream(self.stream):
             kernel(self.ctx, *args)
         end.record(self.stream)
         self._timed.append((stage, round, start, end))
+        return self._record() if record_event else None
 
     def _record(self):
         ev = torch.cuda.Event(enable_timing=True)
@@ -332,20 +335,18 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
                 msg = conn.recv()
             except (EOFError, OSError):
                 return
-            kind = msg[0]
+            kind, event_id = msg[0], None
             if kind == "launch":
-                _, seq, kid, args = msg
-                if error is not None:
-                    continue  # sticky: after a failure nothing else runs
-                start = time.perf_counter_ns()
-                try:
-                    kernels[kid](ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
-                except BaseException as exc:  # noqa: BLE001 - reported to the host
-                    error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
-                stamps.append((seq, start, time.perf_counter_ns()))
+                _, seq, kid, args, event_id = msg
+                if error is None:  # sticky: after a failure nothing else runs
+                    start = time.perf_counter_ns()
+                    try:
+                        kernels[kid](ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
+                    except BaseException as exc:  # noqa: BLE001 - reported to the host
+                        error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
+                    stamps.append((seq, start, time.perf_counter_ns()))
             elif kind == "event":
-                conn.send(("event", msg[1], time.perf_counter_ns(), stamps, error))
-                stamps = []
+                event_id = msg[1]
             elif kind == "kernel":
                 kernels[msg[1]] = cloudpickle.loads(msg[2])
             elif kind == "setup":
@@ -354,6 +355,9 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
                 conn.send(("ready", os.getpid()))
             elif kind == "close":
                 return
+            if event_id is not None:  # everything before the event is done: report it
+                conn.send(("event", event_id, stamps, error))
+                stamps = []
 
 
 def _shutdown(proc, conn) -> None:
@@ -398,7 +402,7 @@ class ProcessDevice(Device):
         assert msg[0] == "ready", msg
         self.pid = msg[1]
 
-    def _launch(self, seq, kernel, args, round, stage):
+    def _launch(self, seq, kernel, args, round, stage, record_event):
         kid = self._kernel_ids.get(kernel)
         if kid is None:
             kid = self._kernel_ids[kernel] = len(self._kernel_ids)
@@ -406,7 +410,12 @@ class ProcessDevice(Device):
         self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
         if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
             args = cloudpickle.dumps(args)
-        self._conn.send(("launch", seq, kid, args))
+        event_id = None
+        if record_event:
+            self._events += 1
+            event_id = self._events
+        self._conn.send(("launch", seq, kid, args, event_id))
+        return event_id
 
     def _record(self):
         self._events += 1
@@ -414,7 +423,7 @@ class ProcessDevice(Device):
         return self._events
 
     def _receive(self) -> None:
-        _, ev_id, _t_ns, stamps, error = self._conn.recv()
+        _, ev_id, stamps, error = self._conn.recv()
         self._done_upto = max(self._done_upto, ev_id)
         for seq, start, end in stamps:
             sent, name, rnd = self._sent_ns.pop(seq)

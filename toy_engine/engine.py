@@ -254,9 +254,9 @@ class Engine:
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span("launch_sample", r):
-            self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r, stage="sample",
-                               writes={f"out{slot}"})
-            return StepState(inputs.plan, slot, self.device.record_event())
+            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r,
+                                             stage="sample", writes={f"out{slot}"}, record_event=True)
+        return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
         """Wait for the step's sample event, read its tokens, commit them to the requests,
