@@ -23,3 +23,20 @@ def make_engine(shipped):
     yield make
     for engine in engines:
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def engine_pool(shipped):
+    """Engines shared by a module's tests, one per configuration (device start-up is not free)."""
+    model, alphabet = shipped
+    pool = {}
+
+    def get(**config):
+        key = tuple(sorted(config.items()))
+        if key not in pool:
+            pool[key] = te.Engine(te.EngineConfig(**config), model=model, tokenizer=te.CharTokenizer(alphabet))
+        return pool[key]
+
+    yield get
+    for engine in pool.values():
+        engine.close()

@@ -6,10 +6,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import toy_engine as te
-from toy_engine import kernels
+from toy_engine import checkers, kernels
 from toy_engine.bench import default_workload
-from toy_engine.kernels import FROM_DEVICE
 
 WORDS = ["Once upon a time", "One day", "There was a", "The little fox", "Once", "A", "She liked to"]
 
@@ -23,20 +21,12 @@ def test_worked_case_previous_round_accepted_one_draft():
     and a key length of 9.  With one accepted draft the request really has 8 tokens
     once the in-flight round lands (6 + 1 accepted + 1 bonus): positions 7, 8, 9, key length 10.
     """
+    meta, accepted, _ = checkers.worked_case()  # the notebook's and checker's case
     bs = 4
-    meta = {
-        "input_ids": torch.tensor([FROM_DEVICE] * 9),
-        "positions": torch.tensor([6, 7, 8, 3, 4, 5, 10, 11, 12]),
-        "slot_mapping": torch.tensor([30, 31, 4, 11, 16, 17, 34, 35, 20]),
-        "seqlens_q": torch.tensor([3, 3, 3]),
-        "seqlens_k": torch.tensor([9, 6, 13]),
-        "rows": torch.tensor([0, 2, 5]),
-        "pending": torch.tensor([1, 1, 1]),
-        "block_tables": torch.tensor([[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]]),
-    }
+    assert meta["positions"].tolist() == [6, 7, 8, 3, 4, 5, 10, 11, 12]  # the host's stale plan
+    assert meta["block_tables"][0].tolist() == [3, 7, 1, 0] and accepted[[0, 2, 5]].tolist() == [1, 0, 2]
     state = {
-        "inputs": meta,
-        "accepted": torch.tensor([1, 0, 0, 0, 0, 2, 0, 0]),
+        "accepted": accepted,
         "last_tokens": torch.tensor([40, 0, 41, 0, 0, 42, 0, 0]),
         "drafts": torch.tensor([[10, 11]] + [[0, 0]] + [[20, 21]] + [[0, 0]] * 2 + [[30, 31]] + [[0, 0]] * 2),
     }
@@ -89,21 +79,10 @@ def test_acceptance_is_the_longest_matching_prefix_plus_a_bonus():
 
 
 @pytest.fixture(scope="module")
-def spec_engines(shipped):
-    model, alphabet = shipped
-    cache = {}
-
+def spec_engines(engine_pool):
     def get(mode, k=4, max_batch_size=4, correct=True):
-        key = (mode, k, max_batch_size, correct)
-        if key not in cache:
-            cache[key] = te.Engine(te.EngineConfig(mode=mode, num_draft_tokens=k, max_batch_size=max_batch_size,
-                                                   correct_seqlens=correct),
-                                   model=model, tokenizer=te.CharTokenizer(alphabet))
-        return cache[key]
-
-    yield get
-    for e in cache.values():
-        e.close()
+        return engine_pool(mode=mode, num_draft_tokens=k, max_batch_size=max_batch_size, correct_seqlens=correct)
+    return get
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -9,22 +9,10 @@ WORDS = ["Once upon a time", "One day", "There was a", "The little fox", "Once",
 
 
 @pytest.fixture(scope="module")
-def engines(shipped):
-    """One long-lived engine per mode and batch limit (device start-up is not free)."""
-    model, alphabet = shipped
-    cache = {}
-
+def engines(engine_pool):
     def get(mode, max_batch_size=4, num_kv_blocks=64):
-        key = (mode, max_batch_size, num_kv_blocks)
-        if key not in cache:
-            cache[key] = te.Engine(te.EngineConfig(mode=mode, max_batch_size=max_batch_size,
-                                                   num_kv_blocks=num_kv_blocks), model=model,
-                                   tokenizer=te.CharTokenizer(alphabet))
-        return cache[key]
-
-    yield get
-    for e in cache.values():
-        e.close()
+        return engine_pool(mode=mode, max_batch_size=max_batch_size, num_kv_blocks=num_kv_blocks)
+    return get
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -119,11 +119,15 @@ def execute(path: Path, timeout: int = 600) -> None:
 
 
 def build(root: Path = ROOT, run: bool = True) -> None:
+    """Regenerate what changed; a copy whose cells already match its source keeps its outputs."""
     for src, ex, sol in targets(root):
         source_nb = nbformat.read(src, as_version=4)
         for path, keep in ((ex, False), (sol, True)):
+            rendered = render(source_nb, keep)
+            if path.exists() and _sources(nbformat.read(path, as_version=4)) == _sources(rendered):
+                continue
             path.parent.mkdir(exist_ok=True)
-            nbformat.write(render(source_nb, keep), path)
+            nbformat.write(rendered, path)
             if run:
                 print(f"executing {path.relative_to(root)}", flush=True)
                 execute(path)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 CHECKPOINT = Path(__file__).parent / "checkpoints" / "tiny_gpt.pt"
 
