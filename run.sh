@@ -14,15 +14,19 @@ setup() {
         "$PY" -m venv "$VENV"
     fi
     if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-        # torch 2.13.0: a local CPU wheel if this machine has one; the CUDA build only where
-        # a GPU is present; otherwise PyTorch's CPU index (never the multi-GB CUDA wheel).
-        if "$VENV/bin/pip" install --no-index "torch==2.13.0" 2>/dev/null; then
-            :
+        # torch 2.13.0: a CPU wheel this machine already has (pip's find-links), else the
+        # CUDA build only where a GPU is present, else PyTorch's CPU index -- never the
+        # multi-GB CUDA wheel on a machine without a GPU.
+        wheels=$(mktemp -d)
+        if "$VENV/bin/pip" download -q --no-index --no-deps "torch==2.13.0" -d "$wheels" 2>/dev/null; then
+            "$VENV/bin/pip" install "$wheels"/torch-*.whl
         elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             "$VENV/bin/pip" install "torch==2.13.0"
         else
-            "$VENV/bin/pip" install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+            "$VENV/bin/pip" install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+                --extra-index-url https://pypi.org/simple
         fi
+        rm -rf "$wheels"
     fi
     "$VENV/bin/pip" install -q -e ".[course,dev]"
 }

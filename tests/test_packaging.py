@@ -16,9 +16,16 @@ def _name(req: str) -> str:
 def test_environment_yml_pins_match_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
-    lines = [line.strip()[2:].strip() for line in (ROOT / "environment.yml").read_text().splitlines()
-             if line.strip().startswith("- ")]
-    pip = [x for x in lines if not x.startswith("--") and _name(x) not in ("python", "pip")]
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    pip = []
+    for line in lines[start + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break  # the end of the pip: list
+        item = line.strip()[2:].strip()
+        if item and not item.startswith("--"):
+            pip.append(item)
     env = {_name(x): x for x in pip}
     for req in wanted:
         name = _name(req)
