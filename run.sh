@@ -39,7 +39,8 @@ case "${1:-}" in
         setup
         extra=()
         if [ "$(id -u)" = 0 ]; then extra+=(--allow-root); fi  # e.g. inside a container
-        exec "$VENV/bin/jupyter" lab notebooks/00_start_here.ipynb "${extra[@]}" "${@:2}"
+        exec "$VENV/bin/jupyter" lab --ServerApp.root_dir="$PWD" \
+            --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb "${extra[@]}" "${@:2}"
         ;;
     test)
         setup
