@@ -10,6 +10,7 @@ mistake, so an exercise notebook runs top to bottom and shows the message.
 from __future__ import annotations
 
 import atexit
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,9 @@ def close_engines() -> None:
     _ENGINES.clear()
 
 
+@functools.lru_cache(maxsize=1)
 def _reference():
+    """The reference (serial engine) tokens for PROMPTS, computed once."""
     return [c.token_ids for c in _engine(mode="serial").generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)]
 
 
@@ -73,13 +76,17 @@ def _compare(got, expected) -> str | None:
     return None
 
 
-def _run_loop(loop, mode: str, what: str):
-    """Run a learner's loop; returns (completions or None, Verdict or None)."""
+def _run_loop(loop, mode: str, what: str, mismatch: str):
+    """Run a learner's loop and compare its tokens with the reference.
+
+    Returns (engine, Verdict) when something went wrong -- ``mismatch`` explains wrong
+    tokens -- and (engine, None) when the run matched.
+    """
     engine = _engine(mode=mode)
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=loop)
     except NotImplementedError:
-        return engine, None, _not_implemented(what)
+        return engine, _not_implemented(what)
     except EngineStalled as err:
         lost = _compare([c.token_ids for c in engine.completions], _reference())
         if "loop stopped with work left" in str(err):
@@ -89,16 +96,17 @@ def _run_loop(loop, mode: str, what: str):
                     "`previous` with engine.flush(previous)")
         else:
             hint = "every launched step must be waited for and processed (engine.process_outputs)"
-        return engine, None, Verdict(False, f"{lost or 'results went missing'}: {hint}. ({err})")
+        return engine, Verdict(False, f"{lost or 'results went missing'}: {hint}. ({err})")
     except RaceError as err:
         why = ""
         if "race on buffer 'meta" in str(err) or "race on buffer 'temps" in str(err):
             why = ("an input buffer was reused while the step that reads it was never waited for: every "
                    "launched step must be waited for and processed (engine.process_outputs). ")
-        return engine, None, Verdict(False, f"{why}The race checker stopped your loop: {err}")
+        return engine, Verdict(False, f"{why}The race checker stopped your loop: {err}")
     except Exception as err:  # noqa: BLE001 - turned into a message for the learner
-        return engine, None, Verdict(False, f"your loop raised {type(err).__name__}: {err}")
-    return engine, outs, None
+        return engine, Verdict(False, f"your loop raised {type(err).__name__}: {err}")
+    diff = _compare([c.token_ids for c in outs], _reference())
+    return engine, Verdict(False, f"{diff}: {mismatch}") if diff else None
 
 
 def _host_order(engine: Engine, keep=("launch_forward", "launch_sample", "postprocess", "flush")):
@@ -107,26 +115,19 @@ def _host_order(engine: Engine, keep=("launch_forward", "launch_sample", "postpr
 
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
-    engine, outs, verdict = _run_loop(loop, "serial", "`serial_loop`")
+    engine, verdict = _run_loop(loop, "serial", "`serial_loop`", "each round must prepare, launch forward, "
+                                "launch sample, then process that step before the next round")
     if verdict is not None:
         return verdict
-    diff = _compare([c.token_ids for c in outs], _reference())
-    if diff:
-        return Verdict(False, f"{diff}: each round must prepare, launch forward, launch sample, then "
-                              f"process that step before the next round")
-    rounds = engine.stats["rounds"]
-    return Verdict(True, f"the serial loop reproduces the reference: {len(outs)} prompts, {rounds} rounds, "
-                         f"every step processed before the next round")
+    return Verdict(True, f"the serial loop reproduces the reference: {len(PROMPTS)} prompts, "
+                         f"{engine.stats['rounds']} rounds, every step processed before the next round")
 
 
 def check_zos_loop(loop) -> Verdict:
     """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included."""
-    engine, outs, verdict = _run_loop(loop, "zos", "`zos_loop`")
+    engine, verdict = _run_loop(loop, "zos", "`zos_loop`", "process every step exactly once, in round order")
     if verdict is not None:
         return verdict
-    diff = _compare([c.token_ids for c in outs], _reference())
-    if diff:
-        return Verdict(False, f"{diff}: process every step exactly once, in round order")
     order = _host_order(engine, keep=("prepare", "launch_forward", "launch_sample", "postprocess", "flush"))
     prefill = set(engine.timeline.meta["prefill_rounds"])
     seen, deferred = set(), 0
