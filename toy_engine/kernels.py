@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import PackedBatch
+from .model import PackedBatch, token_layout
 
 FROM_DEVICE = -1  # input id placeholder: "take this token from the device's state"
 NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
@@ -95,8 +95,7 @@ def correct_seqlens_qk(meta: dict, accepted: torch.Tensor, block_size: int) -> N
     is indexed by row and was written by the previous round's sampling.
     """
     delta = accepted[meta["rows"]] * meta["pending"]  # [B]
-    owner = torch.repeat_interleave(torch.arange(len(delta), device=delta.device),
-                                    meta["seqlens_q"], output_size=len(meta["positions"]))
+    owner, _ = token_layout(meta["seqlens_q"], len(meta["positions"]))  # per token: its request
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     block = meta["block_tables"][owner, meta["positions"] // block_size]
@@ -112,8 +111,7 @@ def resolve_input_ids(meta: dict, state: dict) -> torch.Tensor:
     """Replace FROM_DEVICE placeholders: offset 0 in a request is its newest token,
     offset i > 0 its i-th draft."""
     ids, q = meta["input_ids"], meta["seqlens_q"]
-    owner = torch.repeat_interleave(torch.arange(len(q), device=ids.device), q, output_size=len(ids))
-    offset = torch.arange(len(ids), device=ids.device) - (torch.cumsum(q, 0) - q)[owner]
+    owner, offset = token_layout(q, len(ids))
     rows = meta["rows"][owner]
     from_state = torch.where(offset == 0, state["last_tokens"][rows],
                              state["drafts"][rows, (offset - 1).clamp(0, state["drafts"].shape[1] - 1)])

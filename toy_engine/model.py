@@ -50,6 +50,17 @@ class PackedBatch:
     max_q: int                  # max(seqlens_q), known to the host: no device sync needed
 
 
+def token_layout(seqlens_q: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each packed token: the request it belongs to, and its offset inside that request.
+
+    ``num_tokens`` (= sum(seqlens_q)) comes from the host, so no device sync is needed.
+    """
+    owner = torch.repeat_interleave(torch.arange(len(seqlens_q), device=seqlens_q.device), seqlens_q,
+                                    output_size=num_tokens)
+    offset = torch.arange(num_tokens, device=seqlens_q.device) - (torch.cumsum(seqlens_q, 0) - seqlens_q)[owner]
+    return owner, offset
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -98,11 +109,8 @@ class Block(nn.Module):
         values = kv_layer[1].index_select(1, key_slots.view(-1)).view_as(keys)  # [H, B, L, D]
 
         # Scatter packed queries into a padded [B, max_q] grid (index arithmetic only).
-        owner = torch.repeat_interleave(
-            torch.arange(B, device=x.device), batch.seqlens_q, output_size=T
-        )
-        cu_q = torch.cumsum(batch.seqlens_q, 0) - batch.seqlens_q
-        grid_idx = owner * batch.max_q + (torch.arange(T, device=x.device) - cu_q[owner])
+        owner, offset = token_layout(batch.seqlens_q, T)
+        grid_idx = owner * batch.max_q + offset
         q_pad = q.new_zeros(q.shape[0], B * batch.max_q, q.shape[2]).index_copy_(1, grid_idx, q)
         pos_pad = batch.positions.new_zeros(B * batch.max_q).index_copy_(0, grid_idx, batch.positions)
         q_pad = q_pad.view(q.shape[0], B, batch.max_q, q.shape[2])  # [H, B, max_q, D]
