@@ -70,8 +70,7 @@ def _compare(got, expected) -> str | None:
             continue
         if e[: len(g)] == g:
             return f"prompt {i} lost its last {len(e) - len(g)} token(s)"
-        first = next(j for j, (a, b) in enumerate(zip(g, e)) if a != b) if any(
-            a != b for a, b in zip(g, e)) else min(len(g), len(e))
+        first = next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e)))
         return f"prompt {i} differs from the reference from its token {first} on"
     return None
 

@@ -410,17 +410,18 @@ class ProcessDevice(Device):
         self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
         if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
             args = cloudpickle.dumps(args)
-        event_id = None
-        if record_event:
-            self._events += 1
-            event_id = self._events
+        event_id = self._next_event_id() if record_event else None
         self._conn.send(("launch", seq, kid, args, event_id))
         return event_id
 
-    def _record(self):
+    def _next_event_id(self) -> int:
         self._events += 1
-        self._conn.send(("event", self._events))
         return self._events
+
+    def _record(self):
+        event_id = self._next_event_id()
+        self._conn.send(("event", event_id))
+        return event_id
 
     def _receive(self) -> None:
         _, ev_id, stamps, error = self._conn.recv()
