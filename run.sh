@@ -11,39 +11,30 @@ VENV=.venv
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
+        if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+            echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python 3.11" \
+                 "(the version it is tested on). Install it, then e.g. PYTHON=python3.11 ./run.sh $*" >&2
+            exit 2
+        fi
         "$PY" -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-        # torch 2.13.0: a CPU wheel this machine already has (pip's find-links), else the
-        # CUDA build only where a GPU is present, else PyTorch's CPU index -- never the
-        # multi-GB CUDA wheel on a machine without a GPU.
-        wheels=$(mktemp -d)
-        if "$VENV/bin/pip" download -q --no-index --no-deps "torch==2.13.0" -d "$wheels" 2>/dev/null; then
-            "$VENV/bin/pip" install "$wheels"/torch-*.whl
-        elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-            "$VENV/bin/pip" install "torch==2.13.0"
-        else
-            "$VENV/bin/pip" install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
-                --extra-index-url https://pypi.org/simple
-        fi
-        rm -rf "$wheels"
-    fi
+    bash scripts/install_torch.sh "$VENV/bin/python"
     "$VENV/bin/pip" install -q -e ".[course,dev]"
 }
 
 case "${1:-}" in
     setup)
-        setup
+        setup "$1"
         ;;
     lab)
-        setup
+        setup "$1"
         extra=()
         if [ "$(id -u)" = 0 ]; then extra+=(--allow-root); fi  # e.g. inside a container
         exec "$VENV/bin/jupyter" lab --ServerApp.root_dir="$PWD" \
             --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb "${extra[@]}" "${@:2}"
         ;;
     test)
-        setup
+        setup "$1"
         exec "$VENV/bin/python" -m pytest "${@:2}"
         ;;
     *)

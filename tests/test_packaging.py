@@ -1,39 +1,147 @@
 """Setup files agree with each other, and the course notebooks are generated and stored well."""
 
 import re
+import subprocess
+import sys
 import tomllib
+from importlib.metadata import version
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from toy_engine import course
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The oldest torch the code can run on, API by API.  Read off torch's release notes and API
+# docs against our code; only the pinned torch (environment.yml, 2.13.0) is installed and run,
+# by CI and the developers -- no other torch version was tried.
+TORCH_FLOOR = {
+    "Tensor.scatter_reduce(dim, index, src, 'amax') in kernels.py": "1.12",
+    "torch.load(..., weights_only=True) in model.py": "1.13",
+    "a wheel for Python 3.11, the only Python declared": "2.0",
+    "a build against NumPy 2 (numpy>=2 is a dependency; older builds warn at import and cannot "
+    "exchange arrays with it)": "2.3",
+}
+# Extras that environment.yml (Binder, a learner's conda env) leaves out, and why.
+NOT_IN_ENVIRONMENT_YML = {
+    "hub": "a hub's user environment; Binder brings the jupyterhub-singleuser that matches its own hub",
+}
+# Hosts of package registries: no file may name one (pip, npm, apt use their own configuration).
+REGISTRY_HOSTS = re.compile(r"pypi\.org|pythonhosted\.org|npmjs\.(?:org|com)|yarnpkg\.com|debian\.org|"
+                            r"ubuntu\.com|anaconda\.(?:org|com)|crates\.io|rubygems\.org|proxy\.golang\.org")
+# PyTorch's CPU index may be named only where torch is installed (spelt in pieces here, so
+# that this file does not name it).
+PYTORCH_INDEX_HOST = ".".join(["download", "pytorch", "org"])
+TORCH_INSTALLERS = {"environment.yml", "scripts/install_torch.sh"}
+
+
 def _name(req: str) -> str:
     return re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower()
 
 
-def test_environment_yml_pins_match_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _declared(*, with_hub: bool) -> list[Requirement]:
+    project = _project()
+    reqs = list(project["dependencies"])
+    for extra, deps in project["optional-dependencies"].items():
+        if with_hub or extra not in NOT_IN_ENVIRONMENT_YML:
+            reqs += deps
+    return [Requirement(r) for r in reqs]
+
+
+def _environment_yml() -> tuple[str, dict[str, str]]:
+    """environment.yml's python version and its pip entries (name -> version pin)."""
     lines = (ROOT / "environment.yml").read_text().splitlines()
+    python = next(line.split("=", 1)[1].strip() for line in lines if line.strip().startswith("- python="))
     start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
     indent = len(lines[start]) - len(lines[start].lstrip())
-    pip = []
+    pins = {}
     for line in lines[start + 1:]:
         if line.strip() and len(line) - len(line.lstrip()) <= indent:
             break  # the end of the pip: list
         item = line.strip()[2:].strip()
         if item and not item.startswith("--"):
-            pip.append(item)
-    env = {_name(x): x for x in pip}
-    for req in wanted:
-        name = _name(req)
-        if name == "torch":
-            assert env["torch"] == "torch==2.13.0", "environment.yml must pin the torch CI tests"
-        else:
-            assert env.get(name) == req, f"environment.yml has {env.get(name)!r}, pyproject {req!r}"
-    assert set(env) == {_name(r) for r in wanted}
+            name, sep, version = item.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9A-Za-z.]*", version), (
+                f"environment.yml: {item!r} is not an exact pin; write name==version")
+            pins[name.lower()] = version
+    return python, pins
+
+
+def test_environment_yml_pins_lie_in_pyproject_ranges():
+    _, pins = _environment_yml()
+    declared = {r.name.lower(): r for r in _declared(with_hub=False)}
+    assert set(pins) == set(declared), (
+        f"only in environment.yml: {sorted(set(pins) - set(declared))}; "
+        f"only in pyproject.toml: {sorted(set(declared) - set(pins))}")
+    for name, req in declared.items():
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"environment.yml pins {name}=={pins[name]}, outside pyproject.toml's {req}")
+
+
+def test_installed_versions_lie_in_declared_ranges():
+    """What this environment runs is what pyproject.toml promises; torch is the pinned one."""
+    for req in _declared(with_hub=False):
+        installed = Version(version(req.name))
+        assert req.specifier.contains(installed, prereleases=True), f"installed {req.name} {installed}, declared {req}"
+    torch_pin = _environment_yml()[1]["torch"]
+    assert Version(version("torch")).base_version == torch_pin, (
+        f"installed torch {version('torch')}; CI must test environment.yml's torch=={torch_pin}")
+
+
+def test_torch_range_is_what_the_code_needs():
+    torch_req = next(r for r in _declared(with_hub=False) if r.name == "torch")
+    floor = max(TORCH_FLOOR.values(), key=Version)
+    assert str(torch_req.specifier) == f"<3,>={floor}", (
+        f"pyproject.toml declares {torch_req}; the code needs torch>={floor} (TORCH_FLOOR) and "
+        f"a new major version may drop APIs: declare torch>={floor},<3")
+
+
+def test_python_versions_declared_are_the_tested_one():
+    project = _project()
+    tested = f"{sys.version_info.major}.{sys.version_info.minor}"
+    python, _ = _environment_yml()
+    classifiers = {c.rsplit("::", 1)[1].strip() for c in project.get("classifiers", [])
+                   if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    allowed = [f"3.{minor}" for minor in range(8, 20)
+               if SpecifierSet(project["requires-python"]).contains(f"3.{minor}.0")]
+    assert (allowed, sorted(classifiers), python) == ([tested], [tested], tested), (
+        f"requires-python {project['requires-python']!r} admits {allowed}, classifiers say "
+        f"{sorted(classifiers)}, environment.yml says {python}; CI tests {tested}")
+
+
+def test_hub_installer_pins_a_jupyterhub_in_the_hub_extra():
+    hub = Requirement(_project()["optional-dependencies"]["hub"][0])
+    script = (ROOT / "scripts" / "install_hub.sh").read_text()
+    pinned = re.search(r"^JUPYTERHUB_VERSION=([0-9.]+)", script, re.M).group(1)
+    assert hub.name == "jupyterhub" and hub.specifier.contains(pinned), f"install_hub.sh pins {pinned}, extra {hub}"
+
+
+def test_no_file_names_a_package_registry_host():
+    try:
+        files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True,
+                               text=True).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: cannot list the tracked files")
+    bad, index_users = [], set()
+    for rel in filter(None, files):
+        try:
+            text = (ROOT / rel).read_text()
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary (checkpoint), or deleted in the work tree
+        bad += [f"{rel}: {m.group(0)}" for m in REGISTRY_HOSTS.finditer(text)]
+        if PYTORCH_INDEX_HOST in text:
+            index_users.add(rel)
+    assert not bad, f"registry hosts named in tracked files (pip/npm/apt pick the index): {bad}"
+    assert index_users <= TORCH_INSTALLERS, f"PyTorch's index named outside torch's installers: {index_users}"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -29,7 +29,8 @@ Two implementations:
     slowed from 4 to 5-8 ms; a process gave 1.4-2.1x faster rounds with ~0.1-0.3 ms
     launch latency, i.e. it behaves like a real accelerator on a 2-core machine.
     Prototype lessons kept here: the process is started from a ``forkserver`` that
-    preloads torch (never ``fork`` after torch has run); it ignores SIGINT (Jupyter's
+    preloads torch, or by ``spawn`` where there is no forkserver (``start_method``;
+    never ``fork`` after torch has run); it ignores SIGINT (Jupyter's
     Interrupt signals the whole process group) and exits when its parent dies;
     kernels defined in a notebook reach it by value through cloudpickle; an
     exception in a kernel becomes a sticky ``DeviceError`` at the next ``wait``, as
@@ -48,6 +49,7 @@ import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -277,25 +279,53 @@ class CudaDevice(Device):
 
 # --------------------------------------------------------------- CPU stand-in
 
-_FORKSERVER = None
+START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
+_CONTEXTS: dict = {}  # start method -> its multiprocessing context, made once per host process
+
+
+def start_method() -> str:
+    """How the device process is started: ``forkserver`` on Linux, ``spawn`` on Windows and macOS.
+
+    A forkserver that has already imported torch forks each device process, so an engine
+    starts in about 0.3 s instead of about 2 s under spawn, which imports torch afresh
+    (2-core Linux machine, shared, noisy).  forkserver does not exist on Windows, and on
+    macOS Python itself defaults to spawn because forking a process that loaded system
+    libraries (Accelerate, libomp: what torch loads) can crash the child.  CI runs the
+    device and engine tests under both.  ``TOY_ENGINE_START_METHOD=spawn`` (or
+    ``forkserver``) overrides the choice; it is read at every engine start.  ``fork`` is
+    refused: forking a process in which torch has already run threads can deadlock.
+    """
+    chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
+    available = mp.get_all_start_methods()
+    if not chosen:
+        return "forkserver" if sys.platform != "darwin" and "forkserver" in available else "spawn"
+    usable = [m for m in ("forkserver", "spawn") if m in available]
+    if chosen not in usable:
+        why = " (fork after torch has run can deadlock)" if chosen == "fork" else ""
+        raise ValueError(f"{START_METHOD_ENV}={chosen!r} is not a start method the device process can "
+                         f"use here{why}; set it to one of {usable}, or unset it for the automatic choice")
+    return chosen
 
 
 def _context():
-    """One forkserver for the whole host process, with torch preloaded (fast starts)."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        _FORKSERVER = mp.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "toy_engine.device", "toy_engine.kernels"])
-    return _FORKSERVER
+    """The multiprocessing context of the chosen start method (a forkserver preloads torch)."""
+    method = start_method()
+    ctx = _CONTEXTS.get(method)
+    if ctx is None:
+        ctx = _CONTEXTS[method] = mp.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload(["torch", "toy_engine.device", "toy_engine.kernels"])
+    return ctx
 
 
 @contextlib.contextmanager
 def _without_main_module():
     """Start children without re-running the user's ``__main__``.
 
-    forkserver children normally re-import the parent's main script (so a script
-    without an ``if __name__ == "__main__"`` guard would run twice).  The device
-    process never needs it: kernels defined there arrive by value via cloudpickle.
+    spawn and forkserver children normally re-import the parent's main script (so a
+    script without an ``if __name__ == "__main__"`` guard would run again in the device
+    process, and under spawn start another engine there).  The device process never
+    needs it: kernels defined there arrive by value via cloudpickle.
     """
     original = mp_spawn.get_preparation_data
 
@@ -312,17 +342,15 @@ def _without_main_module():
         mp_spawn.get_preparation_data = original
 
 
-def _device_main(conn, parent_pid: int, num_threads: int) -> None:
+def _device_main(conn, num_threads: int) -> None:
     """The device process: run launches in order, report stamps at each event."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def die_with_parent():
-        while True:
-            time.sleep(0.5)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
+        # The parent's sentinel (a pipe on POSIX, a process handle on Windows) becomes ready
+        # when it exits; os.kill(pid, 0) is no probe on Windows (it sends CTRL_C_EVENT).
+        mp.parent_process().join()
+        os._exit(0)
 
     threading.Thread(target=die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
@@ -383,7 +411,7 @@ class ProcessDevice(Device):
         self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
         ctx = _context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_device_main, args=(child, os.getpid(), num_threads),
+        self._proc = ctx.Process(target=_device_main, args=(child, num_threads),
                                  daemon=True, name="toy-engine-device")
         with _without_main_module():
             self._proc.start()

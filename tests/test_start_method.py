@@ -1,0 +1,120 @@
+"""The device process starts under ``spawn`` (Windows, macOS) as well as ``forkserver`` (Linux).
+
+CI also runs tests/test_device.py and tests/test_engine.py whole with
+``TOY_ENGINE_START_METHOD=spawn``; these tests check the choice itself and what a learner's
+script or notebook meets under each method.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from toy_engine import device as device_mod
+from toy_engine.model import GPTConfig, TinyGPT
+
+METHODS = ["forkserver", "spawn"]
+TINY = dict(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)
+
+
+def test_automatic_choice_and_override(monkeypatch):
+    monkeypatch.delenv(device_mod.START_METHOD_ENV, raising=False)
+    expected = "spawn" if sys.platform in ("win32", "darwin") else "forkserver"
+    assert device_mod.start_method() == expected
+    monkeypatch.setenv(device_mod.START_METHOD_ENV, " Spawn ")
+    assert device_mod.start_method() == "spawn"
+
+
+@pytest.mark.parametrize("value", ["fork", "threads", "forkserve"])
+def test_a_wrong_start_method_is_refused_with_the_fix(monkeypatch, value):
+    monkeypatch.setenv(device_mod.START_METHOD_ENV, value)
+    with pytest.raises(ValueError, match=rf"TOY_ENGINE_START_METHOD='{value}'.*one of \['forkserver', 'spawn'\]"):
+        device_mod.start_method()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_device_process_is_started_by_the_chosen_method(monkeypatch, method):
+    """Not just the setting: the running device process's command line shows its origin."""
+    import psutil
+
+    monkeypatch.setenv(device_mod.START_METHOD_ENV, method)
+    dev = device_mod.ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
+                                   buffer_specs={"out": ((4,), torch.long)})
+    try:
+        cmdline = " ".join(psutil.Process(dev.pid).cmdline())
+        marker = "multiprocessing.spawn" if method == "spawn" else "multiprocessing.forkserver"
+        assert marker in cmdline, f"device process {dev.pid} under {method}: {cmdline!r}"
+
+        def store_seven(ctx):  # defined at run time: travels by value
+            ctx.store("out", torch.full((4,), 7))
+
+        dev.launch(store_seven, round=0, writes={"out"})
+        dev.wait(dev.record_event())
+        assert dev.host("out").tolist() == [7] * 4
+    finally:
+        dev.close()
+
+
+# A learner's script with no `if __name__ == "__main__":` guard.  Each run of its top level
+# appends a line to RUNS; a kernel defined in it (in __main__) must reach the device by value.
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    with open(os.environ["RUNS"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    import torch
+    from toy_engine.device import ProcessDevice, start_method
+    from toy_engine.model import GPTConfig, TinyGPT
+
+    def triple(ctx, x):
+        ctx.store("out", torch.tensor([3 * x]))
+
+    dev = ProcessDevice(TinyGPT(GPTConfig(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)),
+                        num_kv_blocks=4, block_size=4, buffer_specs={"out": ((1,), torch.long)})
+    dev.launch(triple, 14, round=0, writes={"out"})
+    dev.wait(dev.record_event())
+    print(start_method(), int(dev.host("out")[0]), dev.pid, flush=True)
+    if os.environ.get("HANG"):
+        time.sleep(60)
+    dev.close()
+""")
+
+
+def _run_script(tmp_path, method, **env):
+    script, runs = tmp_path / "learner_script.py", tmp_path / "runs.txt"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, RUNS=str(runs), TOY_ENGINE_START_METHOD=method, **env)
+    return script, runs, env
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_unguarded_script_runs_once_and_its_kernels_reach_the_device(tmp_path, method):
+    script, runs, env = _run_script(tmp_path, method)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got_method, value, _ = out.stdout.split()
+    assert (got_method, int(value)) == (method, 42)
+    assert len(runs.read_text().split()) == 1, "the script's top level ran again in the device process"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_device_process_ends_with_its_parent(tmp_path, method):
+    """A kernel killed by the hub or the learner takes its device process with it."""
+    script, _, env = _run_script(tmp_path, method, HANG="1")
+    parent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        _, _, pid = parent.stdout.readline().split()
+    finally:
+        parent.kill()
+        parent.wait()
+    child_pid, deadline = int(pid), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"device process {child_pid} ({method}) outlived its parent by 10 s")
