@@ -286,9 +286,10 @@ _CONTEXTS: dict = {}  # start method -> its multiprocessing context, made once p
 def start_method() -> str:
     """How the device process is started: ``forkserver`` on Linux, ``spawn`` on Windows and macOS.
 
-    A forkserver that has already imported torch forks each device process, so an engine
-    starts in about 0.3 s instead of about 2 s under spawn, which imports torch afresh
-    (2-core Linux machine, shared, noisy).  forkserver does not exist on Windows, and on
+    A forkserver that has already imported torch forks each device process: an engine
+    started in 0.6-0.8 s, against 5-6 s under spawn, which imports torch afresh in every
+    device process (the first start costs 6-8 s either way; a shared 2-core Linux machine
+    at load average 6, so slower than a quiet laptop).  forkserver does not exist on Windows, and on
     macOS Python itself defaults to spawn because forking a process that loaded system
     libraries (Accelerate, libomp: what torch loads) can crash the child.  CI runs the
     device and engine tests under both.  ``TOY_ENGINE_START_METHOD=spawn`` (or
