@@ -124,7 +124,10 @@ class _Sampler(threading.Thread):
     def __init__(self, uids: dict[str, int]):
         super().__init__(daemon=True)
         self.uids, self.stop_flag = uids, threading.Event()
-        self.peak = {u: {"rss_mib": 0.0, "pss_mib": 0.0, "by_role_rss_mib": {}} for u in uids}
+        # Sums over the learner's processes at the sample with the most RSS (and most PSS), and
+        # the most memory one process of each role held alone (USS: pages no other process maps).
+        self.peak = {u: {"rss_mib": 0.0, "pss_mib": 0.0, "by_role_rss_mib": {}, "one_process_uss_mib": {}}
+                     for u in uids}
         self.cpu_s: dict[str, dict[int, float]] = {u: {} for u in uids}  # last seen, per pid
         self.roles_seen: dict[str, set] = {u: set() for u in uids}
 
@@ -146,6 +149,8 @@ class _Sampler(threading.Thread):
                 continue
             rss, pss = rss + mem.rss, pss + mem.pss
             by_role[role] = by_role.get(role, 0) + mem.rss / 2**20
+            uss = self.peak[user]["one_process_uss_mib"]
+            uss[role] = max(uss.get(role, 0), round(mem.uss / 2**20, 1))
             self.cpu_s[user][proc.pid] = cpu.user + cpu.system
             self.roles_seen[user].add(role)
         peak = self.peak[user]
