@@ -308,13 +308,13 @@ def start_method() -> str:
 
     A forkserver that has already imported torch forks each device process: an engine
     started in 0.6-0.8 s, against 5-6 s under spawn, which imports torch afresh in every
-    device process (the first start costs 6-8 s either way; a shared 2-core Linux machine
-    at load average 6, so slower than a quiet laptop).  forkserver does not exist on Windows, and on
-    macOS Python itself defaults to spawn because forking a process that loaded system
-    libraries (Accelerate, libomp: what torch loads) can crash the child.  CI runs the
-    device and engine tests under both.  ``TOY_ENGINE_START_METHOD=spawn`` (or
-    ``forkserver``) overrides the choice; it is read at every engine start.  ``fork`` is
-    refused: forking a process in which torch has already run threads can deadlock.
+    device process (the first start costs 6-8 s either way; a shared 2-core Linux
+    machine at load average 6, slower than a quiet laptop).  forkserver does not exist on
+    Windows, and on macOS Python itself defaults to spawn because forking a process that
+    loaded system libraries (Accelerate, libomp: what torch loads) can crash the child.
+    CI runs the device and engine tests under both.  ``TOY_ENGINE_START_METHOD=spawn``
+    (or ``forkserver``) overrides the choice; it is read at every engine start.  ``fork``
+    is refused: forking a process in which torch has already run threads can deadlock.
     """
     chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
     available = mp.get_all_start_methods()
