@@ -130,6 +130,8 @@ class _Sampler(threading.Thread):
                      for u in uids}
         self.cpu_s: dict[str, dict[int, float]] = {u: {} for u in uids}  # last seen, per pid
         self.roles_seen: dict[str, set] = {u: set() for u in uids}
+        self.cpu_total: dict[str, list] = {u: [] for u in uids}  # (time, CPU seconds so far)
+        self.others: dict[str, set] = {u: set() for u in uids}  # command lines of role "other"
 
     def run(self):
         while not self.stop_flag.is_set():
@@ -153,6 +155,9 @@ class _Sampler(threading.Thread):
             uss[role] = max(uss.get(role, 0), round(mem.uss / 2**20, 1))
             self.cpu_s[user][proc.pid] = cpu.user + cpu.system
             self.roles_seen[user].add(role)
+            if role == "other":
+                self.others[user].add(" ".join(proc.cmdline())[:120])
+        self.cpu_total[user].append((time.monotonic(), sum(self.cpu_s[user].values())))
         peak = self.peak[user]
         if pss / 2**20 > peak["pss_mib"]:
             peak["pss_mib"] = round(pss / 2**20, 1)
@@ -162,6 +167,17 @@ class _Sampler(threading.Thread):
 
     def cpu_seconds(self, user: str) -> float:
         return round(sum(self.cpu_s[user].values()), 1)
+
+    def peak_cores(self, user: str, window_s: float = 2.0) -> float:
+        """The most cores the learner's processes used together, over any 2 s window."""
+        series, best, j = self.cpu_total[user], 0.0, 0
+        for t, total in series:
+            while j < len(series) and series[j][0] <= t - window_s:
+                j += 1
+            if j and t > series[j - 1][0]:
+                t0, c0 = series[j - 1]
+                best = max(best, (total - c0) / (t - t0))
+        return round(best, 2)
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -423,7 +439,9 @@ def test_two_learners_run_notebook_00_on_a_real_jupyterhub(playwright_api, learn
     for user in learners:
         seen = sampler.roles_seen[user]
         assert {"server", "kernel", "device"} <= seen, f"{user}: the sampler saw only {sorted(seen)}"
-        usage["learners"][user].update(peak=sampler.peak[user], cpu_seconds=sampler.cpu_seconds(user))
+        usage["learners"][user].update(peak=sampler.peak[user], cpu_seconds=sampler.cpu_seconds(user),
+                                       peak_cores_2s=sampler.peak_cores(user),
+                                       other_processes=sorted(sampler.others[user]))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "usage.json").write_text(json.dumps(usage, indent=1))
     print(json.dumps(usage, indent=1))
