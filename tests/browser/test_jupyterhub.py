@@ -8,8 +8,8 @@ every user can execute, with the course package installed from this checkout).
 
 The test, as root:
 
-1. adds two Unix users (``useradd``) and copies ``notebooks/00_start_here.ipynb`` into their
-   homes; starts the hub on free 127.0.0.1 ports;
+1. adds two Unix users (``useradd``; names unique to the run, removed at the end) and copies
+   ``notebooks/00_start_here.ipynb`` into their homes; starts the hub on free 127.0.0.1 ports;
 2. logs both learners in through the hub's login form in two browser contexts (separate
    cookies) of Debian's Chromium (Playwright, no browser download); JupyterLab opens on the
    notebook in each;
@@ -57,7 +57,8 @@ JUPYTERHUB = PREFIX / "venv" / "bin" / "jupyterhub"
 PROXY = PREFIX / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 REQUIRE = os.environ.get("REQUIRE_HUB_TEST", "") == "1"
 
-LEARNERS = ["toyhub-ada", "toyhub-ben"]
+# Unix user names unique to this run: two runs on one machine never touch each other's users.
+LEARNERS = [f"toyhub-{secrets.token_hex(3)}-{name}" for name in ("ada", "ben")]
 NOTEBOOK = "notebooks/00_start_here.ipynb"
 SPAWN_TIMEOUT_S = 180    # login, server start and JupyterLab loaded, both learners
 RUN_TIMEOUT_S = 420      # all cells of notebook 00 in both kernels at once, cold kernels
@@ -211,7 +212,6 @@ def learners(playwright_api):
     """Two Unix users with notebook 00 in their home; removed (with every process) afterwards."""
     uids = {}
     for name in LEARNERS:
-        subprocess.run(["userdel", "-r", "-f", name], capture_output=True)  # a leftover of a killed run
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", name], check=True)
         home = Path(pwd.getpwnam(name).pw_dir)
         (home / "notebooks").mkdir()
