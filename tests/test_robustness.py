@@ -181,6 +181,19 @@ def test_a_device_killed_while_idle_is_replaced_with_a_warning(engines, referenc
         assert_healthy(engine, reference)
 
 
+def failing_correction(meta, accepted, block_size):
+    raise ZeroDivisionError("a learner's bug, on the device")
+
+
+def test_a_kernel_error_is_sticky_and_the_engine_starts_a_fresh_device(engines, reference):
+    engine = engines("zos+spec")
+    old_pid = engine.device.pid
+    with pytest.raises(te.DeviceError, match="ZeroDivisionError: a learner's bug, on the device.*'correct'"):
+        engine.generate(PROMPTS, max_new_tokens=NEW, correction=failing_correction)
+    assert engine.device.pid != old_pid
+    assert_healthy(engine, reference)
+
+
 # ---- 5. a closed engine -----------------------------------------------------------
 
 def test_a_closed_engine_says_so(make_engine):
