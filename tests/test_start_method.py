@@ -107,3 +107,24 @@ def test_a_learners_script_runs_once_and_its_device_process_ends_with_it(tmp_pat
             return
         time.sleep(0.1)
     pytest.fail(f"device process {child_pid} ({method}) outlived its parent by 10 s")
+
+
+def test_the_host_waits_without_select_poll_as_on_windows(monkeypatch):
+    """Windows has no select.poll: the host's waits fall back to Connection.poll."""
+    import select
+
+    monkeypatch.delattr(select, "poll")
+    dev = device_mod.ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
+                                   buffer_specs={"out": ((4,), torch.long)})
+    try:
+        assert not hasattr(select, "poll") and dev._readable == dev._conn.poll
+
+        def store_five(ctx):
+            time.sleep(0.6)  # longer than one POLL_S: the wait polls more than once
+            ctx.store("out", torch.full((4,), 5))
+
+        dev.launch(store_five, round=0, writes={"out"})
+        dev.wait(dev.record_event())
+        assert dev.host("out").tolist() == [5] * 4
+    finally:
+        dev.close()
