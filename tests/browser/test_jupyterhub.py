@@ -58,7 +58,8 @@ PROXY = PREFIX / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 REQUIRE = os.environ.get("REQUIRE_HUB_TEST", "") == "1"
 
 # Unix user names unique to this run: two runs on one machine never touch each other's users.
-LEARNERS = [f"toyhub-{secrets.token_hex(3)}-{name}" for name in ("ada", "ben")]
+RUN_ID = secrets.token_hex(3)
+LEARNERS = [f"toyhub-{RUN_ID}-{name}" for name in ("ada", "ben")]
 NOTEBOOK = "notebooks/00_start_here.ipynb"
 SPAWN_TIMEOUT_S = 180    # login, server start and JupyterLab loaded, both learners
 RUN_TIMEOUT_S = 420      # all cells of notebook 00 in both kernels at once, cold kernels
