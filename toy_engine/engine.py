@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels
+from .constraint import CONSTRAINTS, make_constraint
 from .data import CharTokenizer, corpus_token_stream, generate_corpus
 from .device import DeviceError, Event, make_device
 from .kernels import FROM_DEVICE, MetaLayout
@@ -48,6 +49,7 @@ class EngineConfig:
     race_check: bool = True         # the course's compute-sanitizer (cheap; off in benchmarks)
     host_overhead_ms: float = 0.0   # extra, labelled host work per round (teaching knob)
     device_threads: int = 1         # torch threads of the CPU stand-in's device process
+    constraint: str | None = None   # "title_case": a sampling mask built from committed text (constraint.py)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +63,12 @@ class EngineConfig:
             raise ValueError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
         if self.host_overhead_ms < 0:
             raise ValueError(f"host_overhead_ms must be >= 0, got {self.host_overhead_ms}")
+        if self.constraint is not None and self.constraint not in CONSTRAINTS:
+            raise ValueError(f"unknown constraint {self.constraint!r}: use one of {CONSTRAINTS} or None")
+        if self.constraint is not None and self.num_draft_tokens:
+            raise ValueError(f"constraint={self.constraint!r} needs num_draft_tokens=0 (got "
+                             f"{self.num_draft_tokens}): a draft position's mask depends on the drafts "
+                             f"before it, which only the device knows; use one or the other")
 
 
 class EngineStalled(RuntimeError):
@@ -126,6 +134,10 @@ class Engine:
             self.buffer_specs[f"meta{s}"] = ((self.layout.size,), torch.long)
             self.buffer_specs[f"temps{s}"] = ((config.max_batch_size,), torch.float64)
             self.buffer_specs[f"out{s}"] = ((config.max_batch_size * (k + 2),), torch.long)
+        self.constraint = make_constraint(config.constraint, self.tokenizer)
+        if self.constraint is not None:
+            for s in range(NUM_SLOTS):
+                self.buffer_specs[f"allowed{s}"] = ((config.max_batch_size, vocab), torch.bool)
         self.ngram = _ngram_table(self.tokenizer.alphabet) if k else None
         self.device = None
         self._start_device()
@@ -252,10 +264,18 @@ class Engine:
                                blocks=inputs.blocks)
 
     def launch_sample(self, inputs: RoundInputs) -> StepState:
+        """With a constraint, the mask is built here, from the tokens committed *now*:
+        in the ZOS order round N-1 has just been processed, so the mask includes its token."""
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span("launch_sample", r):
-            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r,
-                                             stage="sample", writes={f"out{slot}"}, record_event=True)
+            reads = set()
+            if self.constraint is not None:
+                reads = {f"allowed{slot}"}
+                allowed = self.constraint.masks(inputs.plan.requests)
+                self.device.host(f"allowed{slot}", "w")[: len(allowed)] = allowed
+            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
+                                             stage="sample", reads=reads, writes={f"out{slot}"},
+                                             record_event=True)
         return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
