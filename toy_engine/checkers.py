@@ -597,10 +597,10 @@ def check_metadata_answer(answer) -> Verdict:
     if extra:
         return _fail("unchanged_field", f"{sorted(extra)} do not change: each decode request still feeds 1 + k "
                                         f"tokens and its blocks were reserved at admission")
-    aside = ("; and yes, cu_seqlens_k moves with seqlens_k (its running sum). The toy reads keys through "
-             "block tables and never builds it, engines that pack keys must correct it too"
+    aside = (". And yes, cu_seqlens_k moves with seqlens_k (it is their running sum): the toy reads keys "
+             "through block tables and never builds it, but an engine that packs keys must correct it too"
              if "cu_seqlens_k" in answer else
-             "; (cu_seqlens_k, the running sum of seqlens_k from notebook 01, would move too: the toy never "
+             ". (cu_seqlens_k, the running sum of seqlens_k from notebook 01, would move too; the toy never "
              "builds it)")
     return Verdict(True, "seqlens_k, positions and slot_mapping shift by the accepted count; input_ids take "
                          "the bonus token and new drafts from the device" + aside)
