@@ -99,13 +99,9 @@ def close_engines() -> None:
 @functools.lru_cache(maxsize=2)
 def _reference(constraint: str | None = None):
     """The serial loop's tokens for PROMPTS (greedy, optionally constrained), computed once."""
-    outs = _engine(**_constrained(constraint)).generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS,
-                                                        loop=Engine.serial_loop)
+    engine = _engine(**({"constraint": constraint} if constraint else {}))
+    outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=Engine.serial_loop)
     return [c.token_ids for c in outs]
-
-
-def _constrained(constraint: str | None) -> dict:
-    return {"constraint": constraint} if constraint else {}
 
 
 def _compare(got, expected) -> str | None:
@@ -195,8 +191,9 @@ def _common_mistakes(log: _HostLog) -> Verdict | None:
             return _fail("processed_twice",
                          f"{log.who(r)}: its step was processed {len(done)} times ({stages}). Processing "
                          f"commits the step's tokens and lowers each request's count of launched rounds, so a "
-                         f"second time corrupts both: clear the variable that held it (`previous = None`, or "
-                         f"`previous = engine.flush(previous)`) once it is processed")
+                         f"second time corrupts both. Process each StepState once; in the ZOS loop, clear "
+                         f"`previous` once it is processed (`previous = engine.flush(previous)`, and "
+                         f"`previous = None` after a prefill)")
     for r in range(last):
         if log.first("schedule", r) is not None and log.first("prepare", r) is None:
             return _fail("plan_dropped",
@@ -755,32 +752,18 @@ def _step_mistake(call) -> Verdict | None:
     return None
 
 
-def _late_waits_cost(engine: Engine, calls) -> tuple[int, int]:
-    """Deferred decode steps, and how many of them were no longer overlapped: the host's
-    wait returned only after the next round's forward had finished on the device."""
-    forward_end = {s.round: s.end_ms for s in engine.timeline.lane("device") if s.stage == "forward"}
-    steps = lost = 0
-    for call in calls:
-        r = call["step"].plan.round
-        if call["step"].plan.is_prefill or r + 1 not in forward_end or not call["waits"]:
-            continue
-        if call["waits"][0][1] > forward_end[r + 1]:
-            continue  # the step was processed after the next round ended anyway (a flush)
-        steps += 1
-        lost += call["waits"][-1][2] >= forward_end[r + 1]
-    return steps, lost
-
-
-def _reference_cost(engine: Engine) -> tuple[int, int]:
-    """The same count for the engine's own process_outputs (its waits are host spans)."""
+def _overlap_lost(engine: Engine, waits) -> tuple[int, int]:
+    """Deferred decode steps, and how many of them lost their overlap: the host's wait for
+    step N returned only after round N+1's forward had finished on the device.  ``waits``
+    holds (round, wait start, wait end) in ms for each processed step."""
     forward_end = {s.round: s.end_ms for s in engine.timeline.lane("device") if s.stage == "forward"}
     prefill = set(engine.timeline.meta["prefill_rounds"])
     steps = lost = 0
-    for s in engine.timeline.lane("host"):
-        if s.stage == "wait" and s.round not in prefill and s.round + 1 in forward_end \
-                and s.start_ms <= forward_end[s.round + 1]:
-            steps += 1
-            lost += s.end_ms >= forward_end[s.round + 1]
+    for rnd, start, end in waits:
+        if rnd in prefill or rnd + 1 not in forward_end or start > forward_end[rnd + 1]:
+            continue  # a prefill, or processed when nothing was left to overlap with (a flush)
+        steps += 1
+        lost += end >= forward_end[rnd + 1]
     return steps, lost
 
 
@@ -788,7 +771,9 @@ def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees."""
     engine = _engine()
     reference = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"])
-    ref_idle, ref_cost = engine.stats["decode_device_idle_fraction"], _reference_cost(engine)
+    ref_idle = engine.stats["decode_device_idle_fraction"]
+    ref_cost = _overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
+                                      if s.stage == "wait"])
     watch = _StepWatch(engine, process_outputs)
     device = engine.device
     device.wait = watch.wait(device.wait)  # instance attribute: synchronize() goes through it too
@@ -803,7 +788,8 @@ def check_process_outputs(process_outputs) -> Verdict:
         del device.wait
     mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
-        steps, lost = _late_waits_cost(engine, watch.calls)
+        steps, lost = _overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
+                                             for c in watch.calls if c["waits"]])
         idle = engine.stats.get("decode_device_idle_fraction", 0.0)
         mistake.message = (
             f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
