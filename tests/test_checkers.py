@@ -52,7 +52,7 @@ def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
     # the cost is measured: every deferred step lost its overlap, and the engine's own version lost none
     counted = v.message.split("in this run ")[1]
     lost, total = int(counted.split(" of ")[0]), int(counted.split(" of ")[1].split(" ")[0])
-    assert total > 10 and lost == total
+    assert total > 0 and lost == total
 
 
 def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
