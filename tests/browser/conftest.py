@@ -9,7 +9,6 @@ request is aborted, so a page that depends on a CDN shows it as a missing figure
 from __future__ import annotations
 
 import os
-import socket
 from urllib.parse import urlparse
 
 import pytest
@@ -26,12 +25,6 @@ def unavailable(reason: str):
     if REQUIRE:
         pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
     pytest.skip(f"{reason}; run `bash scripts/install_browser.sh` (CI sets REQUIRE_BROWSER_TEST=1)")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
