@@ -141,6 +141,14 @@ def test_explorer_app_in_chromium(voila_app, watched):
     try:
         page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
         state = _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        # Let the page settle (the figure's view finishes its first draw, the widgets connect)
+        # before pressing anything: the same figure on two polls a second apart.
+        for _ in range(30):
+            page.wait_for_timeout(1000)
+            again = page.evaluate(_STATE_JS)
+            if again and again["key"] == state["key"] and page.locator(".js-plotly-plot .modebar").count():
+                break
+            state = again or state
         # An app, not a notebook: no code cell, no editor, no source text.
         code = page.evaluate("""() => document.querySelectorAll('.jp-CodeCell .jp-InputArea, .cm-editor,'
                                 + ' .CodeMirror').length""")
