@@ -48,7 +48,8 @@ def interactive_outputs(nb, name: str) -> int:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             data = output.get("data", {})
             if PLOTLY_MIME in data:
-                data["text/html"] = pio.to_html(data[PLOTLY_MIME], include_plotlyjs=False, full_html=False,
+                # The HTML form replaces the JSON, which MyST-NB has no renderer for (it would warn).
+                data["text/html"] = pio.to_html(data.pop(PLOTLY_MIME), include_plotlyjs=False, full_html=False,
                                                 validate=False, div_id=f"figure-{name}-{n}",
                                                 config={"displaylogo": False, "responsive": True})
                 n += 1

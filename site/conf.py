@@ -18,7 +18,6 @@ nb_merge_streams = True
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
-suppress_warnings = ["mystnb.unknown_mime_type"]
 
 html_theme = "sphinx_book_theme"
 html_title = "Overlap the Pipeline"

@@ -33,7 +33,6 @@ import base64
 import io
 import os
 import re
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -138,15 +137,9 @@ def figure_outputs(nb) -> list:
             if PLOTLY_MIME in o.get("data", {})]
 
 
-def _browser() -> str:
-    """The Chromium kaleido drives: $BROWSER_PATH, else Debian's, else one on PATH."""
-    path = os.environ.get("BROWSER_PATH") or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None) \
-        or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path or not os.access(path, os.X_OK):
-        raise RuntimeError(f"no Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, {CHROMIUM} "
-                           "and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or set "
-                           "BROWSER_PATH to a Chrome/Chromium binary")
-    return path
+def _browser() -> str | None:
+    """$BROWSER_PATH, else Debian's Chromium; None lets kaleido search (Chrome, Edge, ... on PATH)."""
+    return os.environ.get("BROWSER_PATH") or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
 
 
 def shrink_png(png: bytes) -> bytes:
@@ -173,9 +166,10 @@ async def _render_pngs(figures: list[dict]) -> list[bytes]:
                 opts = {"format": "png", "width": layout.get("width") or STATIC_WIDTH_PX,
                         "height": layout.get("height") or STATIC_HEIGHT_PX}
                 pngs.append(await k.calc_fig(fig, opts=opts))
-    except ChromeNotFoundError as exc:
-        raise RuntimeError(f"kaleido could not start Chromium ({exc}): run `bash scripts/install_browser.sh`, "
-                           "or set BROWSER_PATH") from None
+    except ChromeNotFoundError:
+        raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
+                           f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
+                           "set BROWSER_PATH to a Chrome/Chromium binary") from None
     return pngs
 
 
