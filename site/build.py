@@ -5,11 +5,12 @@
 Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/html``:
 
 * ``site/*.md`` and ``conf.py``, and ``docs/instructor_guide.md`` as the instructor page;
-* ``notebooks/`` and ``exercises/`` as stored (outputs included, no kernel), with one
-  change per output and nbval's ``# NBVAL_...`` marker lines dropped: a Plotly figure also gets a ``text/html`` form, a div plus the
-  ``Plotly.newPlot`` call of ``plotly.io.to_html``, which MyST-NB places on the page, so
-  the recorded figures stay interactive; the explorer's widget output, which has no state
-  stored and needs a kernel, becomes a note that points to the app;
+* ``notebooks/`` and ``exercises/`` as stored (outputs included, no kernel), less nbval's
+  ``# NBVAL_...`` marker lines, with one change per output: a Plotly figure's JSON becomes
+  a ``text/html`` form, a div plus the ``Plotly.newPlot`` call of ``plotly.io.to_html``,
+  which MyST-NB places on the page, so the recorded figures stay interactive; the
+  explorer's widget output, which has no state stored and needs a kernel, becomes a note
+  that points to the app;
 * ``plotly.min.js`` from the installed plotly package, so no page asks a CDN.
 
 Warnings fail the build (``-W``): a broken cross-reference or toctree entry is an error.
