@@ -116,6 +116,12 @@ _STATE_JS = """() => {
 }"""
 
 
+# Voila replaces a failing cell's output with this message (tracebacks are hidden by default).
+_ERROR_JS = """() => { const t = document.body ? document.body.innerText : '';
+    const i = t.search(/There was an error when executing cell|Traceback \\(most recent call last\\)/);
+    return i < 0 ? null : t.slice(i); }"""
+
+
 def _drawn(state) -> bool:
     return bool(state and state["traces"] >= 3 and state["bars"] > 0 and state["width"] > 300
                 and not state["runDisabled"])
@@ -128,6 +134,9 @@ def _wait_state(page, what: str, before: str | None = None, timeout_s: float = R
         state = page.evaluate(_STATE_JS)
         if _drawn(state) and (before is None or state["key"] != before):
             return state
+        failed = page.evaluate(_ERROR_JS)
+        if failed:
+            pytest.fail(f"{what}: the app shows an error: {failed[:800]}", pytrace=False)
         page.wait_for_timeout(300)
     pytest.fail(f"{what}: no (new) drawn timeline in the explorer in {timeout_s:.0f} s; last state: "
                 f"{state and {k: state[k] for k in ('title', 'traces', 'bars', 'runDisabled', 'readout')}}",
