@@ -3,6 +3,7 @@
 #   ./run.sh lab    set up .venv (first time) and open the course in JupyterLab
 #   ./run.sh test   set up .venv (first time) and run the whole test suite
 #   ./run.sh setup  only set up .venv
+#   ./run.sh slides build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
 # Extra arguments go to jupyter lab / pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -46,8 +47,12 @@ case "${1:-}" in
         setup
         exec "$VENV/bin/python" -m pytest "${@:2}"
         ;;
+    slides)
+        setup
+        exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
+        ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh slides" >&2
         exit 2
         ;;
 esac
