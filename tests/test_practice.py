@@ -391,3 +391,27 @@ def test_junk_never_raises_and_never_passes(device):
         for junk in JUNK:
             v = check(junk)
             assert not v.passed and v.message, (name, junk, v)
+
+
+# ---- the contention meter notebook 00 reads ------------------------------------------
+
+def test_machine_report_fields_notebook_00_reads():
+    from toy_engine import machine
+    report = machine.machine_report()
+    assert set(report) >= {"affinity", "cgroup_quota", "load_average", "usable", "live_overlap"}
+    assert 0 <= report["usable"] <= report["affinity"]
+    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert isinstance(machine.usable_cpus(), float)
+
+
+def test_machine_report_counts_other_load(monkeypatch):
+    from toy_engine import machine
+    monkeypatch.setattr(machine, "_affinity", lambda: 2)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    monkeypatch.setattr(machine, "_load_average", lambda: 1.0)   # our own kernel only
+    assert machine.machine_report()["usable"] == 2.0 and machine.machine_report()["live_overlap"]
+    monkeypatch.setattr(machine, "_load_average", lambda: 2.5)   # someone else uses 1.5 cores
+    assert machine.machine_report()["usable"] == 0.5 and not machine.machine_report()["live_overlap"]
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)   # a 1-CPU hub container
+    monkeypatch.setattr(machine, "_load_average", lambda: 0.2)
+    assert machine.machine_report()["usable"] == 1.0 and not machine.machine_report()["live_overlap"]
