@@ -5,7 +5,8 @@
 #   ./run.sh setup  only set up .venv
 #   ./run.sh site      build the course website from the stored notebooks -> build/site/html
 #   ./run.sh explorer  serve the timeline explorer as an app (Voila, no code) on port 8866
-# Extra arguments go to jupyter lab / pytest / voila.
+#   ./run.sh slides    build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
+# Extra arguments go to jupyter lab / pytest / voila / the slides builder.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -48,7 +49,7 @@ case "${1:-}" in
         setup
         exec "$VENV/bin/python" -m pytest "${@:2}"
         ;;
-    # -- the course outside a kernel (issue 16) --
+    # -- the course outside a kernel: website, explorer app, slides --
     site)
         setup
         exec "$VENV/bin/python" site/build.py "${@:2}"
@@ -59,8 +60,12 @@ case "${1:-}" in
         JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
             --template=course --no-browser "${@:2}"
         ;;
+    slides)
+        setup
+        exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
+        ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides" >&2
         exit 2
         ;;
 esac
