@@ -42,17 +42,17 @@ case "${1:-}" in
         ;;
     # -- the course outside a kernel: website, explorer app, slides --
     site)
-        setup
+        setup "$1"
         exec "$VENV/bin/python" site/build.py "${@:2}"
         ;;
     explorer)
-        setup
+        setup "$1"
         # The `course` template (apps/voila/templates) is Voila's lab template without CDN links.
         JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
             --template=course --no-browser "${@:2}"
         ;;
     slides)
-        setup
+        setup "$1"
         exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
         ;;
     *)
