@@ -9,7 +9,8 @@ The engine talks to a device through five calls, the same ones a CUDA program us
   that work is done);
 * ``host(name, mode)`` gives the host a buffer the device reads or writes;
 * ``spans()`` returns when each launch really started and ended on the device,
-  on the host's clock (ms), for the timeline.
+  on the host's clock (ns), and the CPU time it got (ns; None where not measured),
+  for the timeline.
 
 Two implementations:
 
@@ -225,7 +226,7 @@ class Device:
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
     def _wait(self, event): raise NotImplementedError
-    def spans(self) -> list[tuple[str, int, int, int]]: raise NotImplementedError
+    def spans(self) -> list[tuple[str, int, int, int, int | None]]: raise NotImplementedError
     def close(self) -> None: pass
 
 
@@ -272,7 +273,7 @@ class CudaDevice(Device):
     def spans(self):
         done = [t for t in self._timed if t[3].query()]
         self._timed = [t for t in self._timed if not t[3].query()]
-        return [(name, rnd, self._to_ns(s), self._to_ns(e)) for name, rnd, s, e in done]
+        return [(name, rnd, self._to_ns(s), self._to_ns(e), None) for name, rnd, s, e in done]
 
 
 # --------------------------------------------------------------- CPU stand-in
@@ -312,9 +313,11 @@ def _without_main_module():
         mp_spawn.get_preparation_data = original
 
 
-def _device_main(conn, parent_pid: int, num_threads: int) -> None:
+def _device_main(conn, parent_pid: int, num_threads: int, pin_core: int | None = None) -> None:
     """The device process: run launches in order, report stamps at each event."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if pin_core is not None:
+        os.sched_setaffinity(0, {pin_core})
 
     def die_with_parent():
         while True:
@@ -327,7 +330,10 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
     threading.Thread(target=die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
     kernels: dict[int, object] = {}
-    stamps: list[tuple[int, int, int]] = []
+    # (seq, start, end, CPU ns): process_time beside perf_counter tells a preempted
+    # kernel (wall >> CPU: the machine is busy) from a slow one; it counts torch's
+    # intra-op threads too, should device_threads be > 1.
+    stamps: list[tuple[int, int, int, int]] = []
     ctx, error = None, None
     with torch.inference_mode():
         while True:
@@ -339,12 +345,12 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
             if kind == "launch":
                 _, seq, kid, args, event_id = msg
                 if error is None:  # sticky: after a failure nothing else runs
-                    start = time.perf_counter_ns()
+                    start, cpu = time.perf_counter_ns(), time.process_time_ns()
                     try:
                         kernels[kid](ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
                     except BaseException as exc:  # noqa: BLE001 - reported to the host
                         error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
-                    stamps.append((seq, start, time.perf_counter_ns()))
+                    stamps.append((seq, start, time.perf_counter_ns(), time.process_time_ns() - cpu))
             elif kind == "event":
                 event_id = msg[1]
             elif kind == "kernel":
@@ -378,12 +384,12 @@ class ProcessDevice(Device):
     name = "cpu-process"
 
     def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
-                 num_threads: int = 1):
+                 num_threads: int = 1, pin_core: int | None = None):
         super().__init__(race_check)
         self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
         ctx = _context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_device_main, args=(child, os.getpid(), num_threads),
+        self._proc = ctx.Process(target=_device_main, args=(child, os.getpid(), num_threads, pin_core),
                                  daemon=True, name="toy-engine-device")
         with _without_main_module():
             self._proc.start()
@@ -426,12 +432,12 @@ class ProcessDevice(Device):
     def _receive(self) -> None:
         _, ev_id, stamps, error = self._conn.recv()
         self._done_upto = max(self._done_upto, ev_id)
-        for seq, start, end in stamps:
+        for seq, start, end, cpu in stamps:
             sent, name, rnd = self._sent_ns.pop(seq)
             if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
                 self._latencies_ns.append(start - sent)
             self._last_end_ns = end
-            self._stamps.append((name, rnd, start, end))
+            self._stamps.append((name, rnd, start, end, cpu))
         self._error = self._error or error
 
     def _wait(self, event):

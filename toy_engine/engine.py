@@ -456,8 +456,9 @@ class Engine:
 
     def _finish_stats(self, wall_s: float) -> None:
         tl = self.timeline
-        for stage, rnd, start_ns, end_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=f"StepState(round={rnd})" if stage == "sample" else "")
+        for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=f"StepState(round={rnd})" if stage == "sample" else "",
+                             cpu_ns=cpu_ns)
         tl.meta["prefill_rounds"] = sorted(self._prefill_rounds)
         rounds = sorted({s.round for s in tl.spans if s.stage == "forward"})
         decode_rounds = [r for r in rounds if r not in self._prefill_rounds]

@@ -1,0 +1,175 @@
+"""How many CPUs this process can really use, and what that means for live timings.
+
+On the CPU stand-in the "device" is a second process that needs a core of its own:
+overlap can only show when the host loop and the device process run at the same
+time.  ``os.cpu_count()`` is not the answer to "can they?": a workshop hub may give
+each user a 1-CPU cgroup quota on a 64-core machine, and ``taskset``/a container may
+restrict the affinity mask.  So we take the smallest of
+
+* the affinity mask (``os.sched_getaffinity``): the cores we may be scheduled on;
+* the cgroup CPU quota, v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us / cpu.cfs_period_us``):
+  how many cores' worth of time we get per period, whatever the mask says.
+
+A quota is a float (``50000 / 100000`` is half a core).  What *other* processes do with
+those cores is a different question; it is answered per run by the contention meter
+(``Timeline.contention``), not here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["usable_cpus", "machine_report", "busy_warning", "MIN_CPUS_FOR_OVERLAP", "BUSY_WARNING_PREFIX"]
+
+#: Host loop + device process, each on its own core.
+MIN_CPUS_FOR_OVERLAP = 2
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Every busy warning starts with this, so tests and learners can spot it.
+BUSY_WARNING_PREFIX = "WARNING: machine busy"
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS / Windows: no affinity API
+        return os.cpu_count() or 1
+
+
+def _cgroup_paths(proc_cgroup: str) -> tuple[str | None, str | None]:
+    """This process's cgroup v2 path and v1 ``cpu`` controller path, from /proc/self/cgroup."""
+    v2 = v1 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            v2 = path
+        elif "cpu" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _quota_along(base: Path, rel: str, read_one) -> float | None:
+    """Smallest quota from the process's cgroup up to the root (a parent's limit applies too)."""
+    best = None
+    rel_path = Path(rel.lstrip("/"))
+    for directory in [base / rel_path, *(base / p for p in rel_path.parents)]:
+        quota = read_one(directory)
+        if quota is not None:
+            best = quota if best is None else min(best, quota)
+    return best
+
+
+def _v2_quota(directory: Path) -> float | None:
+    text = _read(directory / "cpu.max")  # "max 100000" or "50000 100000"
+    if not text:
+        return None
+    quota, _, period = text.partition(" ")
+    if quota == "max" or not period:
+        return None
+    return int(quota) / int(period)
+
+
+def _v1_quota(directory: Path) -> float | None:
+    quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+    if quota is None or period is None or int(quota) <= 0 or int(period) <= 0:
+        return None  # -1: no limit
+    return int(quota) / int(period)
+
+
+def cgroup_cpu_quota(root: Path = _CGROUP_ROOT, proc_cgroup: str | None = None) -> float | None:
+    """CPUs' worth of time the cgroup allows per period; None when there is no quota.
+
+    ``root`` and ``proc_cgroup`` (the text of /proc/self/cgroup) are parameters so the
+    parsing can be tested on a fake tree.
+    """
+    if proc_cgroup is None:
+        proc_cgroup = _read(Path("/proc/self/cgroup")) or ""
+    v2, v1 = _cgroup_paths(proc_cgroup)
+    quotas = []
+    if v2 is not None:
+        quotas.append(_quota_along(root, v2, _v2_quota))
+    if v1 is not None:  # a v1 tree mounts the cpu controller at <root>/cpu (or cpu,cpuacct)
+        for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+            if (root / mount).is_dir():
+                quotas.append(_quota_along(root / mount, v1, _v1_quota))
+                break
+    quotas = [q for q in quotas if q is not None]
+    return min(quotas) if quotas else None
+
+
+def usable_cpus() -> float:
+    """CPUs this process can really use: min(affinity mask size, cgroup quota)."""
+    quota = cgroup_cpu_quota()
+    affinity = _affinity()
+    return float(affinity if quota is None else min(affinity, quota))
+
+
+def machine_report() -> dict:
+    """What the live timings of this kernel can show, for notebook 00 and the bench.
+
+    ``overlap_can_show`` is False below :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs: the
+    host loop and the device process then take turns on one core, and a ZOS run cannot
+    beat a serial one however the loop is written.  ``load_average`` (1, 5, 15 min) hints
+    at what else runs; the per-run contention meter says whether *this* run was hurt.
+    """
+    affinity, quota = _affinity(), cgroup_cpu_quota()
+    usable = float(affinity if quota is None else min(affinity, quota))
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    can_show = usable >= MIN_CPUS_FOR_OVERLAP
+    if can_show:
+        meaning = (f"{usable:g} usable CPUs: the host loop and the device process can run at the same "
+                   f"time, so live timings can show overlap (if nothing else keeps these cores busy)")
+    else:
+        meaning = (f"only {usable:g} usable CPU(s): the host loop and the device process take turns on "
+                   f"one core, so live ZOS timings cannot beat serial here; the notebooks show the "
+                   f"recorded quiet-machine traces beside the live ones")
+    return dict(cpu_count=os.cpu_count(), affinity=affinity, cgroup_quota=quota, usable=usable,
+                load_average=load, overlap_can_show=can_show, meaning=meaning)
+
+
+def busy_warning(runs: dict, cuda: bool = False) -> str | None:
+    """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
+
+    ``runs`` maps a label to a run's stats (``engine.stats``, or ``Timeline.summary()``)
+    or to a :class:`~toy_engine.timeline.Timeline`.  A run is busy when its device process
+    got less than ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held
+    the core it was ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs
+    is a warning by itself.  CUDA runs do not share the host's cores: never busy here.
+    """
+    from .timeline import BUSY_RUN_CPU_SHARE, Timeline
+
+    if cuda:
+        return None
+    report = machine_report()
+    shares = {}
+    for label, run in runs.items():
+        stats = run.summary() if isinstance(run, Timeline) else run
+        share = stats.get("device_cpu_share")
+        if share is not None:
+            shares[label] = share
+    busy = {label: share for label, share in shares.items() if share < BUSY_RUN_CPU_SHARE}
+    if not busy and report["overlap_can_show"]:
+        return None
+    reasons = []
+    if not report["overlap_can_show"]:
+        reasons.append(report["meaning"])
+    if busy:
+        listed = ", ".join(f"{label} {share:.0%}" for label, share in busy.items())
+        reasons.append(f"the device process got only {listed} of its wall time as CPU (a quiet run gets "
+                       f"over {BUSY_RUN_CPU_SHARE:.0%}): other work held the cores it was ready to run on "
+                       f"(load average {report['load_average']})")
+    return (f"{BUSY_WARNING_PREFIX}: live serial/ZOS timings on this machine do not show what overlap "
+            f"buys, and ZOS may even look slower. " + "; ".join(reasons) +
+            ". Compare with the RECORDED quiet-machine run shown with it; close other notebooks or "
+            "programs and re-run for live numbers.")
