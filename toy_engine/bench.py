@@ -50,7 +50,7 @@ def recorded_comparison_text(host_overhead_ms: float = 0.0) -> str:
     w = runs["zos"].meta.get("recorded", {}).get("workload", {})
     overhead = runs["zos"].meta.get("host_overhead_ms", 0.0)
     return (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.get('requests', '?')} requests x "
-            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round): "
+            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round: "
             f"serial {s.get('tokens_per_s', 0):.0f} tok/s, zos {z.get('tokens_per_s', 0):.0f} tok/s, "
             f"zos/serial x{z.get('tokens_per_s', 0) / max(s.get('tokens_per_s', 0), 1e-9):.2f}; "
             f"device idle (decode) {s.get('decode_device_idle_fraction', 0):.1%} -> "
