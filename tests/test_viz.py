@@ -477,3 +477,10 @@ def test_written_order_is_drawn_beside_the_engines():
     (row,) = kind(viz.order_figure(tl, 1, 3, written=wrong), "written")
     assert row.meta["first_difference"] == 3 and "first difference" in row.hovertext[3]
     assert list(row.marker.line.width)[3] > list(row.marker.line.width)[0]
+
+
+def test_written_order_survives_malformed_lists():
+    tl = zos_timeline()
+    (row,) = kind(viz.order_figure(tl, 1, 3, written=["forward 1", ("sample", 1), (1, 2, 3)]), "written")
+    assert row.meta["first_difference"] == 0 and len(row.text) == 3 and row.text[1] == "sample r1"
+    assert not kind(viz.order_figure(tl, 1, 3, written=None), "written")

@@ -141,8 +141,8 @@ def machine_report() -> dict:
 def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
-    ``runs`` maps a label to a run's stats (``engine.stats``, or ``Timeline.summary()``)
-    or to a :class:`~toy_engine.timeline.Timeline`.  A run is busy when its device process
+    ``runs`` maps a label to a run's stats (``engine.stats``, or ``Timeline.summary()``),
+    to a :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A run is busy when its device process
     got less than ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held
     the core it was ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs
     is a warning by itself.  CUDA runs do not share the host's cores: never busy here.
@@ -154,6 +154,9 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     report = machine_report()
     shares = {}
     for label, run in runs.items():
+        if isinstance(run, tuple):
+            timeline, stats = run
+            run = stats if stats and stats.get("device_cpu_share") is not None else timeline
         stats = run.summary() if isinstance(run, Timeline) else run
         share = stats.get("device_cpu_share")
         if share is not None:

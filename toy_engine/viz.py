@@ -644,7 +644,8 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
 
 def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
     """The learner's order, item i under the engine's i-th issued step; the first difference outlined."""
-    written = [tuple(x) for x in written]
+    # A learner's list may hold anything: keep (stage, round) pairs, show the rest as written.
+    written = [tuple(x) if isinstance(x, (tuple, list)) and len(x) == 2 else (repr(x), "?") for x in written]
     rounds = range(lay["first"], lay["last"] + 1)
     engine = issued_order(timeline, rounds)
     slots = {}  # i -> where the engine's i-th issued step is drawn
@@ -658,13 +659,13 @@ def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
     xs, ws, texts, hovers, colors, lines = [], [], [], [], [], []
     for i, item in enumerate(written):
         x0, x1 = slots.get(i, (end + 0.2 + (i - len(slots)), end + 1.0 + (i - len(slots))))
-        stage = item[0] if item and isinstance(item[0], str) else "?"
+        stage = item[0] if isinstance(item[0], str) else repr(item[0])
         host_stage = {v: k for k, v in _ISSUED.items()}.get(stage, stage)
         did = engine[i] if i < len(engine) else None
         same = did == item
         xs.append(x0 + 0.04)
         ws.append(max(x1 - x0 - 0.08, 0.6))
-        texts.append(f"{stage} r{item[1] if len(item) > 1 else '?'}")
+        texts.append(f"{stage} r{item[1]}")
         hovers.append(f"you wrote <b>{html.escape(str(item))}</b><br>the engine did "
                       f"<b>{html.escape(str(did)) if did else 'nothing more'}</b>" +
                       ("" if same else "<br><b>first difference</b>" if i == first_diff else "<br>differs"))
