@@ -63,13 +63,14 @@ def test_busy_warning_from_stats_and_timelines(monkeypatch):
     assert machine.busy_warning({"serial": quiet, "zos": quiet}) is None
     assert machine.busy_warning({"serial": {}, "zos": {}}) is None  # nothing measured: no claim
     text = machine.busy_warning({"serial": quiet, "zos": busy})
-    assert text.startswith(machine.BUSY_WARNING_PREFIX) and "zos 65%" in text and "serial 97%" not in text
+    assert text.startswith(machine.BUSY_WARNING_PREFIX) and "65% (zos)" in text and "97%" not in text
     assert machine.busy_warning({"zos": busy}, cuda=True) is None
     tl = Timeline(origin_ns=0)
     tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
-    assert "run 25%" in machine.busy_warning({"run": tl})
+    assert "25% (run)" in machine.busy_warning({"run": tl})
+    assert "25% (pair)" in machine.busy_warning({"pair": (tl, {"tokens_per_s": 1.0})})
     monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: 1.0)
-    assert "only 1 usable CPU" in machine.busy_warning({"serial": quiet})
+    assert "Only 1 usable CPU" in machine.busy_warning({"serial": quiet})
 
 
 def test_recorded_comparison_is_labelled():

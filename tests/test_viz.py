@@ -373,7 +373,7 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     # One usable CPU: the warning comes whatever the shares say.
     monkeypatch.setattr(machine, "_affinity", lambda: 1)
     viz.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
-    assert "only 1 usable CPU" in capsys.readouterr().out
+    assert "Only 1 usable CPU" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- order view

@@ -114,7 +114,7 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
                                    if m[slow]["decode_device_idle_fraction"] else 0.0))
     # Judged on every run, not the medians: one busy repeat is enough to distrust a ratio.
     result["busy_warning"] = machine.busy_warning(
-        {f"{mode} (run {i + 1})": stats for mode in modes for i, stats in enumerate(runs[mode])},
+        {f"{mode}, run {i + 1}": stats for mode in modes for i, stats in enumerate(runs[mode])},
         cuda=device_name not in ("cpu-process",))
     if result["busy_warning"]:
         result["recorded"] = recorded_comparison_text(host_overhead_ms)

@@ -165,14 +165,14 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     if not busy and report["overlap_can_show"]:
         return None
     reasons = []
-    if not report["overlap_can_show"]:
-        reasons.append(report["meaning"])
     if busy:
-        listed = ", ".join(f"{label} {share:.0%}" for label, share in busy.items())
-        reasons.append(f"the device process got only {listed} of its wall time as CPU (a quiet run gets "
-                       f"over {BUSY_RUN_CPU_SHARE:.0%}): other work held the cores it was ready to run on "
-                       f"(load average {report['load_average']})")
-    return (f"{BUSY_WARNING_PREFIX}: live serial/ZOS timings on this machine do not show what overlap "
-            f"buys, and ZOS may even look slower. " + "; ".join(reasons) +
-            ". Compare with the RECORDED quiet-machine run shown with it; close other notebooks or "
+        listed = ", ".join(f"{share:.0%} ({label})" for label, share in busy.items())
+        reasons.append(f"The device process got only {listed} of its wall time as CPU; a quiet run gets more "
+                       f"than {BUSY_RUN_CPU_SHARE:.0%}. Other programs held the cores it was ready to run on "
+                       f"(load average {', '.join(map(str, report['load_average'] or []))}).")
+    if not report["overlap_can_show"]:
+        reasons.append(report["meaning"][0].upper() + report["meaning"][1:] + ".")
+    return (f"{BUSY_WARNING_PREFIX}. " + " ".join(reasons) +
+            " Live serial/ZOS timings measured like this do not show what overlap buys; ZOS can even look "
+            "slower. Compare with the RECORDED quiet-machine run shown with them; close other notebooks or "
             "programs and re-run for live numbers.")

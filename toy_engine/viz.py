@@ -676,7 +676,8 @@ def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
         text=texts, textposition="inside", insidetextanchor="middle", textangle=-90, textfont=dict(size=11),
         hovertext=hovers, hovertemplate="%{hovertext}<extra></extra>",
         marker=dict(color=colors, line=dict(width=[w for w, _ in lines], color=[c for _, c in lines]),
-                    pattern=dict(shape=["x" if i == first_diff else "" for i in range(len(written))],
+                    pattern=dict(shape=["x" if i == first_diff else PATTERNS["flush"] if item[0] == "flush" else ""
+                                        for i, item in enumerate(written)],
                                  fgcolor="rgba(0,0,0,0.6)", size=6)),
         meta=dict(kind="written", first_difference=first_diff, engine=[list(e) for e in engine]))]
 
