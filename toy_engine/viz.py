@@ -78,7 +78,6 @@ PATTERNS = {"idle": "x", "busy": "\\", "flush": "/"}
 #: Unknown stages get one of these, chosen by a stable hash of the name.
 _FALLBACK_COLORS = ("#999999", "#882255", "#44aa99", "#ddcc77", "#117733", "#aa4499")
 _STAGE_ORDER = list(STAGE_COLORS)
-_PROCESS_STAGES = PROCESS_STAGES
 _LANE_Y = {"device": 0, "host": 1}  # numeric rows, so arrows can use data coordinates
 _BAR_WIDTH = 0.6
 
@@ -146,7 +145,7 @@ def _links(spans: list[Span]) -> list[tuple[Span, Span]]:
         if s.lane == "device" and s.stage == "sample":
             if s.round not in samples or s.end_ms > samples[s.round].end_ms:
                 samples[s.round] = s  # the last sample of the round fires the event
-        elif s.lane == "host" and s.stage in _PROCESS_STAGES:
+        elif s.lane == "host" and s.stage in PROCESS_STAGES:
             processed.setdefault(s.round, s)
     return [(samples[r], processed[r]) for r in sorted(samples) if r in processed]
 
@@ -698,10 +697,12 @@ def available_traces() -> list[str]:
 
 
 def load_trace(name: str) -> Timeline:
-    """A shipped, recorded timeline by name, e.g. ``load_trace("cpu_zos")``.
+    """A shipped, recorded timeline by name, e.g. ``load_trace("cpu_zos")`` or
+    ``load_trace("cpu_serial_overhead2ms")``.
 
-    Recorded with ``scripts/record_traces.py``; ``meta`` says how (command, date,
-    machine, torch version) and carries the run's ``stats``.
+    Recorded on a quiet machine with ``scripts/record_traces.py``; ``meta["recorded"]``
+    says how, where, when and at which commit (and its contention meter), ``meta["stats"]``
+    carries the run's stats.
     """
     path = TRACES_DIR / f"{name}.json"
     if not path.is_file():
