@@ -167,7 +167,7 @@ def test_lifetime_checker():
     v = checkers.check_process_outputs(process_frees_early)
     assert not v and "freed a finished request's KV cache while a launched round still uses it" in v.message
     v = checkers.check_process_outputs(process_never_frees)
-    assert not v and "kept their KV blocks" in v.message and "requests []" not in v.message
+    assert not v and "kept their KV blocks" in v.message and "prompts []" not in v.message
 
 
 def test_a_correction_defined_at_run_time_reaches_the_device():

@@ -82,8 +82,10 @@ def test_kernels_defined_at_run_time_reach_the_device_by_value(device):
 
 def test_race_checker_catches_reads_writes_and_freed_blocks(device):
     device.launch(sleep_ms, 1, round=7, writes={"outbuf"}, reads={"inbuf"}, blocks={2})
-    with pytest.raises(RaceError, match=r"'outbuf'.*round 7"):
+    with pytest.raises(RaceError, match=r"'outbuf'.*round 7") as info:
         device.host("outbuf", "r")
+    err = info.value
+    assert (err.kind, err.buffer, err.access, err.round, err.launch) == ("buffer", "outbuf", "r", 7, "sleep_ms")
     with pytest.raises(RaceError, match=r"'inbuf'.*host write"):
         device.host("inbuf", "w")
     device.host("inbuf", "r")  # reading what the device only reads is fine
@@ -92,8 +94,10 @@ def test_race_checker_catches_reads_writes_and_freed_blocks(device):
     device.wait(device.record_event())
     device.host("outbuf", "r")
     device.races.on_free([3], owner="request 6")
-    with pytest.raises(RaceError, match=r"KV block 3.*request 6"):
+    with pytest.raises(RaceError, match=r"KV block 3.*request 6") as info:
         device.launch(sleep_ms, 1, round=8, blocks={3})
+    err = info.value
+    assert (err.kind, err.blocks, err.round, err.launch, err.owner) == ("launch_on_free", [3], 8, "sleep_ms", "request 6")
     device.races.on_alloc([3])
     device.launch(sleep_ms, 1, round=8, blocks={3})
     device.wait(device.record_event())

@@ -117,3 +117,21 @@ def test_engine_context_manager_stops_the_device(shipped):
         engine.generate(["Once"], max_new_tokens=2)
         proc = engine.device._proc
     assert not proc.is_alive()
+
+
+@pytest.mark.parametrize("plugin", ["on_round", "loop", "correction", "process_outputs"])
+def test_plug_ins_are_checked_before_anything_runs(engine_pool, plugin):
+    engine = engine_pool()
+    engine.generate(["One day"], max_new_tokens=2)
+    before = engine.requests
+    with pytest.raises(TypeError, match=f"{plugin} must be a callable or None, got int 5"):
+        engine.generate(["Once"], max_new_tokens=3, **{plugin: 5})
+    assert engine.requests is before  # rejected before a run started
+
+
+def test_requests_know_their_prompt_index(engine_pool):
+    engine = engine_pool()
+    engine.generate(["Once", "One day"], max_new_tokens=2)
+    first = engine.generate(["A", "B", "C"], max_new_tokens=2)
+    assert [r.index for r in engine.requests] == [0, 1, 2]
+    assert [r.id for r in engine.requests] == [c.request_id for c in first]

@@ -35,10 +35,12 @@ def test_without_the_flush_the_last_tokens_never_arrive(engines):
 
     engine.flush = lambda previous: None  # the deferred step is dropped, never processed
     try:
-        with pytest.raises(te.EngineStalled, match="dropped instead of processed or flushed"):
+        with pytest.raises(te.EngineStalled, match="dropped instead of processed or flushed") as info:
             engine.generate(["Once upon a time", "One day"], max_new_tokens=20)
     finally:
         del engine.flush
+    assert info.value.reason == "unprocessed_inflight" and info.value.prompt_indexes == [0, 1]
+    assert info.value.request_ids == [r.id for r in engine.requests]
     lost = engine.completions
     assert [len(c.token_ids) for c in lost] == [19, 19]  # the final round's token is missing
     assert [c.text for c in lost] == [c.text[:-1] for c in expected]
@@ -112,8 +114,10 @@ def test_single_buffered_inputs_are_a_race(engines, monkeypatch):
     import toy_engine.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "NUM_SLOTS", 1)
-    with pytest.raises(te.RaceError, match=r"race on buffer '(meta|temps)0'.*round \d+"):
+    with pytest.raises(te.RaceError, match=r"race on buffer '(meta|temps)0'.*round \d+") as info:
         engines("zos").generate(WORDS[:3], max_new_tokens=10)
+    err = info.value
+    assert (err.kind, err.buffer, err.access, err.launch, err.blocks) == ("buffer", "meta0", "w", "upload", [])
 
 
 def test_freeing_a_finished_requests_cache_too_early_is_a_race(engines, monkeypatch):
@@ -127,5 +131,9 @@ def test_freeing_a_finished_requests_cache_too_early_is_a_race(engines, monkeypa
     ref = engine.generate(["Once upon a time"], max_new_tokens=30)[0].text
     monkeypatch.setattr(Scheduler, "release_if_done", eager_release)
     # request 0 stops in a decode round while its next round is already launched
-    with pytest.raises(te.RaceError, match=r"KV blocks .* of request \d+ freed while launch 'forward' of round"):
+    with pytest.raises(te.RaceError, match=r"KV blocks .* of request \d+ freed while launch 'forward' of round") as info:
         engine.generate(["Once upon a time", "One day"], max_new_tokens=30, stop=[ref[5:8]])
+    err = info.value
+    assert (err.kind, err.launch, err.buffer, err.access) == ("free_in_use", "forward", None, None)
+    assert err.blocks and set(err.blocks) <= set(range(engine.config.num_kv_blocks))
+    assert err.owner == f"request {engine.requests[0].id}" and err.round >= 1

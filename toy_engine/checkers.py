@@ -88,7 +88,7 @@ def _run_loop(loop, mode: str, what: str, mismatch: str):
         return engine, _not_implemented(what)
     except EngineStalled as err:
         lost = _compare([c.token_ids for c in engine.completions], _reference())
-        if "loop stopped with work left" in str(err):
+        if err.reason == "loop_returned_with_work":
             hint = "your loop returned while the scheduler still had work: loop while engine.scheduler.has_work()"
         elif mode == "zos":
             hint = ("the deferred step was never flushed: when nothing is left to launch, process "
@@ -98,7 +98,7 @@ def _run_loop(loop, mode: str, what: str, mismatch: str):
         return engine, Verdict(False, f"{lost or 'results went missing'}: {hint}. ({err})")
     except RaceError as err:
         why = ""
-        if "race on buffer 'meta" in str(err) or "race on buffer 'temps" in str(err):
+        if err.kind == "buffer" and err.buffer.startswith(("meta", "temps")):
             why = ("an input buffer was reused while the step that reads it was never waited for: every "
                    "launched step must be waited for and processed (engine.process_outputs). ")
         return engine, Verdict(False, f"{why}The race checker stopped your loop: {err}")
@@ -194,13 +194,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
             state = " (still the host's stale values)" if got == stale else ""
             return Verdict(False, f"{name} is {got}, expected {expected[name]}{state}: {_WHY[name]}")
     engine = _engine(mode="zos", num_draft_tokens=3)
-    engine.correction = correct_seqlens_qk
     try:
-        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
+        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, correction=correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
         return Verdict(False, f"in the engine your correction failed: {type(err).__name__}: {err}")
-    finally:
-        del engine.correction
     diff = _compare([c.token_ids for c in outs], _reference())
     if diff:
         return Verdict(False, f"with your correction in ZOS + speculation, {diff}")
@@ -271,37 +268,33 @@ def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees."""
     engine = _engine(mode="zos")
     reference = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"])
-    engine.process_outputs = lambda step, stage="postprocess": process_outputs(engine, step)
     try:
-        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"])
+        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"],
+                               process_outputs=process_outputs)
     except NotImplementedError:
         return _not_implemented("`process_outputs`")
     except EngineStalled as err:
-        kept = err.request_ids
-        return Verdict(False, f"requests {kept} finished but kept their KV blocks and batch rows, so waiting "
-                              f"requests could never start: free a finished request once no launched round "
-                              f"uses it (req.num_inflight == 0)")
+        return Verdict(False, f"prompts {err.prompt_indexes} finished but kept their KV blocks and batch rows, so "
+                              f"waiting requests could never start: free a finished request once no launched "
+                              f"round uses it (req.num_inflight == 0)")
     except RaceError as err:
-        text = str(err)
-        if "buffer 'out" in text:
+        if err.kind == "buffer" and err.buffer.startswith("out"):
             why = ("you read the step's sampled tokens before waiting on its completion event "
                    "(step.sample_done): the device may still be writing them")
-        elif "KV blocks" in text:
+        elif err.kind == "free_in_use":
             why = ("you freed a finished request's KV cache while a launched round still uses it "
                    "(the extra step): free only when req.num_inflight == 0")
         else:
             why = "see the race report"
-        return Verdict(False, f"{why}. Race checker: {text}")
+        return Verdict(False, f"{why}. Race checker: {err}")
     except Exception as err:  # noqa: BLE001
         return Verdict(False, f"your process_outputs raised {type(err).__name__}: {err}")
-    finally:
-        del engine.process_outputs
     if [c.token_ids for c in outs] != [c.token_ids for c in reference]:
         return Verdict(False, _compare([c.token_ids for c in outs], [c.token_ids for c in reference]) +
                        ": commit every step's tokens exactly once")
-    leaked = [r.id for r in engine.requests if r.blocks]
+    leaked = [r.index for r in engine.requests if r.blocks]
     if leaked or engine.scheduler.running:
-        return Verdict(False, f"requests {leaked} finished but kept their KV blocks: free them once no "
+        return Verdict(False, f"prompts {leaked} finished but kept their KV blocks: free them once no "
                               f"launched round uses them")
     return Verdict(True, "results are read only after their event, and caches are freed only when no "
                          "launched round can touch them")

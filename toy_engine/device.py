@@ -64,7 +64,25 @@ class DeviceError(RuntimeError):
 
 
 class RaceError(RuntimeError):
-    """The host touched state that unfinished device work still uses."""
+    """The host touched state that unfinished device work still uses.
+
+    The fields say what happened, so a checker never has to parse the message:
+    ``kind`` is ``"buffer"`` (the host touched a buffer a pending launch uses),
+    ``"free_in_use"`` (KV blocks freed while a pending launch uses them) or
+    ``"launch_on_free"`` (a launch touches freed blocks); ``buffer``/``access``
+    (``"r"``/``"w"``) name the buffer access, ``blocks`` the KV blocks involved,
+    ``round``/``launch`` the conflicting launch's round and stage, ``owner`` who
+    owns the launch's results (buffer) or freed the blocks.
+    """
+
+    KINDS = ("buffer", "free_in_use", "launch_on_free")
+
+    def __init__(self, message: str, *, kind: str, round: int, launch: str, buffer: str | None = None,
+                 access: str | None = None, blocks=(), owner: str | None = None):
+        super().__init__(message)
+        assert kind in self.KINDS, kind
+        self.kind, self.round, self.launch, self.owner = kind, round, launch, owner
+        self.buffer, self.access, self.blocks = buffer, access, sorted(blocks)
 
 
 @dataclass
@@ -84,6 +102,7 @@ class _Launch:
     reads: frozenset
     writes: frozenset
     blocks: frozenset
+    owner: str | None = None  # who owns the launch's results (e.g. a StepState)
 
 
 class RaceChecker:
@@ -103,11 +122,12 @@ class RaceChecker:
         if not self.enabled:
             return
         for block in sorted(launch.blocks & self.free_blocks.keys()):
+            freed_by = self.free_blocks[block]
             raise RaceError(
                 f"launch '{launch.name}' of round {launch.round} touches KV block {block}, "
-                f"which is free ({self.free_blocks[block]}): its cache may already belong "
-                f"to another request"
-            )
+                f"which is free (freed by {freed_by}): its cache may already belong "
+                f"to another request",
+                kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block], owner=freed_by)
         self.pending.append(launch)
 
     def on_wait(self, seq: int) -> None:
@@ -123,8 +143,8 @@ class RaceChecker:
                 raise RaceError(
                     f"race on buffer '{name}': host {verb} while launch '{p.name}' of round "
                     f"{p.round} still {use} it; wait on an event recorded after that launch "
-                    f"(round {p.round}'s completion event) first"
-                )
+                    f"(round {p.round}'s completion event) first",
+                    kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
 
     def on_free(self, blocks, owner: str) -> None:
         if not self.enabled:
@@ -135,9 +155,9 @@ class RaceChecker:
                 raise RaceError(
                     f"KV blocks {sorted(p.blocks & blocks)} of {owner} freed while launch "
                     f"'{p.name}' of round {p.round} may still use them; free a finished "
-                    f"request's cache only after waiting on round {p.round}'s event"
-                )
-        self.free_blocks.update((b, f"freed by {owner}") for b in blocks)
+                    f"request's cache only after waiting on round {p.round}'s event",
+                    kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks, owner=owner)
+        self.free_blocks.update((b, owner) for b in blocks)
 
     def on_alloc(self, blocks) -> None:
         for b in blocks:
@@ -189,18 +209,18 @@ class Device:
         self._last_round = 0
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
-               blocks=(), record_event: bool = False) -> Event | None:
+               blocks=(), record_event: bool = False, owner: str | None = None) -> Event | None:
         """Queue ``kernel(ctx, *args)`` on the stream; returns before it runs.
 
         ``reads``/``writes`` name the host buffers it uses, ``blocks`` the KV-cache blocks
-        it touches; ``stage`` is its name on the timeline.  ``record_event=True`` also
+        it touches; ``stage`` is its name on the timeline; ``owner`` who owns its results.  ``record_event=True`` also
         records an event right after it and returns it (one message instead of two).
         """
         self._seq += 1
         self._last_round = round
         stage = stage or kernel.__name__
         self.races.on_launch(_Launch(self._seq, stage, round, frozenset(reads), frozenset(writes),
-                                     frozenset(blocks)))
+                                     frozenset(blocks), owner))
         handle = self._launch(self._seq, kernel, args, round, stage, record_event)
         return Event(self._seq, round, handle) if record_event else None
 

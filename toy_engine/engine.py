@@ -18,7 +18,7 @@ import copy
 import functools
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -64,9 +64,43 @@ class EngineConfig:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress; ``request_ids`` names the requests involved."""
+    """The loop cannot make progress.
 
-    request_ids: list[int] = []
+    ``reason`` says why, as data a checker can branch on: ``"unprocessed_inflight"``
+    (launched rounds whose results were never processed: a deferred step dropped or
+    not flushed), ``"finished_kept_blocks"`` (finished requests still hold KV blocks
+    and rows, so waiting ones can never start) or ``"loop_returned_with_work"`` (the
+    loop stopped while the scheduler had work).  ``prompt_indexes`` are the requests'
+    positions in the ``generate`` call, ``request_ids`` their ids.
+    """
+
+    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
+
+    def __init__(self, message: str, *, reason: str, requests=()):
+        super().__init__(message)
+        assert reason in self.REASONS, reason
+        self.reason = reason
+        self.prompt_indexes = [r.index for r in requests]
+        self.request_ids = [r.id for r in requests]
+
+
+@dataclass
+class Run:
+    """What one ``generate`` call owns: its requests, plug-ins and counters.
+
+    ``generate`` creates a fresh one, so nothing of a previous (maybe interrupted) run
+    leaks into the next; an engine that never ran has an empty one, so a stage or a
+    learner's loop can be tried on a fresh engine.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    on_round: object = None
+    correction: object = kernels.correct_seqlens_qk
+    process_outputs: object = None
+    counts: dict = field(default_factory=lambda: dict(tokens=0, decode_steps=0, proposed=0, accepted=0,
+                                                      discarded=0))
+    prefill_rounds: set = field(default_factory=set)
+    unproductive_schedule: bool = False  # the last schedule found nothing and nothing was processed since
 
 
 @dataclass
@@ -95,7 +129,11 @@ class StepState:
 
     @property
     def owner(self) -> str:
-        return f"StepState(round={self.plan.round})"
+        return self.owner_of(self.plan.round)
+
+    @staticmethod
+    def owner_of(round: int) -> str:
+        return f"StepState(round={round})"
 
 
 @functools.lru_cache(maxsize=4)
@@ -132,10 +170,13 @@ class Engine:
         self.timeline = Timeline(meta=self._meta())
         self.stats: dict = {}
         self.completions: list[Completion] = []
-        self.on_round = None
-        self.correction = kernels.correct_seqlens_qk  # the checkers swap in a learner's version
-        self.requests: list[Request] = []
+        self._run = Run()
         self._next_id = 0
+
+    @property
+    def requests(self) -> list[Request]:
+        """The current (or last) run's requests, in prompt order."""
+        return self._run.requests
 
     # ------------------------------------------------------------------ the loops
 
@@ -176,20 +217,21 @@ class Engine:
         if not self.scheduler.has_work():
             return None
         start = self.timeline.now_ms()
-        if self.on_round is not None:
-            self.on_round(self, self.scheduler.round)
+        run = self._run
+        if run.on_round is not None:
+            run.on_round(self, self.scheduler.round)
         plan = self.scheduler.schedule()
         # A schedule that finds nothing to launch belongs to the last round, not a new one.
         self.timeline.add("host", "schedule", plan.round if plan else max(0, self.scheduler.round - 1),
                           start, self.timeline.now_ms())
         if plan is not None and plan.is_prefill:
-            self._prefill_rounds.add(plan.round)
+            run.prefill_rounds.add(plan.round)
         if plan is None:
             # Legal only while launched results are outstanding, and only if the loop
             # then processes something before asking again.
-            if self._unproductive_schedule or not any(r.num_inflight for r in self.scheduler.running):
+            if run.unproductive_schedule or not any(r.num_inflight for r in self.scheduler.running):
                 raise self._stalled()
-            self._unproductive_schedule = True
+            run.unproductive_schedule = True
         if plan is not None and self.config.host_overhead_ms:
             with self.timeline.host_span("overhead", plan.round):
                 end = time.perf_counter() + self.config.host_overhead_ms / 1e3
@@ -244,7 +286,7 @@ class Engine:
     def correct_on_device(self, inputs: RoundInputs) -> None:
         """Fix stale lengths on the device (only speculation makes them stale)."""
         if self.config.num_draft_tokens and self.config.correct_seqlens and not inputs.plan.is_prefill:
-            self.device.launch(kernels.correct, self.correction, round=inputs.plan.round, stage="correct")
+            self.device.launch(kernels.correct, self._run.correction, round=inputs.plan.round, stage="correct")
 
     def launch_forward(self, inputs: RoundInputs) -> None:
         with self.timeline.host_span("launch_forward", inputs.plan.round):
@@ -255,12 +297,20 @@ class Engine:
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span("launch_sample", r):
             sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r,
-                                             stage="sample", writes={f"out{slot}"}, record_event=True)
+                                             stage="sample", writes={f"out{slot}"}, record_event=True,
+                                             owner=StepState.owner_of(r))
         return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
         """Wait for the step's sample event, read its tokens, commit them to the requests,
-        and free the cache of requests that are finished and in no launched round."""
+        and free the cache of requests that are finished and in no launched round.
+
+        A ``process_outputs`` plug-in given to ``generate`` does all of that instead."""
+        custom = self._run.process_outputs
+        if custom is not None:
+            with self.timeline.host_span(stage, step.plan.round, step.owner):
+                custom(self, step)
+            return
         with self.timeline.host_span("wait", step.plan.round, step.owner):
             self.device.wait(step.sample_done)
         with self.timeline.host_span(stage, step.plan.round, step.owner):
@@ -276,22 +326,24 @@ class Engine:
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests; returns them.  A request that already
         finished in an earlier round is in this step only as the extra step: discarded."""
-        plan, self._unproductive_schedule = step.plan, False
+        plan, run = step.plan, self._run
+        run.unproductive_schedule = False
+        counts = run.counts
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         B = len(plan.requests)
         for i, req in enumerate(plan.requests):
             req.num_inflight -= 1
             accepted = out[B * (k + 1) + i]
             if req.finished:
-                self._counts["discarded"] += 1
+                counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
             req.commit(out[i * (k + 1): i * (k + 1) + accepted + 1], self.tokenizer.eos_id, self.tokenizer.decode)
-            self._counts["tokens"] += len(req.output_ids) - before
+            counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
-                self._counts["decode_steps"] += 1
-                self._counts["proposed"] += k
-                self._counts["accepted"] += accepted
+                counts["decode_steps"] += 1
+                counts["proposed"] += k
+                counts["accepted"] += accepted
         return plan.requests
 
     def flush(self, previous: StepState | None) -> None:
@@ -303,20 +355,25 @@ class Engine:
     # ------------------------------------------------------------------ public API
 
     def generate(self, prompts, max_new_tokens: int = 32, stop=None, temperature: float = 0.0,
-                 seed: int | None = None, on_round=None, loop=None) -> list[Completion]:
+                 seed: int | None = None, *, on_round=None, loop=None, correction=None,
+                 process_outputs=None) -> list[Completion]:
         """Run prompts to completion; returns one Completion per prompt, in order.
 
+        Plug-ins, for this call only (each a callable or None, checked before anything runs):
         ``on_round(engine, round)`` is called before each round is scheduled (it may call
-        ``engine.abort``).  ``loop(engine)`` replaces the mode's loop (the exercises plug
-        a learner's loop in here).  Bad input raises ValueError before anything runs.
+        ``engine.abort``); ``loop(engine)`` replaces the mode's loop (the exercises plug a
+        learner's loop in here); ``correction(meta, accepted, block_size)`` replaces the
+        device's seqlen correction; ``process_outputs(engine, step)`` replaces the engine's
+        own processing of a launched step.  Bad input raises TypeError/ValueError naming
+        the argument before anything runs.
         """
+        for name, plugin in (("on_round", on_round), ("loop", loop), ("correction", correction),
+                             ("process_outputs", process_outputs)):
+            if plugin is not None and not callable(plugin):
+                raise TypeError(f"{name} must be a callable or None, got {type(plugin).__name__} {plugin!r}")
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
-        self.on_round = on_round
+        self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
         self.timeline = Timeline(meta=self._meta())
-        self._counts = dict(tokens=0, decode_steps=0, proposed=0, accepted=0, discarded=0)
-        self._unproductive_schedule = False
-        self._prefill_rounds: set[int] = set()
-        self.requests = requests
         self.scheduler.round = 0
         for req in requests:
             self.scheduler.add(req)
@@ -397,7 +454,7 @@ class Engine:
                 ids = self.tokenizer.encode(prompt)
             except ValueError as err:
                 raise ValueError(f"prompt {i}: {err}") from None
-            req = Request(self._next_id + i, prompt, ids, max_new_tokens, stop, float(temperature),
+            req = Request(self._next_id + i, i, prompt, ids, max_new_tokens, stop, float(temperature),
                           self.config.seed if seed is None else seed)
             need = self._positions_needed(req)
             if len(ids) >= self.context_len or need > self.context_len:
@@ -414,25 +471,23 @@ class Engine:
         return requests
 
     def _stalled(self) -> EngineStalled:
-        """Why the loop cannot go on, naming the requests involved (``err.request_ids``)."""
+        """Why the loop cannot go on, naming the prompts involved (``err.prompt_indexes``)."""
         def names(reqs):
-            return ", ".join(f"request {r.id}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
+            return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
         stuck = [r for r in self.scheduler.running if r.num_inflight]
         kept = [r for r in self.scheduler.running if r.finished]
         left = [r for r in self.scheduler.running if not r.finished] + list(self.scheduler.waiting)
         if stuck:
-            reqs, msg = stuck, (f"{names(stuck)} still wait for launched rounds whose results were never "
+            reason, reqs, msg = "unprocessed_inflight", stuck, (f"{names(stuck)} still wait for launched rounds whose results were never "
                                 f"processed; was a deferred step dropped instead of processed or flushed?")
         elif kept and self.scheduler.waiting:
-            reqs, msg = kept, (f"{names(kept)} finished but still hold their KV blocks and rows, so waiting "
+            reason, reqs, msg = "finished_kept_blocks", kept, (f"{names(kept)} finished but still hold their KV blocks and rows, so waiting "
                                f"requests can never start; free finished requests")
         else:
-            reqs, msg = left, (f"the loop stopped with work left: {names(left)} unfinished and nothing in "
+            reason, reqs, msg = "loop_returned_with_work", left, (f"the loop stopped with work left: {names(left)} unfinished and nothing in "
                                f"flight; keep scheduling rounds while the scheduler has work")
-        err = EngineStalled(f"the engine cannot make progress: {msg}")
-        err.request_ids = [r.id for r in reqs]
-        return err
+        return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
 
     def _recover(self) -> None:
         """After an exception: drain the device, release every request, stay usable."""
@@ -459,10 +514,11 @@ class Engine:
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
             tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=f"StepState(round={rnd})" if stage == "sample" else "",
                              cpu_ns=cpu_ns)
-        tl.meta["prefill_rounds"] = sorted(self._prefill_rounds)
+        run = self._run
+        tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         rounds = sorted({s.round for s in tl.spans if s.stage == "forward"})
-        decode_rounds = [r for r in rounds if r not in self._prefill_rounds]
-        c = self._counts
+        decode_rounds = [r for r in rounds if r not in run.prefill_rounds]
+        c = run.counts
         self.stats = dict(
             tl.summary(),
             wall_ms=wall_s * 1e3,

@@ -29,6 +29,7 @@ class Request:
     """
 
     id: int
+    index: int  # position in the generate call's prompt list (messages name prompts by it)
     prompt: str
     prompt_ids: list[int]
     max_new_tokens: int
