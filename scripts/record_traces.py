@@ -6,15 +6,16 @@
 For each host overhead (``--host-overheads``, default 0 and 2 ms/round) and mode it
 starts one engine, does a warm-up run (the first forward is cold and would dominate the
 picture), then ``--repeats`` recorded runs, and keeps the least contended one (the
-highest device CPU share, see ``Timeline.contention``), so one unlucky slice of a
-shared machine does not become the course's example.  The
+highest CPU share of the device process and host loop, whichever is lower; see
+``Timeline.contention``), so one unlucky slice of a shared machine does not become the
+course's example.  The
 result is written to ``toy_engine/traces/<device>_<mode>[_overhead<H>ms].json``
 (``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
 commit it was recorded, and the run's contention meter.
 
 These traces are the notebooks' fallback when a learner's machine is busy, so they must
 come from a quiet one: a kept run whose device process got less than
-``BUSY_RUN_CPU_SHARE`` of its wall time as CPU is refused (exit status 1, nothing
+``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (or whose host loop did) is refused (exit status 1, nothing
 written) unless ``--allow-busy``.  Keep the workload small: a trace is a teaching
 picture, not a benchmark (< 200 KB).
 """
@@ -91,8 +92,8 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         device_name = engine.device.name
     # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
     if all(r[2].get("device_cpu_share") is not None for r in runs):
-        _, timeline, stats = max(runs, key=lambda r: r[2]["device_cpu_share"])
-        kept = f"the least contended of {args.repeats} runs (highest device CPU share) after 1 warm-up"
+        _, timeline, stats = max(runs, key=lambda r: min(r[2]["device_cpu_share"], r[2]["host_cpu_share"]))
+        kept = f"the least contended of {args.repeats} runs (highest min(device, host) CPU share) after 1 warm-up"
     else:
         median = statistics.median_low([tps for tps, _, _ in runs])
         _, timeline, stats = next(r for r in runs if r[0] == median)
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
             if was_busy:
                 busy.append(stem)
     if busy and not args.allow_busy:
-        print(f"not written: {', '.join(busy)} ran on a busy machine (device CPU share below "
+        print(f"not written: {', '.join(busy)} ran on a busy machine (device or host CPU share below "
               f"{BUSY_RUN_CPU_SHARE:.0%}); record on a quiet machine, or pass --allow-busy", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)

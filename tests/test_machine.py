@@ -58,13 +58,15 @@ def test_this_machine_report_is_consistent():
 def test_busy_warning_from_stats_and_timelines(monkeypatch):
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
     monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: None)
-    quiet = {"device_cpu_share": 0.97}
+    quiet = {"device_cpu_share": 0.97, "host_cpu_share": 0.95}
     busy = {"device_cpu_share": BUSY_RUN_CPU_SHARE - 0.2}
     assert machine.busy_warning({"serial": quiet, "zos": quiet}) is None
     assert machine.busy_warning({"serial": {}, "zos": {}}) is None  # nothing measured: no claim
     text = machine.busy_warning({"serial": quiet, "zos": busy})
     assert text.startswith(machine.BUSY_WARNING_PREFIX) and "65% (zos)" in text and "97%" not in text
     assert machine.busy_warning({"zos": busy}, cuda=True) is None
+    host_starved = machine.busy_warning({"zos": {"device_cpu_share": 0.99, "host_cpu_share": 0.55}})
+    assert "The host loop got only 55% (zos)" in host_starved and "device process" not in host_starved
     tl = Timeline(origin_ns=0)
     tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
     assert "25% (run)" in machine.busy_warning({"run": tl})

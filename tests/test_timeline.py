@@ -216,7 +216,8 @@ def test_span_cpu_time_validation_and_share():
     assert s.cpu_share == 0.25 and s.preempted()
     assert Span("device", "forward", 1, 0.0, 4.0, cpu_ms=3.9).preempted() is False
     assert Span("device", "forward", 1, 0.0, 0.1, cpu_ms=0.0).preempted() is False  # too short to judge
-    assert Span("host", "prepare", 1, 0.0, 4.0, cpu_ms=1.0).preempted() is False  # host lane: never
+    assert Span("host", "prepare", 1, 0.0, 4.0, cpu_ms=1.0).preempted()  # the host loop lost its core
+    assert Span("host", "wait", 1, 0.0, 4.0, cpu_ms=0.0).preempted() is False  # blocked on purpose
     assert Span("device", "forward", 1, 0.0, 4.0).cpu_share is None
     assert Span("device", "forward", 1, 0.0, 1.0, cpu_ms=1.2).cpu_share == 1.0  # clock granularity
     for bad in (-1.0, float("nan"), True, "1"):
@@ -241,17 +242,23 @@ def test_cpu_shares_busy_stretches_and_verdict():
     shares = tl.cpu_shares()
     assert shares["device_cpu_share"] == pytest.approx((3.8 + 0.01 + 2.0) / 9.1)
     assert shares["host_cpu_share"] == pytest.approx(0.9)
+    assert tl.busy_stretches(lane="host") == []
     assert [(a, b, s.round) for a, b, s in tl.busy_stretches()] == [(6.0, 11.0, 2)]
     assert [(a, b) for a, b, _ in tl.busy_stretches(start_ms=8, end_ms=20)] == [(8.0, 11.0)]
     assert tl.busy_stretches(end_ms=6) == []
     c = tl.contention()
-    assert c["device_preempted_ms"] == pytest.approx(3.0) and c["busy"] is True
+    assert c["device_preempted_ms"] == pytest.approx(3.0) and c["busy"] is True and c["host_preempted_ms"] == 0
     assert c["device_preempted_fraction"] == pytest.approx(3.0 / 9.1)
     summary = tl.summary()
     assert summary["device_cpu_share"] == shares["device_cpu_share"] and "busy" not in summary
     quiet = Timeline(origin_ns=0)
     quiet.add("device", "forward", 1, 0, 4, cpu_ms=3.9)
     assert quiet.contention()["busy"] is False and quiet.busy_stretches() == []
+    # The device kept its core but the host loop did not: busy too (overlap needs both).
+    quiet.add("host", "overhead", 2, 4, 6, cpu_ms=1.0)
+    c = quiet.contention()
+    assert c["busy"] is True and c["host_preempted_ms"] == pytest.approx(1.0)
+    assert [s.stage for _, _, s in quiet.busy_stretches(lane="host")] == ["overhead"]
     # No CPU times (CUDA, old traces): unknown, not quiet.
     assert handmade().contention()["busy"] is None
     assert handmade().cpu_shares() == {"device_cpu_share": None, "host_cpu_share": None}

@@ -142,33 +142,36 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
     ``runs`` maps a label to a run's stats (``engine.stats``, or ``Timeline.summary()``),
-    to a :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A run is busy when its device process
-    got less than ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held
-    the core it was ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs
-    is a warning by itself.  CUDA runs do not share the host's cores: never busy here.
+    to a :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A
+    run is busy when its device process or its host loop got less than
+    ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held the core it was
+    ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs is a warning by
+    itself.  CUDA runs do not share the host's cores: never busy here.
     """
     from .timeline import BUSY_RUN_CPU_SHARE, Timeline
 
     if cuda:
         return None
     report = machine_report()
-    shares = {}
+    low = {"device": {}, "host": {}}
     for label, run in runs.items():
         if isinstance(run, tuple):
             timeline, stats = run
             run = stats if stats and stats.get("device_cpu_share") is not None else timeline
         stats = run.summary() if isinstance(run, Timeline) else run
-        share = stats.get("device_cpu_share")
-        if share is not None:
-            shares[label] = share
-    busy = {label: share for label, share in shares.items() if share < BUSY_RUN_CPU_SHARE}
-    if not busy and report["overlap_can_show"]:
+        for lane in low:
+            share = stats.get(f"{lane}_cpu_share")
+            if share is not None and share < BUSY_RUN_CPU_SHARE:
+                low[lane][label] = share
+    if not low["device"] and not low["host"] and report["overlap_can_show"]:
         return None
     reasons = []
-    if busy:
-        listed = ", ".join(f"{share:.0%} ({label})" for label, share in busy.items())
-        reasons.append(f"The device process got only {listed} of its wall time as CPU; a quiet run gets more "
-                       f"than {BUSY_RUN_CPU_SHARE:.0%}. Other programs held the cores it was ready to run on "
+    for lane, who in (("device", "The device process"), ("host", "The host loop")):
+        if low[lane]:
+            listed = ", ".join(f"{share:.0%} ({label})" for label, share in low[lane].items())
+            reasons.append(f"{who} got only {listed} of its wall time as CPU.")
+    if reasons:
+        reasons.append(f"A quiet run gets more than {BUSY_RUN_CPU_SHARE:.0%}: other programs held the cores "
                        f"(load average {', '.join(map(str, report['load_average'] or []))}).")
     if not report["overlap_can_show"]:
         reasons.append(report["meaning"][0].upper() + report["meaning"][1:] + ".")

@@ -175,7 +175,7 @@ def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dic
     context = sorted((s for s in timeline.spans
                       if s.round not in wanted and s.end_ms > t0 and s.start_ms < t1),
                      key=lambda s: (s.start_ms, s.end_ms))
-    busy = timeline.busy_stretches(t0, t1) if owned else []
+    busy = [b for lane in ("device", "host") for b in timeline.busy_stretches(t0, t1, lane=lane)] if owned else []
     return dict(first=first, last=last, spans=inside, context=context, t0=t0, t1=t1,
                 gaps=gaps, idle_ms=idle, idle_fraction=idle / (t1 - t0) if t1 > t0 else 0.0,
                 busy=busy, busy_ms=sum(b - a for a, b, _ in busy), links=_links(inside))
@@ -214,7 +214,7 @@ def _traces(win: dict, legend_seen: set | None = None, context: bool = True) -> 
 
     Traces are tagged in ``meta["kind"]``: "span" (this window's spans, one trace per
     stage), "context" (other rounds, faded), "idle" (device gaps) and "busy" (device
-    spans that were preempted: wall time far above CPU time).
+    or host spans that were preempted: wall time far above CPU time).
     """
     legend_seen = set() if legend_seen is None else legend_seen
     t0, t1 = win["t0"], win["t1"]
@@ -266,12 +266,12 @@ def _traces(win: dict, legend_seen: set | None = None, context: bool = True) -> 
     busy = win["busy"]
     if busy:
         traces.append(go.Bar(
-            name="machine busy (device preempted)", legendgroup="busy",
+            name="machine busy (preempted)", legendgroup="busy",
             showlegend="busy" not in legend_seen, orientation="h",
-            y=[_LANE_Y["device"]] * len(busy), base=[a - t0 for a, _, _ in busy], x=[b - a for a, b, _ in busy],
+            y=[_LANE_Y[s.lane] for _, _, s in busy], base=[a - t0 for a, _, _ in busy], x=[b - a for a, b, _ in busy],
             width=_BAR_WIDTH * 1.25,
             hovertext=[f"<b>machine busy</b>: {s.stage} r{s.round} took {s.duration_ms:.3f} ms of wall time "
-                       f"but got {s.cpu_ms:.3f} ms of CPU ({s.cpu_share:.0%}): the device process was ready "
+                       f"but got {s.cpu_ms:.3f} ms of CPU ({s.cpu_share:.0%}): the {s.lane} process was ready "
                        f"but another process held the core" for _, _, s in busy],
             hovertemplate="%{hovertext}<extra></extra>",
             marker=dict(color=BUSY_COLOR, line=dict(color="rgba(0,0,0,0.6)", width=0.8),
