@@ -6,8 +6,8 @@
 For each host overhead (``--host-overheads``, default 0 and 2 ms/round) and mode it
 starts one engine, does a warm-up run (the first forward is cold and would dominate the
 picture), then ``--repeats`` recorded runs, and keeps the least contended one (the
-highest CPU share of the device process and host loop, whichever is lower; see
-``Timeline.contention``), so one unlucky slice of a shared machine does not become the
+one not flagged busy with the highest CPU share of the device process and host loop,
+whichever is lower; see ``Timeline.contention``), so one unlucky slice of a shared machine does not become the
 course's example.  The
 result is written to ``toy_engine/traces/<device>_<mode>[_overhead<H>ms].json``
 (``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
@@ -15,7 +15,8 @@ commit it was recorded, and the run's contention meter.
 
 These traces are the notebooks' fallback when a learner's machine is busy, so they must
 come from a quiet one: a kept run whose device process got less than
-``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (or whose host loop did) is refused (exit status 1, nothing
+``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (or whose host loop did, or during which
+other programs used more than ``BUSY_OTHERS_CPUS``) is refused (exit status 1, nothing
 written) unless ``--allow-busy``.  Keep the workload small: a trace is a teaching
 picture, not a benchmark (< 200 KB).
 """
@@ -39,7 +40,7 @@ from toy_engine.bench import default_workload
 from toy_engine.machine import machine_report
 from toy_engine.model import CHECKPOINT
 from toy_engine.recorded import trace_name
-from toy_engine.timeline import BUSY_RUN_CPU_SHARE
+from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "toy_engine" / "traces"
@@ -92,8 +93,10 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         device_name = engine.device.name
     # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
     if all(r[2].get("device_cpu_share") is not None for r in runs):
-        _, timeline, stats = max(runs, key=lambda r: min(r[2]["device_cpu_share"], r[2]["host_cpu_share"]))
-        kept = f"the least contended of {args.repeats} runs (highest min(device, host) CPU share) after 1 warm-up"
+        _, timeline, stats = max(runs, key=lambda r: (not r[1].contention()["busy"],
+                                                      min(r[2]["device_cpu_share"], r[2]["host_cpu_share"])))
+        kept = (f"the least contended of {args.repeats} runs (not busy, then highest min(device, host) CPU "
+                f"share) after 1 warm-up")
     else:
         median = statistics.median_low([tps for tps, _, _ in runs])
         _, timeline, stats = next(r for r in runs if r[0] == median)
@@ -135,14 +138,16 @@ def main(argv=None) -> int:
         for mode in args.modes:
             timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
             c = timeline.meta["recorded"]["contention"]
-            print(f"{stem}: {timeline.meta['stats']['tokens_per_s']:.0f} tok/s, device CPU share "
-                  f"{c['device_cpu_share']}, host CPU share {c['host_cpu_share']}, busy {c['busy']}")
+            print(f"{stem}: {timeline.meta['stats']['tokens_per_s']:.0f} tok/s, CPU share device "
+                  f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs used "
+                  f"{c['others_cpus']} CPUs, busy {c['busy']}")
             recorded.append((timeline, stem))
             if was_busy:
                 busy.append(stem)
     if busy and not args.allow_busy:
-        print(f"not written: {', '.join(busy)} ran on a busy machine (device or host CPU share below "
-              f"{BUSY_RUN_CPU_SHARE:.0%}); record on a quiet machine, or pass --allow-busy", file=sys.stderr)
+        print(f"not written: {', '.join(busy)} ran on a busy machine (a CPU share below {BUSY_RUN_CPU_SHARE:.0%}, "
+              f"or other programs above {BUSY_OTHERS_CPUS:g} CPUs); record on a quiet machine, or pass "
+              f"--allow-busy", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     for timeline, stem in recorded:

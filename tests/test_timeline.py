@@ -303,3 +303,22 @@ def test_round_window_starts_at_device_work_and_ends_at_processing():
     only_host = Timeline(origin_ns=0)
     only_host.add("host", "prepare", 0, 1.0, 2.0)
     assert only_host.round_window(0, 0) == (1.0, 2.0)
+
+
+def test_finish_run_measures_what_other_programs_used(monkeypatch):
+    from toy_engine import timeline as tmod
+
+    snaps = iter([(100.0, 5.0, 2), (101.0, 5.3, 2)])  # machine busy +1.0 CPU s, this process +0.3 s
+    monkeypatch.setattr(tmod, "cpu_snapshot", lambda: next(snaps))
+    tl = Timeline()
+    tl.origin_ns -= 1_000_000_000  # the run took 1 s
+    tl.add("device", "forward", 1, 0, 400, cpu_ms=400.0)  # the device process: 0.4 s
+    tl.finish_run()
+    load = tl.meta["machine_load"]
+    assert load["cpus"] == 2 and load["others_cpus"] == pytest.approx(0.3, abs=0.01)
+    c = tl.contention()
+    assert c["others_cpus"] == load["others_cpus"] and c["busy"] is True  # 0.3 > BUSY_OTHERS_CPUS
+    assert Timeline.from_json(tl.to_json()).contention()["busy"] is True  # survives in meta
+    hand = Timeline(origin_ns=0)  # not a live run: nothing measured
+    hand.finish_run()
+    assert "machine_load" not in hand.meta

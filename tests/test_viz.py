@@ -279,8 +279,11 @@ def _decode_triples(tl):
 def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     """Issue 12: the ZOS window of rounds 2-4 used to begin with most of round 1's forward, so
     the faster run drew the longer window.  Now, for the same rounds, it never does."""
-    from toy_engine.recorded import recorded_runs
+    from toy_engine.recorded import recorded_runs, trace_name
 
+    if overhead and not (viz.TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
+        pytest.skip(f"no trace recorded at {overhead:g} ms host overhead is shipped yet "
+                    f"(scripts/record_traces.py refuses to record one on a busy machine)")
     runs = recorded_runs(overhead)
     assert set(runs) == {"serial", "zos"} and runs["zos"].meta["host_overhead_ms"] == overhead
     fast, slow = sorted(runs.values(), key=lambda tl: -tl.meta["stats"]["tokens_per_s"])

@@ -514,6 +514,7 @@ class Engine:
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
             tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=f"StepState(round={rnd})" if stage == "sample" else "",
                              cpu_ns=cpu_ns)
+        tl.finish_run()  # the contention meter's machine-load part
         run = self._run
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         rounds = sorted({s.round for s in tl.spans if s.stage == "forward"})

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["usable_cpus", "machine_report", "busy_warning", "MIN_CPUS_FOR_OVERLAP", "BUSY_WARNING_PREFIX"]
+__all__ = ["usable_cpus", "machine_report", "busy_warning", "cpu_snapshot", "MIN_CPUS_FOR_OVERLAP",
+           "BUSY_WARNING_PREFIX"]
 
 #: Host loop + device process, each on its own core.
 MIN_CPUS_FOR_OVERLAP = 2
@@ -108,6 +109,26 @@ def cgroup_cpu_quota(root: Path = _CGROUP_ROOT, proc_cgroup: str | None = None) 
     return min(quotas) if quotas else None
 
 
+def cpu_snapshot() -> tuple[float, float, int] | None:
+    """(CPU seconds the whole machine has been busy, CPU seconds of this process, CPUs) now.
+
+    From ``/proc/stat`` (Linux; None elsewhere).  Two snapshots around a run tell how much
+    CPU *other* programs took meanwhile: the one kind of contention a process's own CPU
+    time cannot see (they share caches and memory bandwidth with us even when neither is
+    preempted).  Steal time counts as busy: a hypervisor gave our vCPU to someone else.
+    """
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    fields = [int(x) for x in lines[0].split()[1:]]
+    busy_ticks = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    times = os.times()
+    return busy_ticks / os.sysconf("SC_CLK_TCK"), times.user + times.system, cpus
+
+
 def usable_cpus() -> float:
     """CPUs this process can really use: min(affinity mask size, cgroup quota)."""
     quota = cgroup_cpu_quota()
@@ -153,7 +174,10 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     if cuda:
         return None
     report = machine_report()
+    from .timeline import BUSY_OTHERS_CPUS
+
     low = {"device": {}, "host": {}}
+    others = {}
     for label, run in runs.items():
         if isinstance(run, tuple):
             timeline, stats = run
@@ -163,13 +187,20 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
             share = stats.get(f"{lane}_cpu_share")
             if share is not None and share < BUSY_RUN_CPU_SHARE:
                 low[lane][label] = share
-    if not low["device"] and not low["host"] and report["overlap_can_show"]:
+        if (stats.get("others_cpus") or 0.0) > BUSY_OTHERS_CPUS:
+            others[label] = stats["others_cpus"]
+    if not low["device"] and not low["host"] and not others and report["overlap_can_show"]:
         return None
     reasons = []
     for lane, who in (("device", "The device process"), ("host", "The host loop")):
         if low[lane]:
             listed = ", ".join(f"{share:.0%} ({label})" for label, share in low[lane].items())
             reasons.append(f"{who} got only {listed} of its wall time as CPU.")
+    if others:
+        listed = ", ".join(f"{n:.2f} ({label})" for label, n in others.items())
+        reasons.append(f"Other programs used {listed} of the machine's {report['cpu_count']} CPUs meanwhile "
+                       f"(over {BUSY_OTHERS_CPUS:g} slows our processes through shared caches even when "
+                       f"they are not preempted).")
     if reasons:
         reasons.append(f"A quiet run gets more than {BUSY_RUN_CPU_SHARE:.0%}: other programs held the cores "
                        f"(load average {', '.join(map(str, report['load_average'] or []))}).")
