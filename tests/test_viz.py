@@ -243,7 +243,9 @@ def test_explorer_headless():
         ex.view.value = "order"  # the same spans, as the order view, in the same widget
         assert ex.figure.layout.meta["view"] == "order" and kind(ex.figure, "order") and not kind(ex.figure, "span")
         assert ex.figure.layout.xaxis.title.text.startswith("order")
+        assert len(ex.figure.layout.shapes) >= 3  # one box per loop pass
         ex.view.value = "to scale"
+        assert not ex.figure.layout.shapes and ex.figure.layout.xaxis.showticklabels
         no_uid = lambda data: [{k: v for k, v in t.items() if k != "uid"} for t in data]  # noqa: E731
         assert no_uid(ex.figure.to_plotly_json()["data"]) == no_uid(before)
         assert ex.figure.layout.meta["view"] == "scale"

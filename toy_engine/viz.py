@@ -343,7 +343,8 @@ def timeline_figure(timeline: Timeline, first_round: int | None = None, num_roun
     for note in _annotations(win):
         fig.add_annotation(**note)
     _style_lanes(fig)
-    fig.update_xaxes(title="time in window (ms)", range=[0, max(win["t1"] - win["t0"], 1e-3)])
+    fig.update_xaxes(title="time in window (ms)", range=[0, max(win["t1"] - win["t0"], 1e-3)],
+                     showticklabels=True)
     mode = timeline.meta.get("mode")
     head = title or " · ".join(x for x in (mode and f"{mode}", timeline.meta.get("device")) if x) or "timeline"
     _layout(fig, f"{head}<br><sup>{_window_title(win)}<br>{_WINDOW_NOTE}</sup>", height=420)
@@ -839,6 +840,10 @@ class TimelineExplorer:
             self.figure.data = ()
             self.figure.add_traces(list(new.data))
             self.figure.layout = new.layout
+            # Lists are sent to the browser only when set: say explicitly that the other
+            # view's column boxes and labels are gone.
+            self.figure.layout.shapes = new.layout.shapes or ()
+            self.figure.layout.annotations = new.layout.annotations or ()
 
     def _update_readout(self) -> None:
         s, m = self.stats, self.timeline.meta
