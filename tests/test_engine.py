@@ -27,7 +27,7 @@ def test_generates_corpus_like_text(make_engine):
     (dict(prompts=["ok", "x" * 300]), "prompt 1 is too long"),
     (dict(prompts=["ok", "caf\u00e9 #1"]), "prompt 1: unknown characters"),
     (dict(prompts=["ok"], max_new_tokens=0), "max_new_tokens must be"),
-    (dict(prompts=["ok"], temperature=-0.5), "temperature must be >= 0"),
+    (dict(prompts=["ok"], temperature=-0.5), r"temperature must be a finite number in \[0.0, 100.0\]"),
     (dict(prompts=["ok"], stop=[""]), "stop strings must be non-empty"),
     (dict(prompts=["Once"], max_new_tokens=500), "context is 256"),
 ])
@@ -43,7 +43,7 @@ def test_bad_input_is_a_clear_value_error_and_the_engine_stays_usable(make_engin
     (dict(mode="fast"), "unknown mode 'fast'"),
     (dict(device="tpu"), "unknown device 'tpu'"),
     (dict(max_batch_size=0), "max_batch_size must be at least 1"),
-    (dict(num_draft_tokens=-1), "num_draft_tokens must be >= 0"),
+    (dict(num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
 ])
 def test_bad_config_is_a_clear_value_error(shipped, config, match):
     with pytest.raises(ValueError, match=match):
@@ -82,13 +82,18 @@ def test_stop_strings_and_eos_end_a_completion_exactly(make_engine):
     assert story.text == " after." and len(story.token_ids) == len(story.text)
 
 
-def test_sampling_is_reproducible_per_seed(make_engine):
+def test_sampling_is_reproducible_per_seed_with_one_stream_per_request(make_engine):
     engine = make_engine()
     a = engine.generate(PROMPTS, max_new_tokens=30, temperature=0.9, seed=7)
-    b = engine.generate(PROMPTS[::-1], max_new_tokens=30, temperature=0.9, seed=7)[::-1]
+    again = engine.generate(PROMPTS, max_new_tokens=30, temperature=0.9, seed=7)
     c = engine.generate(PROMPTS, max_new_tokens=30, temperature=0.9, seed=8)
-    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.token_ids for x in a] == [x.token_ids for x in again]
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
+    # a request's stream comes from (seed, its index in the call), not from its neighbours
+    assert engine.generate(PROMPTS[:1], max_new_tokens=30, temperature=0.9, seed=7)[0].token_ids == a[0].token_ids
+    # so copies of one prompt are independent samples
+    copies = engine.generate(["Once"] * 4, max_new_tokens=30, temperature=1.0, seed=7)
+    assert len({tuple(x.token_ids) for x in copies}) == 4
 
 
 def test_timeline_spans_are_well_formed(make_engine):

@@ -113,7 +113,7 @@ def test_previous_round_is_processed_after_this_forward_is_launched(engines):
 def test_single_buffered_inputs_are_a_race(engines, monkeypatch):
     import toy_engine.engine as engine_mod
 
-    monkeypatch.setattr(engine_mod, "NUM_SLOTS", 1)
+    monkeypatch.setattr(engine_mod, "NUM_SLOTS", 1)  # every round shares slot 0
     with pytest.raises(te.RaceError, match=r"race on buffer '(meta|temps)0'.*round \d+") as info:
         engines("zos").generate(WORDS[:3], max_new_tokens=10)
     err = info.value

@@ -26,15 +26,20 @@ Two implementations:
     with ``time.perf_counter_ns`` (the same clock in every process on Linux).
     Why a process and not a thread: a worker thread running eager PyTorch fights the
     host's Python for the GIL.  On a throwaway prototype it made device idle time
-    *look* smaller but rounds were no faster (0.96-1.02x) and the device step itself
-    slowed from 4 to 5-8 ms; a process gave 1.4-2.1x faster rounds with ~0.1-0.3 ms
-    launch latency, i.e. it behaves like a real accelerator on a 2-core machine.
+    *look* smaller but rounds were no faster (0.96-1.02x) and a round's device work
+    itself slowed from 4 to 5-8 ms; a process gave 1.4-2.1x faster rounds with ~0.1-0.3
+    ms launch latency, i.e. it behaves like a real accelerator on a 2-core machine.
     Prototype lessons kept here: the process is started from a ``forkserver`` that
     preloads torch (never ``fork`` after torch has run); it ignores SIGINT (Jupyter's
     Interrupt signals the whole process group) and exits when its parent dies;
     kernels defined in a notebook reach it by value through cloudpickle; an
     exception in a kernel becomes a sticky ``DeviceError`` at the next ``wait``, as
-    a CUDA error would; the host blocks in ``recv`` instead of spinning.
+    a CUDA error would; the host blocks in ``poll``/``recv`` instead of spinning.
+    The pipe must never be left in the middle of a message: a SIGINT that lands while
+    a message is sent or received is held until the message is complete
+    (``hold_sigint``), and any other exception escaping halfway marks the link
+    broken, so it is never read out of step (the engine then starts a new device).
+    A dead device process is a ``DeviceError`` naming its exit code.
 
 Both share a *race checker* (the course's compute-sanitizer): every launch declares
 which host buffers it reads and writes and which KV-cache blocks it touches; the host
@@ -44,10 +49,12 @@ covers every unfinished launch using them.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
 import os
+import select
 import signal
 import threading
 import time
@@ -60,7 +67,10 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pick
 
 
 class DeviceError(RuntimeError):
-    """A kernel failed on the device. Sticky: every later wait raises it too."""
+    """A kernel failed on the device, the device process died, or the link to it broke.
+
+    Sticky, like a CUDA error: every later wait raises it too; the engine starts a new
+    device (a fresh "context") when it recovers."""
 
 
 class RaceError(RuntimeError):
@@ -163,6 +173,12 @@ class RaceChecker:
         for b in blocks:
             self.free_blocks.pop(b, None)
 
+    def reset(self) -> None:
+        """Forget every launch and freed block (after a synchronize, when the engine
+        starts over with an empty cache)."""
+        self.pending.clear()
+        self.free_blocks.clear()
+
 
 @dataclass
 class DeviceContext:
@@ -227,13 +243,14 @@ class Device:
     def record_event(self) -> Event:
         return Event(self._seq, self._last_round, self._record())
 
-    def wait(self, event: Event) -> None:
-        """Block until every launch before ``event`` has finished."""
-        self._wait(event)
+    def wait(self, event: Event, timeout: float | None = None) -> None:
+        """Block until every launch before ``event`` has finished (DeviceError after
+        ``timeout`` seconds, if given)."""
+        self._wait(event, timeout)
         self.races.on_wait(event.seq)
 
-    def synchronize(self) -> None:
-        self.wait(self.record_event())
+    def synchronize(self, timeout: float | None = None) -> None:
+        self.wait(self.record_event(), timeout)
 
     def host(self, name: str, mode: str = "r") -> torch.Tensor:
         """The host side of a buffer, checked against unfinished launches."""
@@ -245,9 +262,13 @@ class Device:
 
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
-    def _wait(self, event): raise NotImplementedError
+    def _wait(self, event, timeout): raise NotImplementedError
     def spans(self) -> list[tuple[str, int, int, int, int | None]]: raise NotImplementedError
     def close(self) -> None: pass
+
+    def failure(self) -> str | None:
+        """Why this device can no longer be used (closed, dead, link broken), or None."""
+        return None
 
 
 # --------------------------------------------------------------------------- CUDA
@@ -284,15 +305,19 @@ class CudaDevice(Device):
         ev.record(self.stream)
         return ev
 
-    def _wait(self, event):
+    def _wait(self, event, timeout=None):
         event.handle.synchronize()
 
     def _to_ns(self, ev) -> int:
         return self._ref_ns + int(self._ref.elapsed_time(ev) * 1e6)
 
     def spans(self):
-        done = [t for t in self._timed if t[3].query()]
-        self._timed = [t for t in self._timed if not t[3].query()]
+        # Query each end event once: asking twice, an event completing in between would
+        # fall into neither list and its span would be lost.
+        done, running = [], []
+        for t in self._timed:
+            (done if t[3].query() else running).append(t)
+        self._timed = running
         return [(name, rnd, self._to_ns(s), self._to_ns(e), None) for name, rnd, s, e in done]
 
 
@@ -333,6 +358,49 @@ def _without_main_module():
         mp_spawn.get_preparation_data = original
 
 
+class hold_sigint:
+    """Hold a SIGINT (Jupyter's Interrupt, Ctrl-C) until the block ends, then replay it.
+
+    Python raises KeyboardInterrupt between any two bytecodes, also between reading a
+    message's header and its payload; the next read would then take payload bytes for
+    a header and the pipe stays out of step for good (seen in 4 of 12 random real
+    interrupts before this existed).  Only the main thread runs Python signal handlers,
+    so other threads need nothing.  Why the C module ``_signal`` and a class: the
+    public ``signal.getsignal``/``signal.signal`` wrap results in enums (13 + 25 us per
+    call on our loaded 2-core machine, against 0.04 + 1.2 us) and a generator-based
+    context manager adds ~3 us; this is held around every launch.
+    """
+
+    def __enter__(self):
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = _signal.getsignal(signal.SIGINT)
+            if previous is not None:  # None: installed from C, leave it alone
+                self._previous, self._caught = previous, False
+                _signal.signal(signal.SIGINT, self._catch)
+        return self
+
+    def _catch(self, signum, frame) -> None:
+        self._caught = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            _signal.signal(signal.SIGINT, self._previous)
+            if self._caught:
+                signal.raise_signal(signal.SIGINT)  # delivered now, at a message boundary
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "is still running but its pipe broke"
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
 def _device_main(conn, parent_pid: int, num_threads: int) -> None:
     """The device process: run launches in order, report stamps at each event.
 
@@ -362,7 +430,7 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
         while True:
             try:
                 msg = conn.recv()
-            except (EOFError, OSError):
+            except Exception:  # noqa: BLE001 - host gone or link broken: nothing left to serve
                 return
             kind, event_id = msg[0], None
             if kind == "launch":
@@ -385,16 +453,20 @@ def _device_main(conn, parent_pid: int, num_threads: int) -> None:
             elif kind == "close":
                 return
             if event_id is not None:  # everything before the event is done: report it
-                conn.send(("event", event_id, stamps, error))
+                try:
+                    conn.send(("event", event_id, stamps, error))
+                except OSError:  # the host is gone or closed its end
+                    return
                 stamps = []
 
 
-def _shutdown(proc, conn) -> None:
-    try:
-        conn.send(("close",))
-    except (OSError, ValueError):
-        pass
-    proc.join(timeout=2)
+def _shutdown(proc, conn, link: dict) -> None:
+    if link["ok"]:  # a broken pipe might carry half a message: do not talk through it
+        try:
+            conn.send(("close",))
+        except (OSError, ValueError):
+            pass
+        proc.join(timeout=2)
     if proc.is_alive():
         proc.kill()
         proc.join(timeout=2)
@@ -405,6 +477,8 @@ class ProcessDevice(Device):
     """The CPU stand-in for a CUDA stream: a device process fed through a Pipe."""
 
     name = "cpu-process"
+    POLL_S = 0.5        # how often a waiting host checks that the device process is alive
+    START_TIMEOUT_S = 120.0  # first start of the forkserver imports torch: slow on a busy machine
 
     def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                  num_threads: int = 1):
@@ -417,7 +491,15 @@ class ProcessDevice(Device):
         with _without_main_module():
             self._proc.start()
         child.close()
-        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn)
+        # One poll object for the pipe: Connection.poll builds a selector per call, which
+        # made each wait ~12 us slower than a bare recv; a kept select.poll costs ~3 us.
+        self._poller = select.poll()
+        self._poller.register(self._conn.fileno(), select.POLLIN)
+        # ``link["ok"]`` is False while a message is half sent or half read, and stays
+        # False if an exception escaped there: the pipe is then out of step for good.
+        self._link = {"ok": True}
+        self._failure: str | None = None
+        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
         self._done_upto = 0  # events complete in order: every id <= this one is done
@@ -426,46 +508,124 @@ class ProcessDevice(Device):
         self._last_end_ns = 0
         self._events = 0
         self._error: str | None = None
-        self._conn.send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))
-        msg = self._conn.recv()
+        with hold_sigint():
+            self._send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))
+        msg = self._recv_within(self.START_TIMEOUT_S, "start")
         assert msg[0] == "ready", msg
         self.pid = msg[1]
 
-    def _launch(self, seq, kernel, args, round, stage, record_event):
-        kid = self._kernel_ids.get(kernel)
-        if kid is None:
-            kid = self._kernel_ids[kernel] = len(self._kernel_ids)
-            self._conn.send(("kernel", kid, cloudpickle.dumps(kernel)))
-        self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
-        if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
-            args = cloudpickle.dumps(args)
-        event_id = self._next_event_id() if record_event else None
-        self._conn.send(("launch", seq, kid, args, event_id))
-        return event_id
+    # -- the link: whole messages only -----------------------------------------------
 
-    def _next_event_id(self) -> int:
-        self._events += 1
-        return self._events
+    def failure(self) -> str | None:
+        if self._failure is None and self._error is None and self._link["ok"] and not self._proc.is_alive():
+            self._failure = f"the device process {_exit_description(self._proc.exitcode)}"
+        return self._flagged()
+
+    def _flagged(self) -> str | None:
+        """What is already known to be wrong (no system call: this runs on every message;
+        a dead process shows up as a broken pipe, or in ``_poll``'s liveness check)."""
+        if self._failure is None and not self._link["ok"]:
+            self._failure = ("a message to or from the device process was interrupted halfway, so the pipe "
+                             "is out of step")
+        return self._failure or self._error
+
+    def _check(self) -> None:
+        failure = self._flagged()
+        if failure:
+            raise DeviceError(failure)
+
+    def _lost(self, doing: str) -> DeviceError:
+        """The pipe failed: say whether and how the device process ended."""
+        self._proc.join(timeout=1)
+        self._failure = f"the device process {_exit_description(self._proc.exitcode)} ({doing})"
+        return DeviceError(self._failure)
+
+    def _send(self, msg) -> None:
+        """Send one message (callers hold SIGINT back around it)."""
+        self._check()
+        self._link["ok"] = False
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError) as exc:
+            raise self._lost(f"sending failed: {type(exc).__name__}") from None
+        self._link["ok"] = True
+
+    def _recv(self):
+        self._check()
+        self._link["ok"] = False
+        try:
+            msg = self._conn.recv()
+        except (EOFError, OSError, ValueError) as exc:
+            raise self._lost(f"receiving failed: {type(exc).__name__}") from None
+        self._link["ok"] = True
+        return msg
+
+    def _poll(self, deadline: float | None, what: str) -> bool:
+        """Wait up to POLL_S for a message; nothing is read, so an interrupt here is harmless."""
+        self._check()
+        wait_s = self.POLL_S if deadline is None else max(0.0, min(self.POLL_S, deadline - time.monotonic()))
+        try:
+            if self._poller.poll(int(wait_s * 1000)):  # readable, or hung up: recv tells which
+                return True
+        except (OSError, ValueError) as exc:
+            raise self._lost(f"polling failed: {type(exc).__name__}") from None
+        failure = self.failure()  # quiet for a while: is it still alive?
+        if failure:
+            raise DeviceError(failure)
+        if deadline is not None and time.monotonic() >= deadline:
+            self._failure = f"the device process did not answer within the time allowed to {what}"
+            raise DeviceError(self._failure)
+        return False
+
+    def _recv_within(self, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while not self._poll(deadline, what):
+            pass
+        with hold_sigint():
+            return self._recv()
+
+    # -- the stream ------------------------------------------------------------------
+
+    def _launch(self, seq, kernel, args, round, stage, record_event):
+        with hold_sigint():
+            kid = self._kernel_ids.get(kernel)
+            if kid is None:
+                kid = len(self._kernel_ids)
+                self._send(("kernel", kid, cloudpickle.dumps(kernel)))
+                self._kernel_ids[kernel] = kid
+            self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
+            if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
+                args = cloudpickle.dumps(args)
+            event_id = self._events + 1 if record_event else None
+            self._send(("launch", seq, kid, args, event_id))
+            if record_event:
+                self._events = event_id
+        return event_id
 
     def _record(self):
-        event_id = self._next_event_id()
-        self._conn.send(("event", event_id))
-        return event_id
+        with hold_sigint():
+            self._send(("event", self._events + 1))
+            self._events += 1
+        return self._events
 
     def _receive(self) -> None:
-        _, ev_id, stamps, error = self._conn.recv()
-        self._done_upto = max(self._done_upto, ev_id)
-        for seq, start, end, cpu in stamps:
-            sent, name, rnd = self._sent_ns.pop(seq)
-            if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
-                self._latencies_ns.append(start - sent)
-            self._last_end_ns = end
-            self._stamps.append((name, rnd, start, end, cpu))
-        self._error = self._error or error
+        """Read one event report and book it (all of it, or none: SIGINT is held)."""
+        with hold_sigint():
+            _, ev_id, stamps, error = self._recv()
+            self._done_upto = max(self._done_upto, ev_id)
+            for seq, start, end, cpu in stamps:
+                sent, name, rnd = self._sent_ns.pop(seq)
+                if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
+                    self._latencies_ns.append(start - sent)
+                self._last_end_ns = end
+                self._stamps.append((name, rnd, start, end, cpu))
+            self._error = self._error or error
 
-    def _wait(self, event):
+    def _wait(self, event, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
         while event.handle > self._done_upto:  # waiting again on a finished event returns at once
-            self._receive()
+            if self._poll(deadline, f"reach round {event.round}'s event"):
+                self._receive()
         if self._error:
             raise DeviceError(self._error)
 
@@ -477,6 +637,8 @@ class ProcessDevice(Device):
         return [ns / 1e6 for ns in self._latencies_ns]
 
     def close(self) -> None:
+        if self._failure is None:
+            self._failure = "the device is closed"
         self._finalizer()
 
 

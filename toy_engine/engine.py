@@ -10,33 +10,58 @@ sample, wait, process outputs -- and the two loops differ only in their order:
   a ``StepState`` (plan + output slot + completion event) owned by the loop until the
   next round processes them; prefill rounds are processed at once; when no round is
   left to overlap with, ``flush`` drains the deferred step.
+
+Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per
+``generate`` call) the call's requests, plug-ins and counters, ``buffers`` the layout of
+everything exchanged with the device, the device its process and pipe.  The engine
+strings the stages together and keeps itself usable whatever happens in between: an
+exception or an Interrupt anywhere in a run ends with the device drained (or replaced
+when it died), every request finished or aborted, and the next ``generate`` working.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
-import statistics
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from . import kernels
+from . import buffers, kernels
 from .data import CharTokenizer, corpus_token_stream, generate_corpus
-from .device import DeviceError, Event, make_device
-from .kernels import FROM_DEVICE, MetaLayout
+from .device import DeviceError, Event, hold_sigint, make_device
+from .buffers import MetaLayout
+from .kernels import FROM_DEVICE
 from .model import load_model
+from .run import EngineStalled, Run, stalled
 from .scheduler import BlockManager, Plan, Scheduler
-from .sequence import Completion, Request
+from .sequence import Completion, Request, check_prompts, check_stop
+from .stats import run_stats
 from .timeline import Timeline
+from .validate import check_bool, check_callable, check_choice, check_float, check_int, check_seed
+
+__all__ = ["Engine", "EngineConfig", "EngineStalled", "StepState", "MODES", "NUM_SLOTS"]
 
 MODES = ("serial", "zos")
+DEVICES = ("auto", "cuda", "cpu")
 NUM_SLOTS = 2  # host buffers are double-buffered: round N uses slot N % 2
+MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
+MAX_HOST_OVERHEAD_MS = 1000.0
+# How long a recovering engine waits for queued device work before giving the device up;
+# a round of the shipped model takes ~10 ms on a busy 2-core machine.
+RECOVER_TIMEOUT_S = 10.0
 
 
 @dataclass
 class EngineConfig:
+    """How an engine is built.  Checked when created, and frozen: the device's buffers
+    and cache were sized from it, so changing it under a running engine would corrupt
+    them; make a new engine with ``dataclasses.replace(config, field=value)``."""
+
     mode: str = "serial"            # "serial" or "zos"
     device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"
     max_batch_size: int = 8
@@ -49,58 +74,34 @@ class EngineConfig:
     host_overhead_ms: float = 0.0   # extra, labelled host work per round (teaching knob)
     device_threads: int = 1         # torch threads of the CPU stand-in's device process
 
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}: use one of {MODES}")
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise ValueError(f"unknown device {self.device!r}: use 'auto', 'cuda' or 'cpu'")
-        for name in ("max_batch_size", "num_kv_blocks", "block_size", "device_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
-        if self.host_overhead_ms < 0:
-            raise ValueError(f"host_overhead_ms must be >= 0, got {self.host_overhead_ms}")
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        check_choice("device", self.device, DEVICES)
+        values = dict(
+            max_batch_size=check_int("max_batch_size", self.max_batch_size, 1),
+            num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
+            block_size=check_int("block_size", self.block_size, 1),
+            seed=check_seed("seed", self.seed),
+            num_draft_tokens=check_int("num_draft_tokens", self.num_draft_tokens, 0),
+            correct_seqlens=check_bool("correct_seqlens", self.correct_seqlens),
+            race_check=check_bool("race_check", self.race_check),
+            host_overhead_ms=check_float("host_overhead_ms", self.host_overhead_ms, 0.0, MAX_HOST_OVERHEAD_MS,
+                                         " ms"),
+            device_threads=check_int("device_threads", self.device_threads, 1),
+        )
+        for name, value in values.items():  # plain ints and floats from here on (numpy ints accepted)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_frozen", True)
 
+    def __setattr__(self, name, value) -> None:
+        if getattr(self, "_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"EngineConfig is frozen: the engine's buffers, cache and device were built from it. To "
+                f"change {name}, make a new engine: Engine(dataclasses.replace(config, {name}={value!r}))")
+        object.__setattr__(self, name, value)
 
-class EngineStalled(RuntimeError):
-    """The loop cannot make progress.
-
-    ``reason`` says why, as data a checker can branch on: ``"unprocessed_inflight"``
-    (launched rounds whose results were never processed: a deferred step dropped or
-    not flushed), ``"finished_kept_blocks"`` (finished requests still hold KV blocks
-    and rows, so waiting ones can never start) or ``"loop_returned_with_work"`` (the
-    loop stopped while the scheduler had work).  ``prompt_indexes`` are the requests'
-    positions in the ``generate`` call, ``request_ids`` their ids.
-    """
-
-    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
-
-    def __init__(self, message: str, *, reason: str, requests=()):
-        super().__init__(message)
-        assert reason in self.REASONS, reason
-        self.reason = reason
-        self.prompt_indexes = [r.index for r in requests]
-        self.request_ids = [r.id for r in requests]
-
-
-@dataclass
-class Run:
-    """What one ``generate`` call owns: its requests, plug-ins and counters.
-
-    ``generate`` creates a fresh one, so nothing of a previous (maybe interrupted) run
-    leaks into the next; an engine that never ran has an empty one, so a stage or a
-    learner's loop can be tried on a fresh engine.
-    """
-
-    requests: list[Request] = field(default_factory=list)
-    on_round: object = None
-    correction: object = kernels.correct_seqlens_qk
-    process_outputs: object = None
-    counts: dict = field(default_factory=lambda: dict(tokens=0, decode_steps=0, proposed=0, accepted=0,
-                                                      discarded=0))
-    prefill_rounds: set = field(default_factory=set)
-    unproductive_schedule: bool = False  # the last schedule found nothing and nothing was processed since
+    def __delattr__(self, name) -> None:
+        raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
 
 
 @dataclass
@@ -121,11 +122,13 @@ class StepState:
 
     It owns the round's output slot and the event that says the sample is done; nobody
     may read the slot, reuse it or free the requests' KV blocks before waiting on it.
+    Its results are committed exactly once (``committed``).
     """
 
     plan: Plan
     slot: int
     sample_done: Event
+    committed: bool = field(default=False, repr=False)
 
     @property
     def owner(self) -> str:
@@ -144,8 +147,10 @@ def _ngram_table(alphabet: str) -> torch.Tensor:
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, model=None, tokenizer: CharTokenizer | None = None):
-        self.config = config = config or EngineConfig()
-        config.validate()
+        config = EngineConfig() if config is None else config
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        self.config = config
         if model is None:
             model, alphabet = load_model()
             tokenizer = tokenizer or CharTokenizer(alphabet)
@@ -159,12 +164,11 @@ class Engine:
         self.layout = MetaLayout(max_tokens=config.max_batch_size * self.context_len,
                                  max_batch=config.max_batch_size,
                                  max_blocks=-(-self.context_len // config.block_size))
-        self.buffer_specs = {}
-        for s in range(NUM_SLOTS):
-            self.buffer_specs[f"meta{s}"] = ((self.layout.size,), torch.long)
-            self.buffer_specs[f"temps{s}"] = ((config.max_batch_size,), torch.float64)
-            self.buffer_specs[f"out{s}"] = ((config.max_batch_size * (k + 2),), torch.long)
+        self.buffer_specs = buffers.buffer_specs(self.layout, NUM_SLOTS, k)
         self.ngram = _ngram_table(self.tokenizer.alphabet) if k else None
+        self._running = threading.Lock()  # one generate at a time
+        self._closed = False
+        self._clean = True  # False from a run's start until it ended or was recovered
         self.device = None
         self._start_device()
         self.timeline = Timeline(meta=self._meta())
@@ -184,6 +188,8 @@ class Engine:
         """Prepare, launch, wait, process: one round at a time."""
         while self.scheduler.has_work():
             plan = self.schedule()
+            if plan is None:  # on_round aborted what was left
+                continue
             inputs = self.prepare_inputs(plan)
             self.launch_forward(inputs)
             step = self.launch_sample(inputs)
@@ -216,23 +222,20 @@ class Engine:
         """The next round's plan; None when nothing can be launched now (or no work is left)."""
         if not self.scheduler.has_work():
             return None
-        start = self.timeline.now_ms()
-        run = self._run
+        start, run = self.timeline.now_ms(), self._run
         if run.on_round is not None:
             run.on_round(self, self.scheduler.round)
         plan = self.scheduler.schedule()
         # A schedule that finds nothing to launch belongs to the last round, not a new one.
         self.timeline.add("host", "schedule", plan.round if plan else max(0, self.scheduler.round - 1),
                           start, self.timeline.now_ms())
-        if plan is not None and plan.is_prefill:
-            run.prefill_rounds.add(plan.round)
         if plan is None:
-            # Legal only while launched results are outstanding, and only if the loop
-            # then processes something before asking again.
-            if run.unproductive_schedule or not any(r.num_inflight for r in self.scheduler.running):
-                raise self._stalled()
-            run.unproductive_schedule = True
-        if plan is not None and self.config.host_overhead_ms:
+            if self.scheduler.has_work():
+                run.note_idle_schedule(self.scheduler)
+            return None
+        if plan.is_prefill:
+            run.prefill_rounds.add(plan.round)
+        if self.config.host_overhead_ms:
             with self.timeline.host_span("overhead", plan.round):
                 end = time.perf_counter() + self.config.host_overhead_ms / 1e3
                 while time.perf_counter() < end:  # deliberate busy host work, for teaching
@@ -264,7 +267,7 @@ class Engine:
                 cols["positions"] += positions
                 cols["slot_mapping"] += [req.blocks[p // bs] * bs + p % bs for p in positions]
                 for name, value in zip(MetaLayout.REQUEST_FIELDS,
-                                       (len(ids), start + len(ids), req.row, pending, req.seed)):
+                                       (len(ids), start + len(ids), req.row, pending, req.sampling_stream)):
                     cols[name].append(value)
                 tables.append(req.blocks)
                 temps.append(req.temperature)
@@ -273,14 +276,10 @@ class Engine:
             cols["block_tables"] = [b for t in tables for b in (t + [0] * nb)[:nb]]
             inputs = RoundInputs(plan, plan.round % NUM_SLOTS, len(cols["input_ids"]), nb,
                                  max(cols["seqlens_q"]), {b for t in tables for b in t})
-            views = self.layout.views(self.device.host(f"meta{inputs.slot}", "w"),
-                                      inputs.num_tokens, len(plan.requests), nb)
-            for name, values in cols.items():
-                views[name].view(-1).copy_(torch.tensor(values, dtype=torch.long))
-            self.device.host(f"temps{inputs.slot}", "w")[: len(temps)] = torch.tensor(temps, dtype=torch.float64)
+            buffers.write_inputs(self.device, self.layout, inputs.slot, cols, temps, nb)
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
                                round=plan.round, stage="upload",
-                               reads={f"meta{inputs.slot}", f"temps{inputs.slot}"})
+                               reads={buffers.meta_buffer(inputs.slot), buffers.temps_buffer(inputs.slot)})
         return inputs
 
     def correct_on_device(self, inputs: RoundInputs) -> None:
@@ -297,8 +296,8 @@ class Engine:
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span("launch_sample", r):
             sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r,
-                                             stage="sample", writes={f"out{slot}"}, record_event=True,
-                                             owner=StepState.owner_of(r))
+                                             stage="sample", writes={buffers.out_buffer(slot)},
+                                             record_event=True, owner=StepState.owner_of(r))
         return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
@@ -321,29 +320,32 @@ class Engine:
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
         k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
-        return self.device.host(f"out{step.slot}", "r")[: len(step.plan.requests) * (k + 2)].tolist()
+        size = buffers.outputs_size(len(step.plan.requests), k)
+        return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests; returns them.  A request that already
-        finished in an earlier round is in this step only as the extra step: discarded."""
+        finished in an earlier round is in this step only as the extra round: discarded."""
         plan, run = step.plan, self._run
-        run.unproductive_schedule = False
+        if step.committed:
+            raise RuntimeError(f"round {plan.round}'s step was already processed: process each StepState "
+                               f"exactly once (a second time would hand its tokens out twice)")
+        step.committed = True
+        run.note_processed()
         counts = run.counts
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
-        B = len(plan.requests)
-        for i, req in enumerate(plan.requests):
+        for req, kept in zip(plan.requests, buffers.unpack_outputs(out, len(plan.requests), k)):
             req.num_inflight -= 1
-            accepted = out[B * (k + 1) + i]
             if req.finished:
                 counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            req.commit(out[i * (k + 1): i * (k + 1) + accepted + 1], self.tokenizer.eos_id, self.tokenizer.decode)
+            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
-                counts["decode_steps"] += 1
+                counts["request_decode_rounds"] += 1
                 counts["proposed"] += k
-                counts["accepted"] += accepted
+                counts["accepted"] += len(kept) - 1
         return plan.requests
 
     def flush(self, previous: StepState | None) -> None:
@@ -359,45 +361,48 @@ class Engine:
                  process_outputs=None) -> list[Completion]:
         """Run prompts to completion; returns one Completion per prompt, in order.
 
-        Plug-ins, for this call only (each a callable or None, checked before anything runs):
-        ``on_round(engine, round)`` is called before each round is scheduled (it may call
-        ``engine.abort``); ``loop(engine)`` replaces the mode's loop (the exercises plug a
-        learner's loop in here); ``correction(meta, accepted, block_size)`` replaces the
-        device's seqlen correction; ``process_outputs(engine, step)`` replaces the engine's
-        own processing of a launched step.  Bad input raises TypeError/ValueError naming
-        the argument before anything runs.
+        ``prompts`` is a str or a list/tuple of str; ``stop`` None, a str or a list of
+        str.  With ``temperature > 0`` each request samples from its own random stream,
+        derived from ``seed`` (default: the config's) and its index in ``prompts``, so
+        the same call gives the same texts in every mode.
+
+        Plug-ins, for this call only (each a callable or None): ``on_round(engine, round)``
+        is called before each round is scheduled (it may call ``engine.abort``);
+        ``loop(engine)`` replaces the mode's loop (the exercises plug a learner's loop in
+        here); ``correction(meta, accepted, block_size)`` replaces the device's seqlen
+        correction; ``process_outputs(engine, step)`` replaces the engine's own processing
+        of a launched step.
+
+        Bad input raises TypeError/ValueError naming the argument before anything runs.
+        One call at a time: a second one (from a plug-in or another thread) raises
+        RuntimeError.  After any exception (an Interrupt too) the device is drained, the
+        run's requests end as ``"abort"`` and the engine is ready for the next call; if
+        the device process died, the call raises DeviceError naming its exit code and the
+        engine starts a new device process.
         """
-        for name, plugin in (("on_round", on_round), ("loop", loop), ("correction", correction),
-                             ("process_outputs", process_outputs)):
-            if plugin is not None and not callable(plugin):
-                raise TypeError(f"{name} must be a callable or None, got {type(plugin).__name__} {plugin!r}")
+        if self._closed:
+            raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
+                               "create a new Engine")
+        plugins = dict(on_round=on_round, loop=loop, correction=correction, process_outputs=process_outputs)
+        for name, plugin in plugins.items():
+            check_callable(name, plugin)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
-        self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
-        self.timeline = Timeline(meta=self._meta())
-        self.scheduler.round = 0
-        for req in requests:
-            self.scheduler.add(req)
-        start = time.perf_counter()
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("generate is already running on this engine (called again from a plug-in, or "
+                               "from another thread); wait for it to return, or give each thread its own Engine")
         try:
-            if loop is not None:
-                loop(self)
-            else:
-                (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
-            if self.scheduler.has_work():
-                raise self._stalled()
-        except BaseException:
-            self._recover()
-            raise
+            self._ensure_ready()
+            self._next_id += len(requests)
+            return self._execute(requests, loop, on_round, correction, process_outputs)
         finally:
-            self.completions = [r.completion() for r in requests]
-            self._finish_stats(time.perf_counter() - start)
-        return self.completions
+            self._running.release()
 
     def abort(self, request_id: int) -> None:
         """Stop a request; results already in flight for it are discarded when they land."""
         req = next((r for r in self.requests if r.id == request_id), None)
         if req is None:
-            raise ValueError(f"no request {request_id} in the current run")
+            raise ValueError(f"no request {request_id} in the current run (its ids: "
+                             f"{[r.id for r in self.requests]})")
         if req.finished:
             return
         req.finish_reason = "abort"
@@ -406,8 +411,16 @@ class Engine:
         self.scheduler.release_if_done(req)
 
     def close(self) -> None:
-        if self.device is not None:
-            self.device.close()
+        """Stop the device process.  Dropping the last reference to an engine does it too."""
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("close() was called while generate is running on this engine; call it after "
+                               "generate returns")
+        try:
+            self._closed = True
+            if self.device is not None:
+                self.device.close()
+        finally:
+            self._running.release()
 
     def __enter__(self):
         return self
@@ -417,46 +430,105 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
+    def _execute(self, requests, loop, on_round, correction, process_outputs) -> list[Completion]:
+        run = self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
+        self.timeline = Timeline(meta=self._meta())
+        self.scheduler.round = 0
+        for req in requests:
+            self.scheduler.add(req)
+        self._clean = False
+        start = time.perf_counter()
+        try:
+            if loop is not None:
+                loop(self)
+            else:
+                (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
+            if self.scheduler.has_work():
+                raise stalled(self.scheduler)
+            self._clean = True
+        except BaseException:
+            with hold_sigint():  # a second Interrupt must not cut the recovery short
+                self._recover()
+            raise
+        finally:
+            with hold_sigint():
+                run.end()
+                self.completions = [r.completion() for r in requests]
+                self._finish_stats(time.perf_counter() - start)
+        return self.completions
+
+    def _ensure_ready(self) -> None:
+        """Before a run: a device that died while idle is replaced (with a warning), and a
+        run whose recovery was itself interrupted is recovered now."""
+        failure = self.device.failure() if self.device is not None else "no device was started"
+        if failure is not None:
+            warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
+                          RuntimeWarning, stacklevel=3)
+            self._restart_device()
+        elif not self._clean:
+            self._recover()
+
+    def _recover(self) -> None:
+        """After an exception: let the device finish (or give it up), forget the run's
+        state, and leave the engine ready.  Never blocks for more than RECOVER_TIMEOUT_S
+        (plus a device restart)."""
+        try:
+            if self.device.failure() is None:
+                self.device.synchronize(timeout=RECOVER_TIMEOUT_S)
+                self.device.races.reset()
+        except DeviceError:
+            pass  # handled below: the device is replaced
+        finally:
+            for req in self._run.requests:
+                if not req.finished:
+                    req.finish_reason = "abort"
+                req.num_inflight, req.blocks, req.row = 0, [], -1
+            self.scheduler = self._new_scheduler()
+        if self.device.failure() is not None:  # dead, out of step or sticky: a fresh "context"
+            self._restart_device()
+        self._clean = True
+
     def _start_device(self) -> None:
         c = self.config
-        self.device = make_device(c.device, self.model, c.num_kv_blocks, c.block_size, self.buffer_specs,
-                                  c.race_check, c.device_threads)
-        self.device.launch(kernels.setup_state, self.layout, c.max_batch_size, c.num_draft_tokens,
-                           self.ngram, round=0, stage="setup")
-        self.device.synchronize()
-        self.device.spans()  # start-up work is not part of any run
-        blocks = BlockManager(c.num_kv_blocks, c.block_size, self.device.races.on_alloc, self.device.races.on_free)
-        self.scheduler = Scheduler(c.max_batch_size, blocks, self._positions_needed)
+        device = make_device(c.device, self.model, c.num_kv_blocks, c.block_size, self.buffer_specs,
+                             c.race_check, c.device_threads)
+        try:
+            device.launch(kernels.setup_state, self.layout, c.max_batch_size, c.num_draft_tokens,
+                          self.ngram, round=0, stage="setup")
+            device.synchronize()
+            device.spans()  # start-up work is not part of any run
+        except BaseException:
+            device.close()
+            raise
+        self.device = device
+        self.scheduler = self._new_scheduler()
 
-    def _positions_needed(self, req: Request) -> int:
-        """Cache positions a request may touch: prompt, new tokens, and room for the
-        drafts of an in-flight round plus the next one."""
-        return len(req.prompt_ids) + req.max_new_tokens + 2 * self.config.num_draft_tokens
+    def _restart_device(self) -> None:
+        if self.device is not None:
+            self.device.close()
+        self._start_device()
+        self._clean = True
+
+    def _new_scheduler(self) -> Scheduler:
+        c = self.config
+        races = self.device.races
+        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc, races.on_free),
+                         c.num_draft_tokens)
 
     def _make_requests(self, prompts, max_new_tokens, stop, temperature, seed) -> list[Request]:
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt; got an empty list")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        stop = tuple([stop] if isinstance(stop, str) else stop or ())
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError(f"stop strings must be non-empty strings, got {stop!r}")
+        prompts = check_prompts(prompts)
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+        stop = check_stop(stop)
+        temperature = check_float("temperature", temperature, 0.0, MAX_TEMPERATURE, " (0 = greedy)")
+        seed = self.config.seed if seed is None else check_seed("seed", seed)
         requests = []
         for i, prompt in enumerate(prompts):
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"prompt {i} is empty (or not a string): the model needs at least one token")
             try:
                 ids = self.tokenizer.encode(prompt)
             except ValueError as err:
                 raise ValueError(f"prompt {i}: {err}") from None
-            req = Request(self._next_id + i, i, prompt, ids, max_new_tokens, stop, float(temperature),
-                          self.config.seed if seed is None else seed)
-            need = self._positions_needed(req)
+            req = Request(self._next_id + i, i, prompt, ids, max_new_tokens, stop, temperature, seed)
+            need = self.scheduler.positions_needed(req)
             if len(ids) >= self.context_len or need > self.context_len:
                 slack = f" + 2 x {self.config.num_draft_tokens} draft slots" if self.config.num_draft_tokens else ""
                 raise ValueError(f"prompt {i} is too long: {len(ids)} prompt tokens + max_new_tokens "
@@ -467,42 +539,7 @@ class Engine:
                 raise ValueError(f"prompt {i} can never fit the KV cache: it needs {blocks} blocks of "
                                  f"{self.config.block_size} slots, the cache has {self.config.num_kv_blocks}")
             requests.append(req)
-        self._next_id += len(prompts)
         return requests
-
-    def _stalled(self) -> EngineStalled:
-        """Why the loop cannot go on, naming the prompts involved (``err.prompt_indexes``)."""
-        def names(reqs):
-            return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
-
-        stuck = [r for r in self.scheduler.running if r.num_inflight]
-        kept = [r for r in self.scheduler.running if r.finished]
-        left = [r for r in self.scheduler.running if not r.finished] + list(self.scheduler.waiting)
-        if stuck:
-            reason, reqs, msg = "unprocessed_inflight", stuck, (f"{names(stuck)} still wait for launched rounds whose results were never "
-                                f"processed; was a deferred step dropped instead of processed or flushed?")
-        elif kept and self.scheduler.waiting:
-            reason, reqs, msg = "finished_kept_blocks", kept, (f"{names(kept)} finished but still hold their KV blocks and rows, so waiting "
-                               f"requests can never start; free finished requests")
-        else:
-            reason, reqs, msg = "loop_returned_with_work", left, (f"the loop stopped with work left: {names(left)} unfinished and nothing in "
-                               f"flight; keep scheduling rounds while the scheduler has work")
-        return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
-
-    def _recover(self) -> None:
-        """After an exception: drain the device, release every request, stay usable."""
-        try:
-            self.device.synchronize()
-        except DeviceError:  # sticky, like a CUDA error: start a fresh device
-            self.device.close()
-            self._start_device()
-            return
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if not req.finished:
-                req.finish_reason = "abort"
-            req.num_inflight = 0
-            self.scheduler.release_if_done(req)
-        self.scheduler.waiting.clear()
 
     def _meta(self) -> dict:
         c = self.config
@@ -510,31 +547,11 @@ class Engine:
                     max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms)
 
     def _finish_stats(self, wall_s: float) -> None:
-        tl = self.timeline
+        tl, run = self.timeline, self._run
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=f"StepState(round={rnd})" if stage == "sample" else "",
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == "sample" else "",
                              cpu_ns=cpu_ns)
         tl.finish_run()  # the contention meter's machine-load part
-        run = self._run
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
-        rounds = sorted({s.round for s in tl.spans if s.stage == "forward"})
-        decode_rounds = [r for r in rounds if r not in run.prefill_rounds]
-        c = run.counts
-        self.stats = dict(
-            tl.summary(),
-            wall_ms=wall_s * 1e3,
-            tokens=c["tokens"],
-            tokens_per_s=c["tokens"] / wall_s if wall_s > 0 else 0.0,
-            prefill_rounds=len(rounds) - len(decode_rounds),
-            decode_rounds=len(decode_rounds),
-            decode_device_idle_fraction=tl.device_idle_fraction(decode_rounds) if decode_rounds else 0.0,
-            draft_tokens_proposed=c["proposed"],
-            draft_tokens_accepted=c["accepted"],
-            # per request and decode round, as speculative-decoding papers report it
-            mean_accepted_per_round=c["accepted"] / c["decode_steps"] if c["decode_steps"] else 0.0,
-            tokens_per_forward=c["tokens"] / len(rounds) if rounds else 0.0,
-            discarded_outputs=c["discarded"],
-        )
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
-        if latencies:
-            self.stats["launch_latency_ms"] = statistics.median(latencies)
+        self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)

@@ -18,47 +18,13 @@ No kernel calls ``.item()``/``.tolist()``: everything the host must know (batch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .buffers import MetaLayout, meta_buffer, out_buffer, pack_outputs, temps_buffer
 from .model import PackedBatch, token_layout
 
 FROM_DEVICE = -1  # input id placeholder: "take this token from the device's state"
 NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
-
-
-@dataclass(frozen=True)
-class MetaLayout:
-    """Where each metadata field lives inside one flat int64 host buffer.
-
-    One buffer per round means one host-to-device copy per round.  Fields sized T hold
-    one value per packed token, fields sized B one per request.
-    """
-
-    max_tokens: int
-    max_batch: int
-    max_blocks: int
-
-    TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping")
-    REQUEST_FIELDS = ("seqlens_q", "seqlens_k", "rows", "pending", "seeds")
-
-    @property
-    def size(self) -> int:
-        return (len(self.TOKEN_FIELDS) * self.max_tokens + len(self.REQUEST_FIELDS) * self.max_batch
-                + self.max_batch * self.max_blocks)
-
-    def views(self, flat: torch.Tensor, T: int, B: int, NB: int) -> dict[str, torch.Tensor]:
-        """Named views (no copies) of a metadata buffer holding T tokens, B requests."""
-        out, offset = {}, 0
-        for name in self.TOKEN_FIELDS:
-            out[name] = flat[offset: offset + T]
-            offset += self.max_tokens
-        for name in self.REQUEST_FIELDS:
-            out[name] = flat[offset: offset + B]
-            offset += self.max_batch
-        out["block_tables"] = flat[offset: offset + B * NB].view(B, NB)
-        return out
 
 
 def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_table) -> None:
@@ -77,8 +43,8 @@ def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_t
 
 def upload_inputs(ctx, slot: int, T: int, B: int, NB: int) -> None:
     """Copy round metadata from its host buffer into device memory (async on CUDA)."""
-    meta = ctx.state["layout"].views(ctx.load(f"meta{slot}").clone(), T, B, NB)
-    meta["temperature"] = ctx.load(f"temps{slot}")[:B].clone()
+    meta = ctx.state["layout"].views(ctx.load(meta_buffer(slot)).clone(), T, B, NB)
+    meta["temperature"] = ctx.load(temps_buffer(slot))[:B].clone()
     ctx.state["inputs"] = meta
 
 
@@ -153,8 +119,8 @@ def pick_tokens(logits, temperature, seeds, positions) -> torch.Tensor:
 def sample(ctx, slot: int, is_prefill: bool) -> None:
     """Pick tokens, verify drafts, update the future-token map, write results for the host.
 
-    Output buffer ``out{slot}`` holds ``tokens[B, 1 + k]`` then ``accepted[B]``; the host
-    keeps ``tokens[b, : 1 + accepted[b]]``.
+    The output slot gets ``tokens[B, 1 + k]`` and ``accepted[B]`` (``buffers.pack_outputs``);
+    the host keeps ``tokens[b, : 1 + accepted[b]]``.
     """
     st, meta = ctx.state, ctx.state["inputs"]
     k = 0 if is_prefill else st["num_drafts"]
@@ -188,8 +154,7 @@ def sample(ctx, slot: int, is_prefill: bool) -> None:
     if st["num_drafts"]:
         st["drafts"][rows] = propose_drafts(st["ngram_table"], history, st["num_drafts"])
 
-    out = torch.cat([targets.reshape(-1), accepted])
-    ctx.store(f"out{slot}", out)
+    ctx.store(out_buffer(slot), pack_outputs(targets, accepted))
 
 
 def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:

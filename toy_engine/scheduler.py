@@ -52,18 +52,23 @@ class Plan:
 class Scheduler:
     """FIFO admission limited by batch size and KV capacity; prefill before decode.
 
-    ``positions_needed(request)`` says how many cache positions a request may touch in
-    its whole life (prompt + new tokens + speculative slack).
+    ``num_draft_tokens`` sizes the speculative slack every request reserves (see
+    ``positions_needed``).
     """
 
-    def __init__(self, max_batch_size: int, blocks: BlockManager, positions_needed):
+    def __init__(self, max_batch_size: int, blocks: BlockManager, num_draft_tokens: int = 0):
         self.max_batch_size = max_batch_size
         self.blocks = blocks
-        self.positions_needed = positions_needed
+        self.num_draft_tokens = num_draft_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted, holding a row and blocks
         self.free_rows = list(range(max_batch_size))
         self.round = 0
+
+    def positions_needed(self, req: Request) -> int:
+        """Cache positions a request may touch: prompt, new tokens, and room for the
+        drafts of an in-flight round plus the next one."""
+        return len(req.prompt_ids) + req.max_new_tokens + 2 * self.num_draft_tokens
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -72,7 +77,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Plan | None:
-        """The next round's plan, or None when nothing can run until results land."""
+        """The next round's plan, or None when nothing can run until results land (or
+        nothing is left); telling those apart is the run's business, not the scheduler's."""
         admitted = []
         while self.waiting and self.free_rows:
             req = self.waiting[0]

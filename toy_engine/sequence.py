@@ -1,8 +1,14 @@
-"""Requests and their results, as the host's request layer sees them."""
+"""Requests and their results, as the host's request layer sees them, and the checks
+that turn a ``generate`` call's arguments into requests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from .validate import SEED_LIMIT
+
+_M64 = 2**64 - 1
 
 
 @dataclass
@@ -35,7 +41,7 @@ class Request:
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     temperature: float = 0.0
-    seed: int = 0
+    seed: int = 0  # the call's seed; the request samples from its own stream, see sampling_stream
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
@@ -46,6 +52,13 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def sampling_stream(self) -> int:
+        """Key of this request's own random stream: derived from the call's seed and the
+        request's index, so four copies of one prompt sample four different texts, and
+        serial, ZOS and speculative runs draw the same numbers."""
+        return sampling_stream(self.seed, self.index)
 
     @property
     def planned_len(self) -> int:
@@ -77,3 +90,47 @@ class Request:
 
     def completion(self) -> Completion:
         return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
+
+
+def sampling_stream(seed: int, index: int) -> int:
+    """A 63-bit stream key for request ``index`` of a call with ``seed`` (SplitMix64:
+    neighbouring seeds and indexes give unrelated keys)."""
+    x = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return (x ^ (x >> 31)) % SEED_LIMIT
+
+
+def check_prompts(prompts) -> list[str]:
+    """A str, or a sequence (list, tuple) of str; anything unordered or not text is refused."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__} "
+                        f"{prompts!r:.80}")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt; got an empty list")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            hint = " (decode bytes first: b.decode())" if isinstance(prompt, (bytes, bytearray)) else ""
+            raise TypeError(f"prompt {i} must be a str, got {type(prompt).__name__} {prompt!r:.80}{hint}")
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty: the model needs at least one token")
+    return prompts
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    """None, a str, or a sequence of non-empty str."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Sequence):
+        raise TypeError(f"stop must be None, a str or a list/tuple of str, got {type(stop).__name__} {stop!r:.80}")
+    for s in stop:
+        if not isinstance(s, str):
+            raise TypeError(f"stop strings must be str, got {type(s).__name__} {s!r:.80}")
+        if not s:
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+    return tuple(stop)

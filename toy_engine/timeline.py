@@ -33,7 +33,7 @@ import json
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -43,9 +43,10 @@ __all__ = ["Span", "Timeline", "LANES", "HOST_STAGES", "DEVICE_STAGES", "PROCESS
            "PREEMPTED_CPU_SHARE", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS"]
 
 LANES = ("host", "device")
-#: Conventional stage names (documentation only; any non-empty string is accepted).
-HOST_STAGES = ("schedule", "prepare", "wait", "postprocess", "flush", "overhead")
-DEVICE_STAGES = ("forward", "sample", "correct", "draft")
+#: The stage names the engine records (documentation only; any non-empty string is accepted).
+HOST_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "wait", "postprocess", "flush",
+               "overhead")
+DEVICE_STAGES = ("upload", "correct", "forward", "sample")
 
 #: Host stages that consume a round's results (they wait for its sample event first).
 PROCESS_STAGES = ("postprocess", "flush")
@@ -424,32 +425,44 @@ class Timeline:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> "Timeline":
-        """Load from a JSON string or a file path (``str`` or ``Path``).
+    def from_json(cls, text_or_path: str | bytes | Path) -> "Timeline":
+        """Load from JSON text (``str`` or ``bytes``) or a file path (``str`` or ``Path``).
 
-        A ``str`` whose first non-blank character is ``{`` or ``[`` is read as
-        JSON text, any other ``str`` as a path.  Malformed input raises
-        ``ValueError`` saying what is wrong.
+        A ``str`` whose first non-blank character (after an optional byte-order mark) is
+        ``{`` or ``[`` is JSON text, any other non-empty ``str`` a path.  Malformed input
+        raises ``ValueError`` saying which of the two it tried to read and what is wrong.
         """
-        if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith(("{", "[")):
+        if isinstance(text_or_path, (bytes, bytearray)):
             try:
-                text = Path(text_or_path).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ValueError(f"cannot read timeline file {str(text_or_path)!r}: {exc}") from exc
+                text, source = bytes(text_or_path).decode("utf-8-sig"), "timeline JSON bytes"
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"timeline JSON bytes are not UTF-8: {exc}") from None
+        elif isinstance(text_or_path, str) and text_or_path.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
+            text, source = text_or_path.lstrip("\ufeff"), "timeline JSON text"
+        elif isinstance(text_or_path, (str, Path)):
+            if not str(text_or_path).strip():
+                raise ValueError("Timeline.from_json got an empty string: pass JSON text or a file path")
+            try:
+                text = Path(text_or_path).read_text(encoding="utf-8-sig")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read timeline file {str(text_or_path)!r} (a str is read as a path "
+                                 f"unless it starts with '{{'): {exc}") from exc
+            source = f"timeline file {str(text_or_path)!r}"
         else:
-            text = text_or_path
+            raise TypeError(f"Timeline.from_json takes JSON text (str/bytes) or a path (str/Path), got "
+                            f"{type(text_or_path).__name__}")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"timeline JSON is not valid JSON: {exc}") from exc
+            raise ValueError(f"{source} is not valid JSON: {exc}") from exc
         if not isinstance(data, dict):
-            raise ValueError("timeline JSON must be an object")
+            raise ValueError(f"{source} must be an object, got {type(data).__name__}")
         for key in ("version", "origin_ns", "meta", "spans"):
             if key not in data:
-                raise ValueError(f"timeline JSON is missing field {key!r}")
-        if data["version"] != _VERSION:
-            raise ValueError(
-                f"unsupported timeline version {data['version']!r} (expected {_VERSION})")
+                raise ValueError(f"{source} is missing field {key!r}")
+        version = data["version"]
+        if type(version) is not int or version != _VERSION:  # noqa: E721 - True == 1 must not pass
+            raise ValueError(f"unsupported timeline version {version!r} in {source} (expected {_VERSION})")
         origin = data["origin_ns"]
         if isinstance(origin, bool) or not isinstance(origin, int):
             raise ValueError(f"timeline origin_ns must be an int, got {origin!r}")
@@ -457,6 +470,7 @@ class Timeline:
             raise ValueError("timeline meta must be an object")
         if not isinstance(data["spans"], list):
             raise ValueError("timeline spans must be a list")
+        known = {f.name for f in fields(Span)}
         tl = cls(origin_ns=origin, meta=data["meta"])
         for i, raw in enumerate(data["spans"]):
             if not isinstance(raw, dict):
@@ -464,10 +478,12 @@ class Timeline:
             missing = [k for k in _SPAN_FIELDS if k not in raw]
             if missing:
                 raise ValueError(f"span {i} is missing field(s) {missing}")
+            unknown = sorted(set(raw) - known)
+            if unknown:
+                raise ValueError(f"span {i} has unknown field(s) {unknown}; a span has {sorted(known)}")
             try:
-                tl.add(raw["lane"], raw["stage"], raw["round"], raw["start_ms"],
-                       raw["end_ms"], raw.get("owner", ""), raw.get("cpu_ms"))
-            except ValueError as exc:
+                tl.spans.append(Span(**raw))
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"span {i} is invalid: {exc}") from exc
         return tl
 

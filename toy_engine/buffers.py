@@ -1,0 +1,101 @@
+"""Host <-> device buffers: their names, the metadata layout and the output layout.
+
+Everything both sides must agree on lives here, so the host code that writes a round's
+inputs and reads its outputs and the kernels that read and write them cannot drift apart:
+
+* per host buffer slot ``s`` (round N uses slot ``N % NUM_SLOTS``): ``meta{s}`` (one
+  flat int64 buffer of metadata, so a round needs one host-to-device copy),
+  ``temps{s}`` (per-request temperatures) and ``out{s}`` (what sampling writes back);
+* ``MetaLayout``: where each metadata field sits inside ``meta{s}``;
+* the output layout: ``tokens[B, 1 + k]`` then ``accepted[B]``, written by
+  ``kernels.sample`` through :func:`pack_outputs`, read by the host through
+  :func:`unpack_outputs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def meta_buffer(slot: int) -> str:
+    return f"meta{slot}"
+
+
+def temps_buffer(slot: int) -> str:
+    return f"temps{slot}"
+
+
+def out_buffer(slot: int) -> str:
+    return f"out{slot}"
+
+
+@dataclass(frozen=True)
+class MetaLayout:
+    """Where each metadata field lives inside one flat int64 host buffer.
+
+    One buffer per round means one host-to-device copy per round.  Fields sized T hold
+    one value per packed token, fields sized B one per request.
+    """
+
+    max_tokens: int
+    max_batch: int
+    max_blocks: int
+
+    TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping")
+    REQUEST_FIELDS = ("seqlens_q", "seqlens_k", "rows", "pending", "seeds")
+
+    @property
+    def size(self) -> int:
+        return (len(self.TOKEN_FIELDS) * self.max_tokens + len(self.REQUEST_FIELDS) * self.max_batch
+                + self.max_batch * self.max_blocks)
+
+    def views(self, flat: torch.Tensor, T: int, B: int, NB: int) -> dict[str, torch.Tensor]:
+        """Named views (no copies) of a metadata buffer holding T tokens, B requests."""
+        out, offset = {}, 0
+        for name in self.TOKEN_FIELDS:
+            out[name] = flat[offset: offset + T]
+            offset += self.max_tokens
+        for name in self.REQUEST_FIELDS:
+            out[name] = flat[offset: offset + B]
+            offset += self.max_batch
+        out["block_tables"] = flat[offset: offset + B * NB].view(B, NB)
+        return out
+
+
+def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int) -> dict:
+    """Shape and dtype of every host buffer, for the device to allocate once."""
+    specs = {}
+    for s in range(num_slots):
+        specs[meta_buffer(s)] = ((layout.size,), torch.long)
+        specs[temps_buffer(s)] = ((layout.max_batch,), torch.float64)
+        specs[out_buffer(s)] = ((layout.max_batch * (num_drafts + 2),), torch.long)
+    return specs
+
+
+def write_inputs(device, layout: MetaLayout, slot: int, columns: dict, temperatures: list[float],
+                 num_blocks: int) -> None:
+    """Write one round's metadata columns and temperatures into slot ``slot``
+    (through ``device.host``, so the race checker sees the writes)."""
+    B = len(temperatures)
+    views = layout.views(device.host(meta_buffer(slot), "w"), len(columns["input_ids"]), B, num_blocks)
+    for name, values in columns.items():
+        views[name].view(-1).copy_(torch.tensor(values, dtype=torch.long))
+    device.host(temps_buffer(slot), "w")[:B] = torch.tensor(temperatures, dtype=torch.float64)
+
+
+def pack_outputs(tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """Device side: ``tokens[B, 1 + k]`` and ``accepted[B]`` as one flat tensor."""
+    return torch.cat([tokens.reshape(-1), accepted])
+
+
+def outputs_size(num_requests: int, num_drafts: int) -> int:
+    return num_requests * (num_drafts + 2)
+
+
+def unpack_outputs(flat: list[int], num_requests: int, num_drafts: int) -> list[list[int]]:
+    """Host side: each request's kept tokens, ``tokens[b, : 1 + accepted[b]]``."""
+    width = num_drafts + 1
+    accepted = flat[num_requests * width: num_requests * (width + 1)]
+    return [flat[b * width: b * width + 1 + a] for b, a in enumerate(accepted)]

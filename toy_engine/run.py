@@ -1,0 +1,91 @@
+"""One ``generate`` call's own state, and the check that the loop keeps making progress.
+
+``Engine.generate`` creates a fresh ``Run`` per call, so nothing of a previous (maybe
+interrupted) run leaks into the next; an engine that never ran holds an empty one, so a
+stage or a learner's loop can be tried on a fresh engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import kernels
+from .sequence import Request
+
+
+class EngineStalled(RuntimeError):
+    """The loop cannot make progress.
+
+    ``reason`` says why, as data a checker can branch on: ``"unprocessed_inflight"``
+    (launched rounds whose results were never processed: a deferred step dropped or
+    not flushed), ``"finished_kept_blocks"`` (finished requests still hold KV blocks
+    and rows, so waiting ones can never start) or ``"loop_returned_with_work"`` (the
+    loop stopped while the scheduler had work).  ``prompt_indexes`` are the requests'
+    positions in the ``generate`` call, ``request_ids`` their ids.
+    """
+
+    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
+
+    def __init__(self, message: str, *, reason: str, requests=()):
+        super().__init__(message)
+        assert reason in self.REASONS, reason
+        self.reason = reason
+        self.prompt_indexes = [r.index for r in requests]
+        self.request_ids = [r.id for r in requests]
+
+
+@dataclass
+class Run:
+    """What one ``generate`` call owns: its requests, its plug-ins and its counters."""
+
+    requests: list[Request] = field(default_factory=list)
+    on_round: object = None
+    correction: object = kernels.correct_seqlens_qk
+    process_outputs: object = None
+    # per request and round: tokens committed, decode rounds, drafts proposed/accepted,
+    # outputs of already-finished requests thrown away (the extra round under ZOS)
+    counts: dict = field(default_factory=lambda: dict(tokens=0, request_decode_rounds=0, proposed=0,
+                                                      accepted=0, discarded=0))
+    prefill_rounds: set = field(default_factory=set)
+    idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
+
+    def end(self) -> None:
+        """Drop the plug-ins once the call returns: a closure over the engine kept here
+        would make engine -> run -> closure -> engine a reference cycle."""
+        self.on_round = self.process_outputs = None
+        self.correction = kernels.correct_seqlens_qk
+
+    def note_processed(self) -> None:
+        self.idle_schedule = False
+
+    def note_idle_schedule(self, scheduler) -> None:
+        """A schedule found nothing to launch while work is left.  That is legal only
+        while launched results are outstanding, and only if the loop processes some of
+        them before asking again; otherwise the loop can never finish."""
+        if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
+            raise stalled(scheduler)
+        self.idle_schedule = True
+
+
+def stalled(scheduler) -> EngineStalled:
+    """Why the loop cannot go on, naming the prompts involved."""
+    def names(reqs):
+        return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
+
+    stuck = [r for r in scheduler.running if r.num_inflight]
+    kept = [r for r in scheduler.running if r.finished]
+    left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
+    if stuck:
+        reason, reqs, msg = "unprocessed_inflight", stuck, (
+            f"{names(stuck)} still wait for launched rounds whose results were never processed; "
+            f"was a deferred step dropped instead of processed or flushed?")
+    elif kept:
+        blocked = "waiting requests can never start" if scheduler.waiting else "the scheduler always has work"
+        reason, reqs, msg = "finished_kept_blocks", kept, (
+            f"{names(kept)} finished but still hold their KV blocks and rows, so {blocked}; free "
+            f"finished requests")
+    else:
+        reason, reqs, msg = "loop_returned_with_work", left, (
+            f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; keep "
+            f"scheduling rounds while the scheduler has work")
+    return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)

@@ -1,0 +1,34 @@
+"""A run's headline numbers (``engine.stats``), computed from its timeline and counters."""
+
+from __future__ import annotations
+
+import statistics
+
+from .timeline import Timeline
+
+
+def run_stats(timeline: Timeline, counts: dict, prefill_rounds: set, wall_s: float,
+              launch_latencies_ms: list[float]) -> dict:
+    """``counts`` are the run's per-request tallies (tokens, request_decode_rounds,
+    proposed, accepted, discarded); ``prefill_rounds`` which rounds were prefills."""
+    rounds = sorted({s.round for s in timeline.spans if s.stage == "forward"})
+    decode_rounds = [r for r in rounds if r not in prefill_rounds]
+    c = counts
+    stats = dict(
+        timeline.summary(),
+        wall_ms=wall_s * 1e3,
+        tokens=c["tokens"],
+        tokens_per_s=c["tokens"] / wall_s if wall_s > 0 else 0.0,
+        prefill_rounds=len(rounds) - len(decode_rounds),
+        decode_rounds=len(decode_rounds),
+        decode_device_idle_fraction=timeline.device_idle_fraction(decode_rounds) if decode_rounds else 0.0,
+        draft_tokens_proposed=c["proposed"],
+        draft_tokens_accepted=c["accepted"],
+        # per request and decode round, as speculative-decoding papers report it
+        mean_accepted_per_round=c["accepted"] / c["request_decode_rounds"] if c["request_decode_rounds"] else 0.0,
+        tokens_per_forward=c["tokens"] / len(rounds) if rounds else 0.0,
+        discarded_outputs=c["discarded"],
+    )
+    if launch_latencies_ms:
+        stats["launch_latency_ms"] = statistics.median(launch_latencies_ms)
+    return stats

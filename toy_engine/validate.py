@@ -1,0 +1,62 @@
+"""Argument checks shared by ``EngineConfig`` and ``Engine.generate``.
+
+Every value is checked before anything runs, and every error names the argument, the
+value and what would be accepted.  Integers go through ``operator.index`` (so a NumPy
+integer is fine and 1.5 is not), booleans are refused where a number is meant (``True``
+is an ``int`` to Python, but ``max_new_tokens=True`` is a mistake), and floats must be
+finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature would
+compare false everywhere and silently run greedy).  Wrong types raise ``TypeError``,
+wrong values ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+
+SEED_LIMIT = 2**63  # seeds travel to the device as int64
+
+
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got the bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {bound}, got {number}")
+    return number
+
+
+def check_float(name: str, value, minimum: float, maximum: float, unit: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or not minimum <= number <= maximum:
+        raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {value!r}")
+    return number
+
+
+def check_seed(name: str, value) -> int:
+    return check_int(name, value, 0, SEED_LIMIT - 1)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices: tuple) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"unknown {name} {value!r}: use one of {choices}")
+    return value
+
+
+def check_callable(name: str, value):
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__} {value!r}")
+    return value
