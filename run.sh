@@ -3,7 +3,10 @@
 #   ./run.sh lab    set up .venv (first time) and open the course in JupyterLab
 #   ./run.sh test   set up .venv (first time) and run the whole test suite
 #   ./run.sh setup  only set up .venv
-# Extra arguments go to jupyter lab / pytest.
+#   ./run.sh site      build the course website from the stored notebooks -> build/site/html
+#   ./run.sh explorer  serve the timeline explorer as an app (Voila, no code) on port 8866
+#   ./run.sh slides    build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
+# Extra arguments go to jupyter lab / pytest / voila / the slides builder.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -46,8 +49,23 @@ case "${1:-}" in
         setup
         exec "$VENV/bin/python" -m pytest "${@:2}"
         ;;
+    # -- the course outside a kernel: website, explorer app, slides --
+    site)
+        setup
+        exec "$VENV/bin/python" site/build.py "${@:2}"
+        ;;
+    explorer)
+        setup
+        # The `course` template (apps/voila/templates) is Voila's lab template without CDN links.
+        JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
+            --template=course --no-browser "${@:2}"
+        ;;
+    slides)
+        setup
+        exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
+        ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides" >&2
         exit 2
         ;;
 esac

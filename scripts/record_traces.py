@@ -70,8 +70,9 @@ def _commit() -> str | None:
 def _machine() -> dict:
     report = machine_report()
     info = dict(node=platform.node(), platform=platform.platform(), python=platform.python_version(),
-                cpus=report["cpu_count"], usable_cpus=report["usable"], affinity=report["affinity"],
-                cgroup_quota=report["cgroup_quota"], load_average=report["load_average"], torch=torch.__version__)
+                cpus=report["cpu_count"], usable_cpus=report["allowed"], affinity=report["affinity"],
+                cgroup_quota=report["cgroup_quota"], load_average=[round(x, 2) for x in os.getloadavg()],
+                torch=torch.__version__)
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda

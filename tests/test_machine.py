@@ -36,28 +36,35 @@ def test_cgroup_v1_quota(tmp_path):
 
 
 def test_usable_cpus_is_the_smaller_of_mask_and_quota(monkeypatch):
+    monkeypatch.setattr(machine, "_load_average", lambda: 1.0)  # this kernel only
     monkeypatch.setattr(machine, "_affinity", lambda: 4)
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: 1.0)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
     assert machine.usable_cpus() == 1.0
     report = machine.machine_report()
     assert report["affinity"] == 4 and report["cgroup_quota"] == 1.0 and report["usable"] == 1.0
+    assert report["allowed"] == 1.0 and report["live_overlap"] is False
     assert report["overlap_can_show"] is False and "take turns" in report["meaning"]
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
     assert machine.usable_cpus() == 4.0 and machine.machine_report()["overlap_can_show"] is True
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: 8.0)
+    monkeypatch.setattr(machine, "_load_average", lambda: 3.5)  # others keep 2.5 CPUs busy
+    report = machine.machine_report()
+    assert report["usable"] == 1.5 and not report["live_overlap"] and report["overlap_can_show"]
+    assert "other programs keep about 2.5" in report["meaning"] and machine.usable_cpus() == 4.0
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 8.0)
     assert machine.usable_cpus() == 4.0
 
 
 def test_this_machine_report_is_consistent():
     report = machine.machine_report()
-    assert 0 < report["usable"] <= report["affinity"] <= (os.cpu_count() or report["affinity"])
-    assert report["overlap_can_show"] == (report["usable"] >= machine.MIN_CPUS_FOR_OVERLAP)
-    assert machine.usable_cpus() == report["usable"]
+    assert 0 <= report["usable"] <= report["allowed"] <= report["affinity"] <= (os.cpu_count() or 1)
+    assert report["overlap_can_show"] == (report["allowed"] >= machine.MIN_CPUS_FOR_OVERLAP)
+    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert machine.usable_cpus() == report["allowed"]
 
 
 def test_busy_warning_from_stats_and_timelines(monkeypatch):
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
     quiet = {"device_cpu_share": 0.97, "host_cpu_share": 0.95}
     busy = {"device_cpu_share": BUSY_RUN_CPU_SHARE - 0.2}
     assert machine.busy_warning({"serial": quiet, "zos": quiet}) is None
@@ -71,7 +78,7 @@ def test_busy_warning_from_stats_and_timelines(monkeypatch):
     tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
     assert "25% (run)" in machine.busy_warning({"run": tl})
     assert "25% (pair)" in machine.busy_warning({"pair": (tl, {"tokens_per_s": 1.0})})
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: 1.0)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
     assert "Only 1 usable CPU" in machine.busy_warning({"serial": quiet})
 
 

@@ -361,7 +361,7 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     from toy_engine import machine
 
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
-    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
     runs = {"serial": busy_timeline(0.5, "serial"), "zos": busy_timeline(0.5)}
     fig = viz.compare_figure(runs)
     out = capsys.readouterr().out

@@ -31,6 +31,11 @@ def out_buffer(slot: int) -> str:
     return f"out{slot}"
 
 
+def allowed_buffer(slot: int) -> str:
+    """The sampling constraint's mask ``allowed[B, vocab]`` (constraint.py), when one is on."""
+    return f"allowed{slot}"
+
+
 @dataclass(frozen=True)
 class MetaLayout:
     """Where each metadata field lives inside one flat int64 host buffer.
@@ -64,13 +69,16 @@ class MetaLayout:
         return out
 
 
-def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int) -> dict:
-    """Shape and dtype of every host buffer, for the device to allocate once."""
+def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int, mask_vocab: int = 0) -> dict:
+    """Shape and dtype of every host buffer, for the device to allocate once
+    (``mask_vocab`` > 0 adds the constraint's mask buffers)."""
     specs = {}
     for s in range(num_slots):
         specs[meta_buffer(s)] = ((layout.size,), torch.long)
         specs[temps_buffer(s)] = ((layout.max_batch,), torch.float64)
         specs[out_buffer(s)] = ((layout.max_batch * (num_drafts + 2),), torch.long)
+        if mask_vocab:
+            specs[allowed_buffer(s)] = ((layout.max_batch, mask_vocab), torch.bool)
     return specs
 
 

@@ -1,32 +1,46 @@
 """Checkers for the course's exercises.
 
-Each ``check_*`` plugs a learner's code into the engine (race checker on), compares the
-result with the reference engine, and returns a ``Verdict`` whose message says what went
-wrong *in terms of the lesson* -- "request 2 lost its last token: the deferred step was
-never flushed" -- never just "assertion failed".  A checker never raises for a learner's
-mistake, so an exercise notebook runs top to bottom and shows the message.
+Each ``check_*`` plugs a learner's code into the engine (race checker on) and judges
+*behaviour*, not only tokens: the order of the host's stages read from the run's
+timeline, which event the host waited on, what each processed step did to its
+requests, and the engine's structured errors (``EngineStalled.reason``,
+``RaceError.kind``...), never their message text.  Tokens alone let wrong answers
+pass: a loop that never overlaps, or processes before it samples, still produces the
+reference text when nothing depends on the order.
+
+A ``Verdict`` says what went wrong *in terms of the lesson*, naming the stage, the round
+and the prompt indexes, and carries a ``category`` (the mutation corpus in
+``tests/mistakes.py`` pins one per wrong answer).  A checker never raises for a
+learner's mistake, so an exercise notebook runs top to bottom and shows the message.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from .device import RaceError
-from .engine import Engine, EngineConfig, EngineStalled
+from . import kernels
+from .device import DeviceError, RaceError
+from .data import CharTokenizer
+from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from .kernels import FROM_DEVICE
+from .model import load_model
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24
+DRAFTS = 3  # the ZOS checker's speculative run: stale lengths show only with drafts
+CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order shows in the text
 
 
 @dataclass
 class Verdict:
     passed: bool
     message: str
+    category: str = "passed"  # what kind of mistake, for the mutation corpus
 
     def __repr__(self) -> str:
         return ("PASSED: " if self.passed else "NOT YET: ") + self.message
@@ -35,19 +49,44 @@ class Verdict:
         return self.passed
 
 
+def _fail(category: str, message: str) -> Verdict:
+    return Verdict(False, message, category)
+
+
 def _not_implemented(what: str) -> Verdict:
-    return Verdict(False, f"not implemented yet: fill in {what} (it still raises NotImplementedError)")
+    return _fail("not_implemented", f"not implemented yet: fill in {what} (it still raises NotImplementedError)")
 
 
 _ENGINES: dict = {}
 
 
 def _engine(**config) -> Engine:
-    """Small engines shared by all checks (starting a device takes a moment)."""
+    """Small ZOS-mode engines shared by all checks, one per configuration, on one loaded
+    model.  Starting a device is the slow part of a first check (1-5 s on a busy 2-core
+    machine), so there are only three: plain, constrained, and with drafts; a serial run
+    is the same engine given ``loop=Engine.serial_loop`` (the mode only picks the default loop).
+    """
     key = tuple(sorted(config.items()))
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(EngineConfig(max_batch_size=3, race_check=True, **config))
+        model, alphabet = _model()
+        _ENGINES[key] = Engine(EngineConfig(mode="zos", max_batch_size=3, race_check=True, **config),
+                               model=model, tokenizer=CharTokenizer(alphabet))
     return _ENGINES[key]
+
+
+@functools.lru_cache(maxsize=1)
+def _model():
+    return load_model()
+
+
+def _start(*configs: dict) -> None:
+    """Start the engines a check needs at the same time: a first check then waits for its
+    slowest device, not their sum (3 engines, measured at load 11 on 2 cores: 5.0 s vs 9.4 s)."""
+    missing = [c for c in configs if tuple(sorted(c.items())) not in _ENGINES]
+    if len(missing) > 1:
+        _model()
+        with ThreadPoolExecutor(len(missing)) as pool:
+            list(pool.map(lambda config: _engine(**config), missing))
 
 
 @atexit.register
@@ -57,10 +96,12 @@ def close_engines() -> None:
     _ENGINES.clear()
 
 
-@functools.lru_cache(maxsize=1)
-def _reference():
-    """The reference (serial engine) tokens for PROMPTS, computed once."""
-    return [c.token_ids for c in _engine(mode="serial").generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)]
+@functools.lru_cache(maxsize=2)
+def _reference(constraint: str | None = None):
+    """The serial loop's tokens for PROMPTS (greedy, optionally constrained), computed once."""
+    engine = _engine(**({"constraint": constraint} if constraint else {}))
+    outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=Engine.serial_loop)
+    return [c.token_ids for c in outs]
 
 
 def _compare(got, expected) -> str | None:
@@ -75,101 +116,380 @@ def _compare(got, expected) -> str | None:
     return None
 
 
-def _run_loop(loop, mode: str, what: str, mismatch: str):
-    """Run a learner's loop and compare its tokens with the reference.
+# ------------------------------------------------------------------ reading a loop's run
 
-    Returns (engine, Verdict) when something went wrong -- ``mismatch`` explains wrong
-    tokens -- and (engine, None) when the run matched.
-    """
-    engine = _engine(mode=mode)
-    try:
-        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=loop)
-    except NotImplementedError:
-        return engine, _not_implemented(what)
-    except EngineStalled as err:
-        lost = _compare([c.token_ids for c in engine.completions], _reference())
+class _Observed:
+    """The engine as a learner's loop sees it: every call goes through to the engine;
+    ``schedule`` also notes each round's prompt indexes, so messages can name them."""
+
+    def __init__(self, engine: Engine):
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "plans", {})
+
+    def schedule(self):
+        plan = self._engine.schedule()
+        if plan is not None:
+            self.plans[plan.round] = [r.index for r in plan.requests]
+        return plan
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._engine, name, value)
+
+
+class _HostLog:
+    """The host lane of one run as an ordered list of (stage, round): what the loop did."""
+
+    STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess", "flush")
+
+    def __init__(self, engine: Engine, plans: dict):
+        self.events = [(s.stage, s.round) for s in engine.timeline.lane("host") if s.stage in self.STAGES]
+        self.prefill = set(engine.timeline.meta.get("prefill_rounds", ()))
+        self.plans = plans
+        self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
+
+    def pos(self, stage: str, rnd: int) -> list[int]:
+        return [i for i, e in enumerate(self.events) if e == (stage, rnd)]
+
+    def first(self, stage: str, rnd: int) -> int | None:
+        found = self.pos(stage, rnd)
+        return found[0] if found else None
+
+    def processing(self, rnd: int) -> list[int]:
+        return [i for i, (s, r) in enumerate(self.events) if r == rnd and s in ("postprocess", "flush")]
+
+    def who(self, rnd: int) -> str:
+        kind = "prefill" if rnd in self.prefill else "decode"
+        prompts = self.plans.get(rnd)
+        return f"round {rnd} ({kind}" + (f", prompts {prompts})" if prompts is not None else ")")
+
+    def between(self, lo: int, hi: int) -> list[tuple[str, int]]:
+        return self.events[lo + 1: hi]
+
+
+def _common_mistakes(log: _HostLog) -> Verdict | None:
+    """Mistakes either loop can make: launches out of order or twice, a plan dropped,
+    a step processed twice."""
+    last = max(log.rounds, default=-1)
+    for r in log.rounds:
+        fwd, smp, done = log.pos("launch_forward", r), log.pos("launch_sample", r), log.processing(r)
+        if smp and (not fwd or smp[0] < fwd[0]):
+            what = "came before `launch_forward`" if fwd else "was called but `launch_forward` never was"
+            return _fail("sample_before_forward",
+                         f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
+                         f"from the logits that the round's forward computes, so the forward must be launched "
+                         f"first (on the device the sample then read a stale or missing forward's logits)")
+        if len(fwd) > 1 or len(smp) > 1:
+            stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
+            return _fail("launched_twice",
+                         f"{log.who(r)}: `{stage}` was called {max(len(fwd), len(smp))} times. Each round is "
+                         f"launched once: one forward, one sample, and its step processed once")
+        if len(done) > 1:
+            stages = " and ".join(f"`{log.events[i][0]}`" for i in done)
+            return _fail("processed_twice",
+                         f"{log.who(r)}: its step was processed {len(done)} times ({stages}). Processing "
+                         f"commits the step's tokens and lowers each request's count of launched rounds, so a "
+                         f"second time corrupts both. Process each StepState once; in the ZOS loop, clear "
+                         f"`previous` once it is processed (`previous = engine.flush(previous)`, and "
+                         f"`previous = None` after a prefill)")
+    for r in range(last):
+        if log.first("schedule", r) is not None and log.first("prepare", r) is None:
+            return _fail("plan_dropped",
+                         f"{log.who(r)} was scheduled but never prepared or launched: its requests now count "
+                         f"a launched round that will never produce a token. Run every plan that "
+                         f"`engine.schedule()` returns")
+    return None
+
+
+def _serial_order(log: _HostLog) -> Verdict | None:
+    for r in log.rounds:
+        done, nxt = log.processing(r), log.first("prepare", r + 1)
+        if done and nxt is not None and done[0] > nxt:
+            return _fail("not_serial",
+                         f"{log.who(r)}: its results were processed after round {r + 1} was prepared and "
+                         f"launched. That is the overlapped (ZOS) order of notebook 03; the serial loop "
+                         f"processes each step (`engine.process_outputs(step)`) before scheduling the next "
+                         f"round, so that no launch of round {r + 1} comes before round {r}'s results")
+    return None
+
+
+def _deferred(log: _HostLog) -> int:
+    """Decode steps processed under the next round: after its forward launch, before its sample."""
+    count = 0
+    for r in log.rounds:
+        done, fwd, smp = log.processing(r), log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
+        count += bool(done and fwd is not None and smp is not None and fwd < done[0] < smp)
+    return count
+
+
+def _zos_order(log: _HostLog) -> Verdict | None:
+    """The ZOS rules, round by round: prefill at once, decode deferred under the next
+    forward and before the next sample, and a flush when nothing is left to launch."""
+    for r in log.rounds:
+        done = log.processing(r)
+        if not done:
+            continue
+        at, stage = done[0], log.events[done[0]][0]
+        nxt_prep = log.first("prepare", r + 1)
+        fwd, smp = log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
+        if r in log.prefill:
+            if stage != "postprocess" or (nxt_prep is not None and at > nxt_prep):
+                return _fail("prefill_deferred",
+                             f"{log.who(r)} was deferred (processed by `{stage}` during a later round). "
+                             f"Prefill steps are processed at once, right after their sample launch: the "
+                             f"first token reaches the request a round earlier, and there is little to hide")
+            continue
+        before_next = nxt_prep is None or at < nxt_prep
+        if before_next:
+            if stage == "flush":
+                continue  # nothing was left to launch: the flush is the right way out
+            rescheduled = any(s == "schedule" for s, _ in log.between(log.first("launch_sample", r), at))
+            if rescheduled:
+                return _fail("not_flushed",
+                             f"{log.who(r)}: when `engine.schedule()` returned None the deferred step was "
+                             f"processed with `process_outputs`. No round is left to hide it under: that is "
+                             f"what `engine.flush(previous)` is for, and the timeline calls it a flush (as "
+                             f"in exercise 03(b))")
+            return _fail("not_deferred",
+                         f"{log.who(r)} was processed at once, in its own round: no decode step was deferred. "
+                         f"A decode round's StepState must be kept as `previous` and processed during the next "
+                         f"round, after that round's forward launch")
+        if stage == "flush":
+            return _fail("flush_mid_run",
+                         f"{log.who(r)} was processed with `flush` although round {r + 1} was launched. "
+                         f"`flush` is for when nothing is left to launch; under round {r + 1}'s forward use "
+                         f"`engine.process_outputs(previous)`")
+        if fwd is None or at < fwd:
+            return _fail("process_before_forward",
+                         f"{log.who(r)}: its results were processed before round {r + 1}'s forward was "
+                         f"launched, so the device sat idle while the host waited and committed. Launch "
+                         f"this round's forward first, then process the previous step")
+        if smp is not None and at > smp:
+            return _fail("sample_before_process",
+                         f"{log.who(r)}: round {r + 1}'s sample was launched before round {r}'s results were "
+                         f"processed (host order: launch_forward {r + 1} -> launch_sample {r + 1} -> "
+                         f"postprocess {r}). Sampling may depend on the text committed so far (a grammar "
+                         f"mask, a penalty): with the `{CONSTRAINT}` constraint on, round {r + 1}'s mask was "
+                         f"built without round {r}'s token. The order is: this round's forward, the previous "
+                         f"round's postprocess, this round's sample")
+    return None
+
+
+def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
+    """A lesson-level message for an exception out of a learner's loop."""
+    if isinstance(err, NotImplementedError):
+        return _not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    unprocessed = [r for r in log.rounds if log.first("launch_sample", r) is not None and not log.processing(r)]
+    if isinstance(err, EngineStalled):
         if err.reason == "loop_returned_with_work":
-            hint = "your loop returned while the scheduler still had work: loop while engine.scheduler.has_work()"
-        elif mode == "zos":
-            hint = ("the deferred step was never flushed: when nothing is left to launch, process "
-                    "`previous` with engine.flush(previous)")
-        else:
-            hint = "every launched step must be waited for and processed (engine.process_outputs)"
-        return engine, Verdict(False, f"{lost or 'results went missing'}: {hint}. ({err})")
-    except RaceError as err:
-        why = ""
-        if err.kind == "buffer" and err.buffer.startswith(("meta", "temps")):
-            why = ("an input buffer was reused while the step that reads it was never waited for: every "
-                   "launched step must be waited for and processed (engine.process_outputs). ")
-        return engine, Verdict(False, f"{why}The race checker stopped your loop: {err}")
-    except Exception as err:  # noqa: BLE001 - turned into a message for the learner
-        return engine, Verdict(False, f"your loop raised {type(err).__name__}: {err}")
-    diff = _compare([c.token_ids for c in outs], _reference())
-    return engine, Verdict(False, f"{diff}: {mismatch}") if diff else None
+            return _fail("loop_returned",
+                         f"your loop returned after round {max(log.rounds, default=0)} while prompts "
+                         f"{err.prompt_indexes} still had tokens to produce: loop while "
+                         f"`engine.scheduler.has_work()` (or `while True` with a `break` only when it has none)")
+        if err.reason == "unprocessed_inflight" and unprocessed:
+            r = unprocessed[0]
+            if mode == "zos":
+                return _fail("no_flush",
+                             f"{log.who(r)}: its step was launched but never processed, so prompts "
+                             f"{err.prompt_indexes} lost their last token(s). When `engine.schedule()` returns "
+                             f"None there is no next round to hide the deferred step under: process it with "
+                             f"`previous = engine.flush(previous)`, then keep looping")
+            return _fail("never_processed",
+                         f"{log.who(r)}: its step was launched but never processed, so prompts "
+                         f"{err.prompt_indexes} never received its tokens: every launched step must be waited "
+                         f"for and processed (`engine.process_outputs(step)`)")
+        return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+    if isinstance(err, RaceError):
+        if err.kind == "buffer" and err.access == "w":
+            r = err.round
+            return _fail("never_processed",
+                         f"{log.who(r)}: its step was never waited for and processed, and round {r + 2} "
+                         f"reuses its host buffer `{err.buffer}` (rounds alternate between two buffers) while, "
+                         f"as far as the host knows, round {r}'s `{err.launch}` may still use it. Every "
+                         f"launched step must go through `engine.process_outputs(step)` before its buffer "
+                         f"comes round again")
+        return _fail("race", f"the race checker stopped your loop ({err.kind}, round {err.round}'s "
+                             f"`{err.launch}`): {err}")
+    schedules = [i for i, (s, _) in enumerate(log.events) if s == "schedule"]
+    last = schedules[-1] if schedules else None
+    r = log.events[last][1] if last is not None else -1
+    empty = last is not None and any(e == ("prepare", r) for e in log.events[:last])  # a None plan
+    if empty and isinstance(err, (AttributeError, TypeError)) and ("prepare", r + 1) not in log.events[last:]:
+        return _fail("none_plan",
+                     f"after round {r}, `engine.schedule()` returned None (nothing can be launched until "
+                     f"outstanding results are processed) and your loop went on with it: {type(err).__name__}: "
+                     f"{err}. When there is no plan, flush the deferred step and ask again")
+    if isinstance(err, DeviceError):
+        return _fail("device_error", f"a launch failed on the device: {err}. Check that each round is "
+                                     f"prepared, then its forward launched, then its sample")
+    return _fail("raised", f"your loop raised {type(err).__name__}: {err}")
 
 
-def _host_order(engine: Engine, keep=("launch_forward", "launch_sample", "postprocess", "flush")):
-    return [(s.stage, s.round) for s in engine.timeline.lane("host") if s.stage in keep]
+def _run_loop(loop, **config):
+    """Run a learner's loop on PROMPTS; returns (engine, log, outputs or None, exception or None)."""
+    engine = _engine(**config)
+    observed = {}
+
+    def watched(real_engine):
+        view = _Observed(real_engine)
+        observed["plans"] = view.plans
+        loop(view)
+
+    try:
+        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=watched)
+        err = None
+    except Exception as exc:  # noqa: BLE001 - judged below, never raised to the learner
+        outs, err = None, exc
+    return engine, _HostLog(engine, observed.get("plans", {})), outs, err
 
 
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
-    engine, verdict = _run_loop(loop, "serial", "`serial_loop`", "each round must prepare, launch forward, "
-                                "launch sample, then process that step before the next round")
+    engine, log, outs, err = _run_loop(loop)
+    if isinstance(err, NotImplementedError):
+        return _not_implemented("`serial_loop`")
+    verdict = _common_mistakes(log)
+    if verdict is None:
+        verdict = _serial_order(log)
+    if verdict is None and err is not None:
+        verdict = _crash(log, err, "serial")
     if verdict is not None:
         return verdict
+    diff = _compare([c.token_ids for c in outs], _reference())
+    if diff:
+        return _fail("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
+                                     f"process that step before the next round")
     return Verdict(True, f"the serial loop reproduces the reference: {len(PROMPTS)} prompts, "
                          f"{engine.stats['rounds']} rounds, every step processed before the next round")
 
 
+def _correction_mistake(engine: Engine, log: _HostLog) -> str:
+    """Why a speculative run's tokens differ, read from its device lane."""
+    device = engine.timeline.lane("device")
+    for r in log.rounds:
+        prev_done, prepared = log.processing(r - 1), log.first("prepare", r)
+        if r in log.prefill or not prev_done or prepared is None or prev_done[0] < prepared:
+            continue  # nothing in flight when round r was prepared: its lengths are right
+        stages = [s.stage for s in device if s.round == r]
+        if "correct" not in stages:
+            return (f"{log.who(r)} was prepared while round {r - 1} was in flight, and its lengths were never "
+                    f"corrected on the device: call `engine.correct_on_device(inputs)` when a step is in "
+                    f"flight")
+        if "forward" in stages and stages.index("correct") > stages.index("forward"):
+            return (f"{log.who(r)}: the correction ran after the forward had used the stale lengths: call "
+                    f"`engine.correct_on_device(inputs)` before `engine.launch_forward(inputs)`")
+    return ""
+
+
 def check_zos_loop(loop) -> Verdict:
-    """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included."""
-    engine, verdict = _run_loop(loop, "zos", "`zos_loop`", "process every step exactly once, in round order")
+    """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included.
+
+    Two runs: greedy with the title-case constraint (the sample's mask depends on the
+    previous round's committed token, so the order matters for the text), and greedy
+    with 3 drafts per round (lengths are stale unless corrected on the device).  Both
+    must equal the serial engine; the first run's host lane must show the ZOS order.
+    """
+    _start({"constraint": CONSTRAINT}, {"num_draft_tokens": DRAFTS}, {})
+    engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
+    if isinstance(err, NotImplementedError):
+        return _not_implemented("`zos_loop`")
+    verdict = _common_mistakes(log)
+    if verdict is None:
+        verdict = _zos_order(log)
+    if verdict is None and err is not None:
+        verdict = _crash(log, err, "zos")
     if verdict is not None:
         return verdict
-    order = _host_order(engine, keep=("prepare", "launch_forward", "launch_sample", "postprocess", "flush"))
-    prefill = set(engine.timeline.meta["prefill_rounds"])
-    seen, deferred = set(), 0
-    for stage, rnd in order:
-        seen.add((stage, rnd))
-        if stage != "postprocess" or rnd in prefill or ("prepare", rnd + 1) not in seen:
-            continue  # not a deferred decode step (yet)
-        if ("launch_forward", rnd + 1) not in seen:
-            return Verdict(False, f"round {rnd}'s results were processed before round {rnd + 1}'s forward "
-                                  f"was launched: the device sits idle while the host works. Launch this "
-                                  f"round's forward first, then process the previous step")
-        deferred += 1
-    if not deferred:
-        return Verdict(False, "no decode step was deferred: a decode round's StepState must be kept as "
-                              "`previous` and processed during the next round, after its forward launch")
-    if ("flush", max(r for s, r in order if s == "launch_sample")) not in seen:
-        return Verdict(False, "the last round was not processed by engine.flush(previous)")
-    return Verdict(True, f"ZOS loop matches the serial tokens; {deferred} decode steps were processed under "
-                         f"the next round's forward, and the last one was flushed")
+    diff = _compare([c.token_ids for c in outs], _reference(CONSTRAINT))
+    if diff:
+        return _fail("wrong_tokens", f"with the `{CONSTRAINT}` constraint on, {diff}: process every step exactly "
+                                     f"once, in round order, before the next sample")
+    spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
+    if err is not None:
+        return _crash(spec_log, err, "zos")
+    diff = _compare([c.token_ids for c in spec_outs], _reference())
+    if diff:
+        why = _correction_mistake(spec, spec_log)
+        return _fail("correction" if why else "wrong_tokens",
+                     f"with speculative decoding ({DRAFTS} drafts per round) {diff} compared with plain greedy "
+                     f"decoding: {why or 'process every step exactly once, in round order'}")
+    return Verdict(True, f"ZOS loop matches the serial tokens with the `{CONSTRAINT}` constraint and with "
+                         f"{DRAFTS} drafts per round; {_deferred(log)} decode steps were processed under the next "
+                         f"round's forward, before its sample, and the last one was flushed")
+
+
+# ------------------------------------------------------------------ idle fraction
+
+def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
+    """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
+    timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
+    try:
+        got = idle_fraction(timeline)
+    except NotImplementedError:
+        return _not_implemented("`idle_fraction`")
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        return _fail("raised", f"your idle_fraction raised {type(err).__name__}: {err}")
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return _fail("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
+    if abs(got - expected) < 1e-9:
+        return Verdict(True, "your idle fraction equals engine.stats['device_idle_fraction']")
+    idle = sum(b - a for a, b in timeline.device_gaps())
+    busy = timeline.device_busy_ms()
+    if abs(got - (1 - expected)) < 1e-9:
+        return _fail("busy_fraction", "that is the busy fraction; the idle fraction is idle / (idle + busy)")
+    if busy and abs(got - idle / busy) < 1e-9:
+        return _fail("idle_over_busy", "divide by idle + busy (the whole time between the first and the last "
+                                       "device work), not by busy")
+    if abs(got - idle) < 1e-9:
+        return _fail("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
+    extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
+    if any(abs(got - idle / wall) < 1e-9 for wall in (engine.stats["wall_ms"], extent)):
+        return _fail("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
+                                         "device work; use idle + busy as the denominator")
+    return _fail("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
+                                f"timeline.device_gaps() and timeline.device_busy_ms()")
 
 
 # ------------------------------------------------------------------ seqlen correction
 
+# The worked case, as the host prepared it: k = 2, three pending requests in rows 0, 2, 5
+# whose previous round accepted 1, 0 and 2 drafts.  Block tables are per request.
+_CASE = dict(rows=[0, 2, 5], first=[6, 3, 10], tables=[[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]],
+             accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
+
+
+def _case(block_size: int, pending) -> tuple[dict, torch.Tensor]:
+    """The worked case's requests with another block size or other ``pending`` flags."""
+    q = _CASE["k"] + 1
+    positions = torch.tensor([p for f in _CASE["first"] for p in range(f, f + q)])
+    tables = torch.tensor(_CASE["tables"])
+    owner = torch.arange(3).repeat_interleave(q)
+    meta = {
+        "input_ids": torch.tensor([FROM_DEVICE] * 3 * q),
+        "positions": positions,
+        "slot_mapping": tables[owner, positions // block_size] * block_size + positions % block_size,
+        "seqlens_q": torch.tensor([q] * 3),
+        "seqlens_k": torch.tensor([f + q for f in _CASE["first"]]),
+        "rows": torch.tensor(_CASE["rows"]),
+        "pending": torch.tensor(pending),
+        "block_tables": tables,
+    }
+    return meta, torch.tensor(_CASE["accepted"])
+
+
 def worked_case():
     """The notebook's worked case (block size 4, k = 2): three pending decode requests
     whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""
-    meta = {
-        "input_ids": torch.tensor([FROM_DEVICE] * 9),
-        "positions": torch.tensor([6, 7, 8, 3, 4, 5, 10, 11, 12]),
-        "slot_mapping": torch.tensor([30, 31, 4, 11, 16, 17, 34, 35, 20]),
-        "seqlens_q": torch.tensor([3, 3, 3]),
-        "seqlens_k": torch.tensor([9, 6, 13]),
-        "rows": torch.tensor([0, 2, 5]),
-        "pending": torch.tensor([1, 1, 1]),
-        "block_tables": torch.tensor([[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]]),
-    }
-    accepted = torch.tensor([1, 0, 0, 0, 0, 2, 0, 0])
+    meta, accepted = _case(4, [1, 1, 1])
     expected = {"seqlens_q": [3, 3, 3], "seqlens_k": [10, 6, 15],
                 "positions": [7, 8, 9, 3, 4, 5, 12, 13, 14],
                 "slot_mapping": [31, 4, 5, 11, 16, 17, 20, 21, 22]}
     return meta, accepted, expected
 
 
+_FIELDS = ("seqlens_q", "seqlens_k", "positions", "slot_mapping")
 _WHY = {
     "seqlens_k": "the key length must grow by the accepted drafts of the in-flight round",
     "positions": "every query token moves right by the accepted drafts",
@@ -178,35 +498,115 @@ _WHY = {
 }
 
 
+def _variants(meta, accepted, block_size) -> dict:
+    """What the classic wrong corrections produce on a case, to name them when seen."""
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.arange(len(delta)).repeat_interleave(meta["seqlens_q"])
+
+    def applied(delta_, slots="table", first_only=False, queries=False, bs=block_size):
+        m = {n: t.clone() for n, t in meta.items()}
+        shift = delta_[owner]
+        if first_only:
+            starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
+            shift = torch.zeros_like(shift).index_copy(0, starts, delta_)
+        m["seqlens_k"] += delta_
+        m["positions"] += shift
+        if slots == "table":
+            m["slot_mapping"] = m["block_tables"][owner, m["positions"] // bs] * bs + m["positions"] % bs
+        else:
+            m["slot_mapping"] += shift
+        if queries:
+            m["seqlens_q"] += delta_
+        return {n: m[n].tolist() for n in _FIELDS}
+
+    B = len(delta)
+    return {
+        "accepted_by_batch": (applied(accepted[:B] * meta["pending"]),
+                              "you took `accepted[:B]` (batch positions) instead of `accepted[meta['rows']]`: "
+                              "accepted is indexed by the request's row"),
+        "pending_ignored": (applied(accepted[meta["rows"]]),
+                            "a request with pending = 0 was processed before this round was prepared, so its "
+                            "host lengths are already right: shift only pending requests "
+                            "(`accepted[meta['rows']] * meta['pending']`)"),
+        "off_by_one": (applied(delta + meta["pending"]),
+                       "you shifted by 1 + accepted: the host already counted the in-flight round's one token; "
+                       "only the accepted drafts are missing"),
+        "slots_shifted": (applied(delta, slots="add"),
+                          "you added the shift to the old slots: a position that crosses into the next block "
+                          "lives in another block, so recompute slots through the block table"),
+        "first_token_only": (applied(delta, first_only=True),
+                             "you moved only each request's first token: every one of its 1 + k query tokens "
+                             "moves (expand the per-request shift to tokens)"),
+        "block_size_hardcoded": (applied(delta, bs=4) if block_size != 4 else None,
+                                 f"these are the slots for blocks of 4: use the `block_size` argument (the engine "
+                                 f"runs with 16, this case with {block_size})"),
+    }
+
+
+def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict | None:
+    before = {n: meta[n].tolist() for n in _FIELDS}
+    variants = _variants(meta, accepted, block_size)
+    fn(meta, accepted, block_size)
+    got = {n: meta[n].tolist() for n in _FIELDS}
+    if got == expected:
+        return None
+    if got == before:
+        wrong = next(n for n in _FIELDS if got[n] != expected[n])
+        return _fail("stale", f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]} (still the host's stale "
+                              f"values): change the tensors in `meta` in place (`+=`, `.copy_`), do not build "
+                              f"new ones")
+    for category, (result, why) in variants.items():
+        if result is not None and got == result:
+            wrong = next(n for n in _FIELDS if got[n] != expected[n])
+            return _fail(category, f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}: {why}")
+    for name in _FIELDS:
+        if got[name] != expected[name]:
+            return _fail(name, f"{label}: {name} is {got[name]}, expected {expected[name]}: {_WHY[name]}")
+    return None
+
+
 def check_correction(correct_seqlens_qk) -> Verdict:
-    """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place."""
+    """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
+
+    Three hand-made cases (the worked case; one request not pending; blocks of 8), then
+    a ZOS engine with 3 drafts per round whose text must equal plain greedy decoding.
+    """
     meta, accepted, expected = worked_case()
-    try:
-        correct_seqlens_qk(meta, accepted, 4)
-    except NotImplementedError:
-        return _not_implemented("`correct_seqlens_qk`")
-    except Exception as err:  # noqa: BLE001
-        return Verdict(False, f"your correction raised {type(err).__name__}: {err}")
-    for name in ("seqlens_q", "seqlens_k", "positions", "slot_mapping"):
-        got = meta[name].tolist()
-        if got != expected[name]:
-            stale = worked_case()[0][name].tolist()
-            state = " (still the host's stale values)" if got == stale else ""
-            return Verdict(False, f"{name} is {got}, expected {expected[name]}{state}: {_WHY[name]}")
-    engine = _engine(mode="zos", num_draft_tokens=3)
+    cases = [(meta, accepted, 4, expected, "in the worked case")]
+    for block_size, pending, label in ((4, [0, 1, 1], "with request 0 not pending (pending = [0, 1, 1])"),
+                                       (8, [1, 1, 1], "with block_size = 8")):
+        m, a = _case(block_size, pending)
+        want = {n: t.clone() for n, t in m.items()}
+        kernels.correct_seqlens_qk(want, a, block_size)
+        cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
+    for meta, accepted, block_size, expected, label in cases:
+        try:
+            verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
+        except NotImplementedError:
+            return _not_implemented("`correct_seqlens_qk`")
+        except Exception as err:  # noqa: BLE001
+            return _fail("raised", f"{label} your correction raised {type(err).__name__}: {err}")
+        if verdict is not None:
+            return verdict
+    _start({"num_draft_tokens": DRAFTS}, {})
+    engine = _engine(num_draft_tokens=DRAFTS)
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, correction=correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
-        return Verdict(False, f"in the engine your correction failed: {type(err).__name__}: {err}")
+        return _fail("engine_error", f"in the engine (block_size {engine.config.block_size}, {DRAFTS} drafts, "
+                                     f"batches of 1 to 3 requests) your correction failed on the device: "
+                                     f"{type(err).__name__}: {err}")
     diff = _compare([c.token_ids for c in outs], _reference())
     if diff:
-        return Verdict(False, f"with your correction in ZOS + speculation, {diff}")
-    return Verdict(True, f"the worked case is right and ZOS + speculation (k=3) matches plain greedy decoding; "
-                         f"{engine.stats['mean_accepted_per_round']:.2f} drafts accepted per request-round")
+        return _fail("engine_mismatch", f"with your correction in ZOS + speculation ({DRAFTS} drafts), {diff}")
+    return Verdict(True, f"the three cases are right and ZOS + speculation (k={DRAFTS}) matches plain greedy "
+                         f"decoding; {engine.stats['mean_accepted_per_round']:.2f} drafts accepted per "
+                         f"request-round")
 
 
 CORRECTED = {"seqlens_k", "positions", "slot_mapping", "input_ids"}
 UNCHANGED = {"seqlens_q", "cu_seqlens_q", "block_tables", "rows"}
+DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_k, so it moves too
 
 
 def check_metadata_answer(answer) -> Verdict:
@@ -214,32 +614,35 @@ def check_metadata_answer(answer) -> Verdict:
     if answer is None or answer is NotImplemented:
         return _not_implemented("the set of field names")
     answer = {str(a) for a in answer}
-    unknown = answer - CORRECTED - UNCHANGED
+    unknown = answer - CORRECTED - UNCHANGED - DERIVED
     if unknown:
-        return Verdict(False, f"not a metadata field of the batch: {sorted(unknown)}; choose from "
-                              f"{sorted(CORRECTED | UNCHANGED)}")
+        return _fail("unknown_field", f"not a metadata field of the batch: {sorted(unknown)}; choose from "
+                                      f"{sorted(CORRECTED | UNCHANGED | DERIVED)}")
     missing, extra = CORRECTED - answer, answer & UNCHANGED
     if missing:
-        return Verdict(False, f"also stale: {sorted(missing)} (hint: what depends on where the sequence ends?)")
+        return _fail("missing_field",
+                     f"also stale: {sorted(missing)} (hint: what depends on where the sequence ends?)")
     if extra:
-        return Verdict(False, f"{sorted(extra)} do not change: each decode request still feeds 1 + k tokens "
-                              f"and its blocks were reserved at admission")
+        return _fail("unchanged_field", f"{sorted(extra)} do not change: each decode request still feeds 1 + k "
+                                        f"tokens and its blocks were reserved at admission")
+    aside = (". And yes, cu_seqlens_k moves with seqlens_k (it is their running sum): the toy reads keys "
+             "through block tables and never builds it, but an engine that packs keys must correct it too"
+             if "cu_seqlens_k" in answer else
+             ". (cu_seqlens_k, the running sum of seqlens_k from notebook 01, would move too; the toy never "
+             "builds it)")
     return Verdict(True, "seqlens_k, positions and slot_mapping shift by the accepted count; input_ids take "
-                         "the bonus token and new drafts from the device")
+                         "the bonus token and new drafts from the device" + aside)
 
 
 # ------------------------------------------------------------------ three rounds
 
 def expected_three_rounds() -> list[tuple[str, int]]:
     """What the host issues in a ZOS run of one prefill and three decode rounds."""
-    engine = _engine(mode="zos")
+    engine = _engine()
     engine.generate(["Once upon a time"], max_new_tokens=4)
-    order = []
-    for stage, rnd in _host_order(engine):
-        if rnd == 0:
-            continue  # the prefill round
-        order.append(({"launch_forward": "forward", "launch_sample": "sample"}.get(stage, stage), rnd))
-    return order
+    rename = {"launch_forward": "forward", "launch_sample": "sample"}
+    return [(rename.get(s.stage, s.stage), s.round) for s in engine.timeline.lane("host")
+            if s.round and s.stage in ("launch_forward", "launch_sample", "postprocess", "flush")]
 
 
 def check_three_rounds(order) -> Verdict:
@@ -251,50 +654,187 @@ def check_three_rounds(order) -> Verdict:
     if order == expected:
         return Verdict(True, "that is the order the engine just recorded: " +
                        ", ".join(f"{s} {r}" for s, r in expected))
+    if any(r == 0 for _, r in order):
+        return _fail("includes_prefill", "leave out round 0: it is the prefill, processed at once before round 1 "
+                                         "is scheduled")
     for i, (got, want) in enumerate(zip(order, expected)):
         if got != want:
-            why = ""
+            category, why = "order", ""
             if want[0] == "postprocess" and got[0] == "sample":
-                why = ": the previous step is processed after this forward is launched, before this sample"
+                category, why = "sample_before_postprocess", (
+                    ": the previous step is processed after this forward is launched, before this sample "
+                    "(the sample may need the tokens it commits, as the title-case demo of notebook 03 shows)")
             elif want[0] == "flush":
-                why = ": the last round has no next round to hide under, so it is flushed"
-            return Verdict(False, f"step {i}: you wrote {got}, the engine did {want}{why}")
-    return Verdict(False, f"you listed {len(order)} steps, the engine did {len(expected)}")
+                category, why = "no_flush", ": the last round has no next round to hide under, so it is flushed"
+            elif got[0] == "flush":
+                category, why = "flush_mid_run", (": a flush is only for the last round, when no next round is "
+                                                  "left to hide it under; the others are postprocessed")
+            elif got[0] in ("postprocess", "flush") and want[0] == "forward":
+                category, why = "serial_order", (": a decode step is processed in the next round, after that "
+                                                 "round's forward is launched, not in its own")
+            return _fail(category, f"step {i}: you wrote {got}, the engine did {want}{why}")
+    return _fail("length", f"you listed {len(order)} steps, the engine did {len(expected)}: each round is launched "
+                           f"once (forward, sample) and processed once (postprocess or flush)")
 
 
 # ------------------------------------------------------------------ ownership / lifetime
 
+class _StepWatch:
+    """Records what a learner's ``process_outputs`` did to each step it was given: which
+    events it waited on, and each request's launched-round count and cache before/after."""
+
+    def __init__(self, engine: Engine, process_outputs):
+        self.engine, self.learner, self.calls, self.waits = engine, process_outputs, [], None
+
+    def __call__(self, engine: Engine, step) -> None:
+        reqs = step.plan.requests
+        call = dict(step=step, waits=[], before=[(r.num_inflight, r.finished) for r in reqs], after=None)
+        self.calls.append(call)
+        self.waits = call["waits"]
+        try:
+            self.learner(engine, step)
+        except BaseException:
+            call["raised"] = True  # who held which KV block when it happened (the engine then recovers)
+            call["holders"] = {b: r.index for r in engine.requests for b in r.blocks}
+            raise
+        finally:
+            self.waits = None
+            call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
+                             for r in reqs]
+
+    def wait(self, real_wait):
+        def wait(event, timeout=None):
+            start = self.engine.timeline.now_ms()
+            real_wait(event, timeout)
+            if self.waits is not None:
+                self.waits.append((event.seq, start, self.engine.timeline.now_ms()))
+        return wait
+
+
+def _who_step(step) -> str:
+    kind = "prefill" if step.plan.is_prefill else "decode"
+    return f"round {step.plan.round} ({kind}, prompts {[r.index for r in step.plan.requests]})"
+
+
+def _step_mistake(call) -> Verdict | None:
+    """The first rule a single call broke: wait on the step's own event, commit once, free
+    exactly the finished requests no launched round uses."""
+    step, who = call["step"], _who_step(call["step"])
+    later = [seq for seq, _, _ in call["waits"] if seq > step.sample_done.seq]
+    if later:
+        return _fail("waits_later_event", who)  # the message, with its cost, is written by the caller
+    if call.get("raised"):
+        return None  # judged by its exception
+    reqs = step.plan.requests
+    for req, (n0, _), (n1, finished, holds, running) in zip(reqs, call["before"], call["after"]):
+        if n1 == n0:
+            return _fail("never_committed",
+                         f"{who}: after your process_outputs, prompt {req.index} still counts round "
+                         f"{step.plan.round} as launched and unprocessed: the step's tokens were never committed. "
+                         f"Call `engine.commit_outputs(step, out)` once per step")
+        if n1 < n0 - 1:
+            return _fail("committed_twice",
+                         f"{who}: prompt {req.index}'s count of launched rounds dropped by {n0 - n1}: the step "
+                         f"was committed {n0 - n1} times, so its tokens were added more than once. Commit once")
+    for req, (_, finished, holds, running) in zip(reqs, call["after"]):
+        if not finished and not running:
+            return _fail("freed_unfinished",
+                         f"{who}: your process_outputs freed prompt {req.index}, which is not finished: it "
+                         f"lost its batch row and cache and can never produce its next tokens. Free only "
+                         f"finished requests (`req.finished and req.num_inflight == 0`)")
+    for req, (n1, finished, holds, running) in zip(reqs, call["after"]):
+        if finished and n1 == 0 and holds:
+            return _fail("kept_blocks",
+                         f"{who}: prompt {req.index} is finished and no launched round uses it any more "
+                         f"(num_inflight == 0), but it still holds its KV blocks and batch row after your "
+                         f"process_outputs: free it after committing (`engine.scheduler.free(req)` or "
+                         f"`engine.scheduler.release_if_done(req)`), or waiting requests never start")
+    return None
+
+
+def _overlap_lost(engine: Engine, waits) -> tuple[int, int]:
+    """Deferred decode steps, and how many of them lost their overlap: the host's wait for
+    step N returned only after round N+1's forward had finished on the device.  ``waits``
+    holds (round, wait start, wait end) in ms for each processed step."""
+    forward_end = {s.round: s.end_ms for s in engine.timeline.lane("device") if s.stage == "forward"}
+    prefill = set(engine.timeline.meta["prefill_rounds"])
+    steps = lost = 0
+    for rnd, start, end in waits:
+        if rnd in prefill or rnd + 1 not in forward_end or start > forward_end[rnd + 1]:
+            continue  # a prefill, or processed when nothing was left to overlap with (a flush)
+        steps += 1
+        lost += end >= forward_end[rnd + 1]
+    return steps, lost
+
+
 def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees."""
-    engine = _engine(mode="zos")
+    engine = _engine()
     reference = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"])
+    ref_idle = engine.stats["decode_device_idle_fraction"]
+    ref_cost = _overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
+                                      if s.stage == "wait"])
+    watch = _StepWatch(engine, process_outputs)
+    device = engine.device
+    device.wait = watch.wait(device.wait)  # instance attribute: synchronize() goes through it too
     try:
-        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"],
-                               process_outputs=process_outputs)
+        outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"], process_outputs=watch)
+        err = None
     except NotImplementedError:
         return _not_implemented("`process_outputs`")
-    except EngineStalled as err:
-        return Verdict(False, f"prompts {err.prompt_indexes} finished but kept their KV blocks and batch rows, so "
-                              f"waiting requests could never start: free a finished request once no launched "
-                              f"round uses it (req.num_inflight == 0)")
-    except RaceError as err:
+    except Exception as exc:  # noqa: BLE001 - judged below
+        outs, err = None, exc
+    finally:
+        del device.wait
+    mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
+    if mistake is not None and mistake.category == "waits_later_event":
+        steps, lost = _overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
+                                             for c in watch.calls if c["waits"]])
+        idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+        mistake.message = (
+            f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
+            f"(`engine.device.synchronize()`, or a freshly recorded event) instead of `step.sample_done`. The "
+            f"tokens are right, but the host now also waits for the next round's forward before it commits: in "
+            f"this run {lost} of {steps} deferred decode steps were no longer overlapped with the next forward "
+            f"(the engine's own process_outputs, just before: {ref_cost[1]} of {ref_cost[0]}), and the device "
+            f"was idle {idle:.0%} of the decode phase (vs {ref_idle:.0%}). Wait on exactly "
+            f"`step.sample_done`: it covers the step's sample and nothing after it")
+        return mistake
+    if mistake is not None:
+        return mistake
+    if isinstance(err, RaceError):
+        call = watch.calls[-1] if watch.calls else {}
+        who = _who_step(call["step"]) if call else f"round {err.round}"
         if err.kind == "buffer" and err.buffer.startswith("out"):
-            why = ("you read the step's sampled tokens before waiting on its completion event "
-                   "(step.sample_done): the device may still be writing them")
-        elif err.kind == "free_in_use":
-            why = ("you freed a finished request's KV cache while a launched round still uses it "
-                   "(the extra step): free only when req.num_inflight == 0")
-        else:
-            why = "see the race report"
-        return Verdict(False, f"{why}. Race checker: {err}")
-    except Exception as err:  # noqa: BLE001
-        return Verdict(False, f"your process_outputs raised {type(err).__name__}: {err}")
-    if [c.token_ids for c in outs] != [c.token_ids for c in reference]:
-        return Verdict(False, _compare([c.token_ids for c in outs], [c.token_ids for c in reference]) +
-                       ": commit every step's tokens exactly once")
+            return _fail("read_before_wait",
+                         f"{who}: you read the step's sampled tokens (`{err.buffer}`) before waiting on its "
+                         f"completion event (`step.sample_done`): round {err.round}'s `{err.launch}` may still be "
+                         f"writing them. The wait is the permission to read: wait first")
+        if err.kind == "free_in_use":
+            owners = sorted({call["holders"][b] for b in err.blocks if b in call.get("holders", {})})
+            return _fail("free_in_use",
+                         f"{who}: you freed the KV cache of prompt(s) {owners} (blocks {err.blocks}) while round "
+                         f"{err.round}'s `{err.launch}`, launched and not yet waited for, still uses it (the "
+                         f"extra step: under ZOS the finished request is already in the next launched round). "
+                         f"Free a finished request only when `req.num_inflight == 0`")
+        return _fail("race", f"{who}: the race checker stopped the run ({err.kind}): {err}")
+    if isinstance(err, StepProcessedTwice):
+        call = watch.calls[-1] if watch.calls else {}
+        who = _who_step(call["step"]) if call else f"round {err.round}"
+        return _fail("committed_twice",
+                     f"{who}: your process_outputs had the step committed 2 times (prompts "
+                     f"{err.prompt_indexes}); the engine refused, since the tokens would be added twice. Call "
+                     f"`engine.commit_outputs(step, out)` exactly once per step")
+    if isinstance(err, EngineStalled):
+        return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+    if err is not None:
+        return _fail("raised", f"your process_outputs raised {type(err).__name__}: {err}")
+    diff = _compare([c.token_ids for c in outs], [c.token_ids for c in reference])
+    if diff:
+        return _fail("wrong_tokens", f"{diff}: commit every step's tokens exactly once, from its own output slot")
     leaked = [r.index for r in engine.requests if r.blocks]
-    if leaked or engine.scheduler.running:
-        return Verdict(False, f"prompts {leaked} finished but kept their KV blocks: free them once no "
-                              f"launched round uses them")
-    return Verdict(True, "results are read only after their event, and caches are freed only when no "
-                         "launched round can touch them")
+    if leaked:
+        return _fail("kept_blocks", f"prompts {leaked} finished but kept their KV blocks at the end of the run: "
+                                    f"free them once no launched round uses them")
+    return Verdict(True, "each step's results are read only after waiting on its own event, committed once, "
+                         "and caches are freed as soon as no launched round can touch them")

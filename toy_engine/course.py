@@ -3,6 +3,7 @@
     python -m toy_engine.course build      # source/ -> exercises/ + solutions/, then execute
     python -m toy_engine.course check      # are exercises/ and solutions/ up to date?
     python -m toy_engine.course execute notebooks/03_zos.ipynb ...
+    python -m toy_engine.course images notebooks/03_zos.ipynb ...   # redraw static figures only
 
 In ``source/*.ipynb`` a solution is written between marker lines::
 
@@ -17,14 +18,23 @@ on the marker line (``### BEGIN SOLUTION: answer = None``) for top-level answers
 exercise notebook still runs top to bottom and its checker says "not implemented yet".
 
 Notebooks are stored executed (nbval compares their outputs) but without widget state:
-an executed widget's state would embed all of plotly.js in every notebook.
+an executed widget's state would embed all of plotly.js in every notebook.  Each Plotly
+figure output also carries a PNG of itself (``image/png`` beside the interactive
+``application/vnd.plotly.v1+json``), so that viewers without JavaScript or without
+Plotly's renderer (a repository's notebook view, ``nbconvert --to html``) still show
+every timeline; nbval never compares ``image/png``, so the images cannot make it flaky.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import io
+import os
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -33,6 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# The static copies are drawn 900 px wide, about JupyterLab's notebook column: at kaleido's
+# default 700 px the timelines' one-line subtitles are cut off at the right edge.
+STATIC_WIDTH_PX, STATIC_HEIGHT_PX = 900, 450
+# Quantized to a 256-colour palette: measured on the course's timelines, 3-4x smaller than
+# kaleido's RGBA PNG (67 kB -> 18 kB for a two-panel timeline) with every colour that fills
+# >= 40 px within 8/255 of the original (max-coverage palette + 2 k-means passes; median-cut
+# was off by up to 68/255 on a faint bar, 64 colours merged legend colours).
+STATIC_COLORS = 256
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Chrome of its own here
 
 
 def strip_solution(source: str, keep: bool) -> str:
@@ -97,6 +117,10 @@ def check(root: Path = ROOT) -> list[str]:
             problems.append(f"{path.relative_to(root)} stores widget state (it embeds plotly.js): strip it")
         if path.stat().st_size > 1_000_000:
             problems.append(f"{path.relative_to(root)} is {path.stat().st_size // 1000} kB (limit 1000 kB)")
+        missing = sum("image/png" not in o.data for o in figure_outputs(nb))
+        if missing:
+            problems.append(f"{path.relative_to(root)} has {missing} Plotly figure(s) without a static image: run "
+                            f"`python -m toy_engine.course images {path.relative_to(root)}`")
         if any(c.cell_type == "code" and c.source.strip() and c.execution_count is None for c in nb.cells):
             problems.append(f"{path.relative_to(root)} has unexecuted cells: run `python -m toy_engine.course "
                             f"execute {path.relative_to(root)}`")
@@ -107,15 +131,83 @@ def stored_notebooks(root: Path = ROOT) -> list[Path]:
     return sorted(p for d in ("notebooks", "exercises", "solutions") for p in (root / d).glob("*.ipynb"))
 
 
+def figure_outputs(nb) -> list:
+    """The outputs of a notebook that hold a Plotly figure."""
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if PLOTLY_MIME in o.get("data", {})]
+
+
+def _browser() -> str | None:
+    """$BROWSER_PATH, else Debian's Chromium; None lets kaleido search (Chrome, Edge, ... on PATH)."""
+    return os.environ.get("BROWSER_PATH") or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
+
+
+def shrink_png(png: bytes) -> bytes:
+    """kaleido's RGBA PNG as a 256-colour palette PNG (see STATIC_COLORS for the measurement)."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    palette = image.quantize(colors=STATIC_COLORS, method=Image.Quantize.MAXCOVERAGE, kmeans=2,
+                             dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    palette.save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+async def _render_pngs(figures: list[dict]) -> list[bytes]:
+    import kaleido
+    from kaleido.errors import ChromeNotFoundError
+
+    pngs = []
+    try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
+        async with kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120) as k:
+            for fig in figures:
+                layout = fig.get("layout", {})
+                opts = {"format": "png", "width": layout.get("width") or STATIC_WIDTH_PX,
+                        "height": layout.get("height") or STATIC_HEIGHT_PX}
+                pngs.append(await k.calc_fig(fig, opts=opts))
+    except ChromeNotFoundError:
+        raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
+                           f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
+                           "set BROWSER_PATH to a Chrome/Chromium binary") from None
+    return pngs
+
+
+def render_pngs(figures: list[dict]) -> list[bytes]:
+    """kaleido's PNGs of Plotly figure dicts, from a thread of its own: callers may already
+    run an event loop (a Jupyter kernel, Playwright's sync API), where asyncio.run refuses."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _render_pngs(figures)).result()
+
+
+def add_static_images(nb) -> int:
+    """Store a PNG beside every Plotly figure output (replacing an older one); returns how many."""
+    outputs = figure_outputs(nb)
+    if outputs:
+        pngs = render_pngs([o.data[PLOTLY_MIME] for o in outputs])
+        for output, png in zip(outputs, pngs):
+            output.data["image/png"] = base64.b64encode(shrink_png(png)).decode("ascii")
+    return len(outputs)
+
+
 def execute(path: Path, timeout: int = 600) -> None:
-    """Run a notebook in place (from its own folder) and store outputs, not widget state."""
+    """Run a notebook in place (from its own folder); store outputs and static figures, not widget state."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     nb.metadata.pop("widgets", None)
+    add_static_images(nb)
     nbformat.write(nb, path)
+
+
+def refresh_images(path: Path) -> int:
+    """Redraw the static figures of a stored notebook from its stored figures (no kernel)."""
+    nb = nbformat.read(path, as_version=4)
+    n = add_static_images(nb)
+    nbformat.write(nb, path)
+    return n
 
 
 def build(root: Path = ROOT, run: bool = True) -> None:
@@ -141,6 +233,8 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="fail if generated notebooks are out of date or stored badly")
     e = sub.add_parser("execute", help="execute notebooks in place")
     e.add_argument("paths", nargs="+", type=Path)
+    i = sub.add_parser("images", help="redraw the static PNG of every stored Plotly figure (no kernel)")
+    i.add_argument("paths", nargs="+", type=Path)
     a = p.parse_args(argv)
     if a.cmd == "build":
         build(run=not a.no_execute)
@@ -148,6 +242,9 @@ def main(argv=None) -> int:
         for path in a.paths:
             print(f"executing {path}", flush=True)
             execute(path.resolve())
+    elif a.cmd == "images":
+        for path in a.paths:
+            print(f"{path}: {refresh_images(path.resolve())} static figure(s)", flush=True)
     else:
         problems = check()
         print("\n".join(problems) or "course notebooks are up to date")

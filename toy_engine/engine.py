@@ -32,19 +32,20 @@ from dataclasses import dataclass, field
 import torch
 
 from . import buffers, kernels
+from .constraint import CONSTRAINTS, make_constraint
 from .data import CharTokenizer, corpus_token_stream, generate_corpus
 from .device import DeviceError, Event, hold_sigint, make_device
 from .buffers import MetaLayout
 from .kernels import FROM_DEVICE
 from .model import load_model
-from .run import EngineStalled, Run, stalled
+from .run import EngineStalled, Run, StepProcessedTwice, stalled
 from .scheduler import BlockManager, Plan, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
 from .stats import run_stats
 from .timeline import Timeline
 from .validate import check_bool, check_callable, check_choice, check_float, check_int, check_seed
 
-__all__ = ["Engine", "EngineConfig", "EngineStalled", "StepState", "MODES", "NUM_SLOTS"]
+__all__ = ["Engine", "EngineConfig", "EngineStalled", "StepProcessedTwice", "StepState", "MODES", "NUM_SLOTS"]
 
 MODES = ("serial", "zos")
 DEVICES = ("auto", "cuda", "cpu")
@@ -73,6 +74,7 @@ class EngineConfig:
     race_check: bool = True         # the course's compute-sanitizer (cheap; off in benchmarks)
     host_overhead_ms: float = 0.0   # extra, labelled host work per round (teaching knob)
     device_threads: int = 1         # torch threads of the CPU stand-in's device process
+    constraint: str | None = None   # "title_case": a sampling mask built from committed text (constraint.py)
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -89,6 +91,12 @@ class EngineConfig:
                                          " ms"),
             device_threads=check_int("device_threads", self.device_threads, 1),
         )
+        if self.constraint is not None:
+            check_choice("constraint", self.constraint, CONSTRAINTS)
+            if values["num_draft_tokens"]:
+                raise ValueError(f"constraint={self.constraint!r} needs num_draft_tokens=0 (got "
+                                 f"{self.num_draft_tokens}): a draft position's mask depends on the drafts "
+                                 f"before it, which only the device knows; use one or the other")
         for name, value in values.items():  # plain ints and floats from here on (numpy ints accepted)
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_frozen", True)
@@ -164,7 +172,9 @@ class Engine:
         self.layout = MetaLayout(max_tokens=config.max_batch_size * self.context_len,
                                  max_batch=config.max_batch_size,
                                  max_blocks=-(-self.context_len // config.block_size))
-        self.buffer_specs = buffers.buffer_specs(self.layout, NUM_SLOTS, k)
+        self.constraint = make_constraint(config.constraint, self.tokenizer)
+        self.buffer_specs = buffers.buffer_specs(self.layout, NUM_SLOTS, k,
+                                                 vocab if self.constraint is not None else 0)
         self.ngram = _ngram_table(self.tokenizer.alphabet) if k else None
         self._running = threading.Lock()  # one generate at a time
         self._closed = False
@@ -293,10 +303,17 @@ class Engine:
                                blocks=inputs.blocks)
 
     def launch_sample(self, inputs: RoundInputs) -> StepState:
+        """With a constraint, the mask is built here, from the tokens committed *now*:
+        in the ZOS order round N-1 has just been processed, so the mask includes its token."""
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span("launch_sample", r):
-            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, round=r,
-                                             stage="sample", writes={buffers.out_buffer(slot)},
+            reads = set()
+            if self.constraint is not None:
+                reads = {buffers.allowed_buffer(slot)}
+                allowed = self.constraint.masks(inputs.plan.requests)
+                self.device.host(buffers.allowed_buffer(slot), "w")[: len(allowed)] = allowed
+            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
+                                             stage="sample", reads=reads, writes={buffers.out_buffer(slot)},
                                              record_event=True, owner=StepState.owner_of(r))
         return StepState(inputs.plan, slot, sample_done)
 
@@ -328,8 +345,7 @@ class Engine:
         finished in an earlier round is in this step only as the extra round: discarded."""
         plan, run = step.plan, self._run
         if step.committed:
-            raise RuntimeError(f"round {plan.round}'s step was already processed: process each StepState "
-                               f"exactly once (a second time would hand its tokens out twice)")
+            raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
         run.note_processed()
         counts = run.counts

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .buffers import MetaLayout, meta_buffer, out_buffer, pack_outputs, temps_buffer
+from .buffers import MetaLayout, allowed_buffer, meta_buffer, out_buffer, pack_outputs, temps_buffer
 from .model import PackedBatch, token_layout
 
 FROM_DEVICE = -1  # input id placeholder: "take this token from the device's state"
@@ -116,11 +116,12 @@ def pick_tokens(logits, temperature, seeds, positions) -> torch.Tensor:
     return torch.where(temperature > 0, sampled, greedy)
 
 
-def sample(ctx, slot: int, is_prefill: bool) -> None:
+def sample(ctx, slot: int, is_prefill: bool, constrained: bool = False) -> None:
     """Pick tokens, verify drafts, update the future-token map, write results for the host.
 
     The output slot gets ``tokens[B, 1 + k]`` and ``accepted[B]`` (``buffers.pack_outputs``);
-    the host keeps ``tokens[b, : 1 + accepted[b]]``.
+    the host keeps ``tokens[b, : 1 + accepted[b]]``.  ``constrained``: tokens outside the
+    host's mask ``allowed{slot}[B, vocab]`` are never picked (constraint.py; only with k = 0).
     """
     st, meta = ctx.state, ctx.state["inputs"]
     k = 0 if is_prefill else st["num_drafts"]
@@ -130,7 +131,11 @@ def sample(ctx, slot: int, is_prefill: bool) -> None:
     idx = (last - k)[:, None] + torch.arange(k + 1, device=q.device)  # [B, 1 + k]
     temps = meta["temperature"][:, None].expand(B, k + 1)
     seeds = meta["seeds"][:, None].expand(B, k + 1)
-    targets = pick_tokens(st["logits"][idx], temps, seeds, meta["positions"][idx] + 1)  # [B, 1+k]
+    logits = st["logits"][idx]  # [B, 1 + k, vocab]
+    if constrained:
+        allowed = ctx.load(allowed_buffer(slot))[:B]
+        logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
+    targets = pick_tokens(logits, temps, seeds, meta["positions"][idx] + 1)  # [B, 1+k]
 
     # Accept the longest prefix of drafts that the target agrees with, plus one bonus.
     drafts = meta["input_ids"][idx[:, 1:]]  # [B, k]

@@ -11,8 +11,9 @@ restrict the affinity mask.  So we take the smallest of
   how many cores' worth of time we get per period, whatever the mask says.
 
 A quota is a float (``50000 / 100000`` is half a core).  What *other* processes do with
-those cores is a different question; it is answered per run by the contention meter
-(``Timeline.contention``), not here.
+those cores right now is estimated from the load average (``usable`` in the report, read
+by notebook 00); what they did during a given run is measured by the run's contention
+meter (``Timeline.contention``), which is what the bench and the figures judge by.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import os
 from pathlib import Path
 
 __all__ = ["usable_cpus", "machine_report", "busy_warning", "cpu_snapshot", "MIN_CPUS_FOR_OVERLAP",
-           "BUSY_WARNING_PREFIX"]
+           "LIVE_OVERLAP_CORES", "BUSY_WARNING_PREFIX"]
 
 #: Host loop + device process, each on its own core.
 MIN_CPUS_FOR_OVERLAP = 2
+LIVE_OVERLAP_CORES = float(MIN_CPUS_FOR_OVERLAP)
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Every busy warning starts with this, so tests and learners can spot it.
@@ -129,9 +131,20 @@ def cpu_snapshot() -> tuple[float, float, int] | None:
     return busy_ticks / os.sysconf("SC_CLK_TCK"), times.user + times.system, cpus
 
 
+def _cgroup_quota() -> float | None:
+    return cgroup_cpu_quota()
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on Linux
+        return None
+
+
 def usable_cpus() -> float:
     """CPUs this process can really use: min(affinity mask size, cgroup quota)."""
-    quota = cgroup_cpu_quota()
+    quota = _cgroup_quota()
     affinity = _affinity()
     return float(affinity if quota is None else min(affinity, quota))
 
@@ -139,24 +152,31 @@ def usable_cpus() -> float:
 def machine_report() -> dict:
     """What the live timings of this kernel can show, for notebook 00 and the bench.
 
-    ``overlap_can_show`` is False below :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs: the
-    host loop and the device process then take turns on one core, and a ZOS run cannot
-    beat a serial one however the loop is written.  ``load_average`` (1, 5, 15 min) hints
-    at what else runs; the per-run contention meter says whether *this* run was hurt.
+    ``allowed`` is :func:`usable_cpus` (affinity mask, cgroup quota).  ``usable`` also
+    takes away the load that is not ours right now: the 1-minute load average counts the
+    runnable processes, and this notebook's kernel is about one of them.  ``live_overlap``
+    is ``usable >= 2``: below that the host loop and the device process take turns on one
+    core and a live ZOS run cannot beat a serial one.  ``overlap_can_show`` is the same
+    question asked of ``allowed`` alone (can this machine ever show it?).
     """
-    affinity, quota = _affinity(), cgroup_cpu_quota()
-    usable = float(affinity if quota is None else min(affinity, quota))
-    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    can_show = usable >= MIN_CPUS_FOR_OVERLAP
-    if can_show:
-        meaning = (f"{usable:g} usable CPUs: the host loop and the device process can run at the same "
-                   f"time, so live timings can show overlap (if nothing else keeps these cores busy)")
-    else:
-        meaning = (f"only {usable:g} usable CPU(s): the host loop and the device process take turns on "
+    affinity, quota, load = _affinity(), _cgroup_quota(), _load_average()
+    allowed = float(affinity if quota is None else min(affinity, quota))
+    others = 0.0 if load is None else max(0.0, load - 1.0)
+    usable = round(max(0.0, allowed - others), 2)
+    can_show = allowed >= MIN_CPUS_FOR_OVERLAP
+    if not can_show:
+        meaning = (f"only {allowed:g} usable CPU(s): the host loop and the device process take turns on "
                    f"one core, so live ZOS timings cannot beat serial here; the notebooks show the "
                    f"recorded quiet-machine traces beside the live ones")
-    return dict(cpu_count=os.cpu_count(), affinity=affinity, cgroup_quota=quota, usable=usable,
-                load_average=load, overlap_can_show=can_show, meaning=meaning)
+    elif usable < LIVE_OVERLAP_CORES:
+        meaning = (f"{allowed:g} CPUs, but other programs keep about {others:.1f} of them busy (load average "
+                   f"{load:.2f}): live timings may not show overlap until they finish")
+    else:
+        meaning = (f"{allowed:g} usable CPUs: the host loop and the device process can run at the same "
+                   f"time, so live timings can show overlap")
+    return dict(cpu_count=os.cpu_count(), affinity=affinity, cgroup_quota=quota, allowed=allowed,
+                load_average=None if load is None else round(load, 2), usable=usable,
+                live_overlap=usable >= LIVE_OVERLAP_CORES, overlap_can_show=can_show, meaning=meaning)
 
 
 def busy_warning(runs: dict, cuda: bool = False) -> str | None:
@@ -203,7 +223,7 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
                        f"they are not preempted).")
     if reasons:
         reasons.append(f"A quiet run gets more than {BUSY_RUN_CPU_SHARE:.0%}: other programs held the cores "
-                       f"(load average {', '.join(map(str, report['load_average'] or []))}).")
+                       f"(load average {report['load_average']}).")
     if not report["overlap_can_show"]:
         reasons.append(report["meaning"][0].upper() + report["meaning"][1:] + ".")
     return (f"{BUSY_WARNING_PREFIX}. " + " ".join(reasons) +

@@ -34,6 +34,17 @@ class EngineStalled(RuntimeError):
         self.request_ids = [r.id for r in requests]
 
 
+class StepProcessedTwice(RuntimeError):
+    """A launched round's results were handed to the requests a second time.  ``round``
+    is the step's round, ``prompt_indexes`` the prompts in it."""
+
+    def __init__(self, round: int, requests=()):
+        super().__init__(f"round {round}'s step was already processed: process each StepState exactly once "
+                         f"(a second time would hand its tokens out twice)")
+        self.round = round
+        self.prompt_indexes = [r.index for r in requests]
+
+
 @dataclass
 class Run:
     """What one ``generate`` call owns: its requests, its plug-ins and its counters."""

@@ -1,0 +1,115 @@
+"""Build the course website from the stored notebooks, offline, without running them.
+
+    python site/build.py [--out build/site]      # or: ./run.sh site
+
+Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/html``:
+
+* ``site/*.md`` and ``conf.py``, and ``docs/instructor_guide.md`` as the instructor page;
+* ``notebooks/`` and ``exercises/`` as stored (outputs included, no kernel), less nbval's
+  ``# NBVAL_...`` marker lines, with one change per output: a Plotly figure's JSON becomes
+  a ``text/html`` form, a div plus the ``Plotly.newPlot`` call of ``plotly.io.to_html``,
+  which MyST-NB places on the page, so the recorded figures stay interactive; the
+  explorer's widget output, which has no state stored and needs a kernel, becomes a note
+  that points to the app;
+* ``plotly.min.js`` from the installed plotly package, so no page asks a CDN.
+
+Warnings fail the build (``-W``): a broken cross-reference or toctree entry is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "site"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+NOTEBOOK_DIRS = ("notebooks", "exercises")
+NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
+WIDGET_NOTE = ("<div class='admonition note'><p class='admonition-title'>Live widget</p><p>This output is an "
+               "interactive widget that needs a running kernel: run the notebook in Jupyter, or open the "
+               "explorer as an app (<code>./run.sh explorer</code>, see <a href='../explorer_app.html'>"
+               "the timeline explorer as an app</a>).</p></div>")
+
+
+def interactive_outputs(nb, name: str) -> int:
+    """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
+    import plotly.io as pio
+
+    n = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = output.get("data", {})
+            if PLOTLY_MIME in data:
+                # The HTML form replaces the JSON, which MyST-NB has no renderer for (it would warn).
+                data["text/html"] = pio.to_html(data.pop(PLOTLY_MIME), include_plotlyjs=False, full_html=False,
+                                                validate=False, div_id=f"figure-{name}-{n}",
+                                                config={"displaylogo": False, "responsive": True})
+                n += 1
+            elif WIDGET_MIME in data:
+                output["data"] = {"text/html": WIDGET_NOTE}
+    return n
+
+
+def drop_test_markers(nb) -> None:
+    """Remove nbval's ``# NBVAL_...`` marker lines from the code shown: they are for the tests."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = "\n".join(line for line in cell.source.splitlines() if not NBVAL_MARKER.match(line))
+
+
+def stage(out: Path) -> Path:
+    """Lay out the Sphinx source folder under ``out/src`` (replacing an older one)."""
+    src = out / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(SITE, src, ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build"))
+    shutil.copy(ROOT / "docs" / "instructor_guide.md", src / "instructor_guide.md")
+    import plotly
+
+    static = src / "_static"
+    static.mkdir(exist_ok=True)
+    shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
+    for folder in NOTEBOOK_DIRS:
+        (src / folder).mkdir()
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            interactive_outputs(nb, f"{folder}-{path.stem}")
+            drop_test_markers(nb)
+            nbformat.write(nb, src / folder / path.name)
+    return src
+
+
+def build(out: Path) -> Path:
+    """Stage and build; returns the folder of index.html."""
+    src, html = stage(out), out / "html"
+    shutil.rmtree(html, ignore_errors=True)
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-d", str(out / "doctrees"),
+           str(src), str(html)]
+    subprocess.run(cmd, check=True)
+    return html
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="build the course website from the stored notebooks")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    a = p.parse_args(argv)
+    start = time.monotonic()
+    try:
+        html = build(a.out.resolve())
+    except subprocess.CalledProcessError as exc:
+        print(f"site: sphinx-build failed (exit {exc.returncode}); its warnings are above", file=sys.stderr)
+        return 1
+    print(f"site: {html / 'index.html'} built in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Sphinx configuration of the course website (built by ``./run.sh site``; see build.py).
+
+Why Sphinx + MyST-NB and not Jupyter Book: Jupyter Book 2 builds with the MyST
+JavaScript engine, which fetches its site theme over the network at build time; Jupyter
+Book 1 is Sphinx + MyST-NB underneath, pinned to older Sphinx releases.  Sphinx + MyST-NB
+install from PyPI alone and build with no network at all, and MyST-NB reads the stored
+notebooks without running them (``nb_execution_mode = "off"``).
+"""
+
+project = "Overlap the Pipeline"
+author = "the Overlap the Pipeline course"
+copyright = "2026, the Overlap the Pipeline course"
+
+extensions = ["myst_nb"]
+# The site shows the outputs stored in the repository, the ones nbval checks: no kernel.
+nb_execution_mode = "off"
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+
+html_theme = "sphinx_book_theme"
+html_title = "Overlap the Pipeline"
+html_static_path = ["_static"]
+# plotly.js from the plotly package (build.py copies it here): the recorded figures are
+# interactive without any CDN.  Loaded in <head>, before the figures' inline scripts.
+html_js_files = ["plotly.min.js"]
+html_copy_source = False
+html_show_sourcelink = False
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": False,
+    "use_fullscreen_button": False,
+}
+# Without a default the theme logs "Got invalid theme mode" on a first visit.
+html_context = {"default_mode": "light"}

@@ -1,0 +1,185 @@
+"""The course website: built offline from the stored notebooks, read in Chromium.
+
+``site/build.py`` (``./run.sh site``) is run into a temporary folder and the result is
+served on a loopback port.  Then, for every page reachable from the index: no console
+or page error, no request leaves loopback (plotly.js and the theme come with the site),
+every internal link and anchor resolves, and each notebook page draws as many Plotly
+figures as the stored notebook holds (an SVG with bars, a real size).  One figure is
+hovered to show it is interactive.  The build must not run the notebooks: each page shows
+the stored outputs verbatim (timings differ on every run).  Screenshots of the index and
+of notebook 03 go to ``artifacts/browser/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import nbformat
+import pytest
+
+from toy_engine import course
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts" / "browser"
+BUILD_TIMEOUT_S = 300
+PAGES = [Path(d) / p.name for d in ("notebooks", "exercises") for p in sorted((REPO / d).glob("*.ipynb"))]
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built by site/build.py, served on 127.0.0.1."""
+    out = tmp_path_factory.mktemp("site")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "site" / "build.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, f"site build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    print(f"site built in {seconds:.1f} s")
+    root = out / "html"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield dict(root=root, base=f"http://127.0.0.1:{server.server_address[1]}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _page_text(path: Path) -> str:
+    text = html.unescape(re.sub(r"<[^>]+>", " ", path.read_text()))
+    return " ".join(text.split())
+
+
+def _stored_stream_lines(nb_path: Path) -> list[str]:
+    """Output lines with numbers in them: a re-run would print other timings or values."""
+    nb = nbformat.read(nb_path, as_version=4)
+    lines = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if output.output_type == "stream":
+                lines += [" ".join(line.split()) for line in output.text.splitlines()
+                          if re.search(r"\d\.\d", line) and len(line.strip()) > 12]
+    return lines
+
+
+def test_every_notebook_and_exercise_has_a_page_with_its_stored_outputs(site):
+    missing = [str(p) for p in PAGES if not (site["root"] / p.with_suffix(".html")).is_file()]
+    assert not missing, f"no page for {missing}"
+    checked = 0
+    for rel in PAGES:
+        lines = _stored_stream_lines(REPO / rel)
+        text = _page_text(site["root"] / rel.with_suffix(".html"))
+        absent = [line for line in lines if line not in text]
+        assert not absent, (f"{rel}: stored output lines missing from its page (was the notebook re-run?): "
+                            f"{absent[:3]}")
+        checked += len(lines)
+    assert checked >= 10, f"only {checked} stored output lines with numbers found to compare"
+
+
+_PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+    const r = gd.getBoundingClientRect();
+    return {id: gd.id, traces: (gd.data || []).length, svgTraces: gd.querySelectorAll('g.trace').length,
+            bars: gd.querySelectorAll('g.point path').length, width: r.width, height: r.height};
+})"""
+
+
+def _wait_plots(page, expected: int, timeout_s: float = 30) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        plots = page.evaluate(_PLOTS_JS)
+        drawn = [p for p in plots if p["traces"] and p["svgTraces"] >= p["traces"] and p["bars"] > 0]
+        if len(drawn) >= expected or time.monotonic() > deadline:
+            return plots
+        page.wait_for_timeout(250)
+
+
+def _ids(path: Path) -> set[str]:
+    return set(re.findall(r"\bid=\"([^\"]+)\"", path.read_text()))
+
+
+def _check_links(site, url: str, hrefs: list[str], broken: list[str]) -> set[str]:
+    """Internal pages linked from url (broken targets and anchors go to `broken`)."""
+    pages = set()
+    for href in hrefs:
+        target = urlparse(urljoin(url, href))
+        if target.scheme not in ("http", "https") or f"{target.scheme}://{target.netloc}/" != site["base"]:
+            continue
+        rel = unquote(target.path).lstrip("/") or "index.html"
+        file = site["root"] / rel
+        if file.is_dir():
+            file = file / "index.html"
+        if not file.is_file():
+            broken.append(f"{url} -> {href} (no {rel})")
+            continue
+        if target.fragment and file.suffix == ".html" and target.fragment not in _ids(file):
+            broken.append(f"{url} -> {href} (no id {target.fragment!r} in {rel})")
+        if file.suffix == ".html":
+            pages.add(str(file.relative_to(site["root"])))
+    return pages
+
+
+def test_site_in_chromium_draws_figures_links_resolve_no_errors(site, watched):
+    page = watched.page
+    todo, seen, broken, report = ["index.html"], set(), [], {}
+    while todo:
+        rel = todo.pop()
+        if rel in seen or rel in ("genindex.html", "search.html"):
+            continue
+        seen.add(rel)
+        url = site["base"] + rel
+        page.goto(url, wait_until="load")
+        stored = REPO / Path(rel).with_suffix(".ipynb")
+        expected = len(course.figure_outputs(nbformat.read(stored, as_version=4))) if stored.is_file() else 0
+        plots = _wait_plots(page, expected)
+        report[rel] = len(plots)
+        assert len(plots) == expected, f"{rel}: {len(plots)} Plotly figures on the page, {expected} stored: {plots}"
+        for p in plots:
+            assert p["traces"] > 0 and p["bars"] > 0, f"{rel}: figure {p['id']} has no drawn bars: {p}"
+            assert p["svgTraces"] >= p["traces"], f"{rel}: figure {p['id']} traces not all in the SVG: {p}"
+            assert p["width"] > 300 and p["height"] > 150, f"{rel}: figure {p['id']} drawn too small: {p}"
+        hrefs = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+        todo += sorted(_check_links(site, url, hrefs, broken) - seen)
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+    unseen = [str(p.with_suffix(".html")) for p in PAGES if str(p.with_suffix(".html")) not in seen]
+    assert not unseen, f"pages not reachable from the index: {unseen}"
+    assert {"setup.html", "instructor_guide.html", "explorer_app.html"} <= seen, sorted(seen)
+    assert sum(report.values()) >= 8, f"figures per page: {report}"
+    assert not watched.external, f"requests that left loopback (the site must work offline): {watched.external}"
+    assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)
+
+
+def test_site_figure_is_interactive(site, watched):
+    """Hovering a bar shows Plotly's hover label (plotly.js is live, not a picture)."""
+    page = watched.page
+    page.goto(site["base"] + "notebooks/03_zos.html", wait_until="load")
+    plots = _wait_plots(page, 1)
+    assert plots, "notebooks/03_zos.html has no Plotly figure"
+    figure = page.locator(".js-plotly-plot").first
+    figure.scroll_into_view_if_needed()
+    bar = figure.locator("g.point path").first
+    box = bar.bounding_box()
+    assert box and box["width"] > 0, f"the first bar has no size on the page: {box}"
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector(".js-plotly-plot .hoverlayer .hovertext", timeout=10_000)
+    label = figure.locator(".hoverlayer .hovertext").first.text_content()
+    assert "round" in label and "ms" in label, f"hover label: {label!r}"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "site_03_zos.png"))
+    page.goto(site["base"] + "index.html", wait_until="load")
+    page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
+    assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)

@@ -1,0 +1,201 @@
+"""The timeline explorer as an app: Voilà serves apps/explorer.ipynb, Chromium uses it.
+
+Voilà is started the way ``./run.sh explorer`` starts it (the ``course`` template from
+``apps/voila/templates``, found through JUPYTER_PATH) on a free loopback port.  In
+Chromium the page must open with one run drawn (a timeline with bars), show no code, and
+react: switching the mode and pressing *Run* redraws the figure for the new mode, moving
+the "first round" slider redraws it again, and, when the explorer has a view switch (an
+option naming the "order" view), choosing that view redraws it too.  No console error, no
+request off loopback.  A screenshot goes to ``artifacts/browser/voila_explorer.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts" / "browser"
+START_TIMEOUT_S = 240  # Voilà runs the app notebook (one engine run) before it answers
+REDRAW_TIMEOUT_S = 90
+
+# Mirrors `./run.sh explorer` (see run.sh): the same notebook, template and template path.
+VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--Voila.ip=127.0.0.1"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _view_switch_option() -> str | None:
+    """The label of the explorer's "order" view option, if its widgets offer one."""
+    from toy_engine import viz
+
+    explorer = viz.TimelineExplorer()
+    try:
+        todo = [explorer.widget]
+        while todo:
+            widget = todo.pop()
+            todo += list(getattr(widget, "children", ()))
+            for option in getattr(widget, "options", ()) or ():
+                label = option[0] if isinstance(option, tuple) else option
+                if isinstance(label, str) and re.search(r"order", label, re.I):
+                    return label
+        return None
+    finally:
+        explorer.close()
+
+
+@pytest.fixture(scope="module")
+def voila_app(tmp_path_factory):
+    import psutil  # a dependency of ipykernel, so always in the course venv
+
+    tmp = tmp_path_factory.mktemp("voila")
+    port = _free_port()
+    env = dict(os.environ, JUPYTER_PATH=str(REPO / "apps"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+               JUPYTER_CONFIG_DIR=str(tmp / "config"), PYDEVD_DISABLE_FILE_VALIDATION="1")
+    log = tmp / "voila.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "voila", *VOILA_ARGS, f"--port={port}"], cwd=REPO, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the server is up (the static files answer before any kernel runs)
+            if proc.poll() is not None:
+                pytest.fail(f"voila exited with {proc.returncode}:\n{log.read_text()[-3000:]}", pytrace=False)
+            try:
+                urllib.request.urlopen(f"{base}/voila/static/voila.js", timeout=2).close()
+                break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"voila did not answer in 60 s:\n{log.read_text()[-3000:]}", pytrace=False)
+                time.sleep(0.5)
+        yield dict(base=base, log=log)
+    finally:
+        children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        for child in children:  # the app's kernel and its engine's device process
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+
+
+_STATE_JS = """() => {
+    const box = Array.from(document.querySelectorAll('.widget-vbox')).find(b =>
+        b.querySelector('.js-plotly-plot') &&
+        Array.from(b.querySelectorAll('button')).some(x => x.textContent.trim() === 'Run'));
+    if (!box) return null;
+    const gd = box.querySelector('.js-plotly-plot');
+    const run = Array.from(box.querySelectorAll('button')).find(x => x.textContent.trim() === 'Run');
+    const data = (gd.data || []).map(t => [t.name, Array.from(t.x || []).length, Array.from(t.base || []).slice(0, 4)]);
+    const title = gd.layout && gd.layout.title ? (gd.layout.title.text || '') : '';
+    const r = gd.getBoundingClientRect();
+    return {key: JSON.stringify([title, data]), title, traces: data.length,
+            bars: gd.querySelectorAll('g.point path').length, width: r.width, height: r.height,
+            runDisabled: run.disabled, readout: (box.querySelector('.widget-html') || {}).textContent || ''};
+}"""
+
+
+# Voila replaces a failing cell's output with this message (tracebacks are hidden by default).
+_ERROR_JS = """() => { const t = document.body ? document.body.innerText : '';
+    const i = t.search(/There was an error when executing cell|Traceback \\(most recent call last\\)/);
+    return i < 0 ? null : t.slice(i); }"""
+
+
+def _drawn(state) -> bool:
+    return bool(state and state["traces"] >= 3 and state["bars"] > 0 and state["width"] > 300
+                and not state["runDisabled"])
+
+
+def _wait_state(page, what: str, before: str | None = None, timeout_s: float = REDRAW_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        state = page.evaluate(_STATE_JS)
+        if _drawn(state) and (before is None or state["key"] != before):
+            return state
+        failed = page.evaluate(_ERROR_JS)
+        if failed:
+            pytest.fail(f"{what}: the app shows an error: {failed[:800]}", pytrace=False)
+        page.wait_for_timeout(300)
+    pytest.fail(f"{what}: no (new) drawn timeline in the explorer in {timeout_s:.0f} s; last state: "
+                f"{state and {k: state[k] for k in ('title', 'traces', 'bars', 'runDisabled', 'readout')}}",
+                pytrace=False)
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + 4 * REDRAW_TIMEOUT_S + 60)
+def test_explorer_app_in_chromium(voila_app, watched):
+    page = watched.page
+    view_option = _view_switch_option()
+    try:
+        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        state = _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        # Let the page settle (the figure's view finishes its first draw, the widgets connect)
+        # before pressing anything: the same figure on two polls a second apart.
+        for _ in range(30):
+            page.wait_for_timeout(1000)
+            again = page.evaluate(_STATE_JS)
+            if again and again["key"] == state["key"] and page.locator(".js-plotly-plot .modebar").count():
+                break
+            state = again or state
+        # An app, not a notebook: no code cell, no editor, no source text.
+        code = page.evaluate("""() => document.querySelectorAll('.jp-CodeCell .jp-InputArea, .cm-editor,'
+                                + ' .CodeMirror').length""")
+        assert code == 0, f"the app shows {code} code input(s)"
+        assert "TimelineExplorer(" not in page.inner_text("body"), "the app shows its source code"
+        explorer = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).filter(
+            has=page.locator("button", has_text=re.compile(r"^\s*Run\s*$"))).last
+        # Mode + Run.
+        other = explorer.locator(".widget-toggle-buttons button:not(.mod-active)",
+                                 has_text=re.compile(r"^\s*(serial|zos)\s*$")).first
+        new_mode = other.text_content().strip()
+        other.click()
+        explorer.locator("button", has_text=re.compile(r"^\s*Run\s*$")).first.click()
+        state = _wait_state(page, f"mode={new_mode} + Run", state["key"])
+        assert new_mode in state["title"], f"the redrawn title does not name mode {new_mode}: {state['title']!r}"
+        assert "Error" not in state["readout"], f"the explorer reported: {state['readout']}"
+        # The "first round" slider, one step with the keyboard.
+        handle = explorer.locator(".widget-slider", has_text="first round").first.locator(".noUi-handle").first
+        now, top = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemax"))
+        handle.focus()
+        handle.press("ArrowRight" if now < top else "ArrowLeft")
+        state = _wait_state(page, "moving the first-round slider", state["key"])
+        # The view switch, once the explorer has one.
+        if view_option is None:
+            print("the TimelineExplorer has no view switch (no option naming 'order'): not exercised")
+        else:
+            toggle = explorer.locator(".widget-toggle-buttons button, .widget-radio-box label",
+                                      has_text=view_option)
+            if toggle.count():
+                toggle.first.click()
+            else:
+                explorer.locator("select", has=page.locator("option", has_text=view_option)).first.select_option(
+                    label=view_option)
+            state = _wait_state(page, f"switching to the {view_option!r} view", state["key"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "voila_explorer.png"), full_page=True)
+    except BaseException:
+        print(f"voila log tail:\n{voila_app['log'].read_text(errors='replace')[-3000:]}")
+        raise
+    assert not watched.external, f"requests that left loopback (the app must work offline): {watched.external}"
+    assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)

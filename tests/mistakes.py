@@ -1,0 +1,644 @@
+"""The mutation corpus: wrong answers to exercises 02-05, each with the verdict category
+its checker must give, and correct alternatives that must pass.
+
+Each wrong answer is one classic mistake, written the way a learner would write it,
+next to the solution it breaks.  ``tests/test_mistakes.py`` runs every entry; the
+instructor guide's "common mistakes" table lists the same entries by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from toy_engine import kernels
+
+
+@dataclass
+class Answer:
+    exercise: str   # "02a", "02b", "03a", "03b", "04a", "04b", "05"
+    name: str
+    answer: object
+    category: str = "passed"  # the verdict category a wrong answer must get
+    what: str = ""            # the mistake, in a few words (the instructor guide's table)
+
+
+# ---------------------------------------------------------------- 02a: the serial loop
+
+def serial(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.process_outputs(step)
+
+
+def serial_while_true(engine):
+    while True:
+        if not engine.scheduler.has_work():
+            break
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_break_on_none(engine):
+    while True:
+        plan = engine.schedule()
+        if plan is None:  # the serial loop only gets None when no work is left
+            break
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_never_processes(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.launch_sample(inputs)
+
+
+def serial_sample_first(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        step = engine.launch_sample(inputs)
+        engine.launch_forward(inputs)
+        engine.process_outputs(step)
+
+
+def serial_processes_twice(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.process_outputs(step)
+        engine.process_outputs(step)
+
+
+def serial_ten_rounds(engine):
+    for _ in range(10):
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_no_forward(engine):
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_forward_twice(engine):
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.launch_forward(inputs)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_schedules_twice(engine):
+    while engine.scheduler.has_work():
+        engine.schedule()  # "just to see the plan"
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_processes_at_the_end(engine):
+    steps = []
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.launch_forward(inputs)
+        steps.append(engine.launch_sample(inputs))
+    for step in steps:
+        engine.process_outputs(step)
+
+
+def serial_one_round_late(engine):
+    previous = None
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        previous = step
+        if not engine.scheduler.waiting and all(r.num_inflight for r in engine.scheduler.running):
+            engine.process_outputs(previous)
+            previous = None
+
+
+def serial_processes_prefill_only(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            engine.process_outputs(step)
+
+
+def serial_until_admitted(engine):
+    while engine.scheduler.waiting:
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+# ---------------------------------------------------------------- 02b: the idle fraction
+
+def idle(timeline):
+    idle_ms = sum(end - start for start, end in timeline.device_gaps())
+    return idle_ms / (idle_ms + timeline.device_busy_ms())
+
+
+def idle_end_minus_start(timeline):
+    device = timeline.lane("device")
+    span = max(s.end_ms for s in device) - min(s.start_ms for s in device)
+    return sum(end - start for start, end in timeline.device_gaps()) / span
+
+
+def idle_summed_durations(timeline):  # the stream runs one launch at a time: spans never overlap
+    busy = sum(s.end_ms - s.start_ms for s in timeline.lane("device"))
+    idle_ms = sum(end - start for start, end in timeline.device_gaps())
+    return idle_ms / (idle_ms + busy)
+
+
+def idle_one_minus_busy(timeline):
+    idle_ms = sum(end - start for start, end in timeline.device_gaps())
+    return 1 - timeline.device_busy_ms() / (idle_ms + timeline.device_busy_ms())
+
+
+def idle_busy_fraction(timeline):
+    idle_ms = sum(end - start for start, end in timeline.device_gaps())
+    return timeline.device_busy_ms() / (idle_ms + timeline.device_busy_ms())
+
+
+def idle_over_busy(timeline):
+    return sum(end - start for start, end in timeline.device_gaps()) / timeline.device_busy_ms()
+
+
+def idle_in_ms(timeline):
+    return sum(end - start for start, end in timeline.device_gaps())
+
+
+def idle_over_first_gap(timeline):
+    start, end = timeline.device_gaps()[0]
+    return (end - start) / (end - start + timeline.device_busy_ms())
+
+
+def idle_over_the_whole_run(timeline):
+    everything = timeline.spans
+    return idle_in_ms(timeline) / (max(s.end_ms for s in everything) - min(s.start_ms for s in everything))
+
+
+def idle_as_text(timeline):
+    return f"{idle(timeline):.1%}"
+
+
+# ---------------------------------------------------------------- 03a: the ZOS loop
+
+def make_zos(*, flush="flush", process_first=False, defer=True, sample_first=False, correct="before",
+             defer_prefill=False, reset_previous=True, on_none="continue", launch_sample_first=False):
+    """The solution, or one of its classic mistakes."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                if flush == "flush":
+                    if reset_previous:
+                        previous = engine.flush(previous)
+                    else:
+                        engine.flush(previous)
+                elif flush == "process":
+                    engine.process_outputs(previous)
+                    previous = None
+                else:  # the deferred step is dropped
+                    previous = None
+                if on_none == "break":
+                    break
+                if on_none == "continue":
+                    continue
+            inputs = engine.prepare_inputs(plan)
+            if previous is not None and process_first:
+                engine.process_outputs(previous)
+            if correct == "always" or (previous is not None and correct == "before"):
+                engine.correct_on_device(inputs)
+            if launch_sample_first:
+                current = engine.launch_sample(inputs)
+                engine.launch_forward(inputs)
+            else:
+                engine.launch_forward(inputs)
+            if previous is not None and correct == "after":
+                engine.correct_on_device(inputs)
+            if not launch_sample_first and sample_first:
+                current = engine.launch_sample(inputs)
+            if previous is not None and not process_first:
+                if flush == "always":
+                    engine.flush(previous)
+                else:
+                    engine.process_outputs(previous)
+            if not launch_sample_first and not sample_first:
+                current = engine.launch_sample(inputs)
+            if (plan.is_prefill and not defer_prefill) or not defer:
+                engine.process_outputs(current)
+                if reset_previous:
+                    previous = None
+            else:
+                previous = current
+    return loop
+
+
+def zos_while_true(engine):
+    previous = None
+    while True:
+        if not engine.scheduler.has_work():
+            break
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        previous = None if plan.is_prefill else current
+        if plan.is_prefill:
+            engine.process_outputs(current)
+
+
+def zos_flush_after_the_loop_too(engine):
+    make_zos()(engine)
+    engine.flush(None)
+
+
+# ---------------------------------------------------------------- 03b: three rounds drawn
+
+THREE_ROUNDS = [("forward", 1), ("sample", 1),
+                ("forward", 2), ("postprocess", 1), ("sample", 2),
+                ("forward", 3), ("postprocess", 2), ("sample", 3),
+                ("flush", 3)]
+
+
+# ---------------------------------------------------------------- 04a: the correction
+
+def correction(meta, accepted, block_size):
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"], output_size=len(meta["positions"]))
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_with_python_loop(meta, accepted, block_size):  # slow, and it syncs on a GPU, but right
+    start = 0
+    for b in range(len(meta["rows"])):
+        q = int(meta["seqlens_q"][b])
+        d = int(accepted[meta["rows"][b]] * meta["pending"][b])
+        meta["seqlens_k"][b] += d
+        for t in range(start, start + q):
+            meta["positions"][t] += d
+            p = int(meta["positions"][t])
+            meta["slot_mapping"][t] = meta["block_tables"][b, p // block_size] * block_size + p % block_size
+        start += q
+
+
+def _shift(meta, delta, block_size, slots=True):
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    if slots:
+        block = meta["block_tables"][owner, meta["positions"] // block_size]
+        meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_stale(meta, accepted, block_size):
+    pass
+
+
+def correction_not_in_place(meta, accepted, block_size):
+    delta = accepted[meta["rows"]] * meta["pending"]
+    meta = dict(meta)
+    meta["seqlens_k"] = meta["seqlens_k"] + delta  # a new tensor, in a copied dict
+
+
+def correction_positions_only(meta, accepted, block_size):
+    _shift(meta, accepted[meta["rows"]] * meta["pending"], block_size, slots=False)
+
+
+def correction_slot_plus_delta(meta, accepted, block_size):
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    _shift(meta, delta, block_size, slots=False)
+    meta["slot_mapping"] += delta[owner]
+
+
+def correction_grows_queries(meta, accepted, block_size):
+    correction(meta, accepted, block_size)
+    meta["seqlens_q"] += accepted[meta["rows"]] * meta["pending"]
+
+
+def correction_by_batch_position(meta, accepted, block_size):
+    _shift(meta, accepted[: len(meta["rows"])] * meta["pending"], block_size)
+
+
+def correction_ignores_pending(meta, accepted, block_size):
+    _shift(meta, accepted[meta["rows"]], block_size)
+
+
+def correction_off_by_one(meta, accepted, block_size):
+    _shift(meta, (accepted[meta["rows"]] + 1) * meta["pending"], block_size)
+
+
+def correction_first_token_only(meta, accepted, block_size):
+    delta = accepted[meta["rows"]] * meta["pending"]
+    starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
+    meta["seqlens_k"] += delta
+    meta["positions"][starts] += delta
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_block_size_4(meta, accepted, block_size):
+    _shift(meta, accepted[meta["rows"]] * meta["pending"], 4)
+
+
+def correction_lengths_only(meta, accepted, block_size):
+    meta["seqlens_k"] += accepted[meta["rows"]] * meta["pending"]
+
+
+# ---------------------------------------------------------------- 05: process_outputs
+
+def process(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in engine.commit_outputs(step, out):
+        if req.finished and req.num_inflight == 0:
+            engine.scheduler.free(req)
+
+
+def process_release_if_done(engine, step):
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        engine.scheduler.release_if_done(req)
+
+
+def process_scanning_running(engine, step):
+    engine.device.wait(step.sample_done)
+    engine.commit_outputs(step, engine.read_outputs(step))
+    for req in list(engine.scheduler.running):
+        if req.finished and req.num_inflight == 0:
+            engine.scheduler.free(req)
+
+
+def process_waits_twice(engine, step):
+    engine.device.wait(step.sample_done)
+    engine.device.wait(step.sample_done)
+    process(engine, step)
+
+
+def process_buggy(engine, step):  # the notebook's buggy version: two mistakes
+    out = engine.read_outputs(step)
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, out):
+        if req.finished:
+            engine.scheduler.free(req)
+
+
+def process_reads_first(engine, step):
+    out = engine.read_outputs(step)
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, out):
+        engine.scheduler.release_if_done(req)
+
+
+def process_never_waits(engine, step):
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        engine.scheduler.release_if_done(req)
+
+
+def process_frees_early(engine, step):
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        if req.finished:
+            engine.scheduler.free(req)
+
+
+def process_never_frees(engine, step):
+    engine.device.wait(step.sample_done)
+    engine.commit_outputs(step, engine.read_outputs(step))
+
+
+def process_synchronizes(engine, step):
+    engine.device.synchronize()
+    process_release_if_done_after_wait(engine, step)
+
+
+def process_waits_on_a_fresh_event(engine, step):
+    engine.device.wait(engine.device.record_event())
+    process_release_if_done_after_wait(engine, step)
+
+
+def process_release_if_done_after_wait(engine, step):
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        engine.scheduler.release_if_done(req)
+
+
+def process_forgets_commit(engine, step):
+    engine.device.wait(step.sample_done)
+    engine.read_outputs(step)
+    for req in step.plan.requests:
+        engine.scheduler.release_if_done(req)
+
+
+def process_commits_twice(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    engine.commit_outputs(step, out)
+    for req in engine.commit_outputs(step, out):
+        engine.scheduler.release_if_done(req)
+
+
+def process_frees_when_nothing_in_flight(engine, step):
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        if req.num_inflight == 0:
+            engine.scheduler.free(req)
+
+
+def process_frees_before_commit(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in step.plan.requests:
+        engine.scheduler.release_if_done(req)
+    engine.commit_outputs(step, out)
+
+
+def process_frees_finished_before_commit(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in step.plan.requests:
+        if req.finished:
+            engine.scheduler.free(req)
+    engine.commit_outputs(step, out)
+
+
+# ---------------------------------------------------------------- the corpus
+
+WRONG = [
+    Answer("02a", "never processes a step", serial_never_processes, "never_processed",
+           "launches every round, drops the StepState"),
+    Answer("02a", "launch_sample before launch_forward", serial_sample_first, "sample_before_forward",
+           "the two launches swapped (the exercise's try-it 1)"),
+    Answer("02a", "a step processed twice", serial_processes_twice, "processed_twice",
+           "process_outputs(step) called twice"),
+    Answer("02a", "the ZOS loop handed in", lambda engine: engine.zos_loop(), "not_serial",
+           "the overlapped loop given as the serial one"),
+    Answer("02a", "ten rounds only", serial_ten_rounds, "loop_returned",
+           "for _ in range(10) instead of while has_work (try-it 2)"),
+    Answer("02a", "no forward", serial_no_forward, "sample_before_forward", "launch_forward forgotten"),
+    Answer("02a", "forward launched twice", serial_forward_twice, "launched_twice", "launch_forward twice per round"),
+    Answer("02a", "a plan dropped", serial_schedules_twice, "plan_dropped", "schedule() called twice per round"),
+    Answer("02a", "steps processed at the end", serial_processes_at_the_end, "never_processed",
+           "all StepStates kept in a list, processed after the loop"),
+    Answer("02a", "one round late", serial_one_round_late, "not_serial",
+           "each step processed after the next round's launches"),
+    Answer("02a", "decode steps never processed", serial_processes_prefill_only, "never_processed",
+           "only prefill steps processed"),
+    Answer("02a", "stops once all are admitted", serial_until_admitted, "loop_returned",
+           "while scheduler.waiting instead of has_work()"),
+    Answer("02b", "busy fraction", idle_busy_fraction, "busy_fraction", "busy / (idle + busy)"),
+    Answer("02b", "idle over busy", idle_over_busy, "idle_over_busy", "idle / busy"),
+    Answer("02b", "idle in ms", idle_in_ms, "idle_ms", "the idle time, not a fraction"),
+    Answer("02b", "whole run as denominator", idle_over_the_whole_run, "wall_denominator",
+           "idle / (first to last span of both lanes)"),
+    Answer("02b", "first gap only", idle_over_first_gap, "wrong_value", "device_gaps()[0] only"),
+    Answer("02b", "a formatted string", idle_as_text, "not_a_number", "returns '12.3%'"),
+    Answer("03a", "no flush", make_zos(flush="drop"), "no_flush", "previous dropped when schedule() returns None"),
+    Answer("03a", "break without flush", make_zos(flush="drop", on_none="break"), "no_flush",
+           "break when schedule() returns None"),
+    Answer("03a", "process before the forward", make_zos(process_first=True), "process_before_forward",
+           "previous processed before launch_forward (try-it 1)"),
+    Answer("03a", "never defers", make_zos(defer=False), "not_deferred", "decode steps processed at once"),
+    Answer("03a", "the serial loop handed in", serial, "not_deferred", "the serial loop given as the ZOS one"),
+    Answer("03a", "forward, sample, then postprocess", make_zos(sample_first=True), "sample_before_process",
+           "this round's sample launched before the previous postprocess"),
+    Answer("03a", "no correct_on_device", make_zos(correct="never"), "correction",
+           "the correction left out (text differs only with drafts)"),
+    Answer("03a", "correction after the forward", make_zos(correct="after"), "correction",
+           "correct_on_device after launch_forward"),
+    Answer("03a", "process_outputs instead of flush", make_zos(flush="process"), "not_flushed",
+           "the last step processed by process_outputs"),
+    Answer("03a", "flush used mid-run", make_zos(flush="always"), "flush_mid_run",
+           "flush(previous) under the next forward too"),
+    Answer("03a", "prefill deferred", make_zos(defer_prefill=True), "prefill_deferred",
+           "prefill steps kept as previous (try-it 4)"),
+    Answer("03a", "flush result not assigned", make_zos(reset_previous=False), "processed_twice",
+           "engine.flush(previous) without previous = ..."),
+    Answer("03a", "break after the flush", make_zos(on_none="break"), "loop_returned",
+           "flush, then break: waiting prompts never start"),
+    Answer("03a", "goes on with a None plan", make_zos(on_none="fall_through"), "none_plan",
+           "flush, then prepare_inputs(None)"),
+    Answer("03a", "launch_sample before launch_forward", make_zos(launch_sample_first=True),
+           "sample_before_forward", "the launches swapped"),
+    Answer("03b", "the serial order", [("forward", 1), ("sample", 1), ("postprocess", 1), ("forward", 2),
+                                       ("sample", 2), ("postprocess", 2), ("forward", 3), ("sample", 3),
+                                       ("postprocess", 3)], "serial_order", "each round processed in itself"),
+    Answer("03b", "sample before postprocess", [("forward", 1), ("sample", 1), ("forward", 2), ("sample", 2),
+                                                ("postprocess", 1), ("forward", 3), ("sample", 3),
+                                                ("postprocess", 2), ("flush", 3)], "sample_before_postprocess",
+           "forward, sample, postprocess previous"),
+    Answer("03b", "no flush", THREE_ROUNDS[:-1] + [("postprocess", 3)], "no_flush", "the last round postprocessed"),
+    Answer("03b", "round 0 included", [("forward", 0), ("sample", 0), ("postprocess", 0)] + THREE_ROUNDS,
+           "includes_prefill", "the prefill round listed"),
+    Answer("03b", "last round left out", THREE_ROUNDS[:-1], "length", "round 3 never processed"),
+    Answer("03b", "flush every round", [("flush", r) if s == "postprocess" else (s, r) for s, r in THREE_ROUNDS],
+           "flush_mid_run", "flush instead of postprocess"),
+    Answer("04a", "no correction", correction_stale, "stale", "the function does nothing"),
+    Answer("04a", "not in place", correction_not_in_place, "stale", "new tensors in a copied dict"),
+    Answer("04a", "positions but not slots", correction_positions_only, "slot_mapping", "slot_mapping left stale"),
+    Answer("04a", "slot + delta", correction_slot_plus_delta, "slots_shifted", "slots shifted, not recomputed"),
+    Answer("04a", "seqlens_q corrected", correction_grows_queries, "seqlens_q", "query lengths stretched"),
+    Answer("04a", "accepted[:B]", correction_by_batch_position, "accepted_by_batch",
+           "accepted indexed by batch position"),
+    Answer("04a", "pending ignored", correction_ignores_pending, "pending_ignored", "no pending factor"),
+    Answer("04a", "off by one", correction_off_by_one, "off_by_one", "shift by 1 + accepted"),
+    Answer("04a", "first token only", correction_first_token_only, "first_token_only",
+           "only each request's first position shifted"),
+    Answer("04a", "block size hard-coded", correction_block_size_4, "block_size_hardcoded",
+           "block_size 4 written in"),
+    Answer("04a", "lengths only", correction_lengths_only, "positions", "only seqlens_k shifted"),
+    Answer("04b", "slot_mapping missing", {"seqlens_k", "positions", "input_ids"}, "missing_field",
+           "slot_mapping forgotten"),
+    Answer("04b", "input_ids missing", {"seqlens_k", "positions", "slot_mapping"}, "missing_field",
+           "the FROM_DEVICE ids forgotten"),
+    Answer("04b", "seqlens_q included", {"seqlens_k", "positions", "slot_mapping", "input_ids", "seqlens_q"},
+           "unchanged_field", "query lengths counted as stale"),
+    Answer("04b", "cu_seqlens_q included", {"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_q"},
+           "unchanged_field", "the packed layout counted as stale"),
+    Answer("04b", "block_tables included", {"seqlens_k", "positions", "slot_mapping", "input_ids", "block_tables"},
+           "unchanged_field", "block tables counted as stale"),
+    Answer("04b", "a typo", {"seqlen_k", "positions", "slot_mapping", "input_ids"}, "unknown_field",
+           "a name that is not a field"),
+    Answer("05", "the notebook's buggy version", process_buggy, "read_before_wait", "read, wait, free finished"),
+    Answer("05", "read before wait", process_reads_first, "read_before_wait", "read_outputs before the wait"),
+    Answer("05", "no wait", process_never_waits, "read_before_wait", "never waits"),
+    Answer("05", "free without num_inflight", process_frees_early, "free_in_use",
+           "every finished request freed (the extra step)"),
+    Answer("05", "never frees", process_never_frees, "kept_blocks", "finished requests keep their cache"),
+    Answer("05", "synchronize", process_synchronizes, "waits_later_event",
+           "device.synchronize() instead of the step's event"),
+    Answer("05", "a fresh event", process_waits_on_a_fresh_event, "waits_later_event",
+           "waits on device.record_event()"),
+    Answer("05", "commit forgotten", process_forgets_commit, "never_committed", "tokens read, never committed"),
+    Answer("05", "commit twice", process_commits_twice, "committed_twice", "commit_outputs called twice"),
+    Answer("05", "free when nothing in flight", process_frees_when_nothing_in_flight, "freed_unfinished",
+           "num_inflight == 0 without finished"),
+    Answer("05", "free before commit", process_frees_before_commit, "kept_blocks",
+           "release_if_done before commit_outputs"),
+    Answer("05", "free finished before commit", process_frees_finished_before_commit, "kept_blocks",
+           "finished requests freed before commit"),
+]
+
+RIGHT = [
+    Answer("02a", "the solution", serial),
+    Answer("02a", "while True with break", serial_while_true),
+    Answer("02a", "break when schedule() returns None", serial_break_on_none),
+    Answer("02a", "the engine's own loop", lambda engine: engine.serial_loop()),
+    Answer("02b", "the solution", idle),
+    Answer("02b", "end - start denominator", idle_end_minus_start),
+    Answer("02b", "summed span durations", idle_summed_durations),
+    Answer("02b", "1 - busy share", idle_one_minus_busy),
+    Answer("03a", "the solution", make_zos()),
+    Answer("03a", "while True with break", zos_while_true),
+    Answer("03a", "correct_on_device every round", make_zos(correct="always")),
+    Answer("03a", "a harmless flush after the loop", zos_flush_after_the_loop_too),
+    Answer("03a", "the engine's own loop", lambda engine: engine.zos_loop()),
+    Answer("03b", "the solution", THREE_ROUNDS),
+    Answer("03b", "as lists", [list(x) for x in THREE_ROUNDS]),
+    Answer("04a", "the solution", correction),
+    Answer("04a", "the engine's own", kernels.correct_seqlens_qk),
+    Answer("04a", "a Python loop", correction_with_python_loop),
+    Answer("04b", "the solution", {"seqlens_k", "positions", "slot_mapping", "input_ids"}),
+    Answer("04b", "with cu_seqlens_k", {"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_k"}),
+    Answer("04b", "as a list", ["input_ids", "positions", "slot_mapping", "seqlens_k"]),
+    Answer("05", "the solution", process),
+    Answer("05", "release_if_done", process_release_if_done),
+    Answer("05", "scanning running", process_scanning_running),
+    Answer("05", "waits twice", process_waits_twice),
+]

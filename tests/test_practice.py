@@ -1,0 +1,417 @@
+"""The in-notebook checks (toy_engine/practice.py): every plausible wrong answer in the
+corpus below is rejected with a message that names its mistake, every correct way of
+writing the answer passes, and no learner input makes a check raise."""
+
+import numpy as np
+import pytest
+import torch
+
+import toy_engine as te
+from toy_engine import practice
+from toy_engine.timeline import Timeline
+
+# Inputs a learner might type by accident; no check may raise on any of them.
+JUNK = [None, "", "12", 3.5, True, [], [None], {"a": 1}, object(), float("nan"), torch.zeros(2, 2)]
+
+
+def rejects(verdict, *phrases):
+    assert not verdict.passed, verdict
+    for phrase in phrases:
+        assert phrase in verdict.message, (phrase, verdict.message)
+    return verdict
+
+
+# ---- 00: which kernels are finished when wait(event 1) returns ------------------------
+
+@pytest.mark.parametrize("answer", [{0, 1}, [1, 0], (0, 1), {np.int64(0), 1}])
+def test_done_after_wait_accepts(answer):
+    assert practice.check_done_after_wait(answer).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ({1}, "kernel 0 is finished too"),
+    (1, "kernel 0 is finished too"),
+    ({0}, "kernel 1 is finished too"),
+    ({0, 1, 2}, "kernel 2 was launched after event 1"),
+    ({2}, "kernel 2 was launched after event 1"),
+    ({1, 2}, "kernel 2 was launched after event 1"),
+    (set(), "kernel 0 is finished too"),
+    ({0, 1, 3}, "there is no kernel 3"),
+    (["a"], "write a set of kernel numbers"),
+])
+def test_done_after_wait_rejects(answer, phrase):
+    rejects(practice.check_done_after_wait(answer), phrase)
+
+
+def test_done_after_wait_other_event():
+    assert practice.check_done_after_wait({0, 1, 2}, waited=2).passed
+    rejects(practice.check_done_after_wait({0, 1}, waited=0), "kernel 1 was launched after event 0")
+
+
+# ---- 00: cause a race, then fix it (run on the real device) ---------------------------
+
+@pytest.fixture(scope="module")
+def device(engine_pool):
+    return engine_pool(max_batch_size=1, num_kv_blocks=8).device
+
+
+RACY = [
+    ["launch", "read"],
+    ["launch", "read", "record", "wait"],
+    ["launch", "record", "read", "wait"],
+    ["record", "launch", "wait", "read"],
+    ["launch", "record", "read"],
+    ["Launch", " READ "],
+]
+SAFE = [
+    ["launch", "record", "wait", "read"],
+    ("launch", "record", "wait", "read", "read"),
+    ["record", "launch", "record", "wait", "read"],
+    ["record", "wait", "launch", "record", "wait", "read"],
+    ["launch", "record", "record", "wait", "read"],
+]
+
+
+@pytest.mark.parametrize("order", RACY)
+def test_race_orders_race_and_are_not_fixes(order, device):
+    v = practice.check_race(order, device)
+    assert v.passed and "race on buffer 'out0'" in v.message, v
+    rejects(practice.check_race_fixed(order, device), "still a race")
+
+
+@pytest.mark.parametrize("order", SAFE)
+def test_safe_orders_are_fixes_and_no_race(order, device):
+    assert practice.check_race_fixed(order, device).passed
+    rejects(practice.check_race(order, device), "no race")
+
+
+@pytest.mark.parametrize("order, phrase", [
+    (["launch", "read", "record", "wait"], "a read comes before the wait"),
+    (["record", "launch", "wait", "read"], "recorded before the launch"),
+    (["launch", "read"], "no event is recorded after the launch"),
+    (["launch", "record", "read"], "did not wait on it"),
+])
+def test_fix_attempts_get_the_reason(order, phrase, device):
+    rejects(practice.check_race_fixed(order, device), phrase)
+
+
+@pytest.mark.parametrize("order, phrase", [
+    (["read", "launch", "record", "wait"], "before the launch"),
+    (["launch", "wait", "read"], "\"record\" one before it"),
+    (["launch", "launch", "record", "wait", "read"], "exactly once"),
+    (["launch", "record", "wait"], "never reads"),
+    (["launch", "sync", "read"], "'sync' is not a step"),
+    ("launch, wait, read", "list of steps"),
+])
+def test_race_order_mistakes(order, phrase, device):
+    rejects(practice.check_race_fixed(order, device), phrase)
+
+
+def test_read_before_launch_is_no_race(device):
+    rejects(practice.check_race(["read", "launch", "record", "wait"], device), "no race", "before the launch")
+
+
+def test_race_checks_need_the_race_checker(make_engine):
+    quiet = make_engine(max_batch_size=1, num_kv_blocks=8, race_check=False)
+    rejects(practice.check_race(["launch", "read"], quiet.device), "race_check=False")
+    rejects(practice.check_race(["launch", "read"], "engine"), "engine.device")
+
+
+def test_the_device_is_usable_after_the_checks(device):
+    practice.check_race(["launch", "read"], device)
+    device.launch(practice._write_answer, 7, round=0, stage="answer", writes={"out0"})
+    device.wait(device.record_event())
+    assert int(device.host("out0", "r")[0]) == 7
+    device.spans()
+
+
+# ---- 01: slot through the block table ---------------------------------------------------
+
+TABLE, POS, BS = [0, 7, 11], 6, 4   # block index 1 = block 7, offset 2 -> slot 30
+
+
+@pytest.mark.parametrize("answer", [30, np.int64(30), torch.tensor(30), torch.tensor([30])])
+def test_slot_accepts(answer):
+    assert practice.check_slot(answer, TABLE, POS, BS).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (6, "position itself"),                 # pos
+    (7, "block's number"),                  # table[pos // bs]
+    (28, "block's first slot"),             # table[...] * bs
+    (9, "multiply the block number"),       # table[...] + offset
+    (45, "swapped // and %"),               # table[pos % bs] * bs + pos // bs
+    (2, "right offset, wrong block"),       # table[0] * bs + offset
+    (46, "right offset, wrong block"),      # table[2] * bs + offset
+    (31, "is not it"),                      # off by one
+    (29, "is not it"),
+])
+def test_slot_rejects(answer, phrase):
+    rejects(practice.check_slot(answer, TABLE, POS, BS), phrase)
+
+
+def test_slot_position_equal_to_identity_mapping():
+    # position 1 of a request owning block 0 first: identity and the real answer coincide
+    assert practice.check_slot(1, [0, 5], 1, 4).passed
+    rejects(practice.check_slot(5, [3, 9], 5, 4), "position itself")  # 5 // 4 = 1 -> block 9: slot 37
+    assert practice.check_slot(37, [3, 9], 5, 4).passed
+
+
+# ---- 01: decode-round lengths -----------------------------------------------------------
+
+PROMPT_LENGTHS = [9, 7, 3]
+
+
+@pytest.mark.parametrize("q, k", [([1, 1, 1], [10, 8, 4]), ((1, 1, 1), torch.tensor([10, 8, 4])),
+                                  (torch.ones(3, dtype=torch.long), [10, 8, 4])])
+def test_decode_lengths_accept(q, k):
+    assert practice.check_decode_lengths(q, k, PROMPT_LENGTHS).passed
+
+
+@pytest.mark.parametrize("q, k, phrase", [
+    ([9, 7, 3], [10, 8, 4], "prefill's query lengths"),
+    ([10, 8, 4], [10, 8, 4], "exactly one token"),
+    ([1, 1, 1], [9, 7, 3], "counts this round's token"),
+    ([1, 1, 1], [1, 1, 1], "whole past"),
+    ([1, 1, 1], [11, 9, 5], "one too many"),
+    ([1, 1, 1], [10, 8, 5], "prompt length + 1"),
+    ([1, 1], [10, 8], "there are 3 requests"),
+    ([1.0, 1, 1], [10, 8, 4], "whole numbers"),
+    (1, 10, "whole numbers"),
+])
+def test_decode_lengths_reject(q, k, phrase):
+    rejects(practice.check_decode_lengths(q, k, PROMPT_LENGTHS), phrase)
+
+
+# ---- 02: the gap between two rounds -----------------------------------------------------
+
+def synthetic_timeline():
+    """Three serial rounds with known times: round r's device work, then a host gap."""
+    tl = Timeline()
+    t = 0.0
+    for r in range(4):
+        tl.add("host", "schedule", r, t, t + 0.05)
+        tl.add("host", "prepare", r, t + 0.05, t + 0.20)
+        tl.add("host", "launch_forward", r, t + 0.20, t + 0.22)
+        tl.add("host", "launch_sample", r, t + 0.22, t + 0.24)
+        dev0 = t + 0.25
+        tl.add("device", "upload", r, dev0, dev0 + 0.02)
+        tl.add("device", "forward", r, dev0 + 0.05, dev0 + 3.0)
+        tl.add("device", "sample", r, dev0 + 3.0, dev0 + 3.3)
+        tl.add("host", "wait", r, t + 0.24, dev0 + 3.32)
+        tl.add("host", "postprocess", r, dev0 + 3.32, dev0 + 3.42)
+        t = dev0 + 3.42
+    return tl
+
+
+def gap_before(tl, r):
+    dev = tl.lane("device")
+    return min(s.start_ms for s in dev if s.round == r) - max(s.end_ms for s in dev if s.round == r - 1)
+
+
+@pytest.fixture(scope="module")
+def real_run(engine_pool):
+    engine = engine_pool(mode="serial", max_batch_size=4)
+    engine.generate(["Once upon a time", "The fox", "Max"], max_new_tokens=12)
+    return engine.timeline
+
+
+def test_round_gap_accepts_synthetic_and_real(real_run):
+    tl = synthetic_timeline()
+    assert practice.check_round_gap(gap_before(tl, 2), tl, 2).passed
+    assert practice.check_round_gap(np.float64(gap_before(tl, 2)), tl, 2).passed
+    assert practice.check_round_gap(gap_before(real_run, 5), real_run, 5).passed
+    # the way the notebook's own helper (and a learner using device_gaps) might get it
+    dev = {(s.stage, s.round): s for s in real_run.lane("device")}
+    assert practice.check_round_gap(dev[("upload", 5)].start_ms - dev[("sample", 4)].end_ms, real_run, 5).passed
+
+
+def _round_gap_mistakes(tl, r=2):
+    dev = {(s.stage, s.round): s for s in tl.lane("device")}
+    host = {(s.stage, s.round): s for s in tl.lane("host")}
+    right = gap_before(tl, r)
+    return [
+        (-right, "sign is flipped"),
+        (right / 1e3, "in seconds"),
+        (gap_before(tl, r + 1) + 0.5, "is not the gap"),
+        (dev[("forward", r)].start_ms - dev[("upload", r)].end_ms, "inside round"),
+        (dev[("forward", r)].start_ms - dev[("sample", r - 1)].end_ms, "upload is already device work"),
+        (dev[("upload", r)].start_ms - host[("wait", r - 1)].end_ms, "end of the host's wait"),
+        (dev[("upload", r)].start_ms - dev[("sample", r - 1)].start_ms, "start of round"),
+        (dev[("upload", r)].start_ms - dev[("upload", r - 1)].start_ms, "includes"),
+        (right + 0.1, "is not the gap"),
+    ]
+
+
+def test_round_gap_rejects_the_corpus():
+    tl = synthetic_timeline()
+    for value, phrase in _round_gap_mistakes(tl):
+        rejects(practice.check_round_gap(value, tl, 2), phrase)
+
+
+def test_round_gap_rejects_neighbouring_gaps_on_a_varied_timeline():
+    # make the gaps differ so "the gap after" / "the gap before the previous" are recognisable
+    tl = Timeline()
+    t = 0.0
+    for r, gap in enumerate([0.3, 0.5, 0.9, 1.4]):
+        tl.add("device", "upload", r, t, t + 0.02)
+        tl.add("device", "forward", r, t + 0.05, t + 3.0)
+        tl.add("device", "sample", r, t + 3.0, t + 3.3)
+        t += 3.3 + gap
+    rejects(practice.check_round_gap(0.9, tl, 2), "gap after round 2")
+    rejects(practice.check_round_gap(0.3, tl, 2), "gap before round 1")
+    assert practice.check_round_gap(0.5, tl, 2).passed
+
+
+def test_round_gap_on_the_real_run_rejects_its_mistakes(real_run):
+    for value, phrase in _round_gap_mistakes(real_run, r=5):
+        v = practice.check_round_gap(value, real_run, 5)
+        assert not v.passed, (value, phrase, v)
+
+
+def test_round_gap_bad_round():
+    rejects(practice.check_round_gap(0.5, synthetic_timeline(), 9), "no rounds 8 and 9")
+
+
+# ---- 02: largest host stage; overhead prediction -----------------------------------------
+
+def test_largest_host_stage():
+    tl = synthetic_timeline()  # prepare 0.15 ms per round is the largest
+    assert practice.check_largest_host_stage("prepare", tl).passed
+    assert practice.check_largest_host_stage(" prepare ", tl).passed
+    rejects(practice.check_largest_host_stage("wait", tl), "waiting is the host doing nothing")
+    rejects(practice.check_largest_host_stage("launch_forward", tl), "only queues work", "'prepare'")
+    rejects(practice.check_largest_host_stage("postprocess", tl), "'prepare' took the most")
+    rejects(practice.check_largest_host_stage("schedule", tl), "'prepare' took the most")
+    rejects(practice.check_largest_host_stage("forward", tl), "device stage")
+    rejects(practice.check_largest_host_stage("flush", tl), "not a host stage of this run")
+    rejects(practice.check_largest_host_stage(["prepare"], tl), "as a string")
+    rejects(practice.check_largest_host_stage("prepare", Timeline()), "no host spans")
+
+
+def test_largest_host_stage_on_a_real_run(real_run):
+    per_round = practice.host_ms_per_round(real_run)
+    largest = max(per_round, key=per_round.get)
+    assert practice.check_largest_host_stage(largest, real_run).passed
+    for other in set(per_round) - {largest}:
+        assert not practice.check_largest_host_stage(other, real_run).passed
+
+
+@pytest.mark.parametrize("answer", [5, 5.0, 4.8, np.float32(5.2)])
+def test_overhead_gap_accepts(answer):
+    assert practice.check_overhead_gap(answer).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [(0, "cannot hide it"), (2.5, "not a part"), (10, "not more"),
+                                            (-5, "cannot shorten"), (1, "not a part"), ("5", "a number")])
+def test_overhead_gap_rejects(answer, phrase):
+    rejects(practice.check_overhead_gap(answer), phrase)
+
+
+# ---- 04: stale lengths -------------------------------------------------------------------
+
+def test_true_key_length():
+    assert practice.check_true_key_length(31, host_seqlens_k=27, accepted=4).passed
+    assert practice.check_true_key_length(np.int64(31), host_seqlens_k=27, accepted=4).passed
+    rejects(practice.check_true_key_length(27, 27, 4), "stale value")
+    rejects(practice.check_true_key_length(32, 27, 4), "one too many")
+    rejects(practice.check_true_key_length(28, 27, 4), "number of accepted drafts")
+    rejects(practice.check_true_key_length(23, 27, 4), "too short, not too long")
+    rejects(practice.check_true_key_length(30, 27, 4), "is not it")
+    rejects(practice.check_true_key_length(31.0, 27, 4), "whole number")
+
+
+WORKED = dict(positions=[10, 11, 12], table=[6, 0, 8, 5], accepted=2, block_size=4)
+
+
+@pytest.mark.parametrize("answer", [[20, 21, 22], (20, 21, 22), torch.tensor([20, 21, 22])])
+def test_corrected_slots_accept(answer):
+    assert practice.check_corrected_slots(answer, **WORKED).passed
+
+
+def test_corrected_slots_match_the_engines_correction():
+    from toy_engine import checkers, kernels
+    meta, accepted, _ = checkers.worked_case()
+    kernels.correct_seqlens_qk(meta, accepted, 4)
+    assert practice.check_corrected_slots(meta["slot_mapping"][6:9], **WORKED).passed
+    assert practice.check_corrected_slots(meta["slot_mapping"][0:3], positions=[6, 7, 8], table=[3, 7, 1, 0],
+                                          accepted=1, block_size=4).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ([34, 35, 20], "stale slots"),
+    ([36, 37, 22], "old slots is wrong"),
+    ([12, 13, 14], "corrected positions"),
+    ([21, 22, 23], "shifted by 1 + accepted"),
+    ([35, 20, 21], "shifted by 1"),
+    ([20, 21], "give 3 slots"),
+    ([20, 21, 23], "is not it"),
+    ([20.0, 21, 22], "whole numbers"),
+])
+def test_corrected_slots_reject(answer, phrase):
+    rejects(practice.check_corrected_slots(answer, **WORKED), phrase)
+
+
+def test_corrected_slots_accepted_one():
+    # request 0 of the worked case: the one-accepted-draft case; +1 and 1+accepted coincide with other mistakes
+    case = dict(positions=[6, 7, 8], table=[3, 7, 1, 0], accepted=1, block_size=4)
+    assert practice.check_corrected_slots([31, 4, 5], **case).passed
+    rejects(practice.check_corrected_slots([31, 32, 5], **case), "old slots is wrong")
+    rejects(practice.check_corrected_slots([30, 31, 4], **case), "stale slots")
+
+
+# ---- every check: unanswered stubs and junk never raise ---------------------------------
+
+def all_checks(device):
+    tl = synthetic_timeline()
+    return {
+        "done_after_wait": lambda a: practice.check_done_after_wait(a),
+        "race": lambda a: practice.check_race(a, device),
+        "race_fixed": lambda a: practice.check_race_fixed(a, device),
+        "slot": lambda a: practice.check_slot(a, TABLE, POS, BS),
+        "decode_q": lambda a: practice.check_decode_lengths(a, [10, 8, 4], PROMPT_LENGTHS),
+        "decode_k": lambda a: practice.check_decode_lengths([1, 1, 1], a, PROMPT_LENGTHS),
+        "round_gap": lambda a: practice.check_round_gap(a, tl, 2),
+        "largest": lambda a: practice.check_largest_host_stage(a, tl),
+        "overhead": lambda a: practice.check_overhead_gap(a),
+        "true_k": lambda a: practice.check_true_key_length(a, 27, 4),
+        "slots": lambda a: practice.check_corrected_slots(a, **WORKED),
+    }
+
+
+def test_stubs_say_not_answered(device):
+    for name, check in all_checks(device).items():
+        v = check(None)
+        assert isinstance(v, te.checkers.Verdict) and not v.passed, name
+        assert v.message.startswith("not answered yet"), (name, v.message)
+
+
+def test_junk_never_raises_and_never_passes(device):
+    for name, check in all_checks(device).items():
+        for junk in JUNK:
+            v = check(junk)
+            assert not v.passed and v.message, (name, junk, v)
+
+
+# ---- the contention meter notebook 00 reads ------------------------------------------
+
+def test_machine_report_fields_notebook_00_reads():
+    from toy_engine import machine
+    report = machine.machine_report()
+    assert set(report) >= {"affinity", "cgroup_quota", "load_average", "usable", "live_overlap"}
+    assert 0 <= report["usable"] <= report["affinity"]
+    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert isinstance(machine.usable_cpus(), float)
+
+
+def test_machine_report_counts_other_load(monkeypatch):
+    from toy_engine import machine
+    monkeypatch.setattr(machine, "_affinity", lambda: 2)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    monkeypatch.setattr(machine, "_load_average", lambda: 1.0)   # our own kernel only
+    assert machine.machine_report()["usable"] == 2.0 and machine.machine_report()["live_overlap"]
+    monkeypatch.setattr(machine, "_load_average", lambda: 2.5)   # someone else uses 1.5 cores
+    assert machine.machine_report()["usable"] == 0.5 and not machine.machine_report()["live_overlap"]
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)   # a 1-CPU hub container
+    monkeypatch.setattr(machine, "_load_average", lambda: 0.2)
+    assert machine.machine_report()["usable"] == 1.0 and not machine.machine_report()["live_overlap"]

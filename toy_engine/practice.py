@@ -1,0 +1,476 @@
+"""In-notebook checks: "predict, then run" questions and short "your turn" cells.
+
+The course notebooks 00-04 ask the learner to predict or write something every few
+minutes and check it at once.  Each ``check_*`` here follows the exercise checkers'
+rules (``checkers.py``): it returns a ``Verdict``; a wrong answer gets a message that
+names the mistake in the lesson's terms (not "assertion failed"); a learner's mistake --
+a wrong value, a wrong type, an unanswered stub -- never raises, so a notebook runs top
+to bottom unattended and its stored output stays the same.
+
+The messages recognise the wrong answers learners actually give (tests/test_practice.py
+holds that corpus); anything else gets the general rule and the numbers to compare.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections import defaultdict
+
+import torch
+
+from .checkers import Verdict
+
+__all__ = [
+    "check_done_after_wait", "check_race", "check_race_fixed",
+    "check_slot", "check_decode_lengths",
+    "check_round_gap", "check_largest_host_stage", "check_overhead_gap",
+    "check_true_key_length", "check_corrected_slots",
+]
+
+
+def _unanswered(what: str) -> Verdict:
+    return Verdict(False, f"not answered yet: {what}, then run this cell again")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _int_list(x) -> list[int] | None:
+    """``x`` as a list of ints (a list, tuple or 1-d tensor of integers), else None."""
+    if isinstance(x, torch.Tensor):
+        x = x.tolist() if x.dim() == 1 else None
+    if not isinstance(x, (list, tuple)):
+        return None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in x):
+        return None
+    return [int(v) for v in x]
+
+
+# ================================================================ 00: stream, launch, event
+
+def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verdict:
+    """Kernels 0..n-1 were launched on one stream, each followed by an event; the host
+    waits on event ``waited``.  Which kernels are certainly finished when it returns?"""
+    if answer is None:
+        return _unanswered("set `finished` to the set of kernel numbers, e.g. {0, 2}")
+    if isinstance(answer, numbers.Integral) and not isinstance(answer, bool):
+        answer = {answer}
+    try:
+        got = {int(a) for a in answer}
+    except (TypeError, ValueError):
+        return Verdict(False, f"write a set of kernel numbers such as {{0, 2}}, not {answer!r}")
+    want = set(range(waited + 1))
+    unknown = sorted(got - set(range(num_kernels)))
+    if unknown:
+        return Verdict(False, f"there is no kernel {unknown[0]}: the kernels are numbered 0 to {num_kernels - 1}")
+    later = sorted(got - want)
+    if later:
+        return Verdict(False, f"kernel {later[0]} was launched after event {waited} was recorded: that event "
+                              f"says nothing about it, it may still be queued or running")
+    earlier = sorted(want - got)
+    if earlier:
+        return Verdict(False, f"kernel {earlier[0]} is finished too: it was queued before event {waited}, "
+                              f"and a stream runs its work in order, so the event covers everything before it")
+    return Verdict(True, f"kernels {sorted(want)}: an event covers everything queued before it on the stream, "
+                         f"and nothing after it")
+
+
+_STEPS = ("launch", "record", "wait", "read")
+_ANSWER_IDS = itertools.count(1000)
+
+
+def _write_answer(ctx, value):
+    """The kernel of the race questions: writes ``value`` into the output buffer out0."""
+    ctx.store("out0", torch.tensor([value], device=ctx.device))
+
+
+def _parse_order(order) -> tuple[list[str] | None, str | None]:
+    if order is None:
+        return None, None
+    if isinstance(order, str) or not isinstance(order, (list, tuple)):
+        return None, f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {order!r}"
+    steps = [s.strip().lower() if isinstance(s, str) else s for s in order]
+    bad = [s for s in steps if s not in _STEPS]
+    if bad:
+        return None, f"{bad[0]!r} is not a step: use only {', '.join(repr(s) for s in _STEPS)}"
+    if steps.count("launch") != 1:
+        return None, f"launch the kernel exactly once (your order launches it {steps.count('launch')} times)"
+    if "read" not in steps:
+        return None, "the host never reads out0: add a \"read\" step"
+    first_wait, first_record = (steps.index(s) if s in steps else None for s in ("wait", "record"))
+    if first_wait is not None and (first_record is None or first_record > first_wait):
+        return None, "\"wait\" waits on an event, so \"record\" one before it"
+    return steps, None
+
+
+def _run_order(steps: list[str], device) -> tuple[str | None, int | None, int]:
+    """Run the steps on the real device with its race checker.  Returns
+    (the race report or None, the value of the last read, the value the kernel writes)."""
+    from .device import RaceError
+
+    value, events, read = next(_ANSWER_IDS), [], None
+    try:
+        for step in steps:
+            if step == "launch":
+                device.launch(_write_answer, value, round=0, stage="answer", writes={"out0"})
+            elif step == "record":
+                events.append(device.record_event())
+            elif step == "wait":
+                device.wait(events[-1])
+            else:
+                read = int(device.host("out0", "r")[0])
+        return None, read, value
+    except RaceError as err:
+        return str(err), read, value
+    finally:
+        device.synchronize()  # leave the stream empty and the checker quiet for the next cell
+        device.spans()        # and drop this check's timing records
+
+
+def _why_racy(steps: list[str]) -> str:
+    """In the lesson's words, why the first read after the launch is not ordered after it."""
+    launched = covered = False
+    waited_on_old = False
+    event_after_launch = []  # per recorded event: was it recorded after the launch?
+    for step in steps:
+        if step == "launch":
+            launched = True
+        elif step == "record":
+            event_after_launch.append(launched)
+        elif step == "wait" and launched:
+            if event_after_launch[-1]:
+                covered = True
+            else:
+                waited_on_old = True
+        elif step == "read" and launched and not covered:
+            break
+    recorded_after = "record" in steps[steps.index("launch"):]
+    if waited_on_old:
+        return "the event you waited on was recorded before the launch, so it says nothing about the kernel"
+    if recorded_after and "wait" in steps[steps.index("launch"):]:
+        return "a read comes before the wait"
+    if recorded_after:
+        return "you recorded an event after the launch but did not wait on it before reading"
+    return "no event is recorded after the launch, and nothing waits for the kernel"
+
+
+def _race_check_off(device) -> Verdict | None:
+    if not all(hasattr(device, name) for name in ("launch", "record_event", "wait", "host")):
+        return Verdict(False, f"pass the engine's device (engine.device), not {type(device).__name__}")
+    if not getattr(getattr(device, "races", None), "enabled", False):
+        return Verdict(False, "this device runs without the race checker (race_check=False): start the "
+                              "engine with the default race_check=True to answer this question")
+    return None
+
+
+def check_race(order, device) -> Verdict:
+    """Your turn (00): order "launch", "record", "wait", "read" so that the read races."""
+    steps, problem = _parse_order(order)
+    if steps is None:
+        return Verdict(False, problem) if problem else _unanswered("set `racy_order` to a list of steps")
+    off = _race_check_off(device)
+    if off is not None:
+        return off
+    report, read, value = _run_order(steps, device)
+    if report:
+        return Verdict(True, f"that read races with the kernel. The race checker: {report}")
+    if steps.index("read") < steps.index("launch"):
+        return Verdict(False, "no race: your read comes before the launch, so no kernel is writing out0 yet "
+                              "(you just read an old value). Read while the launched kernel may still be running")
+    return Verdict(False, "no race: every read comes after a wait on an event recorded after the launch, so "
+                          "the kernel is finished by then. Move a read before that wait")
+
+
+def check_race_fixed(order, device) -> Verdict:
+    """Your turn (00): the same four steps, ordered so that the read is safe and sees the result."""
+    steps, problem = _parse_order(order)
+    if steps is None:
+        return Verdict(False, problem) if problem else _unanswered("set `safe_order` to a list of steps")
+    off = _race_check_off(device)
+    if off is not None:
+        return off
+    report, read, value = _run_order(steps, device)
+    if report:
+        return Verdict(False, f"still a race: {_why_racy(steps)}. The race checker: {report}")
+    if read != value:
+        return Verdict(False, "no race, but your last read comes before the launch, so it saw the old contents "
+                              "of out0, not the kernel's result: read after waiting")
+    return Verdict(True, "launch, record an event after it, wait on that event, then read: the host saw the "
+                         "kernel's value and the race checker stayed quiet")
+
+
+# ================================================================ 01: packed batch, paged KV cache
+
+def check_slot(answer, table, pos: int, block_size: int) -> Verdict:
+    """Your turn (01): the KV-cache slot of position ``pos`` of a request with block table ``table``."""
+    if answer is None:
+        return _unanswered("set `slot` to a number")
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
+        return Verdict(False, f"a slot is one whole number, not {answer!r}")
+    table = [int(b) for b in table]
+    index, offset = divmod(pos, block_size)
+    want = table[index] * block_size + offset
+    if answer == want:
+        return Verdict(True, f"position {pos} is in the request's block index {index} (= {pos} // {block_size}), "
+                             f"which is block {table[index]}, at offset {offset}: slot {table[index]} x "
+                             f"{block_size} + {offset} = {want}")
+    mistakes = {
+        pos: "that is the position itself, as if the request owned blocks 0, 1, 2, ... in order: go through the "
+             "blocks it really owns, its block table",
+        table[index]: "that is the block's number, not the slot: multiply it by the block size and add the offset",
+        table[index] * block_size: f"that is the block's first slot: add the offset {pos} % {block_size}",
+        table[index] + offset: "you added the offset to the block number: multiply the block number by the block "
+                               "size first",
+    }
+    if offset < len(table):
+        mistakes.setdefault(table[offset] * block_size + index,
+                            "you swapped // and %: the block index is pos // block_size, the offset pos % block_size")
+    for wrong_index in (index - 1, index + 1):
+        if 0 <= wrong_index < len(table):
+            mistakes.setdefault(table[wrong_index] * block_size + offset,
+                                f"right offset, wrong block: position {pos} is in block index {pos} // "
+                                f"{block_size} = {index} of the table")
+    if answer in mistakes:
+        return Verdict(False, f"slot {answer}: {mistakes[answer]}")
+    return Verdict(False, f"slot {answer} is not it: slot = table[pos // block_size] * block_size + "
+                          f"pos % block_size, with table {table}, pos {pos}, block_size {block_size}")
+
+
+def check_decode_lengths(seqlens_q, seqlens_k, prompt_lengths) -> Verdict:
+    """Predict (01): seqlens_q and seqlens_k of the first decode round after a prefill of
+    prompts with ``prompt_lengths`` tokens."""
+    if seqlens_q is None or seqlens_k is None:
+        return _unanswered("set both `seqlens_q` and `seqlens_k` to lists, one number per request")
+    q, k = _int_list(seqlens_q), _int_list(seqlens_k)
+    if q is None or k is None:
+        return Verdict(False, "write each as a list of whole numbers, one per request, e.g. [1, 2, 3]")
+    n = len(prompt_lengths)
+    prompts = [int(p) for p in prompt_lengths]
+    if len(q) != n or len(k) != n:
+        return Verdict(False, f"one number per request: there are {n} requests (you gave {len(q)} and {len(k)})")
+    want_q, want_k = [1] * n, [p + 1 for p in prompts]
+    if q != want_q:
+        if q == prompts:
+            return Verdict(False, "seqlens_q: those are the prefill's query lengths. In a decode round each "
+                                  "request feeds only its newest token")
+        return Verdict(False, f"seqlens_q is {q}: in a decode round every request feeds exactly one token, "
+                              f"its newest, so its query length is 1")
+    if k != want_k:
+        if k == prompts:
+            return Verdict(False, "seqlens_k: the key length counts this round's token too (the past from the "
+                                  "cache plus the new token)")
+        if k == want_q:
+            return Verdict(False, "seqlens_k: the new token attends to the request's whole past, read from the "
+                                  "KV cache, not only to itself")
+        if k == [p + 2 for p in prompts]:
+            return Verdict(False, "seqlens_k: one too many. The prefill fed the prompt and produced one token; "
+                                  "this round feeds that token: prompt + 1 tokens in all")
+        return Verdict(False, f"seqlens_k is {k}: it is the cached past plus this round's token, "
+                              f"prompt length + 1 for each request")
+    return Verdict(True, f"seqlens_q {want_q}, seqlens_k {want_k}: one new token per request, attending to its "
+                         f"prompt in the cache plus itself")
+
+
+# ================================================================ 02: the serial engine
+
+def _round_extent(timeline) -> tuple[dict, dict]:
+    first_start, last_end = {}, {}
+    for span in timeline.lane("device"):
+        first_start[span.round] = min(first_start.get(span.round, span.start_ms), span.start_ms)
+        last_end[span.round] = max(last_end.get(span.round, span.end_ms), span.end_ms)
+    return first_start, last_end
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= max(1e-3, 1e-3 * abs(b))
+
+
+def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
+    """Your turn (02): the device gap (ms) between the end of round ``round - 1``'s last
+    device span and the start of round ``round``'s first one."""
+    if gap_ms is None:
+        return _unanswered("set `gap_ms` to the gap in milliseconds")
+    if isinstance(gap_ms, torch.Tensor) and gap_ms.numel() == 1:
+        gap_ms = gap_ms.item()
+    if not _is_number(gap_ms):
+        return Verdict(False, f"write the gap as a number of milliseconds, not {gap_ms!r}")
+    first_start, last_end = _round_extent(timeline)
+    if round not in first_start or round - 1 not in last_end:
+        return Verdict(False, f"this timeline has no rounds {round - 1} and {round} on its device lane")
+    want = first_start[round] - last_end[round - 1]
+    if _close(gap_ms, want):
+        return Verdict(True, f"{want:.3f} ms between the end of round {round - 1}'s sample and the start of round "
+                             f"{round}'s upload: the device had nothing queued")
+    dev = {(s.stage, s.round): s for s in timeline.lane("device")}
+    host = {(s.stage, s.round): s for s in timeline.lane("host")}
+    mistakes = [
+        (-want, "the sign is flipped: subtract the end of the earlier round from the start of the later one"),
+        (want / 1e3, "that is in seconds: the timeline's times are already in milliseconds"),
+    ]
+    if round + 1 in first_start:
+        mistakes.append((first_start[round + 1] - last_end[round],
+                         f"that is the gap after round {round}; the question asks for the gap before it, after "
+                         f"round {round - 1}"))
+    if round - 2 in last_end:
+        mistakes.append((first_start[round - 1] - last_end[round - 2],
+                         f"that is the gap before round {round - 1}; the question asks for the gap before round "
+                         f"{round}"))
+    if round - 1 in first_start:
+        mistakes.append((first_start[round] - first_start[round - 1],
+                         f"that is from the start of round {round - 1} to the start of round {round}: it includes "
+                         f"round {round - 1}'s device work; start from the end of its last span"))
+    if ("upload", round) in dev and ("forward", round) in dev:
+        mistakes.append((dev[("forward", round)].start_ms - dev[("upload", round)].end_ms,
+                         f"that is the small gap inside round {round}, between its upload and its forward"))
+    if ("sample", round - 1) in dev and ("forward", round) in dev:
+        mistakes.append((dev[("forward", round)].start_ms - dev[("sample", round - 1)].end_ms,
+                         f"you measured up to round {round}'s forward, but its upload is already device work"))
+    if ("wait", round - 1) in host:
+        mistakes.append((first_start[round] - host[("wait", round - 1)].end_ms,
+                         f"you started at the end of the host's wait; the gap starts on the device lane, when "
+                         f"round {round - 1}'s sample ends"))
+    if ("sample", round - 1) in dev:
+        mistakes.append((first_start[round] - dev[("sample", round - 1)].start_ms,
+                         f"you started at the start of round {round - 1}'s sample; the device was busy until "
+                         f"its end"))
+    for value, why in mistakes:
+        if _close(gap_ms, value):
+            return Verdict(False, f"{gap_ms:.3f} ms: {why}")
+    return Verdict(False, f"{gap_ms:.3f} ms is not the gap: take the start of round {round}'s first device span "
+                          f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
+
+
+HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess")
+_DEVICE_STAGE_NAMES = ("upload", "correct", "forward", "sample")
+
+
+def host_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host ms per round for each stage that is host work (waiting is not work)."""
+    total, rounds = defaultdict(float), defaultdict(set)
+    for span in timeline.lane("host"):
+        if span.stage in HOST_WORK_STAGES:
+            total[span.stage] += span.duration_ms
+            rounds[span.stage].add(span.round)
+    return {stage: total[stage] / len(rounds[stage]) for stage in HOST_WORK_STAGES if rounds[stage]}
+
+
+def check_largest_host_stage(answer, timeline) -> Verdict:
+    """Predict (02): which host stage takes the most time per round (waiting excluded)?"""
+    if answer is None:
+        return _unanswered(f"set `largest` to one of {', '.join(repr(s) for s in HOST_WORK_STAGES)}")
+    if not isinstance(answer, str):
+        return Verdict(False, f"write the stage's name as a string, e.g. \"schedule\", not {answer!r}")
+    answer = answer.strip()
+    per_round = host_ms_per_round(timeline)
+    if not per_round:
+        return Verdict(False, "this timeline has no host spans: run the engine first")
+    largest = max(per_round, key=per_round.get)
+    table = ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+    if answer == "wait":
+        return Verdict(False, f"waiting is the host doing nothing: the question is about host work. Measured per "
+                              f"round: {table}")
+    if answer in _DEVICE_STAGE_NAMES:
+        return Verdict(False, f"{answer!r} is a device stage; the host stages are {', '.join(HOST_WORK_STAGES)}")
+    if answer not in per_round:
+        return Verdict(False, f"{answer!r} is not a host stage of this run; choose from {', '.join(per_round)}")
+    if answer == largest:
+        return Verdict(True, f"{largest} is the largest host stage here. Measured per round: {table}")
+    why = ""
+    if answer.startswith("launch"):
+        why = "a launch only queues work and returns; "
+    return Verdict(False, f"{why}on this run {largest!r} took the most. Measured per round: {table}")
+
+
+def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
+    """Predict (02): in the serial loop, how many ms longer does each round-boundary gap
+    get when ``host_overhead_ms`` adds ``overhead_ms`` of host work per round?"""
+    if answer_ms is None:
+        return _unanswered("set `longer_by_ms` to a number of milliseconds")
+    if not _is_number(answer_ms):
+        return Verdict(False, f"write a number of milliseconds, not {answer_ms!r}")
+    if abs(answer_ms - overhead_ms) <= 0.1 * overhead_ms:
+        return Verdict(True, f"about {overhead_ms:g} ms: in the serial loop the device has nothing queued while "
+                             f"the host works, so every millisecond of host work is a millisecond of device idle")
+    if abs(answer_ms) <= 0.1 * overhead_ms:
+        return Verdict(False, "the device cannot hide it: in the serial loop the next round is launched only "
+                              "after the host finishes its work, so the gap grows by all of it")
+    if answer_ms < 0:
+        return Verdict(False, "more host work cannot shorten the gap: the device waits for the host")
+    if answer_ms < overhead_ms:
+        return Verdict(False, "none of the extra host work overlaps the device in the serial loop: the gap grows "
+                              "by all of it, not a part")
+    return Verdict(False, "the overhead is added once per round, in `schedule`, so each gap grows by that amount, "
+                          "not more")
+
+
+# ================================================================ 04: stale lengths
+
+def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict:
+    """Predict (04): the host planned ``host_seqlens_k`` for a request whose in-flight
+    round accepted ``accepted`` drafts; what is the real key length?"""
+    if answer is None:
+        return _unanswered("set `true_seqlens_k` to a number")
+    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
+        return Verdict(False, f"a key length is one whole number, not {answer!r}")
+    want = host_seqlens_k + accepted
+    if answer == want:
+        return Verdict(True, f"{host_seqlens_k} + {accepted} = {want}: the host already counted one token for the "
+                             f"in-flight round; the {accepted} accepted drafts are the part it could not know")
+    if answer == host_seqlens_k:
+        return Verdict(False, "that is the host's stale value: the in-flight round added its accepted drafts too")
+    if answer == host_seqlens_k + accepted + 1:
+        return Verdict(False, "one too many: the host's plan already counts the in-flight round's bonus token "
+                              "(it assumed one token per in-flight round); add only the accepted drafts")
+    if answer == host_seqlens_k + 1:
+        return Verdict(False, "the host already assumed one token for the in-flight round; what it missed is the "
+                              "number of accepted drafts")
+    if answer == host_seqlens_k - accepted:
+        return Verdict(False, "the host's value is too short, not too long: accepted drafts make the sequence longer")
+    return Verdict(False, f"{answer} is not it: the real key length is the host's plan plus the accepted drafts "
+                          f"of the in-flight round")
+
+
+def check_corrected_slots(answer, positions, table, accepted: int, block_size: int) -> Verdict:
+    """Your turn (04): the corrected slot_mapping of one request whose stale positions are
+    ``positions`` and whose in-flight round accepted ``accepted`` drafts."""
+    if answer is None:
+        return _unanswered("set `new_slots` to a list of slots, one per fed token")
+    got = _int_list(answer)
+    if got is None:
+        return Verdict(False, "write the slots as a list of whole numbers, one per fed token")
+    table, positions = [int(b) for b in table], [int(p) for p in positions]
+    if len(got) != len(positions):
+        return Verdict(False, f"the request feeds {len(positions)} tokens this round (seqlens_q does not change), "
+                              f"so give {len(positions)} slots, not {len(got)}")
+
+    def slots(pos_list):
+        return [table[p // block_size] * block_size + p % block_size if 0 <= p // block_size < len(table) else None
+                for p in pos_list]
+
+    want = slots([p + accepted for p in positions])
+    if got == want:
+        return Verdict(True, f"positions {[p + accepted for p in positions]} go through the block table to slots "
+                             f"{want}")
+    stale = slots(positions)
+    mistakes = [
+        (stale, "those are the host's stale slots: positions move right by the accepted count first"),
+        ([s + accepted for s in stale], "adding the accepted count to the old slots is wrong where a position "
+                                        "crosses into the next block: recompute each slot from the new position "
+                                        "through the block table"),
+        ([p + accepted for p in positions], "those are the corrected positions; now turn each into a slot "
+                                            "through the block table"),
+        (slots([p + accepted + 1 for p in positions]), "you shifted by 1 + accepted: the host's plan already "
+                                                        "counts one token for the in-flight round"),
+    ]
+    if accepted != 1:
+        mistakes.append((slots([p + 1 for p in positions]), f"you shifted by 1: this request's in-flight round "
+                                                             f"accepted {accepted} drafts"))
+    for value, why in mistakes:
+        if got == value:
+            return Verdict(False, f"{got}: {why}")
+    return Verdict(False, f"{got} is not it: shift each position by the accepted count ({accepted}), then slot = "
+                          f"table[pos // {block_size}] * {block_size} + pos % {block_size} with table {table}")

@@ -1,0 +1,157 @@
+"""Slides from the course notebooks, for projecting in a workshop: works offline.
+
+    python -m toy_engine.slides                 # every notebook -> build/slides/*.slides.html
+    python -m toy_engine.slides notebooks/02_serial_engine.ipynb --out /tmp/s
+
+The slides are nbconvert's reveal.js export of the *stored* notebooks (outputs as tested by
+nbval), with three changes that make them work in a room without internet:
+
+* reveal.js is the npm package ``reveal.js@REVEAL_VERSION``, installed once with npm into
+  ``build/`` and copied next to the slides, instead of nbconvert's default CDN address;
+* the Plotly timelines are drawn by the ``plotly.min.js`` that the plotly Python package
+  ships, copied next to the slides (the notebooks store figure data only);
+* the template (``slides.html.j2``) loads nothing else: no jQuery, require.js, MathJax or
+  mermaid from a CDN.
+
+Each cell's slide is its ``slideshow.slide_type`` metadata (JupyterLab: property inspector).
+A cell without it gets one from the notebook's structure -- a markdown cell with a ``#`` or
+``##`` heading starts a slide, any other markdown cell a sub-slide below it, and code cells
+join the prose above them -- so notebooks without slide metadata still make sensible slides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+REVEAL_VERSION = "5.2.1"
+TEMPLATE = Path(__file__).with_name("slides.html.j2")
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def slide_type(cell) -> str:
+    """The cell's slide type: its own metadata, else derived from headings."""
+    own = cell.get("metadata", {}).get("slideshow", {}).get("slide_type")
+    if own:
+        return own
+    if cell.cell_type == "markdown":
+        lines = [line.lstrip() for line in cell.source.splitlines()]
+        if any(line.startswith(("# ", "## ")) for line in lines):
+            return "slide"
+        return "subslide"  # one screenful of prose; the code cells after it join it
+    return "-"
+
+
+def with_slide_types(nb):
+    """A copy of ``nb`` in which every cell has slideshow metadata (the first cell starts a slide)."""
+    nb = copy.deepcopy(nb)
+    for i, cell in enumerate(nb.cells):
+        kind = slide_type(cell)
+        if i == 0 and kind in ("-", "fragment"):
+            kind = "slide"
+        cell.setdefault("metadata", {})["slideshow"] = {"slide_type": kind}
+    return nb
+
+
+def _plotly_to_html(nb) -> int:
+    """Replace stored Plotly figure data by HTML that draws it with the local plotly.js."""
+    count = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            fig = out.get("data", {}).get(PLOTLY_MIME) if out.get("output_type") in (
+                "display_data", "execute_result") else None
+            if fig is None:
+                continue
+            count += 1
+            div = f"plotly-figure-{count}"
+            height = fig.get("layout", {}).get("height", 450)
+            spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {})}).replace("</", "<\\/")
+            out["data"] = {"text/html": (
+                f'<div id="{div}" style="width:100%;height:{height}px"></div>\n'
+                f'<script>(function () {{ var fig = {spec}; '
+                f'Plotly.newPlot("{div}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')}
+    return count
+
+
+def reveal_dir(cache: Path = ROOT / "build" / f"reveal.js-{REVEAL_VERSION}") -> Path:
+    """The unpacked npm package reveal.js@REVEAL_VERSION, installed with npm on first use."""
+    package = cache / "node_modules" / "reveal.js"
+    if (package / "dist" / "reveal.js").is_file():
+        return package
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError(f"building slides needs the npm package reveal.js@{REVEAL_VERSION}, and npm is not "
+                           f"installed: install Node.js with npm (Debian: apt-get install npm), then run again")
+    cache.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(cache),
+                             f"reveal.js@{REVEAL_VERSION}"], capture_output=True, text=True)
+    if result.returncode != 0 or not (package / "dist" / "reveal.js").is_file():
+        raise RuntimeError(f"npm install reveal.js@{REVEAL_VERSION} failed (exit {result.returncode}):\n"
+                           f"{result.stderr.strip()[-2000:]}")
+    return package
+
+
+def _copy_assets(out_dir: Path) -> None:
+    import plotly
+
+    package = reveal_dir()
+    target = out_dir / "reveal.js"
+    for part in ("dist", "plugin"):
+        shutil.copytree(package / part, target / part, dirs_exist_ok=True)
+    shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", out_dir / "plotly.min.js")
+
+
+def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / "slides") -> list[Path]:
+    """Write one ``NAME.slides.html`` per notebook into ``out_dir`` (with its assets); returns the files."""
+    from nbconvert import SlidesExporter
+
+    notebooks = notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _copy_assets(out_dir)
+    # "white": of reveal.js's themes, one whose fonts ship with it (most load fonts from the web)
+    exporter = SlidesExporter(template_file=str(TEMPLATE), reveal_url_prefix="reveal.js", reveal_theme="white",
+                              exclude_input_prompt=True, exclude_output_prompt=True)
+    written = []
+    for path in notebooks:
+        nb = with_slide_types(nbformat.read(path, as_version=4))
+        _plotly_to_html(nb)
+        for cell in nb.cells:  # the test-suite markers mean nothing to an audience
+            if cell.cell_type == "code":
+                cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("# NBVAL_"))
+        html, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem}})
+        target = out_dir / f"{path.stem}.slides.html"
+        target.write_text(html, encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="build offline reveal.js slides from the course notebooks")
+    p.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in notebooks/")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "slides", help="default: build/slides")
+    a = p.parse_args(argv)
+    missing = [str(n) for n in a.notebooks if not n.is_file()]
+    if missing:
+        print(f"no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        written = build([n.resolve() for n in a.notebooks] or None, a.out.resolve())
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    print(f"open {written[0]} in a browser (works offline; press S for speaker view)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
