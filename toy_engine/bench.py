@@ -98,8 +98,12 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
                                num_draft_tokens=num_draft_tokens, repeats=repeats, temperature=temperature),
               "device": device_name, "machine": machine.machine_report(), "modes": {}}
     for mode in modes:
-        median = {k: statistics.median(r[k] for r in runs[mode]) for k in runs[mode][0]
-                  if isinstance(runs[mode][0][k], (int, float))}
+        # A measurement a run could not make (others_cpus of a run under 0.2 s) is None: the
+        # median is over the runs that made it.
+        median = {}
+        for k in {k for r in runs[mode] for k, v in r.items() if isinstance(v, (int, float))}:
+            values = [r[k] for r in runs[mode] if isinstance(r.get(k), (int, float))]
+            median[k] = statistics.median(values)
         median["equal_to_serial"] = reference is None or outputs[mode] == reference
         result["modes"][mode] = median
     m = result["modes"]
