@@ -500,6 +500,67 @@ def process_frees_finished_before_commit(engine, step):
 
 # ---------------------------------------------------------------- the corpus
 
+# ---------------------------------------------------------------- found by the learner review
+
+def zos_flush_each_step(engine):
+    """No overlap at all: every decode step is flushed right after its own sample."""
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            engine.process_outputs(step)
+        else:
+            engine.flush(step)
+
+
+def make_zos_process_after_schedule(stage="process"):
+    """The deferred step processed right after schedule() found a plan, before prepare."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if stage == "flush":
+                previous = engine.flush(previous)
+            elif previous is not None:
+                engine.process_outputs(previous)
+                previous = None
+            if plan is None:
+                continue
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_forward(inputs)
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+            else:
+                previous = current
+    return loop
+
+
+def zos_flush_prefill(engine):
+    """The solution, but the prefill step goes through flush."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            previous = engine.flush(current)
+        else:
+            previous = current
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -613,6 +674,14 @@ WRONG = [
            "release_if_done before commit_outputs"),
     Answer("05", "free finished before commit", process_frees_finished_before_commit, "kept_blocks",
            "finished requests freed before commit"),
+    Answer("03a", "flush right after each sample", zos_flush_each_step, "not_deferred",
+           "each decode step flushed in its own round"),
+    Answer("03a", "processed right after schedule", make_zos_process_after_schedule(), "not_deferred",
+           "previous processed after schedule(), before prepare"),
+    Answer("03a", "flushed right after schedule", make_zos_process_after_schedule("flush"), "not_deferred",
+           "previous = engine.flush(previous) after every schedule()"),
+    Answer("03a", "prefill through flush", zos_flush_prefill, "flush_mid_run",
+           "prefill step processed with engine.flush"),
 ]
 
 RIGHT = [

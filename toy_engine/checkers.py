@@ -235,6 +235,11 @@ def _zos_order(log: _HostLog) -> Verdict | None:
         nxt_prep = log.first("prepare", r + 1)
         fwd, smp = log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
         if r in log.prefill:
+            if stage == "flush" and (nxt_prep is None or at < nxt_prep):
+                return _fail("flush_mid_run",
+                             f"{log.who(r)} was processed at once, as it should be, but with `engine.flush`. "
+                             f"`flush` is for a deferred decode step when `engine.schedule()` returns None; a "
+                             f"prefill step is processed right after its sample with `engine.process_outputs(current)`")
             if stage != "postprocess" or (nxt_prep is not None and at > nxt_prep):
                 return _fail("prefill_deferred",
                              f"{log.who(r)} was deferred (processed by `{stage}` during a later round). "
@@ -243,19 +248,35 @@ def _zos_order(log: _HostLog) -> Verdict | None:
             continue
         before_next = nxt_prep is None or at < nxt_prep
         if before_next:
-            if stage == "flush":
-                continue  # nothing was left to launch: the flush is the right way out
-            rescheduled = any(s == "schedule" for s, _ in log.between(log.first("launch_sample", r), at))
-            if rescheduled:
+            # A flush is right only when a schedule() since the step's sample found nothing to
+            # launch: the engine records such a schedule under the last launched round (r), one
+            # that found a plan under the plan's round.
+            since = log.between(log.first("launch_sample", r), at)
+            schedules = [q for s, q in since if s == "schedule"]
+            found_plan = [q for q in schedules if q > r]
+            if schedules and not found_plan:
+                if stage == "flush":
+                    continue  # nothing was left to launch: the flush is the right way out
                 return _fail("not_flushed",
                              f"{log.who(r)}: when `engine.schedule()` returned None the deferred step was "
                              f"processed with `process_outputs`. No round is left to hide it under: that is "
                              f"what `engine.flush(previous)` is for, and the timeline calls it a flush (as "
                              f"in exercise 03(b))")
+            how = "flushed" if stage == "flush" else "processed"
+            if found_plan:
+                return _fail("not_deferred",
+                             f"{log.who(r)} was {how} right after `engine.schedule()` returned round "
+                             f"{found_plan[0]}'s plan, before that round was prepared and its forward launched: "
+                             f"the host waited for the step with the device idle, so nothing overlapped. Keep it as "
+                             f"`previous` and process it after round {found_plan[0]}'s `launch_forward`, before "
+                             f"its `launch_sample`" + ("; `flush` is only for when `schedule()` returns None"
+                                                       if stage == "flush" else ""))
             return _fail("not_deferred",
-                         f"{log.who(r)} was processed at once, in its own round: no decode step was deferred. "
+                         f"{log.who(r)} was {how} at once, in its own round: no decode step was deferred. "
                          f"A decode round's StepState must be kept as `previous` and processed during the next "
-                         f"round, after that round's forward launch")
+                         f"round, after that round's forward launch" +
+                         ("; `flush` is only for when `engine.schedule()` returns None (nothing left to "
+                          "launch)" if stage == "flush" else ""))
         if stage == "flush":
             return _fail("flush_mid_run",
                          f"{log.who(r)} was processed with `flush` although round {r + 1} was launched. "
