@@ -561,6 +561,51 @@ def zos_flush_prefill(engine):
             previous = current
 
 
+def make_zos_waits_beyond(how="synchronize"):
+    """The solution, plus a wait "to be safe" after the forward launch."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                previous = engine.flush(previous)
+                continue
+            inputs = engine.prepare_inputs(plan)
+            if previous is not None:
+                engine.correct_on_device(inputs)
+            engine.launch_forward(inputs)
+            if how == "synchronize":
+                engine.device.synchronize()
+            else:
+                engine.device.wait(engine.device.record_event())
+            if previous is not None:
+                engine.process_outputs(previous)
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+                previous = None
+            else:
+                previous = current
+    return loop
+
+
+def make_process_outputs_waits_previous():
+    """Waits on the previous step's event (kept between calls), not on this step's."""
+    kept = {}
+
+    def process_outputs(engine, step):
+        event = kept.get("event", step.sample_done)
+        kept["event"] = step.sample_done
+        engine.device.wait(event)
+        for req in engine.commit_outputs(step, engine.read_outputs(step)):
+            engine.scheduler.release_if_done(req)
+    return process_outputs
+
+
+def process_outputs_calls_the_engine(engine, step):
+    engine.process_outputs(step)
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -682,6 +727,14 @@ WRONG = [
            "previous = engine.flush(previous) after every schedule()"),
     Answer("03a", "prefill through flush", zos_flush_prefill, "flush_mid_run",
            "prefill step processed with engine.flush"),
+    Answer("03a", "synchronize after the forward", make_zos_waits_beyond(), "waits_later_event",
+           "engine.device.synchronize() after launch_forward"),
+    Answer("03a", "wait on a fresh event", make_zos_waits_beyond("event"), "waits_later_event",
+           "engine.device.wait(engine.device.record_event()) after launch_forward"),
+    Answer("05", "waits on the previous step's event", make_process_outputs_waits_previous(), "waits_other_event",
+           "device.wait on the step before's sample_done"),
+    Answer("05", "calls engine.process_outputs", process_outputs_calls_the_engine, "calls_itself",
+           "engine.process_outputs(step) inside the plug-in"),
 ]
 
 RIGHT = [

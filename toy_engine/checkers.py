@@ -366,6 +366,29 @@ def _run_loop(loop, **config):
     return engine, _HostLog(engine, observed.get("plans", {})), outs, err
 
 
+def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
+    """The host may wait only on a step's sample event: a wait on a later point (a
+    ``device.synchronize()``, an event recorded after the next forward) also waits for
+    launches the host has not processed, and the overlap is gone."""
+    later = [w for w in engine.device.wait_log if w.stage != "sample"]
+    if not later:
+        return None
+    clock = engine.timeline.ns_to_ms
+    waited = sum(clock(w.end_ns) - clock(w.start_ns) for w in later)
+    idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)  # the engine's own zos_loop, for the cost
+    ref_idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    first = next((w for w in later if w.round not in log.prefill), later[0])
+    return _fail("waits_later_event",
+                 f"{log.who(first.round)}: the host waited on a device event that is not a step's `sample_done` "
+                 f"({len(later)} such waits in this run: `engine.device.synchronize()`, or an event recorded "
+                 f"after a launch), so it also waited for round {first.round}'s `{first.stage}`, which no "
+                 f"processing needed yet. The tokens are right, but the overlap is lost: in this run the host spent "
+                 f"{waited:.1f} ms in those waits and the device was idle {idle:.0%} of the decode phase (the "
+                 f"engine's own zos_loop on the same prompts, just after: {ref_idle:.0%}). Only "
+                 f"`engine.process_outputs` needs to wait, and it waits only on its step's `sample_done`")
+
+
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
     engine, log, outs, err = _run_loop(loop)
@@ -421,6 +444,8 @@ def check_zos_loop(loop) -> Verdict:
         verdict = _zos_order(log)
     if verdict is None and err is not None:
         verdict = _crash(log, err, "zos")
+    if verdict is None:
+        verdict = _waits_beyond(engine, log)
     if verdict is not None:
         return verdict
     diff = _compare([c.token_ids for c in outs], _reference(CONSTRAINT))
@@ -705,13 +730,13 @@ class _StepWatch:
     events it waited on, and each request's launched-round count and cache before/after."""
 
     def __init__(self, engine: Engine, process_outputs):
-        self.engine, self.learner, self.calls, self.waits = engine, process_outputs, [], None
+        self.engine, self.learner, self.calls = engine, process_outputs, []
 
     def __call__(self, engine: Engine, step) -> None:
         reqs = step.plan.requests
         call = dict(step=step, waits=[], before=[(r.num_inflight, r.finished) for r in reqs], after=None)
         self.calls.append(call)
-        self.waits = call["waits"]
+        waits, first = engine.device.wait_log, len(engine.device.wait_log)
         try:
             self.learner(engine, step)
         except BaseException:
@@ -719,17 +744,10 @@ class _StepWatch:
             call["holders"] = {b: r.index for r in engine.requests for b in r.blocks}
             raise
         finally:
-            self.waits = None
+            clock = engine.timeline.ns_to_ms
+            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in waits[first:]]
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
-
-    def wait(self, real_wait):
-        def wait(event, timeout=None):
-            start = self.engine.timeline.now_ms()
-            real_wait(event, timeout)
-            if self.waits is not None:
-                self.waits.append((event.seq, start, self.engine.timeline.now_ms()))
-        return wait
 
 
 def _who_step(step) -> str:
@@ -741,9 +759,15 @@ def _step_mistake(call) -> Verdict | None:
     """The first rule a single call broke: wait on the step's own event, commit once, free
     exactly the finished requests no launched round uses."""
     step, who = call["step"], _who_step(call["step"])
-    later = [seq for seq, _, _ in call["waits"] if seq > step.sample_done.seq]
+    later = [seq for seq, _, _, _ in call["waits"] if seq > step.sample_done.seq]
     if later:
         return _fail("waits_later_event", who)  # the message, with its cost, is written by the caller
+    earlier = [rnd for seq, _, _, rnd in call["waits"] if seq < step.sample_done.seq]
+    if earlier and all(seq != step.sample_done.seq for seq, _, _, _ in call["waits"]):
+        return _fail("waits_other_event",
+                     f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
+                     f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
+                     f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
     if call.get("raised"):
         return None  # judged by its exception
     reqs = step.plan.requests
@@ -796,8 +820,6 @@ def check_process_outputs(process_outputs) -> Verdict:
     ref_cost = _overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
                                       if s.stage == "wait"])
     watch = _StepWatch(engine, process_outputs)
-    device = engine.device
-    device.wait = watch.wait(device.wait)  # instance attribute: synchronize() goes through it too
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"], process_outputs=watch)
         err = None
@@ -805,8 +827,6 @@ def check_process_outputs(process_outputs) -> Verdict:
         return _not_implemented("`process_outputs`")
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
-    finally:
-        del device.wait
     mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
         steps, lost = _overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
@@ -848,6 +868,13 @@ def check_process_outputs(process_outputs) -> Verdict:
                      f"`engine.commit_outputs(step, out)` exactly once per step")
     if isinstance(err, EngineStalled):
         return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+    if isinstance(err, RecursionError):
+        return _fail("calls_itself",
+                     "your process_outputs called `engine.process_outputs(step)`: in this run the engine's "
+                     "method calls *your* function (that is how it is plugged in), so each call started another "
+                     "one until Python gave up (RecursionError). Do the steps yourself: "
+                     "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
+                     "`engine.commit_outputs(step, out)`, then free what is finished")
     if err is not None:
         return _fail("raised", f"your process_outputs raised {type(err).__name__}: {err}")
     diff = _compare([c.token_ids for c in outs], [c.token_ids for c in reference])

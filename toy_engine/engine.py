@@ -449,6 +449,7 @@ class Engine:
     def _execute(self, requests, loop, on_round, correction, process_outputs) -> list[Completion]:
         run = self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
         self.timeline = Timeline(meta=self._meta())
+        self.device.wait_log.clear()
         self.scheduler.round = 0
         for req in requests:
             self.scheduler.add(req)
