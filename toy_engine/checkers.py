@@ -379,12 +379,15 @@ def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
     engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)  # the engine's own zos_loop, for the cost
     ref_idle = engine.stats.get("decode_device_idle_fraction", 0.0)
     first = next((w for w in later if w.round not in log.prefill), later[0])
+    deferred = {r for r in log.rounds if r not in log.prefill and r + 1 in log.rounds}
+    lost = len(deferred & {w.round - 1 for w in later if w.stage in ("forward", "correct")})
     return _fail("waits_later_event",
                  f"{log.who(first.round)}: the host waited on a device event that is not a step's `sample_done` "
                  f"({len(later)} such waits in this run: `engine.device.synchronize()`, or an event recorded "
                  f"after a launch), so it also waited for round {first.round}'s `{first.stage}`, which no "
-                 f"processing needed yet. The tokens are right, but the overlap is lost: in this run the host spent "
-                 f"{waited:.1f} ms in those waits and the device was idle {idle:.0%} of the decode phase (the "
+                 f"processing needed yet. The tokens are right, but the overlap is lost: in this run {lost} of "
+                 f"{len(deferred)} deferred decode steps were processed only after the next round's forward "
+                 f"had finished (nothing left to hide them under), the host spent {waited:.1f} ms in those waits and the device was idle {idle:.0%} of the decode phase (the "
                  f"engine's own zos_loop on the same prompts, just after: {ref_idle:.0%}). Only "
                  f"`engine.process_outputs` needs to wait, and it waits only on its step's `sample_done`")
 
