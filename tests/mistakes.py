@@ -606,6 +606,21 @@ def process_outputs_calls_the_engine(engine, step):
     engine.process_outputs(step)
 
 
+def zos_replaces_process_outputs(engine):
+    engine.process_outputs = engine.flush  # an experiment on the checker's engine
+    make_zos()(engine)
+
+
+def serial_replaces_schedule(engine):
+    engine.schedule = engine.scheduler.schedule
+    serial(engine)
+
+
+def process_outputs_replaces_the_method(engine, step):
+    engine.process_outputs = process  # an experiment on the checker's engine
+    process(engine, step)
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -735,6 +750,12 @@ WRONG = [
            "device.wait on the step before's sample_done"),
     Answer("05", "calls engine.process_outputs", process_outputs_calls_the_engine, "calls_itself",
            "engine.process_outputs(step) inside the plug-in"),
+    Answer("03a", "sets engine.process_outputs", zos_replaces_process_outputs, "edits_engine",
+           "engine.process_outputs = engine.flush in the loop"),
+    Answer("02a", "sets engine.schedule", serial_replaces_schedule, "edits_engine",
+           "engine.schedule replaced in the loop"),
+    Answer("05", "sets engine.process_outputs", process_outputs_replaces_the_method, "edits_engine",
+           "engine.process_outputs replaced inside the plug-in"),
 ]
 
 RIGHT = [

@@ -125,6 +125,7 @@ class _Observed:
     def __init__(self, engine: Engine):
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "plans", {})
+        object.__setattr__(self, "edits", [])
 
     def schedule(self):
         plan = self._engine.schedule()
@@ -136,7 +137,31 @@ class _Observed:
         return getattr(self._engine, name)
 
     def __setattr__(self, name, value):
-        setattr(self._engine, name, value)
+        self.edits.append(name)
+        raise _EngineEdited(name)
+
+
+class _EngineEdited(AttributeError):
+    """A learner's loop tried to replace an attribute of a checker's shared engine."""
+
+
+def _edited(names: list[str]) -> Verdict:
+    return _fail("edits_engine",
+                 f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
+                 f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
+                 f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+
+
+def _forget_edits(engine: Engine, attributes: set[str]) -> None:
+    """Undo what a learner's code set on a shared engine over one of its methods (e.g.
+    ``engine.process_outputs = ...`` inside a plug-in), so that a later check runs on the
+    engine it expects.  (A run's own new attributes, ``stats``, ``completions``, stay.)"""
+    for name in _shadowing(engine, attributes):
+        delattr(engine, name)
+
+
+def _shadowing(engine: Engine, attributes: set[str]) -> list[str]:
+    return sorted(n for n in set(vars(engine)) - attributes if hasattr(type(engine), n))
 
 
 class _HostLog:
@@ -351,11 +376,11 @@ def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
 def _run_loop(loop, **config):
     """Run a learner's loop on PROMPTS; returns (engine, log, outputs or None, exception or None)."""
     engine = _engine(**config)
-    observed = {}
+    observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
         view = _Observed(real_engine)
-        observed["plans"] = view.plans
+        observed["plans"], observed["edits"] = view.plans, view.edits
         loop(view)
 
     try:
@@ -363,6 +388,10 @@ def _run_loop(loop, **config):
         err = None
     except Exception as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
+    finally:
+        _forget_edits(engine, attributes)
+    if observed.get("edits"):
+        err = _EngineEdited(observed["edits"][0])
     return engine, _HostLog(engine, observed.get("plans", {})), outs, err
 
 
@@ -397,6 +426,8 @@ def check_serial_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`serial_loop`")
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _serial_order(log)
@@ -442,6 +473,8 @@ def check_zos_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`zos_loop`")
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _zos_order(log)
@@ -456,6 +489,8 @@ def check_zos_loop(loop) -> Verdict:
         return _fail("wrong_tokens", f"with the `{CONSTRAINT}` constraint on, {diff}: process every step exactly "
                                      f"once, in round order, before the next sample")
     spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
     if err is not None:
         return _crash(spec_log, err, "zos")
     diff = _compare([c.token_ids for c in spec_outs], _reference())
@@ -822,7 +857,7 @@ def check_process_outputs(process_outputs) -> Verdict:
     ref_idle = engine.stats["decode_device_idle_fraction"]
     ref_cost = _overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
                                       if s.stage == "wait"])
-    watch = _StepWatch(engine, process_outputs)
+    watch, attributes = _StepWatch(engine, process_outputs), set(vars(engine))
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"], process_outputs=watch)
         err = None
@@ -830,6 +865,14 @@ def check_process_outputs(process_outputs) -> Verdict:
         return _not_implemented("`process_outputs`")
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
+    finally:
+        edits = _shadowing(engine, attributes)
+        _forget_edits(engine, attributes)
+    if edits:
+        return _fail("edits_engine",
+                     f"your process_outputs set `engine.{edits[0]}`: the checkers' engines are shared by every "
+                     f"check, so a plug-in may call the engine's methods but not replace them (the change was "
+                     f"undone). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
     mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
         steps, lost = _overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
