@@ -621,6 +621,18 @@ def process_outputs_replaces_the_method(engine, step):
     process(engine, step)
 
 
+
+
+
+def serial_prepares_twice(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -756,6 +768,20 @@ WRONG = [
            "engine.schedule replaced in the loop"),
     Answer("05", "sets engine.process_outputs", process_outputs_replaces_the_method, "edits_engine",
            "engine.process_outputs replaced inside the plug-in"),
+    Answer("03b", "one string", "forward 1, sample 1, forward 2", "shape",
+           "the order typed as one string"),
+    Answer("03b", "a number", 5, "shape",
+           "not a list at all"),
+    Answer("03b", "stage names without rounds", ["forward", "sample"], "shape",
+           "stages without their round numbers"),
+    Answer("04b", "one comma-separated string", "seqlens_k, positions, slot_mapping, input_ids", "shape",
+           "the fields typed as one string"),
+    Answer("04b", "a number", 5, "shape",
+           "not a set at all"),
+    Answer("04b", "pending included", {"seqlens_k", "positions", "slot_mapping", "input_ids", "pending"}, "input_field",
+           "the worked case's pending flag listed as stale"),
+    Answer("02a", "prepares twice", serial_prepares_twice, "prepared_twice",
+           "prepare_inputs called twice per round"),
 ]
 
 RIGHT = [

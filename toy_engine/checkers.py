@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -206,6 +207,13 @@ def _common_mistakes(log: _HostLog) -> Verdict | None:
                          f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
                          f"from the logits that the round's forward computes, so the forward must be launched "
                          f"first (on the device the sample then read a stale or missing forward's logits)")
+        prepared = log.pos("prepare", r)
+        if len(prepared) > 1:
+            return _fail("prepared_twice",
+                         f"{log.who(r)}: `prepare_inputs` was called {len(prepared)} times for the same plan. "
+                         f"Each call writes the round's metadata into the round's host buffer slot and launches "
+                         f"an upload that reads it, so the second call rewrote the slot while the first upload "
+                         f"might still be reading it. Prepare each plan once and launch with those inputs")
         if len(fwd) > 1 or len(smp) > 1:
             stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
             return _fail("launched_twice",
@@ -691,13 +699,29 @@ def check_correction(correct_seqlens_qk) -> Verdict:
 CORRECTED = {"seqlens_k", "positions", "slot_mapping", "input_ids"}
 UNCHANGED = {"seqlens_q", "cu_seqlens_q", "block_tables", "rows"}
 DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_k, so it moves too
+INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row, never corrected itself
 
 
 def check_metadata_answer(answer) -> Verdict:
     """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
     if answer is None or answer is NotImplemented:
         return _not_implemented("the set of field names")
-    answer = {str(a) for a in answer}
+    shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
+    if isinstance(answer, (str, bytes)):
+        return _fail("shape", f"write {shape}, not one string ({answer!r}): a string is read letter by letter")
+    try:
+        names = list(answer)
+    except TypeError:
+        return _fail("shape", f"write {shape}; got {type(answer).__name__} {answer!r}")
+    if not all(isinstance(a, str) for a in names):
+        odd = next(a for a in names if not isinstance(a, str))
+        return _fail("shape", f"write {shape}; {odd!r} is a {type(odd).__name__}, not a field name")
+    answer = set(names)
+    if answer & INPUTS:
+        return _fail("input_field",
+                     f"`pending` does not change: it is one of the correction's inputs (which rows had a round in "
+                     f"flight when this one was prepared, as in the worked case), not a length the device must "
+                     f"correct. Leave it out and name the fields that move when a draft is accepted")
     unknown = answer - CORRECTED - UNCHANGED - DERIVED
     if unknown:
         return _fail("unknown_field", f"not a metadata field of the batch: {sorted(unknown)}; choose from "
@@ -733,8 +757,25 @@ def check_three_rounds(order) -> Verdict:
     """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
     if order is None or order is NotImplemented:
         return _not_implemented("the list of (stage, round) pairs")
+    shape = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
+    if isinstance(order, (str, bytes)):
+        return _fail("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
+                              f"and a round number")
+    try:
+        items = list(order)
+    except TypeError:
+        return _fail("shape", f"write {shape}; got {type(order).__name__} {order!r:.60}")
+    order = []
+    for item in items:
+        try:
+            stage, rnd = item if not isinstance(item, (str, bytes)) else (None, None)
+            if not isinstance(stage, str) or isinstance(rnd, bool):
+                raise TypeError
+            order.append((stage, operator.index(rnd)))
+        except (TypeError, ValueError):
+            return _fail("shape", f"write {shape}; {item!r:.60} is not a (stage, round) pair of a string and "
+                                  f"an integer")
     expected = expected_three_rounds()
-    order = [tuple(x) for x in order]
     if order == expected:
         return Verdict(True, "that is the order the engine just recorded: " +
                        ", ".join(f"{s} {r}" for s, r in expected))
