@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from toy_engine import kernels
@@ -633,6 +634,14 @@ def serial_prepares_twice(engine):
         engine.process_outputs(engine.launch_sample(inputs))
 
 
+def idle_percent(timeline):
+    return 100 * idle(timeline)
+
+
+def idle_nan(timeline):
+    return float("nan")
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -782,6 +791,10 @@ WRONG = [
            "the worked case's pending flag listed as stale"),
     Answer("02a", "prepares twice", serial_prepares_twice, "prepared_twice",
            "prepare_inputs called twice per round"),
+    Answer("02b", "a percentage", idle_percent, "percentage",
+           "100 x the fraction"),
+    Answer("02b", "not a number (nan)", idle_nan, "not_a_number",
+           "returns nan"),
 ]
 
 RIGHT = [
@@ -793,6 +806,8 @@ RIGHT = [
     Answer("02b", "end - start denominator", idle_end_minus_start),
     Answer("02b", "summed span durations", idle_summed_durations),
     Answer("02b", "1 - busy share", idle_one_minus_busy),
+    Answer("02b", "a NumPy float32", lambda timeline: np.float32(idle(timeline))),
+    Answer("02b", "a 0-d tensor", lambda timeline: torch.tensor(idle(timeline))),
     Answer("03a", "the solution", make_zos()),
     Answer("03a", "while True with break", zos_while_true),
     Answer("03a", "correct_on_device every round", make_zos(correct="always")),

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
+import numbers
 import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -514,6 +516,20 @@ def check_zos_loop(loop) -> Verdict:
 
 # ------------------------------------------------------------------ idle fraction
 
+def _real(x) -> float | None:
+    """A learner's number as a float: a Python or NumPy real, or a 0-d tensor/array; None
+    for anything else (a bool, a string, a list)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
+        return float(x)
+    if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
+        return float(x)  # a 0-d NumPy array
+    return None
+
+
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
     timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
@@ -523,21 +539,33 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
         return _not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
         return _fail("raised", f"your idle_fraction raised {type(err).__name__}: {err}")
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
+    number = _real(got)
+    if number is None:
         return _fail("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
-    if abs(got - expected) < 1e-9:
+    if not math.isfinite(number):
+        return _fail("not_a_number", f"idle_fraction returned {number}: divide the idle time by idle + busy "
+                                     f"(both from the timeline, and busy is never 0 after a run)")
+    got = number
+
+    def close(a, b):  # float32 or a 0-d tensor of the right value passes: 1e-6 is far below any mistake's gap
+        return abs(a - b) < 1e-6
+
+    if close(got, expected):
         return Verdict(True, "your idle fraction equals engine.stats['device_idle_fraction']")
     idle = sum(b - a for a, b in timeline.device_gaps())
     busy = timeline.device_busy_ms()
-    if abs(got - (1 - expected)) < 1e-9:
+    if close(got, 100 * expected):
+        return _fail("percentage", f"that is a percentage ({got:.2f}%): return the fraction itself, "
+                                   f"idle / (idle + busy), a number between 0 and 1 ({expected:.4f} here)")
+    if close(got, 1 - expected):
         return _fail("busy_fraction", "that is the busy fraction; the idle fraction is idle / (idle + busy)")
-    if busy and abs(got - idle / busy) < 1e-9:
+    if busy and close(got, idle / busy):
         return _fail("idle_over_busy", "divide by idle + busy (the whole time between the first and the last "
                                        "device work), not by busy")
-    if abs(got - idle) < 1e-9:
+    if close(got, idle):
         return _fail("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
     extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
-    if any(abs(got - idle / wall) < 1e-9 for wall in (engine.stats["wall_ms"], extent)):
+    if any(close(got, idle / wall) for wall in (engine.stats["wall_ms"], extent)):
         return _fail("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
     return _fail("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
