@@ -642,6 +642,27 @@ def idle_nan(timeline):
     return float("nan")
 
 
+def serial_swallows_errors(engine):
+    while engine.scheduler.has_work():
+        try:
+            plan = engine.schedule()
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_sample(inputs)
+            engine.launch_forward(inputs)
+        except Exception:
+            pass
+
+
+def make_zos_swallows_errors():
+    def loop(engine):
+        while engine.scheduler.has_work():
+            try:
+                make_zos(flush="drop")(engine)
+            except Exception:
+                pass
+    return loop
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -795,6 +816,10 @@ WRONG = [
            "100 x the fraction"),
     Answer("02b", "not a number (nan)", idle_nan, "not_a_number",
            "returns nan"),
+    Answer("02a", "swallows every error", serial_swallows_errors, "spins",
+           "try/except Exception: pass around each round"),
+    Answer("03a", "swallows every error", make_zos_swallows_errors(), "spins",
+           "the loop retried inside try/except Exception: pass"),
 ]
 
 RIGHT = [

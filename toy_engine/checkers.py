@@ -125,12 +125,21 @@ class _Observed:
     """The engine as a learner's loop sees it: every call goes through to the engine;
     ``schedule`` also notes each round's prompt indexes, so messages can name them."""
 
+    # A loop that swallows the engine's errors may never finish: stop it after far more
+    # schedule() calls than the reference loops make (48 serial rounds on PROMPTS, a few
+    # more None plans in ZOS) and judge the spin.
+    MAX_SCHEDULES = 1000
+
     def __init__(self, engine: Engine):
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "plans", {})
         object.__setattr__(self, "edits", [])
+        object.__setattr__(self, "schedules", 0)
 
     def schedule(self):
+        object.__setattr__(self, "schedules", self.schedules + 1)
+        if self.schedules > self.MAX_SCHEDULES:
+            raise _Spinning(self.schedules - 1)
         plan = self._engine.schedule()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
@@ -144,6 +153,11 @@ class _Observed:
         raise _EngineEdited(name)
 
 
+class _Spinning(BaseException):
+    """Stops a learner's loop that keeps going: a BaseException, so that an ``except
+    Exception`` in the loop cannot swallow it."""
+
+
 class _EngineEdited(AttributeError):
     """A learner's loop tried to replace an attribute of a checker's shared engine."""
 
@@ -153,6 +167,13 @@ def _edited(names: list[str]) -> Verdict:
                  f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
                  f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
                  f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+
+
+def _spinning(calls: int) -> Verdict:
+    return _fail("spins",
+                 f"your loop called `engine.schedule()` {calls} times without finishing (the reference loops need "
+                 f"about 50 rounds here), so the checker stopped it. It probably catches the engine's errors and "
+                 f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
 
 
 def _forget_edits(engine: Engine, attributes: set[str]) -> None:
@@ -396,7 +417,7 @@ def _run_loop(loop, **config):
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=watched)
         err = None
-    except Exception as exc:  # noqa: BLE001 - judged below, never raised to the learner
+    except (Exception, _Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
     finally:
         _forget_edits(engine, attributes)
@@ -438,6 +459,8 @@ def check_serial_loop(loop) -> Verdict:
         return _not_implemented("`serial_loop`")
     if isinstance(err, _EngineEdited):
         return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _serial_order(log)
@@ -485,6 +508,8 @@ def check_zos_loop(loop) -> Verdict:
         return _not_implemented("`zos_loop`")
     if isinstance(err, _EngineEdited):
         return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _zos_order(log)
@@ -501,6 +526,8 @@ def check_zos_loop(loop) -> Verdict:
     spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
     if isinstance(err, _EngineEdited):
         return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     if err is not None:
         return _crash(spec_log, err, "zos")
     diff = _compare([c.token_ids for c in spec_outs], _reference())
