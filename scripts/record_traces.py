@@ -3,12 +3,22 @@
     python scripts/record_traces.py                 # auto device: CUDA if present, else CPU stand-in
     python scripts/record_traces.py --device cuda   # on a GPU machine: CUDA-event timelines
 
-For each mode it starts one engine, does a warm-up run (the first forward is cold and
-would dominate the picture), then ``--repeats`` recorded runs, and keeps the run with
-the median tokens/s, so one unlucky slice of a shared machine does not become the
-course's example.  The result is written to ``toy_engine/traces/<device>_<mode>.json``
-(``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how it was recorded.
-Keep the workload small: a trace is a teaching picture, not a benchmark (< 200 KB).
+For each host overhead (``--host-overheads``, default 0 and 2 ms/round) and mode it
+starts one engine, does a warm-up run (the first forward is cold and would dominate the
+picture), then ``--repeats`` recorded runs, and keeps the least contended one (the
+one not flagged busy with the highest CPU share of the device process and host loop,
+whichever is lower; see ``Timeline.contention``), so one unlucky slice of a shared machine does not become the
+course's example.  The
+result is written to ``toy_engine/traces/<device>_<mode>[_overhead<H>ms].json``
+(``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
+commit it was recorded, and the run's contention meter.
+
+These traces are the notebooks' fallback when a learner's machine is busy, so they must
+come from a quiet one: a kept run whose device process got less than
+``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (or whose host loop did, or during which
+other programs used more than ``BUSY_OTHERS_CPUS``) is refused (exit status 1, nothing
+written) unless ``--allow-busy``.  Keep the workload small: a trace is a teaching
+picture, not a benchmark (< 200 KB).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,9 +37,13 @@ import torch
 
 from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, load_model
 from toy_engine.bench import default_workload
+from toy_engine.machine import machine_report
 from toy_engine.model import CHECKPOINT
+from toy_engine.recorded import trace_name
+from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "toy_engine" / "traces"
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "toy_engine" / "traces"
 
 
 def _model():
@@ -40,20 +55,34 @@ def _model():
         return TinyGPT(GPTConfig(vocab_size=tok.vocab_size)), tok, "untrained TinyGPT (no checkpoint yet)"
 
 
+def _commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
 def _machine() -> dict:
+    report = machine_report()
     info = dict(node=platform.node(), platform=platform.platform(), python=platform.python_version(),
-                cpus=os.cpu_count(), torch=torch.__version__)
-    if hasattr(os, "getloadavg"):
-        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+                cpus=report["cpu_count"], usable_cpus=report["allowed"], affinity=report["affinity"],
+                cgroup_quota=report["cgroup_quota"], load_average=[round(x, 2) for x in os.getloadavg()],
+                torch=torch.__version__)
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
     return info
 
 
-def record(mode: str, args, model, tokenizer, model_desc: str) -> Path:
+def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) -> tuple:
+    """Record one mode at one host overhead; returns (Timeline, output stem, busy?)."""
     config = EngineConfig(mode=mode, device=args.device, max_batch_size=args.batch_size,
-                          num_draft_tokens=args.drafts, host_overhead_ms=args.host_overhead,
+                          num_draft_tokens=args.drafts, host_overhead_ms=overhead,
                           race_check=False)
     prompts = default_workload(args.requests)
     with Engine(config, model=model, tokenizer=tokenizer) as engine:
@@ -63,25 +92,33 @@ def record(mode: str, args, model, tokenizer, model_desc: str) -> Path:
             engine.generate(prompts, max_new_tokens=args.max_new_tokens)
             runs.append((engine.stats["tokens_per_s"], engine.timeline, dict(engine.stats)))
         device_name = engine.device.name
-    median = statistics.median_low([tps for tps, _, _ in runs])
-    _, timeline, stats = next(r for r in runs if r[0] == median)
+    # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
+    if all(r[2].get("device_cpu_share") is not None for r in runs):
+        _, timeline, stats = max(runs, key=lambda r: (not r[1].contention()["busy"],
+                                                      min(r[2]["device_cpu_share"], r[2]["host_cpu_share"])))
+        kept = (f"the least contended of {args.repeats} runs (not busy, then highest min(device, host) CPU "
+                f"share) after 1 warm-up")
+    else:
+        median = statistics.median_low([tps for tps, _, _ in runs])
+        _, timeline, stats = next(r for r in runs if r[0] == median)
+        kept = f"median tokens/s of {args.repeats} runs after 1 warm-up"
     kind = "cuda" if device_name not in ("cpu-process",) else "cpu"
+    contention = timeline.contention()
     timeline.meta.update(
         recorded=dict(command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      machine=_machine(), torch=torch.__version__, model=model_desc,
+                      commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
                       workload=dict(requests=args.requests, max_new_tokens=args.max_new_tokens,
                                     prompts="toy_engine.bench.default_workload"),
-                      race_check=False, kept=f"median tokens/s of {args.repeats} runs after 1 warm-up",
-                      tokens_per_s_all_runs=[round(r[0], 1) for r in runs]),
+                      race_check=False, kept=kept, nice=os.nice(0),
+                      tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
+                      device_cpu_share_all_runs=[r[2].get("device_cpu_share") for r in runs],
+                      contention=contention),
         stats=stats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{kind}_{mode}.json"
-    timeline.to_json(path)
-    return path
+    return timeline, trace_name(mode, overhead, kind), bool(contention["busy"])
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--modes", nargs="+", default=["serial", "zos"], choices=["serial", "zos"])
@@ -89,18 +126,40 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--drafts", type=int, default=0)
-    p.add_argument("--host-overhead", type=float, default=0.0)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--host-overheads", type=float, nargs="+", default=[0.0, 2.0],
+                   help="host overheads (ms/round) to record; 0 writes <device>_<mode>.json")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--allow-busy", action="store_true",
+                   help="write traces even when the kept run was busy (they say so in meta)")
     p.add_argument("--out", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)
     model, tokenizer, desc = _model()
-    for mode in args.modes:
-        path = record(mode, args, model, tokenizer, desc)
+    recorded, busy = [], []
+    for overhead in args.host_overheads:
+        for mode in args.modes:
+            timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
+            c = timeline.meta["recorded"]["contention"]
+            print(f"{stem}: {timeline.meta['stats']['tokens_per_s']:.0f} tok/s, CPU share device "
+                  f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs used "
+                  f"{c['others_cpus']} CPUs, busy {c['busy']}")
+            recorded.append((timeline, stem))
+            if was_busy:
+                busy.append(stem)
+    if busy and not args.allow_busy:
+        print(f"not written: {', '.join(busy)} ran on a busy machine (a CPU share below {BUSY_RUN_CPU_SHARE:.0%}, "
+              f"or other programs above {BUSY_OTHERS_CPUS:g} CPUs); record on a quiet machine, or pass "
+              f"--allow-busy", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for timeline, stem in recorded:
+        path = args.out / f"{stem}.json"
+        timeline.to_json(path)
         size = path.stat().st_size
         print(f"{path}  {size / 1024:.1f} KB")
         if size > 200_000:
             print(f"warning: {path.name} is over 200 KB; record a shorter run", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

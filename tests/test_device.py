@@ -62,9 +62,11 @@ def test_launches_run_in_order_and_times_are_monotonic(device):
     spans = device.spans()
     starts = [s[2] for s in spans]
     assert starts == sorted(starts)
-    assert all(end >= start for _, _, start, end in spans)
+    assert all(end >= start for _, _, start, end, _ in spans)
     # device stamps are on the host clock: they fall inside this test's lifetime
-    assert all(0 < start <= time.perf_counter_ns() for _, _, start, _ in spans)
+    assert all(0 < start <= time.perf_counter_ns() for _, _, start, _, _ in spans)
+    # and carry the CPU time the device process got, never more than the wall time allows
+    assert all(0 <= cpu <= (end - start) * 1.05 + 100_000 for _, _, start, end, cpu in spans)
 
 
 def test_kernels_defined_at_run_time_reach_the_device_by_value(device):

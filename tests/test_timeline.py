@@ -207,3 +207,118 @@ def test_busy_plus_gaps_is_window_overlapping(pieces):
     total = tl.device_busy_ms() + sum(b - a for a, b in tl.device_gaps())
     assert abs(total - window) <= 1e-9
     assert tl.device_busy_ms() <= sum(s.duration_ms for s in tl.spans) + 1e-9
+
+
+# -- contention meter --------------------------------------------------------
+
+def test_span_cpu_time_validation_and_share():
+    s = Span("device", "forward", 1, 0.0, 4.0, cpu_ms=1.0)
+    assert s.cpu_share == 0.25 and s.preempted()
+    assert Span("device", "forward", 1, 0.0, 4.0, cpu_ms=3.9).preempted() is False
+    assert Span("device", "forward", 1, 0.0, 0.1, cpu_ms=0.0).preempted() is False  # too short to judge
+    assert Span("host", "prepare", 1, 0.0, 4.0, cpu_ms=1.0).preempted()  # the host loop lost its core
+    assert Span("host", "wait", 1, 0.0, 4.0, cpu_ms=0.0).preempted() is False  # blocked on purpose
+    assert Span("device", "forward", 1, 0.0, 4.0).cpu_share is None
+    assert Span("device", "forward", 1, 0.0, 1.0, cpu_ms=1.2).cpu_share == 1.0  # clock granularity
+    for bad in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="cpu_ms"):
+            Span("device", "forward", 1, 0.0, 1.0, cpu_ms=bad)
+
+
+def contended() -> Timeline:
+    """Device: forward r1 quiet (3.8 of 4 ms CPU), forward r2 preempted (2 of 5 ms); host work."""
+    tl = Timeline(origin_ns=0)
+    tl.add("device", "forward", 1, 0, 4, cpu_ms=3.8)
+    tl.add("device", "sample", 1, 4, 4.1, cpu_ms=0.01)  # short: not judged
+    tl.add("device", "forward", 2, 6, 11, cpu_ms=2.0)
+    tl.add("host", "prepare", 2, 4.5, 5.5, cpu_ms=0.9)
+    tl.add("host", "wait", 1, 1, 4.2, cpu_ms=0.05)  # blocked by design: not counted
+    tl.add("host", "postprocess", 1, 4.2, 4.5)  # no CPU time recorded: not counted
+    return tl
+
+
+def test_cpu_shares_busy_stretches_and_verdict():
+    tl = contended()
+    shares = tl.cpu_shares()
+    assert shares["device_cpu_share"] == pytest.approx((3.8 + 0.01 + 2.0) / 9.1)
+    assert shares["host_cpu_share"] == pytest.approx(0.9)
+    assert tl.busy_stretches(lane="host") == []
+    assert [(a, b, s.round) for a, b, s in tl.busy_stretches()] == [(6.0, 11.0, 2)]
+    assert [(a, b) for a, b, _ in tl.busy_stretches(start_ms=8, end_ms=20)] == [(8.0, 11.0)]
+    assert tl.busy_stretches(end_ms=6) == []
+    c = tl.contention()
+    assert c["device_preempted_ms"] == pytest.approx(3.0) and c["busy"] is True and c["host_preempted_ms"] == 0
+    assert c["device_preempted_fraction"] == pytest.approx(3.0 / 9.1)
+    summary = tl.summary()
+    assert summary["device_cpu_share"] == shares["device_cpu_share"] and "busy" not in summary
+    quiet = Timeline(origin_ns=0)
+    quiet.add("device", "forward", 1, 0, 4, cpu_ms=3.9)
+    assert quiet.contention()["busy"] is False and quiet.busy_stretches() == []
+    # The device kept its core but the host loop did not: busy too (overlap needs both).
+    quiet.add("host", "overhead", 2, 4, 6, cpu_ms=1.0)
+    c = quiet.contention()
+    assert c["busy"] is True and c["host_preempted_ms"] == pytest.approx(1.0)
+    assert [s.stage for _, _, s in quiet.busy_stretches(lane="host")] == ["overhead"]
+    # No CPU times (CUDA, old traces): unknown, not quiet.
+    assert handmade().contention()["busy"] is None
+    assert handmade().cpu_shares() == {"device_cpu_share": None, "host_cpu_share": None}
+
+
+def test_cpu_time_survives_json_and_old_traces_load():
+    tl = contended()
+    again = Timeline.from_json(tl.to_json())
+    assert [s.cpu_ms for s in again.spans] == [s.cpu_ms for s in tl.spans]
+    old = json.loads(tl.to_json())
+    for raw in old["spans"]:
+        raw.pop("cpu_ms")
+    assert all(s.cpu_ms is None for s in Timeline.from_json(json.dumps(old)).spans)
+
+
+def test_host_span_records_thread_cpu_time():
+    tl = Timeline()
+    with tl.host_span("overhead", 0):
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:  # busy: CPU time accrues
+            pass
+    with tl.host_span("wait", 0):
+        time.sleep(0.02)  # blocked: almost none
+    spin, sleep = tl.spans
+    assert 0 < spin.cpu_ms <= spin.duration_ms * 1.05 + 0.1
+    assert sleep.cpu_ms < 0.5 * sleep.duration_ms
+    tl.add_device_ns("forward", 0, 0, 2_000_000, cpu_ns=1_500_000)
+    assert tl.spans[-1].cpu_ms == 1.5
+
+
+def test_round_window_starts_at_device_work_and_ends_at_processing():
+    tl = Timeline(origin_ns=0)
+    tl.add("host", "schedule", 2, 0.0, 0.5)      # under round 1's forward (ZOS): not the start
+    tl.add("device", "upload", 2, 3.0, 3.2)
+    tl.add("device", "sample", 2, 6.0, 7.0)
+    tl.add("host", "postprocess", 2, 7.5, 8.0)
+    tl.add("host", "schedule", 3, 8.0, 8.2)
+    tl.add("device", "forward", 3, 8.5, 11.0)
+    tl.add("host", "flush", 3, 11.5, 12.0)
+    assert tl.round_window(2, 2) == (3.0, 8.0)
+    assert tl.round_window(2, 3) == (3.0, 12.0)
+    only_host = Timeline(origin_ns=0)
+    only_host.add("host", "prepare", 0, 1.0, 2.0)
+    assert only_host.round_window(0, 0) == (1.0, 2.0)
+
+
+def test_finish_run_measures_what_other_programs_used(monkeypatch):
+    from toy_engine import timeline as tmod
+
+    snaps = iter([(100.0, 5.0, 2), (101.0, 5.3, 2)])  # machine busy +1.0 CPU s, this process +0.3 s
+    monkeypatch.setattr(tmod, "cpu_snapshot", lambda: next(snaps))
+    tl = Timeline()
+    tl.origin_ns -= 1_000_000_000  # the run took 1 s
+    tl.add("device", "forward", 1, 0, 400, cpu_ms=400.0)  # the device process: 0.4 s
+    tl.finish_run()
+    load = tl.meta["machine_load"]
+    assert load["cpus"] == 2 and load["others_cpus"] == pytest.approx(0.3, abs=0.01)
+    c = tl.contention()
+    assert c["others_cpus"] == load["others_cpus"] and c["busy"] is True  # 0.3 > BUSY_OTHERS_CPUS
+    assert Timeline.from_json(tl.to_json()).contention()["busy"] is True  # survives in meta
+    hand = Timeline(origin_ns=0)  # not a live run: nothing measured
+    hand.finish_run()
+    assert "machine_load" not in hand.meta

@@ -8,6 +8,12 @@ modes run in turn, ``--repeats`` times, so slow phases of a shared machine hit a
 modes alike.  Per mode the median run is reported.  The *ideal* ZOS speed-up comes
 from the serial run's own per-round host and device times: overlapping them perfectly
 turns ``host + device`` into ``max(host, device)``.
+
+On the CPU stand-in the "device" is a process that needs a core of its own, so a busy
+machine can shrink or even invert the measured gain.  Every run therefore carries the
+contention meter (the device's CPU share, ``Timeline.contention``); when a run was busy,
+or fewer than 2 CPUs are usable, the table says so and prints the comparison recorded on
+a quiet machine (``toy_engine/traces``), labelled with where, when and at which commit.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import json
 import statistics
 import sys
 
+from . import machine
 from .data import generate_corpus
 from .engine import Engine, EngineConfig
+from .recorded import recorded_label, recorded_runs
 
 COLUMNS = [
     ("tokens_per_s", "tok/s", "{:.0f}"),
@@ -28,8 +36,25 @@ COLUMNS = [
     ("mean_host_ms_per_round", "host ms/round", "{:.2f}"),
     ("mean_device_ms_per_round", "dev ms/round", "{:.2f}"),
     ("mean_accepted_per_round", "acc/round", "{:.2f}"),
+    ("device_cpu_share", "dev CPU share", "{:.2f}"),
     ("equal_to_serial", "= serial", "{}"),
 ]
+
+
+def recorded_comparison_text(host_overhead_ms: float = 0.0) -> str:
+    """The recorded serial-vs-ZOS numbers as one labelled paragraph (for the bench and notebooks)."""
+    runs = recorded_runs(host_overhead_ms)
+    if set(runs) != {"serial", "zos"}:
+        return "no recorded quiet-machine trace is shipped for this comparison"
+    s, z = (runs[m].meta.get("stats", {}) for m in ("serial", "zos"))
+    w = runs["zos"].meta.get("recorded", {}).get("workload", {})
+    overhead = runs["zos"].meta.get("host_overhead_ms", 0.0)
+    return (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.get('requests', '?')} requests x "
+            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round: "
+            f"serial {s.get('tokens_per_s', 0):.0f} tok/s, zos {z.get('tokens_per_s', 0):.0f} tok/s, "
+            f"zos/serial x{z.get('tokens_per_s', 0) / max(s.get('tokens_per_s', 0), 1e-9):.2f}; "
+            f"device idle (decode) {s.get('decode_device_idle_fraction', 0):.1%} -> "
+            f"{z.get('decode_device_idle_fraction', 0):.1%}")
 
 
 def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
@@ -71,7 +96,7 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
     result = {"workload": dict(num_requests=num_requests, max_new_tokens=max_new_tokens,
                                max_batch_size=max_batch_size, host_overhead_ms=host_overhead_ms,
                                num_draft_tokens=num_draft_tokens, repeats=repeats, temperature=temperature),
-              "device": device_name, "modes": {}}
+              "device": device_name, "machine": machine.machine_report(), "modes": {}}
     for mode in modes:
         median = {k: statistics.median(r[k] for r in runs[mode]) for k in runs[mode][0]
                   if isinstance(runs[mode][0][k], (int, float))}
@@ -87,6 +112,12 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
                 throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
                 decode_idle_ratio=(m[fast]["decode_device_idle_fraction"] / m[slow]["decode_device_idle_fraction"]
                                    if m[slow]["decode_device_idle_fraction"] else 0.0))
+    # Judged on every run, not the medians: one busy repeat is enough to distrust a ratio.
+    result["busy_warning"] = machine.busy_warning(
+        {f"{mode}, run {i + 1}": stats for mode in modes for i, stats in enumerate(runs[mode])},
+        cuda=device_name not in ("cpu-process",))
+    if result["busy_warning"]:
+        result["recorded"] = recorded_comparison_text(host_overhead_ms)
     return result
 
 
@@ -105,6 +136,8 @@ def format_table(result: dict) -> str:
             lines.append(f"{key}: throughput x{value['throughput_ratio']:.2f} (ideal x{value['ideal_ratio']:.2f}, "
                          f"{value['ratio_over_ideal']:.0%} of ideal); decode idle fraction "
                          f"x{value['decode_idle_ratio']:.2f} of the slower mode's")
+    if result.get("busy_warning"):
+        lines += ["", result["busy_warning"], result.get("recorded", "")]
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ The engine talks to a device through five calls, the same ones a CUDA program us
   that work is done);
 * ``host(name, mode)`` gives the host a buffer the device reads or writes;
 * ``spans()`` returns when each launch really started and ended on the device,
-  on the host's clock (ms), for the timeline.
+  on the host's clock (ns), and the CPU time it got (ns; None where not measured),
+  for the timeline.
 
 Two implementations:
 
@@ -282,7 +283,7 @@ class Device:
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
     def _wait(self, event, timeout): raise NotImplementedError
-    def spans(self) -> list[tuple[str, int, int, int]]: raise NotImplementedError
+    def spans(self) -> list[tuple[str, int, int, int, int | None]]: raise NotImplementedError
     def close(self) -> None: pass
 
     def failure(self) -> str | None:
@@ -337,7 +338,7 @@ class CudaDevice(Device):
         for t in self._timed:
             (done if t[3].query() else running).append(t)
         self._timed = running
-        return [(name, rnd, self._to_ns(s), self._to_ns(e)) for name, rnd, s, e in done]
+        return [(name, rnd, self._to_ns(s), self._to_ns(e), None) for name, rnd, s, e in done]
 
 
 # --------------------------------------------------------------- CPU stand-in
@@ -450,7 +451,12 @@ def _exit_description(code: int | None) -> str:
 
 
 def _device_main(conn, num_threads: int) -> None:
-    """The device process: run launches in order, report stamps at each event."""
+    """The device process: run launches in order, report stamps at each event.
+
+    It is not pinned to a core: pinning it to core 1 of the 2-core machine changed
+    tokens/s by -12% to +10% between runs of the same mode, inside the run-to-run spread,
+    so the OS scheduler keeps the freedom to move it away from other work.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def die_with_parent():
@@ -462,7 +468,10 @@ def _device_main(conn, num_threads: int) -> None:
     threading.Thread(target=die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
     kernels: dict[int, object] = {}
-    stamps: list[tuple[int, int, int]] = []
+    # (seq, start, end, CPU ns): process_time beside perf_counter tells a preempted
+    # kernel (wall >> CPU: the machine is busy) from a slow one; it counts torch's
+    # intra-op threads too, should device_threads be > 1.
+    stamps: list[tuple[int, int, int, int]] = []
     ctx, error = None, None
     with torch.inference_mode():
         while True:
@@ -474,12 +483,12 @@ def _device_main(conn, num_threads: int) -> None:
             if kind == "launch":
                 _, seq, kid, args, event_id = msg
                 if error is None:  # sticky: after a failure nothing else runs
-                    start = time.perf_counter_ns()
+                    start, cpu = time.perf_counter_ns(), time.process_time_ns()
                     try:
                         kernels[kid](ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
                     except BaseException as exc:  # noqa: BLE001 - reported to the host
                         error = f"{type(exc).__name__}: {exc} (in kernel '{kernels[kid].__name__}', launch {seq})"
-                    stamps.append((seq, start, time.perf_counter_ns()))
+                    stamps.append((seq, start, time.perf_counter_ns(), time.process_time_ns() - cpu))
             elif kind == "event":
                 event_id = msg[1]
             elif kind == "kernel":
@@ -662,12 +671,12 @@ class ProcessDevice(Device):
         with hold_sigint():
             _, ev_id, stamps, error = self._recv()
             self._done_upto = max(self._done_upto, ev_id)
-            for seq, start, end in stamps:
+            for seq, start, end, cpu in stamps:
                 sent, name, rnd = self._sent_ns.pop(seq)
                 if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
                     self._latencies_ns.append(start - sent)
                 self._last_end_ns = end
-                self._stamps.append((name, rnd, start, end))
+                self._stamps.append((name, rnd, start, end, cpu))
             self._error = self._error or error
 
     def _wait(self, event, timeout: float | None = None):

@@ -585,8 +585,10 @@ class Engine:
 
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run
-        for stage, rnd, start_ns, end_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == "sample" else "")
+        for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == "sample" else "",
+                             cpu_ns=cpu_ns)
+        tl.finish_run()  # the contention meter's machine-load part
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
         self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)

@@ -12,9 +12,11 @@ repo is ever written).  For each notebook, Debian's Chromium (``/usr/bin/chromiu
 driven by Playwright; no Playwright browser download) opens it, clears the stored
 outputs, runs all cells through ``window.jupyterapp`` (``--LabApp.expose_app_in_browser``)
 and waits until the kernel is idle and every cell has an execution count.  Then: no
-error output; at least one Plotly timeline drawn with host and device lanes; and, in the
-capstone, the explorer redraws when the mode is changed and *Run* pressed, and again when
-the "first round" slider is moved with the keyboard.  The capstone's last cells close the
+error output; at least one Plotly timeline drawn with host and device lanes; in notebook 03
+an order view (the same spans as labelled blocks in real order) drawn too; and, in the
+capstone, the explorer redraws when the mode is changed and *Run* pressed, again when the
+"first round" slider is moved with the keyboard, and again when its *view* is switched to
+the order view and back to scale.  The capstone's last cells close the
 explorer, so there the cells above the closing cell run first, the widgets are exercised,
 and the rest runs after.  A screenshot of each notebook goes to ``artifacts/browser/``.
 
@@ -253,15 +255,19 @@ _JS_HELPERS = r"""
   H.plotInfo = (gd) => {
     const data = gd.data || [];
     const lanes = {host: 0, device: 0};
+    const orderLanes = {host: 0, device: 0};
     for (const t of data) {
       const kind = t.meta && t.meta.kind;
-      if (kind !== 'span') continue;
+      if (kind !== 'span' && kind !== 'order') continue;
       const ys = Array.from(t.y || []);
-      if (ys.includes(1)) lanes.host += 1;
-      if (ys.includes(0)) lanes.device += 1;
+      const into = kind === 'span' ? lanes : orderLanes;
+      if (ys.includes(1)) into.host += 1;
+      if (ys.includes(0)) into.device += 1;
     }
     const title = gd.layout && gd.layout.title;
-    return {traces: data.length, lanes,
+    const meta = (gd.layout && gd.layout.meta) || {};
+    return {traces: data.length, lanes, orderLanes, view: meta.view || null,
+            xTitle: gd.layout && gd.layout.xaxis && gd.layout.xaxis.title ? gd.layout.xaxis.title.text : null,
             svgTraces: gd.querySelectorAll('g.trace').length,
             barPaths: gd.querySelectorAll('g.trace.bars g.point path').length,
             ticks: Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent),
@@ -423,6 +429,20 @@ def _is_timeline(info: dict) -> bool:
             and {"host", "device"} <= set(info["ticks"]) and info["barPaths"] > 0)
 
 
+def _is_order_view(info: dict) -> bool:
+    """An order view: host and device blocks (meta.kind == "order"), drawn, with lane ticks."""
+    return (info["view"] == "order" and info["orderLanes"]["host"] >= MIN_HOST_STAGES
+            and info["orderLanes"]["device"] >= MIN_DEVICE_STAGES and info["barPaths"] > 0
+            and {"host", "device"} <= set(info["ticks"]) and (info["xTitle"] or "").startswith("order"))
+
+
+def _assert_order_view_rendered(rel: str, plots: list[dict]) -> None:
+    views = [p for p in plots if _is_order_view(p)]
+    assert views, f"{rel}: no rendered order view (host and device blocks, lane ticks, drawn bars); plots: {plots}"
+    for p in views:
+        assert p["width"] > 200 and p["height"] > 150 and p["svgTraces"] >= p["traces"], f"{rel}: {p}"
+
+
 def _assert_timeline_rendered(rel: str, plots: list[dict]) -> None:
     assert plots, f"{rel}: no Plotly figure (.js-plotly-plot) was rendered"
     timelines = [p for p in plots if _is_timeline(p)]
@@ -433,12 +453,14 @@ def _assert_timeline_rendered(rel: str, plots: list[dict]) -> None:
         assert p["svgTraces"] >= p["traces"], f"{rel}: traces in the data but not in the SVG: {p}"
 
 
-def _wait_plots(page, rel: str, timeout_s: float = 60) -> list[dict]:
-    """The notebook's plots, once one is a drawn timeline (plotly.js loads and draws async)."""
+def _wait_plots(page, rel: str, timeout_s: float = 60, order_view: bool = False) -> list[dict]:
+    """The notebook's plots, once one is a drawn timeline (and, with ``order_view``, one an
+    order view): plotly.js loads and draws asynchronously."""
     deadline = time.monotonic() + timeout_s
     while True:
         plots = page.evaluate("(p) => window.__browserTest.plots(p)", rel)
-        if any(_is_timeline(p) for p in plots) or time.monotonic() > deadline:
+        ready = any(_is_timeline(p) for p in plots) and (not order_view or any(_is_order_view(p) for p in plots))
+        if ready or time.monotonic() > deadline:
             return plots
         page.wait_for_timeout(300)
 
@@ -453,13 +475,14 @@ def _screenshot(page, rel: str, selector_js: str | None = None) -> Path:
     return path
 
 
-def _wait_explorer_change(page, rel: str, before: str, what: str) -> dict:
-    """Wait until the explorer's figure shows a new, complete timeline."""
+def _wait_explorer_change(page, rel: str, before: str, what: str, drawn=None) -> dict:
+    """Wait until the explorer's figure shows a new, complete timeline (or ``drawn`` view)."""
+    drawn = drawn or _is_timeline
     deadline = time.monotonic() + WIDGET_TIMEOUT_S
     state = None
     while time.monotonic() < deadline:
         state = page.evaluate("(p) => window.__browserTest.explorerState(p)", rel)
-        if state and state["key"] != before and not state["runDisabled"] and _is_timeline(state["info"]):
+        if state and state["key"] != before and not state["runDisabled"] and drawn(state["info"]):
             return state
         page.wait_for_timeout(300)
     pytest.fail(f"{rel}: {what} did not redraw the explorer's timeline in {WIDGET_TIMEOUT_S} s; "
@@ -478,10 +501,11 @@ def _exercise_explorer(page, rel: str) -> None:
         pytest.fail(failure, pytrace=False)
     state = page.evaluate("(p) => window.__browserTest.explorerState(p)", rel)
     explorer = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) [data-browser-test=explorer]").first
-    # The mode ToggleButtons: press the one that is not selected.
-    toggles = explorer.locator(".widget-toggle-buttons button")
+    # The mode ToggleButtons (serial / zos): press the one that is not selected.
+    mode = explorer.locator(".widget-toggle-buttons", has_text="serial").first
+    toggles = mode.locator("button")
     assert toggles.count() >= 2, f"{rel}: the explorer's mode toggle buttons are missing"
-    other = explorer.locator(".widget-toggle-buttons button:not(.mod-active)").first
+    other = mode.locator("button:not(.mod-active)").first
     new_mode = other.text_content().strip()
     other.click()
     explorer.locator("button.jupyter-button", has_text=re.compile(r"^\s*Run\s*$")).first.click()
@@ -494,7 +518,14 @@ def _exercise_explorer(page, rel: str) -> None:
     now, top = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemax"))
     handle.focus()
     handle.press("ArrowRight" if now < top else "ArrowLeft")
-    _wait_explorer_change(page, rel, state["key"], "moving the first-round slider")
+    state = _wait_explorer_change(page, rel, state["key"], "moving the first-round slider")
+    # The view ToggleButtons: the order view of the same run, then back to scale.
+    view = explorer.locator(".widget-toggle-buttons", has_text="order").first
+    view.locator("button", has_text=re.compile(r"^\s*order\s*$")).first.click()
+    state = _wait_explorer_change(page, rel, state["key"], "switching the view to order", _is_order_view)
+    view.locator("button", has_text=re.compile(r"^\s*to scale\s*$")).first.click()
+    state = _wait_explorer_change(page, rel, state["key"], "switching the view back to scale")
+    assert state["info"]["view"] == "scale", f"{rel}: {state['info']}"
 
 
 # ---------------------------------------------------------------------------- the test
@@ -528,7 +559,11 @@ def test_notebook_renders_in_jupyterlab(lab, browser_context, rel, has_explorer)
         split = n if split is None else split
         cells = _run_cells(page, rel, 0, split, deadline)
         _assert_no_errors(rel, cells)
-        _assert_timeline_rendered(rel, _wait_plots(page, rel))
+        has_order_view = rel.endswith("03_zos.ipynb")  # its section 9 draws one
+        plots = _wait_plots(page, rel, order_view=has_order_view)
+        _assert_timeline_rendered(rel, plots)
+        if has_order_view:
+            _assert_order_view_rendered(rel, plots)
         if has_explorer:
             _exercise_explorer(page, rel)
             _assert_no_errors(rel, page.evaluate("(p) => window.__browserTest.cells(p)", rel))

@@ -1,0 +1,142 @@
+"""Usable CPUs (affinity, cgroup quota), the busy verdict, and the burner test (issue 12)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from toy_engine import bench, machine
+from toy_engine.timeline import BUSY_RUN_CPU_SHARE, Timeline
+
+
+def fake_tree(tmp_path, files: dict):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_cgroup_v2_quota_takes_the_tightest_ancestor(tmp_path):
+    root = fake_tree(tmp_path, {"cpu.max": "max 100000\n", "hub/cpu.max": "150000 100000\n",
+                                "hub/user7/cpu.max": "max 100000\n"})
+    assert machine.cgroup_cpu_quota(root, "0::/hub/user7\n") == 1.5
+    assert machine.cgroup_cpu_quota(root, "0::/\n") is None
+
+
+def test_cgroup_v1_quota(tmp_path):
+    root = fake_tree(tmp_path, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "50000\n",
+                                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+                                "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
+    assert machine.cgroup_cpu_quota(root, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n") == 0.5
+    assert machine.cgroup_cpu_quota(root, "3:cpu,cpuacct:/\n") is None
+    assert machine.cgroup_cpu_quota(tmp_path / "nothing", "3:cpu,cpuacct:/docker/abc\n") is None
+
+
+def test_usable_cpus_is_the_smaller_of_mask_and_quota(monkeypatch):
+    monkeypatch.setattr(machine, "_load_average", lambda: 1.0)  # this kernel only
+    monkeypatch.setattr(machine, "_affinity", lambda: 4)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
+    assert machine.usable_cpus() == 1.0
+    report = machine.machine_report()
+    assert report["affinity"] == 4 and report["cgroup_quota"] == 1.0 and report["usable"] == 1.0
+    assert report["allowed"] == 1.0 and report["live_overlap"] is False
+    assert report["overlap_can_show"] is False and "take turns" in report["meaning"]
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    assert machine.usable_cpus() == 4.0 and machine.machine_report()["overlap_can_show"] is True
+    monkeypatch.setattr(machine, "_load_average", lambda: 3.5)  # others keep 2.5 CPUs busy
+    report = machine.machine_report()
+    assert report["usable"] == 1.5 and not report["live_overlap"] and report["overlap_can_show"]
+    assert "other programs keep about 2.5" in report["meaning"] and machine.usable_cpus() == 4.0
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 8.0)
+    assert machine.usable_cpus() == 4.0
+
+
+def test_this_machine_report_is_consistent():
+    report = machine.machine_report()
+    assert 0 <= report["usable"] <= report["allowed"] <= report["affinity"] <= (os.cpu_count() or 1)
+    assert report["overlap_can_show"] == (report["allowed"] >= machine.MIN_CPUS_FOR_OVERLAP)
+    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert machine.usable_cpus() == report["allowed"]
+
+
+def test_busy_warning_from_stats_and_timelines(monkeypatch):
+    monkeypatch.setattr(machine, "_affinity", lambda: 2)
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    quiet = {"device_cpu_share": 0.97, "host_cpu_share": 0.95}
+    busy = {"device_cpu_share": BUSY_RUN_CPU_SHARE - 0.2}
+    assert machine.busy_warning({"serial": quiet, "zos": quiet}) is None
+    assert machine.busy_warning({"serial": {}, "zos": {}}) is None  # nothing measured: no claim
+    text = machine.busy_warning({"serial": quiet, "zos": busy})
+    assert text.startswith(machine.BUSY_WARNING_PREFIX) and "65% (zos)" in text and "97%" not in text
+    assert machine.busy_warning({"zos": busy}, cuda=True) is None
+    host_starved = machine.busy_warning({"zos": {"device_cpu_share": 0.99, "host_cpu_share": 0.55}})
+    assert "The host loop got only 55% (zos)" in host_starved and "device process" not in host_starved
+    tl = Timeline(origin_ns=0)
+    tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
+    assert "25% (run)" in machine.busy_warning({"run": tl})
+    assert "25% (pair)" in machine.busy_warning({"pair": (tl, {"tokens_per_s": 1.0})})
+    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
+    assert "Only 1 usable CPU" in machine.busy_warning({"serial": quiet})
+
+
+def test_recorded_comparison_is_labelled():
+    text = bench.recorded_comparison_text(0.0)
+    assert text.startswith("RECORDED on a quiet machine") and "commit" in text and "UTC" in text
+    assert "serial" in text and "zos/serial x" in text
+
+
+# ---------------------------------------------------------------------------- the burner test
+
+@pytest.fixture
+def cpu_burners():
+    """One spinning process per usable core: the whole machine is busy while the test runs."""
+    n = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    time.sleep(0.3)  # let them get going
+    try:
+        yield n
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
+
+
+@pytest.mark.timeout(300)
+def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded_run(cpu_burners, shipped):
+    """On a machine whose cores are all busy, a live serial/ZOS comparison is not silently shown:
+    the bench table and the comparison figure carry the busy warning and the recorded run."""
+    result = bench.run_bench(modes=("serial", "zos"), repeats=1, num_requests=4, max_new_tokens=16,
+                             host_overhead_ms=2.0)
+    table = bench.format_table(result)
+    shares = {m: result["modes"][m]["device_cpu_share"] for m in ("serial", "zos")}
+    print(table)
+    assert result["busy_warning"], f"{cpu_burners} burners, device CPU shares {shares}: no warning"
+    assert machine.BUSY_WARNING_PREFIX in table and "RECORDED on a quiet machine" in table
+    assert result["recorded"] == bench.recorded_comparison_text(2.0) and "commit" in result["recorded"]
+    assert min(shares.values()) < BUSY_RUN_CPU_SHARE
+    assert all(m["equal_to_serial"] for m in result["modes"].values())  # busy is slow, never wrong
+
+    viz = pytest.importorskip("toy_engine.viz")
+    import toy_engine as te
+
+    model, alphabet = shipped
+    runs = {}
+    for mode in ("serial", "zos"):
+        with te.Engine(te.EngineConfig(mode=mode, host_overhead_ms=2.0), model=model,
+                       tokenizer=te.CharTokenizer(alphabet)) as engine:
+            engine.generate(bench.default_workload(4), max_new_tokens=16)
+            runs[mode] = (engine.timeline, dict(engine.stats))
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fig = viz.compare_figure(runs)
+    assert out.getvalue().startswith(machine.BUSY_WARNING_PREFIX)
+    recorded = [a.text for a in fig.layout.annotations if "RECORDED" in (a.text or "")]
+    assert len(recorded) == 2 and all("commit" in t for t in recorded)
+    assert "machine busy" in fig.layout.title.text
