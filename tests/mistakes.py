@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from toy_engine import kernels
@@ -500,6 +501,168 @@ def process_frees_finished_before_commit(engine, step):
 
 # ---------------------------------------------------------------- the corpus
 
+# ---------------------------------------------------------------- found by the learner review
+
+def zos_flush_each_step(engine):
+    """No overlap at all: every decode step is flushed right after its own sample."""
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            engine.process_outputs(step)
+        else:
+            engine.flush(step)
+
+
+def make_zos_process_after_schedule(stage="process"):
+    """The deferred step processed right after schedule() found a plan, before prepare."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if stage == "flush":
+                previous = engine.flush(previous)
+            elif previous is not None:
+                engine.process_outputs(previous)
+                previous = None
+            if plan is None:
+                continue
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_forward(inputs)
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+            else:
+                previous = current
+    return loop
+
+
+def zos_flush_prefill(engine):
+    """The solution, but the prefill step goes through flush."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            previous = engine.flush(current)
+        else:
+            previous = current
+
+
+def make_zos_waits_beyond(how="synchronize"):
+    """The solution, plus a wait "to be safe" after the forward launch."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                previous = engine.flush(previous)
+                continue
+            inputs = engine.prepare_inputs(plan)
+            if previous is not None:
+                engine.correct_on_device(inputs)
+            engine.launch_forward(inputs)
+            if how == "synchronize":
+                engine.device.synchronize()
+            else:
+                engine.device.wait(engine.device.record_event())
+            if previous is not None:
+                engine.process_outputs(previous)
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+                previous = None
+            else:
+                previous = current
+    return loop
+
+
+def make_process_outputs_waits_previous():
+    """Waits on the previous step's event (kept between calls), not on this step's."""
+    kept = {}
+
+    def process_outputs(engine, step):
+        event = kept.get("event", step.sample_done)
+        kept["event"] = step.sample_done
+        engine.device.wait(event)
+        for req in engine.commit_outputs(step, engine.read_outputs(step)):
+            engine.scheduler.release_if_done(req)
+    return process_outputs
+
+
+def process_outputs_calls_the_engine(engine, step):
+    engine.process_outputs(step)
+
+
+def zos_replaces_process_outputs(engine):
+    engine.process_outputs = engine.flush  # an experiment on the checker's engine
+    make_zos()(engine)
+
+
+def serial_replaces_schedule(engine):
+    engine.schedule = engine.scheduler.schedule
+    serial(engine)
+
+
+def process_outputs_replaces_the_method(engine, step):
+    engine.process_outputs = process  # an experiment on the checker's engine
+    process(engine, step)
+
+
+
+
+
+def serial_prepares_twice(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def idle_percent(timeline):
+    return 100 * idle(timeline)
+
+
+def idle_nan(timeline):
+    return float("nan")
+
+
+def serial_swallows_errors(engine):
+    while engine.scheduler.has_work():
+        try:
+            plan = engine.schedule()
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_sample(inputs)
+            engine.launch_forward(inputs)
+        except Exception:
+            pass
+
+
+def make_zos_swallows_errors():
+    def loop(engine):
+        while engine.scheduler.has_work():
+            try:
+                make_zos(flush="drop")(engine)
+            except Exception:
+                pass
+    return loop
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -613,6 +776,50 @@ WRONG = [
            "release_if_done before commit_outputs"),
     Answer("05", "free finished before commit", process_frees_finished_before_commit, "kept_blocks",
            "finished requests freed before commit"),
+    Answer("03a", "flush right after each sample", zos_flush_each_step, "not_deferred",
+           "each decode step flushed in its own round"),
+    Answer("03a", "processed right after schedule", make_zos_process_after_schedule(), "not_deferred",
+           "previous processed after schedule(), before prepare"),
+    Answer("03a", "flushed right after schedule", make_zos_process_after_schedule("flush"), "not_deferred",
+           "previous = engine.flush(previous) after every schedule()"),
+    Answer("03a", "prefill through flush", zos_flush_prefill, "flush_mid_run",
+           "prefill step processed with engine.flush"),
+    Answer("03a", "synchronize after the forward", make_zos_waits_beyond(), "waits_later_event",
+           "engine.device.synchronize() after launch_forward"),
+    Answer("03a", "wait on a fresh event", make_zos_waits_beyond("event"), "waits_later_event",
+           "engine.device.wait(engine.device.record_event()) after launch_forward"),
+    Answer("05", "waits on the previous step's event", make_process_outputs_waits_previous(), "waits_other_event",
+           "device.wait on the step before's sample_done"),
+    Answer("05", "calls engine.process_outputs", process_outputs_calls_the_engine, "calls_itself",
+           "engine.process_outputs(step) inside the plug-in"),
+    Answer("03a", "sets engine.process_outputs", zos_replaces_process_outputs, "edits_engine",
+           "engine.process_outputs = engine.flush in the loop"),
+    Answer("02a", "sets engine.schedule", serial_replaces_schedule, "edits_engine",
+           "engine.schedule replaced in the loop"),
+    Answer("05", "sets engine.process_outputs", process_outputs_replaces_the_method, "edits_engine",
+           "engine.process_outputs replaced inside the plug-in"),
+    Answer("03b", "one string", "forward 1, sample 1, forward 2", "shape",
+           "the order typed as one string"),
+    Answer("03b", "a number", 5, "shape",
+           "not a list at all"),
+    Answer("03b", "stage names without rounds", ["forward", "sample"], "shape",
+           "stages without their round numbers"),
+    Answer("04b", "one comma-separated string", "seqlens_k, positions, slot_mapping, input_ids", "shape",
+           "the fields typed as one string"),
+    Answer("04b", "a number", 5, "shape",
+           "not a set at all"),
+    Answer("04b", "pending included", {"seqlens_k", "positions", "slot_mapping", "input_ids", "pending"}, "input_field",
+           "the worked case's pending flag listed as stale"),
+    Answer("02a", "prepares twice", serial_prepares_twice, "prepared_twice",
+           "prepare_inputs called twice per round"),
+    Answer("02b", "a percentage", idle_percent, "percentage",
+           "100 x the fraction"),
+    Answer("02b", "not a number (nan)", idle_nan, "not_a_number",
+           "returns nan"),
+    Answer("02a", "swallows every error", serial_swallows_errors, "spins",
+           "try/except Exception: pass around each round"),
+    Answer("03a", "swallows every error", make_zos_swallows_errors(), "spins",
+           "the loop retried inside try/except Exception: pass"),
 ]
 
 RIGHT = [
@@ -624,6 +831,8 @@ RIGHT = [
     Answer("02b", "end - start denominator", idle_end_minus_start),
     Answer("02b", "summed span durations", idle_summed_durations),
     Answer("02b", "1 - busy share", idle_one_minus_busy),
+    Answer("02b", "a NumPy float32", lambda timeline: np.float32(idle(timeline))),
+    Answer("02b", "a 0-d tensor", lambda timeline: torch.tensor(idle(timeline))),
     Answer("03a", "the solution", make_zos()),
     Answer("03a", "while True with break", zos_while_true),
     Answer("03a", "correct_on_device every round", make_zos(correct="always")),

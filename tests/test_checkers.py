@@ -125,3 +125,11 @@ def test_each_checker_answers_within_ten_seconds(check, answer):
     start = time.perf_counter()
     assert check(answer)
     assert time.perf_counter() - start < 10.0
+
+
+def test_a_loop_that_replaces_an_engine_method_leaves_later_checks_unharmed():
+    assert checkers.check_zos_loop(mistakes.zos_replaces_process_outputs).category == "edits_engine"
+    assert checkers.check_process_outputs(mistakes.process_outputs_replaces_the_method).category == "edits_engine"
+    assert checkers.check_zos_loop(mistakes.make_zos()).passed
+    assert checkers.check_serial_loop(mistakes.serial).passed
+    assert checkers.check_process_outputs(mistakes.process).passed

@@ -176,3 +176,25 @@ def test_launch_arguments_travel_by_value(device):
     device.launch(apply, fill, 7, round=0, writes={"outbuf"})
     device.wait(device.record_event())
     assert device.host("outbuf").tolist() == [7] * 8
+
+
+def test_each_wait_is_logged_with_its_event_and_times(device):
+    device.wait_log.clear()
+    done = device.launch(sleep_ms, 50, round=3, stage="sample", record_event=True)
+    device.launch(sleep_ms, 1, round=4, stage="forward")
+    device.wait(done)
+    device.synchronize()
+    first, second = device.wait_log
+    assert (first.seq, first.round, first.stage) == (done.seq, 3, "sample")
+    assert (second.seq, second.round, second.stage) == (done.seq + 1, 4, "forward")
+    # the first wait covered the 50 ms sleep (generous bound for a busy machine)
+    assert first.end_ns - first.start_ns >= 40e6 and first.start_ns <= first.end_ns <= second.start_ns
+
+
+def test_the_engine_clears_the_wait_log_each_run(make_engine):
+    engine = make_engine(mode="zos", max_batch_size=2)
+    engine.generate(["Once upon a time"], max_new_tokens=4)
+    waits = list(engine.device.wait_log)
+    assert waits and all(w.stage == "sample" for w in waits)  # the engine waits only on sample events
+    engine.generate(["Once upon a time"], max_new_tokens=4)
+    assert len(engine.device.wait_log) == len(waits)

@@ -43,7 +43,10 @@ def test_bad_input_is_a_clear_value_error_and_the_engine_stays_usable(make_engin
     (dict(mode="fast"), "unknown mode 'fast'"),
     (dict(device="tpu"), "unknown device 'tpu'"),
     (dict(max_batch_size=0), "max_batch_size must be at least 1"),
-    (dict(num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
+    (dict(num_draft_tokens=-1), r"num_draft_tokens must be in \[0, 16\], got -1"),
+    (dict(num_draft_tokens=10**9), r"num_draft_tokens must be in \[0, 16\], got 1000000000"),
+    (dict(num_kv_blocks=10**12), r"num_kv_blocks x block_size = 1000000000000 x 16 .* KV cache of 122070312.5 GiB "
+                                 r".* above the 4 GiB limit: use at most 32768 blocks of 16"),
 ])
 def test_bad_config_is_a_clear_value_error(shipped, config, match):
     with pytest.raises(ValueError, match=match):

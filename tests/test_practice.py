@@ -2,6 +2,8 @@
 corpus below is rejected with a message that names its mistake, every correct way of
 writing the answer passes, and no learner input makes a check raise."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -37,7 +39,9 @@ def test_done_after_wait_accepts(answer):
     ({1, 2}, "kernel 2 was launched after event 1"),
     (set(), "kernel 0 is finished too"),
     ({0, 1, 3}, "there is no kernel 3"),
-    (["a"], "write a set of kernel numbers"),
+    (["a"], "write a set of whole kernel numbers"),
+    ({0, 1.9}, "write a set of whole kernel numbers"),
+    ("01", "not the string '01'"),
 ])
 def test_done_after_wait_rejects(answer, phrase):
     rejects(practice.check_done_after_wait(answer), phrase)
@@ -303,7 +307,8 @@ def test_overhead_gap_accepts(answer):
 
 
 @pytest.mark.parametrize("answer, phrase", [(0, "cannot hide it"), (2.5, "not a part"), (10, "not more"),
-                                            (-5, "cannot shorten"), (1, "not a part"), ("5", "a number")])
+                                            (-5, "cannot shorten"), (1, "not a part"), ("5", "a number"),
+                                            (math.nan, "a finite number"), (math.inf, "a finite number")])
 def test_overhead_gap_rejects(answer, phrase):
     rejects(practice.check_overhead_gap(answer), phrase)
 

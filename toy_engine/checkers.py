@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
+import numbers
+import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -122,11 +125,21 @@ class _Observed:
     """The engine as a learner's loop sees it: every call goes through to the engine;
     ``schedule`` also notes each round's prompt indexes, so messages can name them."""
 
+    # A loop that swallows the engine's errors may never finish: stop it after far more
+    # schedule() calls than the reference loops make (48 serial rounds on PROMPTS, a few
+    # more None plans in ZOS) and judge the spin.
+    MAX_SCHEDULES = 1000
+
     def __init__(self, engine: Engine):
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "plans", {})
+        object.__setattr__(self, "edits", [])
+        object.__setattr__(self, "schedules", 0)
 
     def schedule(self):
+        object.__setattr__(self, "schedules", self.schedules + 1)
+        if self.schedules > self.MAX_SCHEDULES:
+            raise _Spinning(self.schedules - 1)
         plan = self._engine.schedule()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
@@ -136,7 +149,43 @@ class _Observed:
         return getattr(self._engine, name)
 
     def __setattr__(self, name, value):
-        setattr(self._engine, name, value)
+        self.edits.append(name)
+        raise _EngineEdited(name)
+
+
+class _Spinning(BaseException):
+    """Stops a learner's loop that keeps going: a BaseException, so that an ``except
+    Exception`` in the loop cannot swallow it."""
+
+
+class _EngineEdited(AttributeError):
+    """A learner's loop tried to replace an attribute of a checker's shared engine."""
+
+
+def _edited(names: list[str]) -> Verdict:
+    return _fail("edits_engine",
+                 f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
+                 f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
+                 f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+
+
+def _spinning(calls: int) -> Verdict:
+    return _fail("spins",
+                 f"your loop called `engine.schedule()` {calls} times without finishing (the reference loops need "
+                 f"about 50 rounds here), so the checker stopped it. It probably catches the engine's errors and "
+                 f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
+
+
+def _forget_edits(engine: Engine, attributes: set[str]) -> None:
+    """Undo what a learner's code set on a shared engine over one of its methods (e.g.
+    ``engine.process_outputs = ...`` inside a plug-in), so that a later check runs on the
+    engine it expects.  (A run's own new attributes, ``stats``, ``completions``, stay.)"""
+    for name in _shadowing(engine, attributes):
+        delattr(engine, name)
+
+
+def _shadowing(engine: Engine, attributes: set[str]) -> list[str]:
+    return sorted(n for n in set(vars(engine)) - attributes if hasattr(type(engine), n))
 
 
 class _HostLog:
@@ -181,6 +230,13 @@ def _common_mistakes(log: _HostLog) -> Verdict | None:
                          f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
                          f"from the logits that the round's forward computes, so the forward must be launched "
                          f"first (on the device the sample then read a stale or missing forward's logits)")
+        prepared = log.pos("prepare", r)
+        if len(prepared) > 1:
+            return _fail("prepared_twice",
+                         f"{log.who(r)}: `prepare_inputs` was called {len(prepared)} times for the same plan. "
+                         f"Each call writes the round's metadata into the round's host buffer slot and launches "
+                         f"an upload that reads it, so the second call rewrote the slot while the first upload "
+                         f"might still be reading it. Prepare each plan once and launch with those inputs")
         if len(fwd) > 1 or len(smp) > 1:
             stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
             return _fail("launched_twice",
@@ -235,6 +291,11 @@ def _zos_order(log: _HostLog) -> Verdict | None:
         nxt_prep = log.first("prepare", r + 1)
         fwd, smp = log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
         if r in log.prefill:
+            if stage == "flush" and (nxt_prep is None or at < nxt_prep):
+                return _fail("flush_mid_run",
+                             f"{log.who(r)} was processed at once, as it should be, but with `engine.flush`. "
+                             f"`flush` is for a deferred decode step when `engine.schedule()` returns None; a "
+                             f"prefill step is processed right after its sample with `engine.process_outputs(current)`")
             if stage != "postprocess" or (nxt_prep is not None and at > nxt_prep):
                 return _fail("prefill_deferred",
                              f"{log.who(r)} was deferred (processed by `{stage}` during a later round). "
@@ -243,19 +304,35 @@ def _zos_order(log: _HostLog) -> Verdict | None:
             continue
         before_next = nxt_prep is None or at < nxt_prep
         if before_next:
-            if stage == "flush":
-                continue  # nothing was left to launch: the flush is the right way out
-            rescheduled = any(s == "schedule" for s, _ in log.between(log.first("launch_sample", r), at))
-            if rescheduled:
+            # A flush is right only when a schedule() since the step's sample found nothing to
+            # launch: the engine records such a schedule under the last launched round (r), one
+            # that found a plan under the plan's round.
+            since = log.between(log.first("launch_sample", r), at)
+            schedules = [q for s, q in since if s == "schedule"]
+            found_plan = [q for q in schedules if q > r]
+            if schedules and not found_plan:
+                if stage == "flush":
+                    continue  # nothing was left to launch: the flush is the right way out
                 return _fail("not_flushed",
                              f"{log.who(r)}: when `engine.schedule()` returned None the deferred step was "
                              f"processed with `process_outputs`. No round is left to hide it under: that is "
                              f"what `engine.flush(previous)` is for, and the timeline calls it a flush (as "
                              f"in exercise 03(b))")
+            how = "flushed" if stage == "flush" else "processed"
+            if found_plan:
+                return _fail("not_deferred",
+                             f"{log.who(r)} was {how} right after `engine.schedule()` returned round "
+                             f"{found_plan[0]}'s plan, before that round was prepared and its forward launched: "
+                             f"the host waited for the step with the device idle, so nothing overlapped. Keep it as "
+                             f"`previous` and process it after round {found_plan[0]}'s `launch_forward`, before "
+                             f"its `launch_sample`" + ("; `flush` is only for when `schedule()` returns None"
+                                                       if stage == "flush" else ""))
             return _fail("not_deferred",
-                         f"{log.who(r)} was processed at once, in its own round: no decode step was deferred. "
+                         f"{log.who(r)} was {how} at once, in its own round: no decode step was deferred. "
                          f"A decode round's StepState must be kept as `previous` and processed during the next "
-                         f"round, after that round's forward launch")
+                         f"round, after that round's forward launch" +
+                         ("; `flush` is only for when `engine.schedule()` returns None (nothing left to "
+                          "launch)" if stage == "flush" else ""))
         if stage == "flush":
             return _fail("flush_mid_run",
                          f"{log.who(r)} was processed with `flush` although round {r + 1} was launched. "
@@ -330,19 +407,49 @@ def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
 def _run_loop(loop, **config):
     """Run a learner's loop on PROMPTS; returns (engine, log, outputs or None, exception or None)."""
     engine = _engine(**config)
-    observed = {}
+    observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
         view = _Observed(real_engine)
-        observed["plans"] = view.plans
+        observed["plans"], observed["edits"] = view.plans, view.edits
         loop(view)
 
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=watched)
         err = None
-    except Exception as exc:  # noqa: BLE001 - judged below, never raised to the learner
+    except (Exception, _Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
+    finally:
+        _forget_edits(engine, attributes)
+    if observed.get("edits"):
+        err = _EngineEdited(observed["edits"][0])
     return engine, _HostLog(engine, observed.get("plans", {})), outs, err
+
+
+def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
+    """The host may wait only on a step's sample event: a wait on a later point (a
+    ``device.synchronize()``, an event recorded after the next forward) also waits for
+    launches the host has not processed, and the overlap is gone."""
+    later = [w for w in engine.device.wait_log if w.stage != "sample"]
+    if not later:
+        return None
+    clock = engine.timeline.ns_to_ms
+    waited = sum(clock(w.end_ns) - clock(w.start_ns) for w in later)
+    idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)  # the engine's own zos_loop, for the cost
+    ref_idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    first = next((w for w in later if w.round not in log.prefill), later[0])
+    deferred = {r for r in log.rounds if r not in log.prefill and r + 1 in log.rounds}
+    lost = len(deferred & {w.round - 1 for w in later if w.stage in ("forward", "correct")})
+    return _fail("waits_later_event",
+                 f"{log.who(first.round)}: the host waited on a device event that is not a step's `sample_done` "
+                 f"({len(later)} such waits in this run: `engine.device.synchronize()`, or an event recorded "
+                 f"after a launch), so it also waited for round {first.round}'s `{first.stage}`, which no "
+                 f"processing needed yet. The tokens are right, but the overlap is lost: in this run {lost} of "
+                 f"{len(deferred)} deferred decode steps were processed only after the next round's forward "
+                 f"had finished (nothing left to hide them under), the host spent {waited:.1f} ms in those waits and the device was idle {idle:.0%} of the decode phase (the "
+                 f"engine's own zos_loop on the same prompts, just after: {ref_idle:.0%}). Only "
+                 f"`engine.process_outputs` needs to wait, and it waits only on its step's `sample_done`")
 
 
 def check_serial_loop(loop) -> Verdict:
@@ -350,6 +457,10 @@ def check_serial_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`serial_loop`")
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _serial_order(log)
@@ -395,11 +506,17 @@ def check_zos_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`zos_loop`")
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _zos_order(log)
     if verdict is None and err is not None:
         verdict = _crash(log, err, "zos")
+    if verdict is None:
+        verdict = _waits_beyond(engine, log)
     if verdict is not None:
         return verdict
     diff = _compare([c.token_ids for c in outs], _reference(CONSTRAINT))
@@ -407,6 +524,10 @@ def check_zos_loop(loop) -> Verdict:
         return _fail("wrong_tokens", f"with the `{CONSTRAINT}` constraint on, {diff}: process every step exactly "
                                      f"once, in round order, before the next sample")
     spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
     if err is not None:
         return _crash(spec_log, err, "zos")
     diff = _compare([c.token_ids for c in spec_outs], _reference())
@@ -422,6 +543,20 @@ def check_zos_loop(loop) -> Verdict:
 
 # ------------------------------------------------------------------ idle fraction
 
+def _real(x) -> float | None:
+    """A learner's number as a float: a Python or NumPy real, or a 0-d tensor/array; None
+    for anything else (a bool, a string, a list)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
+        return float(x)
+    if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
+        return float(x)  # a 0-d NumPy array
+    return None
+
+
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
     timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
@@ -431,21 +566,33 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
         return _not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
         return _fail("raised", f"your idle_fraction raised {type(err).__name__}: {err}")
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
+    number = _real(got)
+    if number is None:
         return _fail("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
-    if abs(got - expected) < 1e-9:
+    if not math.isfinite(number):
+        return _fail("not_a_number", f"idle_fraction returned {number}: divide the idle time by idle + busy "
+                                     f"(both from the timeline, and busy is never 0 after a run)")
+    got = number
+
+    def close(a, b):  # float32 or a 0-d tensor of the right value passes: 1e-6 is far below any mistake's gap
+        return abs(a - b) < 1e-6
+
+    if close(got, expected):
         return Verdict(True, "your idle fraction equals engine.stats['device_idle_fraction']")
     idle = sum(b - a for a, b in timeline.device_gaps())
     busy = timeline.device_busy_ms()
-    if abs(got - (1 - expected)) < 1e-9:
+    if close(got, 100 * expected):
+        return _fail("percentage", f"that is a percentage ({got:.2f}%): return the fraction itself, "
+                                   f"idle / (idle + busy), a number between 0 and 1 ({expected:.4f} here)")
+    if close(got, 1 - expected):
         return _fail("busy_fraction", "that is the busy fraction; the idle fraction is idle / (idle + busy)")
-    if busy and abs(got - idle / busy) < 1e-9:
+    if busy and close(got, idle / busy):
         return _fail("idle_over_busy", "divide by idle + busy (the whole time between the first and the last "
                                        "device work), not by busy")
-    if abs(got - idle) < 1e-9:
+    if close(got, idle):
         return _fail("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
     extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
-    if any(abs(got - idle / wall) < 1e-9 for wall in (engine.stats["wall_ms"], extent)):
+    if any(close(got, idle / wall) for wall in (engine.stats["wall_ms"], extent)):
         return _fail("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
     return _fail("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
@@ -607,13 +754,29 @@ def check_correction(correct_seqlens_qk) -> Verdict:
 CORRECTED = {"seqlens_k", "positions", "slot_mapping", "input_ids"}
 UNCHANGED = {"seqlens_q", "cu_seqlens_q", "block_tables", "rows"}
 DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_k, so it moves too
+INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row, never corrected itself
 
 
 def check_metadata_answer(answer) -> Verdict:
     """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
     if answer is None or answer is NotImplemented:
         return _not_implemented("the set of field names")
-    answer = {str(a) for a in answer}
+    shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
+    if isinstance(answer, (str, bytes)):
+        return _fail("shape", f"write {shape}, not one string ({answer!r}): a string is read letter by letter")
+    try:
+        names = list(answer)
+    except TypeError:
+        return _fail("shape", f"write {shape}; got {type(answer).__name__} {answer!r}")
+    if not all(isinstance(a, str) for a in names):
+        odd = next(a for a in names if not isinstance(a, str))
+        return _fail("shape", f"write {shape}; {odd!r} is a {type(odd).__name__}, not a field name")
+    answer = set(names)
+    if answer & INPUTS:
+        return _fail("input_field",
+                     f"`pending` does not change: it is one of the correction's inputs (which rows had a round in "
+                     f"flight when this one was prepared, as in the worked case), not a length the device must "
+                     f"correct. Leave it out and name the fields that move when a draft is accepted")
     unknown = answer - CORRECTED - UNCHANGED - DERIVED
     if unknown:
         return _fail("unknown_field", f"not a metadata field of the batch: {sorted(unknown)}; choose from "
@@ -649,8 +812,25 @@ def check_three_rounds(order) -> Verdict:
     """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
     if order is None or order is NotImplemented:
         return _not_implemented("the list of (stage, round) pairs")
+    shape = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
+    if isinstance(order, (str, bytes)):
+        return _fail("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
+                              f"and a round number")
+    try:
+        items = list(order)
+    except TypeError:
+        return _fail("shape", f"write {shape}; got {type(order).__name__} {order!r:.60}")
+    order = []
+    for item in items:
+        try:
+            stage, rnd = item if not isinstance(item, (str, bytes)) else (None, None)
+            if not isinstance(stage, str) or isinstance(rnd, bool):
+                raise TypeError
+            order.append((stage, operator.index(rnd)))
+        except (TypeError, ValueError):
+            return _fail("shape", f"write {shape}; {item!r:.60} is not a (stage, round) pair of a string and "
+                                  f"an integer")
     expected = expected_three_rounds()
-    order = [tuple(x) for x in order]
     if order == expected:
         return Verdict(True, "that is the order the engine just recorded: " +
                        ", ".join(f"{s} {r}" for s, r in expected))
@@ -684,13 +864,13 @@ class _StepWatch:
     events it waited on, and each request's launched-round count and cache before/after."""
 
     def __init__(self, engine: Engine, process_outputs):
-        self.engine, self.learner, self.calls, self.waits = engine, process_outputs, [], None
+        self.engine, self.learner, self.calls = engine, process_outputs, []
 
     def __call__(self, engine: Engine, step) -> None:
         reqs = step.plan.requests
         call = dict(step=step, waits=[], before=[(r.num_inflight, r.finished) for r in reqs], after=None)
         self.calls.append(call)
-        self.waits = call["waits"]
+        waits, first = engine.device.wait_log, len(engine.device.wait_log)
         try:
             self.learner(engine, step)
         except BaseException:
@@ -698,17 +878,10 @@ class _StepWatch:
             call["holders"] = {b: r.index for r in engine.requests for b in r.blocks}
             raise
         finally:
-            self.waits = None
+            clock = engine.timeline.ns_to_ms
+            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in waits[first:]]
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
-
-    def wait(self, real_wait):
-        def wait(event, timeout=None):
-            start = self.engine.timeline.now_ms()
-            real_wait(event, timeout)
-            if self.waits is not None:
-                self.waits.append((event.seq, start, self.engine.timeline.now_ms()))
-        return wait
 
 
 def _who_step(step) -> str:
@@ -720,9 +893,15 @@ def _step_mistake(call) -> Verdict | None:
     """The first rule a single call broke: wait on the step's own event, commit once, free
     exactly the finished requests no launched round uses."""
     step, who = call["step"], _who_step(call["step"])
-    later = [seq for seq, _, _ in call["waits"] if seq > step.sample_done.seq]
+    later = [seq for seq, _, _, _ in call["waits"] if seq > step.sample_done.seq]
     if later:
         return _fail("waits_later_event", who)  # the message, with its cost, is written by the caller
+    earlier = [rnd for seq, _, _, rnd in call["waits"] if seq < step.sample_done.seq]
+    if earlier and all(seq != step.sample_done.seq for seq, _, _, _ in call["waits"]):
+        return _fail("waits_other_event",
+                     f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
+                     f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
+                     f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
     if call.get("raised"):
         return None  # judged by its exception
     reqs = step.plan.requests
@@ -774,9 +953,7 @@ def check_process_outputs(process_outputs) -> Verdict:
     ref_idle = engine.stats["decode_device_idle_fraction"]
     ref_cost = _overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
                                       if s.stage == "wait"])
-    watch = _StepWatch(engine, process_outputs)
-    device = engine.device
-    device.wait = watch.wait(device.wait)  # instance attribute: synchronize() goes through it too
+    watch, attributes = _StepWatch(engine, process_outputs), set(vars(engine))
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, stop=[" the"], process_outputs=watch)
         err = None
@@ -785,7 +962,13 @@ def check_process_outputs(process_outputs) -> Verdict:
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
     finally:
-        del device.wait
+        edits = _shadowing(engine, attributes)
+        _forget_edits(engine, attributes)
+    if edits:
+        return _fail("edits_engine",
+                     f"your process_outputs set `engine.{edits[0]}`: the checkers' engines are shared by every "
+                     f"check, so a plug-in may call the engine's methods but not replace them (the change was "
+                     f"undone). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
     mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
         steps, lost = _overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
@@ -827,6 +1010,13 @@ def check_process_outputs(process_outputs) -> Verdict:
                      f"`engine.commit_outputs(step, out)` exactly once per step")
     if isinstance(err, EngineStalled):
         return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+    if isinstance(err, RecursionError):
+        return _fail("calls_itself",
+                     "your process_outputs called `engine.process_outputs(step)`: in this run the engine's "
+                     "method calls *your* function (that is how it is plugged in), so each call started another "
+                     "one until Python gave up (RecursionError). Do the steps yourself: "
+                     "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
+                     "`engine.commit_outputs(step, out)`, then free what is finished")
     if err is not None:
         return _fail("raised", f"your process_outputs raised {type(err).__name__}: {err}")
     diff = _compare([c.token_ids for c in outs], [c.token_ids for c in reference])

@@ -104,6 +104,21 @@ class Event:
     seq: int
     round: int
     handle: object = None  # torch.cuda.Event on CUDA, an integer id on the stand-in
+    stage: str = ""        # the stage of the last launch before it ("sample" for a step's sample_done)
+
+
+@dataclass(frozen=True)
+class WaitRecord:
+    """One host wait: on which event (``seq``, ``round``, the ``stage`` launched just
+    before it), from when to when (``time.perf_counter_ns``, the timeline's clock).  The
+    checkers read these to tell a wait on a step's sample from one that also waits for
+    later launches."""
+
+    seq: int
+    round: int
+    stage: str
+    start_ns: int
+    end_ns: int
 
 
 @dataclass
@@ -224,7 +239,8 @@ class Device:
     def __init__(self, race_check: bool = True):
         self.races = RaceChecker(race_check)
         self._seq = 0
-        self._last_round = 0
+        self._last_round, self._last_stage = 0, ""
+        self.wait_log: list[WaitRecord] = []  # the current run's waits; the engine clears it per run
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
                blocks=(), record_event: bool = False, owner: str | None = None) -> Event | None:
@@ -235,20 +251,22 @@ class Device:
         records an event right after it and returns it (one message instead of two).
         """
         self._seq += 1
-        self._last_round = round
         stage = stage or kernel.__name__
+        self._last_round, self._last_stage = round, stage
         self.races.on_launch(_Launch(self._seq, stage, round, frozenset(reads), frozenset(writes),
                                      frozenset(blocks), owner))
         handle = self._launch(self._seq, kernel, args, round, stage, record_event)
-        return Event(self._seq, round, handle) if record_event else None
+        return Event(self._seq, round, handle, stage) if record_event else None
 
     def record_event(self) -> Event:
-        return Event(self._seq, self._last_round, self._record())
+        return Event(self._seq, self._last_round, self._record(), self._last_stage)
 
     def wait(self, event: Event, timeout: float | None = None) -> None:
         """Block until every launch before ``event`` has finished (DeviceError after
         ``timeout`` seconds, if given)."""
+        start = time.perf_counter_ns()
         self._wait(event, timeout)
+        self.wait_log.append(WaitRecord(event.seq, event.round, event.stage, start, time.perf_counter_ns()))
         self.races.on_wait(event.seq)
 
     def synchronize(self, timeout: float | None = None) -> None:

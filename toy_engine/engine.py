@@ -52,6 +52,13 @@ DEVICES = ("auto", "cuda", "cpu")
 NUM_SLOTS = 2  # host buffers are double-buffered: round N uses slot N % 2
 MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
 MAX_HOST_OVERHEAD_MS = 1000.0
+# A decode round feeds 1 + k tokens per request and the shipped model's context is 256
+# tokens: more drafts than this only burn device time on tokens that are never accepted.
+MAX_DRAFT_TOKENS = 16
+# The KV cache is allocated whole when the engine starts (the shipped model in float64:
+# 8 KiB per token slot, so the default 128 x 16 slots take 16 MiB); refuse a size that
+# would take more than this rather than fail inside the allocator.
+MAX_KV_CACHE_BYTES = 4 * 2**30
 # How long a recovering engine waits for queued device work before giving the device up;
 # a round of the shipped model takes ~10 ms on a busy 2-core machine.
 RECOVER_TIMEOUT_S = 10.0
@@ -84,7 +91,7 @@ class EngineConfig:
             num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
             block_size=check_int("block_size", self.block_size, 1),
             seed=check_seed("seed", self.seed),
-            num_draft_tokens=check_int("num_draft_tokens", self.num_draft_tokens, 0),
+            num_draft_tokens=check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS),
             correct_seqlens=check_bool("correct_seqlens", self.correct_seqlens),
             race_check=check_bool("race_check", self.race_check),
             host_overhead_ms=check_float("host_overhead_ms", self.host_overhead_ms, 0.0, MAX_HOST_OVERHEAD_MS,
@@ -110,6 +117,18 @@ class EngineConfig:
 
     def __delattr__(self, name) -> None:
         raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
+
+
+def _check_kv_cache_size(config: EngineConfig, model) -> None:
+    cfg = model.cfg
+    slots = config.num_kv_blocks * config.block_size
+    per_slot = cfg.n_layer * 2 * cfg.n_embd * model.tok_emb.weight.element_size()
+    if slots * per_slot > MAX_KV_CACHE_BYTES:
+        fit = MAX_KV_CACHE_BYTES // (per_slot * config.block_size)
+        raise ValueError(f"num_kv_blocks x block_size = {config.num_kv_blocks} x {config.block_size} = {slots} "
+                         f"token slots would need a KV cache of {slots * per_slot / 2**30:.1f} GiB ({per_slot} "
+                         f"bytes per slot for this model), above the {MAX_KV_CACHE_BYTES / 2**30:.0f} GiB limit: "
+                         f"use at most {fit} blocks of {config.block_size}")
 
 
 @dataclass
@@ -168,6 +187,7 @@ class Engine:
         if vocab != self.tokenizer.vocab_size:
             raise ValueError(f"model vocab ({vocab}) does not match the tokenizer ({self.tokenizer.vocab_size})")
         self.context_len = self.model.cfg.context_len
+        _check_kv_cache_size(config, self.model)
         k = config.num_draft_tokens
         self.layout = MetaLayout(max_tokens=config.max_batch_size * self.context_len,
                                  max_batch=config.max_batch_size,
@@ -449,6 +469,7 @@ class Engine:
     def _execute(self, requests, loop, on_round, correction, process_outputs) -> list[Completion]:
         run = self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
         self.timeline = Timeline(meta=self._meta())
+        self.device.wait_log.clear()
         self.scheduler.round = 0
         for req in requests:
             self.scheduler.add(req)

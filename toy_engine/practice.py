@@ -14,7 +14,9 @@ holds that corpus); anything else gets the general rule and the numbers to compa
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
+import operator
 from collections import defaultdict
 
 import torch
@@ -57,10 +59,14 @@ def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verd
         return _unanswered("set `finished` to the set of kernel numbers, e.g. {0, 2}")
     if isinstance(answer, numbers.Integral) and not isinstance(answer, bool):
         answer = {answer}
+    if isinstance(answer, (str, bytes)):
+        return Verdict(False, f"write a set of kernel numbers such as {{0, 2}}, not the string {answer!r}")
     try:
-        got = {int(a) for a in answer}
-    except (TypeError, ValueError):
-        return Verdict(False, f"write a set of kernel numbers such as {{0, 2}}, not {answer!r}")
+        got = {operator.index(a) for a in answer if not isinstance(a, bool)}
+        if len(got) != len(set(answer)):
+            raise TypeError
+    except TypeError:
+        return Verdict(False, f"write a set of whole kernel numbers such as {{0, 2}}, not {answer!r}")
     want = set(range(waited + 1))
     unknown = sorted(got - set(range(num_kernels)))
     if unknown:
@@ -392,6 +398,8 @@ def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
         return _unanswered("set `longer_by_ms` to a number of milliseconds")
     if not _is_number(answer_ms):
         return Verdict(False, f"write a number of milliseconds, not {answer_ms!r}")
+    if not math.isfinite(answer_ms):
+        return Verdict(False, f"write a finite number of milliseconds, not {answer_ms!r}")
     if abs(answer_ms - overhead_ms) <= 0.1 * overhead_ms:
         return Verdict(True, f"about {overhead_ms:g} ms: in the serial loop the device has nothing queued while "
                              f"the host works, so every millisecond of host work is a millisecond of device idle")
