@@ -280,7 +280,12 @@ def _decode_triples(tl):
 @pytest.mark.parametrize("overhead", [0.0, 2.0])
 def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     """Issue 12: the ZOS window of rounds 2-4 used to begin with most of round 1's forward, so
-    the faster run drew the longer window.  Now, for the same rounds, it never does."""
+    the faster run drew the longer window.  Now, for the same rounds, it is never longer --
+    unless its device itself worked longer on those very rounds (the stand-in's device time
+    per round drifts by up to ~30 % between runs on one machine, far more than the ~0.6 ms a
+    round that ZOS saves at 0 ms host overhead), and then by no more than that extra device
+    time.  The old misalignment added a forward of the round *before* the window, which
+    this bound does not excuse."""
     from toy_engine.recorded import recorded_runs, trace_name
 
     if overhead and not (viz.TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
@@ -295,7 +300,13 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     for first in common:
         f0, f1 = fast.round_window(first, first + 2)
         s0, s1 = slow.round_window(first, first + 2)
-        assert f1 - f0 <= s1 - s0, (first, f1 - f0, s1 - s0)
+        rounds = range(first, first + 3)
+        slower_device = max(0.0, fast.device_busy_ms(rounds) - slow.device_busy_ms(rounds))
+        assert f1 - f0 <= s1 - s0 + slower_device + 1e-6, (first, f1 - f0, s1 - s0, slower_device)
+    whole = sorted(set(viz.decode_rounds(fast)) & set(viz.decode_rounds(slow)))
+    f0, f1 = fast.round_window(whole[0], whole[-1])
+    s0, s1 = slow.round_window(whole[0], whole[-1])
+    assert f1 - f0 <= s1 - s0, ("all common decode rounds", f1 - f0, s1 - s0)
     # The figure draws exactly those windows, on one axis whose range fits the longer.
     fig = viz.compare_figure({"serial": runs["serial"], "zos": runs["zos"]}, fallback=False)
     first = viz._common_first_round([runs["serial"], runs["zos"]])
