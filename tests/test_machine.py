@@ -8,7 +8,7 @@ import time
 import pytest
 
 from toy_engine import bench, machine
-from toy_engine.timeline import BUSY_RUN_CPU_SHARE, Timeline
+from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, Timeline
 
 
 def fake_tree(tmp_path, files: dict):
@@ -112,12 +112,16 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
     result = bench.run_bench(modes=("serial", "zos"), repeats=1, num_requests=4, max_new_tokens=16,
                              host_overhead_ms=2.0)
     table = bench.format_table(result)
-    shares = {m: result["modes"][m]["device_cpu_share"] for m in ("serial", "zos")}
+    shares = {m: {k: result["modes"][m].get(k) for k in ("device_cpu_share", "host_cpu_share", "others_cpus")}
+              for m in ("serial", "zos")}
     print(table)
     assert result["busy_warning"], f"{cpu_burners} burners, device CPU shares {shares}: no warning"
     assert machine.BUSY_WARNING_PREFIX in table and "RECORDED on a quiet machine" in table
     assert result["recorded"] == bench.recorded_comparison_text(2.0) and "commit" in result["recorded"]
-    assert min(shares.values()) < BUSY_RUN_CPU_SHARE
+    # The warning rests on a measurement of this run: the OS decides whether the burners take
+    # CPU from the device process, the host loop, or only shared caches (other programs' CPUs).
+    assert any(m["device_cpu_share"] < BUSY_RUN_CPU_SHARE or m["host_cpu_share"] < BUSY_RUN_CPU_SHARE
+               or (m["others_cpus"] or 0.0) > BUSY_OTHERS_CPUS for m in shares.values()), shares
     assert all(m["equal_to_serial"] for m in result["modes"].values())  # busy is slow, never wrong
 
     viz = pytest.importorskip("toy_engine.viz")
