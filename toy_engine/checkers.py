@@ -426,6 +426,15 @@ def _run_loop(loop, **config):
     return engine, _HostLog(engine, observed.get("plans", {})), outs, err
 
 
+def _stopped_by_checker(err) -> Verdict | None:
+    """The verdict for a run the checker itself stopped: the loop edited the engine, or spun."""
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
+    return None
+
+
 def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
     """The host may wait only on a step's sample event: a wait on a later point (a
     ``device.synchronize()``, an event recorded after the next forward) also waits for
@@ -457,10 +466,9 @@ def check_serial_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`serial_loop`")
-    if isinstance(err, _EngineEdited):
-        return _edited(err.args)
-    if isinstance(err, _Spinning):
-        return _spinning(err.args[0])
+    stopped = _stopped_by_checker(err)
+    if stopped is not None:
+        return stopped
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _serial_order(log)
@@ -506,10 +514,9 @@ def check_zos_loop(loop) -> Verdict:
     engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
     if isinstance(err, NotImplementedError):
         return _not_implemented("`zos_loop`")
-    if isinstance(err, _EngineEdited):
-        return _edited(err.args)
-    if isinstance(err, _Spinning):
-        return _spinning(err.args[0])
+    stopped = _stopped_by_checker(err)
+    if stopped is not None:
+        return stopped
     verdict = _common_mistakes(log)
     if verdict is None:
         verdict = _zos_order(log)
@@ -524,10 +531,9 @@ def check_zos_loop(loop) -> Verdict:
         return _fail("wrong_tokens", f"with the `{CONSTRAINT}` constraint on, {diff}: process every step exactly "
                                      f"once, in round order, before the next sample")
     spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
-    if isinstance(err, _EngineEdited):
-        return _edited(err.args)
-    if isinstance(err, _Spinning):
-        return _spinning(err.args[0])
+    stopped = _stopped_by_checker(err)
+    if stopped is not None:
+        return stopped
     if err is not None:
         return _crash(spec_log, err, "zos")
     diff = _compare([c.token_ids for c in spec_outs], _reference())
