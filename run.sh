@@ -6,6 +6,7 @@
 #   ./run.sh site      build the course website from the stored notebooks -> build/site/html
 #   ./run.sh explorer  serve the timeline explorer as an app (Voila, no code) on port 8866
 #   ./run.sh slides    build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
+#   ./run.sh handout   build the one-page "three rounds" handout -> build/handout/three_rounds.{html,pdf}
 # Extra arguments go to jupyter lab / pytest / voila / the slides builder.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -55,8 +56,12 @@ case "${1:-}" in
         setup "$1"
         exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
         ;;
+    handout)
+        setup "$1"
+        exec "$VENV/bin/python" -m toy_engine.handout "${@:2}"
+        ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides | ./run.sh handout" >&2
         exit 2
         ;;
 esac

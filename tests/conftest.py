@@ -40,3 +40,22 @@ def engine_pool(shipped):
     yield get
     for engine in pool.values():
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def built_handout(tmp_path_factory):
+    """The "three rounds" handout built once per session: (HTML path, PDF path).
+
+    Building needs Chromium (kaleido draws the figures, Chromium prints the PDF): without
+    it the tests skip, unless REQUIRE_BROWSER_TEST=1 (CI) makes that a failure.
+    """
+    import os
+
+    from toy_engine import handout
+
+    if not os.access("/usr/bin/chromium", os.X_OK) and not os.environ.get("BROWSER_PATH"):
+        reason = "no Chromium to draw and print the handout"
+        if os.environ.get("REQUIRE_BROWSER_TEST", "") == "1":
+            pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
+        pytest.skip(f"{reason}; run `bash scripts/install_browser.sh`")
+    return tuple(handout.build(tmp_path_factory.mktemp("handout")))

@@ -165,7 +165,7 @@ def test_palette_png_keeps_the_figure_colours():
     from PIL import Image
 
     figure = course.figure_outputs(nbformat.read(WITH_FIGURES[0], as_version=4))[0].data[course.PLOTLY_MIME]
-    (raw,) = course.render_pngs([figure])
+    (raw,) = course.render_images([figure])
     small = course.shrink_png(raw)
     assert len(small) < 0.6 * len(raw), f"palette PNG {len(small)} bytes vs kaleido's {len(raw)}"
     a = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")).reshape(-1, 3).astype(int)

@@ -154,37 +154,38 @@ def shrink_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
-async def _render_pngs(figures: list[dict]) -> list[bytes]:
+async def _render_images(figures: list[dict], fmt: str) -> list[bytes]:
     import kaleido
     from kaleido.errors import ChromeNotFoundError
 
-    pngs = []
+    images = []
     try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
         async with kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120) as k:
             for fig in figures:
                 layout = fig.get("layout", {})
-                opts = {"format": "png", "width": layout.get("width") or STATIC_WIDTH_PX,
+                opts = {"format": fmt, "width": layout.get("width") or STATIC_WIDTH_PX,
                         "height": layout.get("height") or STATIC_HEIGHT_PX}
-                pngs.append(await k.calc_fig(fig, opts=opts))
+                images.append(await k.calc_fig(fig, opts=opts))
     except ChromeNotFoundError:
         raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
                            f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
                            "set BROWSER_PATH to a Chrome/Chromium binary") from None
-    return pngs
+    return images
 
 
-def render_pngs(figures: list[dict]) -> list[bytes]:
-    """kaleido's PNGs of Plotly figure dicts, from a thread of its own: callers may already
-    run an event loop (a Jupyter kernel, Playwright's sync API), where asyncio.run refuses."""
+def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
+    """kaleido's images (``fmt``: png, svg, ...) of Plotly figure dicts, from a thread of its own:
+    callers may already run an event loop (a Jupyter kernel, Playwright's sync API), where
+    asyncio.run refuses."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, _render_pngs(figures)).result()
+        return pool.submit(asyncio.run, _render_images(figures, fmt)).result()
 
 
 def add_static_images(nb) -> int:
     """Store a PNG beside every Plotly figure output (replacing an older one); returns how many."""
     outputs = figure_outputs(nb)
     if outputs:
-        pngs = render_pngs([o.data[PLOTLY_MIME] for o in outputs])
+        pngs = render_images([o.data[PLOTLY_MIME] for o in outputs])
         for output, png in zip(outputs, pngs):
             output.data["image/png"] = base64.b64encode(shrink_png(png)).decode("ascii")
     return len(outputs)
