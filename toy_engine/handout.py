@@ -169,7 +169,8 @@ so it is launched only after the previous round is committed.</li>
 <li><b>Prefill is processed at once</b>, in its own pass (round 0); <b>decode is deferred</b> by one
 pass: round 1's arrow lands in round 2's column.</li>
 <li><b>Flush at the end:</b> after the last launch there is no next forward to hide behind, so one
-more pass waits for round {last} and commits it. Without it every request loses its last token.</li>
+more pass waits for round {last} and commits it. Without it, the requests in that round never
+get their last token.</li>
 </ol>
 <h2>Measured on these two traces</h2>
 <table id="numbers">
