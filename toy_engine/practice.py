@@ -505,7 +505,7 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
     ``(round, committed tokens, rounds in flight, ...)``.  The prompt is in every round, so
     the rounds in flight are the newest ``in flight`` rounds up to ``round``."""
     if answer is None:
-        return _unanswered("set `uncommitted` to the set of round numbers, e.g. {2}")
+        return _unanswered("set `uncommitted` to the set of round numbers, e.g. {1, 2}")
     got = _int_set(answer)
     if got is None:
         return Verdict(False, f"write a set of whole round numbers such as {{2, 5}}, not {answer!r}")
