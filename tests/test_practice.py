@@ -420,3 +420,212 @@ def test_machine_report_counts_other_load(monkeypatch):
     monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)   # a 1-CPU hub container
     monkeypatch.setattr(machine, "_load_average", lambda: 0.2)
     assert machine.machine_report()["usable"] == 1.0 and not machine.machine_report()["live_overlap"]
+
+
+# ---- 05: ownership and lifetime -----------------------------------------------------------
+# The checks judge the learner's run itself (the spy's record, the engine's stats, the
+# RaceError it raised), so each corpus runs the notebook's scenario on a real engine first.
+
+PROMPTS_05 = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
+
+
+def watch_launches(engine, prompt, max_new_tokens=6):
+    """Notebook 05's spy: (round, committed, in flight, text) right after each launched forward."""
+    rows = []
+    launch = engine.launch_forward
+
+    def spy(inputs):
+        launch(inputs)
+        req = engine.requests[0]
+        rows.append((inputs.plan.round, len(req.output_ids), req.num_inflight, req.text))
+
+    engine.launch_forward = spy
+    try:
+        engine.generate([prompt], max_new_tokens=max_new_tokens)
+    finally:
+        del engine.launch_forward
+    return rows
+
+
+@pytest.fixture(scope="module")
+def launches(engine_pool):
+    return {mode: watch_launches(engine_pool(mode=mode, max_batch_size=4), "Once upon a time")
+            for mode in ("serial", "zos")}
+
+
+@pytest.mark.parametrize("answer", [{3, 4}, [4, 3], (3, 4), frozenset({3, 4}), range(3, 5),
+                                    torch.tensor([3, 4]), {np.int64(3), 4}])
+def test_uncommitted_accepts(answer, launches):
+    assert practice.check_uncommitted_rounds(answer, launches["zos"], round=4).passed
+
+
+def test_uncommitted_judges_the_record(launches):
+    # the record itself says how many rounds were in flight: two under ZOS from round 2 on, one in serial
+    for r in range(2, 6):
+        assert practice.check_uncommitted_rounds({r - 1, r}, launches["zos"], round=r).passed
+        assert practice.check_uncommitted_rounds({r}, launches["serial"], round=r).passed
+        assert practice.check_uncommitted_rounds(r, launches["serial"], round=r).passed
+        rejects(practice.check_uncommitted_rounds({r}, launches["zos"], round=r), "still in flight too")
+        rejects(practice.check_uncommitted_rounds({r - 1, r}, launches["serial"], round=r), "already processed")
+    # round 1 follows the prefill, which was processed at once: only round 1 is in flight
+    assert practice.check_uncommitted_rounds({1}, launches["zos"], round=1).passed
+    # a hand-made record of the same shape (3-tuples are enough)
+    assert practice.check_uncommitted_rounds({6, 7}, [(7, 5, 2)], round=7).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ({4}, "round 3 is still in flight too"),          # the serial answer
+    (4, "round 3 is still in flight too"),
+    ({3}, "round 4 itself counts"),                   # only the one whose token is on the device
+    (2, "round 4 itself counts"),                     # a count, not rounds
+    (set(), "round 4 itself counts"),
+    ({2, 3}, "round 4 itself counts"),
+    ({2, 3, 4}, "round 2 is already processed"),      # one round too many
+    ({0, 1, 2, 3, 4}, "already processed"),           # every launched round
+    ({1, 4}, "round 3 is still in flight"),
+    ({3, 4, 5}, "round 5 was not launched yet"),
+    ({5}, "round 5 was not launched yet"),
+    ({-1, 4}, "round -1 was not launched yet"),
+    ([3.0, 4], "whole round numbers"),
+    ("3, 4", "whole round numbers"),
+])
+def test_uncommitted_rejects(answer, phrase, launches):
+    rejects(practice.check_uncommitted_rounds(answer, launches["zos"], round=4), phrase)
+
+
+def test_uncommitted_bad_record(launches):
+    rejects(practice.check_uncommitted_rounds({3, 4}, launches["zos"], round=9), "no launch of round 9")
+    rejects(practice.check_uncommitted_rounds({3, 4}, "record", round=4), "record of watch_launches")
+    rejects(practice.check_uncommitted_rounds({3, 4}, [(4, None)], round=4), "record of watch_launches")
+
+
+def abort_before(round_no, prompt=1):
+    def on_round(engine, round):
+        if round == round_no:
+            engine.abort(engine.requests[prompt].id)
+    return on_round
+
+
+# (mode, generate kwargs, the right count, wrong answers with a phrase of their message)
+DISCARD_SCENARIOS = {
+    "zos, stop": ("zos", dict(max_new_tokens=24, stop=[" the"]), 1,
+                  [(0, "under ZOS the host learns"), (2, "too many"), (4, "too many"), (3, "too many")]),
+    "serial, stop": ("serial", dict(max_new_tokens=24, stop=[" the"]), 0,
+                     [(1, "serial host waits"), (4, "serial host waits")]),
+    "zos, abort before round 5": ("zos", dict(max_new_tokens=24, on_round=abort_before(5)), 1,
+                                  [(0, "under ZOS the host learns"), (2, "too many"), (4, "too many")]),
+    "zos, abort before round 1": ("zos", dict(max_new_tokens=24, on_round=abort_before(1)), 0,
+                                  [(1, "no launched round held"), (2, "no launched round held")]),
+    "zos, length only": ("zos", dict(max_new_tokens=24), 0,
+                         [(4, "length limit is counted in advance"), (1, "no launched round held")]),
+}
+
+
+@pytest.mark.parametrize("scenario", DISCARD_SCENARIOS)
+def test_discarded_judges_the_run(scenario, engine_pool):
+    mode, kw, want, wrong = DISCARD_SCENARIOS[scenario]
+    engine = engine_pool(mode=mode, max_batch_size=4)
+    engine.generate(PROMPTS_05, **kw)
+    assert engine.stats["discarded_outputs"] == want, "the scenario's count changed: update the corpus"
+    for right in (want, np.int64(want), torch.tensor(want)):
+        assert practice.check_discarded(right, engine).passed, right
+    for value, phrase in wrong:
+        rejects(practice.check_discarded(value, engine), phrase)
+    for value, phrase in [(-1, "cannot be negative"), (float(want), "whole number"), (str(want), "whole number")]:
+        rejects(practice.check_discarded(value, engine), phrase)
+
+
+def test_length_limit_extra_step_only_with_drafts(engine_pool):
+    """Notebook 05's claim: without drafts a length limit never causes an extra step; with drafts it can."""
+    from toy_engine.bench import default_workload
+    workload = default_workload(8)
+    for max_new in (5, 24, 48):
+        plain = engine_pool(mode="zos", max_batch_size=8)
+        plain.generate(workload, max_new_tokens=max_new)
+        assert plain.stats["discarded_outputs"] == 0, max_new
+    spec = engine_pool(mode="zos", max_batch_size=8, num_draft_tokens=4)
+    spec.generate(workload, max_new_tokens=48)
+    discarded = spec.stats["discarded_outputs"]
+    assert discarded > 0
+    assert practice.check_discarded(discarded, spec).passed
+    rejects(practice.check_discarded(0, spec), "under ZOS")
+    rejects(practice.check_discarded(discarded + 1, spec), "is not it")
+
+
+def test_discarded_needs_an_engine():
+    rejects(practice.check_discarded(1, "engine"), "pass the engine")
+    rejects(practice.check_discarded(1, None), "pass the engine")
+    assert practice.check_discarded(None, None, name="discarded_by_abort").message.startswith(
+        "not answered yet: set `discarded_by_abort`")
+
+
+@pytest.fixture(scope="module")
+def single_buffer_race(engine_pool):
+    """The RaceError of notebook 05's single-buffered ZOS run (and the serial one raises none)."""
+    zos, serial = engine_pool(mode="zos", max_batch_size=4), engine_pool(mode="serial", max_batch_size=4)
+    old = te.engine.NUM_SLOTS
+    te.engine.NUM_SLOTS = 1
+    try:
+        serial.generate(PROMPTS_05, max_new_tokens=8)
+        with pytest.raises(te.RaceError) as info:
+            zos.generate(PROMPTS_05, max_new_tokens=8)
+    finally:
+        te.engine.NUM_SLOTS = old
+    return info.value
+
+
+@pytest.mark.parametrize("answer", [("meta0", 1), ["meta0", 1], (" 'meta0' ", 1), {"buffer": "meta0", "round": 1},
+                                    ("meta0", np.int64(1))])
+def test_race_report_accepts(answer, single_buffer_race):
+    err = single_buffer_race
+    assert (err.buffer, err.round) == ("meta0", 1), "the run's race changed: update the corpus"
+    v = practice.check_race_report(answer, err)
+    assert v.passed and str(err) in v.message, v
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (("meta0", 2), "round 2 is the round whose prepare writes meta0"),   # the writer, not the launch
+    (("meta0", 0), "round 0 was waited for"),                            # the prefill
+    (("meta1", 1), "every round uses slot 0"),                           # two-slot thinking
+    (("meta1", 2), "every round uses slot 0"),
+    (("out0", 1), "only after waiting"),                                 # the output slot
+    (("out0", 2), "only after waiting"),
+    (("out1", 1), "only after waiting"),
+    (("temps0", 1), "prepare writes meta0 before temps"),
+    (("upload", 1), "the buffers are meta0, temps0 and out0"),           # the launch's stage, not a buffer
+    (("meta0", 5), "is not it"),
+    (("meta0", 3), "is not it"),
+    ("meta0", "a pair"),
+    (("meta0", 1, "upload"), "a pair"),
+    (("meta0", "1"), "round as a whole number"),
+    ((1, "meta0"), "round as a whole number"),
+    (("meta0", 1.0), "round as a whole number"),
+    ({"buffer": "meta0"}, "round as a whole number"),
+])
+def test_race_report_rejects(answer, phrase, single_buffer_race):
+    rejects(practice.check_race_report(answer, single_buffer_race), phrase)
+
+
+def test_race_report_needs_the_buffer_race():
+    from types import SimpleNamespace
+    rejects(practice.check_race_report(("meta0", 1), None), "raised no buffer race")
+    early_free = SimpleNamespace(kind="free_in_use", buffer=None, round=5, launch="forward")
+    rejects(practice.check_race_report(("meta0", 1), early_free), "raised no buffer race")
+    rejects(practice.check_race_report(("meta0", 1), "RaceError"), "raised no buffer race")
+
+
+def test_05_stubs_and_junk_never_raise(launches, engine_pool, single_buffer_race):
+    engine = engine_pool(mode="zos", max_batch_size=4)
+    engine.generate(PROMPTS_05, max_new_tokens=24, stop=[" the"])
+    checks = {
+        "uncommitted": lambda a: practice.check_uncommitted_rounds(a, launches["zos"], round=4),
+        "discarded": lambda a: practice.check_discarded(a, engine),
+        "race_report": lambda a: practice.check_race_report(a, single_buffer_race),
+    }
+    for name, check in checks.items():
+        v = check(None)
+        assert isinstance(v, te.checkers.Verdict) and not v.passed, name
+        assert v.message.startswith("not answered yet"), (name, v.message)
+        for junk in JUNK + [math.inf, -3, (None, None), {"buffer": 1, "round": "x"}]:
+            v = check(junk)
+            assert not v.passed and v.message, (name, junk, v)

@@ -28,6 +28,7 @@ __all__ = [
     "check_slot", "check_decode_lengths",
     "check_round_gap", "check_largest_host_stage", "check_overhead_gap",
     "check_true_key_length", "check_corrected_slots",
+    "check_uncommitted_rounds", "check_discarded", "check_race_report",
 ]
 
 
@@ -482,3 +483,169 @@ def check_corrected_slots(answer, positions, table, accepted: int, block_size: i
             return Verdict(False, f"{got}: {why}")
     return Verdict(False, f"{got} is not it: shift each position by the accepted count ({accepted}), then slot = "
                           f"table[pos // {block_size}] * {block_size} + pos % {block_size} with table {table}")
+
+
+# ================================================================ 05: ownership and lifetime
+
+def _int_set(x) -> set[int] | None:
+    """``x`` as a set of ints (one int, or a set/list/tuple/range/1-d tensor of them), else None."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return {int(x)}
+    if isinstance(x, (set, frozenset, range)):
+        x = list(x)
+    values = _int_list(x)
+    return None if values is None else set(values)
+
+
+def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
+    """Predict (05): right after round ``round``'s forward is launched, which rounds were
+    launched for the request but not processed yet (their tokens are uncommitted)?
+
+    ``launches`` is the notebook's record of a one-prompt run: per launched forward a tuple
+    ``(round, committed tokens, rounds in flight, ...)``.  The prompt is in every round, so
+    the rounds in flight are the newest ``in flight`` rounds up to ``round``."""
+    if answer is None:
+        return _unanswered("set `uncommitted` to the set of round numbers, e.g. {1, 2}")
+    got = _int_set(answer)
+    if got is None:
+        return Verdict(False, f"write a set of whole round numbers such as {{2, 5}}, not {answer!r}")
+    rows = {}
+    try:
+        for row in launches:
+            rows[int(row[0])] = (int(row[1]), int(row[2]))
+    except (TypeError, ValueError, IndexError):
+        return Verdict(False, "pass the record of watch_launches: one (round, committed, in flight, text) per launch")
+    if round not in rows:
+        return Verdict(False, f"this record has no launch of round {round} (it has rounds {sorted(rows)}): "
+                              f"run it with more new tokens")
+    committed, in_flight = rows[round]
+    want = set(range(round - in_flight + 1, round + 1))
+    shown = sorted(want)
+    if got == want:
+        if in_flight == 1:
+            return Verdict(True, f"{shown}: only the round just launched; every earlier round was waited for and "
+                                 f"processed before it, so the request already holds {committed} tokens")
+        return Verdict(True, f"{shown}: round {round} was just launched, and round {round - 1}'s token is on the "
+                             f"device, in StepState(round={round - 1})'s output slot, until the host processes it "
+                             f"after this launch. The request holds {committed} committed tokens")
+    unknown = sorted(r for r in got if r < 0 or r > round)
+    if unknown:
+        return Verdict(False, f"round {unknown[0]} was not launched yet when round {round}'s forward was: only "
+                              f"rounds 0 to {round} exist at that moment")
+    if round not in got:
+        return Verdict(False, f"round {round} itself counts: its forward was just launched, so none of its tokens "
+                              f"can be committed yet")
+    missing = sorted(want - got)
+    if missing:
+        return Verdict(False, f"round {missing[0]} is still in flight too: under ZOS the host processes round "
+                              f"{missing[0]} only after launching round {round}'s forward, so its token waits on "
+                              f"the device in StepState(round={missing[0]})'s slot; the request holds {committed} "
+                              f"tokens at this moment")
+    extra = sorted(got - want)
+    return Verdict(False, f"round {extra[-1]} is already processed: its token is among the {committed} the request "
+                          f"holds (the host waited for it {'before' if in_flight == 1 else 'one iteration before'} "
+                          f"this launch). In flight now: {len(want)} round(s)")
+
+
+def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
+    """Predict (05): how many outputs did ``engine``'s last run discard (its
+    ``stats["discarded_outputs"]``): rounds that came back for requests already finished?
+    ``name`` is the answer's variable in the notebook, for the unanswered message."""
+    if answer is None:
+        return _unanswered(f"set `{name}` to a whole number of discarded outputs")
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
+        return Verdict(False, f"a count of discarded outputs is one whole number, not {answer!r}")
+    try:
+        want = int(engine.stats["discarded_outputs"])
+        mode, drafts = engine.config.mode, engine.config.num_draft_tokens
+        reasons = [r.finish_reason for r in engine.requests]
+    except (AttributeError, KeyError, TypeError):
+        return Verdict(False, "pass the engine whose run the question is about (and run it first)")
+    early = sum(r in ("stop", "eos", "abort") for r in reasons)
+    ended = (f"in this run {early} request(s) ended by a stop string, EOS or abort and "
+             f"{reasons.count('length')} by the length limit")
+    answer = int(answer)
+    if answer == want:
+        if want == 0 and mode == "serial":
+            why = ("the serial host processes every round before launching the next, so a finished request is "
+                   "never in a launched round")
+        elif want == 0:
+            why = "no launched round held a request when the host learned that it had finished"
+        else:
+            why = ("each is a round that was launched with a request before the host learned that the request had "
+                   "finished (the extra step); its tokens are dropped when they land")
+        return Verdict(True, f"{want}: {why}; {ended}")
+    if answer < 0:
+        return Verdict(False, "a count cannot be negative")
+    if want > 0 and answer == 0:
+        return Verdict(False, f"under ZOS the host learns that a request finished only when it processes that "
+                              f"round, after the next round was launched with the request in it: that round's "
+                              f"output comes back and is discarded. The run discarded {want}; {ended}")
+    if want == 0 and mode == "serial":
+        return Verdict(False, f"the serial host waits for and processes each round before launching the next: a "
+                              f"finished request is never in a launched round, so nothing is discarded; {ended}")
+    if want == 0:
+        return Verdict(False, f"no launched round held a request when it finished (a prefill round is processed "
+                              f"at once; a length limit is counted in advance). Nothing was discarded; {ended}")
+    if answer > want and not drafts:
+        return Verdict(False, f"too many: without drafts a request that ends by stop, EOS or abort is in at most "
+                              f"one launched round the host did not know about, and a length limit never causes "
+                              f"one (the scheduler counts in-flight rounds); {ended}")
+    return Verdict(False, f"{answer} is not it: count the launched rounds that still held a request when the host "
+                          f"learned that it had finished; {ended}")
+
+
+def _race_answer(answer) -> tuple[tuple[str, int] | None, str | None]:
+    if isinstance(answer, dict):
+        answer = (answer.get("buffer"), answer.get("round"))
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, (list, tuple)) or len(answer) != 2:
+        return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {answer!r}"
+    buffer, round = answer
+    if not isinstance(buffer, str) or not isinstance(round, numbers.Integral) or isinstance(round, bool):
+        return None, f"write the buffer's name as a string and the round as a whole number, e.g. (\"out1\", 3), " \
+                     f"not {answer!r}"
+    return (buffer.strip().strip("'\""), int(round)), None
+
+
+def check_race_report(answer, err) -> Verdict:
+    """Predict (05): with NUM_SLOTS = 1, which buffer will the race checker name, and the
+    launch of which round still uses it?  ``err`` is the RaceError the run raised."""
+    if answer is None:
+        return _unanswered("set `race_guess` to a pair (buffer name, round)")
+    parsed, problem = _race_answer(answer)
+    if parsed is None:
+        return Verdict(False, problem)
+    if err is None or getattr(err, "kind", None) != "buffer":
+        return Verdict(False, "this run raised no buffer race: run it with te.engine.NUM_SLOTS = 1 on an engine "
+                              "with the race checker on (race_check=True)")
+    buffer, round = parsed
+    want_buffer, want_round, launch = err.buffer, err.round, err.launch
+    kind = want_buffer.rstrip("0123456789")
+    slot = want_buffer[len(kind):]
+    if (buffer, round) == (want_buffer, want_round):
+        return Verdict(True, f"{want_buffer} and round {want_round}: round {want_round + 1}'s prepare writes the "
+                             f"one metadata slot while round {want_round}'s {launch}, the step the loop still holds "
+                             f"as `previous`, may not have read it yet. The checker: {err}")
+    if buffer.rstrip("0123456789") == kind and buffer != want_buffer:
+        return Verdict(False, f"with NUM_SLOTS = 1 every round uses slot {slot}: the buffer is {want_buffer}, not "
+                              f"{buffer}")
+    if buffer != want_buffer:
+        if buffer.startswith("out"):
+            why = (f"the host reads an output slot only after waiting on its round's event; the first unordered "
+                   f"access is the next round's prepare writing {want_buffer}")
+        elif buffer.startswith("temps"):
+            why = f"prepare writes {want_buffer} before temps, so the checker stops at {want_buffer}"
+        else:
+            why = f"the buffers are meta{slot}, temps{slot} and out{slot}; prepare writes {want_buffer} first"
+        return Verdict(False, f"{buffer!r}: {why}")
+    if round == want_round + 1:
+        return Verdict(False, f"round {round} is the round whose prepare writes {want_buffer}; the report names "
+                              f"the launch that still reads it: round {want_round}'s {launch}, not waited for yet")
+    if round < want_round:
+        return Verdict(False, f"round {round} was waited for before the host touched {want_buffer} again (the "
+                              f"prefill is processed at once, and ZOS waits on round N-1 in iteration N): the "
+                              f"first unordered access is one round later")
+    return Verdict(False, f"round {round} is not it: the checker stops at the first host write that no wait has "
+                          f"ordered after a launch using {want_buffer}")
