@@ -7,7 +7,7 @@ every internal link and anchor resolves, and each notebook page draws as many Pl
 figures as the stored notebook holds (an SVG with bars, a real size).  One figure is
 hovered to show it is interactive.  The build must not run the notebooks: each page shows
 the stored outputs verbatim (timings differ on every run).  Screenshots of the index and
-of notebook 03 go to ``artifacts/browser/``.
+of notebook 03a go to ``artifacts/browser/``.
 """
 
 from __future__ import annotations
@@ -166,9 +166,9 @@ def test_site_in_chromium_draws_figures_links_resolve_no_errors(site, watched):
 def test_site_figure_is_interactive(site, watched):
     """Hovering a bar shows Plotly's hover label (plotly.js is live, not a picture)."""
     page = watched.page
-    page.goto(site["base"] + "notebooks/03_zos.html", wait_until="load")
+    page.goto(site["base"] + "notebooks/03a_zos_order.html", wait_until="load")
     plots = _wait_plots(page, 1)
-    assert plots, "notebooks/03_zos.html has no Plotly figure"
+    assert plots, "notebooks/03a_zos_order.html has no Plotly figure"
     figure = page.locator(".js-plotly-plot").first
     figure.scroll_into_view_if_needed()
     bar = figure.locator("g.point path").first
@@ -179,7 +179,7 @@ def test_site_figure_is_interactive(site, watched):
     label = figure.locator(".hoverlayer .hovertext").first.text_content()
     assert "round" in label and "ms" in label, f"hover label: {label!r}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "site_03_zos.png"))
+    page.screenshot(path=str(ARTIFACTS / "site_03a_zos_order.png"))
     page.goto(site["base"] + "index.html", wait_until="load")
     page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
     assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)
