@@ -2,6 +2,8 @@
 
     python scripts/measure_notebooks.py                      # all notebooks and exercises
     python scripts/measure_notebooks.py notebooks/02_serial_engine.ipynb --json out.json
+    python scripts/measure_notebooks.py --record       # measure all, store docs/learner_times.json, --update
+    python scripts/measure_notebooks.py --update       # rewrite the time lines and tables from that file
 
 Each notebook is copied to a temporary folder and executed the way the course does it,
 ``python -m toy_engine.course execute COPY`` (the repository is not touched).  Reported per
@@ -11,14 +13,20 @@ started (timings taken on a busy machine are upper bounds: say so); and, sampled
 the peak memory of the learner's processes -- kernel, device processes (forked by
 multiprocessing's forkserver) and multiprocessing helpers -- as USS (memory unique to them,
 freed when they exit) and PSS (plus their share of pages shared with other processes).
-The numbers in the notebook headers, the README and docs/instructor_guide.md come from it.
+The numbers in the notebook headers, the README and docs/instructor_guide.md come from it:
+``--record`` stores the measurements in ``docs/learner_times.json`` and ``--update`` writes the
+**Time:** line of every header, the README's time column and the instructor guide's table from
+that file and the notebooks as they are now (cells, words, checked cells), so the tables cannot
+drift from the course: ``tests/test_course_shape.py`` fails when they would change.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +39,25 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
+TIMES = REPO / "docs" / "learner_times.json"
+# The order a learner takes the course in, with our estimate of the minutes it takes to write an
+# exercise's code (an estimate, not a measurement: the tables say so).
+COURSE = {
+    "notebooks/00_start_here": 0,
+    "notebooks/01_tiny_gpt": 0,
+    "notebooks/02_serial_engine": 0,
+    "exercises/02_serial_loop": 10,
+    "notebooks/03a_zos_order": 0,
+    "exercises/03_zos_loop": 20,
+    "notebooks/03b_zos_measured": 0,
+    "notebooks/04_stale_lengths": 0,
+    "exercises/04_seqlen_correction": 15,
+    "notebooks/05_ownership": 0,
+    "exercises/05_lifetime": 10,
+}
+MINUTES_PER_CHECK = 2  # answering one checked cell: our estimate
+CHECK_CALL = re.compile(r"\b(?:practice|checkers)\.check_\w+\(")
+TIME_LINE = re.compile(r"^(\s*(?:\* )?)\*\*Time:\*\*.*$", re.M)
 
 
 def _role(proc: psutil.Process) -> str | None:
@@ -95,26 +122,161 @@ def measure(path: Path, workdir: Path) -> dict:
             **{k: round(v) for k, v in peak.items()}}
 
 
+def shape(rel: str) -> dict:
+    """Cells, markdown words and checked cells (a ``practice.check_*`` / ``checkers.check_*`` call)."""
+    nb = nbformat.read(REPO / f"{rel}.ipynb", as_version=4)
+    return {"cells": len(nb.cells),
+            "words": sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown"),
+            "checks": sum(bool(CHECK_CALL.search(c.source)) for c in nb.cells if c.cell_type == "code")}
+
+
+def learner_minutes(rel: str, sh: dict, run: dict) -> int:
+    """Reading at 200 words a minute + estimated answering and coding time + the measured run."""
+    return math.ceil(sh["words"] / WORDS_PER_MINUTE + sh["checks"] * MINUTES_PER_CHECK + COURSE[rel]
+                     + run["wall_s"] / 60)
+
+
+def _conditions(run: dict) -> str:
+    busy = "quiet" if run["load_average"] < 1.5 else "busy shared"
+    return f"{busy} {run['cpus']:g}-CPU machine, load {run['load_average']:.1f}"
+
+
+def time_line(rel: str, sh: dict, run: dict) -> str:
+    code = f", about {COURSE[rel]} min writing code (estimated)" if COURSE[rel] else ""
+    return (f"**Time:** about {learner_minutes(rel, sh, run)} min: {sh['words'] / WORDS_PER_MINUTE:.0f} min reading "
+            f"({sh['words']:,} words), {sh['checks']} checked cell{'s' * (sh['checks'] != 1)} "
+            f"(~{MINUTES_PER_CHECK} min each, estimated){code}, and {run['cpu_s']:.0f} s CPU / "
+            f"{run['wall_s']:.0f} s wall to run every cell ({_conditions(run)}).")
+
+
+def guide_table(times: dict) -> str:
+    rows = [f"Measured {times['date']} at commit {times['commit']} with `python scripts/measure_notebooks.py "
+            f"--record` (load average in brackets).", "",
+            "| notebook | cells | words | reading | checked cells | run: CPU / wall (load) | peak memory, unique "
+            "(device processes) | self-paced total |", "|---|---|---|---|---|---|---|---|"]
+    total = 0
+    for rel, code_min in COURSE.items():
+        sh, run = shape(rel), times["runs"][rel]
+        minutes = learner_minutes(rel, sh, run)
+        total += minutes
+        checks = f"{sh['checks']}" + (f" (code: ~{code_min} min)" if code_min else "")
+        rows.append(f"| `{rel}` | {sh['cells']} | {sh['words']:,} | {sh['words'] / WORDS_PER_MINUTE:.0f} min | {checks} "
+                    f"| {run['cpu_s']:.0f} s / {run['wall_s']:.0f} s ({run['load_average']:.1f}) | "
+                    f"{run['uss_mb']} MB ({run['device_processes']}) | {minutes} min |")
+    rows.append(f"| **all** | | | | | | | **{total / 60:.1f} h** ({total} min) |")
+    return "\n".join(rows)
+
+
+def _replace(text: str, pattern: str, new: str, where: str) -> str:
+    found = re.search(pattern, text, flags=re.S | re.M)
+    if not found:
+        raise ValueError(f"{where}: no text matching {pattern!r} to replace")
+    return text[:found.start()] + new + text[found.end():]
+
+
+def updated_files(times: dict) -> dict[Path, str]:
+    """Every file whose time line or table differs from what ``times`` and the notebooks give now."""
+    missing = [rel for rel in COURSE if rel not in times["runs"]]
+    stale = [f"{rel} ({times['runs'][rel]['cells']} cells measured, {shape(rel)['cells']} now)" for rel in COURSE
+             if rel not in missing and times["runs"][rel]["cells"] != shape(rel)["cells"]]
+    if missing or stale:
+        raise ValueError(f"{TIMES.relative_to(REPO)} does not measure {missing} and is older than {stale}: "
+                         f"run `python scripts/measure_notebooks.py --record` on a quiet machine")
+    changed: dict[Path, str] = {}
+    total = sum(learner_minutes(rel, shape(rel), times["runs"][rel]) for rel in COURSE)
+    for rel in COURSE:
+        sh, run = shape(rel), times["runs"][rel]
+        line = time_line(rel, sh, run)
+        # an exercise's header lives in source/ and in both generated copies (kept identical)
+        copies = [REPO / f"{rel}.ipynb"]
+        if rel.startswith("exercises/"):
+            name = Path(rel).name + ".ipynb"
+            copies += [REPO / "source" / name, REPO / "solutions" / name]
+        for path in copies:
+            nb = nbformat.read(path, as_version=4)
+            head = nb.cells[0].source
+            if not TIME_LINE.search(head):
+                raise ValueError(f"{path.relative_to(REPO)}: its first cell needs a `**Time:**` line to fill in")
+            new = TIME_LINE.sub(lambda m: m.group(1) + line, head, count=1)
+            if new != head:
+                nb.cells[0].source = new
+                changed[path] = nbformat.writes(nb) + "\n"
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    for rel in COURSE:
+        if rel.startswith("notebooks/"):
+            sh, run = shape(rel), times["runs"][rel]
+            cell = (f" {learner_minutes(rel, sh, run)} min: {sh['words'] / WORDS_PER_MINUTE:.0f} min reading, "
+                    f"{run['cpu_s']:.0f} s CPU / {run['wall_s']:.0f} s wall (load {run['load_average']:.1f}) ")
+            row = re.search(rf"^\| `{re.escape(rel)}` \|.*$", text, flags=re.M)
+            if not row:
+                raise ValueError(f"README.md: no course-table row for `{rel}`")
+            cols = row.group(0).split("|")
+            cols[4] = cell
+            text = text[:row.start()] + "|".join(cols) + text[row.end():]
+    exercises = ", ".join(f"{Path(rel).name[:2]} about {learner_minutes(rel, shape(rel), times['runs'][rel])} min"
+                          for rel in COURSE if rel.startswith("exercises/"))
+    text = _replace(text, r"^Exercises: 02 about .*?hours\.",
+                    f"Exercises: {exercises} (reading, run and an estimated 10–20 minutes of writing code). "
+                    f"Self-paced, the whole course is about {total / 60:.1f} hours.", "README.md")
+    if text != readme.read_text():
+        changed[readme] = text
+    guide = REPO / "docs" / "instructor_guide.md"
+    text = _replace(guide.read_text(), r"(?<=<!-- learner-times:begin -->\n).*?(?=\n<!-- learner-times:end -->)",
+                    guide_table(times), guide.name)
+    text = _replace(text, r"the whole course takes about \*\*[^*]+\*\*",
+                    f"the whole course takes about **{total / 60:.1f} hours**", guide.name)
+    if text != guide.read_text():
+        changed[guide] = text
+    return changed
+
+
+def _git_commit() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", type=Path,
                    help="default: notebooks/*.ipynb and exercises/*.ipynb")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--record", action="store_true",
+                   help=f"measure the whole course, store it in {TIMES.relative_to(REPO)}, then --update")
+    p.add_argument("--update", action="store_true",
+                   help=f"only rewrite the headers' time lines and the tables from {TIMES.relative_to(REPO)}")
     a = p.parse_args(argv)
-    paths = [n.resolve() for n in a.notebooks] or sorted((REPO / "notebooks").glob("*.ipynb")) + \
-        sorted((REPO / "exercises").glob("*.ipynb"))
+    if a.update and not a.record:
+        for path, text in updated_files(json.loads(TIMES.read_text())).items():
+            path.write_text(text)
+            print(f"updated {path.relative_to(REPO)}")
+        return 0
+    if a.record:
+        paths = [REPO / f"{rel}.ipynb" for rel in COURSE]
+    else:
+        paths = [n.resolve() for n in a.notebooks] or sorted((REPO / "notebooks").glob("*.ipynb")) + \
+            sorted((REPO / "exercises").glob("*.ipynb"))
+    from toy_engine.machine import usable_cpus
     results = []
     print("| notebook | cells | words | reading | run: CPU / wall (load) | peak memory: USS / PSS (device processes) |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
             r = measure(path, Path(tmp))
+            r["cpus"] = usable_cpus()
             results.append(r)
             print(f"| `{r['notebook']}` | {r['cells']} | {r['words']:,} | {r['reading_min']:.0f} min | "
-                  f"{r['cpu_s']:.0f} s / {r['wall_s']:.0f} s ({r['load_average']:.0f}) | "
+                  f"{r['cpu_s']:.0f} s / {r['wall_s']:.0f} s ({r['load_average']:.1f}) | "
                   f"{r['uss_mb']} / {r['pss_mb']} MB ({r['device_processes']}) |", flush=True)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
+    if a.record:
+        runs = {r["notebook"].removesuffix(".ipynb"): r for r in results}
+        TIMES.write_text(json.dumps({"commit": _git_commit(), "date": time.strftime("%Y-%m-%d"),
+                                     "runs": runs}, indent=1) + "\n")
+        for path, text in updated_files(json.loads(TIMES.read_text())).items():
+            path.write_text(text)
+            print(f"updated {path.relative_to(REPO)}")
     return 0
 
 

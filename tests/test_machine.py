@@ -78,6 +78,10 @@ def test_busy_warning_from_stats_and_timelines(monkeypatch):
     tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
     assert "25% (run)" in machine.busy_warning({"run": tl})
     assert "25% (pair)" in machine.busy_warning({"pair": (tl, {"tokens_per_s": 1.0})})
+    # a bench's 4 modes x 3 repeats: a range and the worst run, not twelve entries
+    many = {f"zos run {i}": {"device_cpu_share": 0.5 + 0.02 * i} for i in range(12)}
+    summary = machine.busy_warning(many)
+    assert "50%–72% in 12 runs (worst: 50% (zos run 0))" in summary and "zos run 5" not in summary
     monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
     assert "Only 1 usable CPU" in machine.busy_warning({"serial": quiet})
 

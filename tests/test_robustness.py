@@ -271,6 +271,8 @@ def test_generate_from_inside_on_round_is_refused(engines, reference):
     (dict(host_overhead_ms=True), TypeError, "host_overhead_ms must be a number"),
     (dict(num_kv_blocks=1.5), TypeError, "num_kv_blocks must be an integer, got float 1.5"),
     (dict(device_threads=1.5), TypeError, "device_threads must be an integer, got float 1.5"),
+    (dict(device_threads=10**6), ValueError, r"device_threads must be in \[1, \d+\], got 1000000: this machine has"),
+    (dict(max_batch_size=10**7), ValueError, r"max_batch_size must be in \[1, 4096\], got 10000000 \(metadata"),
     (dict(num_draft_tokens=True), TypeError, "num_draft_tokens must be an integer, got the bool True"),
     (dict(max_batch_size=None), TypeError, "max_batch_size must be an integer, got NoneType None"),
     (dict(block_size="16"), TypeError, "block_size must be an integer"),

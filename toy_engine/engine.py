@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 import threading
 import time
 import warnings
@@ -59,6 +60,10 @@ MAX_DRAFT_TOKENS = 16
 # 8 KiB per token slot, so the default 128 x 16 slots take 16 MiB); refuse a size that
 # would take more than this rather than fail inside the allocator.
 MAX_KV_CACHE_BYTES = 4 * 2**30
+# Each batch row gets a slice of every round's metadata (~790 int64 for the shipped model:
+# tokens up to its 256-token context, positions, slots, block table), double-buffered on
+# host and device: 4096 rows take ~50 MiB, already far past what the toy's cache can run.
+MAX_BATCH_SIZE = 4096
 # How long a recovering engine waits for queued device work before giving the device up;
 # a round of the shipped model takes ~10 ms on a busy 2-core machine.
 RECOVER_TIMEOUT_S = 10.0
@@ -87,7 +92,8 @@ class EngineConfig:
         check_choice("mode", self.mode, MODES)
         check_choice("device", self.device, DEVICES)
         values = dict(
-            max_batch_size=check_int("max_batch_size", self.max_batch_size, 1),
+            max_batch_size=check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE,
+                                     " (metadata is sized per row and allocated up front)"),
             num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
             block_size=check_int("block_size", self.block_size, 1),
             seed=check_seed("seed", self.seed),
@@ -96,7 +102,9 @@ class EngineConfig:
             race_check=check_bool("race_check", self.race_check),
             host_overhead_ms=check_float("host_overhead_ms", self.host_overhead_ms, 0.0, MAX_HOST_OVERHEAD_MS,
                                          " ms"),
-            device_threads=check_int("device_threads", self.device_threads, 1),
+            device_threads=check_int("device_threads", self.device_threads, 1, os.cpu_count() or 1,
+                                     f": this machine has {os.cpu_count()} CPUs, and more threads than CPUs "
+                                     f"only wait for each other"),
         )
         if self.constraint is not None:
             check_choice("constraint", self.constraint, CONSTRAINTS)

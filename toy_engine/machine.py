@@ -179,6 +179,15 @@ def machine_report() -> dict:
                 live_overlap=usable >= LIVE_OVERLAP_CORES, overlap_can_show=can_show, meaning=meaning)
 
 
+def _listed(values: dict, fmt: str, lowest: bool) -> str:
+    """Up to three runs by name; more as a range and the worst one (a bench has 4 modes x repeats)."""
+    if len(values) <= 3:
+        return ", ".join(f"{v:{fmt}} ({label})" for label, v in values.items())
+    worst = (min if lowest else max)(values, key=values.get)
+    low, high = min(values.values()), max(values.values())
+    return f"{low:{fmt}}–{high:{fmt}} in {len(values)} runs (worst: {values[worst]:{fmt}} ({worst}))"
+
+
 def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
@@ -214,10 +223,9 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     reasons = []
     for lane, who in (("device", "The device process"), ("host", "The host loop")):
         if low[lane]:
-            listed = ", ".join(f"{share:.0%} ({label})" for label, share in low[lane].items())
-            reasons.append(f"{who} got only {listed} of its wall time as CPU.")
+            reasons.append(f"{who} got only {_listed(low[lane], '.0%', lowest=True)} of its wall time as CPU.")
     if others:
-        listed = ", ".join(f"{n:.2f} ({label})" for label, n in others.items())
+        listed = _listed(others, ".2f", lowest=False)
         reasons.append(f"Other programs used {listed} of the machine's {report['cpu_count']} CPUs meanwhile "
                        f"(over {BUSY_OTHERS_CPUS:g} slows our processes through shared caches even when "
                        f"they are not preempted).")

@@ -18,7 +18,7 @@ import operator
 SEED_LIMIT = 2**63  # seeds travel to the device as int64
 
 
-def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+def check_int(name: str, value, minimum: int, maximum: int | None = None, why: str = "") -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got the bool {value!r}")
     try:
@@ -27,7 +27,7 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
     if number < minimum or (maximum is not None and number > maximum):
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {number}")
+        raise ValueError(f"{name} must be {bound}, got {number}{why}")
     return number
 
 

@@ -844,6 +844,7 @@ class TimelineExplorer:
             # view's column boxes and labels are gone.
             self.figure.layout.shapes = new.layout.shapes or ()
             self.figure.layout.annotations = new.layout.annotations or ()
+        _sync_widget_state(self.figure)
 
     def _update_readout(self) -> None:
         s, m = self.stats, self.timeline.meta
@@ -887,4 +888,16 @@ class TimelineExplorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
+        _sync_widget_state(self.figure)
         display(self.widget)
+
+
+def _sync_widget_state(figure: go.FigureWidget) -> None:
+    """Copy the figure into its synced widget state, which plotly refreshes only on display.
+
+    A FigureWidget sends later changes as messages to the front ends connected *then*; its
+    synced state keeps what it held when it was last displayed on its own -- inside a box it
+    never is.  A front end that connects later (Voila renders the page after the cells ran; a
+    reloaded JupyterLab tab) draws that state: the explorer's first run came up blank there.
+    plotly has no public call for this; ``_repr_mimebundle_`` is the one that does it."""
+    figure._repr_mimebundle_()
