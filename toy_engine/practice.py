@@ -464,7 +464,7 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
     want = processed[0]
     if got == want:
         return Verdict(True, f"round {want}: its StepState waited in `previous`, and the host waits on its event and "
-                             f"commits its tokens while the device runs round {round}'s forward")
+                             f"commits its tokens while round {round}'s forward is queued or running on the device")
     if got == round:
         return Verdict(False, f"round {round}'s own sample is not launched yet at that point (it comes after the "
                               f"postprocess): its results are processed in the next pass. Processing a round in its "
@@ -500,7 +500,8 @@ def check_tokens_lost(answer, reference, without_flush) -> Verdict:
     if len(got) != len(want):
         return Verdict(False, f"the run has {len(want)} requests: give one number, or a list of {len(want)}")
     if got == want:
-        return Verdict(True, f"{want} token(s) per request: the final decode step was sampled on the device into an "
+        counts = f"{want[0]} token{'s' * (want[0] != 1)}" if len(set(want)) == 1 else f"{want} tokens"
+        return Verdict(True, f"{counts} per request: the final decode step was sampled on the device into an "
                              f"output slot, but nobody waited on its event and committed it")
     total = [len(r.token_ids) for r in reference]
     if all(g == 0 for g in got):
