@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import toy_engine as te
-from toy_engine import practice
+from toy_engine import kernels, practice
 from toy_engine.timeline import Timeline
 
 # Inputs a learner might type by accident; no check may raise on any of them.
@@ -365,6 +365,249 @@ def test_corrected_slots_accepted_one():
     rejects(practice.check_corrected_slots([30, 31, 4], **case), "stale slots")
 
 
+# ---- 03a: whose results the host processes under round r's forward ----------------------
+
+def synthetic_zos_timeline(decode_rounds=4):
+    """A ZOS run: prefill round 0 processed at once, decode rounds 1..n each processed in the
+    next pass (after that pass's launch_forward), the last one flushed."""
+    tl = Timeline()
+    t = [0.0]
+
+    def host(stage, r, ms=0.1, owner=""):
+        tl.add("host", stage, r, t[0], t[0] + ms, owner)
+        t[0] += ms
+
+    for r in range(decode_rounds + 1):
+        host("schedule", r)
+        host("prepare", r)
+        host("launch_forward", r)
+        tl.add("device", "forward", r, t[0], t[0] + 3.0)
+        if r >= 2:
+            host("wait", r - 1, 0.5, f"StepState(round={r - 1})")
+            host("postprocess", r - 1, 0.1, f"StepState(round={r - 1})")
+        host("launch_sample", r)
+        tl.add("device", "sample", r, t[0] + 3.0, t[0] + 3.3)
+        if r == 0:
+            host("wait", 0, 3.3, "StepState(round=0)")
+            host("postprocess", 0, 0.1, "StepState(round=0)")
+    host("schedule", decode_rounds + 1)
+    host("flush", decode_rounds, 0.5, f"StepState(round={decode_rounds})")
+    return tl
+
+
+@pytest.fixture(scope="module")
+def zos_log_run(engine_pool):
+    """The run of notebook 03a's log: three prompts, room for two, 4 new tokens."""
+    engine = engine_pool(mode="zos", max_batch_size=2)
+    engine.generate(["Once upon a time", "One day, the little", "There was a fox"], max_new_tokens=4)
+    return engine.timeline
+
+
+@pytest.mark.parametrize("answer", [2, np.int64(2), torch.tensor(2), "StepState(round=2)", " StepState(round=2) "])
+def test_processed_under_accepts(answer):
+    assert practice.check_processed_under(answer, synthetic_zos_timeline(), round=3).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (3, "serial order"),
+    ("StepState(round=3)", "serial order"),
+    (4, "not even launched"),
+    (1, "earlier pass"),
+    (0, "earlier pass"),
+    (2.0, "one whole number"),
+    ("2", "not '2'"),
+    ("round 2", "not 'round 2'"),
+    (torch.tensor(2.0), "one whole number"),
+])
+def test_processed_under_rejects(answer, phrase):
+    rejects(practice.check_processed_under(answer, synthetic_zos_timeline(), round=3), phrase)
+
+
+def test_processed_under_on_the_notebooks_run(zos_log_run):
+    # rounds 0 and 4 are prefills processed at once; decode round r is processed under r + 1
+    assert practice.rounds_processed_in_pass(zos_log_run, 2) == [1]
+    assert practice.rounds_processed_in_pass(zos_log_run, 6) == [5]
+    assert practice.rounds_processed_in_pass(zos_log_run, 1) == []
+    assert practice.check_processed_under(1, zos_log_run, round=2).passed
+    assert practice.check_processed_under(5, zos_log_run, round=6).passed
+    rejects(practice.check_processed_under(2, zos_log_run, round=2), "serial order")
+    rejects(practice.check_processed_under(0, zos_log_run, round=1), "processed nothing")
+
+
+def test_processed_under_a_serial_run_processes_nothing_in_the_pass(real_run):
+    rejects(practice.check_processed_under(4, real_run, round=5), "processed nothing")
+
+
+# ---- 03a: tokens lost without the flush ---------------------------------------------------
+
+def completions(lengths):
+    return [te.Completion(i, "p", "x" * n, list(range(n)), "length") for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("answer", [1, np.int64(1), [1, 1], (1, 1), torch.tensor([1, 1]), torch.tensor(1)])
+def test_tokens_lost_accepts(answer):
+    assert practice.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (0, "still held in `previous`"),
+    ([0, 0], "still held in `previous`"),
+    (20, "only the last decode step"),
+    ([20, 20], "only the last decode step"),
+    (19, "how many tokens the requests kept"),
+    (2, "one decode step at a time"),
+    ([2, 2], "one decode step at a time"),
+    (-1, "cannot gain tokens"),
+    ([1], "give one number, or a list of 2"),
+    ([1, 1, 1], "give one number, or a list of 2"),
+    ([1, 0], "is not it"),
+    (1.0, "whole number"),
+    ("1", "whole number"),
+])
+def test_tokens_lost_rejects(answer, phrase):
+    rejects(practice.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])), phrase)
+
+
+def test_tokens_lost_uses_the_runs_numbers():
+    assert practice.check_tokens_lost([1, 2], completions([20, 12]), completions([19, 10])).passed
+    rejects(practice.check_tokens_lost(1, completions([20, 12]), completions([19, 10])), "is not it")
+    rejects(practice.check_tokens_lost(1, [], []), "no completions")
+
+
+# ---- 03a: does the swapped order keep the serial tokens? ---------------------------------
+
+@pytest.mark.parametrize("answer", [(True, False), [True, False], (np.bool_(True), np.bool_(False)),
+                                    (torch.tensor(True), torch.tensor(False))])
+def test_swapped_order_accepts(answer):
+    assert practice.check_swapped_order(answer, True, False).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ((True, True), "mask is one token late"),
+    ((False, False), "reads only what is on the device"),
+    ((False, True), "reads only what is on the device"),
+    ((1, 0), "True/False"),
+    (("True", "False"), "True/False"),
+    ([True], "True/False"),
+    ((True, False, False), "True/False"),
+    (True, "True/False"),
+    ({"plain": True, "title_case": False}, "True/False"),
+])
+def test_swapped_order_rejects(answer, phrase):
+    rejects(practice.check_swapped_order(answer, True, False), phrase)
+
+
+def test_swapped_order_follows_the_measurement():
+    assert practice.check_swapped_order((True, True), True, True).passed
+    rejects(practice.check_swapped_order((True, False), True, True), "happened to match")
+
+
+# ---- 03b: FROM_DEVICE placeholders and pending flags ---------------------------------------
+
+ZOS_ROUND_2 = {"input_ids": [-1, -1, -1], "pending": [1, 1, 1]}
+SERIAL_ROUND_2 = {"input_ids": [1, 40, 37], "pending": [0, 0, 0]}
+MIXED = {"input_ids": [-1, 7, -1], "pending": [1, 0, 1]}  # request 1 was just prefilled
+
+
+@pytest.mark.parametrize("ids, pending", [
+    ([-1, -1, -1], [1, 1, 1]),
+    ((kernels.FROM_DEVICE,) * 3, (1, 1, 1)),
+    (torch.tensor([-1, -1, -1]), torch.tensor([1, 1, 1])),
+    ([-1, -1, -1], [True, True, True]),
+    (np.array([-1, -1, -1]).tolist(), torch.tensor([True, True, True])),
+])
+def test_future_inputs_accepts(ids, pending):
+    assert practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2).passed
+
+
+@pytest.mark.parametrize("ids, pending, phrase", [
+    ([1, 40, 37], [1, 1, 1], "serial run's ids"),
+    ([1, 40, 37], [0, 0, 0], "serial run's ids"),
+    ([4, 1, 1], [1, 1, 1], "request 0: the host cannot know"),
+    ([17, 20, 16], [1, 1, 1], "request 0: the host cannot know"),
+    ([-1, 40, -1], [1, 1, 1], "request 1: the host cannot know"),
+    ([-1, -1, -1], [0, 0, 0], "pending = 1 marks"),
+    ([-1, -1, -1], [1, 0, 1], "is not it"),
+    ([-1, -1], [1, 1], "give 3 input ids"),
+    ([-1, -1, -1], [1, 1, 1, 1], "give 3 input ids"),
+    ("-1, -1, -1", [1, 1, 1], "lists of whole numbers"),
+    ([-1.0, -1.0, -1.0], [1, 1, 1], "lists of whole numbers"),
+])
+def test_future_inputs_rejects(ids, pending, phrase):
+    rejects(practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2), phrase)
+
+
+def test_future_inputs_with_a_request_just_prefilled():
+    assert practice.check_future_inputs([-1, 7, -1], [1, 0, 1], MIXED).passed
+    rejects(practice.check_future_inputs([-1, -1, -1], [1, 0, 1], MIXED), "request 1: its previous round")
+    rejects(practice.check_future_inputs([-1, 7, -1], [1, 1, 1], MIXED), "is not it")
+    rejects(practice.check_future_inputs([-1, 7, -1], [0, 1, 0], MIXED), "inverted")
+
+
+def test_future_inputs_on_a_real_zos_round(engine_pool):
+    engine = engine_pool(mode="zos", max_batch_size=4)
+    captured, real_prepare = {}, engine.prepare_inputs
+
+    def spy(plan):
+        inputs = real_prepare(plan)
+        if plan.round == 2:
+            flat = engine.device.host(f"meta{inputs.slot}", "r")
+            views = engine.layout.views(flat, inputs.num_tokens, len(plan.requests), inputs.num_blocks)
+            captured.update({name: view.tolist() for name, view in views.items()})
+        return inputs
+
+    engine.prepare_inputs = spy
+    try:
+        engine.generate(["Once upon a time", "One day", "There was a fox"], max_new_tokens=8)
+    finally:
+        del engine.prepare_inputs
+    assert practice.check_future_inputs([-1, -1, -1], [1, 1, 1], captured).passed
+
+
+# ---- 03b: the ideal speed-up from the serial run's own times ------------------------------
+
+SERIAL_STATS = {"mean_host_ms_per_round": 0.5, "mean_device_ms_per_round": 4.5,
+                "decode_device_idle_fraction": 0.15, "tokens_per_s": 1500.0}
+ZOS_STATS = {"mean_host_ms_per_round": 0.9, "mean_device_ms_per_round": 4.6,
+             "decode_device_idle_fraction": 0.04, "tokens_per_s": 1776.0}
+
+
+@pytest.mark.parametrize("answer", [5.0 / 4.5, 1.11, 1.111, 1 + 0.5 / 4.5, np.float32(1.11), torch.tensor(1.11),
+                                    np.float64(1.1111)])
+def test_ideal_ratio_accepts(answer):
+    assert practice.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS).passed
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (10.0, "divide by the larger"),
+    (0.9, "upside down"),
+    (9.0, "device over host"),
+    (0.5 / 4.5, "host over device"),
+    (5.0, "serial round's time"),
+    (1 / 0.85, "idle fraction"),
+    (5.5 / 4.6, "ZOS run's times"),
+    (1776 / 1500, "measured speed-up"),
+    (1.3, "is not it"),
+    (1.0, "is not it"),
+    (-1.11, "is not it"),
+    (2, "is not it"),
+    ("1.11", "as a number"),
+    (float("inf"), "finite"),
+])
+def test_ideal_ratio_rejects(answer, phrase):
+    rejects(practice.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS), phrase)
+
+
+def test_ideal_ratio_when_the_host_is_the_bottleneck():
+    stats = {"mean_host_ms_per_round": 4.0, "mean_device_ms_per_round": 2.0}
+    assert "host" in practice.check_ideal_ratio(1.5, stats).message
+    rejects(practice.check_ideal_ratio(3.0, stats), "divide by the larger")
+
+
+def test_ideal_ratio_matches_the_bench_formula():
+    assert practice.ideal_ratio(SERIAL_STATS) == pytest.approx(5.0 / 4.5)
+
+
 # ---- every check: unanswered stubs and junk never raise ---------------------------------
 
 def all_checks(device):
@@ -381,6 +624,12 @@ def all_checks(device):
         "overhead": lambda a: practice.check_overhead_gap(a),
         "true_k": lambda a: practice.check_true_key_length(a, 27, 4),
         "slots": lambda a: practice.check_corrected_slots(a, **WORKED),
+        "processed_under": lambda a: practice.check_processed_under(a, synthetic_zos_timeline(), 3),
+        "tokens_lost": lambda a: practice.check_tokens_lost(a, completions([20, 20]), completions([19, 19])),
+        "swapped_order": lambda a: practice.check_swapped_order(a, True, False),
+        "future_ids": lambda a: practice.check_future_inputs(a, [1, 1, 1], ZOS_ROUND_2, SERIAL_ROUND_2),
+        "future_pending": lambda a: practice.check_future_inputs([-1, -1, -1], a, ZOS_ROUND_2, SERIAL_ROUND_2),
+        "ideal_ratio": lambda a: practice.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS),
     }
 
 

@@ -11,10 +11,12 @@ Size budget, per stored notebook (base64 PNG as stored; measured 2026-11-30):
   * one static figure <= FIGURE_BUDGET_BYTES: now 11-20 kB; issue 12's taller four-panel
     comparisons (900 x 1080 px, hatching) measure 52-58 kB;
   * a notebook's static figures together <= IMAGES_BUDGET_BYTES: now at most 79 kB
-    (notebooks/03_zos, 4 figures); 176 kB with issue 12's five figures there;
+    (notebooks/03_zos, 4 figures); 176 kB with issue 12's five figures there; after
+    notebook 03 was split (issue 13): 55 kB in 03a_zos_order (2 figures), 87 kB in
+    03b_zos_measured (2 figures);
   * a stored notebook in all <= NOTEBOOK_BUDGET_BYTES: now 14-323 kB (03_zos: 244 kB
-    before its images); 561 kB for issue 12's 03_zos with its images.  (course.check()
-    keeps its own hard limit of 1000 kB.)
+    before its images); 561 kB for issue 12's 03_zos with its images; after the split
+    182 kB (03a) and 282 kB (03b).  (course.check() keeps its own hard limit of 1000 kB.)
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def _serial_order(log: _HostLog) -> Verdict | None:
         if done and nxt is not None and done[0] > nxt:
             return _fail("not_serial",
                          f"{log.who(r)}: its results were processed after round {r + 1} was prepared and "
-                         f"launched. That is the overlapped (ZOS) order of notebook 03; the serial loop "
+                         f"launched. That is the overlapped (ZOS) order of notebook 03a; the serial loop "
                          f"processes each step (`engine.process_outputs(step)`) before scheduling the next "
                          f"round, so that no launch of round {r + 1} comes before round {r}'s results")
     return None
@@ -849,7 +849,7 @@ def check_three_rounds(order) -> Verdict:
             if want[0] == "postprocess" and got[0] == "sample":
                 category, why = "sample_before_postprocess", (
                     ": the previous step is processed after this forward is launched, before this sample "
-                    "(the sample may need the tokens it commits, as the title-case demo of notebook 03 shows)")
+                    "(the sample may need the tokens it commits, as the title-case demo of notebook 03a shows)")
             elif want[0] == "flush":
                 category, why = "no_flush", ": the last round has no next round to hide under, so it is flushed"
             elif got[0] == "flush":

@@ -2,8 +2,8 @@
 
     python -m toy_engine.course build      # source/ -> exercises/ + solutions/, then execute
     python -m toy_engine.course check      # are exercises/ and solutions/ up to date?
-    python -m toy_engine.course execute notebooks/03_zos.ipynb ...
-    python -m toy_engine.course images notebooks/03_zos.ipynb ...   # redraw static figures only
+    python -m toy_engine.course execute notebooks/03a_zos_order.ipynb ...
+    python -m toy_engine.course images notebooks/03a_zos_order.ipynb ...   # redraw static figures only
 
 In ``source/*.ipynb`` a solution is written between marker lines::
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_done_after_wait", "check_race", "check_race_fixed",
     "check_slot", "check_decode_lengths",
     "check_round_gap", "check_largest_host_stage", "check_overhead_gap",
+    "check_processed_under", "check_tokens_lost", "check_swapped_order", "check_future_inputs", "check_ideal_ratio",
     "check_true_key_length", "check_corrected_slots",
     "check_uncommitted_rounds", "check_discarded", "check_race_report",
 ]
@@ -414,6 +415,266 @@ def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
                               "by all of it, not a part")
     return Verdict(False, "the overhead is added once per round, in `schedule`, so each gap grows by that amount, "
                           "not more")
+
+
+# ================================================================ 03a/03b: the ZOS order, the future-token map, the ideal
+
+def _round_number(x) -> int | None:
+    """``x`` as a whole number (int, numpy integer, one-element tensor), else None."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point():
+        x = x.item()
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    return None
+
+
+def rounds_processed_in_pass(timeline, round: int) -> list[int]:
+    """Rounds whose results the host waits on or processes between launching round
+    ``round``'s forward and its sample (in ZOS: the deferred previous decode step)."""
+    rounds, inside = [], False
+    for span in timeline.lane("host"):
+        if span.stage == "launch_forward" and span.round == round:
+            inside = True
+        elif inside and span.stage == "launch_sample":
+            break
+        elif inside and span.stage in ("wait", "postprocess", "flush") and span.round not in rounds:
+            rounds.append(span.round)
+    return rounds
+
+
+def check_processed_under(answer, timeline, round: int) -> Verdict:
+    """Predict (03a): in the ZOS pass that launches round ``round``'s forward, whose
+    results does the host wait on and postprocess before it launches that round's sample?"""
+    if answer is None:
+        return _unanswered("set `processed` to a round number")
+    if isinstance(answer, str):
+        text = answer.strip()
+        inner = text[len("StepState(round="):-1] if text.startswith("StepState(round=") and text.endswith(")") else ""
+        if not inner.isdigit():
+            return Verdict(False, f"write the round as a number (or as its owner, \"StepState(round=N)\"), "
+                                  f"not {answer!r}")
+        answer = int(inner)
+    got = _round_number(answer)
+    if got is None:
+        return Verdict(False, f"write the round as one whole number, not {answer!r}")
+    processed = rounds_processed_in_pass(timeline, round)
+    if not processed:
+        return Verdict(False, f"in this run the host processed nothing between round {round}'s forward and sample "
+                              f"launches (was round {round - 1} a prefill, or is this not a ZOS run?): ask about a "
+                              f"later decode round")
+    want = processed[0]
+    if got == want:
+        return Verdict(True, f"round {want}: its StepState waited in `previous`, and the host waits on its event and "
+                             f"commits its tokens while round {round}'s forward is queued or running on the device")
+    if got == round:
+        return Verdict(False, f"round {round}'s own sample is not launched yet at that point (it comes after the "
+                              f"postprocess): its results are processed in the next pass. Processing a round in its "
+                              f"own pass is the serial order")
+    if got > round:
+        return Verdict(False, f"round {got} is not even launched yet: the host can only process a round whose "
+                              f"sample is already queued on the device")
+    if got < want:
+        return Verdict(False, f"round {got} was processed in an earlier pass: ZOS defers a decode step by one round "
+                              f"only, so `previous` holds round {want}")
+    return Verdict(False, f"round {got} is not it: the host processes the step kept in `previous`, the round "
+                          f"launched one pass earlier")
+
+
+def check_tokens_lost(answer, reference, without_flush) -> Verdict:
+    """Predict (03a): how many tokens does each request lose when the flush drops the
+    deferred step?  ``reference`` and ``without_flush`` are the two runs' completions."""
+    if answer is None:
+        return _unanswered("set `lost` to a number of tokens per request")
+    try:
+        want = [len(r.token_ids) - len(g.token_ids) for r, g in zip(reference, without_flush)]
+    except (TypeError, AttributeError):
+        return Verdict(False, "pass the completions of the normal run and of the run without the flush")
+    if not want:
+        return Verdict(False, "run the two generate() calls above first: there are no completions to compare")
+    got = _int_list(answer)
+    if got is None:
+        number = _round_number(answer)
+        if number is None:
+            return Verdict(False, f"write the number of tokens lost per request as a whole number (or a list, one "
+                                  f"per request), not {answer!r}")
+        got = [number] * len(want)
+    if len(got) != len(want):
+        return Verdict(False, f"the run has {len(want)} requests: give one number, or a list of {len(want)}")
+    if got == want:
+        counts = f"{want[0]} token{'s' * (want[0] != 1)}" if len(set(want)) == 1 else f"{want} tokens"
+        return Verdict(True, f"{counts} per request: the final decode step was sampled on the device into an "
+                             f"output slot, but nobody waited on its event and committed it")
+    total = [len(r.token_ids) for r in reference]
+    if all(g == 0 for g in got):
+        return Verdict(False, "the last decode step is still held in `previous` when the scheduler has nothing "
+                              "left to launch; without the flush nobody commits it, so its token is lost")
+    if got == total:
+        return Verdict(False, "only the last decode step has no next round to be processed under: every earlier "
+                              "one was processed in the following pass, so its tokens reached the requests")
+    if any(g < 0 for g in got):
+        return Verdict(False, "a request cannot gain tokens by losing the flush")
+    if got == [len(g.token_ids) for g in without_flush]:
+        return Verdict(False, "that is how many tokens the requests kept; the question asks how many they lost")
+    if all(g > w for g, w in zip(got, want)):
+        return Verdict(False, f"ZOS defers one decode step at a time (`previous` holds one StepState), and each "
+                              f"decode step adds one token per request: each lost {want}")
+    return Verdict(False, f"{got} is not it: compare the two runs above, token counts {total} with the flush and "
+                          f"{[len(g.token_ids) for g in without_flush]} without")
+
+
+def _bool_pair(x) -> tuple[bool, bool] | None:
+    if isinstance(x, dict) or isinstance(x, (str, bytes)):
+        return None
+    try:
+        items = list(x)
+    except TypeError:
+        return None
+    if len(items) != 2:
+        return None
+    out = []
+    for item in items:
+        if isinstance(item, torch.Tensor) and item.numel() == 1 and item.dtype == torch.bool:
+            item = item.item()
+        if type(item).__name__ in ("bool", "bool_"):
+            out.append(bool(item))
+        else:
+            return None
+    return out[0], out[1]
+
+
+def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verdict:
+    """Predict (03a): does launching round N+1's sample before round N's postprocess keep
+    the serial tokens, (without a constraint, with the title-case constraint)?  The two
+    truths are the measured comparisons of the demo run."""
+    if answer is None:
+        return _unanswered("set `same_tokens` to a pair of booleans: (without a constraint, with title_case)")
+    got = _bool_pair(answer)
+    if got is None:
+        return Verdict(False, f"write a pair of True/False values, (without a constraint, with title_case), "
+                              f"not {answer!r}")
+    want = (bool(plain_same), bool(constraint_same))
+    if got == want:
+        return Verdict(True, f"{want}: without a constraint the sample reads only the logits on the device, so when "
+                             f"the host processes round N cannot change it; with title_case the mask is built from "
+                             f"the committed text, which lacks round N's token when the sample is launched first")
+    if got[0] != want[0]:
+        if want[0]:
+            return Verdict(False, "without a constraint the sample reads only what is on the device (the logits); "
+                                  "when the host processes round N does not change what the device samples")
+        return Verdict(False, f"this run measured {want}: without a constraint the swapped order did change the "
+                              f"tokens; look at the demo's output")
+    if want[1]:
+        return Verdict(False, f"this run measured {want}: the constrained text happened to match; look at the "
+                              f"demo's output")
+    return Verdict(False, "with title_case, launch_sample builds the mask from the tokens committed so far; "
+                          "swapped, round N is not committed yet, so the mask is one token late and the capital "
+                          "comes one character late")
+
+
+def _id_list(x) -> list[int] | None:
+    if isinstance(x, torch.Tensor) and x.dim() == 1 and x.dtype == torch.bool:
+        x = x.tolist()
+    if isinstance(x, (list, tuple)) and x and all(type(v).__name__ in ("bool", "bool_") for v in x):
+        return [int(bool(v)) for v in x]
+    return _int_list(x)
+
+
+def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
+    """Predict (03b): ``input_ids`` and ``pending`` of a decode round the ZOS host prepared
+    while the previous round was in flight (``meta``: the captured metadata of that round;
+    ``serial_meta``: the same round of the serial run, to recognise its real ids)."""
+    from .kernels import FROM_DEVICE
+
+    if input_ids is None or pending is None:
+        return _unanswered("set `input_ids` and `pending` to lists, one value per request "
+                           "(write FROM_DEVICE as -1)")
+    ids, flags = _int_list(input_ids), _id_list(pending)
+    if ids is None or flags is None:
+        return Verdict(False, "write `input_ids` and `pending` as lists of whole numbers, one per request "
+                              "(FROM_DEVICE is -1; pending is 0 or 1)")
+    want_ids, want_pending = [int(v) for v in meta["input_ids"]], [int(v) for v in meta["pending"]]
+    n = len(want_ids)
+    if len(ids) != n or len(flags) != n:
+        return Verdict(False, f"this decode round has {n} requests feeding one token each: give {n} input ids and "
+                              f"{n} pending flags, not {len(ids)} and {len(flags)}")
+    if ids == want_ids and flags == want_pending:
+        return Verdict(True, f"input_ids {want_ids}, pending {want_pending}: the previous round is still in flight, "
+                             f"so the host writes the placeholder FROM_DEVICE ({FROM_DEVICE}) and marks the request "
+                             f"pending; the forward reads the real token from last_tokens on the device")
+    if ids != want_ids:
+        if serial_meta is not None and ids == [int(v) for v in serial_meta["input_ids"]]:
+            return Verdict(False, f"{ids} are the serial run's ids: there the previous round was processed first. "
+                                  f"In ZOS those tokens are still on the device (or not sampled yet) when this round "
+                                  f"is prepared")
+        known = [i for i, (g, w) in enumerate(zip(ids, want_ids)) if w == FROM_DEVICE and g != FROM_DEVICE]
+        if known:
+            return Verdict(False, f"request {known[0]}: the host cannot know that token, it is sampled by the round "
+                                  f"still in flight; it writes FROM_DEVICE ({FROM_DEVICE})")
+        return Verdict(False, f"request {[g == w for g, w in zip(ids, want_ids)].index(False)}: its previous round "
+                              f"was already processed, so the host writes the real token id")
+    if all(f == 0 for f in flags) and any(want_pending):
+        return Verdict(False, "pending = 1 marks a request whose previous round is still in flight: the device must "
+                              "take its newest token (and, with drafts, its lengths) from its own state")
+    if flags == [1 - f for f in want_pending]:
+        return Verdict(False, "the flags are inverted: pending = 1 where the previous round is still in flight, "
+                              "0 where it was processed")
+    return Verdict(False, f"pending {flags} is not it: a request is pending (1) exactly where its input id is "
+                          f"FROM_DEVICE")
+
+
+def ideal_ratio(stats) -> float:
+    """(host + device) / max(host, device) from a run's per-round means."""
+    host, dev = stats["mean_host_ms_per_round"], stats["mean_device_ms_per_round"]
+    return (host + dev) / max(host, dev)
+
+
+def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
+    """Your turn (03b): the ideal ZOS speed-up from the serial run's own per-round host and
+    device times.  Compared with the learner's run's stats, to two decimals."""
+    if answer is None:
+        return _unanswered("set `ideal` to a number, e.g. 1.25")
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    if not _is_number(answer):
+        return Verdict(False, f"write the ratio as a number, not {answer!r}")
+    if not math.isfinite(answer):
+        return Verdict(False, f"write a finite number, not {answer!r}")
+    host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
+    want = ideal_ratio(serial_stats)
+
+    def close(value):
+        return abs(answer - value) <= max(0.006, 0.005 * abs(value))
+
+    if close(want):
+        bound = "device" if dev >= host else "host"
+        return Verdict(True, f"({host:.2f} + {dev:.2f}) / {max(host, dev):.2f} = x{want:.2f}: at best the {bound} "
+                             f"time of a round remains, everything else is hidden under it")
+    mistakes = [
+        ((host + dev) / min(host, dev), "divide by the larger of the two: overlap leaves the longer lane's time"),
+        (max(host, dev) / (host + dev), "that is upside down: the serial round takes host + device, the overlapped "
+                                        "one max(host, device); the speed-up is serial over overlapped"),
+        (dev / host, "that is device over host; the ideal is (host + device) / max(host, device)"),
+        (host / dev, "that is host over device; the ideal is (host + device) / max(host, device)"),
+        (host + dev, "that is a serial round's time in ms; divide it by what an overlapped round takes, "
+                     "max(host, device)"),
+    ]
+    idle = serial_stats.get("decode_device_idle_fraction")
+    if isinstance(idle, float) and 0 <= idle < 1:
+        mistakes.append((1 / (1 - idle), "that estimate comes from the idle fraction; the question asks for the "
+                                         "per-round host and device times"))
+    if zos_stats:
+        try:
+            mistakes.append((ideal_ratio(zos_stats), "those are the ZOS run's times: the ideal comes from the serial "
+                                                     "run, where host and device work add up"))
+            mistakes.append((zos_stats["tokens_per_s"] / serial_stats["tokens_per_s"],
+                             "that is the measured speed-up; the ideal is computed from the serial run's times"))
+        except (KeyError, TypeError, ZeroDivisionError):
+            pass
+    for value, why in mistakes:
+        if close(value):
+            return Verdict(False, f"{answer:.3g}: {why}")
+    return Verdict(False, f"{answer:.3g} is not it: serial_stats gives host {host:.3f} ms and device {dev:.3f} ms per "
+                          f"round; compute (host + device) / max(host, device)")
 
 
 # ================================================================ 04: stale lengths

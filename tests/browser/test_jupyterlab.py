@@ -12,7 +12,7 @@ repo is ever written).  For each notebook, Debian's Chromium (``/usr/bin/chromiu
 driven by Playwright; no Playwright browser download) opens it, clears the stored
 outputs, runs all cells through ``window.jupyterapp`` (``--LabApp.expose_app_in_browser``)
 and waits until the kernel is idle and every cell has an execution count.  Then: no
-error output; at least one Plotly timeline drawn with host and device lanes; in notebook 03
+error output; at least one Plotly timeline drawn with host and device lanes; in notebook 03a
 an order view (the same spans as labelled blocks in real order) drawn too; and, in the
 capstone, the explorer redraws when the mode is changed and *Run* pressed, again when the
 "first round" slider is moved with the keyboard, and again when its *view* is switched to
@@ -531,7 +531,8 @@ def _exercise_explorer(page, rel: str) -> None:
 # ---------------------------------------------------------------------------- the test
 
 NOTEBOOKS = [
-    pytest.param("notebooks/03_zos.ipynb", False, id="03_zos"),
+    pytest.param("notebooks/03a_zos_order.ipynb", False, id="03a_zos_order"),
+    pytest.param("notebooks/03b_zos_measured.ipynb", False, id="03b_zos_measured"),
     pytest.param("notebooks/05_ownership.ipynb", True, id="05_ownership"),
 ]
 
@@ -559,7 +560,7 @@ def test_notebook_renders_in_jupyterlab(lab, browser_context, rel, has_explorer)
         split = n if split is None else split
         cells = _run_cells(page, rel, 0, split, deadline)
         _assert_no_errors(rel, cells)
-        has_order_view = rel.endswith("03_zos.ipynb")  # its section 9 draws one
+        has_order_view = rel.endswith("03a_zos_order.ipynb")  # its section 5 draws one
         plots = _wait_plots(page, rel, order_view=has_order_view)
         _assert_timeline_rendered(rel, plots)
         if has_order_view:

@@ -7,7 +7,7 @@ every internal link and anchor resolves, and each notebook page draws as many Pl
 figures as the stored notebook holds (an SVG with bars, a real size).  One figure is
 hovered to show it is interactive.  The build must not run the notebooks: each page shows
 the stored outputs verbatim (timings differ on every run).  Screenshots of the index and
-of notebook 03 go to ``artifacts/browser/``.
+of notebook 03a go to ``artifacts/browser/``.
 """
 
 from __future__ import annotations
@@ -166,20 +166,23 @@ def test_site_in_chromium_draws_figures_links_resolve_no_errors(site, watched):
 def test_site_figure_is_interactive(site, watched):
     """Hovering a bar shows Plotly's hover label (plotly.js is live, not a picture)."""
     page = watched.page
-    page.goto(site["base"] + "notebooks/03_zos.html", wait_until="load")
+    page.goto(site["base"] + "notebooks/03a_zos_order.html", wait_until="load")
     plots = _wait_plots(page, 1)
-    assert plots, "notebooks/03_zos.html has no Plotly figure"
+    assert plots, "notebooks/03a_zos_order.html has no Plotly figure"
     figure = page.locator(".js-plotly-plot").first
     figure.scroll_into_view_if_needed()
-    bar = figure.locator("g.point path").first
-    box = bar.bounding_box()
-    assert box and box["width"] > 0, f"the first bar has no size on the page: {box}"
+    # The widest bar: the first one is often a `schedule` sliver (~0.01 ms, under 3 px), which
+    # hovers or not depending on its neighbours in that run's timings.
+    bars = figure.locator("g.point path")
+    boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
+    box = max((b for b in boxes if b), key=lambda b: b["width"], default=None)
+    assert box and box["width"] > 0, f"no bar of the first figure has a size on the page: {boxes[:5]}"
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_selector(".js-plotly-plot .hoverlayer .hovertext", timeout=10_000)
     label = figure.locator(".hoverlayer .hovertext").first.text_content()
     assert "round" in label and "ms" in label, f"hover label: {label!r}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "site_03_zos.png"))
+    page.screenshot(path=str(ARTIFACTS / "site_03a_zos_order.png"))
     page.goto(site["base"] + "index.html", wait_until="load")
     page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
     assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)
