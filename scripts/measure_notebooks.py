@@ -57,6 +57,8 @@ COURSE = {
 }
 MINUTES_PER_CHECK = 2  # answering one checked cell: our estimate
 CHECK_CALL = re.compile(r"\b(?:practice|checkers)\.check_\w+\(")
+ANSWER_STUB = re.compile(r"^\w+\s*=\s*None\s*#\s*your answer", re.M)
+CHECKED_ARG = re.compile(r"^(?:\w+\s*=\s*)?(?:practice|checkers)\.check_\w+\((\w+)", re.M)
 TIME_LINE = re.compile(r"^(\s*(?:\* )?)\*\*Time:\*\*.*$", re.M)
 
 
@@ -122,12 +124,39 @@ def measure(path: Path, workdir: Path) -> dict:
             **{k: round(v) for k, v in peak.items()}}
 
 
+def _answer_names(rel: str) -> set[str]:
+    """What the learner writes in an exercise: names defined in its source's solution regions."""
+    if not rel.startswith("exercises/"):
+        return set()
+    nb = nbformat.read(REPO / "source" / f"{Path(rel).name}.ipynb", as_version=4)
+    return {name for c in nb.cells if "### BEGIN SOLUTION" in c.source
+            for name in re.findall(r"^(?:def (\w+)|(\w+)\s*=)", c.source, re.M) for name in name if name}
+
+
+def checked_cells(rel: str) -> list[int]:
+    """Cells where the learner's own answer is checked at once: in a notebook, a check call on a
+    ``name = None  # your answer`` stub; in an exercise, a check call on something the learner writes
+    (demonstrations of a checker on the notebook's own code and summary prints do not count)."""
+    nb = nbformat.read(REPO / f"{rel}.ipynb", as_version=4)
+    answers = _answer_names(rel)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if rel.startswith("notebooks/"):
+            if CHECK_CALL.search(cell.source) and ANSWER_STUB.search(cell.source):
+                found.append(i)
+        elif any(arg in answers for arg in CHECKED_ARG.findall(cell.source)):
+            found.append(i)
+    return found
+
+
 def shape(rel: str) -> dict:
-    """Cells, markdown words and checked cells (a ``practice.check_*`` / ``checkers.check_*`` call)."""
+    """Cells, markdown words and checked cells (see :func:`checked_cells`)."""
     nb = nbformat.read(REPO / f"{rel}.ipynb", as_version=4)
     return {"cells": len(nb.cells),
             "words": sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown"),
-            "checks": sum(bool(CHECK_CALL.search(c.source)) for c in nb.cells if c.cell_type == "code")}
+            "checks": len(checked_cells(rel))}
 
 
 def learner_minutes(rel: str, sh: dict, run: dict) -> int:
