@@ -444,7 +444,8 @@ def completions(lengths):
     return [te.Completion(i, "p", "x" * n, list(range(n)), "length") for i, n in enumerate(lengths)]
 
 
-@pytest.mark.parametrize("answer", [1, np.int64(1), [1, 1], (1, 1), torch.tensor([1, 1]), torch.tensor(1)])
+@pytest.mark.parametrize("answer", [1, np.int64(1), [1, 1], (1, 1), torch.tensor([1, 1]), torch.tensor(1),
+                                    np.array([1, 1]), np.ones(2, dtype=np.int32)])
 def test_tokens_lost_accepts(answer):
     assert practice.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])).passed
 
@@ -492,12 +493,16 @@ def test_swapped_order_accepts(answer):
     ((True, False, False), "True/False"),
     (True, "True/False"),
     ({"plain": True, "title_case": False}, "True/False"),
+    ({True, False}, "True/False"),
+    (frozenset({True, False}), "True/False"),
 ])
 def test_swapped_order_rejects(answer, phrase):
     rejects(practice.check_swapped_order(answer, True, False), phrase)
 
 
 def test_swapped_order_follows_the_measurement():
+    # a set iterates as (False, True) whatever the learner meant: it must not pass where that is the truth
+    rejects(practice.check_swapped_order({False, True}, False, True), "True/False")
     assert practice.check_swapped_order((True, True), True, True).passed
     rejects(practice.check_swapped_order((True, False), True, True), "happened to match")
 
@@ -515,6 +520,8 @@ MIXED = {"input_ids": [-1, 7, -1], "pending": [1, 0, 1]}  # request 1 was just p
     (torch.tensor([-1, -1, -1]), torch.tensor([1, 1, 1])),
     ([-1, -1, -1], [True, True, True]),
     (np.array([-1, -1, -1]).tolist(), torch.tensor([True, True, True])),
+    (np.full(3, kernels.FROM_DEVICE), np.ones(3, dtype=int)),
+    (np.array([-1, -1, -1]), np.array([True, True, True])),
 ])
 def test_future_inputs_accepts(ids, pending):
     assert practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2).passed
@@ -532,6 +539,8 @@ def test_future_inputs_accepts(ids, pending):
     ([-1, -1, -1], [1, 1, 1, 1], "give 3 input ids"),
     ("-1, -1, -1", [1, 1, 1], "lists of whole numbers"),
     ([-1.0, -1.0, -1.0], [1, 1, 1], "lists of whole numbers"),
+    (np.full(3, -1.0), [1, 1, 1], "lists of whole numbers"),
+    (np.full((1, 3), -1), [1, 1, 1], "lists of whole numbers"),
 ])
 def test_future_inputs_rejects(ids, pending, phrase):
     rejects(practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2), phrase)
@@ -593,6 +602,9 @@ def test_ideal_ratio_accepts(answer):
     (2, "is not it"),
     ("1.11", "as a number"),
     (float("inf"), "finite"),
+    (111.1, "a percentage"),
+    (111, "a percentage"),
+    (1.1, "one decimal"),
 ])
 def test_ideal_ratio_rejects(answer, phrase):
     rejects(practice.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS), phrase)
@@ -703,7 +715,7 @@ def launches(engine_pool):
 
 
 @pytest.mark.parametrize("answer", [{3, 4}, [4, 3], (3, 4), frozenset({3, 4}), range(3, 5),
-                                    torch.tensor([3, 4]), {np.int64(3), 4}])
+                                    torch.tensor([3, 4]), {np.int64(3), 4}, np.array([3, 4])])
 def test_uncommitted_accepts(answer, launches):
     assert practice.check_uncommitted_rounds(answer, launches["zos"], round=4).passed
 
@@ -762,7 +774,7 @@ DISCARD_SCENARIOS = {
     "serial, stop": ("serial", dict(max_new_tokens=24, stop=[" the"]), 0,
                      [(1, "serial host waits"), (4, "serial host waits")]),
     "zos, abort before round 5": ("zos", dict(max_new_tokens=24, on_round=abort_before(5)), 1,
-                                  [(0, "under ZOS the host learns"), (2, "too many"), (4, "too many")]),
+                                  [(0, "an abort takes effect at once"), (2, "too many"), (4, "too many")]),
     "zos, abort before round 1": ("zos", dict(max_new_tokens=24, on_round=abort_before(1)), 0,
                                   [(1, "no launched round held"), (2, "no launched round held")]),
     "zos, length only": ("zos", dict(max_new_tokens=24), 0,
@@ -824,7 +836,7 @@ def single_buffer_race(engine_pool):
 
 
 @pytest.mark.parametrize("answer", [("meta0", 1), ["meta0", 1], (" 'meta0' ", 1), {"buffer": "meta0", "round": 1},
-                                    ("meta0", np.int64(1))])
+                                    ("meta0", np.int64(1)), ("Meta0", 1), ("META0 ", 1), ("meta0", torch.tensor(1))])
 def test_race_report_accepts(answer, single_buffer_race):
     err = single_buffer_race
     assert (err.buffer, err.round) == ("meta0", 1), "the run's race changed: update the corpus"
@@ -850,6 +862,9 @@ def test_race_report_accepts(answer, single_buffer_race):
     ((1, "meta0"), "round as a whole number"),
     (("meta0", 1.0), "round as a whole number"),
     ({"buffer": "meta0"}, "round as a whole number"),
+    ({}, "not {}"),
+    (("Meta1", 1), "every round uses slot 0"),
+    (("meta0", torch.tensor(1.0)), "round as a whole number"),
 ])
 def test_race_report_rejects(answer, phrase, single_buffer_race):
     rejects(practice.check_race_report(answer, single_buffer_race), phrase)

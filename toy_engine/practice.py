@@ -41,10 +41,17 @@ def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def _as_list(x):
+    """A 1-d torch tensor or numpy array as a plain list (``np.full(3, -1)`` is a natural
+    answer); anything else unchanged, and an array of any other shape as None."""
+    if isinstance(x, torch.Tensor) or type(x).__module__ == "numpy" and hasattr(x, "ndim"):
+        return x.tolist() if x.ndim == 1 else None
+    return x
+
+
 def _int_list(x) -> list[int] | None:
-    """``x`` as a list of ints (a list, tuple or 1-d tensor of integers), else None."""
-    if isinstance(x, torch.Tensor):
-        x = x.tolist() if x.dim() == 1 else None
+    """``x`` as a list of ints (a list, tuple or 1-d tensor/numpy array of integers), else None."""
+    x = _as_list(x)
     if not isinstance(x, (list, tuple)):
         return None
     if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in x):
@@ -523,7 +530,9 @@ def check_tokens_lost(answer, reference, without_flush) -> Verdict:
 
 
 def _bool_pair(x) -> tuple[bool, bool] | None:
-    if isinstance(x, dict) or isinstance(x, (str, bytes)):
+    # A set has no order ({False, True} iterates the same whatever was meant), so it cannot
+    # say which of the two questions got which answer.
+    if isinstance(x, (dict, set, frozenset, str, bytes)):
         return None
     try:
         items = list(x)
@@ -572,8 +581,7 @@ def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verd
 
 
 def _id_list(x) -> list[int] | None:
-    if isinstance(x, torch.Tensor) and x.dim() == 1 and x.dtype == torch.bool:
-        x = x.tolist()
+    x = _as_list(x)
     if isinstance(x, (list, tuple)) and x and all(type(v).__name__ in ("bool", "bool_") for v in x):
         return [int(bool(v)) for v in x]
     return _int_list(x)
@@ -673,6 +681,11 @@ def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
     for value, why in mistakes:
         if close(value):
             return Verdict(False, f"{answer:.3g}: {why}")
+    if abs(answer / 100 - want) <= 0.006:
+        return Verdict(False, f"{answer:.3g} is a percentage: write the ratio itself, x{want:.2f} (as in 1.25, not 125)")
+    if any(abs(answer - one_decimal) < 1e-9 for one_decimal in (round(want, 1), math.floor(want * 10) / 10)):
+        return Verdict(False, f"{answer:.3g} is x{want:.3f} cut to one decimal: that hides the part this question is "
+                              f"about, give two decimals")
     return Verdict(False, f"{answer:.3g} is not it: serial_stats gives host {host:.3f} ms and device {dev:.3f} ms per "
                           f"round; compute (host + device) / max(host, device)")
 
@@ -840,6 +853,10 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
         return Verdict(True, f"{want}: {why}; {ended}")
     if answer < 0:
         return Verdict(False, "a count cannot be negative")
+    if want > 0 and answer == 0 and reasons.count("abort") and early == reasons.count("abort"):
+        return Verdict(False, f"an abort takes effect at once, but under ZOS a round with the request in it was "
+                              f"already launched and not yet processed: its output comes back and is discarded. "
+                              f"The run discarded {want}; {ended}")
     if want > 0 and answer == 0:
         return Verdict(False, f"under ZOS the host learns that a request finished only when it processes that "
                               f"round, after the next round was launched with the request in it: that round's "
@@ -859,15 +876,14 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
 
 
 def _race_answer(answer) -> tuple[tuple[str, int] | None, str | None]:
-    if isinstance(answer, dict):
-        answer = (answer.get("buffer"), answer.get("round"))
-    if isinstance(answer, (str, bytes)) or not isinstance(answer, (list, tuple)) or len(answer) != 2:
+    pair = (answer.get("buffer"), answer.get("round")) if isinstance(answer, dict) else answer
+    if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
         return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {answer!r}"
-    buffer, round = answer
-    if not isinstance(buffer, str) or not isinstance(round, numbers.Integral) or isinstance(round, bool):
+    buffer, round = pair[0], _round_number(pair[1])
+    if not isinstance(buffer, str) or round is None:
         return None, f"write the buffer's name as a string and the round as a whole number, e.g. (\"out1\", 3), " \
                      f"not {answer!r}"
-    return (buffer.strip().strip("'\""), int(round)), None
+    return (buffer.strip().strip("'\"").lower(), round), None
 
 
 def check_race_report(answer, err) -> Verdict:
