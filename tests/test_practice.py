@@ -434,6 +434,13 @@ def test_processed_under_on_the_notebooks_run(zos_log_run):
     rejects(practice.check_processed_under(0, zos_log_run, round=1), "processed nothing")
 
 
+def test_processed_under_a_run_without_that_round():
+    # an interrupted (or too short) run: name the missing round, not "was round N-1 a prefill"
+    rejects(practice.check_processed_under(2, synthetic_zos_timeline(decode_rounds=1), round=3), "has no round 3",
+            "0 to 1", "run the cell above to the end")
+    rejects(practice.check_processed_under(2, Timeline(), round=3), "has no round 3", "none")
+
+
 def test_processed_under_a_serial_run_processes_nothing_in_the_pass(real_run):
     rejects(practice.check_processed_under(4, real_run, round=5), "processed nothing")
 

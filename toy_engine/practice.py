@@ -465,6 +465,11 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
     if got is None:
         return Verdict(False, f"write the round as one whole number, not {answer!r}")
     processed = rounds_processed_in_pass(timeline, round)
+    launched = sorted({s.round for s in timeline.lane("host") if s.stage == "launch_forward"})
+    if round not in launched:  # e.g. the run above was interrupted, or the engine ran something else since
+        return Verdict(False, f"the run this check reads has no round {round} (its rounds: "
+                              f"{f'0 to {launched[-1]}' if launched else 'none'}): run the cell above to the end, "
+                              f"then this one")
     if not processed:
         return Verdict(False, f"in this run the host processed nothing between round {round}'s forward and sample "
                               f"launches (was round {round - 1} a prefill, or is this not a ZOS run?): ask about a "
