@@ -563,6 +563,9 @@ def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verd
     if answer is None:
         return _unanswered("set `same_tokens` to a pair of booleans: (without a constraint, with title_case)")
     got = _bool_pair(answer)
+    if isinstance(answer, (set, frozenset)):
+        return Verdict(False, f"a set has no order, so {answer!r} cannot say which answer is which: write a pair of "
+                              f"True/False values as a tuple, (without a constraint, with title_case)")
     if got is None:
         return Verdict(False, f"write a pair of True/False values, (without a constraint, with title_case), "
                               f"not {answer!r}")
