@@ -289,7 +289,7 @@ def test_host_span_records_thread_cpu_time():
     assert tl.spans[-1].cpu_ms == 1.5
 
 
-def test_round_window_starts_at_device_work_and_ends_at_processing():
+def test_round_window_runs_from_delivery_to_delivery():
     tl = Timeline(origin_ns=0)
     tl.add("host", "schedule", 2, 0.0, 0.5)      # under round 1's forward (ZOS): not the start
     tl.add("device", "upload", 2, 3.0, 3.2)
@@ -298,8 +298,9 @@ def test_round_window_starts_at_device_work_and_ends_at_processing():
     tl.add("host", "schedule", 3, 8.0, 8.2)
     tl.add("device", "forward", 3, 8.5, 11.0)
     tl.add("host", "flush", 3, 11.5, 12.0)
-    assert tl.round_window(2, 2) == (3.0, 8.0)
+    assert tl.round_window(2, 2) == (3.0, 8.0)   # round 1 never processed here: round 2's first device work
     assert tl.round_window(2, 3) == (3.0, 12.0)
+    assert tl.round_window(3, 3) == (8.0, 12.0)  # from round 2's postprocess (its tokens reach the requests)
     only_host = Timeline(origin_ns=0)
     only_host.add("host", "prepare", 0, 1.0, 2.0)
     assert only_host.round_window(0, 0) == (1.0, 2.0)

@@ -68,10 +68,10 @@ def test_default_window_is_first_steady_decode_round():
 
 def test_stage_traces_colours_and_span_bars():
     tl = zos_timeline()
-    fig = viz.timeline_figure(tl)  # rounds 2, 3, 4: from upload r2 (18.0) to the flush of r3 (31.0)
-    assert tl.round_window(2, 4) == (18.0, 31.0)
-    # r2's schedule/prepare/launch_forward ran before its upload, under r1's forward: outside.
-    window = [s for s in tl.spans if s.round in (2, 3, 4) and s.end_ms >= 18.0]
+    fig = viz.timeline_figure(tl)  # rounds 2, 3, 4: from r1's delivery (19.2) to the flush of r3 (31.0)
+    assert tl.round_window(2, 4) == (19.2, 31.0)
+    # r2's schedule/prepare/launch_forward/upload ran before r1 was delivered: outside the window.
+    window = [s for s in tl.spans if s.round in (2, 3, 4) and s.end_ms >= 19.2]
     spans = kind(fig, "span")
     names = [t.name for t in spans]
     assert len(names) == len(set(names)), "one trace per stage"
@@ -81,9 +81,10 @@ def test_stage_traces_colours_and_span_bars():
         assert t.orientation == "h"
         assert t.marker.pattern.shape == ("/" if t.name == "flush" else "")
     drawn = bars(fig)
-    assert len(drawn) == len(window) == 17
-    t0 = 18.0  # window start: upload r2
-    expected = sorted((s.stage, viz._LANE_Y[s.lane], s.start_ms - t0, s.duration_ms) for s in window)
+    assert len(drawn) == len(window) == 16
+    t0 = 19.2  # window start: round 1's tokens reach the requests; round 2's forward is drawn clipped
+    expected = sorted((s.stage, viz._LANE_Y[s.lane], max(s.start_ms, t0) - t0, s.end_ms - max(s.start_ms, t0))
+                      for s in window)
     got = sorted((st, y, b, x) for st, y, b, x, _, _ in drawn)
     assert [g[:2] for g in got] == [e[:2] for e in expected]
     for (_, _, gb, gx), (_, _, eb, ex) in zip(got, expected):
@@ -99,23 +100,24 @@ def test_stage_traces_colours_and_span_bars():
     assert all("StepState(round=" in h for h in owners)
     assert fig.layout.barmode == "overlay"
     assert fig.layout.xaxis.title.text == "time in window (ms)"
-    assert tuple(fig.layout.xaxis.range) == pytest.approx((0, 13.0))
-    assert "rounds 2–4: 13.00 ms" in fig.layout.title.text
+    assert tuple(fig.layout.xaxis.range) == pytest.approx((0, 11.8))
+    assert "rounds 2–4: 11.80 ms" in fig.layout.title.text
 
 
 def test_idle_gaps_in_ms_are_the_timelines_gaps_clipped_to_the_window():
     tl = zos_timeline()
     (idle,) = kind(viz.timeline_figure(tl), "idle")
-    assert list(idle.base) == pytest.approx([24.0 - 18.0]) and list(idle.x) == pytest.approx([0.5])
+    assert list(idle.base) == pytest.approx([24.0 - 19.2]) and list(idle.x) == pytest.approx([0.5])
     assert set(idle.y) == {viz._LANE_Y["device"]} and "0.500 ms" in idle.hovertext[0]
     assert idle.marker.pattern.shape == "x"
     (idle,) = kind(viz.timeline_figure(tl, first_round=0, num_rounds=5), "idle")  # window 2.0 .. 31.0
     assert list(idle.base) == pytest.approx([7.5, 22.0]) and list(idle.x) == pytest.approx([2.7, 0.5])
-    # Round 1 alone: window 12.2 (its upload) .. 19.2 (its postprocess): the 9.5-12.2 gap
-    # before it is the previous round's, not round 1's.
+    # Round 1 alone: window 11.0 (round 0 delivered) .. 19.2 (round 1 delivered): the device
+    # idled 11.0 .. 12.2 while the host prepared round 1, a cost of delivering round 1.
     fig = viz.timeline_figure(tl, first_round=1, num_rounds=1)
     (idle,) = kind(fig, "idle")
-    assert list(idle.base) == [] and "round 1: 7.00 ms · device idle 0.00 ms" in fig.layout.title.text
+    assert list(idle.base) == pytest.approx([0.0]) and list(idle.x) == pytest.approx([1.2])
+    assert "round 1: 8.20 ms · device idle 1.20 ms" in fig.layout.title.text
     fig = viz.timeline_figure(tl, first_round=0, num_rounds=2)  # 2.0 .. 19.2, with the gap
     assert "rounds 0–1: 17.20 ms · device idle 2.70 ms (15.7%)" in fig.layout.title.text
 
@@ -124,7 +126,7 @@ def test_event_arrows_and_flush_marker():
     tl = zos_timeline()
     fig = viz.timeline_figure(tl)
     got = sorted((a.ax, a.x) for a in arrows(fig))  # sample end -> postprocess/flush start
-    assert [v for pair in got for v in pair] == pytest.approx([24 - 18, 24.1 - 18, 30 - 18, 30.2 - 18])
+    assert [v for pair in got for v in pair] == pytest.approx([24 - 19.2, 24.1 - 19.2, 30 - 19.2, 30.2 - 19.2])
     assert all(a.ay < a.y for a in arrows(fig))  # from the device row up to the host row
     flush = [a for a in fig.layout.annotations if "flush" in (a.text or "")]
     assert len(flush) == 1 and flush[0].text == "flush r3"
@@ -135,15 +137,12 @@ def test_event_arrows_and_flush_marker():
 
 def test_context_spans_are_separate_and_optional():
     tl = zos_timeline()
-    fig = viz.timeline_figure(tl)
-    (ctx,) = kind(fig, "context")
-    # Of round 1, only its postprocess (18.2 .. 19.2) runs inside rounds 2-4's window (18 .. 31).
-    assert list(ctx.text) == ["r1"] and list(ctx.base) == pytest.approx([0.2]) and list(ctx.x) == pytest.approx([1])
-    assert not kind(viz.timeline_figure(tl, context=False), "context")
-    # Round 2 alone (18 .. 25): round 3's forward started at 25.2, after it; its schedule,
-    # prepare and launch_forward (19.6 .. 21.5) are inside and drawn faded.
+    # Round 2 alone (19.2 .. 25): round 3's schedule, prepare, launch_forward (19.6 .. 21.5)
+    # and upload (24.5 .. 25) run inside and are drawn faded; its forward (25.2) comes after.
     (ctx,) = kind(viz.timeline_figure(tl, first_round=2, num_rounds=1), "context")
-    assert sorted(ctx.text) == ["r1", "r3", "r3", "r3", "r3"]
+    assert sorted(ctx.text) == ["r3", "r3", "r3", "r3"]
+    assert list(ctx.base) == pytest.approx([0.4, 0.8, 1.8, 5.3])
+    assert not kind(viz.timeline_figure(tl, first_round=2, num_rounds=1, context=False), "context")
 
 
 def test_unknown_stage_gets_fallback_colour():
@@ -152,7 +151,7 @@ def test_unknown_stage_gets_fallback_colour():
     fig = viz.timeline_figure(tl)
     (t,) = [t for t in kind(fig, "span") if t.name == "mystery_kernel"]
     assert t.marker.color == viz.stage_color("mystery_kernel") and t.marker.color in viz._FALLBACK_COLORS
-    assert len(bars(fig)) == 18
+    assert len(bars(fig)) == 17
 
 
 def test_json_round_trip_draws_the_same_figure():
@@ -193,7 +192,7 @@ def test_compare_figure():
     # Each row's window starts at 0; arrows refer to their own subplot's axes.
     for ax in ("y", "y2"):
         row = [t for t in fig.data if t.yaxis == ax and (t.meta or {}).get("kind") == "span"]
-        assert min(min(t.base) for t in row) == 0
+        assert min(min(t.base) for t in row) >= 0
     assert {a.xref for a in arrows(fig)} == {"x", "x2"}
     # Legend lists each stage once.
     shown = [t.name for t in fig.data if t.showlegend is not False]
@@ -285,7 +284,7 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     per round drifts by up to ~30 % between runs on one machine, far more than the ~0.6 ms a
     round that ZOS saves at 0 ms host overhead), and then by no more than that extra device
     time.  The old misalignment added a forward of the round *before* the window, which
-    this bound does not excuse."""
+    this bound does not excuse; and such exceptions must stay rare."""
     from toy_engine.recorded import recorded_runs, trace_name
 
     if overhead and not (viz.TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
@@ -297,12 +296,19 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     assert fast.meta["mode"] == "zos", "the recorded quiet-machine ZOS run must be the faster one"
     common = sorted(set(_decode_triples(fast)) & set(_decode_triples(slow)))
     assert len(common) >= 10
+    longer = []
     for first in common:
         f0, f1 = fast.round_window(first, first + 2)
         s0, s1 = slow.round_window(first, first + 2)
         rounds = range(first, first + 3)
         slower_device = max(0.0, fast.device_busy_ms(rounds) - slow.device_busy_ms(rounds))
         assert f1 - f0 <= s1 - s0 + slower_device + 1e-6, (first, f1 - f0, s1 - s0, slower_device)
+        if f1 - f0 > s1 - s0:
+            longer.append(first)
+    # Delivery to delivery, the faster run draws the longer window rarely (1 and 2 of 21 on the
+    # shipped traces); a window ending at processing but starting at device work charged ZOS its
+    # one-round deferral and did so in 3 and 12 of 21.
+    assert len(longer) <= len(common) // 5, f"the faster run drew the longer window from rounds {longer}"
     whole = sorted(set(viz.decode_rounds(fast)) & set(viz.decode_rounds(slow)))
     f0, f1 = fast.round_window(whole[0], whole[-1])
     s0, s1 = slow.round_window(whole[0], whole[-1])
@@ -318,7 +324,7 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     assert fig.layout.xaxis2.range[1] == pytest.approx(max(b - a for a, b in lengths.values()))
     for ax in ("y", "y2"):  # every row's bars lie inside its window
         row = [t for t in fig.data if t.yaxis == ax and (t.meta or {}).get("kind") == "span"]
-        assert min(min(t.base) for t in row) == 0
+        assert min(min(t.base) for t in row) >= 0
         end = max(b + x for t in row for b, x in zip(t.base, t.x))
         assert end == pytest.approx(max(b - a for a, b in [lengths["serial" if ax == "y" else "zos"]]))
 
@@ -347,9 +353,9 @@ def test_preempted_device_work_is_shaded_machine_busy_not_idle():
     fig = viz.timeline_figure(tl)
     (busy,) = kind(fig, "busy")
     (idle,) = kind(fig, "idle")
-    # every device span of the window of at least 0.2 ms was preempted: 6 of the 7 (the
+    # every device span of the window of at least 0.2 ms was preempted: 5 of the 6 (the
     # 0.2 ms correct is too short to judge); the idle gap stays an idle gap
-    assert len(busy.x) == 6 and "machine busy" in busy.name and "(40%)" in busy.hovertext[1]
+    assert len(busy.x) == 5 and "machine busy" in busy.name and "(40%)" in busy.hovertext[1]
     assert list(idle.x) == pytest.approx([0.5])
     assert busy.marker.pattern.shape == "\\" and idle.marker.pattern.shape == "x"
     assert "machine busy" in fig.layout.title.text

@@ -15,11 +15,12 @@ the same recorded spans:
   readable width, placed in the order it really started, and the loop's passes are the
   columns.  It is computed from the spans, never drawn by hand.
 
-A window of rounds ``a..b`` always starts at round a's first device work and ends when
-the host has processed round b (:meth:`Timeline.round_window`), in every run, so that in
-a comparison equal widths mean equal time.  (Starting at the window's first span did not:
-a ZOS round is scheduled while the previous forward runs, which added most of a forward
-to the ZOS window and made the faster run look slower.)
+A window of rounds ``a..b`` runs from the moment round a-1's tokens reached the requests
+to the moment round b's did (:meth:`Timeline.round_window`), in every run, so that in a
+comparison equal widths mean equal time and the run with more tokens per second draws the
+shorter window.  (Windows anchored elsewhere charged ZOS a forward of the round before, or
+its one-round deferral, and made the faster run look slower: the measurements are in
+``round_window``'s docstring.)
 
 Colours are the Okabe-Ito set (readable with the common colour-vision deficiencies),
 and the three things that must never be told apart by colour alone carry patterns:
@@ -153,11 +154,10 @@ def _links(spans: list[Span]) -> list[tuple[Span, Span]]:
 def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dict:
     """Everything a to-scale figure needs for one window, in ms relative to its start.
 
-    The time range is :meth:`Timeline.round_window`: from the first round's first device
-    work to the end of the last round's processing.  Spans of the window's rounds are
-    drawn clipped to it (in serial mode the first round's schedule and prepare lie before
-    its upload: they are the previous gap's cause and show as context there).  Idle gaps
-    and machine-busy stretches are the timeline's, clipped to the range.
+    The time range is :meth:`Timeline.round_window`: from the delivery of the round before
+    the first to the delivery of the last.  Spans of the window's rounds are drawn clipped
+    to it (under ZOS the first round's forward began before the round before it was
+    delivered).  Idle gaps and machine-busy stretches are the timeline's, clipped to the range.
     """
     if num_rounds < 1:
         raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
@@ -312,7 +312,7 @@ def _window_title(win: dict) -> str:
     return text
 
 
-_WINDOW_NOTE = "window: first device work of the first round → end of the last round's processing"
+_WINDOW_NOTE = "window: the round before delivered (its postprocess ends) → the last round delivered"
 
 
 def _style_lanes(fig: go.Figure, **axis) -> None:
@@ -368,8 +368,8 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
                    context: bool = True, fallback: bool = True) -> go.Figure:
     """One row per run (label -> Timeline, or label -> (Timeline, stats)), same rounds, same scale.
 
-    Every row shows the same rounds, each from its first device work to the end of its
-    processing, on one shared time axis: equal widths are equal time, so the faster run
+    Every row shows the same rounds, each from the delivery of the round before them to the
+    delivery of their last (:meth:`Timeline.round_window`), on one shared time axis: equal widths are equal time, so the faster run
     has the shorter window.  Titles give the window's length and device idle, the run's
     decode-phase idle fraction, its device CPU share and, when stats are known (given,
     or ``meta["stats"]`` of a recorded trace), tokens/s.
@@ -409,7 +409,9 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
         if stats and "tokens_per_s" in stats:
             parts.append(f"{stats['tokens_per_s']:.0f} tok/s")
         wins.append(win)
-        titles.append(" · ".join(parts))
+        # the run's name on one line, its numbers on the next: on one line a RECORDED row's
+        # title ran past the figure's right edge in the 900-px static image
+        titles.append(f"{parts[0]}<br>{' · '.join(parts[1:])}")
     n = len(wins)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.22 / n)
     seen: set = set()
@@ -424,7 +426,7 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     fig.update_xaxes(range=[0, max(widest, 1e-3)])
     fig.update_xaxes(title="time in window (ms)", row=n, col=1)
     for ann in fig.layout.annotations[:n]:  # subplot titles: left-aligned, smaller
-        ann.update(x=0, xanchor="left", font=dict(size=12))
+        ann.update(x=0, xanchor="left", align="left", font=dict(size=12))
     title = f"same rounds, same time scale ({num_rounds} rounds from round {first})<br><sup>{_WINDOW_NOTE}</sup>"
     if warning:
         title = ("<b>machine busy: live timings are not trustworthy; RECORDED quiet-machine rows below</b><br>"
