@@ -42,7 +42,7 @@ def test_bad_input_is_a_clear_value_error_and_the_engine_stays_usable(make_engin
 @pytest.mark.parametrize("config, match", [
     (dict(mode="fast"), "unknown mode 'fast'"),
     (dict(device="tpu"), "unknown device 'tpu'"),
-    (dict(max_batch_size=0), "max_batch_size must be at least 1"),
+    (dict(max_batch_size=0), r"max_batch_size must be in \[1, 4096\], got 0"),
     (dict(num_draft_tokens=-1), r"num_draft_tokens must be in \[0, 16\], got -1"),
     (dict(num_draft_tokens=10**9), r"num_draft_tokens must be in \[0, 16\], got 1000000000"),
     (dict(num_kv_blocks=10**12), r"num_kv_blocks x block_size = 1000000000000 x 16 .* KV cache of 122070312.5 GiB "
