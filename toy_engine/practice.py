@@ -180,15 +180,24 @@ def _race_check_off(device) -> Verdict | None:
     return None
 
 
-def check_race(order, device) -> Verdict:
-    """Your turn (00): order "launch", "record", "wait", "read" so that the read races."""
+def _try_order(order, device, name: str) -> Verdict | tuple[list[str], str | None, int | None, int]:
+    """The learner's order run on the device: (steps, race report, last read, kernel's value),
+    or the Verdict that stops it first (unanswered, malformed, not a race-checked device)."""
     steps, problem = _parse_order(order)
     if steps is None:
-        return Verdict(False, problem) if problem else _unanswered("set `racy_order` to a list of steps")
+        return Verdict(False, problem) if problem else _unanswered(f"set `{name}` to a list of steps")
     off = _race_check_off(device)
     if off is not None:
         return off
-    report, read, value = _run_order(steps, device)
+    return (steps, *_run_order(steps, device))
+
+
+def check_race(order, device) -> Verdict:
+    """Your turn (00): order "launch", "record", "wait", "read" so that the read races."""
+    tried = _try_order(order, device, "racy_order")
+    if isinstance(tried, Verdict):
+        return tried
+    steps, report, read, value = tried
     if report:
         return Verdict(True, f"that read races with the kernel. The race checker: {report}")
     if steps.index("read") < steps.index("launch"):
@@ -200,13 +209,10 @@ def check_race(order, device) -> Verdict:
 
 def check_race_fixed(order, device) -> Verdict:
     """Your turn (00): the same four steps, ordered so that the read is safe and sees the result."""
-    steps, problem = _parse_order(order)
-    if steps is None:
-        return Verdict(False, problem) if problem else _unanswered("set `safe_order` to a list of steps")
-    off = _race_check_off(device)
-    if off is not None:
-        return off
-    report, read, value = _run_order(steps, device)
+    tried = _try_order(order, device, "safe_order")
+    if isinstance(tried, Verdict):
+        return tried
+    steps, report, read, value = tried
     if report:
         return Verdict(False, f"still a race: {_why_racy(steps)}. The race checker: {report}")
     if read != value:
