@@ -435,6 +435,22 @@ def _stopped_by_checker(err) -> Verdict | None:
     return None
 
 
+def _loop_verdict(log: _HostLog, err, mode: str, in_order) -> Verdict | None:
+    """What went wrong in a learner's loop run, first thing first: not written yet, stopped
+    by the checker, a mistake either loop makes, this mode's order (``in_order``), a crash.
+    (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
+    if isinstance(err, NotImplementedError):
+        return _not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    verdict = _stopped_by_checker(err)
+    if verdict is None:
+        verdict = _common_mistakes(log)
+    if verdict is None:
+        verdict = in_order(log)
+    if verdict is None and err is not None:
+        verdict = _crash(log, err, mode)
+    return verdict
+
+
 def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
     """The host may wait only on a step's sample event: a wait on a later point (a
     ``device.synchronize()``, an event recorded after the next forward) also waits for
@@ -464,16 +480,7 @@ def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
     engine, log, outs, err = _run_loop(loop)
-    if isinstance(err, NotImplementedError):
-        return _not_implemented("`serial_loop`")
-    stopped = _stopped_by_checker(err)
-    if stopped is not None:
-        return stopped
-    verdict = _common_mistakes(log)
-    if verdict is None:
-        verdict = _serial_order(log)
-    if verdict is None and err is not None:
-        verdict = _crash(log, err, "serial")
+    verdict = _loop_verdict(log, err, "serial", _serial_order)
     if verdict is not None:
         return verdict
     diff = _compare([c.token_ids for c in outs], _reference())
@@ -512,16 +519,7 @@ def check_zos_loop(loop) -> Verdict:
     """
     _start({"constraint": CONSTRAINT}, {"num_draft_tokens": DRAFTS}, {})
     engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
-    if isinstance(err, NotImplementedError):
-        return _not_implemented("`zos_loop`")
-    stopped = _stopped_by_checker(err)
-    if stopped is not None:
-        return stopped
-    verdict = _common_mistakes(log)
-    if verdict is None:
-        verdict = _zos_order(log)
-    if verdict is None and err is not None:
-        verdict = _crash(log, err, "zos")
+    verdict = _loop_verdict(log, err, "zos", _zos_order)
     if verdict is None:
         verdict = _waits_beyond(engine, log)
     if verdict is not None:
