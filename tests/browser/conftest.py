@@ -1,44 +1,26 @@
-"""Shared by the site and Voilà browser tests: Debian's Chromium driven by Playwright.
-
-Without Chromium or the playwright package the tests skip, unless REQUIRE_BROWSER_TEST=1
-(CI) turns the skip into a failure.  The page records console errors, uncaught page
-errors and every request that leaves loopback (the course must work offline); such a
-request is aborted, so a page that depends on a CDN shows it as a missing figure too.
+"""Fixtures shared by the browser tests: Debian's Chromium driven by Playwright
+(``browser_support`` says what happens when either is missing).  The watched page records
+console errors, uncaught page errors and every request that leaves loopback (the course
+must work offline); such a request is aborted, so a page that depends on a CDN shows it as
+a missing figure too.
 """
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-REQUIRE = os.environ.get("REQUIRE_BROWSER_TEST", "") == "1"
-# The flags this machine's Chromium needs headless as root with no network (see
-# scripts/install_browser.sh): without the background-networking ones it keeps dialling out.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def unavailable(reason: str):
-    if REQUIRE:
-        pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
-    pytest.skip(f"{reason}; run `bash scripts/install_browser.sh` (CI sets REQUIRE_BROWSER_TEST=1)")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from browser_support import CHROMIUM, CHROMIUM_ARGS, sync_api  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def chromium():
     """A headless Chromium browser (Playwright), once it is known to be installed."""
-    if not os.access(CHROMIUM, os.X_OK):
-        unavailable(f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:
-        sync_playwright, missing = None, f"the playwright Python package is not importable ({exc})"
-    if sync_playwright is None:
-        unavailable(missing)
-    with sync_playwright() as pw:
+    with sync_api().sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             yield browser

@@ -46,16 +46,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, sync_api, unavailable  # noqa: E402
 from test_jupyterlab import (  # noqa: E402  (the JupyterLab page helpers, shared)
-    _JS_HELPERS, CHROMIUM, CHROMIUM_ARGS, _assert_no_errors, _clear_outputs, _code, _command, _free_port,
-    _log_tail, _write_json)
+    _JS_HELPERS, _assert_no_errors, _clear_outputs, _code, _command, _log_tail, _write_json)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "hub"
 PREFIX = Path(os.environ.get("TOY_HUB_PREFIX", "/opt/toy-engine-hub"))
 JUPYTERHUB = PREFIX / "venv" / "bin" / "jupyterhub"
 PROXY = PREFIX / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
-REQUIRE = os.environ.get("REQUIRE_HUB_TEST", "") == "1"
 
 # Unix user names unique to this run: two runs on one machine never touch each other's users.
 RUN_ID = secrets.token_hex(3)
@@ -68,10 +67,8 @@ SAMPLE_EVERY_S = 0.5
 
 
 def _unavailable(reason: str):
-    fix = "run as root after `bash scripts/install_hub.sh` and `bash scripts/install_browser.sh`"
-    if REQUIRE:
-        pytest.fail(f"{reason} (REQUIRE_HUB_TEST=1; {fix})", pytrace=False)
-    pytest.skip(f"{reason}; {fix} (CI sets REQUIRE_HUB_TEST=1)")
+    unavailable(reason, "REQUIRE_HUB_TEST",
+                "run as root after `bash scripts/install_hub.sh` and `bash scripts/install_browser.sh`")
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -191,21 +188,14 @@ def playwright_api():
     for path in (JUPYTERHUB, PROXY):
         if not os.access(path, os.X_OK):
             _unavailable(f"no {path}")
-    if not os.access(CHROMIUM, os.X_OK):
-        _unavailable(f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright import sync_api
-    except ImportError as exc:
-        sync_api, missing = None, f"the playwright Python package is not importable ({exc})"
-    if sync_api is None:
-        _unavailable(missing)
+    api = sync_api(_unavailable)
     site = subprocess.run([str(PREFIX / "venv" / "bin" / "python"), "-c",
                            "import toy_engine, os; print(os.path.dirname(toy_engine.__file__))"],
                           cwd="/", capture_output=True, text=True, check=True).stdout.strip()
     if _digest(Path(site)) != _digest(REPO / "toy_engine"):
         pytest.fail(f"the hub's course package ({site}) is not this checkout's toy_engine/: "
                     "run `bash scripts/install_hub.sh` again", pytrace=False)
-    return sync_api
+    return api
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +236,7 @@ def learners(playwright_api):
 @pytest.fixture(scope="module")
 def hub(learners, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jupyterhub")
-    port, hub_port, proxy_api_port = _free_port(), _free_port(), _free_port()
+    port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
     password, token = secrets.token_urlsafe(12), secrets.token_hex(16)
     server_cmd = [str(PREFIX / "venv" / "bin" / "jupyterhub-singleuser")]
     (tmp / "jupyterhub_config.py").write_text(f"""

@@ -31,8 +31,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,17 +40,14 @@ from pathlib import Path
 
 import pytest
 
+from browser_support import CHROMIUM, CHROMIUM_ARGS, REQUIRE, descendants, free_port, stop_server, sync_api
+
 REPO = Path(__file__).resolve().parents[2]
 # Where the notebooks are copied from (override only to debug the test itself).
 NOTEBOOK_DIR = Path(os.environ.get("BROWSER_TEST_NOTEBOOK_DIR", REPO / "notebooks"))
 ARTIFACTS = REPO / "artifacts" / "browser"
-CHROMIUM = "/usr/bin/chromium"
-REQUIRE = os.environ.get("REQUIRE_BROWSER_TEST", "") == "1"
-
 RUN_TIMEOUT_S = 240  # all cells of one notebook, cold kernel included
 WIDGET_TIMEOUT_S = 90  # one explorer redraw through the kernel
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 # A timeline_figure has one bar trace per stage (meta.kind == "span") on lane y=1 (host)
 # or y=0 (device), plus "other rounds" and "device idle".  A real run has at least
@@ -63,32 +58,12 @@ MIN_DEVICE_STAGES = 2
 MIN_TRACES = MIN_HOST_STAGES + MIN_DEVICE_STAGES + 1
 
 
-def _unavailable(reason: str):
-    if REQUIRE:
-        pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
-    pytest.skip(f"{reason}; run `bash scripts/install_browser.sh` (CI sets REQUIRE_BROWSER_TEST=1)")
-
-
 # ---------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
 def playwright_api():
     """Playwright's sync API, once Chromium and the client are known to be there."""
-    if not os.access(CHROMIUM, os.X_OK):
-        _unavailable(f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright import sync_api
-    except ImportError as exc:
-        sync_api, missing = None, f"the playwright Python package is not importable ({exc})"
-    if sync_api is None:  # outside the except block: no chained traceback in the report
-        _unavailable(missing)
-    return sync_api
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return sync_api()
 
 
 def _write_json(path: Path, data) -> None:
@@ -108,15 +83,6 @@ def _log_tail(log: Path, n: int = 4000) -> str:
         return log.read_text(errors="replace")[-n:]
     except OSError:
         return "<no log>"
-
-
-def _descendants(pid: int) -> list:
-    import psutil  # a dependency of ipykernel, so always in the course venv
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +107,7 @@ def lab(playwright_api, tmp_path_factory):
                JUPYTER_CONFIG_DIR=str(config), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_PLATFORM_DIRS="1", PYDEVD_DISABLE_FILE_VALIDATION="1")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
@@ -181,20 +147,7 @@ def _stop_server(proc: subprocess.Popen, base: str, token: str) -> None:
                 _api(base, token, f"/api/kernels/{kernel['id']}", method="DELETE", timeout=30)
         except (urllib.error.URLError, OSError, ValueError):
             pass
-    children = _descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    for child in children:  # kernels and their device processes, should any be left
-        try:
-            if child.is_running():
-                child.kill()
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    stop_server(proc, descendants(proc.pid))
 
 
 @pytest.fixture(scope="module")

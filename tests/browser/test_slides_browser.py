@@ -11,65 +11,42 @@ or Playwright unless ``REQUIRE_BROWSER_TEST=1``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import pytest
 
 from toy_engine import slides
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"
-CHROMIUM = "/usr/bin/chromium"
-REQUIRE = os.environ.get("REQUIRE_BROWSER_TEST", "") == "1"
 
 
-def _unavailable(reason: str):
-    if REQUIRE:
-        pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
-    pytest.skip(f"{reason}; run `bash scripts/install_browser.sh` (CI sets REQUIRE_BROWSER_TEST=1)")
-
-
-def test_slides_run_offline_in_chromium(tmp_path):
-    if not os.access(CHROMIUM, os.X_OK):
-        _unavailable(f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:
-        sync_playwright, missing = None, str(exc)
-    if sync_playwright is None:
-        _unavailable(f"the playwright Python package is not importable ({missing})")
-
+def test_slides_run_offline_in_chromium(chromium, tmp_path):
     page_file = slides.build([REPO / "notebooks" / "02_serial_engine.ipynb"], tmp_path)[0]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     remote, errors = [], []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.on("request", lambda req: None if req.url.startswith(("file://", "data:", "about:"))
-                    else remote.append(req.url))
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(page_file.as_uri())
-            page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=30_000)
-            total = page.evaluate("Reveal.getTotalSlides()")
-            page.screenshot(path=str(ARTIFACTS / "slides_02_title.png"))
-            # go to the first slide that holds a timeline and check it was drawn
-            page.evaluate("""() => {
-                const plot = document.querySelector('.js-plotly-plot');
-                const slide = plot.closest('section');
-                const idx = Reveal.getIndices(slide);
-                Reveal.slide(idx.h, idx.v);
-            }""")
-            page.wait_for_timeout(500)
-            drawn = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
-                .map(p => p.querySelectorAll('.main-svg .bars path, .main-svg .trace').length)""")
-            lanes = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot .ytick text'))
-                .map(t => t.textContent)""")
-            page.screenshot(path=str(ARTIFACTS / "slides_02_timeline.png"))
-        finally:
-            browser.close()
+    page = chromium.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.on("request", lambda req: None if req.url.startswith(("file://", "data:", "about:"))
+                else remote.append(req.url))
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(page_file.as_uri())
+        page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=30_000)
+        total = page.evaluate("Reveal.getTotalSlides()")
+        page.screenshot(path=str(ARTIFACTS / "slides_02_title.png"))
+        # go to the first slide that holds a timeline and check it was drawn
+        page.evaluate("""() => {
+            const plot = document.querySelector('.js-plotly-plot');
+            const slide = plot.closest('section');
+            const idx = Reveal.getIndices(slide);
+            Reveal.slide(idx.h, idx.v);
+        }""")
+        page.wait_for_timeout(500)
+        drawn = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+            .map(p => p.querySelectorAll('.main-svg .bars path, .main-svg .trace').length)""")
+        lanes = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot .ytick text'))
+            .map(t => t.textContent)""")
+        page.screenshot(path=str(ARTIFACTS / "slides_02_timeline.png"))
+    finally:
+        page.close()
     assert not errors, errors
     assert not remote, f"the slides asked the network for {remote[:5]}"
     assert total >= 8, f"only {total} slides"

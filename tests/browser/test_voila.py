@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from browser_support import descendants, free_port, stop_server
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"
 START_TIMEOUT_S = 240  # Voilà runs the app notebook (one engine run) before it answers
@@ -31,12 +31,6 @@ REDRAW_TIMEOUT_S = 90
 
 # Mirrors `./run.sh explorer` (see run.sh): the same notebook, template and template path.
 VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--Voila.ip=127.0.0.1"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _view_switch_option() -> str | None:
@@ -60,10 +54,8 @@ def _view_switch_option() -> str | None:
 
 @pytest.fixture(scope="module")
 def voila_app(tmp_path_factory):
-    import psutil  # a dependency of ipykernel, so always in the course venv
-
     tmp = tmp_path_factory.mktemp("voila")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JUPYTER_PATH=str(REPO / "apps"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_CONFIG_DIR=str(tmp / "config"), PYDEVD_DISABLE_FILE_VALIDATION="1")
     log = tmp / "voila.log"
@@ -86,18 +78,7 @@ def voila_app(tmp_path_factory):
                 time.sleep(0.5)
         yield dict(base=base, log=log)
     finally:
-        children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        for child in children:  # the app's kernel and its engine's device process
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        stop_server(proc, descendants(proc.pid))  # and the app's kernel and its engine's device process
 
 
 _STATE_JS = """() => {
