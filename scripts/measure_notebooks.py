@@ -191,20 +191,18 @@ def time_line(rel: str, sh: dict, run: dict) -> str:
             f"{run['wall_s']:.0f} s wall to run every cell ({_conditions(run)}).")
 
 
-def guide_table(times: dict) -> str:
+def guide_table(times: dict, shapes: dict, minutes: dict) -> str:
     rows = [f"Measured {times['date']} at commit {times['commit']} with `python scripts/measure_notebooks.py "
             f"--record` (load average in brackets).", "",
             "| notebook | cells | words | reading | checked cells | run: CPU / wall (load) | peak memory, unique "
             "(device processes) | self-paced total |", "|---|---|---|---|---|---|---|---|"]
-    total = 0
     for rel, code_min in COURSE.items():
-        sh, run = shape(rel), times["runs"][rel]
-        minutes = learner_minutes(rel, sh, run)
-        total += minutes
+        sh, run = shapes[rel], times["runs"][rel]
         checks = f"{sh['checks']}" + (f" (code: ~{code_min} min)" if code_min else "")
         rows.append(f"| `{rel}` | {sh['cells']} | {sh['words']:,} | {sh['words'] / WORDS_PER_MINUTE:.0f} min | {checks} "
                     f"| {run['cpu_s']:.0f} s / {run['wall_s']:.0f} s ({run['load_average']:.1f}) | "
-                    f"{run['uss_mb']} MB ({run['device_processes']}) | {minutes} min |")
+                    f"{run['uss_mb']} MB ({run['device_processes']}) | {minutes[rel]} min |")
+    total = sum(minutes.values())
     rows.append(f"| **all** | | | | | | | **{total / 60:.1f} h** ({total} min) |")
     return "\n".join(rows)
 
@@ -218,17 +216,18 @@ def _replace(text: str, pattern: str, new: str, where: str) -> str:
 
 def updated_files(times: dict) -> dict[Path, str]:
     """Every file whose time line or table differs from what ``times`` and the notebooks give now."""
+    shapes = {rel: shape(rel) for rel in COURSE}  # each notebook read once
     missing = [rel for rel in COURSE if rel not in times["runs"]]
-    stale = [f"{rel} ({times['runs'][rel]['cells']} cells measured, {shape(rel)['cells']} now)" for rel in COURSE
-             if rel not in missing and times["runs"][rel]["cells"] != shape(rel)["cells"]]
+    stale = [f"{rel} ({times['runs'][rel]['cells']} cells measured, {shapes[rel]['cells']} now)" for rel in COURSE
+             if rel not in missing and times["runs"][rel]["cells"] != shapes[rel]["cells"]]
     if missing or stale:
         raise ValueError(f"{TIMES.relative_to(REPO)} does not measure {missing} and is older than {stale}: "
                          f"run `python scripts/measure_notebooks.py --record` on a quiet machine")
     changed: dict[Path, str] = {}
-    total = sum(learner_minutes(rel, shape(rel), times["runs"][rel]) for rel in COURSE)
+    minutes = {rel: learner_minutes(rel, shapes[rel], times["runs"][rel]) for rel in COURSE}
+    total = sum(minutes.values())
     for rel in COURSE:
-        sh, run = shape(rel), times["runs"][rel]
-        line = time_line(rel, sh, run)
+        line = time_line(rel, shapes[rel], times["runs"][rel])
         # an exercise's header lives in source/ and in both generated copies (kept identical)
         copies = [REPO / f"{rel}.ipynb"]
         if rel.startswith("exercises/"):
@@ -247,8 +246,8 @@ def updated_files(times: dict) -> dict[Path, str]:
     text = readme.read_text()
     for rel in COURSE:
         if rel.startswith("notebooks/"):
-            sh, run = shape(rel), times["runs"][rel]
-            cell = (f" {learner_minutes(rel, sh, run)} min: {sh['words'] / WORDS_PER_MINUTE:.0f} min reading, "
+            sh, run = shapes[rel], times["runs"][rel]
+            cell = (f" {minutes[rel]} min: {sh['words'] / WORDS_PER_MINUTE:.0f} min reading, "
                     f"{run['cpu_s']:.0f} s CPU / {run['wall_s']:.0f} s wall (load {run['load_average']:.1f}) ")
             row = re.search(rf"^\| `{re.escape(rel)}` \|.*$", text, flags=re.M)
             if not row:
@@ -256,8 +255,8 @@ def updated_files(times: dict) -> dict[Path, str]:
             cols = row.group(0).split("|")
             cols[4] = cell
             text = text[:row.start()] + "|".join(cols) + text[row.end():]
-    exercises = ", ".join(f"{Path(rel).name[:2]} about {learner_minutes(rel, shape(rel), times['runs'][rel])} min"
-                          for rel in COURSE if rel.startswith("exercises/"))
+    exercises = ", ".join(f"{Path(rel).name[:2]} about {minutes[rel]} min" for rel in COURSE
+                          if rel.startswith("exercises/"))
     text = _replace(text, r"^Exercises: 02 about .*?hours\.",
                     f"Exercises: {exercises} (reading, run and an estimated 10–20 minutes of writing code). "
                     f"Self-paced, the whole course is about {total / 60:.1f} hours.", "README.md")
@@ -265,7 +264,7 @@ def updated_files(times: dict) -> dict[Path, str]:
         changed[readme] = text
     guide = REPO / "docs" / "instructor_guide.md"
     text = _replace(guide.read_text(), r"(?<=<!-- learner-times:begin -->\n).*?(?=\n<!-- learner-times:end -->)",
-                    guide_table(times), guide.name)
+                    guide_table(times, shapes, minutes), guide.name)
     text = _replace(text, r"the whole course takes about \*\*[^*]+\*\*",
                     f"the whole course takes about **{total / 60:.1f} hours**", guide.name)
     if text != guide.read_text():
