@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from . import course, viz
-from .recorded import TRACES_DIR, recorded_label
+from .recorded import recorded_label
 from .timeline import Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
 <body><div class="page">
 <header>
 <h1>Three rounds of the toy engine: serial loop vs zero-overhead scheduling (ZOS)</h1>
-<div class="source" id="provenance">Recorded traces <code>toy_engine/traces/{TRACES_DIR.joinpath('cpu_serial.json').name}</code>
+<div class="source" id="provenance">Recorded traces <code>toy_engine/traces/cpu_serial.json</code>
 and <code>cpu_zos.json</code>: {html.escape(where)};
 {work.get('requests', '?')} requests × {work.get('max_new_tokens', '?')} new tokens, device = a CPU process
 ({html.escape(str(serial.meta.get('device')))}), written by <code>{html.escape(rec.get('command', '?'))}</code>.
