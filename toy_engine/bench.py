@@ -27,6 +27,7 @@ from . import machine
 from .data import generate_corpus
 from .engine import Engine, EngineConfig
 from .recorded import recorded_label, recorded_runs
+from .stats import ideal_ratio
 
 COLUMNS = [
     ("tokens_per_s", "tok/s", "{:.0f}"),
@@ -109,8 +110,7 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
     m = result["modes"]
     for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
         if fast in m and slow in m:
-            host, dev = m[slow]["mean_host_ms_per_round"], m[slow]["mean_device_ms_per_round"]
-            ideal = (host + dev) / max(host, dev)
+            ideal = ideal_ratio(m[slow])
             ratio = m[fast]["tokens_per_s"] / m[slow]["tokens_per_s"]
             result[f"{fast} / {slow}"] = dict(
                 throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,

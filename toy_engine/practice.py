@@ -22,6 +22,7 @@ from collections import defaultdict
 import torch
 
 from .checkers import Verdict
+from .stats import ideal_ratio
 
 __all__ = [
     "check_done_after_wait", "check_race", "check_race_fixed",
@@ -642,12 +643,6 @@ def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
                               "0 where it was processed")
     return Verdict(False, f"pending {flags} is not it: a request is pending (1) exactly where its input id is "
                           f"FROM_DEVICE")
-
-
-def ideal_ratio(stats) -> float:
-    """(host + device) / max(host, device) from a run's per-round means."""
-    host, dev = stats["mean_host_ms_per_round"], stats["mean_device_ms_per_round"]
-    return (host + dev) / max(host, dev)
 
 
 def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:

@@ -32,3 +32,10 @@ def run_stats(timeline: Timeline, counts: dict, prefill_rounds: set, wall_s: flo
     if launch_latencies_ms:
         stats["launch_latency_ms"] = statistics.median(launch_latencies_ms)
     return stats
+
+
+def ideal_ratio(stats: dict) -> float:
+    """The best speed-up overlap can give a run: a serial round costs host + device, a perfectly
+    overlapped one max(host, device) (per-round means of ``stats``, e.g. ``engine.stats``)."""
+    host, dev = stats["mean_host_ms_per_round"], stats["mean_device_ms_per_round"]
+    return (host + dev) / max(host, dev)
