@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import toy_engine as te
+from mistakes import serial_processes_twice  # the exercise corpus's loop that processes a step twice
 
 PROMPTS = ["Once upon a time", "One day", "The bird said"]
 NEW = 12
@@ -346,17 +347,8 @@ def test_numpy_integers_and_tuples_are_accepted(engines, reference):
 
 def test_processing_a_step_twice_is_refused(engines, reference):
     engine = engines("serial")
-
-    def twice(eng):
-        while eng.scheduler.has_work():
-            plan = eng.schedule()
-            inputs = eng.prepare_inputs(plan)
-            eng.launch_forward(inputs)
-            step = eng.launch_sample(inputs)
-            eng.process_outputs(step)
-            eng.process_outputs(step)
     with pytest.raises(RuntimeError, match=r"round 0's step was already processed: process each StepState exactly once"):
-        engine.generate(PROMPTS, max_new_tokens=NEW, loop=twice)
+        engine.generate(PROMPTS, max_new_tokens=NEW, loop=serial_processes_twice)
     assert_healthy(engine, reference)
 
 
