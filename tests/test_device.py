@@ -12,6 +12,7 @@ import torch
 
 from toy_engine.device import DeviceError, ProcessDevice, RaceError
 from toy_engine.model import GPTConfig, TinyGPT
+from toy_engine.record import Commit, Launch, RunRecord, Wait
 
 SPECS = {"inbuf": ((8,), torch.long), "outbuf": ((8,), torch.long)}
 
@@ -178,23 +179,38 @@ def test_launch_arguments_travel_by_value(device):
     assert device.host("outbuf").tolist() == [7] * 8
 
 
-def test_each_wait_is_logged_with_its_event_and_times(device):
-    device.wait_log.clear()
+def test_each_wait_is_recorded_with_its_event_and_times(device):
+    device.run_record = RunRecord()
     done = device.launch(sleep_ms, 50, round=3, stage="sample", record_event=True)
     device.launch(sleep_ms, 1, round=4, stage="forward")
     device.wait(done)
     device.synchronize()
-    first, second = device.wait_log
+    first, second = device.run_record.of(Wait)
     assert (first.seq, first.round, first.stage) == (done.seq, 3, "sample")
     assert (second.seq, second.round, second.stage) == (done.seq + 1, 4, "forward")
     # the first wait covered the 50 ms sleep (generous bound for a busy machine)
     assert first.end_ns - first.start_ns >= 40e6 and first.start_ns <= first.end_ns <= second.start_ns
 
 
-def test_the_engine_clears_the_wait_log_each_run(make_engine):
+def test_each_launch_records_how_far_the_host_had_waited(device):
+    device.run_record = RunRecord()
+    sample = device.launch(sleep_ms, 1, round=1, stage="sample", record_event=True)
+    device.launch(sleep_ms, 1, round=2, stage="forward")      # enqueued while round 1's sample is outstanding
+    device.wait(sample)
+    device.launch(sleep_ms, 1, round=3, stage="forward")      # enqueued after the host waited for it
+    launches = device.run_record.of(Launch)
+    assert launches[1].enqueued_before_waiting_for(launches[0])
+    assert not launches[2].enqueued_before_waiting_for(launches[0])
+    assert [p.round for p in device.run_record.outstanding()] == [2, 3]
+    device.synchronize()
+
+
+def test_the_engine_starts_a_new_record_each_run(make_engine):
     engine = make_engine(mode="zos", max_batch_size=2)
     engine.generate(["Once upon a time"], max_new_tokens=4)
-    waits = list(engine.device.wait_log)
+    waits = engine.record.of(Wait)
     assert waits and all(w.stage == "sample" for w in waits)  # the engine waits only on sample events
+    commits = engine.record.of(Commit)
+    assert [c.round for c in commits] == [0, 1, 2, 3] and not any(c.refused for c in commits)
     engine.generate(["Once upon a time"], max_new_tokens=4)
-    assert len(engine.device.wait_log) == len(waits)
+    assert len(engine.record.of(Wait)) == len(waits)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import math
 import numbers
 import operator
@@ -32,6 +33,7 @@ from .data import CharTokenizer
 from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from .kernels import FROM_DEVICE
 from .model import load_model
+from .record import Commit, Free, Launch, Schedule, Wait
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24
@@ -189,13 +191,34 @@ def _shadowing(engine: Engine, attributes: set[str]) -> list[str]:
 
 
 class _HostLog:
-    """The host lane of one run as an ordered list of (stage, round): what the loop did."""
+    """One run as the ordered list of (stage, round) it did, read from the device's record
+    (``toy_engine.record``): ``schedule``, ``prepare`` (the round's upload), ``launch_forward``,
+    ``launch_sample``, and one processing entry per commit of a round's tokens.  A commit made
+    inside the engine's ``process_outputs``/``flush`` carries that span's name
+    (``postprocess``/``flush``); one a loop wrote out inline is a ``commit``.  So a stage is
+    judged by what happened, whichever code did it."""
 
-    STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess", "flush")
+    PROCESSING = ("postprocess", "flush", "commit")
+    _LAUNCHES = {"upload": "prepare", "forward": "launch_forward", "sample": "launch_sample"}
 
     def __init__(self, engine: Engine, plans: dict):
-        self.events = [(s.stage, s.round) for s in engine.timeline.lane("host") if s.stage in self.STAGES]
-        self.prefill = set(engine.timeline.meta.get("prefill_rounds", ()))
+        record, timeline = engine.record, engine.timeline
+        spans = [s for s in timeline.lane("host") if s.stage in ("postprocess", "flush")]
+        self.events, self.launches, planned = [], {}, 0
+        for e in record.events:
+            if isinstance(e, Schedule):  # one that found nothing belongs to the last planned round
+                planned = planned if e.round is None else e.round
+                self.events.append(("schedule", planned))
+            elif isinstance(e, Launch) and e.stage in self._LAUNCHES:
+                self.events.append((self._LAUNCHES[e.stage], e.round))
+                self.launches.setdefault((e.stage, e.round), e)
+            elif isinstance(e, Commit):
+                at = timeline.ns_to_ms(e.t_ns)
+                label = next((s.stage for s in spans if s.round == e.round and s.start_ms <= at <= s.end_ms),
+                             "commit")
+                self.events.append((label, e.round))
+        self.waits = record.of(Wait)
+        self.prefill = set(timeline.meta.get("prefill_rounds", ()))
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
 
@@ -207,7 +230,7 @@ class _HostLog:
         return found[0] if found else None
 
     def processing(self, rnd: int) -> list[int]:
-        return [i for i, (s, r) in enumerate(self.events) if r == rnd and s in ("postprocess", "flush")]
+        return [i for i, (s, r) in enumerate(self.events) if r == rnd and s in self.PROCESSING]
 
     def who(self, rnd: int) -> str:
         kind = "prefill" if rnd in self.prefill else "decode"
@@ -230,13 +253,8 @@ def _common_mistakes(log: _HostLog) -> Verdict | None:
                          f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
                          f"from the logits that the round's forward computes, so the forward must be launched "
                          f"first (on the device the sample then read a stale or missing forward's logits)")
-        prepared = log.pos("prepare", r)
-        if len(prepared) > 1:
-            return _fail("prepared_twice",
-                         f"{log.who(r)}: `prepare_inputs` was called {len(prepared)} times for the same plan. "
-                         f"Each call writes the round's metadata into the round's host buffer slot and launches "
-                         f"an upload that reads it, so the second call rewrote the slot while the first upload "
-                         f"might still be reading it. Prepare each plan once and launch with those inputs")
+        if len(log.pos("prepare", r)) > 1:
+            return _prepared_twice(log, r)
         if len(fwd) > 1 or len(smp) > 1:
             stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
             return _fail("launched_twice",
@@ -257,6 +275,14 @@ def _common_mistakes(log: _HostLog) -> Verdict | None:
                          f"a launched round that will never produce a token. Run every plan that "
                          f"`engine.schedule()` returns")
     return None
+
+
+def _prepared_twice(log: _HostLog, r: int) -> Verdict:
+    return _fail("prepared_twice",
+                 f"{log.who(r)}: `prepare_inputs` was called twice for the same plan. Each call writes the "
+                 f"round's metadata into the round's host buffer slot and launches an upload that reads it, so "
+                 f"the second call rewrites the slot while the first upload may still be reading it. Prepare "
+                 f"each plan once and launch with those inputs")
 
 
 def _serial_order(log: _HostLog) -> Verdict | None:
@@ -296,7 +322,7 @@ def _zos_order(log: _HostLog) -> Verdict | None:
                              f"{log.who(r)} was processed at once, as it should be, but with `engine.flush`. "
                              f"`flush` is for a deferred decode step when `engine.schedule()` returns None; a "
                              f"prefill step is processed right after its sample with `engine.process_outputs(current)`")
-            if stage != "postprocess" or (nxt_prep is not None and at > nxt_prep):
+            if nxt_prep is not None and at > nxt_prep:
                 return _fail("prefill_deferred",
                              f"{log.who(r)} was deferred (processed by `{stage}` during a later round). "
                              f"Prefill steps are processed at once, right after their sample launch: the "
@@ -311,8 +337,8 @@ def _zos_order(log: _HostLog) -> Verdict | None:
             schedules = [q for s, q in since if s == "schedule"]
             found_plan = [q for q in schedules if q > r]
             if schedules and not found_plan:
-                if stage == "flush":
-                    continue  # nothing was left to launch: the flush is the right way out
+                if stage in ("flush", "commit"):
+                    continue  # nothing was left to launch: a flush (or its code, inline) is the way out
                 return _fail("not_flushed",
                              f"{log.who(r)}: when `engine.schedule()` returned None the deferred step was "
                              f"processed with `process_outputs`. No round is left to hide it under: that is "
@@ -354,6 +380,36 @@ def _zos_order(log: _HostLog) -> Verdict | None:
     return None
 
 
+def _overlapped(log: _HostLog) -> Verdict | None:
+    """Each decode round's successor forward must go in while the round's sample is still
+    outstanding: a host wait on it (or on anything later) before that launch means the
+    device had nothing queued behind the sample while the host waited."""
+    for r in log.rounds:
+        sample, forward = log.launches.get(("sample", r)), log.launches.get(("forward", r + 1))
+        if r in log.prefill or sample is None or forward is None or forward.enqueued_before_waiting_for(sample):
+            continue
+        found_nothing = [q for s, q in log.between(log.first("launch_sample", r), log.first("launch_forward", r + 1))
+                         if s == "schedule" and q <= r]
+        if found_nothing:
+            continue  # a schedule found nothing to launch until round r was processed: nothing to overlap with
+        wait = next((w for w in log.waits if w.seq >= sample.seq), None)
+        on = (f"on round {wait.round}'s `{wait.stage}`" if wait is not None else "on the device")
+        return _fail("waits_before_forward",
+                     f"{log.who(r)}: the host waited {on} before it launched round {r + 1}'s forward, so "
+                     f"round {r + 1}'s forward went in only after round {r}'s sample had finished, and the "
+                     f"device sat idle for as long as that wait, the commit and round {r + 1}'s preparation "
+                     f"took. The tokens are right, but nothing overlapped: launch round {r + 1}'s forward "
+                     f"first, and only then wait for round {r}'s results (processing them waits for exactly "
+                     f"what it needs)")
+    return None
+
+
+def _zos_overlapped(log: _HostLog) -> Verdict | None:
+    """The ZOS order first (its messages are the more specific), then the overlap itself."""
+    verdict = _zos_order(log)
+    return _overlapped(log) if verdict is None else verdict
+
+
 def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
     """A lesson-level message for an exception out of a learner's loop."""
     if isinstance(err, NotImplementedError):
@@ -379,6 +435,9 @@ def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
                          f"for and processed (`engine.process_outputs(step)`)")
         return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
     if isinstance(err, RaceError):
+        planned = max((q for s, q in log.events if s == "schedule"), default=-1)
+        if err.kind == "buffer" and err.access == "w" and err.launch == "upload" and err.round == planned:
+            return _prepared_twice(log, planned)  # the second prepare of a plan was refused
         if err.kind == "buffer" and err.access == "w":
             r = err.round
             return _fail("never_processed",
@@ -455,7 +514,7 @@ def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
     """The host may wait only on a step's sample event: a wait on a later point (a
     ``device.synchronize()``, an event recorded after the next forward) also waits for
     launches the host has not processed, and the overlap is gone."""
-    later = [w for w in engine.device.wait_log if w.stage != "sample"]
+    later = [w for w in log.waits if w.stage != "sample"]
     if not later:
         return None
     clock = engine.timeline.ns_to_ms
@@ -519,7 +578,7 @@ def check_zos_loop(loop) -> Verdict:
     """
     _start({"constraint": CONSTRAINT}, {"num_draft_tokens": DRAFTS}, {})
     engine, log, outs, err = _run_loop(loop, constraint=CONSTRAINT)
-    verdict = _loop_verdict(log, err, "zos", _zos_order)
+    verdict = _loop_verdict(log, err, "zos", _zos_overlapped)
     if verdict is None:
         verdict = _waits_beyond(engine, log)
     if verdict is not None:
@@ -871,21 +930,38 @@ class _StepWatch:
         self.engine, self.learner, self.calls = engine, process_outputs, []
 
     def __call__(self, engine: Engine, step) -> None:
-        reqs = step.plan.requests
-        call = dict(step=step, waits=[], before=[(r.num_inflight, r.finished) for r in reqs], after=None)
+        reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
+        call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
+                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks})
         self.calls.append(call)
-        waits, first = engine.device.wait_log, len(engine.device.wait_log)
+        record, first = engine.record, len(engine.record.events)
         try:
             self.learner(engine, step)
         except BaseException:
-            call["raised"] = True  # who held which KV block when it happened (the engine then recovers)
-            call["holders"] = {b: r.index for r in engine.requests for b in r.blocks}
+            call["raised"] = True  # judged by the exception (the engine then recovers)
             raise
         finally:
-            clock = engine.timeline.ns_to_ms
-            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in waits[first:]]
+            clock, events = engine.timeline.ns_to_ms, record.events[first:]
+            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in events
+                             if isinstance(w, Wait)]
+            call["commits"] = [c for c in events if isinstance(c, Commit)]
+            call["frees"] = [f for f in events if isinstance(f, Free)]
+            call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
+
+
+def _engine_frames(err: BaseException) -> set[str]:
+    """Names of the engine's functions on ``err``'s traceback."""
+    names, tb = set(), err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == _ENGINE_FILE:
+            names.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names
+
+
+_ENGINE_FILE = inspect.getsourcefile(Engine)
 
 
 def _who_step(step) -> str:
@@ -906,19 +982,51 @@ def _step_mistake(call) -> Verdict | None:
                      f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
                      f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
                      f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
+    holders = call["holders"]
+    for free in call["frees"]:
+        prompts = sorted({holders[b] for b in free.blocks if b in holders})
+        if free.double:
+            return _fail("double_free",
+                         f"{who}: your process_outputs freed the KV blocks of prompt(s) {prompts} a second time "
+                         f"(blocks {list(free.double)} were already free). The engine refused it, but a pool that "
+                         f"took them back twice would hand one block to two requests. Free each finished request "
+                         f"once: `engine.scheduler.release_if_done(req)` frees only what is still held")
+        if free.in_use:
+            rnd, stage = free.in_use[0]
+            swallowed = " (the race checker refused it; catching its error does not make the free safe)" \
+                if free.refused and not call.get("raised") else ""
+            return _fail("free_in_use",
+                         f"{who}: you freed the KV cache of prompt(s) {prompts} (blocks {sorted(free.blocks)}) "
+                         f"while round {rnd}'s `{stage}`, launched and not yet waited for, still uses it{swallowed} "
+                         f"(the extra step: under ZOS the finished request is already in the next launched round). "
+                         f"Free a finished request only when `req.num_inflight == 0`")
     if call.get("raised"):
         return None  # judged by its exception
-    reqs = step.plan.requests
+    reqs = call["requests"]
+    commits = [c for c in call["commits"] if c.round == step.plan.round]
+    if len(commits) > 1:
+        return _fail("committed_twice",
+                     f"{who}: your process_outputs had the step committed {len(commits)} times (prompts "
+                     f"{[r.index for r in reqs]}); a second commit would add its tokens twice. Call "
+                     f"`engine.commit_outputs(step, out)` exactly once per step")
+    if call["plan_changed"]:
+        return _fail("plan_changed",
+                     f"{who}: your process_outputs changed `step.plan.requests`. The plan is the record of what "
+                     f"was launched in round {step.plan.round}: its output slot holds one row per request in it, "
+                     f"in that order, so `commit_outputs` needs it whole. Leave the plan alone and decide per "
+                     f"request what to free after committing")
     for req, (n0, _), (n1, finished, holds, running) in zip(reqs, call["before"], call["after"]):
-        if n1 == n0:
+        if not commits:
             return _fail("never_committed",
                          f"{who}: after your process_outputs, prompt {req.index} still counts round "
                          f"{step.plan.round} as launched and unprocessed: the step's tokens were never committed. "
                          f"Call `engine.commit_outputs(step, out)` once per step")
-        if n1 < n0 - 1:
-            return _fail("committed_twice",
-                         f"{who}: prompt {req.index}'s count of launched rounds dropped by {n0 - n1}: the step "
-                         f"was committed {n0 - n1} times, so its tokens were added more than once. Commit once")
+        if n1 != n0 - 1:
+            return _fail("inflight_changed",
+                         f"{who}: prompt {req.index}'s count of launched, unprocessed rounds went from {n0} to "
+                         f"{n1} in your process_outputs, though the step was committed once. `commit_outputs` "
+                         f"already lowers `num_inflight` by one per request; changing it yourself makes the host's "
+                         f"plan for the next rounds wrong (how many tokens are in flight). Leave it to the commit")
     for req, (_, finished, holds, running) in zip(reqs, call["after"]):
         if not finished and not running:
             return _fail("freed_unfinished",
@@ -1015,10 +1123,12 @@ def check_process_outputs(process_outputs) -> Verdict:
     if isinstance(err, EngineStalled):
         return _fail("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
     if isinstance(err, RecursionError):
+        called = "flush" if _engine_frames(err) & {"flush"} else "process_outputs"
+        via = " (`flush` processes the step through `process_outputs`)" if called == "flush" else ""
         return _fail("calls_itself",
-                     "your process_outputs called `engine.process_outputs(step)`: in this run the engine's "
-                     "method calls *your* function (that is how it is plugged in), so each call started another "
-                     "one until Python gave up (RecursionError). Do the steps yourself: "
+                     f"your process_outputs called `engine.{called}(step)`{via}: in this run the engine's "
+                     "`process_outputs` calls *your* function (that is how it is plugged in), so each call started "
+                     "another one until Python gave up (RecursionError). Do the steps yourself: "
                      "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
                      "`engine.commit_outputs(step, out)`, then free what is finished")
     if err is not None:

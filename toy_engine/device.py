@@ -67,6 +67,8 @@ import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
+from .record import RunRecord
+
 
 class DeviceError(RuntimeError):
     """A kernel failed on the device, the device process died, or the link to it broke.
@@ -81,13 +83,15 @@ class RaceError(RuntimeError):
     The fields say what happened, so a checker never has to parse the message:
     ``kind`` is ``"buffer"`` (the host touched a buffer a pending launch uses),
     ``"free_in_use"`` (KV blocks freed while a pending launch uses them) or
-    ``"launch_on_free"`` (a launch touches freed blocks); ``buffer``/``access``
+    ``"launch_on_free"`` (a launch touches freed blocks) or ``"double_free"`` (blocks
+    freed that were free already; refused even with race checking off, since the pool
+    would then hand one block to two requests); ``buffer``/``access``
     (``"r"``/``"w"``) name the buffer access, ``blocks`` the KV blocks involved,
     ``round``/``launch`` the conflicting launch's round and stage, ``owner`` who
     owns the launch's results (buffer) or freed the blocks.
     """
 
-    KINDS = ("buffer", "free_in_use", "launch_on_free")
+    KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
 
     def __init__(self, message: str, *, kind: str, round: int, launch: str, buffer: str | None = None,
                  access: str | None = None, blocks=(), owner: str | None = None):
@@ -105,20 +109,6 @@ class Event:
     round: int
     handle: object = None  # torch.cuda.Event on CUDA, an integer id on the stand-in
     stage: str = ""        # the stage of the last launch before it ("sample" for a step's sample_done)
-
-
-@dataclass(frozen=True)
-class WaitRecord:
-    """One host wait: on which event (``seq``, ``round``, the ``stage`` launched just
-    before it), from when to when (``time.perf_counter_ns``, the timeline's clock).  The
-    checkers read these to tell a wait on a step's sample from one that also waits for
-    later launches."""
-
-    seq: int
-    round: int
-    stage: str
-    start_ns: int
-    end_ns: int
 
 
 @dataclass
@@ -240,7 +230,7 @@ class Device:
         self.races = RaceChecker(race_check)
         self._seq = 0
         self._last_round, self._last_stage = 0, ""
-        self.wait_log: list[WaitRecord] = []  # the current run's waits; the engine clears it per run
+        self.run_record = RunRecord()  # what the current run did; the engine gives it a new one per run
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
                blocks=(), record_event: bool = False, owner: str | None = None) -> Event | None:
@@ -255,6 +245,7 @@ class Device:
         self._last_round, self._last_stage = round, stage
         self.races.on_launch(_Launch(self._seq, stage, round, frozenset(reads), frozenset(writes),
                                      frozenset(blocks), owner))
+        self.run_record.launch(self._seq, round, stage, blocks)
         handle = self._launch(self._seq, kernel, args, round, stage, record_event)
         return Event(self._seq, round, handle, stage) if record_event else None
 
@@ -266,8 +257,24 @@ class Device:
         ``timeout`` seconds, if given)."""
         start = time.perf_counter_ns()
         self._wait(event, timeout)
-        self.wait_log.append(WaitRecord(event.seq, event.round, event.stage, start, time.perf_counter_ns()))
+        self.run_record.wait(event.seq, event.round, event.stage, start, time.perf_counter_ns())
         self.races.on_wait(event.seq)
+
+    def free_blocks(self, blocks, owner: str, double=()) -> None:
+        """The block manager frees ``blocks`` (``double``: those already free).  Recorded
+        whatever happens; a double free is refused always, a free in use when race checking is on."""
+        try:
+            if double:
+                raise RaceError(f"KV blocks {sorted(double)} of {owner} are freed a second time: they are "
+                                f"already free, and freeing them again would let two requests share them. "
+                                f"Free a request once (`engine.scheduler.release_if_done(req)` checks)",
+                                kind="double_free", round=self._last_round, launch="free", blocks=double,
+                                owner=owner)
+            self.races.on_free(blocks, owner)
+        except RaceError:
+            self.run_record.free(owner, blocks, double, refused=True)
+            raise
+        self.run_record.free(owner, blocks, double)
 
     def synchronize(self, timeout: float | None = None) -> None:
         self.wait(self.record_event(), timeout)

@@ -39,6 +39,7 @@ from .device import DeviceError, Event, hold_sigint, make_device
 from .buffers import MetaLayout
 from .kernels import FROM_DEVICE
 from .model import load_model
+from .record import RunRecord
 from .run import EngineStalled, Run, StepProcessedTwice, stalled
 from .scheduler import BlockManager, Plan, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
@@ -208,6 +209,7 @@ class Engine:
         self._closed = False
         self._clean = True  # False from a run's start until it ended or was recovered
         self.device = None
+        self.record = RunRecord()  # what the current (or last) run did: launches, waits, commits, frees
         self._start_device()
         self.timeline = Timeline(meta=self._meta())
         self.stats: dict = {}
@@ -264,6 +266,7 @@ class Engine:
         if run.on_round is not None:
             run.on_round(self, self.scheduler.round)
         plan = self.scheduler.schedule()
+        self.record.schedule(plan.round if plan else None)
         # A schedule that finds nothing to launch belongs to the last round, not a new one.
         self.timeline.add("host", "schedule", plan.round if plan else max(0, self.scheduler.round - 1),
                           start, self.timeline.now_ms())
@@ -372,6 +375,7 @@ class Engine:
         """Hand a step's tokens to its requests; returns them.  A request that already
         finished in an earlier round is in this step only as the extra round: discarded."""
         plan, run = step.plan, self._run
+        self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed)
         if step.committed:
             raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
@@ -477,7 +481,7 @@ class Engine:
     def _execute(self, requests, loop, on_round, correction, process_outputs) -> list[Completion]:
         run = self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
         self.timeline = Timeline(meta=self._meta())
-        self.device.wait_log.clear()
+        self.record = self.device.run_record = RunRecord()
         self.scheduler.round = 0
         for req in requests:
             self.scheduler.add(req)
@@ -545,6 +549,7 @@ class Engine:
         except BaseException:
             device.close()
             raise
+        device.run_record = self.record  # a device restarted during a run keeps recording into the run's record
         self.device = device
         self.scheduler = self._new_scheduler()
 
@@ -557,8 +562,8 @@ class Engine:
     def _new_scheduler(self) -> Scheduler:
         c = self.config
         races = self.device.races
-        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc, races.on_free),
-                         c.num_draft_tokens)
+        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc,
+                                                        self.device.free_blocks), c.num_draft_tokens)
 
     def _make_requests(self, prompts, max_new_tokens, stop, temperature, seed) -> list[Request]:
         prompts = check_prompts(prompts)

@@ -13,7 +13,8 @@ class BlockManager:
 
     A request reserves every block it can ever need when it is admitted, so a running
     request never runs out of cache and nothing has to be preempted.  Freeing goes
-    through ``on_free`` so the race checker can see it.
+    through ``on_free(blocks, owner, double)`` (the device: it records the free and may
+    refuse it, a race or a double free) before anything changes here.
     """
 
     def __init__(self, num_blocks: int, block_size: int, on_alloc=None, on_free=None):
@@ -35,8 +36,11 @@ class BlockManager:
         return blocks
 
     def free(self, blocks: list[int], owner: str) -> None:
+        double = sorted(set(blocks) & set(self.free_ids))
         if self.on_free:
-            self.on_free(blocks, owner)
+            self.on_free(blocks, owner, double)
+        elif double:
+            raise ValueError(f"KV blocks {double} of {owner} are already free")
         self.free_ids.extend(blocks)
 
 

@@ -1,0 +1,117 @@
+"""What a run did, in the order it did it: the record the course's checks judge.
+
+The timeline says *when* things ran; this record says *what depended on what*.  Each
+launch is kept with how far the host had waited when it was enqueued, each host wait
+with the event it waited on, each commit and each free of KV blocks with the launches
+still outstanding at that moment.  Everything is recorded where it happens -- the
+device (launches, waits), the engine's commit, the block manager's free -- so a loop
+that writes a stage out inline is recorded exactly like one that calls the engine's
+method, and a refused free or commit is on the record even if the caller swallows the
+error.
+
+"Outstanding" is the host's knowledge, not the clock: a launch is outstanding until
+the host has waited on an event at or after it (the race checker's rule too).  That
+keeps every verdict built on the record the same on a quiet and on a busy machine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Work enqueued on the stream.  ``waited_upto``: the last launch the host had waited
+    for when this one was enqueued (everything after it was still outstanding)."""
+
+    seq: int
+    round: int
+    stage: str
+    blocks: frozenset
+    waited_upto: int
+    t_ns: int
+
+    def enqueued_before_waiting_for(self, other: "Launch") -> bool:
+        """Whether this launch went in while ``other`` was still outstanding."""
+        return other.seq < self.seq and other.seq > self.waited_upto
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A host wait on the event after launch ``seq`` (of ``round``'s ``stage``)."""
+
+    seq: int
+    round: int
+    stage: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule call: the round it planned, or None when nothing could be launched."""
+
+    round: int | None
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A round's tokens handed to its requests (``prompts``: their indexes in the
+    call); ``refused`` when the round had been committed already."""
+
+    round: int
+    prompts: tuple
+    refused: bool
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class Free:
+    """KV blocks given back by ``owner``.  ``in_use``: (round, stage) of outstanding
+    launches that touch them; ``double``: blocks that were free already; ``refused``:
+    the free raised (a race or a double free) and nothing was freed."""
+
+    owner: str
+    blocks: tuple
+    in_use: tuple
+    double: tuple
+    refused: bool
+    t_ns: int
+
+
+class RunRecord:
+    """The events of one run, in order (``events``); the engine starts a new one per run."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self._pending: list[Launch] = []  # launches the host has not waited for yet
+        self._waited_upto = 0
+
+    def launch(self, seq: int, round: int, stage: str, blocks) -> None:
+        item = Launch(seq, round, stage, frozenset(blocks), self._waited_upto, time.perf_counter_ns())
+        self._pending.append(item)
+        self.events.append(item)
+
+    def wait(self, seq: int, round: int, stage: str, start_ns: int, end_ns: int) -> None:
+        self._waited_upto = max(self._waited_upto, seq)
+        self._pending = [p for p in self._pending if p.seq > self._waited_upto]
+        self.events.append(Wait(seq, round, stage, start_ns, end_ns))
+
+    def schedule(self, round: int | None) -> None:
+        self.events.append(Schedule(round, time.perf_counter_ns()))
+
+    def commit(self, round: int, prompts, refused: bool = False) -> None:
+        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns()))
+
+    def free(self, owner: str, blocks, double=(), refused: bool = False) -> None:
+        in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))
+        self.events.append(Free(owner, tuple(blocks), in_use, tuple(double), refused, time.perf_counter_ns()))
+
+    def outstanding(self, blocks=None) -> list[Launch]:
+        """Launches not yet covered by a host wait (touching ``blocks``, if given)."""
+        return list(self._pending) if blocks is None else [p for p in self._pending if p.blocks & set(blocks)]
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
