@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import toy_engine as te
 from toy_engine import kernels
 
 
@@ -305,7 +306,7 @@ def correction(meta, accepted, block_size):
     meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
 
 
-def correction_with_python_loop(meta, accepted, block_size):  # slow, and it syncs on a GPU, but right
+def correction_with_python_loop(meta, accepted, block_size):  # right values, read on the host: breaks the rule
     start = 0
     for b in range(len(meta["rows"])):
         q = int(meta["seqlens_q"][b])
@@ -663,6 +664,304 @@ def make_zos_swallows_errors():
     return loop
 
 
+# ---------------------------------------------------------------- judged from the run's record (issue 20)
+
+def inline_process(engine, step):
+    """process_outputs written out, as notebook 02 prints it: wait, read, commit, release."""
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in engine.commit_outputs(step, out):
+        engine.scheduler.release_if_done(req)
+
+
+def serial_inline(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        inline_process(engine, engine.launch_sample(inputs))
+
+
+def serial_inline_one_round_late(engine):
+    """Each round's results processed (inline) after the next round is launched."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            inline_process(engine, previous)
+            previous = None
+            continue
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        if previous is not None:
+            inline_process(engine, previous)
+        previous = step
+
+
+def serial_synchronizes_instead(engine):
+    """Waits for the device instead of processing the step."""
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.launch_sample(inputs)
+        engine.device.synchronize()
+
+
+def make_zos_inline(*, serial_order=False, wait="none"):
+    """The ZOS loop with processing written out inline; or in serial order; or with a wait
+    on the previous step before the next forward ("before_forward") or right after the
+    sample ("after_sample")."""
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                if previous is not None:
+                    inline_process(engine, previous)
+                previous = None
+                continue
+            inputs = engine.prepare_inputs(plan)
+            if previous is not None:
+                engine.correct_on_device(inputs)
+                if wait == "before_forward":
+                    engine.device.wait(previous.sample_done)
+            engine.launch_forward(inputs)
+            if previous is not None:
+                inline_process(engine, previous)
+            current = engine.launch_sample(inputs)
+            if wait == "after_sample":
+                engine.device.wait(current.sample_done)
+            if plan.is_prefill or serial_order:
+                inline_process(engine, current)
+                previous = None
+            else:
+                previous = current
+    return loop
+
+
+def zos_generator_of_stages(engine):
+    """Unusual but right: the rounds as a generator that yields each launched step."""
+    def launched():
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            yield plan, (None if plan is None else engine.prepare_inputs(plan))
+
+    previous = None
+    for plan, inputs in launched():
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        pending = {True: None, False: current}[plan.is_prefill]
+        if pending is None:
+            engine.process_outputs(current)
+        previous = pending
+
+
+def zos_recursive(engine, previous=None):
+    """Unusual but right: one round per call, the deferred step passed down."""
+    if not engine.scheduler.has_work():
+        return
+    plan = engine.schedule()
+    if plan is None:
+        return zos_recursive(engine, engine.flush(previous))
+    inputs = engine.prepare_inputs(plan)
+    if previous is not None:
+        engine.correct_on_device(inputs)
+    engine.launch_forward(inputs)
+    if previous is not None:
+        engine.process_outputs(previous)
+    current = engine.launch_sample(inputs)
+    if plan.is_prefill:
+        engine.process_outputs(current)
+        current = None
+    return zos_recursive(engine, current)
+
+
+def zos_dict_of_steps(engine):
+    """Unusual but right: in-flight steps kept in a dict by round."""
+    inflight = {}
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            for r in sorted(inflight):
+                inline_process(engine, inflight.pop(r))
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if inflight:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        for r in sorted(inflight):
+            inline_process(engine, inflight.pop(r))
+        inflight[plan.round] = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            inline_process(engine, inflight.pop(plan.round))
+
+
+def zos_drops_deferred_at_prefill(engine):
+    """The deferred decode step is skipped when a prefill round comes."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None and not plan.is_prefill:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            engine.process_outputs(current)
+            previous = None
+        else:
+            previous = current
+
+
+def correction_loop_over_requests(meta, accepted, block_size):
+    """Right values, tensor indexing only, but one Python iteration per request."""
+    for b in range(len(meta["rows"])):
+        d = accepted[meta["rows"][b]] * meta["pending"][b]
+        q = meta["seqlens_q"].shape[0] and slice(b * 3, b * 3 + 3)
+        meta["seqlens_k"][b] += d
+        meta["positions"][q] += d
+        meta["slot_mapping"][q] = (meta["block_tables"][b][meta["positions"][q] // block_size] * block_size
+                                   + meta["positions"][q] % block_size)
+
+
+def correction_checks_any_pending(meta, accepted, block_size):
+    """Right values, but an `if` on a tensor: a host read."""
+    if meta["pending"].any():
+        correction(meta, accepted, block_size)
+
+
+def correction_pending_from_input_ids(meta, accepted, block_size):
+    """Right: a pending request's first input is FROM_DEVICE (prepare_inputs writes it so)."""
+    starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
+    pending = (meta["input_ids"][starts] == kernels.FROM_DEVICE).long()
+    delta = accepted[meta["rows"]] * pending
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"], output_size=len(meta["positions"]))
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_gather_form(meta, accepted, block_size):
+    """Right: the per-token shift through searchsorted on the query boundaries."""
+    delta = accepted.index_select(0, meta["rows"]) * meta["pending"]
+    ends = torch.cumsum(meta["seqlens_q"], 0)
+    owner = torch.searchsorted(ends, torch.arange(meta["positions"].numel()), right=True)
+    meta["seqlens_k"].add_(delta)
+    meta["positions"].add_(delta.gather(0, owner))
+    slots = meta["block_tables"][owner, torch.div(meta["positions"], block_size, rounding_mode="floor")]
+    meta["slot_mapping"].copy_(slots * block_size + torch.remainder(meta["positions"], block_size))
+
+
+def process_swallows_the_race(engine, step):
+    """Frees every finished request and hides the race checker's refusal."""
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        if req.finished:
+            try:
+                engine.scheduler.free(req)
+            except te.RaceError:
+                pass
+
+
+def process_turns_race_checking_off(engine, step):
+    engine.device.races.enabled = False
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        if req.finished:
+            engine.scheduler.free(req)
+
+
+def process_double_free(engine, step):
+    """Frees a finished request's blocks through the block manager, then again through the scheduler."""
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        if req.finished and req.num_inflight == 0:
+            engine.scheduler.blocks.free(req.blocks, "me")
+            engine.scheduler.free(req)
+
+
+def process_lowers_inflight_too(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in step.plan.requests:
+        req.num_inflight -= 1
+    for req in engine.commit_outputs(step, out):
+        req.num_inflight += 0
+        engine.scheduler.release_if_done(req)
+
+
+def process_edits_the_plan(engine, step):
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        engine.scheduler.release_if_done(req)
+    step.plan.requests[:] = [r for r in step.plan.requests if not r.finished]
+
+
+def process_flushes(engine, step):
+    engine.flush(step)
+
+
+def process_clears_requests(engine, step):
+    inline_process(engine, step)
+    if all(r.finished for r in step.plan.requests):
+        engine.requests.clear()
+
+
+def process_inline_with_swallowed_commit(engine, step):
+    """Commits twice, hiding the engine's refusal of the second commit."""
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    engine.commit_outputs(step, out)
+    try:
+        engine.commit_outputs(step, out)
+    except Exception:
+        pass
+    for req in step.plan.requests:
+        engine.scheduler.release_if_done(req)
+
+
+def zos_loops_forever(engine):
+    """Keeps looping after the work is done, and swallows even BaseException."""
+    make_zos()(engine)
+    while True:
+        try:
+            engine.scheduler.has_work()
+        except BaseException:
+            pass
+
+
+def process_waits_for_the_race_checker(engine, step):
+    """Polls until the race checker stops refusing the read: it never does without a wait."""
+    while True:
+        try:
+            out = engine.read_outputs(step)
+            break
+        except te.RaceError:
+            continue
+    for req in engine.commit_outputs(step, out):
+        engine.scheduler.release_if_done(req)
+
+
+def endless_order():
+    while True:
+        yield ("forward", 1)
+
+
 WRONG = [
     Answer("02a", "never processes a step", serial_never_processes, "never_processed",
            "launches every round, drops the StepState"),
@@ -820,6 +1119,50 @@ WRONG = [
            "try/except Exception: pass around each round"),
     Answer("03a", "swallows every error", make_zos_swallows_errors(), "spins",
            "the loop retried inside try/except Exception: pass"),
+    Answer("04a", "a Python loop with int()", correction_with_python_loop, "host_read",
+           "right values, read on the host with int() per request"),
+    Answer("04a", "a loop over requests", correction_loop_over_requests, "python_loop",
+           "right values, tensor indexing, one iteration per request"),
+    Answer("04a", "if on pending.any()", correction_checks_any_pending, "host_read",
+           "an if on a tensor reads it on the host"),
+    Answer("02a", "processing inline, one round late", serial_inline_one_round_late, "not_serial",
+           "wait/read/commit written out, each round processed after the next launch"),
+    Answer("02a", "synchronize instead of processing", serial_synchronizes_instead, "never_processed",
+           "engine.device.synchronize() in place of process_outputs"),
+    Answer("03a", "inline processing in serial order", make_zos_inline(serial_order=True), "not_deferred",
+           "wait/read/commit written out right after each sample"),
+    Answer("03a", "waits for previous before the forward", make_zos_inline(wait="before_forward"),
+           "waits_before_forward", "device.wait(previous.sample_done) before launch_forward"),
+    Answer("03a", "waits right after the sample", make_zos_inline(wait="after_sample"), "waits_before_forward",
+           "device.wait(current.sample_done) right after launch_sample"),
+    Answer("03a", "drops the deferred step at a prefill", zos_drops_deferred_at_prefill, "dropped_at_prefill",
+           "previous skipped in a prefill round"),
+    Answer("03a", "loops forever after the work", zos_loops_forever, "time_limit",
+           "while True with except BaseException after the loop"),
+    Answer("03b", "flush before the last sample", THREE_ROUNDS[:7] + [("flush", 3), ("sample", 3)],
+           "flush_before_sample", "the last round flushed before its sample is launched"),
+    Answer("03b", "two forwards before a sample", [("forward", 1), ("forward", 2)] + THREE_ROUNDS[1:],
+           "forward_before_sample", "round 2's forward queued before round 1's sample"),
+    Answer("03b", "an endless iterator", endless_order(), "shape",
+           "a generator that never ends"),
+    Answer("05", "swallows the race checker's refusal", process_swallows_the_race, "free_in_use",
+           "free in try/except RaceError: pass"),
+    Answer("05", "race checking turned off", process_turns_race_checking_off, "free_in_use",
+           "engine.device.races.enabled = False, then frees early"),
+    Answer("05", "double free", process_double_free, "double_free",
+           "blocks.free then scheduler.free of the same request"),
+    Answer("05", "lowers num_inflight itself", process_lowers_inflight_too, "inflight_changed",
+           "num_inflight -= 1 beside commit_outputs"),
+    Answer("05", "edits step.plan.requests", process_edits_the_plan, "plan_changed",
+           "finished requests removed from the plan"),
+    Answer("05", "calls engine.flush", process_flushes, "calls_itself",
+           "engine.flush(step) inside the plug-in"),
+    Answer("05", "clears engine.requests", process_clears_requests, "wrong_tokens",
+           "engine.requests.clear() once a step's requests finished"),
+    Answer("05", "commits twice, swallowing the refusal", process_inline_with_swallowed_commit, "committed_twice",
+           "a second commit_outputs inside try/except"),
+    Answer("05", "polls until the race checker gives up", process_waits_for_the_race_checker, "time_limit",
+           "read_outputs retried in a loop instead of waiting"),
 ]
 
 RIGHT = [
@@ -842,7 +1185,6 @@ RIGHT = [
     Answer("03b", "as lists", [list(x) for x in THREE_ROUNDS]),
     Answer("04a", "the solution", correction),
     Answer("04a", "the engine's own", kernels.correct_seqlens_qk),
-    Answer("04a", "a Python loop", correction_with_python_loop),
     Answer("04b", "the solution", {"seqlens_k", "positions", "slot_mapping", "input_ids"}),
     Answer("04b", "with cu_seqlens_k", {"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_k"}),
     Answer("04b", "as a list", ["input_ids", "positions", "slot_mapping", "seqlens_k"]),
@@ -850,4 +1192,12 @@ RIGHT = [
     Answer("05", "release_if_done", process_release_if_done),
     Answer("05", "scanning running", process_scanning_running),
     Answer("05", "waits twice", process_waits_twice),
+    Answer("02a", "processing written out inline", serial_inline),
+    Answer("03a", "processing written out inline", make_zos_inline()),
+    Answer("03a", "a generator of rounds", zos_generator_of_stages),
+    Answer("03a", "recursion, one round per call", zos_recursive),
+    Answer("03a", "a dict of in-flight steps", zos_dict_of_steps),
+    Answer("04a", "pending from input_ids == FROM_DEVICE", correction_pending_from_input_ids),
+    Answer("04a", "searchsorted and gather", correction_gather_form),
+    Answer("05", "written out with release_if_done", inline_process),
 ]

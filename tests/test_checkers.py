@@ -133,3 +133,88 @@ def test_a_loop_that_replaces_an_engine_method_leaves_later_checks_unharmed():
     assert checkers.check_zos_loop(mistakes.make_zos()).passed
     assert checkers.check_serial_loop(mistakes.serial).passed
     assert checkers.check_process_outputs(mistakes.process).passed
+
+
+# ---- issue 20: checks a learner's code cannot poison or hang -----------------------------
+
+def test_an_earlier_cells_patches_are_restored_and_named():
+    import toy_engine as te
+
+    original = (te.kernels.correct_seqlens_qk, te.engine.NUM_SLOTS, te.Engine.process_outputs)
+    te.kernels.correct_seqlens_qk = lambda meta, accepted, block_size: None
+    te.engine.NUM_SLOTS = 1
+    te.Engine.process_outputs = lambda self, step, stage="postprocess": None
+    te.Engine.helper = lambda self: None
+    try:
+        v = checkers.check_correction(mistakes.correction)
+    finally:
+        leftover = (te.kernels.correct_seqlens_qk, te.engine.NUM_SLOTS, te.Engine.process_outputs)
+        te.kernels.correct_seqlens_qk, te.engine.NUM_SLOTS, te.Engine.process_outputs = original
+        te.Engine.__dict__.get("helper") and delattr(te.Engine, "helper")
+    assert v, repr(v)
+    assert leftover == original  # restored by the check itself
+    for name in ("toy_engine.kernels.correct_seqlens_qk", "toy_engine.engine.NUM_SLOTS",
+                 "toy_engine.engine.Engine.process_outputs"):
+        assert name in v.message
+    assert "restored for this check" in v.message and "Restart the kernel" in v.message
+
+
+def test_a_patch_made_while_the_check_runs_fails_it_and_is_undone():
+    import toy_engine as te
+
+    original = te.kernels.correct_seqlens_qk
+
+    def patching(meta, accepted, block_size):
+        te.kernels.correct_seqlens_qk = patching
+        mistakes.correction(meta, accepted, block_size)
+
+    v = checkers.check_correction(patching)
+    assert not v and v.category == "edits_engine" and "toy_engine.kernels.correct_seqlens_qk" in v.message
+    assert te.kernels.correct_seqlens_qk is original
+
+
+def test_a_config_replaced_in_a_plugin_is_put_back_before_the_next_check():
+    import dataclasses
+
+    def replaces_config(engine, step):
+        engine.config = dataclasses.replace(engine.config, race_check=False)
+        mistakes.process(engine, step)
+
+    checkers.check_process_outputs(replaces_config)
+    v = checkers.check_process_outputs(mistakes.process)
+    assert v and "engine.config" in v.message
+
+
+def test_the_real_time_limit_stops_code_that_catches_base_exception_and_engines_stay_healthy():
+    start = time.monotonic()
+    v = checkers.check_zos_loop(mistakes.zos_loops_forever)
+    took = time.monotonic() - start
+    assert not v and v.category == "time_limit" and v.message.startswith(
+        f"your code was still running after {checkers.TIME_LIMIT_S:.0f} s, at line")
+    assert "zos_loops_forever" in v.message
+    assert took < checkers.TIME_LIMIT_S + 30  # the limit plus the engines' recovery, on a busy machine
+    assert checkers.check_zos_loop(mistakes.make_zos())  # the shared engines work afterwards
+
+
+def test_a_double_free_leaves_the_shared_pool_whole():
+    v = checkers.check_process_outputs(mistakes.process_double_free)
+    assert not v and v.category == "double_free"
+    for engine in checkers._ENGINES.values():
+        assert sorted(engine.scheduler.blocks.free_ids) == list(range(engine.config.num_kv_blocks))
+    assert checkers.check_process_outputs(mistakes.process)
+
+
+def test_a_wait_before_the_forward_is_named_with_its_cost_in_words():
+    v = checkers.check_zos_loop(mistakes.make_zos_inline(wait="before_forward"))
+    assert not v and v.category == "waits_before_forward"
+    assert "round 1 (decode, prompts [0, 1, 2])" in v.message and "before it launched round 2's forward" in v.message
+
+
+def test_inline_processing_in_serial_order_is_not_called_deferred():
+    v = checkers.check_zos_loop(mistakes.make_zos_inline(serial_order=True))
+    assert not v and "no decode step was deferred" in v.message
+
+
+def test_the_serial_loop_that_synchronizes_gets_no_advice_about_flushing():
+    v = checkers.check_serial_loop(mistakes.serial_synchronizes_instead)
+    assert not v and "flush" not in v.message and "process_outputs(step)" in v.message

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import itertools
 import math
 import numbers
 import operator
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from . import kernels
 from .device import DeviceError, RaceError
@@ -34,6 +36,7 @@ from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from .kernels import FROM_DEVICE
 from .model import load_model
 from .record import Commit, Free, Launch, Schedule, Wait
+from .sandbox import TIME_LIMIT_S, Pristine, TimeUp, restored_note, time_limit
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24
@@ -76,7 +79,66 @@ def _engine(**config) -> Engine:
         model, alphabet = _model()
         _ENGINES[key] = Engine(EngineConfig(mode="zos", max_batch_size=3, race_check=True, **config),
                                model=model, tokenizer=CharTokenizer(alphabet))
+        _CONFIGS[key] = _ENGINES[key].config
     return _ENGINES[key]
+
+
+_CONFIGS: dict = {}
+
+
+def _heal_engines() -> list[str]:
+    """Make every shared engine whole again before a check: its config, its race checker
+    on, and a cache pool with each block exactly once.  Returns what had to be put back."""
+    changed = []
+    for key, engine in list(_ENGINES.items()):
+        if engine.config is not _CONFIGS[key]:
+            changed.append("engine.config")
+            engine.config = _CONFIGS[key]  # the frozen config, not a learner's replace()
+        if not engine.device.races.enabled:
+            changed.append("engine.device.races.enabled")
+            engine.device.races.enabled = True
+        pool, n = engine.scheduler.blocks.free_ids, engine.config.num_kv_blocks
+        if engine.device.failure() or sorted(pool) != list(range(n)) or engine.scheduler.has_work():
+            changed.append(f"the shared engine's KV pool ({len(pool)} free blocks of {n}; a fresh engine was started)")
+            _ENGINES.pop(key).close()
+            _engine(**dict(key))
+    return changed
+
+
+_PRISTINE = Pristine()
+
+
+def _guarded(*warm):
+    """A public check: the toy and the shared engines put back as they were, ``warm`` run
+    (engines started, references computed: the checker's own time), then the check under
+    the time limit.  What an earlier cell had changed is named in the verdict; what the
+    check's own run changed makes it fail."""
+    def wrap(check):
+        @functools.wraps(check)
+        def guarded(*args, **kwargs) -> Verdict:
+            note = restored_note(_PRISTINE.restore() + _heal_engines())
+            for step in warm:
+                step()
+            try:
+                with time_limit(TIME_LIMIT_S):
+                    verdict = check(*args, **kwargs)
+            except TimeUp as up:
+                verdict = _fail("time_limit",
+                                f"your code was {up} (the check allows {TIME_LIMIT_S:.0f} s; the reference takes a "
+                                f"few): the checker stopped it there. A loop that never ends usually keeps going "
+                                f"after the work is done, or catches the errors that would stop it; the shared "
+                                f"engines were recovered and the next check runs normally")
+            patched = _PRISTINE.restore()
+            if patched:
+                verdict = _fail("edits_engine",
+                                f"your code replaced {', '.join(f'`{n}`' for n in patched[:4])} while the check ran: "
+                                f"the checkers share the toy with every check, so an answer may call its functions "
+                                f"but not replace them (restored now). Try such experiments on an engine of your "
+                                f"own, `Engine(EngineConfig(...))`")
+            verdict.message += note
+            return verdict
+        return guarded
+    return wrap
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,6 +173,9 @@ def _reference(constraint: str | None = None):
 
 def _compare(got, expected) -> str | None:
     """Describe the first difference between two runs' token lists in words."""
+    if len(got) != len(expected):
+        return (f"the run returned {len(got)} completions for {len(expected)} prompts: every prompt must end with "
+                f"one (did your code remove requests from `engine.requests`? it is the run's own list)")
     for i, (g, e) in enumerate(zip(got, expected)):
         if g == e:
             continue
@@ -423,6 +488,13 @@ def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
                          f"`engine.scheduler.has_work()` (or `while True` with a `break` only when it has none)")
         if err.reason == "unprocessed_inflight" and unprocessed:
             r = unprocessed[0]
+            if mode == "zos" and r not in log.prefill and r + 1 in log.prefill:
+                return _fail("dropped_at_prefill",
+                             f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
+                             f"and it was never processed, so prompts {err.prompt_indexes} lost its tokens. A "
+                             f"prefill round is processed at once, but that does not replace the deferred step: "
+                             f"process `previous` under the prefill's forward as in any round, then the prefill's "
+                             f"own step")
             if mode == "zos":
                 return _fail("no_flush",
                              f"{log.who(r)}: its step was launched but never processed, so prompts "
@@ -453,6 +525,13 @@ def _crash(log: _HostLog, err: BaseException, mode: str) -> Verdict:
     r = log.events[last][1] if last is not None else -1
     empty = last is not None and any(e == ("prepare", r) for e in log.events[:last])  # a None plan
     if empty and isinstance(err, (AttributeError, TypeError)) and ("prepare", r + 1) not in log.events[last:]:
+        if mode == "serial":
+            return _fail("never_processed",
+                         f"after round {r}, `engine.schedule()` returned None and your loop went on with it "
+                         f"({type(err).__name__}: {err}). In the serial loop that only happens when launched "
+                         f"steps were never processed: every request is still waiting for its results, so no "
+                         f"round can be planned. Waiting for the device (`synchronize()`) is not enough: "
+                         f"process each step (`engine.process_outputs(step)`) before the next `schedule()`")
         return _fail("none_plan",
                      f"after round {r}, `engine.schedule()` returned None (nothing can be launched until "
                      f"outstanding results are processed) and your loop went on with it: {type(err).__name__}: "
@@ -536,6 +615,7 @@ def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
                  f"`engine.process_outputs` needs to wait, and it waits only on its step's `sample_done`")
 
 
+@_guarded(_engine, _reference)
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
     engine, log, outs, err = _run_loop(loop)
@@ -568,6 +648,8 @@ def _correction_mistake(engine: Engine, log: _HostLog) -> str:
     return ""
 
 
+@_guarded(lambda: _start({"constraint": CONSTRAINT}, {"num_draft_tokens": DRAFTS}, {}),
+          lambda: _reference(CONSTRAINT), _reference)
 def check_zos_loop(loop) -> Verdict:
     """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included.
 
@@ -620,6 +702,7 @@ def _real(x) -> float | None:
     return None
 
 
+@_guarded()
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
     timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
@@ -670,23 +753,75 @@ _CASE = dict(rows=[0, 2, 5], first=[6, 3, 10], tables=[[3, 7, 1, 0], [2, 4, 9, 0
              accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
 
 
-def _case(block_size: int, pending) -> tuple[dict, torch.Tensor]:
-    """The worked case's requests with another block size or other ``pending`` flags."""
-    q = _CASE["k"] + 1
-    positions = torch.tensor([p for f in _CASE["first"] for p in range(f, f + q)])
-    tables = torch.tensor(_CASE["tables"])
-    owner = torch.arange(3).repeat_interleave(q)
+def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor]:
+    """The worked case's requests with another block size or other ``pending`` flags, as
+    ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
+    known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
+    in other rows (the case for telling a loop over requests from tensor operations)."""
+    q, B = _CASE["k"] + 1, 3 * copies
+    first = _CASE["first"] * copies
+    positions = torch.tensor([p for f in first for p in range(f, f + q)])
+    tables = torch.tensor(_CASE["tables"] * copies)
+    owner = torch.arange(B).repeat_interleave(q)
+    pending = list(pending) * copies
+    newest = 37  # any real token id
     meta = {
-        "input_ids": torch.tensor([FROM_DEVICE] * 3 * q),
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else newest for p in pending for j in range(q)]),
         "positions": positions,
         "slot_mapping": tables[owner, positions // block_size] * block_size + positions % block_size,
-        "seqlens_q": torch.tensor([q] * 3),
-        "seqlens_k": torch.tensor([f + q for f in _CASE["first"]]),
-        "rows": torch.tensor(_CASE["rows"]),
+        "seqlens_q": torch.tensor([q] * B),
+        "seqlens_k": torch.tensor([f + q for f in first]),
+        "rows": torch.tensor(_CASE["rows"] + [1, 3, 4, 6, 7][: B - 3]),
         "pending": torch.tensor(pending),
         "block_tables": tables,
     }
     return meta, torch.tensor(_CASE["accepted"])
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the tensor operations a function makes, and the ones that bring a tensor's
+    values to the host (on a GPU each of those waits for the device)."""
+
+    HOST = frozenset({"item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__", "__complex__",
+                      "__array__"})
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.host = 0, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        name = getattr(func, "__name__", "")
+        if name in self.HOST:
+            self.host.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _stays_on_device(fn) -> Verdict | None:
+    """Exercise 04's rule, on the worked case and on twice as many requests: no value read
+    on the host, and as many tensor operations for 6 requests as for 3 (no loop over them)."""
+    counts = []
+    for copies in (1, 2):
+        meta, accepted = _case(4, [1, 1, 1], copies)
+        with _HostReads() as seen:
+            fn(meta, accepted, 4)
+        if seen.host:
+            names = sorted(set(seen.host), key=seen.host.index)
+            return _fail("host_read",
+                         f"your correction computes the right values, but it reads tensor values on the host "
+                         f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
+                         f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
+                         f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
+                         f"tensor operation: no `.item()`, `.tolist()`, `int(...)` or `if` on a tensor")
+        counts.append(seen.ops)
+    if counts[1] > counts[0]:
+        return _fail("python_loop",
+                     f"your correction computes the right values, but it makes {counts[0]} tensor operations "
+                     f"for 3 requests and {counts[1]} for 6: it loops over requests (or tokens) in Python. On "
+                     f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
+                     f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
+                     f"and indexing with tensors), whose count does not depend on the batch size")
+    return None
 
 
 def worked_case():
@@ -775,6 +910,7 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
     return None
 
 
+@_guarded(lambda: _start({"num_draft_tokens": DRAFTS}, {}), _reference)
 def check_correction(correct_seqlens_qk) -> Verdict:
     """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
 
@@ -798,7 +934,12 @@ def check_correction(correct_seqlens_qk) -> Verdict:
             return _fail("raised", f"{label} your correction raised {type(err).__name__}: {err}")
         if verdict is not None:
             return verdict
-    _start({"num_draft_tokens": DRAFTS}, {})
+    try:
+        verdict = _stays_on_device(correct_seqlens_qk)
+    except Exception as err:  # noqa: BLE001
+        return _fail("raised", f"with 6 requests instead of 3 your correction raised {type(err).__name__}: {err}")
+    if verdict is not None:
+        return verdict
     engine = _engine(num_draft_tokens=DRAFTS)
     try:
         outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, correction=correct_seqlens_qk)
@@ -820,6 +961,23 @@ DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_
 INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row, never corrected itself
 
 
+_MAX_ITEMS = 1000
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _bounded_list(items) -> list:
+    """``list(items)``, but an endless iterator stops after _MAX_ITEMS (``list`` would spin in C,
+    out of reach of the time limit)."""
+    out = list(itertools.islice(iter(items), _MAX_ITEMS + 1))
+    if len(out) > _MAX_ITEMS:
+        raise _TooLong
+    return out
+
+
+@_guarded()
 def check_metadata_answer(answer) -> Verdict:
     """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
     if answer is None or answer is NotImplemented:
@@ -828,7 +986,9 @@ def check_metadata_answer(answer) -> Verdict:
     if isinstance(answer, (str, bytes)):
         return _fail("shape", f"write {shape}, not one string ({answer!r}): a string is read letter by letter")
     try:
-        names = list(answer)
+        names = _bounded_list(answer)
+    except _TooLong:
+        return _fail("shape", f"write {shape}; yours gave more than {_MAX_ITEMS} items (an endless iterator?)")
     except TypeError:
         return _fail("shape", f"write {shape}; got {type(answer).__name__} {answer!r}")
     if not all(isinstance(a, str) for a in names):
@@ -871,6 +1031,7 @@ def expected_three_rounds() -> list[tuple[str, int]]:
             if s.round and s.stage in ("launch_forward", "launch_sample", "postprocess", "flush")]
 
 
+@_guarded(_engine)
 def check_three_rounds(order) -> Verdict:
     """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
     if order is None or order is NotImplemented:
@@ -880,7 +1041,9 @@ def check_three_rounds(order) -> Verdict:
         return _fail("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
                               f"and a round number")
     try:
-        items = list(order)
+        items = _bounded_list(order)
+    except _TooLong:
+        return _fail("shape", f"write {shape}; yours gave more than {_MAX_ITEMS} items (an endless iterator?)")
     except TypeError:
         return _fail("shape", f"write {shape}; got {type(order).__name__} {order!r:.60}")
     order = []
@@ -909,9 +1072,18 @@ def check_three_rounds(order) -> Verdict:
                     "(the sample may need the tokens it commits, as the title-case demo of notebook 03a shows)")
             elif want[0] == "flush":
                 category, why = "no_flush", ": the last round has no next round to hide under, so it is flushed"
+            elif got[0] == "flush" and want == ("sample", got[1]):
+                category, why = "flush_before_sample", (
+                    f": round {got[1]} is the last round, and it is flushed, but only after its sample is "
+                    f"launched: a step can be processed only once it exists")
             elif got[0] == "flush":
                 category, why = "flush_mid_run", (": a flush is only for the last round, when no next round is "
                                                   "left to hide it under; the others are postprocessed")
+            elif got[0] == "forward" and want == ("sample", got[1] - 1):
+                category, why = "forward_before_sample", (
+                    f": round {got[1]}'s forward needs round {got[1] - 1}'s sampled token as its input (it stays on "
+                    f"the device, FROM_DEVICE), so round {got[1] - 1}'s sample is launched first, and the host "
+                    f"plans round {got[1]} only after that")
             elif got[0] in ("postprocess", "flush") and want[0] == "forward":
                 category, why = "serial_order", (": a decode step is processed in the next round, after that "
                                                  "round's forward is launched, not in its own")
@@ -1058,6 +1230,7 @@ def _overlap_lost(engine: Engine, waits) -> tuple[int, int]:
     return steps, lost
 
 
+@_guarded(_engine)
 def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees."""
     engine = _engine()
