@@ -113,7 +113,7 @@ class Scheduler:
     def free(self, req: Request) -> None:
         """Give a request's row and KV blocks back (the race checker sees the blocks go)."""
         if req in self.running:
-            self.blocks.free(req.blocks, owner=f"request {req.id}")  # may raise RaceError: change nothing before
+            self.blocks.free(req.blocks, owner=f"prompt {req.index}")  # may raise RaceError: change nothing before
             self.running.remove(req)
             self.free_rows.append(req.row)
             self.free_rows.sort()
