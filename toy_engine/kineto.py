@@ -389,7 +389,7 @@ def to_timeline(source) -> Timeline:
 
     used = trace.host + trace.device
     t0 = min(e.ts for e in used)
-    origin_ns = int(round(t0 * 1000))
+    origin_ns = int(t0) * 1000 + int(round((t0 - int(t0)) * 1000))  # exact for integer-us traces
     dev_name = "GPU"
     props = trace.meta.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
