@@ -233,6 +233,34 @@ def test_export_is_kinetos_shape(runs, tmp_path):
         assert any(h["ts"] <= e["ts"] and e["ts"] + e["dur"] <= h["ts"] + h["dur"] + 1e-3 for h in host_spans), e
 
 
+def _nesting_problems(events: list[dict]) -> list[str]:
+    """Complete events of one thread must nest (chrome://tracing and Perfetto draw a thread as a stack)."""
+    problems = []
+    by_thread: dict = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+    for thread, evs in by_thread.items():
+        stack: list[float] = []
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            end = e["ts"] + e["dur"]
+            while stack and e["ts"] >= stack[-1] - 1e-3:
+                stack.pop()
+            if stack and end > stack[-1] + 2e-3:
+                problems.append(f"{thread}: {e['name']} at {e['ts']} ends {end - stack[-1]:.3f} us after its parent")
+            stack.append(end)
+    return problems
+
+
+def test_export_nests_on_every_thread(runs):
+    stored = {name: Timeline.from_json(TRACES_DIR / f"{name}.json") for name in ("cpu_serial", "cpu_zos")}
+    for mode, tl in [*((m, r[0]) for m, r in runs.items()), *stored.items()]:
+        problems = _nesting_problems(kineto.export(tl)["traceEvents"])
+        assert not problems, (mode, problems[:5])
+    assert _nesting_problems([{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 10, "name": "a"},
+                              {"ph": "X", "pid": 1, "tid": 1, "ts": 5, "dur": 10, "name": "b"}])
+
+
 def test_export_reads_back_with_the_same_idle(runs, tmp_path):
     for mode, (tl, stats) in runs.items():
         path = tmp_path / f"{mode}.json.gz"
