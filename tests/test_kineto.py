@@ -109,6 +109,16 @@ def test_real_trace_as_a_course_timeline():
     assert len(kineto.to_timeline("a100_alexnet").lane("device")) == 79 + 16 + 3
 
 
+def test_real_trace_draws_in_the_course_views():
+    from toy_engine import viz  # plotly: the course extra, like HTA
+    tl = kineto.to_timeline("a100_event_sync")
+    fig = viz.timeline_figure(tl, first_round=100, num_rounds=1)
+    names = {bar.name for bar in fig.data}
+    assert {"kernel", "memcpy", "wait", "launch"} <= names, names
+    order = viz.order_figure(tl, first_round=100, num_rounds=1)
+    assert len(order.data) > 0
+
+
 # ---------------------------------------------------------------------------- import: broken files
 
 def _kernel(**over):

@@ -299,7 +299,8 @@ def _stream_breakdown(trace: KinetoTrace, events: list[_Event], kernel_wait_us: 
 
 
 def _rounded(d: dict) -> dict:
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
+    """Microseconds to the nanosecond, fractions to 6 places."""
+    return {k: (round(v, 3 if k.endswith("_us") else 6) if isinstance(v, float) else v) for k, v in d.items()}
 
 
 def summary(source, kernel_wait_us: float = KERNEL_WAIT_US) -> dict:
