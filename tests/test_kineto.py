@@ -164,6 +164,18 @@ def test_broken_files_give_a_clear_value_error(case, tmp_path):
         assert str(path) in str(info.value)  # names the file
 
 
+def test_a_cpu_only_torch_profile_is_named_as_such(tmp_path):
+    """A real trace from this torch's profiler without a GPU: no device events, and the error says so."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(32, 32) @ torch.randn(32, 32)
+    path = tmp_path / "cpu_only.json"
+    prof.export_chrome_trace(str(path))
+    with pytest.raises(ValueError, match="no device events .* a CPU-only profile"):
+        kineto.summary(path)
+
+
 def test_missing_file_and_wrong_argument(tmp_path):
     with pytest.raises(ValueError, match="cannot read trace file"):
         kineto.summary(tmp_path / "nope.json.gz")
