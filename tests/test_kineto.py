@@ -342,8 +342,8 @@ def _cli(*args, cwd=ROOT):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_command_summary_and_its_errors(tmp_path):
-    done = _cli("summary", str(kineto.real_traces()["a100_event_sync"]))
+def test_command_summary_and_its_errors(tmp_path, capsys):
+    done = _cli("summary", str(kineto.real_traces()["a100_event_sync"]))  # the real entry point, once
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["device_idle_fraction"] == pytest.approx(0.7871, abs=1e-4)
@@ -351,16 +351,16 @@ def test_command_summary_and_its_errors(tmp_path):
     assert {"device_busy_us", "device_idle_us", "host_wait_share"} <= set(out)
     bad = tmp_path / "bad.json.gz"
     bad.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-9])
-    done = _cli("summary", str(bad))
-    assert done.returncode == 2 and "truncated or corrupt gzip" in done.stderr and "Traceback" not in done.stderr
+    assert kineto.main(["summary", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "truncated or corrupt gzip" in err and "Traceback" not in err
 
 
-def test_command_export_converts_a_stored_run(tmp_path):
+def test_command_export_converts_a_stored_run(tmp_path, capsys):
     out = tmp_path / "cpu_zos_kineto.json"
-    done = _cli("export", str(out), "cpu_zos")
-    assert done.returncode == 0, done.stderr
+    assert kineto.main(["export", str(out), "cpu_zos"]) == 0
     stored = Timeline.from_json(TRACES_DIR / "cpu_zos.json")
-    report = json.loads(done.stdout)[str(out)]
+    report = json.loads(capsys.readouterr().out)[str(out)]
     assert report["course_device_idle_fraction"] == pytest.approx(stored.device_idle_fraction(), abs=1e-6)
     hta = _hta_figures(out, tmp_path / "hta")
     assert abs(hta["idle_pct"] - 100 * stored.device_idle_fraction()) <= 2.0
