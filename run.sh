@@ -7,6 +7,8 @@
 #   ./run.sh explorer  serve the timeline explorer as an app (Voila, no code) on port 8866
 #   ./run.sh slides    build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
 #   ./run.sh handout   build the one-page "three rounds" handout -> build/handout/three_rounds.{html,pdf}
+#   ./run.sh trace summary FILE      device idle of a PyTorch-profiler (Kineto) trace, as JSON
+#   ./run.sh trace export OUT.json   record serial and ZOS runs (or convert a stored one) as Kineto JSON
 # Extra arguments go to jupyter lab / pytest / voila / the slides builder.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -60,8 +62,12 @@ case "${1:-}" in
         setup "$1"
         exec "$VENV/bin/python" -m toy_engine.handout "${@:2}"
         ;;
+    trace)
+        setup "$1"
+        exec "$VENV/bin/python" -m toy_engine.kineto "${@:2}"
+        ;;
     *)
-        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides | ./run.sh handout" >&2
+        echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides | ./run.sh handout | ./run.sh trace summary FILE | ./run.sh trace export OUT.json" >&2
         exit 2
         ;;
 esac
