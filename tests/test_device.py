@@ -214,3 +214,34 @@ def test_the_engine_starts_a_new_record_each_run(make_engine):
     assert [c.round for c in commits] == [0, 1, 2, 3] and not any(c.refused for c in commits)
     engine.generate(["Once upon a time"], max_new_tokens=4)
     assert len(engine.record.of(Wait)) == len(waits)
+
+
+def test_every_free_is_recorded_even_when_refused(device):
+    from toy_engine.record import Free
+
+    device.run_record = RunRecord()
+    device.launch(sleep_ms, 20, round=1, stage="forward", blocks={3, 4})
+    with pytest.raises(RaceError) as info:  # in use by the pending forward
+        device.free_blocks([3, 4], "prompt 0")
+    assert info.value.kind == "free_in_use"
+    device.races.enabled = False                         # a learner turns the checker off ...
+    device.free_blocks([3, 4], "prompt 0")               # ... and the free goes through
+    device.races.enabled = True
+    with pytest.raises(RaceError) as info:               # a second free of the same blocks
+        device.free_blocks([4], "prompt 0", double=[4])
+    assert info.value.kind == "double_free"
+    device.synchronize()
+    refused, through, double = device.run_record.of(Free)
+    assert refused.refused and refused.in_use == ((1, "forward"),)
+    assert not through.refused and through.in_use == ((1, "forward"),)   # the record still sees the hazard
+    assert double.refused and double.double == (4,)
+
+
+def test_a_double_free_is_refused_even_with_race_checking_off(make_engine):
+    engine = make_engine(mode="serial", max_batch_size=2, race_check=False)
+    pool = engine.scheduler.blocks
+    blocks = pool.allocate(2)
+    pool.free(blocks, "prompt 0")
+    with pytest.raises(RaceError, match="freed a second time"):
+        pool.free(blocks, "prompt 0")
+    assert sorted(pool.free_ids) == list(range(engine.config.num_kv_blocks))
