@@ -35,6 +35,7 @@ from .data import CharTokenizer
 from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from .kernels import FROM_DEVICE
 from .model import load_model
+from .timeline import Timeline
 from .record import Commit, Free, Launch, Schedule, Wait
 from .sandbox import TIME_LIMIT_S, Pristine, TimeUp, restored_note, time_limit
 
@@ -352,7 +353,14 @@ def _prepared_twice(log: _HostLog, r: int) -> Verdict:
 
 def _serial_order(log: _HostLog) -> Verdict | None:
     for r in log.rounds:
-        done, nxt = log.processing(r), log.first("prepare", r + 1)
+        done, nxt, planned = log.processing(r), log.first("prepare", r + 1), log.first("schedule", r + 1)
+        if done and planned is not None and nxt is not None and planned < done[0] < nxt:
+            return _fail("scheduled_before_processing",
+                         f"{log.who(r)}: round {r + 1} was scheduled before round {r}'s results were processed. "
+                         f"The plan was made from stale state: a request that finished in round {r} (a stop, "
+                         f"its last token) is still in round {r + 1}'s plan and gets a wasted extra step. The "
+                         f"serial loop processes each step before it asks `engine.schedule()` for the next "
+                         f"round: that is what makes its plans exact")
         if done and nxt is not None and done[0] > nxt:
             return _fail("not_serial",
                          f"{log.who(r)}: its results were processed after round {r + 1} was prepared and "
@@ -434,6 +442,12 @@ def _zos_order(log: _HostLog) -> Verdict | None:
                          f"{log.who(r)}: its results were processed before round {r + 1}'s forward was "
                          f"launched, so the device sat idle while the host waited and committed. Launch "
                          f"this round's forward first, then process the previous step")
+        if smp is not None and at > smp and r + 1 in log.prefill:
+            return _fail("deferred_past_prefill",
+                         f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
+                         f"and it was processed only after that prefill's sample, a round late. A prefill round "
+                         f"is a round like any other for the step deferred before it: process `previous` under "
+                         f"the prefill's forward, before its sample, then the prefill's own step")
         if smp is not None and at > smp:
             return _fail("sample_before_process",
                          f"{log.who(r)}: round {r + 1}'s sample was launched before round {r}'s results were "
@@ -622,6 +636,15 @@ def check_serial_loop(loop) -> Verdict:
     verdict = _loop_verdict(log, err, "serial", _serial_order)
     if verdict is not None:
         return verdict
+    extra = [w for w in log.waits if w.stage != "sample"]
+    if extra:
+        return _fail("waits_later_event",
+                     f"{log.who(extra[0].round)}: the host waited for round {extra[0].round}'s "
+                     f"`{extra[0].stage}` ({len(extra)} such waits in this run: `engine.device.synchronize()`, "
+                     f"or an event recorded after a launch), though nothing on the host needed it yet. The "
+                     f"tokens are right, but the device sat idle while the host waited and then launched the "
+                     f"next stage. The serial loop waits once per round, inside `process_outputs`, on the "
+                     f"step's `sample_done`")
     diff = _compare([c.token_ids for c in outs], _reference())
     if diff:
         return _fail("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
@@ -670,11 +693,9 @@ def check_zos_loop(loop) -> Verdict:
         return _fail("wrong_tokens", f"with the `{CONSTRAINT}` constraint on, {diff}: process every step exactly "
                                      f"once, in round order, before the next sample")
     spec, spec_log, spec_outs, err = _run_loop(loop, num_draft_tokens=DRAFTS)
-    stopped = _stopped_by_checker(err)
-    if stopped is not None:
-        return stopped
-    if err is not None:
-        return _crash(spec_log, err, "zos")
+    verdict = _loop_verdict(spec_log, err, "zos", _zos_overlapped)  # its rounds end differently: a new order
+    if verdict is not None:
+        return verdict
     diff = _compare([c.token_ids for c in spec_outs], _reference())
     if diff:
         why = _correction_mistake(spec, spec_log)
@@ -724,7 +745,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
         return abs(a - b) < 1e-6
 
     if close(got, expected):
-        return Verdict(True, "your idle fraction equals engine.stats['device_idle_fraction']")
+        return _same_on_another_timeline(idle_fraction, timeline)
     idle = sum(b - a for a, b in timeline.device_gaps())
     busy = timeline.device_busy_ms()
     if close(got, 100 * expected):
@@ -743,6 +764,30 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
                                          "device work; use idle + busy as the denominator")
     return _fail("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
                                 f"timeline.device_gaps() and timeline.device_busy_ms()")
+
+
+def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:
+    """A right value on the run's timeline; now on one the function cannot have seen the
+    stats of: the same run without its prefill round."""
+    decode = Timeline(origin_ns=timeline.origin_ns, meta=dict(timeline.meta))
+    for span in timeline.spans:
+        if span.round > 0:
+            decode.spans.append(span)
+    expected = decode.device_idle_fraction()
+    try:
+        got = _real(idle_fraction(decode))
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        got, why = None, f"it raised {type(err).__name__}: {err}"
+    else:
+        why = f"it returned {got!r:.40}"
+    if got is None or not abs(got - expected) < 1e-6:
+        return _fail("not_from_timeline",
+                     f"your function gave the run's idle fraction, but not on another timeline: for the same "
+                     f"run without its prefill round (round 0) the idle fraction is {expected:.4f}, and {why}. "
+                     f"Compute it from the timeline you are given (its device gaps and busy time), not from "
+                     f"the engine's stats or a number you saw")
+    return Verdict(True, "your idle fraction equals engine.stats['device_idle_fraction'], and it follows the "
+                         "timeline it is given (checked on the same run without its prefill)")
 
 
 # ------------------------------------------------------------------ seqlen correction
