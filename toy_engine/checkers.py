@@ -36,7 +36,7 @@ from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from .kernels import FROM_DEVICE
 from .model import load_model
 from .timeline import Timeline
-from .record import Commit, Free, Launch, Schedule, Wait
+from .record import Commit, Free, Launch, Refused, Schedule, Wait
 from .sandbox import TIME_LIMIT_S, Pristine, TimeUp, restored_note, time_limit
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
@@ -123,6 +123,11 @@ def _guarded(*warm):
             try:
                 with time_limit(TIME_LIMIT_S):
                     verdict = check(*args, **kwargs)
+            except SystemExit as exit_:
+                verdict = _fail("raised",
+                                f"your code called `exit()` / `sys.exit({exit_.code!r})` (SystemExit), which would end "
+                                f"the notebook's kernel: the checker stopped it there. Return from your function "
+                                f"instead")
             except TimeUp as up:
                 verdict = _fail("time_limit",
                                 f"your code was {up} (the check allows {TIME_LIMIT_S:.0f} s; the reference takes a "
@@ -284,6 +289,7 @@ class _HostLog:
                              "commit")
                 self.events.append((label, e.round))
         self.waits = record.of(Wait)
+        self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
         self.prefill = set(timeline.meta.get("prefill_rounds", ()))
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
@@ -600,7 +606,24 @@ def _loop_verdict(log: _HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = in_order(log)
     if verdict is None and err is not None:
         verdict = _crash(log, err, mode)
+    if verdict is None and log.refused:
+        verdict = _swallowed(log.refused[0])
     return verdict
+
+
+def _swallowed(refusal) -> Verdict:
+    """The race checker refused something and the learner's code caught the error."""
+    if isinstance(refusal, Refused):
+        what = (f"a host {'read' if refusal.access == 'r' else 'write'} of `{refusal.buffer}` while round "
+                f"{refusal.round}'s `{refusal.launch}` still used it")
+    else:
+        what = f"a free of KV blocks {list(refusal.blocks)} while round {refusal.in_use[0][0]}'s `{refusal.in_use[0][1]}` still used them" \
+            if refusal.in_use else f"a second free of KV blocks {list(refusal.double)}"
+    return _fail("race",
+                 f"the race checker refused {what}, and your code caught the error and went on. The refusal is "
+                 f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
+                 f"happens, and it races with the device. Wait on the right event first instead of catching "
+                 f"the error")
 
 
 def _waits_beyond(engine: Engine, log: _HostLog) -> Verdict | None:
@@ -827,8 +850,8 @@ class _HostReads(TorchFunctionMode):
     """Counts the tensor operations a function makes, and the ones that bring a tensor's
     values to the host (on a GPU each of those waits for the device)."""
 
-    HOST = frozenset({"item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__", "__complex__",
-                      "__array__"})
+    HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
+                      "__complex__", "__array__"})
 
     def __init__(self):
         super().__init__()
@@ -837,7 +860,8 @@ class _HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.ops += 1
         name = getattr(func, "__name__", "")
-        if name in self.HOST:
+        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values()))
+        if name in self.HOST or to_host:
             self.host.append(name)
         return func(*args, **(kwargs or {}))
 
@@ -857,7 +881,7 @@ def _stays_on_device(fn) -> Verdict | None:
                          f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
-                         f"tensor operation: no `.item()`, `.tolist()`, `int(...)` or `if` on a tensor")
+                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor")
         counts.append(seen.ops)
     if counts[1] > counts[0]:
         return _fail("python_loop",
@@ -1163,6 +1187,7 @@ class _StepWatch:
                              if isinstance(w, Wait)]
             call["commits"] = [c for c in events if isinstance(c, Commit)]
             call["frees"] = [f for f in events if isinstance(f, Free)]
+            call["refused"] = [r for r in events if isinstance(r, Refused)]
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
@@ -1199,6 +1224,14 @@ def _step_mistake(call) -> Verdict | None:
                      f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
                      f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
                      f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
+    early = [r for r in call["refused"] if r.buffer.startswith("out")]
+    if early and not call.get("raised"):
+        return _fail("read_before_wait",
+                     f"{who}: you read the step's sampled tokens (`{early[0].buffer}`) before waiting on its "
+                     f"completion event; the race checker refused that read, and your code caught the error and "
+                     f"read again after a wait. The refusal is the bug: with race checking off (benchmarks, a "
+                     f"real GPU) the first read returns whatever the slot held. Wait on `step.sample_done` "
+                     f"first: the wait is the permission to read")
     holders = call["holders"]
     for free in call["frees"]:
         prompts = sorted({holders[b] for b in free.blocks if b in holders})

@@ -281,7 +281,11 @@ class Device:
 
     def host(self, name: str, mode: str = "r") -> torch.Tensor:
         """The host side of a buffer, checked against unfinished launches."""
-        self.races.check_access(name, mode)
+        try:
+            self.races.check_access(name, mode)
+        except RaceError as err:
+            self.run_record.refused(name, mode, err.round, err.launch)
+            raise
         return self.buffers[name]
 
     # implemented by subclasses

@@ -81,6 +81,18 @@ class Free:
     t_ns: int
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A host access to a buffer that the race checker refused (``buffer``, ``access``
+    "r"/"w"): round ``round``'s ``launch`` still used it.  Kept even if the error was caught."""
+
+    buffer: str
+    access: str
+    round: int
+    launch: str
+    t_ns: int
+
+
 class RunRecord:
     """The events of one run, in order (``events``); the engine starts a new one per run."""
 
@@ -108,6 +120,9 @@ class RunRecord:
     def free(self, owner: str, blocks, double=(), refused: bool = False) -> None:
         in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))
         self.events.append(Free(owner, tuple(blocks), in_use, tuple(double), refused, time.perf_counter_ns()))
+
+    def refused(self, buffer: str, access: str, round: int, launch: str) -> None:
+        self.events.append(Refused(buffer, access, round, launch, time.perf_counter_ns()))
 
     def outstanding(self, blocks=None) -> list[Launch]:
         """Launches not yet covered by a host wait (touching ``blocks``, if given)."""
