@@ -58,7 +58,7 @@ from .timeline import PROCESS_STAGES, Span, Timeline
 
 __all__ = ["REAL_TRACES_DIR", "real_traces", "read_trace", "KinetoTrace", "summary", "to_timeline",
            "export", "kineto_events", "main", "KERNEL_WAIT_US", "DEFAULT_STREAM", "idle_after_syncs",
-           "host_syncs", "SYNC_EVENT_CALLS", "CUDA_TRACES_DIRS", "cuda_profiles"]
+           "host_syncs", "SYNC_EVENT_CALLS", "CUDA_TRACES_DIRS", "cuda_profiles", "side_by_side"]
 
 #: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
 REAL_TRACES_DIR = Path(__file__).parent / "traces" / "a100"
@@ -409,6 +409,26 @@ def idle_after_syncs(source) -> dict:
             "by_sync_us": {k: round(v, 3) for k, v in sorted(by_sync.items(), key=lambda kv: -kv[1])},
             "no_sync_us": round(no_sync, 3), "gaps": gaps, "syncs": host_syncs(trace),
             "rounds": max(1, len(steps)), "span_us": round(merged[-1][1] - merged[0][0], 3)}
+
+
+def side_by_side(traces: dict) -> str:
+    """A text table comparing traces (label -> anything :func:`summary` reads): device idle
+    (HTA's), the host_wait share of it, the idle charged to host syncs (:func:`idle_after_syncs`)
+    as a share of all idle and per loop pass (ProfilerStep), and the sync charged with most."""
+    head = ("trace", "passes", "span", "device idle", "host_wait", "idle after a sync", "per pass", "mostly after")
+    rows = []
+    for label, source in traces.items():
+        trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
+        s, a = summary(trace), idle_after_syncs(trace)
+        after = sum(a["by_sync_us"].values())
+        span = s["device_span_us"]
+        rows.append((str(label), str(a["rounds"]), f"{span / 1000:.2f} ms" if span >= 1000 else f"{span:.0f} us",
+                     f"{s['device_idle_fraction']:.1%}", f"{s['host_wait_share']:.0%}",
+                     f"{after / a['idle_us']:.0%}" if a["idle_us"] else "-",
+                     f"{after / a['rounds']:.0f} us", next(iter(a["by_sync_us"]), "-")))
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) if i in (0, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join(x.rstrip() for x in [line(head), line(tuple("-" * w for w in widths)), *map(line, rows)])
 
 
 #: Where the lesson (notebook 06) looks for torch.profiler traces of the CUDA engine, in order:
