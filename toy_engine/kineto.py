@@ -15,6 +15,8 @@ and the course's :class:`~toy_engine.timeline.Timeline`, both ways:
   events on a stream, ``ac2g`` flow arrows from launch to device span, one ``ProfilerStep#N``
   per pass of the loop, waits as ``cudaEventSynchronize`` + ``Event Sync``, and an arrow
   from each round's ``sample`` to the host step that consumes its tokens.
+* **which sync** -- :func:`idle_after_syncs` charges each device gap to the blocking host call
+  (``...Synchronize``) that returned inside it; :func:`side_by_side` tabulates traces with it.
 
 How idle time is counted (the definitions of Meta's Holistic Trace Analysis, HTA 0.5.0,
 read from its source, so that the numbers can be checked against it):
