@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: on a CUDA machine, run the GPU tests, the benchmark (serial, zos and the
-# speculative variants) and record timelines (JSON + HTML) into one folder.
+# speculative variants), record timelines (JSON + HTML) and torch.profiler (Kineto) traces of
+# the CUDA engine in serial and ZOS (torch_profile_{serial,zos}.json.gz, read by notebook 06;
+# copy them into toy_engine/traces/cuda/ to ship them) into one folder.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: artifacts/gpu)
 # Fits in a few minutes on one GPU.  Needs the package installed (./run.sh test does it).
 set -euo pipefail
@@ -21,6 +23,7 @@ nvidia-smi -L | tee "$OUT/gpu.txt" || true
 "$PY" -m toy_engine.bench --device cuda --host-overhead-ms 2 --json > "$OUT/bench_cuda_overhead2.json"
 "$PY" -c "import json,sys; from toy_engine.bench import format_table; print(format_table(json.load(open('$OUT/bench_cuda.json'))))" | tee "$OUT/bench_cuda.txt"
 "$PY" scripts/record_traces.py --device cuda --out "$OUT"
+"$PY" scripts/profile_cuda.py --device cuda --out "$OUT" | tee "$OUT/torch_profile_summary.txt"
 "$PY" - "$OUT" <<'PY'
 import sys
 from pathlib import Path

@@ -3,6 +3,7 @@
     python scripts/measure_notebooks.py                      # all notebooks and exercises
     python scripts/measure_notebooks.py notebooks/02_serial_engine.ipynb --json out.json
     python scripts/measure_notebooks.py --record       # measure all, store docs/learner_times.json, --update
+    python scripts/measure_notebooks.py --record notebooks/06_real_traces.ipynb   # re-measure only these
     python scripts/measure_notebooks.py --update       # rewrite the time lines and tables from that file
 
 Each notebook is copied to a temporary folder and executed the way the course does it,
@@ -54,7 +55,10 @@ COURSE = {
     "exercises/04_seqlen_correction": 15,
     "notebooks/05_ownership": 0,
     "exercises/05_lifetime": 10,
+    "notebooks/06_real_traces": 0,
 }
+#: Listed in the tables and tracks, but not part of "the whole course" total: an optional chapter.
+OPTIONAL = {"notebooks/06_real_traces"}
 MINUTES_PER_CHECK = 2  # answering one checked cell: our estimate
 CHECK_CALL = re.compile(r"\b(?:practice|checkers)\.check_\w+\(")
 ANSWER_STUB = re.compile(r"^\w+\s*=\s*None\s*#\s*your answer", re.M)
@@ -191,19 +195,32 @@ def time_line(rel: str, sh: dict, run: dict) -> str:
             f"{run['wall_s']:.0f} s wall to run every cell ({_conditions(run)}).")
 
 
+def _separately(times: dict) -> list[str]:
+    """Notebooks re-measured on their own (``--record PATH``), with when and where."""
+    return [f"`{rel}` on {run['date']} at commit {run['commit']}" for rel, run in times["runs"].items()
+            if rel in COURSE and run.get("date") and (run["date"], run.get("commit")) != (times["date"], times["commit"])]
+
+
 def guide_table(times: dict, shapes: dict, minutes: dict) -> str:
+    alone = _separately(times)
     rows = [f"Measured {times['date']} at commit {times['commit']} with `python scripts/measure_notebooks.py "
-            f"--record` (load average in brackets).", "",
+            f"--record` (load average in brackets)" + (f"; measured on its own with `--record PATH`: "
+                                                       f"{', '.join(alone)}" if alone else "") + ".", "",
             "| notebook | cells | words | reading | checked cells | run: CPU / wall (load) | peak memory, unique "
             "(device processes) | self-paced total |", "|---|---|---|---|---|---|---|---|"]
     for rel, code_min in COURSE.items():
         sh, run = shapes[rel], times["runs"][rel]
         checks = f"{sh['checks']}" + (f" (code: ~{code_min} min)" if code_min else "")
-        rows.append(f"| `{rel}` | {sh['cells']} | {sh['words']:,} | {sh['words'] / WORDS_PER_MINUTE:.0f} min | {checks} "
+        name = f"`{rel}` (optional)" if rel in OPTIONAL else f"`{rel}`"
+        rows.append(f"| {name} | {sh['cells']} | {sh['words']:,} | {sh['words'] / WORDS_PER_MINUTE:.0f} min | {checks} "
                     f"| {run['cpu_s']:.0f} s / {run['wall_s']:.0f} s ({run['load_average']:.1f}) | "
                     f"{run['uss_mb']} MB ({run['device_processes']}) | {minutes[rel]} min |")
-    total = sum(minutes.values())
-    rows.append(f"| **all** | | | | | | | **{total / 60:.1f} h** ({total} min) |")
+    total = sum(m for rel, m in minutes.items() if rel not in OPTIONAL)
+    rows.append(f"| **all**{' (optional notebooks aside)' if OPTIONAL else ''} | | | | | | | "
+                f"**{total / 60:.1f} h** ({total} min) |")
+    if OPTIONAL:
+        rows.append(f"| **with the optional notebooks** | | | | | | | **{sum(minutes.values()) / 60:.1f} h** "
+                    f"({sum(minutes.values())} min) |")
     return "\n".join(rows)
 
 
@@ -225,7 +242,10 @@ def updated_files(times: dict) -> dict[Path, str]:
                          f"run `python scripts/measure_notebooks.py --record` on a quiet machine")
     changed: dict[Path, str] = {}
     minutes = {rel: learner_minutes(rel, shapes[rel], times["runs"][rel]) for rel in COURSE}
-    total = sum(minutes.values())
+    total = sum(m for rel, m in minutes.items() if rel not in OPTIONAL)
+    optional = ", ".join(Path(rel).name.split("_")[0] for rel in COURSE if rel in OPTIONAL)
+    with_optional = (f" ({sum(minutes.values()) / 60:.1f} with the optional notebook{'s' * (len(OPTIONAL) > 1)} "
+                     f"{optional})" if OPTIONAL else "")
     for rel in COURSE:
         line = time_line(rel, shapes[rel], times["runs"][rel])
         # an exercise's header lives in source/ and in both generated copies (kept identical)
@@ -257,16 +277,16 @@ def updated_files(times: dict) -> dict[Path, str]:
             text = text[:row.start()] + "|".join(cols) + text[row.end():]
     exercises = ", ".join(f"{Path(rel).name[:2]} about {minutes[rel]} min" for rel in COURSE
                           if rel.startswith("exercises/"))
-    text = _replace(text, r"^Exercises: 02 about .*?hours\.",
+    text = _replace(text, r"^Exercises: 02 about .*?hours(?: \([^)]*optional[^)]*\))?\.",
                     f"Exercises: {exercises} (reading, run and an estimated 10–20 minutes of writing code). "
-                    f"Self-paced, the whole course is about {total / 60:.1f} hours.", "README.md")
+                    f"Self-paced, the whole course is about {total / 60:.1f} hours{with_optional}.", "README.md")
     if text != readme.read_text():
         changed[readme] = text
     guide = REPO / "docs" / "instructor_guide.md"
     text = _replace(guide.read_text(), r"(?<=<!-- learner-times:begin -->\n).*?(?=\n<!-- learner-times:end -->)",
                     guide_table(times, shapes, minutes), guide.name)
-    text = _replace(text, r"the whole course takes about \*\*[^*]+\*\*",
-                    f"the whole course takes about **{total / 60:.1f} hours**", guide.name)
+    text = _replace(text, r"the whole course takes about \*\*[^*]+\*\*( \([^)]*optional[^)]*\))?",
+                    f"the whole course takes about **{total / 60:.1f} hours**{with_optional}", guide.name)
     if text != guide.read_text():
         changed[guide] = text
     return changed
@@ -283,7 +303,8 @@ def main(argv=None) -> int:
                    help="default: notebooks/*.ipynb and exercises/*.ipynb")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--record", action="store_true",
-                   help=f"measure the whole course, store it in {TIMES.relative_to(REPO)}, then --update")
+                   help=f"measure the whole course (or only the notebooks given), store it in "
+                        f"{TIMES.relative_to(REPO)}, then --update")
     p.add_argument("--update", action="store_true",
                    help=f"only rewrite the headers' time lines and the tables from {TIMES.relative_to(REPO)}")
     a = p.parse_args(argv)
@@ -292,8 +313,15 @@ def main(argv=None) -> int:
             path.write_text(text)
             print(f"updated {path.relative_to(REPO)}")
         return 0
+    only = []  # --record PATH...: re-measure these, keep the file's other measurements
+    if a.record and a.notebooks:
+        only = [str(n.resolve().relative_to(REPO).with_suffix("")).replace("solutions/", "exercises/", 1)
+                for n in a.notebooks]
+        unknown = [rel for rel in only if rel not in COURSE]
+        if unknown:
+            p.error(f"not in the course (COURSE): {unknown}")
     if a.record:  # an exercise runs as its solution: answered, its checkers start their engines
-        paths = [REPO / f"{_measured_as(rel)}.ipynb" for rel in COURSE]
+        paths = [REPO / f"{_measured_as(rel)}.ipynb" for rel in (only or COURSE)]
     else:
         paths = [n.resolve() for n in a.notebooks] or sorted((REPO / "notebooks").glob("*.ipynb")) + \
             sorted((REPO / "exercises").glob("*.ipynb"))
@@ -311,7 +339,16 @@ def main(argv=None) -> int:
                   f"{r['uss_mb']} / {r['pss_mb']} MB ({r['device_processes']}) |", flush=True)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
-    if a.record:
+    if a.record and only:
+        stored = json.loads(TIMES.read_text())
+        for rel, r in zip(only, results):
+            stored["runs"][rel] = {**r, "date": time.strftime("%Y-%m-%d"), "commit": _git_commit()}
+        stored["runs"] = {rel: stored["runs"][rel] for rel in COURSE if rel in stored["runs"]}
+        TIMES.write_text(json.dumps(stored, indent=1) + "\n")
+        for path, text in updated_files(json.loads(TIMES.read_text())).items():
+            path.write_text(text)
+            print(f"updated {path.relative_to(REPO)}")
+    elif a.record:
         runs = {rel: r for rel, r in zip(COURSE, results)}
         TIMES.write_text(json.dumps({"commit": _git_commit(), "date": time.strftime("%Y-%m-%d"),
                                      "runs": runs}, indent=1) + "\n")

@@ -1,7 +1,7 @@
 """The one-page "three rounds" handout (toy_engine/handout.py) tells the truth about its traces.
 
-The built page must show rounds 0-2 of both recorded runs (and the ZOS run's flush), say
-where the traces were recorded, state numbers equal to those recomputed here from the raw
+The built page must show rounds 0-2 of both recorded runs (and the ZOS run's flush) and the
+real A100 trace beside them, say where the traces were recorded, state numbers equal to those recomputed here from the raw
 JSON files (spans and the engine's own recorded stats, not the handout's code), and load
 nothing from the network.  tests/browser/test_handout_browser.py prints and looks at it.
 Building needs Chromium (the ``built_handout`` fixture in tests/conftest.py).
@@ -113,7 +113,7 @@ def test_page_says_where_the_traces_come_from(built):
 
 def test_figures_show_three_rounds_of_each_mode_and_the_flush(built):
     page, _ = built
-    serial, zos, end = _svgs(page)
+    serial, zos, _real, end = _svgs(page)  # in page order: the real trace sits under the two order views
     for svg in (serial, zos):
         assert "round 0 · prefill" in svg and "round 1" in svg and "round 2" in svg
         for r in range(3):
@@ -137,3 +137,38 @@ def test_nothing_comes_from_the_network(built):
         # XML namespace names look like URLs but are never fetched
         rest = re.sub(r'xmlns(:\w+)?="[^"]*"', "", svg)
         assert not re.search(r"https?:|@import|url\((?![\'\"]?#)", rest), "a figure refers to something outside itself"
+
+
+# ---------------------------------------------------------------------------- the real trace beside the toy's
+
+def _real_expected() -> dict:
+    """The real-trace panel's numbers, from toy_engine.kineto on the shipped file (HTA's figures:
+    tests/test_kineto.py checks kineto against HTA on it)."""
+    from toy_engine import kineto
+
+    s, after = kineto.summary(handout.REAL_TRACE), kineto.idle_after_syncs(handout.REAL_TRACE)
+    gap = max(after["gaps"], key=lambda g: g["idle_us"])
+    return dict(idle=s["device_idle_fraction"], gap_us=gap["idle_us"], sync=gap["sync"])
+
+
+def test_real_numbers_are_the_files():
+    want, got = _real_expected(), handout.real_numbers()
+    assert (got["idle"], got["gap_us"], got["gap_sync"]) == (want["idle"], want["gap_us"], want["sync"])
+    assert got["device"].startswith("NVIDIA A100") and got["file"] == "a100_event_sync.json.gz"
+
+
+def test_page_shows_the_real_trace_with_its_provenance(built):
+    page, _ = built
+    want = _real_expected()
+    assert _cell(page, "real-idle") == f"{want['idle']:.1%}"
+    assert _cell(page, "real-gap") == f"{want['gap_us']:.0f} µs"
+    assert _cell(page, "real-sync") == want["sync"]
+    provenance = unescape(re.sub(r"<[^>]+>", "", page.split('id="real-provenance">')[1].split("</div>")[0]))
+    note = (handout.kineto.REAL_TRACES_DIR / "README.md").read_text()
+    commit = re.search(r"at commit ([0-9a-f]{40})", note).group(1)
+    for part in ("toy_engine/traces/a100/a100_event_sync.json.gz", "NVIDIA A100", "torch.profiler",
+                 "facebookresearch/HolisticTraceAnalysis", commit[:10], "MIT"):
+        assert part in provenance, part
+    real = _svgs(page)[2]
+    assert f"{want['gap_us']:.0f} µs idle after {want['sync']}" in real
+    assert "host" in real and "device" in real

@@ -9,6 +9,11 @@ from the same traces.  Rounds 0-2 rather than a steady-state window because they
 both rules a learner must see: the prefill round processed in its own pass, the decode
 rounds deferred to the next one.
 
+Under the two order views a strip shows a real GPU trace to scale: the A100 event-sync trace
+shipped in ``traces/a100/`` (a PyTorch-profiler trace from HTA's MIT-licensed test data, with
+its provenance line), where the GPU idles after a host sync as the serial loop's device idles
+after its wait; its numbers come from :mod:`toy_engine.kineto` on the same file.
+
 The page is A4 *landscape*: an order view of three rounds is ~45 blocks side by side, each
 needing ~15 px for its vertical label, so the figures want width; in portrait they would
 be shrunk to ~70 % and their labels would print below 5 pt.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import re
 import statistics
 import subprocess
 import sys
@@ -31,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import course, viz
+from . import course, kineto, viz
 from .recorded import recorded_label
 from .timeline import Timeline
 
@@ -41,7 +47,8 @@ FIRST_ROUND, NUM_ROUNDS = 0, 3
 # Figure sizes in CSS px (1/96 in), so the SVGs are drawn at the size they print:
 # A4 landscape minus 8 mm margins is 1062 x 733 px; the left column holds the two main
 # figures, the right one (88 mm) the flush figure and the notes.
-MAIN_SIZE, FLUSH_SIZE = (700, 300), (336, 228)
+MAIN_SIZE, FLUSH_SIZE, REAL_SIZE = (700, 240), (336, 228), (700, 70)
+REAL_TRACE = "a100_event_sync"
 
 
 def load_runs() -> dict[str, Timeline]:
@@ -67,6 +74,35 @@ def numbers(timeline: Timeline) -> dict:
     )
 
 
+def real_numbers(name: str = REAL_TRACE) -> dict:
+    """What the handout states about the real trace, from :mod:`toy_engine.kineto` on its file."""
+    s, after = kineto.summary(name), kineto.idle_after_syncs(name)
+    gap = max(after["gaps"], key=lambda g: g["idle_us"])
+    readme = (kineto.REAL_TRACES_DIR / "README.md").read_text()
+    commit = re.search(r"at commit ([0-9a-f]{7,40})", readme)
+    return dict(idle=s["device_idle_fraction"], idle_us=s["device_idle_us"], span_us=s["device_span_us"],
+                gap_us=gap["idle_us"], gap_sync=gap["sync"], device=kineto.to_timeline(name).meta["device"],
+                file=kineto.real_traces()[name].name, commit=commit.group(1)[:10] if commit else "?")
+
+
+def _real_figure(name: str = REAL_TRACE) -> dict:
+    """The real trace to scale, host above device, its longest gap labelled."""
+    timeline = kineto.to_timeline(name)
+    rnd = timeline.rounds()[0]
+    fig = viz.timeline_figure(timeline, first_round=rnd, num_rounds=1, context=False)
+    num = real_numbers(name)
+    fig.layout.annotations = ()
+    t0 = min(sp.start_ms for sp in timeline.lane("device"))
+    gap = max(kineto.idle_after_syncs(name)["gaps"], key=lambda g: g["idle_us"])
+    mid = (gap["start_us"] + gap["end_us"]) / 2000 - t0
+    fig.add_annotation(x=mid, y=0, text=f"{num['gap_us']:.0f} µs idle after {num['gap_sync']}", showarrow=False,
+                       font=dict(size=11, color="#222"), bgcolor="rgba(255,255,255,0.85)")
+    width, height = REAL_SIZE
+    fig.update_layout(title=None, width=width, height=height, showlegend=False, margin=dict(l=48, r=6, t=2, b=18))
+    fig.update_xaxes(title=None, ticksuffix=" ms", tickfont=dict(size=9))
+    return fig.to_dict()
+
+
 def _figures(runs: dict[str, Timeline]) -> list[dict]:
     """Serial rounds 0-2, ZOS rounds 0-2, ZOS last round (its flush), sized for the page."""
     zos = runs["zos"]
@@ -80,7 +116,7 @@ def _figures(runs: dict[str, Timeline]) -> list[dict]:
         fig.update_xaxes(title=None)
     # The flush figure's two column heads would overlap: its caption says what "end" is.
     figs[2].for_each_annotation(lambda a: a.update(text="<b>end</b>"), selector=lambda a: "nothing left" in (a.text or ""))
-    return [fig.to_dict() for fig in figs]
+    return [fig.to_dict() for fig in figs] + [_real_figure()]
 
 
 def _img(svg: bytes, alt: str) -> str:
@@ -97,6 +133,7 @@ body { margin: 0; font: 8.2pt/1.28 "Liberation Sans", Arial, sans-serif; color: 
 header { grid-column: 1 / 3; border-bottom: 1px solid #999; padding-bottom: 1mm; }
 h1 { font-size: 14pt; margin: 0; }
 .source { font-size: 7.6pt; color: #444; }
+#real-provenance { font-size: 7pt; line-height: 1.15; }
 figure { margin: 0 0 1mm 0; }
 figcaption { font-weight: bold; font-size: 8.6pt; }
 figcaption span { font-weight: normal; }
@@ -126,6 +163,7 @@ def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
     def row(label: str, key: str, fmt) -> str:
         return f"<tr><td>{label}</td>{cell('serial', key, fmt(s[key]))}{cell('zos', key, fmt(z[key]))}</tr>"
 
+    real = real_numbers()
     labels = {mode: recorded_label(tl) for mode, tl in runs.items()}
     where = (labels["serial"] if labels["serial"] == labels["zos"]
              else f"serial: {labels['serial']}; ZOS: {labels['zos']}")
@@ -149,6 +187,15 @@ processes it before the next round is planned: meanwhile the device has nothing 
 <figure id="fig-zos"><figcaption>ZOS, {rounds} <span>— from round 2 on, a pass launches this round's forward,
 processes the previous round while it runs, then launches this round's sample.</span></figcaption>
 {_img(svgs[1], f"order view of the ZOS run, {rounds}")}</figure>
+<figure id="fig-real"><figcaption>A real GPU, the same gap <span>— a PyTorch-profiler trace to scale: the GPU (lower
+row) is idle <span id="real-idle">{real['idle']:.1%}</span> of {real['span_us']:.0f} µs; its longest gap,
+<span id="real-gap">{real['gap_us']:.0f} µs</span>, follows <span id="real-sync">{html.escape(str(real['gap_sync']))}</span>
+(the host reading a GPU value), as the serial loop's device idles after its wait.</span></figcaption>
+{_img(svgs[3], f"the real trace {real['file']} to scale")}
+<div class="source" id="real-provenance"><code>toy_engine/traces/a100/{html.escape(real['file'])}</code>: recorded on an
+{html.escape(real['device'])} with torch.profiler by the authors of HTA (test data of
+facebookresearch/HolisticTraceAnalysis, commit {html.escape(real['commit'])}, MIT license); idle as HTA counts it,
+<code>./run.sh trace summary</code>; notebook 06.</div></figure>
 </div>
 <div>
 <figure id="fig-flush"><figcaption>ZOS, round {last} and the end <span>— the last pass has nothing left to launch:

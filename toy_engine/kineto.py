@@ -15,6 +15,8 @@ and the course's :class:`~toy_engine.timeline.Timeline`, both ways:
   events on a stream, ``ac2g`` flow arrows from launch to device span, one ``ProfilerStep#N``
   per pass of the loop, waits as ``cudaEventSynchronize`` + ``Event Sync``, and an arrow
   from each round's ``sample`` to the host step that consumes its tokens.
+* **which sync** -- :func:`idle_after_syncs` charges each device gap to the blocking host call
+  (``...Synchronize``) that returned inside it; :func:`side_by_side` tabulates traces with it.
 
 How idle time is counted (the definitions of Meta's Holistic Trace Analysis, HTA 0.5.0,
 read from its source, so that the numbers can be checked against it):
@@ -57,7 +59,8 @@ from pathlib import Path
 from .timeline import PROCESS_STAGES, Span, Timeline
 
 __all__ = ["REAL_TRACES_DIR", "real_traces", "read_trace", "KinetoTrace", "summary", "to_timeline",
-           "export", "kineto_events", "main", "KERNEL_WAIT_US", "DEFAULT_STREAM"]
+           "export", "kineto_events", "main", "KERNEL_WAIT_US", "DEFAULT_STREAM", "idle_after_syncs",
+           "host_syncs", "SYNC_EVENT_CALLS", "CUDA_TRACES_DIRS", "cuda_profiles", "side_by_side"]
 
 #: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
 REAL_TRACES_DIR = Path(__file__).parent / "traces" / "a100"
@@ -344,6 +347,105 @@ def summary(source, kernel_wait_us: float = KERNEL_WAIT_US) -> dict:
                         f"launch came after the stream went idle, kernel_wait when a gap < {kernel_wait_us:g} us "
                         "was not the host's, other otherwise)"),
     }
+
+
+# ---------------------------------------------------------------------------- idle after host syncs
+
+#: Kineto's device-side record of each blocking host call (``cat: cuda_sync``), and that call.
+SYNC_EVENT_CALLS = {"Stream Sync": "cudaStreamSynchronize", "Event Sync": "cudaEventSynchronize",
+                    "Context Sync": "cudaDeviceSynchronize"}
+
+
+def _is_sync_call(name: str) -> bool:
+    return "Synchronize" in name  # cudaStreamSynchronize, cudaEventSynchronize, cuCtxSynchronize, ...
+
+
+def host_syncs(source) -> list[str]:
+    """Names of the blocking host calls (``...Synchronize``) in a trace, in order of first use."""
+    trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
+    return list(dict.fromkeys(e.name for e in sorted(trace.host, key=lambda e: e.ts) if _is_sync_call(e.name)))
+
+
+def idle_after_syncs(source) -> dict:
+    """Which host syncs left the device idle, measured on a Kineto trace.
+
+    The device's work (kernels, memcpys, memsets of every stream, in HTA's window; see
+    :func:`summary`) is merged; each gap between two stretches of work is charged to the host
+    synchronize call that *returned inside it* (the last one, if several): the host blocked
+    until the queue had drained, so when it went on nothing was queued, and the device waited
+    for whatever the host did next.  A gap in which no sync returned is the host not issuing
+    work fast enough (launch overhead, Python, a slow ``prepare``): ``no_sync_us``.
+
+    Returns ``idle_us`` (all gaps), ``by_sync_us`` (call name -> idle of the gaps it is charged
+    with), ``no_sync_us``, ``gaps`` (each: ``start_us``, ``end_us``, ``idle_us``, ``sync``,
+    ``sync_end_us``, ``next_launch``), ``syncs`` (every sync call's name), ``rounds`` (loop
+    passes: ProfilerSteps in the window, else 1).  Times in microseconds from the trace's first
+    host call or device event, the origin of :func:`to_timeline`.
+    """
+    trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
+    device = [e for e in trace.device if trace.in_window(e)]
+    if not device:
+        raise ValueError(f"{trace.source}: no device work in HTA's window; nothing to measure")
+    merged = _merged(device)
+    t0 = min(e.ts for e in trace.host + trace.device)  # the origin of to_timeline's views
+    syncs = sorted((e for e in trace.host if _is_sync_call(e.name)), key=lambda e: e.end)
+    starts = {e.ts: e for e in sorted(device, key=lambda e: e.ts)}
+    launch_names = {e.correlation: e.name for e in trace.host if e.correlation is not None}
+    gaps, by_sync, no_sync = [], {}, 0.0
+    for (_, g0), (g1, _) in zip(merged, merged[1:]):
+        returned = [s for s in syncs if g0 <= s.end <= g1]
+        sync = returned[-1] if returned else None
+        nxt = starts.get(g1)
+        gap = {"start_us": round(g0 - t0, 3), "end_us": round(g1 - t0, 3), "idle_us": round(g1 - g0, 3),
+               "sync": sync.name if sync else None,
+               "sync_end_us": round(sync.end - t0, 3) if sync else None,
+               "next_launch": launch_names.get(nxt.correlation) if nxt is not None else None}
+        gaps.append(gap)
+        if sync is None:
+            no_sync += g1 - g0
+        else:
+            by_sync[sync.name] = by_sync.get(sync.name, 0.0) + (g1 - g0)
+    cut = trace.last_step_start
+    steps = [e for _, e in trace.steps if cut is None or e.ts < cut]
+    return {"source": trace.source, "idle_us": round(sum(g["idle_us"] for g in gaps), 3),
+            "by_sync_us": {k: round(v, 3) for k, v in sorted(by_sync.items(), key=lambda kv: -kv[1])},
+            "no_sync_us": round(no_sync, 3), "gaps": gaps, "syncs": host_syncs(trace),
+            "rounds": max(1, len(steps)), "span_us": round(merged[-1][1] - merged[0][0], 3)}
+
+
+def side_by_side(traces: dict) -> str:
+    """A text table comparing traces (label -> anything :func:`summary` reads): device idle
+    (HTA's), the host_wait share of it, the idle charged to host syncs (:func:`idle_after_syncs`)
+    as a share of all idle and per loop pass (ProfilerStep), and the sync charged with most."""
+    head = ("trace", "passes", "span", "device idle", "host_wait", "idle after a sync", "per pass", "mostly after")
+    rows = []
+    for label, source in traces.items():
+        trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
+        s, a = summary(trace), idle_after_syncs(trace)
+        after = sum(a["by_sync_us"].values())
+        span = s["device_span_us"]
+        rows.append((str(label), str(a["rounds"]), f"{span / 1000:.2f} ms" if span >= 1000 else f"{span:.0f} us",
+                     f"{s['device_idle_fraction']:.1%}", f"{s['host_wait_share']:.0%}",
+                     f"{after / a['idle_us']:.0%}" if a["idle_us"] else "-",
+                     f"{after / a['rounds']:.0f} us", next(iter(a["by_sync_us"]), "-")))
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) if i in (0, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join(x.rstrip() for x in [line(head), line(tuple("-" * w for w in widths)), *map(line, rows)])
+
+
+#: Where the lesson (notebook 06) looks for torch.profiler traces of the CUDA engine, in order:
+#: shipped ones, then what ``scripts/gpu_check.sh`` (``scripts/profile_cuda.py``) just wrote.
+CUDA_TRACES_DIRS = (Path(__file__).parent / "traces" / "cuda", Path(__file__).resolve().parent.parent / "artifacts" / "gpu")
+
+
+def cuda_profiles(dirs=CUDA_TRACES_DIRS) -> dict[str, Path]:
+    """torch.profiler traces of the CUDA engine, ``{"serial": path, "zos": path}``, from the first
+    folder holding both ``torch_profile_serial.json.gz`` and ``torch_profile_zos.json.gz``; {} if none."""
+    for folder in dirs:
+        paths = {mode: Path(folder) / f"torch_profile_{mode}.json.gz" for mode in ("serial", "zos")}
+        if all(p.is_file() for p in paths.values()):
+            return paths
+    return {}
 
 
 # ---------------------------------------------------------------------------- import as a timeline

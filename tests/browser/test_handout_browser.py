@@ -2,7 +2,7 @@
 
 tests/test_handout.py checks what the page says; this takes the built page and the PDF that
 Chromium printed (the ``built_handout`` fixture), checks the PDF has exactly one A4-landscape
-page, then opens the HTML in Chromium with print styles at the paper's size: the three
+page, then opens the HTML in Chromium with print styles at the paper's size: the four
 figures are loaded, drawn (not blank), inside the page and not clipped, and no request
 leaves the machine.
 A screenshot goes to ``artifacts/browser/handout.png``.
@@ -65,7 +65,7 @@ def test_handout_prints_one_page_with_its_figures(chromium, built_handout):
     for element in geometry["content"]:  # .page hides overflow: anything past it would be cut off in print
         assert element["bottom"] <= sheet["bottom"] + 0.5 and element["right"] <= sheet["right"] + 0.5, (element, sheet)
     images = geometry["images"]
-    assert len(images) == 3 and all(i["loaded"] for i in images), images
+    assert len(images) == 4 and all(i["loaded"] for i in images), images  # 3 order views + the real trace
     screenshot = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"))
     for image in images:
         crop = screenshot[int(image["top"]):int(image["bottom"]), int(image["left"]):int(image["right"])].reshape(-1, 3)

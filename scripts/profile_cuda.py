@@ -1,0 +1,106 @@
+"""Record torch.profiler (Kineto) traces of the engine's CUDA runs, serial and ZOS.
+
+    python scripts/profile_cuda.py [--out artifacts/gpu]     # run by scripts/gpu_check.sh
+
+For each mode it starts one engine on the GPU, does a warm-up run (the first forward is cold),
+then records one ``generate`` under ``torch.profiler.profile(activities=[CPU, CUDA])`` with a
+schedule, stepping the profiler once per pass of the engine's loop (the ``on_round`` plug-in,
+called at the start of every ``schedule``): every pass becomes a ``ProfilerStep#N`` in the trace.
+A last ``prof.step()`` after the run opens an empty step, so HTA's window (it leaves the last
+step out) and ``toy_engine.kineto.summary``'s are the whole run.  Written:
+
+* ``OUT/torch_profile_serial.json.gz`` and ``OUT/torch_profile_zos.json.gz`` -- Kineto's Chrome
+  trace JSON (``export_chrome_trace``), gzip; open them in https://ui.perfetto.dev;
+* ``OUT/torch_profile_summary.json`` -- ``kineto.summary`` and ``kineto.idle_after_syncs`` of
+  both, with the GPU's name, torch's version and the workload.
+
+Notebook 06 reads these files when they are in ``toy_engine/traces/cuda/`` (copy them there to
+ship them) or in ``artifacts/gpu/`` (``toy_engine.kineto.cuda_profiles``).  Without CUDA the
+script says so and exits with status 0, writing nothing (``--device cpu`` profiles the CPU
+stand-in's host process instead, which has no device events: a check of this code path only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MODES = ("serial", "zos")
+
+
+def profile_generate(engine, prompts, max_new_tokens: int, activities) -> "torch.profiler.profile":
+    """One ``engine.generate`` under the profiler, one ProfilerStep per pass of the loop.
+    Returns the finished profiler (``export_chrome_trace`` works on it)."""
+    from torch.profiler import profile, schedule
+
+    # warmup=1: step 0 (generate's set-up, up to the first pass) only warms the profiler up; every
+    # pass is recorded, pass k as ProfilerStep#k.  The loop never reaches the end of `active`.
+    prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1_000_000),
+                   record_shapes=False, with_stack=False)
+    with prof:
+        engine.generate(prompts, max_new_tokens=max_new_tokens, on_round=lambda _engine, _round: prof.step())
+        prof.step()  # the empty last step (HTA leaves the last step out of its window)
+    return prof
+
+
+def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int) -> Path:
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    import toy_engine as te
+    from toy_engine.bench import default_workload
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    workload = default_workload(prompts)
+    with te.Engine(te.EngineConfig(mode=mode, device=device)) as engine:
+        engine.generate(workload, max_new_tokens=max_new_tokens)  # warm-up
+        prof = profile_generate(engine, workload, max_new_tokens, activities)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    path = out / f"torch_profile_{mode}.json.gz"
+    prof.export_chrome_trace(str(path))  # torch writes gzip when the name ends in .gz
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=REPO / "artifacts" / "gpu")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    a = p.parse_args(argv)
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("profile_cuda: skipped: no CUDA GPU visible to torch, so there are no GPU kernels to profile "
+              "(the lesson then uses the shipped A100 trace and your CPU stand-in exports)")
+        return 0
+    a.out.mkdir(parents=True, exist_ok=True)
+    paths = {mode: record(mode, a.out, a.device, a.prompts, a.max_new_tokens) for mode in MODES}
+    report = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (host process only)",
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "workload": {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens},
+              "command": "python scripts/profile_cuda.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    from toy_engine import kineto
+
+    for mode, path in paths.items():
+        try:
+            s, idle = kineto.summary(path), kineto.idle_after_syncs(path)
+            report[mode] = {"file": path.name, "device_idle_fraction": s["device_idle_fraction"],
+                            "host_wait_share": s["host_wait_share"], "idle_us": idle["idle_us"],
+                            "idle_after_syncs_us": idle["by_sync_us"], "rounds": idle["rounds"]}
+        except ValueError as err:  # e.g. --device cpu: a host-only profile
+            report[mode] = {"file": path.name, "error": str(err)}
+    (a.out / "torch_profile_summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
