@@ -566,3 +566,84 @@ def test_junk_generate_arguments_get_short_sentences(engines, reference, kwargs,
         engine.generate(prompts, max_new_tokens=kwargs.pop("max_new_tokens", 3), **kwargs)
     assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
     assert_healthy(engine, reference)
+
+
+# ---- issue 21: timelines, figures and the site build say what they cannot read -------
+
+def _timeline_json(meta: str) -> str:
+    return '{"version": 1, "origin_ns": 0, "meta": %s, "spans": []}' % meta
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: te.Timeline.from_json("[" * 10**5 + "]" * 10**5), ValueError, r"nested too deeply"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": 5}')), ValueError,
+     r"timeline JSON text: timeline meta\['machine_load'\] must be an object, got int"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": [1]}')), ValueError,
+     r"meta\['recorded'\] must be an object, got list"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": 1}')), ValueError, r"meta\['stats'\] must be an object"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": {"tokens_per_s": "fast"}}')), ValueError,
+     r"meta\['stats'\] values must be numbers"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": 3}')), ValueError,
+     r"meta\['prefill_rounds'\] must be a list"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": {"others_cpus": "x"}}')), ValueError,
+     r"others_cpus'\] must be a number or null"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": {"machine": "x"}}')), ValueError,
+     r"meta\['recorded'\]\['machine'\] must be an object"),
+    (lambda: te.Timeline(meta=[1]), TypeError, r"Timeline meta must be a dict, got list"),
+])
+def test_timeline_junk_gets_a_short_sentence(make, error, match):
+    """summary, contention, busy_warning and compare_figure read meta's machine_load and
+    recorded: a timeline is refused when they have other types (AttributeError later)."""
+    with pytest.raises(error, match=match) as info:
+        make()
+    assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
+
+
+def test_a_well_formed_meta_still_loads_and_draws():
+    """The meta checks of from_json accept what the engine writes."""
+    from toy_engine import viz
+    from toy_engine.machine import busy_warning
+
+    tl = te.Timeline(meta={"mode": "zos"})
+    tl.add("device", "forward", 0, 0.0, 1.0, cpu_ms=1.0)
+    tl.meta["machine_load"] = {"cpus": 2, "wall_s": 1.0, "others_cpus": 0.1}
+    good = te.Timeline.from_json(tl.to_json())
+    assert good.summary()["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
+    viz.compare_figure({"a": good})
+
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda viz: viz.compare_figure([1, 2]), r"runs must be a dict of label -> Timeline.*got list"),
+    (lambda viz: viz.compare_figure({"a": None}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda viz: viz.compare_figure({"a": (None, {})}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda viz: viz.timeline_figure(None), r"timeline must be a Timeline \(engine.timeline.*got NoneType"),
+    (lambda viz: viz.order_figure("x" * 10**5), r"timeline must be a Timeline .*got str"),
+])
+def test_viz_says_what_it_needs(call, match):
+    from toy_engine import viz
+
+    with pytest.raises(TypeError, match=match) as info:
+        call(viz)
+    assert len(str(info.value)) <= 600
+
+
+@pytest.mark.parametrize("content, what", [(b"", "empty"), (b'{"cells": [{"cell_type": "mark', "truncated"),
+                                           (b'{"cells": "\xff\xfe"}', "not UTF-8")])
+def test_the_site_build_names_a_notebook_it_cannot_read(tmp_path, monkeypatch, capsys, content, what):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("site_build", Path(__file__).parent.parent / "site" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    for folder in ("site", "docs", "notebooks", "exercises"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "docs" / "instructor_guide.md").write_text("# guide\n")
+    (tmp_path / "notebooks" / "07_broken.ipynb").write_bytes(content)
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    monkeypatch.setattr(build, "SITE", tmp_path / "site")
+    assert build.main(["--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "notebooks/07_broken.ipynb" in err and "Traceback" not in err, err
+    assert len(err) < 600, err
