@@ -32,15 +32,16 @@ TRACED = {engine_module.__file__, run_module.__file__}
 
 
 class InterruptAt:
-    """``with InterruptAt(n):`` sends SIGINT at the n-th traced event (0: never, just count).
-    ``events`` lists (function, line, event) for every event seen."""
+    """``with InterruptAt(n, ...):`` sends SIGINT at the n-th traced event, and at each
+    other one given (0: never, just count).  ``events`` lists (function, line, event) for
+    every event seen."""
 
-    def __init__(self, target: int):
-        self.target, self.events = target, []
+    def __init__(self, *targets: int):
+        self.targets, self.events = set(targets), []
 
     def _event(self, frame, event):
         self.events.append((frame.f_code.co_name, frame.f_lineno, event))
-        if len(self.events) == self.target:
+        if len(self.events) in self.targets:
             signal.raise_signal(signal.SIGINT)
 
     def _local(self, frame, event, arg):
@@ -56,11 +57,12 @@ class InterruptAt:
 
     def __enter__(self):
         self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._tracer = sys.gettrace()  # a coverage tool's or debugger's, given back after
         sys.settrace(self._global)
         return self
 
     def __exit__(self, *exc):
-        sys.settrace(None)  # a trace function that raised was already removed by Python
+        sys.settrace(self._tracer)  # ours is gone already if it raised: Python removes such a trace function
         signal.signal(signal.SIGINT, self._previous)
 
 
@@ -204,3 +206,30 @@ def test_a_sigint_at_any_line_of_close_leaves_it_closable(make_engine, reference
         assert _gone(pid), f"SIGINT at close event {n}: the device process outlived close()"
         with pytest.raises(RuntimeError, match="this engine is closed"):
             engine.generate(PROMPTS, max_new_tokens=NEW)
+
+
+def test_a_second_sigint_that_cuts_the_recovery_short_leaves_no_trace_in_the_next_run(engine_pool, reference):
+    """A KeyboardInterrupt in the loop with rounds in flight, then a SIGINT on the line that
+    would hold Interrupts for the recovery: the next call recovers, and the device work of
+    the interrupted run does not appear on its timeline.  (The first interrupt comes from a
+    plug-in: Python removes a trace function once it has raised.)"""
+    engine = engine_pool(max_batch_size=4, mode="zos")
+
+    def interrupt(eng, round):
+        if round == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), InterruptAt(0) as counting:
+        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=interrupt)
+    handler = next(n for n, (f, line, kind) in enumerate(counting.events, start=1)
+                   if f == "_execute" and kind == "line" and "a second Interrupt" in _source_line(line))
+    with pytest.raises(KeyboardInterrupt), InterruptAt(handler):
+        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=interrupt)
+    assert engine.scheduler.has_work(), "the recovery ran: the SIGINT missed its line"
+    _healthy(engine, reference)
+    assert min(s.start_ms for s in engine.timeline.spans) >= 0, "device spans from before the run"
+
+
+def _source_line(line):
+    import linecache
+
+    return linecache.getline(engine_module.__file__, line)

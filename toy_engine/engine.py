@@ -499,6 +499,7 @@ class Engine:
             self._clean = False
             self._run, self.timeline = run, Timeline(meta=self._meta())
             self.device.wait_log.clear()
+            self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
             self.scheduler.round = 0
             for req in run.requests:  # queued only once the run owns them
                 self.scheduler.add(req)
