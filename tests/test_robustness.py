@@ -483,7 +483,9 @@ def test_a_device_killed_just_before_a_call_is_always_replaced_with_a_warning(en
                 assert [c.token_ids for c in outs] == reference
             except te.DeviceError:
                 errors += 1
-        warned += any(issubclass(w.category, RuntimeWarning) and "killed by SIGKILL" in str(w.message)
+        # "exited with code -9 (killed by SIGKILL)", or "is still running but its pipe broke"
+        # when the forkserver is slower than the 1 s the engine waits for the exit code
+        warned += any(issubclass(w.category, RuntimeWarning) and "starting a new device process" in str(w.message)
                       for w in caught)
     assert (warned, errors) == (10, 0)
     assert_healthy(engine, reference)
