@@ -66,6 +66,16 @@ def drop_test_markers(nb) -> None:
             cell.source = "\n".join(line for line in cell.source.splitlines() if not NBVAL_MARKER.match(line))
 
 
+def read_notebook(path: Path):
+    """The notebook at ``path``; one that is empty, truncated or not UTF-8 is a ValueError naming it."""
+    try:
+        return nbformat.read(path, as_version=4)
+    except (OSError, UnicodeDecodeError, ValueError, nbformat.reader.NotJSONError) as exc:
+        why = str(exc).splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot read the notebook {path.relative_to(ROOT)} (empty, truncated or not UTF-8 "
+                         f"JSON?): {why}; restore it with `git checkout -- {path.relative_to(ROOT)}`") from None
+
+
 def stage(out: Path) -> Path:
     """Lay out the Sphinx source folder under ``out/src`` (replacing an older one)."""
     src = out / "src"
@@ -80,7 +90,7 @@ def stage(out: Path) -> Path:
     for folder in NOTEBOOK_DIRS:
         (src / folder).mkdir()
         for path in sorted((ROOT / folder).glob("*.ipynb")):
-            nb = nbformat.read(path, as_version=4)
+            nb = read_notebook(path)
             interactive_outputs(nb, f"{folder}-{path.stem}")
             drop_test_markers(nb)
             nbformat.write(nb, src / folder / path.name)
@@ -106,6 +116,9 @@ def main(argv=None) -> int:
         html = build(a.out.resolve())
     except subprocess.CalledProcessError as exc:
         print(f"site: sphinx-build failed (exit {exc.returncode}); its warnings are above", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"site: {exc}", file=sys.stderr)
         return 1
     print(f"site: {html / 'index.html'} built in {time.monotonic() - start:.1f} s")
     return 0

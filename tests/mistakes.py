@@ -1157,8 +1157,6 @@ WRONG = [
            "finished requests removed from the plan"),
     Answer("05", "calls engine.flush", process_flushes, "calls_itself",
            "engine.flush(step) inside the plug-in"),
-    Answer("05", "clears engine.requests", process_clears_requests, "wrong_tokens",
-           "engine.requests.clear() once a step's requests finished"),
     Answer("05", "commits twice, swallowing the refusal", process_inline_with_swallowed_commit, "committed_twice",
            "a second commit_outputs inside try/except"),
     Answer("05", "polls until the race checker gives up", process_waits_for_the_race_checker, "time_limit",
@@ -1200,4 +1198,6 @@ RIGHT = [
     Answer("04a", "pending from input_ids == FROM_DEVICE", correction_pending_from_input_ids),
     Answer("04a", "searchsorted and gather", correction_gather_form),
     Answer("05", "written out with release_if_done", inline_process),
+    # harmless since the run keeps its own tuple of requests: one completion per prompt whatever a plug-in does
+    Answer("05", "clears engine.requests", process_clears_requests),
 ]

@@ -435,3 +435,217 @@ def test_a_stage_runs_on_a_fresh_engine(make_engine):
     so a learner can try a stage before any generate."""
     engine = make_engine()
     assert engine.requests == [] and engine.schedule() is None
+
+
+# ---- issue 21: configuration read once, a device that just died, junk, close, plug-ins ----
+
+def test_num_slots_is_read_once_per_run_and_checked_against_the_engines_buffers(engines, reference, monkeypatch):
+    """The engine allocates NUM_SLOTS buffer slots when it is built; a run reads the
+    constant once, at its start: a change in the middle of a run does nothing, more slots
+    than were built is refused with a sentence (it was KeyError: 'meta2')."""
+    import toy_engine.engine as engine_module
+
+    engine = engines("zos")
+
+    def single_buffer_from_round_2(eng, round):
+        if round == 2:
+            engine_module.NUM_SLOTS = 1
+    monkeypatch.setattr(engine_module, "NUM_SLOTS", 2)
+    outs = engine.generate(PROMPTS, max_new_tokens=NEW, on_round=single_buffer_from_round_2)
+    assert [c.token_ids for c in outs] == reference
+    monkeypatch.setattr(engine_module, "NUM_SLOTS", 3)
+    with pytest.raises(ValueError, match=r"NUM_SLOTS is 3 but this engine was built with 2 buffer slots.*new Engine"):
+        engine.generate(PROMPTS, max_new_tokens=NEW)
+    monkeypatch.setattr(engine_module, "NUM_SLOTS", 2)
+    assert_healthy(engine, reference)
+
+
+@pytest.mark.parametrize("slots, error", [(0, ValueError), ("2", TypeError), (2.0, TypeError)])
+def test_an_engine_built_with_a_junk_num_slots_refuses_with_a_sentence(make_engine, monkeypatch, slots, error):
+    import toy_engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "NUM_SLOTS", slots)
+    with pytest.raises(error, match="NUM_SLOTS must be"):
+        make_engine()
+
+
+@pytest.mark.timeout(240)
+def test_a_device_killed_just_before_a_call_is_always_replaced_with_a_warning(engines, reference):
+    """The forkserver learns of the death 20-60 ms late: the call must not trust is_alive()."""
+    engine = engines("serial")
+    warned = errors = 0
+    for _ in range(10):
+        os.kill(engine.device.pid, signal.SIGKILL)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                outs = engine.generate(PROMPTS, max_new_tokens=NEW)
+                assert [c.token_ids for c in outs] == reference
+            except te.DeviceError:
+                errors += 1
+        # "exited with code -9 (killed by SIGKILL)", or "is still running but its pipe broke"
+        # when the forkserver is slower than the 1 s the engine waits for the exit code
+        warned += any(issubclass(w.category, RuntimeWarning) and "starting a new device process" in str(w.message)
+                      for w in caught)
+    assert (warned, errors) == (10, 0)
+    assert_healthy(engine, reference)
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd (Linux)")
+def test_close_releases_the_pipe_and_shared_memory_at_once(make_engine):
+    make_engine().close()  # the forkserver's own pipes stay: count from after a first engine
+    gc.collect()
+    before = _open_fds()
+    engine = make_engine()
+    engine.generate(["Once"], max_new_tokens=2)
+    assert _open_fds() > before
+    engine.close()
+    assert _open_fds() == before, "close() left file descriptors open until the engine is dropped"
+
+
+@pytest.mark.parametrize("plugin", ["on_round", "loop", "process_outputs"])
+def test_a_plugin_that_clears_engine_requests_still_gets_one_completion_per_prompt(engines, reference, plugin):
+    engine = engines("zos")
+
+    def on_round(eng, round):
+        eng.requests.clear()
+
+    def loop(eng):
+        eng.requests.pop()
+        eng.zos_loop()
+
+    def process_outputs(eng, step):
+        eng.requests[:] = eng.requests[:1]
+        eng.device.wait(step.sample_done)
+        for req in eng.commit_outputs(step, eng.read_outputs(step)):
+            eng.scheduler.release_if_done(req)
+    kwargs = {plugin: dict(on_round=on_round, loop=loop, process_outputs=process_outputs)[plugin]}
+    outs = engine.generate(PROMPTS, max_new_tokens=NEW, **kwargs)
+    assert [c.token_ids for c in outs] == reference
+    assert [c.prompt for c in outs] == PROMPTS
+    assert_healthy(engine, reference)
+
+
+# ---- issue 21: junk gets a sentence naming the argument, of bounded length ----------
+
+BIG = 10**400
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: te.EngineConfig(host_overhead_ms=BIG), ValueError, r"host_overhead_ms must be a finite number"),
+    (lambda: te.EngineConfig(host_overhead_ms=10**5000), ValueError, r"host_overhead_ms must be a finite number"),
+    (lambda: te.EngineConfig(max_batch_size=10**5000), ValueError, r"max_batch_size must be in \[1, 4096\]"),
+    (lambda: te.EngineConfig(seed=-10**400), ValueError, r"seed must be in"),
+    (lambda: te.EngineConfig(mode="x" * 10**5), ValueError, r"unknown mode 'xxx"),
+    (lambda: te.EngineConfig(race_check=[0] * 10**5), TypeError, r"race_check must be True or False"),
+    (lambda: te.Engine(model="x"), TypeError, r"model must be a TinyGPT"),
+    (lambda: te.Engine(tokenizer="abc"), TypeError, r"tokenizer must be a CharTokenizer"),
+])
+def test_junk_gets_a_short_sentence_naming_the_argument(make, error, match):
+    with pytest.raises(error, match=match) as info:
+        make()
+    assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(temperature=BIG), ValueError, r"temperature must be a finite number in \[0.0, 100.0\]"),
+    (dict(temperature=-BIG), ValueError, r"temperature must be a finite number"),
+    (dict(seed=BIG), ValueError, r"seed must be in"),
+    (dict(max_new_tokens=BIG), ValueError, r"too long|max_new_tokens"),
+    (dict(prompts=["".join(map(chr, range(0x4E00, 0x4E00 + 100_000)))]), ValueError,
+     r"prompt 0: unknown characters '一', '丁'.* and 99,9\d\d more"),
+    (dict(prompts=["Once"] * 3 + [b"x" * 10**5]), TypeError, r"prompt 3 must be a str, got bytes"),
+    (dict(stop=["."] * 3 + [10**400]), TypeError, r"stop strings must be str"),
+])
+def test_junk_generate_arguments_get_short_sentences(engines, reference, kwargs, error, match):
+    engine = engines("serial")
+    prompts = kwargs.pop("prompts", ["Once"])
+    with pytest.raises(error, match=match) as info:
+        engine.generate(prompts, max_new_tokens=kwargs.pop("max_new_tokens", 3), **kwargs)
+    assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
+    assert_healthy(engine, reference)
+
+
+# ---- issue 21: timelines, figures and the site build say what they cannot read -------
+
+def _timeline_json(meta: str) -> str:
+    return '{"version": 1, "origin_ns": 0, "meta": %s, "spans": []}' % meta
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: te.Timeline.from_json("[" * 10**5 + "]" * 10**5), ValueError, r"nested too deeply"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": 5}')), ValueError,
+     r"timeline JSON text: timeline meta\['machine_load'\] must be an object, got int"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": [1]}')), ValueError,
+     r"meta\['recorded'\] must be an object, got list"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": 1}')), ValueError, r"meta\['stats'\] must be an object"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": {"tokens_per_s": "fast"}}')), ValueError,
+     r"meta\['stats'\] values must be numbers"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": 3}')), ValueError,
+     r"meta\['prefill_rounds'\] must be a list"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": {"others_cpus": "x"}}')), ValueError,
+     r"others_cpus'\] must be a number or null"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": {"machine": "x"}}')), ValueError,
+     r"meta\['recorded'\]\['machine'\] must be an object"),
+    (lambda: te.Timeline(meta=[1]), TypeError, r"Timeline meta must be a dict, got list"),
+])
+def test_timeline_junk_gets_a_short_sentence(make, error, match):
+    """summary, contention, busy_warning and compare_figure read meta's machine_load and
+    recorded: a timeline is refused when they have other types (AttributeError later)."""
+    with pytest.raises(error, match=match) as info:
+        make()
+    assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
+
+
+def test_a_well_formed_meta_still_loads_and_draws():
+    """The meta checks of from_json accept what the engine writes."""
+    from toy_engine import viz
+    from toy_engine.machine import busy_warning
+
+    tl = te.Timeline(meta={"mode": "zos"})
+    tl.add("device", "forward", 0, 0.0, 1.0, cpu_ms=1.0)
+    tl.meta["machine_load"] = {"cpus": 2, "wall_s": 1.0, "others_cpus": 0.1}
+    good = te.Timeline.from_json(tl.to_json())
+    assert good.summary()["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
+    viz.compare_figure({"a": good})
+
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda viz: viz.compare_figure([1, 2]), r"runs must be a dict of label -> Timeline.*got list"),
+    (lambda viz: viz.compare_figure({"a": None}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda viz: viz.compare_figure({"a": (None, {})}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda viz: viz.timeline_figure(None), r"timeline must be a Timeline \(engine.timeline.*got NoneType"),
+    (lambda viz: viz.order_figure("x" * 10**5), r"timeline must be a Timeline .*got str"),
+])
+def test_viz_says_what_it_needs(call, match):
+    from toy_engine import viz
+
+    with pytest.raises(TypeError, match=match) as info:
+        call(viz)
+    assert len(str(info.value)) <= 600
+
+
+@pytest.mark.parametrize("content, what", [(b"", "empty"), (b'{"cells": [{"cell_type": "mark', "truncated"),
+                                           (b'{"cells": "\xff\xfe"}', "not UTF-8")])
+def test_the_site_build_names_a_notebook_it_cannot_read(tmp_path, monkeypatch, capsys, content, what):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("site_build", Path(__file__).parent.parent / "site" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    for folder in ("site", "docs", "notebooks", "exercises"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "docs" / "instructor_guide.md").write_text("# guide\n")
+    (tmp_path / "notebooks" / "07_broken.ipynb").write_bytes(content)
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    monkeypatch.setattr(build, "SITE", tmp_path / "site")
+    assert build.main(["--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "notebooks/07_broken.ipynb" in err and "Traceback" not in err, err
+    assert len(err) < 600, err

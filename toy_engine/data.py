@@ -54,18 +54,19 @@ class CharTokenizer:
 
         Unknown characters are an error rather than silently dropped: a
         prompt the model has never seen a character of would otherwise give
-        confusing output. The message lists *all* offending characters at
-        once, so the user can fix the prompt in one go.
+        confusing output. The message names the offending characters at once
+        (the first 20, and how many more), so the user can fix the prompt in one go.
         """
         lookup = self._char_to_id
         try:
             return [lookup[ch] for ch in text]
         except KeyError:
             # dict keeps first-appearance order and removes duplicates.
-            unknown = dict.fromkeys(ch for ch in text if ch not in lookup)
+            unknown = list(dict.fromkeys(ch for ch in text if ch not in lookup))
             noun = "character" if len(unknown) == 1 else "characters"
+            more = f" and {len(unknown) - 20:,} more" if len(unknown) > 20 else ""  # a bounded message
             raise ValueError(
-                f"unknown {noun} {', '.join(map(repr, unknown))} in text; "
+                f"unknown {noun} {', '.join(map(repr, unknown[:20]))}{more} in text; "
                 f"the tokenizer knows only: {self.alphabet!r}"
             ) from None
 

@@ -301,6 +301,10 @@ class Device:
         """Why this device can no longer be used (closed, dead, link broken), or None."""
         return None
 
+    def probe(self, timeout: float) -> str | None:
+        """``failure()``, after asking the device itself (within ``timeout`` s) where that tells more."""
+        return self.failure()
+
 
 # --------------------------------------------------------------------------- CUDA
 
@@ -449,6 +453,22 @@ class hold_sigint:
             if self._caught:
                 signal.raise_signal(signal.SIGINT)  # delivered now, at a message boundary
 
+    @contextlib.contextmanager
+    def let_through(self):
+        """Inside the held block, deliver SIGINT as usual (one held so far is delivered
+        first): the engine holds it while it takes and gives back its lock, not while it runs."""
+        if self._previous is None:
+            yield
+            return
+        _signal.signal(signal.SIGINT, self._previous)
+        try:
+            if self._caught:
+                self._caught = False
+                signal.raise_signal(signal.SIGINT)
+            yield
+        finally:
+            _signal.signal(signal.SIGINT, self._catch)
+
 
 def _exit_description(code: int | None) -> str:
     if code is None:
@@ -543,6 +563,8 @@ def _shutdown(proc, conn, link: dict) -> None:
         proc.kill()
         proc.join(timeout=2)
     conn.close()
+    if not proc.is_alive():  # the exit code is known: its sentinel pipe can go, and is_alive() still answers
+        proc._popen.close()
 
 
 class ProcessDevice(Device):
@@ -705,10 +727,23 @@ class ProcessDevice(Device):
     def launch_latencies_ms(self) -> list[float]:
         return [ns / 1e6 for ns in self._latencies_ns]
 
+    def probe(self, timeout: float) -> str | None:
+        """A round trip to the device process: the forkserver reports its death 20-60 ms
+        late, so a device killed just before a call still looks alive to ``failure()``;
+        one that cannot answer is dead."""
+        if self.failure() is None:
+            try:
+                self.synchronize(timeout)
+            except DeviceError:
+                pass  # failure() now says why
+        return self.failure()
+
     def close(self) -> None:
+        """Stop the device process and release its pipe and shared memory now."""
         if self._failure is None:
             self._failure = "the device is closed"
         self._finalizer()
+        self.buffers = {}  # the last references to the shared-memory storages (one fd each)
 
 
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,

@@ -38,20 +38,23 @@ from .data import CharTokenizer, corpus_token_stream, generate_corpus
 from .device import DeviceError, Event, hold_sigint, make_device
 from .buffers import MetaLayout
 from .kernels import FROM_DEVICE
-from .model import load_model
+from .model import TinyGPT, load_model
 from .record import RunRecord
 from .run import EngineStalled, Run, StepProcessedTwice, stalled
 from .scheduler import BlockManager, Plan, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
 from .stats import run_stats
 from .timeline import Timeline
-from .validate import check_bool, check_callable, check_choice, check_float, check_int, check_seed
+from .validate import check_bool, check_callable, check_choice, check_float, check_int, check_seed, shown
 
 __all__ = ["Engine", "EngineConfig", "EngineStalled", "StepProcessedTwice", "StepState", "MODES", "NUM_SLOTS"]
 
 MODES = ("serial", "zos")
 DEVICES = ("auto", "cuda", "cpu")
-NUM_SLOTS = 2  # host buffers are double-buffered: round N uses slot N % 2
+# Host buffers are double-buffered: round N uses slot N % 2.  An engine allocates NUM_SLOTS
+# slots when it is built; each run reads it once and may use fewer (notebook 05's race).
+NUM_SLOTS = 2
+MAX_SLOTS = 8  # overlap needs 2; more only cost memory
 MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
 MAX_HOST_OVERHEAD_MS = 1000.0
 # A decode round feeds 1 + k tokens per request and the shipped model's context is 256
@@ -128,6 +131,10 @@ class EngineConfig:
         raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
 
 
+def _num_slots() -> int:
+    return check_int("NUM_SLOTS", NUM_SLOTS, 1, MAX_SLOTS, " (te.engine.NUM_SLOTS: host buffer slots)")
+
+
 def _check_kv_cache_size(config: EngineConfig, model) -> None:
     cfg = model.cfg
     slots = config.num_kv_blocks * config.block_size
@@ -187,6 +194,11 @@ class Engine:
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config
+        if model is not None and not isinstance(model, TinyGPT):
+            raise TypeError(f"model must be a TinyGPT or None (te.load_model() returns one and its alphabet), got "
+                            f"{type(model).__name__}")
+        if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
+            raise TypeError(f"tokenizer must be a CharTokenizer or None, got {type(tokenizer).__name__}")
         if model is None:
             model, alphabet = load_model()
             tokenizer = tokenizer or CharTokenizer(alphabet)
@@ -202,7 +214,8 @@ class Engine:
                                  max_batch=config.max_batch_size,
                                  max_blocks=-(-self.context_len // config.block_size))
         self.constraint = make_constraint(config.constraint, self.tokenizer)
-        self.buffer_specs = buffers.buffer_specs(self.layout, NUM_SLOTS, k,
+        self.num_slots = _num_slots()
+        self.buffer_specs = buffers.buffer_specs(self.layout, self.num_slots, k,
                                                  vocab if self.constraint is not None else 0)
         self.ngram = _ngram_table(self.tokenizer.alphabet) if k else None
         self._running = threading.Lock()  # one generate at a time
@@ -214,13 +227,14 @@ class Engine:
         self.timeline = Timeline(meta=self._meta())
         self.stats: dict = {}
         self.completions: list[Completion] = []
-        self._run = Run()
+        self._run = Run(num_slots=self.num_slots)
         self._next_id = 0
 
     @property
     def requests(self) -> list[Request]:
-        """The current (or last) run's requests, in prompt order."""
-        return self._run.requests
+        """The current (or last) run's requests, in prompt order (a plug-in may change
+        this list: the run keeps its own)."""
+        return self._run.visible
 
     # ------------------------------------------------------------------ the loops
 
@@ -315,7 +329,7 @@ class Engine:
             # Enough block-table columns for the furthest position a correction can reach.
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // bs))
             cols["block_tables"] = [b for t in tables for b in (t + [0] * nb)[:nb]]
-            inputs = RoundInputs(plan, plan.round % NUM_SLOTS, len(cols["input_ids"]), nb,
+            inputs = RoundInputs(plan, plan.round % self._run.num_slots, len(cols["input_ids"]), nb,
                                  max(cols["seqlens_q"]), {b for t in tables for b in t})
             buffers.write_inputs(self.device, self.layout, inputs.slot, cols, temps, nb)
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
@@ -435,22 +449,26 @@ class Engine:
         for name, plugin in plugins.items():
             check_callable(name, plugin)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
-        if not self._running.acquire(blocking=False):
-            raise RuntimeError("generate is already running on this engine (called again from a plug-in, or "
-                               "from another thread); wait for it to return, or give each thread its own Engine")
-        try:
-            self._ensure_ready()
-            self._next_id += len(requests)
-            return self._execute(requests, loop, on_round, correction, process_outputs)
-        finally:
-            self._running.release()
+        run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs, self._slots())
+        # An Interrupt waits while the lock is taken or given back, never between the two.
+        with hold_sigint() as held:
+            if not self._running.acquire(blocking=False):
+                raise RuntimeError("generate is already running on this engine (called again from a plug-in, or "
+                                   "from another thread); wait for it to return, or give each thread its own Engine")
+            try:
+                with held.let_through():
+                    self._ensure_ready()
+                    self._next_id += len(requests)
+                    return self._execute(run, loop)
+            finally:
+                self._running.release()
 
     def abort(self, request_id: int) -> None:
         """Stop a request; results already in flight for it are discarded when they land."""
-        req = next((r for r in self.requests if r.id == request_id), None)
+        req = next((r for r in self._run.requests if r.id == request_id), None)
         if req is None:
-            raise ValueError(f"no request {request_id} in the current run (its ids: "
-                             f"{[r.id for r in self.requests]})")
+            raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
+                             f"{[r.id for r in self._run.requests]})")
         if req.finished:
             return
         req.finish_reason = "abort"
@@ -459,16 +477,18 @@ class Engine:
         self.scheduler.release_if_done(req)
 
     def close(self) -> None:
-        """Stop the device process.  Dropping the last reference to an engine does it too."""
-        if not self._running.acquire(blocking=False):
-            raise RuntimeError("close() was called while generate is running on this engine; call it after "
-                               "generate returns")
-        try:
-            self._closed = True
-            if self.device is not None:
-                self.device.close()
-        finally:
-            self._running.release()
+        """Stop the device process and release its pipe and shared memory.  Dropping the
+        last reference to an engine does it too.  An Interrupt waits until it is done."""
+        with hold_sigint():
+            if not self._running.acquire(blocking=False):
+                raise RuntimeError("close() was called while generate is running on this engine; call it after "
+                                   "generate returns")
+            try:
+                self._closed = True
+                if self.device is not None:
+                    self.device.close()
+            finally:
+                self._running.release()
 
     def __enter__(self):
         return self
@@ -478,14 +498,15 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
-    def _execute(self, requests, loop, on_round, correction, process_outputs) -> list[Completion]:
-        run = self._run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs)
-        self.timeline = Timeline(meta=self._meta())
-        self.record = self.device.run_record = RunRecord()
-        self.scheduler.round = 0
-        for req in requests:
-            self.scheduler.add(req)
-        self._clean = False
+    def _execute(self, run: Run, loop) -> list[Completion]:
+        with hold_sigint():  # registered whole; an Interrupt after this finds _clean False: recovered next call
+            self._clean = False
+            self._run, self.timeline = run, Timeline(meta=self._meta())
+            self.record = self.device.run_record = RunRecord()
+            self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
+            self.scheduler.round = 0
+            for req in run.requests:  # queued only once the run owns them
+                self.scheduler.add(req)
         start = time.perf_counter()
         try:
             if loop is not None:
@@ -502,14 +523,15 @@ class Engine:
         finally:
             with hold_sigint():
                 run.end()
-                self.completions = [r.completion() for r in requests]
+                self.completions = [r.completion() for r in run.requests]
                 self._finish_stats(time.perf_counter() - start)
         return self.completions
 
     def _ensure_ready(self) -> None:
-        """Before a run: a device that died while idle is replaced (with a warning), and a
-        run whose recovery was itself interrupted is recovered now."""
-        failure = self.device.failure() if self.device is not None else "no device was started"
+        """Before a run: a device that died while idle is replaced (with a warning; found by
+        a round trip, as the forkserver reports a death late), and a run whose recovery
+        was itself interrupted is recovered now."""
+        failure = self.device.probe(RECOVER_TIMEOUT_S) if self.device is not None else "no device was started"
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
                           RuntimeWarning, stacklevel=3)
@@ -565,6 +587,15 @@ class Engine:
         return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc,
                                                         self.device.free_blocks), c.num_draft_tokens)
 
+    def _slots(self) -> int:
+        """The host buffer slots a run uses, read once per run: at most the engine's."""
+        slots = _num_slots()
+        if slots > self.num_slots:
+            raise ValueError(f"te.engine.NUM_SLOTS is {slots} but this engine was built with {self.num_slots} buffer "
+                             f"slots: build a new Engine after changing NUM_SLOTS (or set it back to "
+                             f"{self.num_slots})")
+        return slots
+
     def _make_requests(self, prompts, max_new_tokens, stop, temperature, seed) -> list[Request]:
         prompts = check_prompts(prompts)
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
@@ -582,7 +613,7 @@ class Engine:
             if len(ids) >= self.context_len or need > self.context_len:
                 slack = f" + 2 x {self.config.num_draft_tokens} draft slots" if self.config.num_draft_tokens else ""
                 raise ValueError(f"prompt {i} is too long: {len(ids)} prompt tokens + max_new_tokens "
-                                 f"{max_new_tokens}{slack} = {need} positions, but the model's context "
+                                 f"{shown(max_new_tokens)}{slack} = {shown(need)} positions, but the model's context "
                                  f"is {self.context_len}")
             blocks = self.scheduler.blocks.blocks_needed(need)
             if blocks > self.config.num_kv_blocks:

@@ -47,18 +47,25 @@ class StepProcessedTwice(RuntimeError):
 
 @dataclass
 class Run:
-    """What one ``generate`` call owns: its requests, its plug-ins and its counters."""
+    """What one ``generate`` call owns: its requests, its plug-ins, its buffer slots and
+    its counters.  ``requests`` is its own copy, in prompt order: completions and recovery
+    read it, so a plug-in that changes ``engine.requests`` (``visible``) cannot lose one."""
 
-    requests: list[Request] = field(default_factory=list)
+    requests: tuple[Request, ...] = ()
     on_round: object = None
     correction: object = kernels.correct_seqlens_qk
     process_outputs: object = None
+    num_slots: int = 2  # host buffer slots: round N uses slot N % num_slots
     # per request and round: tokens committed, decode rounds, drafts proposed/accepted,
     # outputs of already-finished requests thrown away (the extra round under ZOS)
     counts: dict = field(default_factory=lambda: dict(tokens=0, request_decode_rounds=0, proposed=0,
                                                       accepted=0, discarded=0))
     prefill_rounds: set = field(default_factory=set)
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
+
+    def __post_init__(self) -> None:
+        self.requests = tuple(self.requests)
+        self.visible = list(self.requests)
 
     def end(self) -> None:
         """Drop the plug-ins once the call returns: a closure over the engine kept here

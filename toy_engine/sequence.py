@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .validate import SEED_LIMIT
+from .validate import SEED_LIMIT, shown
 
 _M64 = 2**64 - 1
 
@@ -107,14 +107,14 @@ def check_prompts(prompts) -> list[str]:
         return [prompts]
     if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__} "
-                        f"{prompts!r:.80}")
+                        f"{shown(prompts)}")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("generate() needs at least one prompt; got an empty list")
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             hint = " (decode bytes first: b.decode())" if isinstance(prompt, (bytes, bytearray)) else ""
-            raise TypeError(f"prompt {i} must be a str, got {type(prompt).__name__} {prompt!r:.80}{hint}")
+            raise TypeError(f"prompt {i} must be a str, got {type(prompt).__name__} {shown(prompt)}{hint}")
         if not prompt:
             raise ValueError(f"prompt {i} is empty: the model needs at least one token")
     return prompts
@@ -127,10 +127,10 @@ def check_stop(stop) -> tuple[str, ...]:
     if isinstance(stop, str):
         stop = [stop]
     elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Sequence):
-        raise TypeError(f"stop must be None, a str or a list/tuple of str, got {type(stop).__name__} {stop!r:.80}")
+        raise TypeError(f"stop must be None, a str or a list/tuple of str, got {type(stop).__name__} {shown(stop)}")
     for s in stop:
         if not isinstance(s, str):
-            raise TypeError(f"stop strings must be str, got {type(s).__name__} {s!r:.80}")
+            raise TypeError(f"stop strings must be str, got {type(s).__name__} {shown(s)}")
         if not s:
-            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+            raise ValueError(f"stop strings must be non-empty strings, got {shown(list(stop))}")
     return tuple(stop)

@@ -73,6 +73,37 @@ BUSY_OTHERS_CPUS = 0.25
 
 _VERSION = 1
 _SPAN_FIELDS = ("lane", "stage", "round", "start_ms", "end_ms")
+# The meta fields that code reads (summary, contention, the figures, the bench): their types.
+_META_TYPES = {"machine_load": dict, "recorded": dict, "stats": dict, "prefill_rounds": list, "mode": str,
+               "device": str, "host_overhead_ms": (int, float)}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checked_meta(meta) -> dict:
+    """A copy of ``meta``, refused with a sentence where a field that code reads has the
+    wrong type (it would raise AttributeError or TypeError later, far from the cause)."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise TypeError(f"Timeline meta must be a dict, got {type(meta).__name__}")
+    for key, kind in _META_TYPES.items():
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            what = {dict: "an object", list: "a list", str: "a string"}.get(kind, "a number")
+            raise ValueError(f"timeline meta[{key!r}] must be {what}, got {type(meta[key]).__name__}")
+    others = meta.get("machine_load", {}).get("others_cpus")
+    if others is not None and not _is_number(others):
+        raise ValueError(f"timeline meta['machine_load']['others_cpus'] must be a number or null, got "
+                         f"{type(others).__name__}")
+    if not all(type(r) is int for r in meta.get("prefill_rounds", ())):  # noqa: E721 - bools are not rounds
+        raise ValueError("timeline meta['prefill_rounds'] must be a list of round numbers")
+    if not all(_is_number(v) or v is None for v in meta.get("stats", {}).values()):
+        raise ValueError("timeline meta['stats'] values must be numbers")
+    if not isinstance(meta.get("recorded", {}).get("machine", {}), dict):
+        raise ValueError("timeline meta['recorded']['machine'] must be an object")
+    return dict(meta)
 
 
 @dataclass(frozen=True)
@@ -168,7 +199,7 @@ class Timeline:
     def __init__(self, origin_ns: int | None = None, meta: dict | None = None) -> None:
         self.origin_ns: int = time.perf_counter_ns() if origin_ns is None else int(origin_ns)
         self.spans: list[Span] = []
-        self.meta: dict = dict(meta) if meta else {}
+        self.meta: dict = _checked_meta(meta)
         # A live run's start, for the machine-load part of the contention meter (finish_run).
         self._cpu_start = cpu_snapshot() if origin_ns is None else None
 
@@ -462,6 +493,8 @@ class Timeline:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ValueError(f"{source} is nested too deeply to be a timeline") from None
         if not isinstance(data, dict):
             raise ValueError(f"{source} must be an object, got {type(data).__name__}")
         for key in ("version", "origin_ns", "meta", "spans"):
@@ -478,7 +511,10 @@ class Timeline:
         if not isinstance(data["spans"], list):
             raise ValueError("timeline spans must be a list")
         known = {f.name for f in fields(Span)}
-        tl = cls(origin_ns=origin, meta=data["meta"])
+        try:
+            tl = cls(origin_ns=origin, meta=data["meta"])
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
         for i, raw in enumerate(data["spans"]):
             if not isinstance(raw, dict):
                 raise ValueError(f"span {i} must be an object, got {raw!r}")

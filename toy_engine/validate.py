@@ -16,6 +16,16 @@ import numbers
 import operator
 
 SEED_LIMIT = 2**63  # seeds travel to the device as int64
+SHOWN_CHARS = 80  # how much of a rejected value a message repeats
+
+
+def shown(value) -> str:
+    """``repr(value)``, cut to SHOWN_CHARS: a message must stay readable whatever it echoes
+    (a 10**5000 has no repr at all: Python refuses ints of more than 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
+        return f"{'-' if value < 0 else ''}an integer of {len(format(value, 'x')) * 4} bits"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 20]}... ({len(text)} characters)"
 
 
 def check_int(name: str, value, minimum: int, maximum: int | None = None, why: str = "") -> int:
@@ -24,19 +34,22 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
     try:
         number = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {shown(value)}") from None
     if number < minimum or (maximum is not None and number > maximum):
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {number}{why}")
+        raise ValueError(f"{name} must be {bound}, got {shown(number)}{why}")
     return number
 
 
 def check_float(name: str, value, minimum: float, maximum: float, unit: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    number = float(value)
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond 1.8e308
+        number = math.inf
     if not math.isfinite(number) or not minimum <= number <= maximum:
-        raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {shown(value)}")
     return number
 
 
@@ -46,17 +59,17 @@ def check_seed(name: str, value) -> int:
 
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {shown(value)}")
     return value
 
 
 def check_choice(name: str, value, choices: tuple) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {name} {value!r}: use one of {choices}")
+        raise ValueError(f"unknown {name} {shown(value)}: use one of {choices}")
     return value
 
 
 def check_callable(name: str, value):
     if value is not None and not callable(value):
-        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__} {shown(value)}")
     return value

@@ -48,6 +48,7 @@ from plotly.subplots import make_subplots
 from .recorded import TRACES_DIR, recorded_label, recorded_runs, trace_name
 from .machine import busy_warning
 from .timeline import PROCESS_STAGES, Span, Timeline
+from .validate import check_int, shown
 
 __all__ = ["STAGE_COLORS", "timeline_figure", "compare_figure", "order_figure", "issued_order",
            "save_html", "load_trace", "available_traces", "TimelineExplorer"]
@@ -108,6 +109,13 @@ def stage_color(stage: str) -> str:
 
 # ---------------------------------------------------------------------------- windows
 
+def _check_timeline(value, name: str = "timeline") -> Timeline:
+    if not isinstance(value, Timeline):
+        raise TypeError(f"{name} must be a Timeline (engine.timeline, or viz.load_trace(name)), got "
+                        f"{type(value).__name__}")
+    return value
+
+
 def decode_rounds(timeline: Timeline) -> list[int]:
     """Rounds that ran a forward and are not prefill rounds (``meta["prefill_rounds"]``)."""
     prefill = set(timeline.meta.get("prefill_rounds", ()))
@@ -159,9 +167,8 @@ def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dic
     to it (under ZOS the first round's forward began before the round before it was
     delivered).  Idle gaps and machine-busy stretches are the timeline's, clipped to the range.
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    first = default_first_round(timeline) if first_round is None else int(first_round)
+    num_rounds = check_int("num_rounds", num_rounds, 1)
+    first = default_first_round(timeline) if first_round is None else check_int("first_round", first_round, 0)
     last = first + num_rounds - 1
     owned = window_spans(timeline, first, num_rounds)
     if owned:
@@ -338,7 +345,7 @@ def timeline_figure(timeline: Timeline, first_round: int | None = None, num_roun
     draws, faded, other rounds' spans that ran inside the window (with ZOS, round N-1's
     wait and postprocess run during round N).
     """
-    win = _window(timeline, first_round, num_rounds)
+    win = _window(_check_timeline(timeline), first_round, num_rounds)
     fig = go.Figure(_traces(win, context=context))
     for note in _annotations(win):
         fig.add_annotation(**note)
@@ -379,11 +386,18 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     the title, and the recorded quiet-machine runs are added as extra rows labelled
     RECORDED with their machine, date and commit.
     """
+    if not isinstance(runs, dict):
+        raise TypeError(f"runs must be a dict of label -> Timeline (or (Timeline, stats)), e.g. {{'serial': "
+                        f"serial.timeline, 'zos': zos.timeline}}; got {type(runs).__name__}")
     if not runs:
         raise ValueError("compare_figure needs at least one run")
     rows = []
     for label, run in runs.items():
-        timeline, stats = run if isinstance(run, tuple) else (run, None)
+        timeline, stats = run if isinstance(run, tuple) and len(run) == 2 else (run, None)
+        _check_timeline(timeline, f"runs[{shown(label)}]")
+        if stats is not None and not isinstance(stats, dict):
+            raise TypeError(f"the stats of runs[{shown(label)}] must be a dict (engine.stats) or None, got "
+                            f"{type(stats).__name__}")
         stats = stats if stats is not None else timeline.meta.get("stats")
         rows.append((str(label), timeline, stats))
     warning = None
@@ -533,7 +547,7 @@ def issued_order(timeline: Timeline, rounds=None) -> list[tuple[str, int]]:
     in the recorded order; ``rounds`` (default: all) keeps only those rounds.
     """
     keep = None if rounds is None else set(rounds)
-    return [(_ISSUED[s.stage], s.round) for s in timeline.lane("host")
+    return [(_ISSUED[s.stage], s.round) for s in _check_timeline(timeline).lane("host")
             if s.stage in _ISSUED and (keep is None or s.round in keep)]
 
 
@@ -567,9 +581,9 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     in a row above the host, item *i* under the engine's *i*-th issued step, and the
     first place it differs is outlined and named.
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    first = default_first_round(timeline) if first_round is None else int(first_round)
+    num_rounds = check_int("num_rounds", num_rounds, 1)
+    _check_timeline(timeline)
+    first = default_first_round(timeline) if first_round is None else check_int("first_round", first_round, 0)
     lay = _order_layout(timeline, first, num_rounds)
     columns = lay["columns"]
     traces = []
