@@ -94,3 +94,22 @@ def test_the_store_keeps_verdicts_across_a_restart(tmp_path):
     ps.Store(str(db)).add("ada", GOOD)
     again = ps.Store(str(db))
     assert again.count() == 1 and again.entries()["ada"][0]["category"] == "no_flush"
+
+
+def test_the_service_runs_from_two_copied_files_without_torch(tmp_path):
+    """Zero to JupyterHub's hub image has no torch: progress_service.py + progress.py suffice."""
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("progress.py", "progress_service.py"):
+        shutil.copy(ROOT / "toy_engine" / name, tmp_path / name)
+    done = subprocess.run([sys.executable, "-c", "import sys, progress_service as ps; "
+                           "print(sorted(m for m in ('torch', 'toy_engine') if m in sys.modules), "
+                           "ps.validate(b'{}', 'ada')[0])"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "400"]
+    help_text = subprocess.run([sys.executable, str(tmp_path / "progress_service.py"), "--help"],
+                               capture_output=True, text=True, timeout=120)
+    assert help_text.returncode == 0 and "--instructors" in help_text.stdout, help_text.stderr

@@ -61,7 +61,10 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
     def url_path_join(*parts: str) -> str:  # type: ignore[no-redef]
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
-from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
+try:
+    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
+except ImportError:  # run as a script beside a copy of progress.py, where the hub lacks the course
+    from progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status  # type: ignore[no-redef]
 
 FIELDS = {"notebook", "check", "passed", "category", "time"}
 CATEGORY = re.compile(r"[a-z][a-z0-9_]{0,47}")
@@ -250,7 +253,9 @@ class RoomPageHandler(_InstructorHandler):
     async def get(self):
         if not await self.instructor():
             return
-        self.finish(page(self.app.prefix, render_table(await self.data(), self.app.guide_url)))
+        # The page's own refreshes are cookie-authenticated fetches: the hub's XSRF rules want the token.
+        self.finish(page(self.app.prefix, render_table(await self.data(), self.app.guide_url),
+                         self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else str(self.xsrf_token)))
 
 
 class RoomTableHandler(_InstructorHandler):
@@ -325,12 +330,18 @@ def render_table(data: dict, guide_url: str) -> str:
             f"</ul>")
 
 
-def page(prefix: str, table: str) -> str:
+def page(prefix: str, table: str, xsrf: str = "") -> str:
+    fetch = (f"fetch({json.dumps(prefix + 'room.html')}, {{credentials: 'same-origin', redirect: 'error', "
+             f"headers: {{'X-XSRFToken': {json.dumps(xsrf)}}}}})")
     return (f"<!doctype html><meta charset=utf-8><title>Course progress</title><style>{_CSS}</style>"
-            f"<h1>Course progress: the room</h1><div id=live>{table}</div>"
-            f"<script>setInterval(async () => {{ try {{ const r = await fetch({json.dumps(prefix + 'room.html')},"
-            f" {{credentials: 'same-origin'}}); if (r.ok) document.getElementById('live').innerHTML = await r.text();"
-            f" }} catch (e) {{}} }}, {REFRESH_MS});</script>")
+            f"<h1>Course progress: the room</h1><p id=status>live: refreshed every {REFRESH_MS // 1000} s</p>"
+            f"<div id=live>{table}</div>"
+            f"<script>setInterval(async () => {{ const s = document.getElementById('status');"
+            f" try {{ const r = await {fetch};"
+            f" if (r.ok) {{ document.getElementById('live').innerHTML = await r.text();"
+            f" s.textContent = 'live: updated ' + new Date().toLocaleTimeString(); }}"
+            f" else s.textContent = 'not updated: ' + r.status + ' (log in again?)'; }}"
+            f" catch (e) {{ s.textContent = 'not updated: ' + e; }} }}, {REFRESH_MS});</script>")
 
 
 # ------------------------------------------------------------------ the app
