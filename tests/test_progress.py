@@ -197,3 +197,13 @@ def test_a_service_that_is_down_is_noted_once_and_the_check_answers(record_file,
     assert "progress service did not answer" in second.message
     assert "did not answer" not in third.message
     assert len(_lines(record_file)) == 3  # the local record has every verdict
+
+
+def test_under_nbgraders_autograder_a_check_that_did_not_pass_raises(record_file, monkeypatch):
+    monkeypatch.setenv(progress.ENV_GRADING, "1")
+    assert practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4).passed
+    with pytest.raises(progress.CheckNotPassed, match="check_metadata_answer: "):
+        checkers.check_metadata_answer({"seqlens_q"})
+    assert [e["passed"] for e in _lines(record_file)] == [True, False]  # recorded all the same
+    monkeypatch.setenv(progress.ENV_GRADING, "0")
+    assert not checkers.check_metadata_answer({"seqlens_q"}).passed

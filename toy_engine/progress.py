@@ -43,6 +43,7 @@ ENV_URL = "OVERLAP_PROGRESS_URL"    # the room's service, e.g. http://hub:8000/s
 SERVICE_NAME = "course-progress"
 MAX_BODY_BYTES = 16 * 1024         # what the service accepts per verdict
 SEND_TIMEOUT_S = 5.0
+ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (toy_engine/grading.py)
 
 # Every checked cell of the course, by notebook (the file's stem): what the service accepts.
 # A check used by two notebooks belongs to the first that lists it unless the kernel's notebook
@@ -121,13 +122,26 @@ def _say_once(key: str, note: str) -> str:
     return note
 
 
+class CheckNotPassed(AssertionError):
+    """Raised for a verdict that did not pass, only under nbgrader's autograder
+    (``$OVERLAP_GRADING=1``): an autograded test cell that raises scores 0."""
+
+
 def record(verdict, check: str, notebook: str | None = None):
     """Append ``verdict`` to the learner's record (and queue it for the room's service);
-    returns the verdict.  Never raises and never blocks on the network."""
+    returns the verdict.  Never raises and never blocks on the network -- except under
+    nbgrader's autograder, where a verdict that did not pass raises :class:`CheckNotPassed`."""
+    _keep(verdict, check, notebook)
+    if not verdict.passed and os.environ.get(ENV_GRADING) == "1":
+        raise CheckNotPassed(f"{check}: {verdict.message}")
+    return verdict
+
+
+def _keep(verdict, check: str, notebook: str | None) -> None:
     try:
         notebook = notebook or _notebook_for(check)
         if notebook is None:
-            return verdict
+            return
         entry = {"v": RECORD_VERSION, "notebook": notebook, "check": check, "passed": bool(verdict.passed),
                  "category": category_of(verdict), "time": round(time.time(), 3)}
         note = ""
@@ -148,7 +162,6 @@ def record(verdict, check: str, notebook: str | None = None):
             verdict.message += note
     except Exception:  # noqa: BLE001 - recording must never cost the learner the answer
         pass
-    return verdict
 
 
 def recorded(check, name: str | None = None):
