@@ -188,6 +188,17 @@ class _Base(HubOAuthenticated, web.RequestHandler):
     def app(self) -> "ProgressService":
         return self.settings["progress"]
 
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """Say why (tornado's own page says only "Forbidden"): JSON for the API, a line of HTML else."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        why = getattr(exc, "log_message", None) or self._reason
+        if "/api/" in self.request.path:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"status": status_code, "error": why}))
+        else:
+            self.finish(f"<!doctype html><meta charset=utf-8><title>{status_code}</title>"
+                        f"<h1>{status_code} {html.escape(self._reason)}</h1><p>{html.escape(str(why))}</p>")
+
     def refuse(self, code: int, why: str) -> None:
         self.set_status(code)
         self.set_header("Content-Type", "application/json")
