@@ -20,7 +20,11 @@ The test, as root:
    server, kernel, forkserver, device process -- must be gone within 30 s;
 5. samples every process of each user every 0.5 s from login to stop and writes the peaks
    (RSS, PSS: shared torch pages counted once per user) and the CPU seconds used to
-   ``artifacts/hub/usage.json``; docs/jupyterhub.md turns them into per-user guarantees.
+   ``artifacts/hub/usage.json``; docs/jupyterhub.md turns them into per-user guarantees;
+6. (issue 27) the hub also runs the room's progress service: between 3 and 4, an instructor
+   (group ``instructors``, no server) watches both learners' checks arrive on the service's live
+   page; a second test then sends every refusal the service must make, with real tokens, kills
+   the service and checks the page after the hub restarts it (``hub_progress.py``).
 
 Needs root, ``bash scripts/install_hub.sh`` and ``bash scripts/install_browser.sh``; without
 them the test is skipped, unless ``REQUIRE_HUB_TEST=1`` (CI) turns the skip into a failure.
