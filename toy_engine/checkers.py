@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import kernels
+from . import kernels, progress
 from .device import DeviceError, RaceError
 from .data import CharTokenizer
 from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
@@ -142,7 +142,7 @@ def _guarded(*warm):
                                 f"but not replace them (restored now). Try such experiments on an engine of your "
                                 f"own, `Engine(EngineConfig(...))`")
             verdict.message += note
-            return verdict
+            return progress.record(verdict, check=check.__name__)  # issue 27: every verdict recorded
         return guarded
     return wrap
 

@@ -83,6 +83,7 @@ def strip_solution(source: str, keep: bool) -> str:
 def render(source_nb, keep: bool):
     nb = nbformat.from_dict(source_nb)
     for cell in nb.cells:
+        cell.metadata.pop("nbgrader", None)  # the nbgrader course's metadata (grading.py), not the learners'
         if cell.cell_type == "code":
             cell.source = strip_solution(cell.source, keep)
             cell.outputs, cell.execution_count = [], None

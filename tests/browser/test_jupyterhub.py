@@ -20,7 +20,11 @@ The test, as root:
    server, kernel, forkserver, device process -- must be gone within 30 s;
 5. samples every process of each user every 0.5 s from login to stop and writes the peaks
    (RSS, PSS: shared torch pages counted once per user) and the CPU seconds used to
-   ``artifacts/hub/usage.json``; docs/jupyterhub.md turns them into per-user guarantees.
+   ``artifacts/hub/usage.json``; docs/jupyterhub.md turns them into per-user guarantees;
+6. (issue 27) the hub also runs the room's progress service: between 3 and 4, an instructor
+   (group ``instructors``, no server) watches both learners' checks arrive on the service's live
+   page; a second test then sends every refusal the service must make, with real tokens, kills
+   the service and checks the page after the hub restarts it (``hub_progress.py``).
 
 Needs root, ``bash scripts/install_hub.sh`` and ``bash scripts/install_browser.sh``; without
 them the test is skipped, unless ``REQUIRE_HUB_TEST=1`` (CI) turns the skip into a failure.
@@ -49,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, sync_api, unavailable  # noqa: E402
 from test_jupyterlab import (  # noqa: E402  (the JupyterLab page helpers, shared)
     _JS_HELPERS, _assert_no_errors, _clear_outputs, _code, _command, _log_tail, _write_json)
+import hub_progress  # noqa: E402  (issue 27: the room's progress service, on this test's hub)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "hub"
@@ -59,6 +64,7 @@ PROXY = PREFIX / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 # Unix user names unique to this run: two runs on one machine never touch each other's users.
 RUN_ID = secrets.token_hex(3)
 LEARNERS = [f"toyhub-{RUN_ID}-{name}" for name in ("ada", "ben")]
+INSTRUCTOR = f"toyhub-{RUN_ID}-ines"  # a hub user only (the group "instructors"); never spawns a server
 NOTEBOOK = "notebooks/00_start_here.ipynb"
 SPAWN_TIMEOUT_S = 180    # login, server start and JupyterLab loaded, both learners
 RUN_TIMEOUT_S = 420      # all cells of notebook 00 in both kernels at once, cold kernels
@@ -236,9 +242,10 @@ def learners(playwright_api):
 @pytest.fixture(scope="module")
 def hub(learners, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jupyterhub")
-    port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
+    port, hub_port, proxy_api_port, progress_port = free_port(), free_port(), free_port(), free_port()
     password, token = secrets.token_urlsafe(12), secrets.token_hex(16)
     server_cmd = [str(PREFIX / "venv" / "bin" / "jupyterhub-singleuser")]
+    progress_url = f"http://127.0.0.1:{port}/services/{hub_progress.SERVICE}/"  # learners' kernels send here
     (tmp / "jupyterhub_config.py").write_text(f"""
 c = get_config()  # noqa
 c.JupyterHub.bind_url = "http://127.0.0.1:{port}"
@@ -250,17 +257,20 @@ c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{tmp}/jupyterhub_cookie_secret"
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = {password!r}
-c.Authenticator.allowed_users = {set(learners)!r}
+c.Authenticator.allowed_users = {set(learners) | {INSTRUCTOR}!r}
+c.JupyterHub.load_groups = {{"instructors": {{"users": [{INSTRUCTOR!r}]}}}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.ip = "127.0.0.1"
 c.Spawner.cmd = {server_cmd!r}
 c.Spawner.default_url = "/lab/tree/{NOTEBOOK}"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
+c.Spawner.environment = {{"OVERLAP_PROGRESS_URL": {progress_url!r}}}
 c.JupyterHub.services = [{{"name": "hub-test", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "hub-test", "services": ["hub-test"],
-                             "scopes": ["list:users", "read:users", "admin:servers"]}}]
-""")
+                             "scopes": ["list:users", "read:users", "admin:servers", "tokens"]}}]
+""" + hub_progress.service_config(progress_port, str(PREFIX / "venv" / "bin" / "python"),
+                                  tmp / "course-progress.sqlite", REPO / "docs" / "instructor_guide.md"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TOY_ENGINE_START_METHOD")}
     env["PATH"] = f"{PREFIX / 'venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     log = tmp / "jupyterhub.log"
@@ -269,7 +279,8 @@ c.JupyterHub.load_roles = [{{"name": "hub-test", "services": ["hub-test"],
         proc = subprocess.Popen([str(JUPYTERHUB), "-f", str(tmp / "jupyterhub_config.py")], cwd=tmp, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    info = dict(base=base, token=token, password=password, log=log, proc=proc)
+    info = dict(base=base, token=token, password=password, log=log, proc=proc,
+                progress=dict(db=str(tmp / "course-progress.sqlite"), instructor=INSTRUCTOR))
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -393,6 +404,8 @@ def test_two_learners_run_notebook_00_on_a_real_jupyterhub(playwright_api, learn
                 code = _code(cells[user], 0, len(cells[user]))
                 assert all(c["count"] is not None for c in code), f"{user}: not every code cell ran"
                 usage["learners"][user] = {"notebook_00_seconds": round(finished_at[user] - t0, 1)}
+            usage["progress"] = hub_progress.learners_run_checks(  # issue 27: the instructor's live view
+                browser, pages, hub, lambda page, code: page.evaluate(_OPEN_ENGINE, code))
 
             for user, page in pages.items():
                 out = page.evaluate(_OPEN_ENGINE, "import toy_engine as te\n"
@@ -436,3 +449,18 @@ def test_two_learners_run_notebook_00_on_a_real_jupyterhub(playwright_api, learn
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "usage.json").write_text(json.dumps(usage, indent=1))
     print(json.dumps(usage, indent=1))
+
+
+@pytest.mark.timeout(240)
+def test_progress_service_refuses_what_it_must_and_survives_a_restart(playwright_api, learners, hub):
+    """On the same hub, after the learners' run: see tests/browser/hub_progress.py."""
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            result = hub_progress.refusals_and_restart(browser, hub, list(learners))
+        except BaseException:
+            print(f"jupyterhub log tail:\n{_log_tail(hub['log'], 4000)}")
+            raise
+        finally:
+            browser.close()
+    print(json.dumps(result, indent=1))

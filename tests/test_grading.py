@@ -1,0 +1,133 @@
+"""The exercises as a real nbgrader course (toy_engine/grading.py): the sources carry nbgrader's
+metadata, the shipped notebooks do not, and nbgrader 0.9's own generate_assignment and
+autograde grade a right and a wrong submission of two exercises with the course's checkers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from toy_engine import course, grading
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSIGNMENTS = ("02_serial_loop", "04_seqlen_correction")
+# One wrong answer per exercise; the other answer right, so the grades show points per check.
+WRONG_ANSWERS = {
+    "02_serial_loop": ("serial_loop", '''\
+def serial_loop(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.launch_sample(inputs)  # the step is never waited for nor processed
+'''),
+    "04_seqlen_correction": ("needs_correction", 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'),
+}
+EXPECTED = {  # student -> assignment -> {grade cell: score}
+    "right": {"02_serial_loop": {"check_serial_loop": 3, "check_idle_fraction": 2},
+              "04_seqlen_correction": {"check_correction": 4, "check_metadata_answer": 2}},
+    "wrong": {"02_serial_loop": {"check_serial_loop": 0, "check_idle_fraction": 2},
+              "04_seqlen_correction": {"check_correction": 4, "check_metadata_answer": 0}},
+}
+
+
+def test_sources_carry_nbgrader_metadata_and_points_per_check():
+    assert grading.check() == []
+    for src in sorted((ROOT / "source").glob("*.ipynb")):
+        nb = nbformat.read(src, as_version=4)
+        meta = [c.metadata["nbgrader"] for c in nb.cells if "nbgrader" in c.metadata]
+        graded = {m["grade_id"]: m["points"] for m in meta if m["grade"]}
+        assert graded == grading.POINTS[src.stem]
+        assert all(m["locked"] for m in meta if m["grade"])
+        solutions = [c for c in nb.cells if "### BEGIN SOLUTION" in c.source]
+        assert solutions and all(c.metadata["nbgrader"]["solution"] for c in solutions)
+
+
+def test_a_missing_grade_cell_is_reported(tmp_path):
+    (tmp_path / "source").mkdir()
+    nb = nbformat.read(ROOT / "source" / "04_seqlen_correction.ipynb", as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("nbgrader", None)
+    nbformat.write(nb, tmp_path / "source" / "04_seqlen_correction.ipynb")
+    assert any("out of date" in p for p in grading.check(tmp_path))
+
+
+def test_the_shipped_notebooks_carry_no_nbgrader_metadata():
+    """Self-paced learners get exercises/ and solutions/ as before: no locked cells, no grade ids."""
+    for src, ex, sol in course.targets():
+        source_nb = nbformat.read(src, as_version=4)
+        for path, keep in ((ex, False), (sol, True)):
+            for nb in (nbformat.read(path, as_version=4), course.render(source_nb, keep)):
+                assert not any("nbgrader" in c.metadata for c in nb.cells), path
+
+
+def _nbgrader(course_dir: Path, *args: str) -> str:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop(grading.GRADING_ENV, None)  # the config alone must switch grading on in the kernels
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"nbgrader {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done.stdout + done.stderr
+
+
+def _submission(released, solution, wrong: tuple[str, str] | None):
+    """The released notebook with its answer cells written: the solution's, one maybe wrong."""
+    nb = nbformat.from_dict(released)
+    sol = nbformat.read(solution, as_version=4)
+    assert len(sol.cells) == len(nb.cells)
+    for cell, answer in zip(nb.cells, sol.cells):
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            assert "NotImplementedError" in cell.source, cell.source  # generate_assignment cleared it
+            cell.source = answer.source
+            if wrong and cell.metadata["nbgrader"]["grade_id"] == f"answer_{wrong[0]}":
+                cell.source = wrong[1]
+    return nb
+
+
+@pytest.mark.timeout(1500)
+def test_nbgrader_generates_and_autogrades_with_the_course_checkers(tmp_path):
+    pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra: pip install -e '.[dev]'")
+    from nbgrader.api import Gradebook
+
+    home = grading.course(tmp_path / "course", assignments=ASSIGNMENTS)
+    for a in ASSIGNMENTS:
+        _nbgrader(home, "generate_assignment", a, "--force")
+        released = nbformat.read(home / "release" / a / f"{a}.ipynb", as_version=4)
+        # The learner's version: no line of any answer left (lines only the solution has), checkers locked.
+        ex = nbformat.read(ROOT / "exercises" / f"{a}.ipynb", as_version=4)
+        sol = nbformat.read(ROOT / "solutions" / f"{a}.ipynb", as_version=4)
+        answers = 0
+        for r, e, s in zip(released.cells, ex.cells, sol.cells, strict=True):
+            if r.metadata.get("nbgrader", {}).get("solution"):
+                answer = {line.strip() for line in s.source.splitlines()} - {
+                    line.strip() for line in e.source.splitlines()} - {""}
+                assert answer and not answer & {line.strip() for line in r.source.splitlines()}, r.source
+                answers += 1
+            elif r.metadata.get("nbgrader", {}).get("grade"):
+                assert r.metadata["nbgrader"]["locked"] and r.source == s.source
+        assert answers == 2
+        for student, wrong in (("right", None), ("wrong", WRONG_ANSWERS[a])):
+            folder = home / "submitted" / student / a
+            folder.mkdir(parents=True)
+            nbformat.write(_submission(released, ROOT / "solutions" / f"{a}.ipynb", wrong), folder / f"{a}.ipynb")
+        _nbgrader(home, "autograde", a, "--force")
+
+    got = {}
+    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
+        for student, by_assignment in EXPECTED.items():
+            for a, cells in by_assignment.items():
+                got.setdefault(student, {})[a] = {
+                    cell: gb.find_grade(cell, a, a, student).score for cell in cells}
+                nb = gb.find_submission_notebook(a, a, student)
+                assert nb.max_score == sum(grading.POINTS[a].values())
+    assert got == EXPECTED
+    # The feedback a learner would get names the checker's verdict, not only "0 points".
+    graded = nbformat.read(home / "autograded" / "wrong" / "02_serial_loop" / "02_serial_loop.ipynb", as_version=4)
+    errors = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_serial_loop"
+              for o in c.outputs if o.output_type == "error"]
+    assert errors and errors[0].ename == "CheckNotPassed" and "never" in errors[0].evalue, errors

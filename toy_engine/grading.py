@@ -1,0 +1,172 @@
+"""The exercises as an nbgrader course: the same sources, graded by the course's own checkers.
+
+``source/*.ipynb`` carry nbgrader's cell metadata (schema 3) beside their ``### BEGIN
+SOLUTION`` markers: each cell with a marked answer is a *solution* cell, and each exercise's
+checker cell (``checkers.check_...(...)``) is a locked *autograded test* worth
+:data:`POINTS` points.  The shipped ``exercises/`` and ``solutions/`` do not change
+(``course.py`` drops the metadata when it renders them), so self-paced learners see nothing of
+this.  An instructor who grades with nbgrader::
+
+    python -m toy_engine.grading course COURSE_DIR     # nbgrader's layout + nbgrader_config.py
+    cd COURSE_DIR
+    nbgrader generate_assignment 02_serial_loop        # release/: the learner's version
+    # ... collect submissions into submitted/<student>/02_serial_loop/ ...
+    nbgrader autograde 02_serial_loop                  # runs the checkers, grades each check
+
+How a checker grades: nbgrader gives an autograded test cell no points when it raises.  A
+checker never raises for a learner's mistake (the notebook must run top to bottom for
+learners), so the course's ``nbgrader_config.py`` starts every grading kernel with
+``OVERLAP_GRADING=1``, under which a verdict that did not pass raises
+``progress.CheckNotPassed`` (with the checker's message) -- see ``progress.record``.
+Without it every check would get full points, so :func:`course` always writes that config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_VERSION = 3
+GRADING_ENV = "OVERLAP_GRADING"
+# Points per check: the exercise's graded checker cells, by the check each calls.
+POINTS = {
+    "02_serial_loop": {"check_serial_loop": 3, "check_idle_fraction": 2},
+    "03_zos_loop": {"check_zos_loop": 4, "check_three_rounds": 2},
+    "04_seqlen_correction": {"check_correction": 4, "check_metadata_answer": 2},
+    "05_lifetime": {"check_process_outputs": 4},
+}
+# The graded cell of a check: the one that calls it on the learner's own answer (not a demo
+# such as ``forgetful_loop``, nor the summary cell at the end).
+GRADED_CALLS = {
+    "check_serial_loop": "checkers.check_serial_loop(serial_loop)",
+    "check_idle_fraction": "checkers.check_idle_fraction(idle_fraction, engine)",
+    "check_zos_loop": "checkers.check_zos_loop(zos_loop)",
+    "check_three_rounds": "checkers.check_three_rounds(order)",
+    "check_correction": "checkers.check_correction(correct_seqlens_qk)",
+    "check_metadata_answer": "checkers.check_metadata_answer(needs_correction)",
+    "check_process_outputs": "checkers.check_process_outputs(process_outputs)",
+}
+
+NBGRADER_CONFIG = '''\
+# nbgrader configuration for "Overlap the Pipeline" (written by `python -m toy_engine.grading course`).
+c = get_config()  # noqa
+c.CourseDirectory.course_id = "overlap-the-pipeline"
+c.CourseDirectory.db_url = "sqlite:///gradebook.db"
+# The checkers' verdicts raise under grading, so a check that did not pass scores 0 (see
+# toy_engine/grading.py); without this line every check would get full points.
+c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=['import os; os.environ[\\\\'{env}\\\\'] = \\\\'1\\\\'']"]
+c.Execute.timeout = 300          # a checker runs the engine: several seconds on a busy machine
+c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}}
+'''.format(env=GRADING_ENV)
+
+
+def _is_solution(source: str) -> bool:
+    return "### BEGIN SOLUTION" in source
+
+
+def _answer_name(source: str) -> str:
+    """What a solution cell defines: its function, or the variable of a top-level answer."""
+    m = re.search(r"^def (\w+)\(", source, re.M) or re.search(r"### BEGIN SOLUTION:\s*(\w+)\s*=", source)
+    if m is None:
+        raise ValueError(f"a solution cell that defines no function and names no answer:\n{source[:200]}")
+    return m.group(1)
+
+
+def graded_check(source: str) -> str | None:
+    """The check a cell grades, if it is a graded checker cell."""
+    lines = [line.strip() for line in source.strip().splitlines()]
+    for check, call in GRADED_CALLS.items():
+        if call in lines or f"verdict = {call}" in lines:
+            return check
+    return None
+
+
+def expected_metadata(notebook: str, nb) -> list[dict | None]:
+    """The nbgrader metadata each cell of a source notebook must carry (None: none)."""
+    out = []
+    for cell in nb.cells:
+        meta = None
+        if cell.cell_type == "code" and _is_solution(cell.source):
+            meta = {"grade": False, "solution": True, "locked": False, "grade_id": f"answer_{_answer_name(cell.source)}",
+                    "schema_version": SCHEMA_VERSION}
+        elif cell.cell_type == "code" and (check := graded_check(cell.source)) in POINTS.get(notebook, {}):
+            meta = {"grade": True, "solution": False, "locked": True, "grade_id": check,
+                    "points": POINTS[notebook][check], "schema_version": SCHEMA_VERSION}
+        out.append(meta)
+    return out
+
+
+def annotate(path: Path) -> bool:
+    """Write the nbgrader metadata into a source notebook; True if it changed."""
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    for cell, meta in zip(nb.cells, expected_metadata(path.stem, nb)):
+        if cell.metadata.get("nbgrader") != meta:
+            changed = True
+            if meta is None:
+                cell.metadata.pop("nbgrader", None)
+            else:
+                cell.metadata["nbgrader"] = meta
+    if changed:
+        nbformat.write(nb, path)
+    return changed
+
+
+def check(root: Path = ROOT) -> list[str]:
+    """Source notebooks whose nbgrader metadata is missing or stale."""
+    problems = []
+    for path in sorted((root / "source").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        want = expected_metadata(path.stem, nb)
+        if [c.metadata.get("nbgrader") for c in nb.cells] != want:
+            problems.append(f"{path.relative_to(root)}: nbgrader metadata out of date: run "
+                            f"`python -m toy_engine.grading annotate`")
+        graded = {m["grade_id"] for m in want if m and m["grade"]}
+        if graded != set(POINTS.get(path.stem, {})):
+            problems.append(f"{path.relative_to(root)}: graded checks {sorted(graded)}, POINTS lists "
+                            f"{sorted(POINTS.get(path.stem, {}))}")
+    return problems
+
+
+def course(dest: Path, root: Path = ROOT, assignments=None) -> Path:
+    """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in sorted((root / "source").glob("*.ipynb")):
+        if assignments and path.stem not in assignments:
+            continue
+        folder = dest / "source" / path.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, folder / path.name)
+    (dest / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="the exercises as an nbgrader course")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("course", help="lay out an nbgrader course directory from source/")
+    c.add_argument("dest", type=Path)
+    c.add_argument("assignments", nargs="*")
+    sub.add_parser("annotate", help="write nbgrader cell metadata into source/*.ipynb")
+    sub.add_parser("check", help="fail if source/*.ipynb lack their nbgrader metadata")
+    a = p.parse_args(argv)
+    if a.cmd == "course":
+        print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+    elif a.cmd == "annotate":
+        for path in sorted((ROOT / "source").glob("*.ipynb")):
+            print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
+    else:
+        problems = check()
+        print("\n".join(problems) or "nbgrader metadata is up to date")
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

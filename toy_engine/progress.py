@@ -1,0 +1,355 @@
+"""Where a learner stands: every check's verdict, recorded.
+
+Each notebook check (``practice.py``) and exercise checker (``checkers.py``) hands its
+verdict to :func:`record`, which appends one line to a record in the learner's home::
+
+    {"v": 1, "notebook": "03_zos_loop", "check": "check_zos_loop", "passed": false,
+     "category": "no_flush", "time": 1796000000.0}
+
+-- what the check decided, never the learner's code or the message (a message may quote an
+answer).  :func:`your_progress` reads it back: per notebook, which checks passed, which were
+tried (with the last mistake's category) and which are not reached yet.
+
+* ``$OVERLAP_PROGRESS_FILE`` names the record (default ``~/.overlap_course/progress.jsonl``).
+* Nothing breaks when it cannot be written (read-only home, full disk): the check answers as
+  always, and the first such verdict says that progress is not saved.
+* On a JupyterHub with the course's progress service (``progress_service.py``), each verdict
+  is also sent to the room's service, authenticated with the learner's own hub token
+  (``$JUPYTERHUB_API_TOKEN``) to ``$OVERLAP_PROGRESS_URL``.  Sending happens on a background
+  thread: a check never waits for the network; when the service is down the verdict is
+  dropped there (it stays in the local record) and the next verdict says so once.
+
+Self-contained on purpose (standard library only, no import from the engine): the service
+imports the catalogue below without torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+RECORD_VERSION = 1
+ENV_FILE = "OVERLAP_PROGRESS_FILE"
+ENV_URL = "OVERLAP_PROGRESS_URL"    # the room's service, e.g. http://hub:8000/services/course-progress/
+SERVICE_NAME = "course-progress"
+MAX_BODY_BYTES = 16 * 1024         # what the service accepts per verdict
+SEND_TIMEOUT_S = 5.0
+ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (toy_engine/grading.py)
+
+# Every checked cell of the course, by notebook (the file's stem): what the service accepts.
+# A check used by two notebooks belongs to the first that lists it unless the kernel's notebook
+# (``$JPY_SESSION_NAME``, set by Jupyter Server) lists it too.  ``check:name`` is a check asked
+# a second question in one notebook (``check_discarded(..., name="discarded_by_abort")``).
+# tests/test_progress.py keeps this equal to the check calls in notebooks/ and source/.
+CATALOGUE: dict[str, tuple[str, ...]] = {
+    "00_start_here": ("check_done_after_wait", "check_race", "check_race_fixed"),
+    "01_tiny_gpt": ("check_slot", "check_decode_lengths"),
+    "02_serial_engine": ("check_largest_host_stage", "check_round_gap", "check_overhead_gap"),
+    "02_serial_loop": ("check_serial_loop", "check_idle_fraction"),
+    "03a_zos_order": ("check_processed_under", "check_swapped_order", "check_tokens_lost"),
+    "03b_zos_measured": ("check_future_inputs", "check_ideal_ratio"),
+    "03_zos_loop": ("check_zos_loop", "check_three_rounds"),
+    "04_stale_lengths": ("check_true_key_length", "check_corrected_slots"),
+    "04_seqlen_correction": ("check_correction", "check_metadata_answer"),
+    "05_ownership": ("check_uncommitted_rounds", "check_discarded", "check_race_report",
+                     "check_discarded:discarded_by_abort"),
+    "05_lifetime": ("check_process_outputs",),
+}
+# The course's order (notebook, then its exercise), for the views.
+ORDER = ("00_start_here", "01_tiny_gpt", "02_serial_engine", "02_serial_loop", "03a_zos_order",
+         "03b_zos_measured", "03_zos_loop", "04_stale_lengths", "04_seqlen_correction", "05_ownership",
+         "05_lifetime")
+# Verdicts that mean "not answered yet": the stub still in place.  They are recorded, but a
+# check with only these is "not reached", not "tried".
+UNANSWERED = frozenset({"unanswered", "not_implemented"})
+
+
+def home_notebook(check: str) -> str | None:
+    for notebook in ORDER:
+        if check in CATALOGUE[notebook]:
+            return notebook
+    return None
+
+
+def known(notebook: str, check: str) -> bool:
+    return check in CATALOGUE.get(notebook, ())
+
+
+def category_of(verdict) -> str:
+    """``passed``, or the mistake's category.  Notebook checks that name no category get
+    ``unanswered`` for a stub still in place and ``wrong`` otherwise."""
+    if verdict.passed:
+        return "passed"
+    category = getattr(verdict, "category", "") or ""
+    if category in ("", "passed"):
+        message = str(getattr(verdict, "message", ""))
+        return "unanswered" if message.startswith("not answered yet") else "wrong"
+    return category
+
+
+def _record_path() -> Path:
+    path = os.environ.get(ENV_FILE)
+    return Path(path) if path else Path.home() / ".overlap_course" / "progress.jsonl"
+
+
+def _notebook_for(check: str) -> str | None:
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    stem = Path(session).stem if session else ""
+    return stem if known(stem, check) else home_notebook(check)
+
+
+# ------------------------------------------------------------------ recording
+
+_lock = threading.Lock()
+_said: set[str] = set()          # notes already given once ("not saved", "service down")
+_service_trouble: list[str] = []  # set by the sender thread, said by the next verdict
+
+
+def _say_once(key: str, note: str) -> str:
+    with _lock:
+        if key in _said:
+            return ""
+        _said.add(key)
+    return note
+
+
+class CheckNotPassed(AssertionError):
+    """Raised for a verdict that did not pass, only under nbgrader's autograder
+    (``$OVERLAP_GRADING=1``): an autograded test cell that raises scores 0."""
+
+
+def record(verdict, check: str, notebook: str | None = None):
+    """Append ``verdict`` to the learner's record (and queue it for the room's service);
+    returns the verdict.  Never raises and never blocks on the network -- except under
+    nbgrader's autograder, where a verdict that did not pass raises :class:`CheckNotPassed`."""
+    _keep(verdict, check, notebook)
+    if not verdict.passed and os.environ.get(ENV_GRADING) == "1":
+        raise CheckNotPassed(f"{check}: {verdict.message}")
+    return verdict
+
+
+def _keep(verdict, check: str, notebook: str | None) -> None:
+    try:
+        notebook = notebook or _notebook_for(check)
+        if notebook is None:
+            return
+        entry = {"v": RECORD_VERSION, "notebook": notebook, "check": check, "passed": bool(verdict.passed),
+                 "category": category_of(verdict), "time": round(time.time(), 3)}
+        note = ""
+        try:
+            path = _record_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as err:
+            note += _say_once("not_saved", f"\n(your progress is not saved: {path} cannot be written "
+                                           f"({err.strerror or err}); this answer is unaffected)")
+        _send(entry)
+        if _service_trouble:
+            note += _say_once("service", f"\n(the room's progress service did not answer "
+                                         f"({_service_trouble[0]}): your instructor may not see this "
+                                         f"verdict; your own record has it)")
+        if note:
+            verdict.message += note
+    except Exception:  # noqa: BLE001 - recording must never cost the learner the answer
+        pass
+
+
+def recorded(check, name: str | None = None):
+    """``check`` with every verdict it returns recorded (``name``: the check's name in
+    :data:`CATALOGUE`, default the function's).  A ``name=`` keyword naming a second question
+    of the check (``check_discarded(..., name="discarded_by_abort")``) is recorded as
+    ``check:name``."""
+    base = name or check.__name__
+
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        verdict = check(*args, **kwargs)
+        asked = kwargs.get("name")
+        which = f"{base}:{asked}" if isinstance(asked, str) and home_notebook(f"{base}:{asked}") else base
+        return record(verdict, check=which)
+
+    wrapper.__wrapped_check__ = check
+    return wrapper
+
+
+def record_all(namespace: dict, names) -> None:
+    """Wrap every check ``names`` lists in ``namespace`` (a module's globals()) with
+    :func:`recorded`; idempotent."""
+    for check in names:
+        fn = namespace.get(check)
+        if callable(fn) and not hasattr(fn, "__wrapped_check__"):
+            namespace[check] = recorded(fn)
+
+
+# ------------------------------------------------------------------ the room's service
+
+def service_url() -> str | None:
+    """Where verdicts go on a hub: ``$OVERLAP_PROGRESS_URL`` + ``api/verdicts``, only with a
+    hub token to send them with."""
+    base = os.environ.get(ENV_URL, "")
+    if not base or not os.environ.get("JUPYTERHUB_API_TOKEN"):
+        return None
+    return base.rstrip("/") + "/api/verdicts"
+
+
+class _Sender(threading.Thread):
+    def __init__(self):
+        super().__init__(name="course-progress-sender", daemon=True)
+        self.queue: queue.Queue = queue.Queue(maxsize=1000)
+
+    def run(self):
+        while True:
+            entry = self.queue.get()
+            try:
+                post(entry)
+                _service_trouble.clear()
+            except Exception as err:  # noqa: BLE001 - the service is down or refused: drop it
+                _service_trouble[:] = [_describe(err)]
+            finally:
+                self.queue.task_done()
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, urllib.error.HTTPError):
+        return f"HTTP {err.code}"
+    if isinstance(err, urllib.error.URLError):
+        return str(err.reason)
+    return type(err).__name__
+
+
+def post(entry: dict, url: str | None = None, token: str | None = None) -> dict:
+    """POST one verdict to the service with the learner's hub token; its JSON answer."""
+    url = url or service_url()
+    token = token or os.environ["JUPYTERHUB_API_TOKEN"]
+    body = {k: entry[k] for k in ("notebook", "check", "passed", "category", "time")}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=SEND_TIMEOUT_S) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+_sender: _Sender | None = None
+
+
+def _send(entry: dict) -> None:
+    global _sender
+    if service_url() is None:
+        return
+    with _lock:
+        if _sender is None or not _sender.is_alive():
+            _sender = _Sender()
+            _sender.start()
+    try:
+        _sender.queue.put_nowait(entry)
+    except queue.Full:
+        _service_trouble[:] = ["too many verdicts waiting to be sent"]
+
+
+def flush_sends(timeout: float = 10.0) -> bool:
+    """Wait until every queued verdict was sent or dropped (tests, end of a session)."""
+    sender = _sender
+    if sender is None:
+        return True
+    deadline = time.monotonic() + timeout
+    while sender.queue.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not sender.queue.unfinished_tasks
+
+
+# ------------------------------------------------------------------ reading it back
+
+def read_record(path: Path | None = None) -> list[dict]:
+    """The record's entries (lines that are not a known notebook's check are skipped)."""
+    path = path or _record_path()
+    entries = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return entries
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and known(entry.get("notebook", ""), entry.get("check", "")):
+            entries.append(entry)
+    return entries
+
+
+def status(entries: list[dict]) -> dict[tuple[str, str], dict]:
+    """(notebook, check) -> {"state": passed|tried|not reached, "category": last mistake,
+    "tries": n} for every check of the course."""
+    out = {(nb, check): {"state": "not reached", "category": None, "tries": 0}
+           for nb in ORDER for check in CATALOGUE[nb]}
+    for entry in sorted(entries, key=lambda e: e.get("time", 0)):
+        cell = out.get((entry["notebook"], entry["check"]))
+        if cell is None:
+            continue
+        if entry.get("passed"):
+            cell["state"] = "passed"
+        elif entry.get("category") not in UNANSWERED:
+            cell["tries"] += 1
+            cell["category"] = entry.get("category")
+            if cell["state"] != "passed":
+                cell["state"] = "tried"
+    return out
+
+
+class Progress:
+    """What :func:`your_progress` returns: a table in a notebook, text elsewhere."""
+
+    def __init__(self, entries: list[dict], path: Path):
+        self.path, self.status = path, status(entries)
+
+    def counts(self) -> dict[str, int]:
+        states = [s["state"] for s in self.status.values()]
+        return {k: states.count(k) for k in ("passed", "tried", "not reached")}
+
+    def __repr__(self) -> str:
+        c = self.counts()
+        lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
+                 f"(of {sum(c.values())} checks; record: {self.path})"]
+        for nb in ORDER:
+            lines.append(f"  {nb}")
+            for check in CATALOGUE[nb]:
+                s = self.status[(nb, check)]
+                extra = f" (last mistake: {s['category']})" if s["state"] == "tried" else ""
+                lines.append(f"    {s['state']:<12} {check}{extra}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        colour = {"passed": "#c8e6c9", "tried": "#ffe0b2", "not reached": "#eeeeee"}
+        c = self.counts()
+        rows = []
+        for nb in ORDER:
+            cells = []
+            for check in CATALOGUE[nb]:
+                s = self.status[(nb, check)]
+                label = s["state"] + (f": {s['category']}" if s["state"] == "tried" else "")
+                cells.append(f'<span style="background:{colour[s["state"]]};padding:1px 5px;margin:2px;'
+                             f'display:inline-block" title="{html.escape(label)}">{html.escape(check)}'
+                             f' &mdash; {html.escape(label)}</span>')
+            rows.append(f"<tr><td style='text-align:left'><b>{nb}</b></td>"
+                        f"<td style='text-align:left'>{''.join(cells)}</td></tr>")
+        return (f"<p>Your progress: <b>{c['passed']}</b> passed, <b>{c['tried']}</b> tried, "
+                f"<b>{c['not reached']}</b> not reached</p><table>{''.join(rows)}</table>")
+
+
+def your_progress(path: str | os.PathLike | None = None) -> Progress:
+    """Where you stand: every check of the course, passed / tried / not reached."""
+    path = Path(path) if path else _record_path()
+    return Progress(read_record(path), path)
+
+
+if __name__ == "__main__":
+    print(your_progress(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -1,0 +1,442 @@
+"""The room's progress service: a JupyterHub service that collects every learner's verdicts
+and shows the instructor where the room stands.
+
+The hub starts it from its config (a *managed* service, ``/services/course-progress/``)::
+
+    c.JupyterHub.services = [{
+        "name": "course-progress",
+        "url": "http://127.0.0.1:10101",
+        "command": ["python", "-m", "toy_engine.progress_service", "--db", "/srv/course-progress.sqlite"],
+        "oauth_no_confirm": True,
+    }]
+
+(``docs/jupyterhub.md`` has the roles and the learners' environment, for a plain hub, Zero to
+JupyterHub and The Littlest JupyterHub.)  Routes, under the service's prefix:
+
+``POST api/verdicts``
+    one verdict from a learner's kernel (``toy_engine/progress.py`` sends it), authenticated
+    with the learner's own hub token in the ``Authorization`` header.  The learner is whoever
+    the hub says the token belongs to: a body naming a user is refused.  The body is JSON,
+    at most 16 KB: ``notebook`` and ``check`` from the course's catalogue, ``passed`` (bool),
+    ``category`` (``passed`` exactly when passed), ``time`` (optional).  Anything else is
+    refused with a status that says why (400 malformed, 401 no token, 403 not allowed,
+    413 too large, 422 unknown notebook or check) and nothing is stored.
+``GET`` (the page), ``GET api/room`` (its data as JSON), ``GET room.html`` (the page's table)
+    instructors only -- hub admins, or members of the group ``--instructors`` (default
+    ``instructors``); any other user gets 403.  The page lists learners x checks (passed /
+    tried with the last mistake's category / not reached) and the room's most common mistakes
+    per check, each linked to the instructor guide's explanation, and refreshes itself every
+    2 s.
+``GET guide``
+    the instructor guide's table of mistakes (``--guide-file``), one anchor per category.
+
+State is one SQLite file (``--db``), committed per verdict: a restarted service (the hub
+restarts a managed service that exits) loses nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import re
+import sqlite3
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from tornado import httpclient, ioloop, web
+
+try:
+    from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+    from jupyterhub.utils import url_path_join
+except ImportError:  # no hub here: validate(), room() and the page still work (tests/test_progress_service.py)
+    HubOAuth = HubOAuthCallbackHandler = None
+
+    class HubOAuthenticated:  # type: ignore[no-redef]
+        pass
+
+    def url_path_join(*parts: str) -> str:  # type: ignore[no-redef]
+        return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
+
+try:
+    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
+except ImportError:  # run as a script beside a copy of progress.py, where the hub lacks the course
+    from progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status  # type: ignore[no-redef]
+
+FIELDS = {"notebook", "check", "passed", "category", "time"}
+CATEGORY = re.compile(r"[a-z][a-z0-9_]{0,47}")
+GUIDE_SECTION = "## Mistakes the checkers catch"
+REFRESH_MS = 2000
+USER_CACHE_S = 10.0
+
+
+class Store:
+    """The verdicts, in SQLite: one row per verdict, committed at once."""
+
+    def __init__(self, path: str):
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
+            id INTEGER PRIMARY KEY, user TEXT NOT NULL, notebook TEXT NOT NULL, check_name TEXT NOT NULL,
+            passed INTEGER NOT NULL, category TEXT NOT NULL, client_time REAL, received REAL NOT NULL)""")
+
+    def add(self, user: str, v: dict) -> None:
+        self.db.execute("INSERT INTO verdicts (user, notebook, check_name, passed, category, client_time, received)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (user, v["notebook"], v["check"], int(v["passed"]), v["category"], v.get("time"), time.time()))
+
+    def entries(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for user, nb, check, passed, category, received in self.db.execute(
+                "SELECT user, notebook, check_name, passed, category, received FROM verdicts ORDER BY id"):
+            out.setdefault(user, []).append({"notebook": nb, "check": check, "passed": bool(passed),
+                                             "category": category, "time": received})
+        return out
+
+    def count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
+
+
+def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
+    """(status, why, verdict): 201 and the verdict to store, or the refusal."""
+    if len(body) > MAX_BODY_BYTES:
+        return 413, f"a verdict is at most {MAX_BODY_BYTES} bytes; this body has {len(body)}", None
+    try:
+        v = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        return 400, f"the body is not JSON ({err})", None
+    if not isinstance(v, dict):
+        return 400, "the body must be a JSON object", None
+    if "user" in v or "name" in v:
+        named = v.get("user", v.get("name"))
+        if named != user:
+            return 403, (f"you are {user} (your token says so) and may send only your own verdicts, "
+                         f"not {str(named)[:40]!r}'s"), None
+        return 400, "no user field: who sends a verdict comes from the token", None
+    extra = set(v) - FIELDS
+    if extra:
+        return 400, f"unknown field(s) {sorted(extra)[:5]}; a verdict has {sorted(FIELDS)}", None
+    missing = {"notebook", "check", "passed", "category"} - set(v)
+    if missing:
+        return 400, f"missing field(s) {sorted(missing)}", None
+    if not isinstance(v["notebook"], str) or v["notebook"] not in CATALOGUE:
+        return 422, f"unknown notebook {str(v['notebook'])[:60]!r}", None
+    if not isinstance(v["check"], str) or v["check"] not in CATALOGUE[v["notebook"]]:
+        return 422, f"notebook {v['notebook']} has no check {str(v['check'])[:60]!r}", None
+    if not isinstance(v["passed"], bool):
+        return 400, "passed must be true or false", None
+    if not isinstance(v["category"], str) or not CATEGORY.fullmatch(v["category"]):
+        return 400, "category must be a short lower_case name", None
+    if v["passed"] != (v["category"] == "passed"):
+        return 400, "category is 'passed' exactly when passed is true", None
+    t = v.get("time")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
+        return 400, "time must be a number (seconds since the epoch)", None
+    return 201, "stored", v
+
+
+def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
+    """The page's data: every learner's status per check, and per check the room's mistakes
+    (category, learners who made it, tries), most learners first."""
+    checks = [(nb, check) for nb in ORDER for check in CATALOGUE[nb]]
+    names = sorted(set(learners) | set(entries))
+    grid = {}
+    for name in names:
+        st = status(entries.get(name, []))
+        grid[name] = {f"{nb}/{check}": st[(nb, check)] for nb, check in checks}
+    mistakes: dict[str, dict[str, dict]] = {}
+    for name, rows in entries.items():
+        for e in rows:
+            if e["passed"] or e["category"] in UNANSWERED:
+                continue
+            m = mistakes.setdefault(f"{e['notebook']}/{e['check']}", {}).setdefault(
+                e["category"], {"learners": set(), "tries": 0})
+            m["learners"].add(name)
+            m["tries"] += 1
+    common = {key: sorted(([cat, len(m["learners"]), m["tries"]] for cat, m in cats.items()),
+                          key=lambda r: (-r[1], -r[2], r[0]))
+              for key, cats in mistakes.items()}
+    return {"checks": [f"{nb}/{check}" for nb, check in checks], "learners": grid, "mistakes": common,
+            "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}
+
+
+def guide_mistakes(path: Path | None) -> list[dict]:
+    """The instructor guide's table of mistakes: exercise, mistake, category, explanation."""
+    if path is None or not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    start = text.find(GUIDE_SECTION)
+    rows = []
+    for line in text[start:].splitlines()[1:] if start >= 0 else []:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[3].startswith("`"):
+            rows.append({"exercise": cells[0], "mistake": cells[1], "wrote": cells[2],
+                         "category": cells[3].strip("`"), "explain": cells[4]})
+    return rows
+
+
+# ------------------------------------------------------------------ handlers
+
+class _Base(HubOAuthenticated, web.RequestHandler):
+    @property
+    def app(self) -> "ProgressService":
+        return self.settings["progress"]
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """Say why (tornado's own page says only "Forbidden"): JSON for the API, a line of HTML else."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        why = getattr(exc, "log_message", None) or self._reason
+        if "/api/" in self.request.path:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"status": status_code, "error": why}))
+        else:
+            self.finish(f"<!doctype html><meta charset=utf-8><title>{status_code}</title>"
+                        f"<h1>{status_code} {html.escape(self._reason)}</h1><p>{html.escape(str(why))}</p>")
+
+    def refuse(self, code: int, why: str) -> None:
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": code, "error": why}))
+
+
+class VerdictHandler(_Base):
+    """POST api/verdicts: token in the header only (a cookie never posts for anyone)."""
+
+    def check_xsrf_cookie(self):  # token-authenticated API: no cookies are used
+        return
+
+    async def post(self):
+        header = self.request.headers.get("Authorization", "")
+        kind, _, token = header.partition(" ")
+        if kind.lower() not in ("token", "bearer") or not token.strip():
+            return self.refuse(401, "send your hub token: Authorization: token <JUPYTERHUB_API_TOKEN>")
+        model = await self.hub_auth.user_for_token(token.strip(), use_cache=False, sync=False)
+        if not model:
+            return self.refuse(403, "the hub does not know this token")
+        if model.get("kind", "user") != "user":
+            return self.refuse(403, "only learners send verdicts")
+        if not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
+            return self.refuse(403, f"this token may not use the service (it needs one of "
+                                    f"{sorted(self.hub_auth.access_scopes)})")
+        if self.get_query_arguments("user") or self.get_query_arguments("name"):
+            return self.refuse(403, "who sends a verdict comes from the token, never from the request")
+        code, why, verdict = validate(self.request.body, model["name"])
+        if verdict is None:
+            self.app.log_refusal(model["name"], code, why)
+            return self.refuse(code, why)
+        self.app.store.add(model["name"], verdict)
+        self.set_status(201)
+        self.finish({"stored": True, "user": model["name"], "notebook": verdict["notebook"],
+                     "check": verdict["check"]})
+
+
+class _InstructorHandler(_Base):
+    api = False  # an API route answers 401 without credentials instead of sending a browser to log in
+
+    async def instructor(self) -> dict | None:
+        """The current user if an instructor; 403 for anyone else (a login redirect first)."""
+        user = self.current_user
+        if not user:
+            if self.request.headers.get("Authorization"):
+                raise web.HTTPError(403, "the hub does not know this token, or it may not use the service")
+            if self.api:
+                raise web.HTTPError(401, "log in to the hub, or send an instructor's token")
+            url = self.get_login_url()
+            self.redirect(url)
+            return None
+        if not await self.app.is_instructor(user["name"]):
+            raise web.HTTPError(403, f"{user['name']} is not an instructor (hub admins and the group "
+                                     f"'{self.app.instructors}' are)")
+        return user
+
+    async def data(self) -> dict:
+        learners = await self.app.learners()
+        return room(self.app.store.entries(), learners)
+
+
+class RoomPageHandler(_InstructorHandler):
+    async def get(self):
+        if not await self.instructor():
+            return
+        # The page's own refreshes are cookie-authenticated fetches: the hub's XSRF rules want the token.
+        self.finish(page(self.app.prefix, render_table(await self.data(), self.app.guide_url),
+                         self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else str(self.xsrf_token)))
+
+
+class RoomTableHandler(_InstructorHandler):
+    async def get(self):
+        if not await self.instructor():
+            return
+        self.finish(render_table(await self.data(), self.app.guide_url))
+
+
+class RoomApiHandler(_InstructorHandler):
+    api = True
+
+    async def get(self):
+        if not await self.instructor():
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(await self.data()))
+
+
+class GuideHandler(_InstructorHandler):
+    async def get(self):
+        if not await self.instructor():
+            return
+        rows = guide_mistakes(self.app.guide_file)
+        if not rows:
+            raise web.HTTPError(404, "no instructor guide (start the service with --guide-file)")
+        seen, out = set(), []
+        for r in rows:
+            anchor = "" if r["category"] in seen else f' id="category-{html.escape(r["category"])}"'
+            seen.add(r["category"])
+            out.append(f"<tr{anchor}><td>{html.escape(r['exercise'])}</td><td><code>{html.escape(r['category'])}"
+                       f"</code></td><td>{html.escape(r['mistake'])}</td><td>{html.escape(r['explain'])}</td></tr>")
+        self.finish(f"<!doctype html><meta charset=utf-8><title>Mistakes the checkers catch</title>"
+                    f"<style>{_CSS}</style><h1>Mistakes the checkers catch, and how to explain them</h1>"
+                    f"<p>From the instructor guide.</p><table><tr><th>exercise</th><th>category</th>"
+                    f"<th>mistake</th><th>how to explain it</th></tr>{''.join(out)}</table>")
+
+
+_CSS = ("body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:2px 6px;font-size:13px}.passed{background:#c8e6c9}.tried{background:#ffe0b2}"
+        ".not-reached{color:#999}th.check{writing-mode:vertical-rl;transform:rotate(180deg);max-height:14em}")
+
+
+def render_table(data: dict, guide_url: str) -> str:
+    """The learners x checks table and the mistakes list, as an HTML fragment."""
+    checks = data["checks"]
+    head = "".join(f'<th class="check" title="{html.escape(c)}">{html.escape(c)}</th>' for c in checks)
+    rows = []
+    for name, cells in data["learners"].items():
+        tds = []
+        for c in checks:
+            s = cells[c]
+            cls = s["state"].replace(" ", "-")
+            text = {"passed": "passed", "tried": f"tried: {s['category']}", "not reached": "&middot;"}[s["state"]]
+            if s["state"] == "tried":
+                text = html.escape(text)
+            tds.append(f'<td class="{cls}" data-check="{html.escape(c)}" data-state="{s["state"]}">{text}</td>')
+        rows.append(f'<tr data-learner="{html.escape(name)}"><th>{html.escape(name)}</th>{"".join(tds)}</tr>')
+    mistakes = []
+    for c in checks:
+        if c not in data["mistakes"]:
+            continue
+        items = []
+        for cat, learners, tries in data["mistakes"][c][:5]:
+            link = f"{guide_url}#category-{quote(cat)}"
+            items.append(f'<li><a href="{html.escape(link)}" data-category="{html.escape(cat)}">{html.escape(cat)}</a>'
+                         f" &mdash; {learners} learner(s), {tries} tries</li>")
+        mistakes.append(f'<li data-check="{html.escape(c)}"><b>{html.escape(c)}</b><ul>{"".join(items)}</ul></li>')
+    return (f'<p id="summary">{len(data["learners"])} learner(s), {data["verdicts"]} verdict(s)</p>'
+            f'<table id="room"><tr><th>learner</th>{head}</tr>{"".join(rows)}</table>'
+            f'<h2>The room\'s most common mistakes</h2><ul id="mistakes">{"".join(mistakes) or "<li>none yet</li>"}'
+            f"</ul>")
+
+
+def page(prefix: str, table: str, xsrf: str = "") -> str:
+    fetch = (f"fetch({json.dumps(prefix + 'room.html')}, {{credentials: 'same-origin', redirect: 'error', "
+             f"headers: {{'X-XSRFToken': {json.dumps(xsrf)}}}}})")
+    return (f"<!doctype html><meta charset=utf-8><title>Course progress</title><style>{_CSS}</style>"
+            f"<h1>Course progress: the room</h1><p id=status>live: refreshed every {REFRESH_MS // 1000} s</p>"
+            f"<div id=live>{table}</div>"
+            f"<script>setInterval(async () => {{ const s = document.getElementById('status');"
+            f" try {{ const r = await {fetch};"
+            f" if (r.ok) {{ document.getElementById('live').innerHTML = await r.text();"
+            f" s.textContent = 'live: updated ' + new Date().toLocaleTimeString(); }}"
+            f" else s.textContent = 'not updated: ' + r.status + ' (log in again?)'; }}"
+            f" catch (e) {{ s.textContent = 'not updated: ' + e; }} }}, {REFRESH_MS});</script>")
+
+
+# ------------------------------------------------------------------ the app
+
+class ProgressService:
+    def __init__(self, db: str, instructors: str, guide_file: str | None, guide_url: str | None):
+        self.store = Store(db)
+        self.instructors = instructors
+        self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/course-progress/")
+        self.guide_file = Path(guide_file) if guide_file else _default_guide()
+        self.guide_url = guide_url or url_path_join(self.prefix, "guide")
+        self.hub_auth = HubOAuth.instance(cache_max_age=60)  # configured by the hub's JUPYTERHUB_* variables
+        self._users: dict[str, tuple[float, dict | None]] = {}
+        self._all: tuple[float, list[dict]] = (0.0, [])
+
+    def log_refusal(self, user: str, code: int, why: str) -> None:
+        print(f"refused a verdict from {user}: {code} {why}", flush=True)
+
+    async def _hub(self, path: str):
+        client = httpclient.AsyncHTTPClient()
+        resp = await client.fetch(url_path_join(self.hub_auth.api_url, path), raise_error=False,
+                                  headers={"Authorization": f"token {self.hub_auth.api_token}"})
+        if resp.code == 404:
+            return None
+        if resp.code != 200:
+            raise web.HTTPError(502, f"the hub answered {resp.code} to {path}")
+        return json.loads(resp.body)
+
+    async def user(self, name: str) -> dict | None:
+        seen, model = self._users.get(name, (0.0, None))
+        if time.monotonic() - seen > USER_CACHE_S:
+            model = await self._hub(f"/users/{quote(name)}")
+            self._users[name] = (time.monotonic(), model)
+        return model
+
+    async def is_instructor(self, name: str) -> bool:
+        model = await self.user(name)
+        return bool(model) and (bool(model.get("admin")) or self.instructors in (model.get("groups") or []))
+
+    async def learners(self) -> list[str]:
+        """The hub's users who are not instructors (they show as rows before their first check)."""
+        seen, users = self._all
+        if time.monotonic() - seen > USER_CACHE_S:
+            users = await self._hub("/users") or []
+            self._all = (time.monotonic(), users)
+        return [u["name"] for u in users if not u.get("admin") and self.instructors not in (u.get("groups") or [])]
+
+    def make_app(self) -> web.Application:
+        p = self.prefix
+        settings = {"progress": self, "cookie_secret": os.urandom(32), "xsrf_cookies": False}
+        return web.Application([
+            (p, RoomPageHandler),
+            (url_path_join(p, "room.html"), RoomTableHandler),
+            (url_path_join(p, "api/room"), RoomApiHandler),
+            (url_path_join(p, "api/verdicts"), VerdictHandler),
+            (url_path_join(p, "guide"), GuideHandler),
+            (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
+        ], **settings)
+
+
+def _default_guide() -> Path | None:
+    guide = Path(__file__).resolve().parent.parent / "docs" / "instructor_guide.md"
+    return guide if guide.exists() else None
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="the course's progress service for a JupyterHub")
+    p.add_argument("--db", default="course-progress.sqlite", help="the SQLite file (kept across restarts)")
+    p.add_argument("--instructors", default="instructors", help="the hub group whose members see the room")
+    p.add_argument("--guide-file", help="the instructor guide (docs/instructor_guide.md) for the mistakes page")
+    p.add_argument("--guide-url", help="where mistake links point (default: this service's guide page)")
+    a = p.parse_args(argv)
+    service = ProgressService(a.db, a.instructors, a.guide_file, a.guide_url)
+    url = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+    host, _, port = url.split("://", 1)[1].rstrip("/").rpartition(":")
+    # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 that says so.
+    service.make_app().listen(int(port), host or "127.0.0.1", max_body_size=2 * 2**20)
+    print(f"course-progress: {service.store.count()} verdict(s) in {a.db}; serving {service.prefix} on {url}",
+          flush=True)
+    try:
+        ioloop.IOLoop.current().start()
+    except KeyboardInterrupt:  # the hub stops its services with SIGINT
+        pass
+
+
+if __name__ == "__main__":
+    main()
