@@ -44,6 +44,8 @@ def interactive_outputs(nb, name: str) -> int:
     """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
     import plotly.io as pio
 
+    from toy_engine.figure_config import plotly_config
+
     n = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -52,7 +54,7 @@ def interactive_outputs(nb, name: str) -> int:
                 # The HTML form replaces the JSON, which MyST-NB has no renderer for (it would warn).
                 data["text/html"] = pio.to_html(data.pop(PLOTLY_MIME), include_plotlyjs=False, full_html=False,
                                                 validate=False, div_id=f"figure-{name}-{n}",
-                                                config={"displaylogo": False, "responsive": True})
+                                                config=plotly_config(responsive=True))
                 n += 1
             elif WIDGET_MIME in data:
                 output["data"] = {"text/html": WIDGET_NOTE}

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import nbformat
 
+from .figure_config import plotly_config
+
 ROOT = Path(__file__).resolve().parent.parent
 REVEAL_VERSION = "5.2.1"
 TEMPLATE = Path(__file__).with_name("slides.html.j2")
@@ -73,11 +75,12 @@ def _plotly_to_html(nb) -> int:
             count += 1
             div = f"plotly-figure-{count}"
             height = fig.get("layout", {}).get("height", 450)
+            config = json.dumps(plotly_config(responsive=True))
             spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {})}).replace("</", "<\\/")
             out["data"] = {"text/html": (
                 f'<div id="{div}" style="width:100%;height:{height}px"></div>\n'
                 f'<script>(function () {{ var fig = {spec}; '
-                f'Plotly.newPlot("{div}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')}
+                f'Plotly.newPlot("{div}", fig.data, fig.layout, {config}); }})();</script>')}
     return count
 
 
