@@ -82,9 +82,12 @@ case "${1:-}" in
         ;;
     explorer)
         setup "$1"
-        # The `course` template (apps/voila/templates) is Voila's lab template without CDN links.
+        # The `course` template (apps/voila/templates) is Voila's lab template without CDN links; it
+        # ends a page's kernel when the page goes.  Culling is the backstop: a kernel whose page
+        # vanished without a word (a crashed browser) ends after 10 idle minutes.
         JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
-            --template=course --no-browser "${@:2}"
+            --template=course --no-browser --MappingKernelManager.cull_idle_timeout=600 \
+            --MappingKernelManager.cull_interval=60 "${@:2}"
         ;;
     slides)
         setup "$1"
