@@ -260,3 +260,26 @@ def test_explorer_app_culls_a_kernel_whose_page_vanished(chromium, tmp_path):
         now = _wait_back_to(app["pid"], before, 90)
         assert len(now) <= len(before), ("a kernel whose page went without a shutdown was not culled:\n"
                                          + "\n".join(sorted(set(now) - set(before))))
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + 60)
+def test_explorer_app_at_1280x720_figure_first_and_titled(voila_app, chromium):
+    """Projected at 1280x720 the whole first figure is on screen without scrolling, and the
+    page's title names the app and the course (not the notebook's file name)."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    try:
+        start = time.monotonic()
+        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        print(f"first figure drawn {time.monotonic() - start:.1f} s after the page was opened")
+        box = page.locator(".js-plotly-plot").first.bounding_box()
+        title = page.title()
+        SCREENS = REPO / "artifacts-screens"
+        SCREENS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENS / "explorer_app_1280x720.png"))
+        page.goto("about:blank")
+    finally:
+        context.close()
+    assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720, f"the figure is not all on screen: {box}"
+    assert "Overlap the Pipeline" in title and "explorer" in title.lower() and title != "explorer", title
