@@ -2,7 +2,8 @@
 # One entry point for the two quickstart commands:
 #   ./run.sh lab    set up .venv (first time) and open the course in JupyterLab
 #   ./run.sh test   set up .venv (first time) and run the whole test suite
-#   ./run.sh setup  only set up .venv
+#   ./run.sh setup  only set up .venv (again only when pyproject.toml, environment.yml, the torch
+#                   installer or Python changed; --force: regardless)
 #   ./run.sh site      build the course website from the stored notebooks -> build/site/html
 #   ./run.sh explorer  serve the timeline explorer as an app (Voila, no code) on port 8866
 #   ./run.sh slides    build offline reveal.js slides of the notebooks into build/slides/ (needs npm)
@@ -14,23 +15,56 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=.venv
+# What defines the environment: when none of it changed since the last setup, commands start at
+# once and need no package index (a room with bad Wi-Fi).  Bump SETUP_VERSION when setup()'s
+# own steps change.  `./run.sh setup --force` sets up again regardless.
+SETUP_VERSION=2
+SETUP_INPUTS=(pyproject.toml environment.yml scripts/install_torch.sh)
+STAMP=$VENV/.run-sh-setup
+
+stamp() {
+    echo "setup $SETUP_VERSION"
+    echo "python $("$VENV/bin/python" -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')"
+    echo "folder $PWD"  # the editable install points here
+    local f
+    for f in "${SETUP_INPUTS[@]}"; do echo "$f $(cksum < "$f" | cut -d' ' -f1,2)"; done
+}
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python 3.11" \
-                 "(the version it is tested on). Install it, then e.g. PYTHON=python3.11 ./run.sh $*" >&2
+                 "(the version it is tested on). Install it, then e.g. PYTHON=python3.11 ./run.sh $1" >&2
             exit 2
         fi
         "$PY" -m venv "$VENV"
     fi
+    local want
+    want=$(stamp)
+    if [ "${2:-}" != --force ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+        if [ "$1" = setup ]; then
+            echo "run.sh: $VENV is set up and its inputs are unchanged (${SETUP_INPUTS[*]}, Python);" \
+                 "nothing to install (./run.sh setup --force installs again)"
+        fi
+        return 0
+    fi
+    if [ -f "$STAMP" ] && [ "${2:-}" != --force ]; then
+        echo "run.sh: changed since $VENV was set up: $(diff <(cat "$STAMP") <(echo "$want") | sed -n 's/^> \([^ ]*\).*/\1/p' | tr '\n' ' ')- setting up again" >&2
+    fi
+    rm -f "$STAMP"
     bash scripts/install_torch.sh "$VENV/bin/python"
-    "$VENV/bin/pip" install -q -e ".[course,dev]"
+    # environment.yml's exact pins as constraints: setup installs the versions it names (tests check).
+    local pins
+    pins=$(mktemp)
+    sed -n 's/^[[:space:]]*-[[:space:]]*\([A-Za-z0-9_.-]*==[^[:space:]]*\)[[:space:]]*$/\1/p' environment.yml > "$pins"
+    "$VENV/bin/pip" install -q -e ".[course,dev]" -c "$pins"
+    rm -f "$pins"
+    echo "$want" > "$STAMP"
 }
 
 case "${1:-}" in
     setup)
-        setup "$1"
+        setup "$1" "${2:-}"
         ;;
     lab)
         setup "$1"
@@ -50,9 +84,12 @@ case "${1:-}" in
         ;;
     explorer)
         setup "$1"
-        # The `course` template (apps/voila/templates) is Voila's lab template without CDN links.
+        # The `course` template (apps/voila/templates) is Voila's lab template without CDN links; it
+        # ends a page's kernel when the page goes.  Culling is the backstop: a kernel whose page
+        # vanished without a word (a crashed browser) ends after 10 idle minutes.
         JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
-            --template=course --no-browser "${@:2}"
+            --template=course --no-browser --MappingKernelManager.cull_idle_timeout=600 \
+            --MappingKernelManager.cull_interval=60 "${@:2}"
         ;;
     slides)
         setup "$1"

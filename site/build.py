@@ -11,7 +11,10 @@ Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/ht
   which MyST-NB places on the page, so the recorded figures stay interactive; the
   explorer's widget output, which has no state stored and needs a kernel, becomes a note
   that points to the app;
-* ``plotly.min.js`` from the installed plotly package, so no page asks a CDN.
+* ``plotly.min.js`` from the installed plotly package, so no page asks a CDN; ``conf.py`` loads
+  it only on pages that draw a figure;
+* each figure keeps the notebook's stored PNG, with alt text saying what it shows, for readers
+  without JavaScript (``_static/course.css`` shows the PNG until plotly.js has drawn).
 
 Warnings fail the build (``-W``): a broken cross-reference or toctree entry is an error.
 """
@@ -19,6 +22,7 @@ Warnings fail the build (``-W``): a broken cross-reference or toctree entry is a
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import shutil
 import subprocess
@@ -44,19 +48,49 @@ def interactive_outputs(nb, name: str) -> int:
     """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
     import plotly.io as pio
 
+    from toy_engine.figure_config import plotly_config
+
     n = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             data = output.get("data", {})
             if PLOTLY_MIME in data:
                 # The HTML form replaces the JSON, which MyST-NB has no renderer for (it would warn).
-                data["text/html"] = pio.to_html(data.pop(PLOTLY_MIME), include_plotlyjs=False, full_html=False,
-                                                validate=False, div_id=f"figure-{name}-{n}",
-                                                config={"displaylogo": False, "responsive": True})
+                fig = data.pop(PLOTLY_MIME)
+                live = pio.to_html(fig, include_plotlyjs=False, full_html=False, validate=False,
+                                   div_id=f"figure-{name}-{n}", config=plotly_config(responsive=True))
+                png = data.pop("image/png", None)
+                data["text/html"] = figure_html(live, png, alt_text(fig)) if png else live
                 n += 1
             elif WIDGET_MIME in data:
                 output["data"] = {"text/html": WIDGET_NOTE}
     return n
+
+
+def alt_text(fig: dict) -> str:
+    """What a stored figure shows, in words: its title, lanes and legend (the PNG's alt text)."""
+    layout = fig.get("layout", {})
+    title = layout.get("title", {})
+    title = title.get("text", "") if isinstance(title, dict) else str(title or "")
+    title = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", title)).split())
+    names = list(dict.fromkeys(t.get("name") for t in fig.get("data", []) if t.get("name")))
+    lanes = [str(v) for v in (layout.get("yaxis", {}).get("ticktext") or [])]
+    parts = [f"Figure: {title}." if title else "Figure."]
+    if lanes:
+        parts.append(f"Lanes: {', '.join(lanes)}.")
+    if names:
+        parts.append(f"Bars and marks: {', '.join(names[:12])}{' and more' if len(names) > 12 else ''}.")
+    return " ".join(parts)
+
+
+def figure_html(live: str, png: str, alt: str) -> str:
+    """The live figure with the notebook's stored PNG beside it: course.css shows the PNG until
+    plotly.js is there to draw (JavaScript off, or plotly.js missing), then only the drawing."""
+    png = "".join(png.split()) if isinstance(png, str) else "".join(png)
+    return ('<div class="course-figure"><script>if (window.Plotly) '
+            'document.currentScript.parentElement.classList.add("course-figure-drawn");</script>'
+            f'<img class="course-figure-static" src="data:image/png;base64,{png}" alt="{html.escape(alt)}">'
+            f'<div class="course-figure-live">{live}</div></div>')
 
 
 def drop_test_markers(nb) -> None:

@@ -22,9 +22,8 @@ exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 html_theme = "sphinx_book_theme"
 html_title = "Overlap the Pipeline"
 html_static_path = ["_static"]
-# plotly.js from the plotly package (build.py copies it here): the recorded figures are
-# interactive without any CDN.  Loaded in <head>, before the figures' inline scripts.
-html_js_files = ["plotly.min.js"]
+templates_path = ["_templates"]  # layout.html: the page title names the course once
+html_css_files = ["course.css"]
 html_copy_source = False
 html_show_sourcelink = False
 html_theme_options = {
@@ -34,3 +33,25 @@ html_theme_options = {
 }
 # Without a default the theme logs "Got invalid theme mode" on a first visit.
 html_context = {"default_mode": "light"}
+
+
+def _page_title(title: str) -> str:
+    """The page's <title>: its own title and the course's name, the name once."""
+    import re
+
+    title = " ".join(re.sub(r"<[^>]+>", "", title or "").split())
+    if not title or project in title:
+        return title or project
+    return f"{title} — {project}"
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    context["course_page_title"] = _page_title(context.get("title", ""))
+    # plotly.js (4.8 MB, from the plotly package: build.py copies it into _static) only on pages
+    # that draw a figure; it loads in <head>, before the figures' inline scripts.
+    if "Plotly.newPlot" in context.get("body", ""):
+        app.add_js_file("plotly.min.js")
+
+
+def setup(app):
+    app.connect("html-page-context", _page_context)

@@ -97,6 +97,17 @@ def test_installed_versions_lie_in_declared_ranges():
         f"installed torch {version('torch')}; CI must test environment.yml's torch=={torch_pin}")
 
 
+def test_installed_versions_are_environment_yml_pins():
+    """environment.yml (Binder, conda) pins what `./run.sh setup` installs: every package it names
+    is installed here at exactly that version (torch's local build label, e.g. "+cpu", aside)."""
+    differ = {}
+    for name, pin in _environment_yml()[1].items():
+        installed = Version(version(name))
+        if Version(installed.public) != Version(pin):
+            differ[name] = f"environment.yml {pin}, installed {installed}"
+    assert not differ, f"environment.yml's pins are not what setup installed: {differ}"
+
+
 def test_torch_range_is_what_the_code_needs():
     torch_req = next(r for r in _declared(with_hub=False) if r.name == "torch")
     floor = max(TORCH_FLOOR.values(), key=Version)

@@ -31,10 +31,24 @@ from pathlib import Path
 
 import nbformat
 
+from .figure_config import plotly_config
+
 ROOT = Path(__file__).resolve().parent.parent
 REVEAL_VERSION = "5.2.1"
 TEMPLATE = Path(__file__).with_name("slides.html.j2")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+COURSE = "Overlap the Pipeline"
+SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720  # a projector's 720p: every slide is laid out at this size
+
+
+def deck_title(nb, path: Path) -> str:
+    """The deck's title: the notebook's first heading and the course's name, not the file name."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return f"{line[2:].strip()} — {COURSE}"
+    return f"{path.stem} — {COURSE}"
 
 
 def slide_type(cell) -> str:
@@ -61,6 +75,66 @@ def with_slide_types(nb):
     return nb
 
 
+# A slide's content budget at 1280x720 (reveal.js keeps a margin), and rough heights in slide
+# pixels of what a cell shows, at the template's font sizes (slides.html.j2).
+SLIDE_BUDGET_PX = 600
+_PROSE_LINE_PX, _PROSE_CHARS, _HEADING_PX, _TABLE_ROW_PX = 40, 80, 75, 40
+_CODE_LINE_PX, _OUTPUT_LINE_PX, _BOX_PX = 19, 17, 20
+
+
+def _cell_height(cell) -> float:
+    """Roughly how tall a cell is on a slide (prose wraps; listings do not: they scroll)."""
+    if cell.cell_type == "markdown":
+        height = 0.0
+        for line in cell.source.splitlines():
+            if line.lstrip().startswith("#"):
+                height += _HEADING_PX
+            elif line.lstrip().startswith("|"):
+                height += _TABLE_ROW_PX
+            elif not line.strip():
+                height += 10
+            else:
+                height += _PROSE_LINE_PX * max(1, -(-len(line) // _PROSE_CHARS))
+        return height
+    if cell.cell_type != "code":
+        return 0.0
+    lines = [line for line in cell.source.splitlines() if not line.startswith("# NBVAL_")]
+    height = _CODE_LINE_PX * len(lines) + _BOX_PX if lines else 0.0
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if PLOTLY_MIME in data:
+            height += data[PLOTLY_MIME].get("layout", {}).get("height", 450) + _BOX_PX
+        elif "image/png" in data:
+            height += 400
+        elif out.get("output_type") == "stream":
+            height += _OUTPUT_LINE_PX * len(out.get("text", "").splitlines()) + _BOX_PX
+        elif "text/html" in data:
+            height += 200
+        elif "text/plain" in data:
+            height += _OUTPUT_LINE_PX * len(str(data["text/plain"]).splitlines()) + _BOX_PX
+        elif out.get("output_type") == "error":
+            height += _OUTPUT_LINE_PX * 6
+    return height
+
+
+def split_long_slides(nb, budget: float = SLIDE_BUDGET_PX) -> int:
+    """Start a sub-slide at a cell that would push its slide past ``budget``; returns how many
+    slides were added.  A single cell taller than a slide stays whole (the slide then scrolls)."""
+    added, used = 0, 0.0
+    for cell in nb.cells:
+        kind = cell.metadata["slideshow"]["slide_type"]
+        height = _cell_height(cell)
+        if kind in ("slide", "subslide"):
+            used = height
+        elif kind in ("-", "fragment"):
+            if used > 0 and used + height > budget:
+                cell.metadata["slideshow"]["slide_type"] = "subslide"
+                added, used = added + 1, height
+            else:
+                used += height
+    return added
+
+
 def _plotly_to_html(nb) -> int:
     """Replace stored Plotly figure data by HTML that draws it with the local plotly.js."""
     count = 0
@@ -73,11 +147,12 @@ def _plotly_to_html(nb) -> int:
             count += 1
             div = f"plotly-figure-{count}"
             height = fig.get("layout", {}).get("height", 450)
+            config = json.dumps(plotly_config(responsive=True))
             spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {})}).replace("</", "<\\/")
             out["data"] = {"text/html": (
                 f'<div id="{div}" style="width:100%;height:{height}px"></div>\n'
                 f'<script>(function () {{ var fig = {spec}; '
-                f'Plotly.newPlot("{div}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')}
+                f'Plotly.newPlot("{div}", fig.data, fig.layout, {config}); }})();</script>')}
     return count
 
 
@@ -118,10 +193,13 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
     _copy_assets(out_dir)
     # "white": of reveal.js's themes, one whose fonts ship with it (most load fonts from the web)
     exporter = SlidesExporter(template_file=str(TEMPLATE), reveal_url_prefix="reveal.js", reveal_theme="white",
+                              reveal_width=str(SLIDE_WIDTH), reveal_height=str(SLIDE_HEIGHT),
                               exclude_input_prompt=True, exclude_output_prompt=True)
     written = []
     for path in notebooks:
         nb = with_slide_types(nbformat.read(path, as_version=4))
+        nb.metadata["title"] = deck_title(nb, path)
+        split_long_slides(nb)
         _plotly_to_html(nb)
         for cell in nb.cells:  # the test-suite markers mean nothing to an audience
             if cell.cell_type == "code":

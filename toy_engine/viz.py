@@ -46,6 +46,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from .recorded import TRACES_DIR, recorded_label, recorded_runs, trace_name
+from .figure_config import configure_renderers, plotly_config
 from .machine import busy_warning
 from .timeline import PROCESS_STAGES, Span, Timeline
 from .validate import check_int, shown
@@ -100,6 +101,7 @@ def _use_data_only_renderer() -> None:
 
 
 _use_data_only_renderer()
+configure_renderers()  # no cloud-share button in any figure (figure_config.py)
 
 
 def stage_color(stage: str) -> str:
@@ -704,7 +706,7 @@ def save_html(fig: go.Figure, path) -> Path:
     """Write a standalone HTML page with plotly.js inlined (works offline, no CDN)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True, include_mathjax=False)
+    fig.write_html(path, include_plotlyjs=True, full_html=True, include_mathjax=False, config=plotly_config())
     return path
 
 
@@ -767,6 +769,7 @@ class TimelineExplorer:
                                     style=style)
         self.readout = w.HTML("<i>press Run</i>")
         self.figure = go.FigureWidget()
+        self.figure._config = plotly_config()
         _style_lanes(self.figure)
         _layout(self.figure, "press Run", height=360)
         self.run_button.on_click(self._on_click)

@@ -186,3 +186,145 @@ def test_site_figure_is_interactive(site, watched):
     page.goto(site["base"] + "index.html", wait_until="load")
     page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
     assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)
+
+
+# -- issue 23: the site in a room (JavaScript off, plotly.js only where needed, titles, narrow screens)
+
+COURSE = "Overlap the Pipeline"
+SCREENS = REPO / "artifacts-screens"
+
+
+def _site_pages(site) -> list[str]:
+    return sorted(str(p.relative_to(site["root"])) for p in site["root"].rglob("*.html")
+                  if not p.relative_to(site["root"]).parts[0].startswith("_")
+                  and p.name not in ("genindex.html", "search.html"))
+
+
+def _stored_figures(rel: str) -> list[dict]:
+    stored = REPO / Path(rel).with_suffix(".ipynb")
+    if not stored.is_file():
+        return []
+    return [o["data"][course.PLOTLY_MIME] for o in course.figure_outputs(nbformat.read(stored, as_version=4))]
+
+
+def _title_text(fig: dict) -> str:
+    title = fig.get("layout", {}).get("title", {})
+    text = title.get("text", "") if isinstance(title, dict) else str(title)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def test_site_without_javascript_shows_the_stored_pngs_with_alt_text(site, chromium):
+    """JavaScript off (or plotly.js missing): every figure is the notebook's stored PNG, visible,
+    with alt text that names what it shows (the figure's title)."""
+    context = chromium.new_context(java_script_enabled=False, viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    outside = []
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(site["base"])
+               else (outside.append(route.request.url), route.abort()))
+    problems, checked = [], 0
+    try:
+        for rel in _site_pages(site):
+            figures = _stored_figures(rel)
+            if not figures:
+                continue
+            page.goto(site["base"] + rel, wait_until="load")
+            shown = []
+            for img in page.locator("article img").all():
+                box = img.bounding_box()
+                if not img.is_visible() or not box or box["width"] < 300 or box["height"] < 150:
+                    continue
+                loaded = img.evaluate("i => i.complete && i.naturalWidth > 0")
+                shown.append((img.get_attribute("alt") or "", loaded))
+            if len(shown) != len(figures):
+                problems.append(f"{rel}: {len(shown)} figure-sized images visible without JavaScript, "
+                                f"{len(figures)} figures stored")
+                continue
+            for (alt, loaded), fig in zip(shown, figures):
+                title = _title_text(fig)
+                if not loaded:
+                    problems.append(f"{rel}: the image for {title!r} did not load")
+                if len(alt) < 20 or (title and title not in " ".join(alt.split())):
+                    problems.append(f"{rel}: alt text {alt!r} does not say what the figure shows ({title!r})")
+                checked += 1
+            if rel == "notebooks/03a_zos_order.html":
+                SCREENS.mkdir(exist_ok=True)
+                page.locator("article img[alt]").first.scroll_into_view_if_needed()
+                page.screenshot(path=str(SCREENS / "site_03a_no_javascript_1280x720.png"))
+    finally:
+        context.close()
+    assert not problems, "\n".join(problems)
+    assert checked >= 8, f"only {checked} figures checked"
+    assert not outside, f"requests that left the site: {outside[:5]}"
+
+
+def test_site_loads_plotly_only_on_pages_with_figures(site, watched):
+    page = watched.page
+    loaded: list[str] = []
+    page.on("request", lambda req: "plotly" in req.url.rsplit("/", 1)[-1] and loaded.append(req.url))
+    wrong = []
+    for rel in _site_pages(site):
+        loaded.clear()
+        page.goto(site["base"] + rel, wait_until="load")
+        figures = len(_stored_figures(rel))
+        if bool(loaded) != bool(figures):
+            wrong.append(f"{rel}: {figures} figures, plotly.js requested: {loaded or 'no'}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_site_page_titles_name_the_course_once(site, watched):
+    page = watched.page
+    wrong = []
+    for rel in _site_pages(site):
+        page.goto(site["base"] + rel, wait_until="domcontentloaded")
+        title = page.title()
+        if title.count(COURSE) != 1 or not title.strip():
+            wrong.append(f"{rel}: {title!r}")
+    assert not wrong, "page titles that do not name the course exactly once:\n" + "\n".join(wrong)
+
+
+# For each table and code listing in the article: the box that scrolls it (itself or an ancestor
+# with overflow-x auto/scroll) lies inside the article column and the window; without such a box,
+# the element itself must fit (no content past its edge).
+_FIT_JS = """() => {
+    const article = document.querySelector('article.bd-article') || document.querySelector('main');
+    const col = article.getBoundingClientRect();
+    const right = Math.min(col.right, window.innerWidth);
+    const bad = [];
+    const name = el => (el.tagName.toLowerCase() + ': ' + (el.textContent || '').trim().slice(0, 50));
+    for (const el of article.querySelectorAll('table, pre')) {
+        const r = el.getBoundingClientRect();
+        if (r.width === 0 || el.closest('.js-plotly-plot')) continue;
+        let box = el;
+        while (box && box !== article) {
+            const o = getComputedStyle(box).overflowX;
+            if (o === 'auto' || o === 'scroll') break;
+            box = box.parentElement;
+        }
+        const scroller = box && box !== article ? box : null;
+        const b = (scroller || el).getBoundingClientRect();
+        if (b.right > right + 1 || b.left < col.left - 1)
+            bad.push(name(el) + ' sticks out of the column (' + Math.round(b.left) + '..' + Math.round(b.right)
+                     + ' px, column ' + Math.round(col.left) + '..' + Math.round(right) + ')');
+        else if (!scroller && el.scrollWidth > el.clientWidth + 1)
+            bad.push(name(el) + ' is cut off: ' + el.scrollWidth + ' px of content in ' + el.clientWidth);
+    }
+    if (document.documentElement.scrollWidth > window.innerWidth + 1)
+        bad.push('the page scrolls sideways: ' + document.documentElement.scrollWidth + ' px in ' + window.innerWidth);
+    return bad;
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_site_tables_and_listings_fit_the_column_or_scroll_in_their_own_box(site, chromium, width):
+    context = chromium.new_context(viewport={"width": width, "height": 800})
+    page = context.new_page()
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(site["base"])
+               else route.abort())
+    wrong = []
+    try:
+        for rel in _site_pages(site):
+            page.goto(site["base"] + rel, wait_until="load")
+            wrong += [f"{rel} at {width} px: {problem}" for problem in page.evaluate(_FIT_JS)]
+    finally:
+        context.close()
+    assert not wrong, "\n".join(wrong)

@@ -52,3 +52,108 @@ def test_slides_run_offline_in_chromium(chromium, tmp_path):
     assert total >= 8, f"only {total} slides"
     assert len(drawn) >= 2 and all(n > 0 for n in drawn), drawn
     assert "host" in lanes and "device" in lanes, lanes
+
+
+# -- issue 23: slides for a 1280x720 projector
+
+SCREENS = REPO / "artifacts-screens"
+WIDTH, HEIGHT = 1280, 720
+
+# Every slide of the deck, one at a time: its height and width as shown (in slide pixels:
+# reveal.js's scaling to the window taken out; the content's height when the slide scrolls),
+# and its listings that wrap or are cut.
+_MEASURE_JS = """async () => {
+    const out = [];
+    const cfg = Reveal.getConfig();
+    for (const slide of Reveal.getSlides()) {
+        const idx = Reveal.getIndices(slide);
+        Reveal.slide(idx.h, idx.v);
+        await new Promise(r => setTimeout(r, 60));
+        const wraps = [];
+        for (const pre of slide.querySelectorAll('pre')) {
+            const ws = getComputedStyle(pre).whiteSpace;
+            const ox = getComputedStyle(pre).overflowX;
+            if (!ws.startsWith('pre') || ws === 'pre-wrap' || ws === 'pre-line')
+                wraps.push('wraps (' + ws + '): ' + pre.textContent.trim().slice(0, 40));
+            else if (pre.scrollWidth > pre.clientWidth + 1 && ox !== 'auto' && ox !== 'scroll')
+                wraps.push('cut off: ' + pre.textContent.trim().slice(0, 40));
+        }
+        const r = slide.getBoundingClientRect(), scale = Reveal.getScale();
+        const scrolls = slide.scrollHeight > slide.clientHeight + 1;  // content hidden below the fold
+        out.push({h: idx.h, v: idx.v, height: scrolls ? slide.scrollHeight : Math.round(r.height / scale),
+                  width: Math.round(r.width / scale),
+                  cfgHeight: cfg.height, cfgWidth: cfg.width, wraps,
+                  text: (slide.textContent || '').trim().slice(0, 50)});
+    }
+    return out;
+}"""
+
+
+# Slides that are one notebook cell whose code and output together are taller than the slide
+# even scaled to 60 %: only splitting the cell in the notebook fixes them (the notebooks are
+# edited elsewhere; issue 23 names them).  They scroll inside the slide.  Listed by deck and the
+# start of their text; the test fails for any other slide too tall, and when one of these fits.
+KNOWN_TOO_TALL = {
+    ("03a_zos_order", "serial_src = textwrap.dedent("),  # serial_loop and zos_loop side by side
+    ("03a_zos_order", "processed = None  # your answ"),  # the answer cell and its check's report
+    ("03a_zos_order", "same_tokens = None  # your an"),
+    ("05_ownership", "def iterations(timeline):"),
+}
+
+
+def _known(stem: str, text: str) -> tuple | None:
+    return next((k for k in KNOWN_TOO_TALL if k[0] == stem and text.startswith(k[1])), None)
+
+
+def _decks(tmp_path):
+    return slides.build(None, tmp_path)
+
+
+def test_every_slide_of_every_deck_fits_1280x720(chromium, tmp_path):
+    page = chromium.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+    too_big, wraps, titles, counts, still_known = [], [], [], {}, set()
+    try:
+        for deck in _decks(tmp_path):
+            page.goto(deck.as_uri())
+            page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=30_000)
+            page.wait_for_timeout(500)
+            title = page.title()
+            stem = deck.name.split(".")[0]
+            if stem in title or "_" in title or not title.strip():
+                titles.append(f"{deck.name}: title {title!r} is a file name")
+            measured = page.evaluate(_MEASURE_JS)
+            counts[stem] = len(measured)
+            for m in measured:
+                where = f"{stem} slide {m['h']}.{m['v']} ({m['text']!r})"
+                if m["cfgWidth"] != WIDTH or m["cfgHeight"] != HEIGHT:
+                    too_big.append(f"{stem}: slides are {m['cfgWidth']}x{m['cfgHeight']}, not {WIDTH}x{HEIGHT}")
+                    break
+                known = _known(stem, m["text"])
+                if m["height"] > HEIGHT + 1 or m["width"] > WIDTH + 1:
+                    if known:
+                        still_known.add(known)
+                    else:
+                        too_big.append(f"{where}: {m['width']}x{m['height']} px")
+                wraps += [f"{where}: {w}" for w in m["wraps"]]
+            if stem == "03a_zos_order":
+                SCREENS.mkdir(exist_ok=True)
+                page.evaluate("""() => { const figs = Array.from(document.querySelectorAll('.js-plotly-plot'));
+                    const gd = figs.find(g => /order view/.test(JSON.stringify((g.layout || {}).title || ''))) || figs[0];
+                    const idx = Reveal.getIndices(gd.closest('section')); Reveal.slide(idx.h, idx.v); }""")
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(SCREENS / "slides_03a_order_view_1280x720.png"))
+    finally:
+        page.close()
+    print(f"slides per deck: {counts}")
+    problems = []
+    if titles:
+        problems.append("deck titles:\n" + "\n".join(titles))
+    if wraps:
+        problems.append(f"{len(wraps)} listings that wrap or are cut:\n" + "\n".join(wraps))
+    if too_big:
+        problems.append(f"{len(too_big)} of {sum(counts.values())} slides larger than {WIDTH}x{HEIGHT}:\n"
+                        + "\n".join(too_big))
+    if KNOWN_TOO_TALL - still_known:
+        problems.append(f"these slides fit now: drop them from KNOWN_TOO_TALL: {sorted(KNOWN_TOO_TALL - still_known)}")
+    print(f"known too tall (single cells; the notebooks must split them): {sorted(still_known)}")
+    assert not problems, "\n\n".join(problems)

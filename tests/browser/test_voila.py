@@ -11,6 +11,7 @@ request off loopback.  A screenshot goes to ``artifacts/browser/voila_explorer.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -30,7 +31,8 @@ START_TIMEOUT_S = 240  # Voilà runs the app notebook (one engine run) before it
 REDRAW_TIMEOUT_S = 90
 
 # Mirrors `./run.sh explorer` (see run.sh): the same notebook, template and template path.
-VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--Voila.ip=127.0.0.1"]
+VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--MappingKernelManager.cull_idle_timeout=600",
+              "--MappingKernelManager.cull_interval=60", "--Voila.ip=127.0.0.1"]
 
 
 def _view_switch_option() -> str | None:
@@ -52,15 +54,15 @@ def _view_switch_option() -> str | None:
         explorer.close()
 
 
-@pytest.fixture(scope="module")
-def voila_app(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("voila")
+@contextlib.contextmanager
+def _voila(tmp: Path, args=VOILA_ARGS):
+    """A Voila server started as ./run.sh explorer starts it, with ``args``."""
     port = free_port()
     env = dict(os.environ, JUPYTER_PATH=str(REPO / "apps"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_CONFIG_DIR=str(tmp / "config"), PYDEVD_DISABLE_FILE_VALIDATION="1")
     log = tmp / "voila.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "voila", *VOILA_ARGS, f"--port={port}"], cwd=REPO, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "voila", *args, f"--port={port}"], cwd=REPO, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -76,9 +78,15 @@ def voila_app(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"voila did not answer in 60 s:\n{log.read_text()[-3000:]}", pytrace=False)
                 time.sleep(0.5)
-        yield dict(base=base, log=log)
+        yield dict(base=base, log=log, pid=proc.pid)
     finally:
         stop_server(proc, descendants(proc.pid))  # and the app's kernel and its engine's device process
+
+
+@pytest.fixture(scope="module")
+def voila_app(tmp_path_factory):
+    with _voila(tmp_path_factory.mktemp("voila")) as app:
+        yield app
 
 
 _STATE_JS = """() => {
@@ -180,3 +188,98 @@ def test_explorer_app_in_chromium(voila_app, watched):
         raise
     assert not watched.external, f"requests that left loopback (the app must work offline): {watched.external}"
     assert not watched.errors, "console / page errors:\n" + "\n".join(watched.errors)
+
+
+# -- issue 23: no kernel (nor its engine's device process) outlives its page
+
+LEAK_VIEWS = 3
+SETTLE_S = 60
+
+
+def _app_processes(pid: int) -> list[str]:
+    """The voila server's descendants: each page's kernel and its engine's device process."""
+    out = []
+    for proc in descendants(pid):
+        try:
+            out.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+    return out
+
+
+@pytest.mark.timeout(START_TIMEOUT_S * LEAK_VIEWS + SETTLE_S + 120)
+def test_explorer_app_leaves_no_kernel_behind(voila_app, chromium):
+    """Open the app, wait for its first drawn run (kernel and device process running), leave the
+    page; N times.  Then the server's processes must return to what it had before.  (A plain
+    page: Playwright's request routing, which the watched page uses, drops the requests a page
+    sends as it unloads.)"""
+    context = chromium.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    before = _app_processes(voila_app["pid"])
+    for view in range(LEAK_VIEWS):
+        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        _wait_state(page, f"view {view + 1}: the app's first run", timeout_s=START_TIMEOUT_S)
+        during = _app_processes(voila_app["pid"])
+        assert len(during) > len(before), f"no kernel seen while the page is open: {during}"
+        page.goto("about:blank")  # leave the page (pagehide, beforeunload)
+    context.close()
+    deadline = time.monotonic() + SETTLE_S
+    while (now := _app_processes(voila_app["pid"])) and len(now) > len(before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(now) <= len(before), (
+        f"{len(now) - len(before)} process(es) left {SETTLE_S} s after {LEAK_VIEWS} page views were closed "
+        f"(kernels and device processes):\n" + "\n".join(sorted(set(now) - set(before))) +
+        f"\nvoila log tail:\n{voila_app['log'].read_text(errors='replace')[-2000:]}")
+
+
+def _wait_back_to(pid: int, before: list[str], seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (now := _app_processes(pid)) and len(now) > len(before) and time.monotonic() < deadline:
+        time.sleep(1)
+    return now
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + 180)
+def test_explorer_app_culls_a_kernel_whose_page_vanished(chromium, tmp_path):
+    """The backstop: a page that goes without its shutdown request (a crashed browser; here the
+    request is dropped) leaves a kernel that idle culling ends -- with run.sh's culling options,
+    the timeout shortened to 5 s for the test."""
+    args = [a if not a.startswith("--MappingKernelManager.cull_idle_timeout=") else
+            "--MappingKernelManager.cull_idle_timeout=5" for a in VOILA_ARGS]
+    args = [a if not a.startswith("--MappingKernelManager.cull_interval=") else
+            "--MappingKernelManager.cull_interval=2" for a in args]
+    assert args != VOILA_ARGS, "VOILA_ARGS (./run.sh explorer) configure no idle culling"
+    with _voila(tmp_path, args) as app:
+        context = chromium.new_context(viewport={"width": 1280, "height": 720})
+        page = context.new_page()
+        page.route("**/voila/api/shutdown/**", lambda route: route.abort())
+        before = _app_processes(app["pid"])
+        page.goto(app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        context.close()
+        now = _wait_back_to(app["pid"], before, 90)
+        assert len(now) <= len(before), ("a kernel whose page went without a shutdown was not culled:\n"
+                                         + "\n".join(sorted(set(now) - set(before))))
+
+
+@pytest.mark.timeout(START_TIMEOUT_S + 60)
+def test_explorer_app_at_1280x720_figure_first_and_titled(voila_app, chromium):
+    """Projected at 1280x720 the whole first figure is on screen without scrolling, and the
+    page's title names the app and the course (not the notebook's file name)."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    try:
+        start = time.monotonic()
+        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        print(f"first figure drawn {time.monotonic() - start:.1f} s after the page was opened")
+        box = page.locator(".js-plotly-plot").first.bounding_box()
+        title = page.title()
+        SCREENS = REPO / "artifacts-screens"
+        SCREENS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENS / "explorer_app_1280x720.png"))
+        page.goto("about:blank")
+    finally:
+        context.close()
+    assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720, f"the figure is not all on screen: {box}"
+    assert "Overlap the Pipeline" in title and "explorer" in title.lower() and title != "explorer", title
