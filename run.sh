@@ -18,7 +18,7 @@ VENV=.venv
 # What defines the environment: when none of it changed since the last setup, commands start at
 # once and need no package index (a room with bad Wi-Fi).  Bump SETUP_VERSION when setup()'s
 # own steps change.  `./run.sh setup --force` sets up again regardless.
-SETUP_VERSION=2
+SETUP_VERSION=4
 SETUP_INPUTS=(pyproject.toml environment.yml scripts/install_torch.sh)
 STAMP=$VENV/.run-sh-setup
 
@@ -59,6 +59,13 @@ setup() {
     sed -n 's/^[[:space:]]*-[[:space:]]*\([A-Za-z0-9_.-]*==[^[:space:]]*\)[[:space:]]*$/\1/p' environment.yml > "$pins"
     "$VENV/bin/pip" install -q -e ".[course,dev]" -c "$pins"
     rm -f "$pins"
+    # nbgrader (dev extra: CI grades the exercises with it) would add its instructor menus to the
+    # learner's JupyterLab; graders use its command line, which needs neither extension.
+    local ext
+    for ext in formgrader validate_assignment assignment_list course_list; do
+        "$VENV/bin/jupyter" server extension disable --sys-prefix "nbgrader.server_extensions.$ext" > /dev/null 2>&1
+    done
+    "$VENV/bin/jupyter" labextension disable --level=sys_prefix @jupyter/nbgrader > /dev/null 2>&1
     echo "$want" > "$STAMP"
 }
 

@@ -131,3 +131,22 @@ def test_nbgrader_generates_and_autogrades_with_the_course_checkers(tmp_path):
     errors = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_serial_loop"
               for o in c.outputs if o.output_type == "error"]
     assert errors and errors[0].ename == "CheckNotPassed" and "never" in errors[0].evalue, errors
+
+
+def test_a_learners_lab_set_up_by_run_sh_loads_no_nbgrader_menus():
+    """nbgrader is in the dev extra for CI's grading test; ./run.sh setup turns its Jupyter
+    extensions off, so a self-paced learner's JupyterLab shows no instructor menus."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prefix = Path(sys.prefix)
+    if not (prefix / ".run-sh-setup").exists():
+        pytest.skip("this environment was not set up by ./run.sh (conda, Binder, a hub image)")
+    page = json.loads((prefix / "etc/jupyter/labconfig/page_config.json").read_text())
+    assert page["disabledExtensions"].get("@jupyter/nbgrader") is True
+    listed = subprocess.run([str(prefix / "bin/jupyter"), "server", "extension", "list"], capture_output=True,
+                            text=True).stderr + ""
+    enabled = [line for line in listed.splitlines() if "nbgrader.server_extensions" in line and "enabled" in line]
+    assert not enabled, enabled
