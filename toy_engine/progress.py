@@ -63,11 +63,12 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "05_ownership": ("check_uncommitted_rounds", "check_discarded", "check_race_report",
                      "check_discarded:discarded_by_abort"),
     "05_lifetime": ("check_process_outputs",),
+    "06_real_traces": ("check_idle_share", "check_idle_sync"),  # optional chapter
 }
 # The course's order (notebook, then its exercise), for the views.
 ORDER = ("00_start_here", "01_tiny_gpt", "02_serial_engine", "02_serial_loop", "03a_zos_order",
          "03b_zos_measured", "03_zos_loop", "04_stale_lengths", "04_seqlen_correction", "05_ownership",
-         "05_lifetime")
+         "05_lifetime", "06_real_traces")
 # Verdicts that mean "not answered yet": the stub still in place.  They are recorded, but a
 # check with only these is "not reached", not "tried".
 UNANSWERED = frozenset({"unanswered", "not_implemented"})
