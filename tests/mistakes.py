@@ -1004,10 +1004,8 @@ WRONG = [
            "the correction left out (text differs only with drafts)"),
     Answer("03a", "correction after the forward", make_zos(correct="after"), "correction",
            "correct_on_device after launch_forward"),
-    Answer("03a", "process_outputs instead of flush", make_zos(flush="process"), "not_flushed",
-           "the last step processed by process_outputs"),
-    Answer("03a", "flush used mid-run", make_zos(flush="always"), "flush_mid_run",
-           "flush(previous) under the next forward too"),
+    Answer("03a", "flush used mid-run, last step dropped", make_zos(flush="always"), "no_flush",
+           "flush(previous) under the next forward; nothing when schedule() returns None"),
     Answer("03a", "prefill deferred", make_zos(defer_prefill=True), "prefill_deferred",
            "prefill steps kept as previous (try-it 4)"),
     Answer("03a", "flush result not assigned", make_zos(reset_previous=False), "processed_twice",
@@ -1081,8 +1079,6 @@ WRONG = [
            "previous processed after schedule(), before prepare"),
     Answer("03a", "flushed right after schedule", make_zos_process_after_schedule("flush"), "not_deferred",
            "previous = engine.flush(previous) after every schedule()"),
-    Answer("03a", "prefill through flush", zos_flush_prefill, "flush_mid_run",
-           "prefill step processed with engine.flush"),
     Answer("03a", "synchronize after the forward", make_zos_waits_beyond(), "waits_later_event",
            "engine.device.synchronize() after launch_forward"),
     Answer("03a", "wait on a fresh event", make_zos_waits_beyond("event"), "waits_later_event",
@@ -1198,6 +1194,10 @@ RIGHT = [
     Answer("04a", "pending from input_ids == FROM_DEVICE", correction_pending_from_input_ids),
     Answer("04a", "searchsorted and gather", correction_gather_form),
     Answer("05", "written out with release_if_done", inline_process),
+    # flush is process_outputs under the name the timeline gives the step processed when nothing is left
+    # to launch: which of the two processes a step is not a behaviour the checker can (or should) see
+    Answer("03a", "process_outputs instead of flush", make_zos(flush="process")),
+    Answer("03a", "prefill through flush", zos_flush_prefill),
     # harmless since the run keeps its own tuple of requests: one completion per prompt whatever a plug-in does
     Answer("05", "clears engine.requests", process_clears_requests),
 ]

@@ -12,10 +12,12 @@ changed is put back and named in the verdict.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import sys
 import sysconfig
+import threading
 import time
 import types
 
@@ -28,11 +30,25 @@ _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"
 
 class TimeUp(BaseException):
     """Raised in the learner's own code once a check's time is up.  A BaseException, and
-    raised again at every line of that code, so no ``except`` can keep it running."""
+    raised again after every line of that code that catches it, so no ``except`` keeps it running."""
 
-    def __init__(self, seconds: float, function: str, line: int):
-        super().__init__(f"still running after {seconds:.0f} s, at line {line} of `{function}`")
-        self.seconds, self.function, self.line = seconds, function, line
+    seconds, function, line = 0.0, "?", 0  # set on the subclass each time_limit raises
+
+    def __str__(self) -> str:
+        return f"still running after {self.seconds:.0f} s, at line {self.line} of `{self.function}`"
+
+
+# PyThreadState_SetAsyncExc(thread, exception type): raise it in that thread at its next check.
+# (Never called with NULL to cancel: on CPython 3.11 that leaves the thread's eval breaker set
+# with nothing to handle, and the next function entry spins forever.  absorb_time_up cancels.)
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+
+def absorb_time_up() -> None:
+    """Called inside ``try: ... except TimeUp: pass``: a TimeUp still scheduled fires at this
+    function's entry, where the caller catches it, instead of later in code that must not
+    be interrupted."""
 
 
 @functools.lru_cache(maxsize=512)
@@ -42,27 +58,32 @@ def _is_learners(filename: str) -> bool:
     return not (path.startswith(_PACKAGE_DIR) or path.startswith(_LIBRARY_DIRS))
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float = TIME_LIMIT_S):
-    """Raise ``TimeUp`` in the learner's frames once ``seconds`` have passed.  The toy's
-    own frames are never interrupted (they are not traced at all), so the engine is
-    always between two of its calls when the limit strikes, as after an Interrupt."""
-    deadline = time.monotonic() + seconds
+def start_time_limit(seconds: float = TIME_LIMIT_S) -> None:
+    """Stop the learner's code once ``seconds`` have passed: at each line of it after that,
+    TimeUp is scheduled in this thread.
+
+    Not raised by the trace function itself: Python turns tracing off for good when a trace
+    function raises, and a learner's ``except BaseException`` would then spin on untraced.
+    The toy's own frames are never traced, so TimeUp lands in the learner's code, or at the
+    entry of the toy function it was calling, before that function has done anything: the
+    engine is between two of its calls, as after an Interrupt.
+
+    The caller ends the limit in a ``finally`` clause whose first statement absorbs a TimeUp
+    still scheduled (:func:`absorb_time_up`), then restores the previous trace function.
+    """
+    deadline, thread = time.monotonic() + seconds, threading.get_ident()
+    up = type("TimeUp", (TimeUp,), {"seconds": seconds})
 
     def in_learners_frame(frame, event, arg):
-        if time.monotonic() > deadline:
-            raise TimeUp(seconds, frame.f_code.co_name, frame.f_lineno)
+        if event == "line" and time.monotonic() > deadline:
+            up.function, up.line = frame.f_code.co_name, frame.f_lineno
+            _set_async_exc(thread, up)
         return in_learners_frame
 
     def on_call(frame, event, arg):
-        return in_learners_frame(frame, event, arg) if _is_learners(frame.f_code.co_filename) else None
+        return in_learners_frame if _is_learners(frame.f_code.co_filename) else None
 
-    previous = sys.gettrace()
     sys.settrace(on_call)
-    try:
-        yield
-    finally:
-        sys.settrace(previous)
 
 
 def _public_state(module: types.ModuleType) -> dict:
