@@ -518,42 +518,63 @@ HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "p
 _DEVICE_STAGE_NAMES = ("upload", "correct", "forward", "sample")
 
 
-def host_ms_per_round(timeline) -> dict[str, float]:
-    """Mean host ms per round for each stage that is host work (waiting is not work)."""
+def _per_round(timeline, cpu: bool) -> dict[str, float]:
     total, rounds = defaultdict(float), defaultdict(set)
     for span in timeline.lane("host"):
         if span.stage in HOST_WORK_STAGES:
-            total[span.stage] += span.duration_ms
+            total[span.stage] += span.cpu_ms if cpu and span.cpu_ms is not None else span.duration_ms
             rounds[span.stage].add(span.round)
     return {stage: total[stage] / len(rounds[stage]) for stage in HOST_WORK_STAGES if rounds[stage]}
 
 
+def host_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host wall-clock ms per round for each stage that is host work (waiting is not
+    work).  Wall time includes any moment the host thread was ready but had no core."""
+    return _per_round(timeline, cpu=False)
+
+
+def host_cpu_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host CPU ms per round for each host-work stage: the CPU time the host thread
+    itself used in the stage (``span.cpu_ms``), which a busy machine cannot inflate.  A span
+    recorded without CPU time (the engine times ``schedule`` by the clock only) counts its
+    wall time, an upper bound of its CPU time."""
+    return _per_round(timeline, cpu=True)
+
+
+def _table(per_round: dict[str, float]) -> str:
+    return ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+
+
 @_bounded
 def check_largest_host_stage(answer, timeline) -> Verdict:
-    """Predict (02): which host stage takes the most time per round (waiting excluded)?"""
+    """Predict (02): which host stage uses the most host CPU time per round (waiting
+    excluded)?  CPU time, not wall time: on a busy machine the host thread can lose its core
+    inside any stage, and that lost time lands in whichever stage it hit."""
     if answer is None:
         return _unanswered(f"set `largest` to one of {', '.join(repr(s) for s in HOST_WORK_STAGES)}")
     if not isinstance(answer, str):
         return Verdict(False, f"write the stage's name as a string, e.g. \"schedule\", not {_show(answer)}")
     answer = answer.strip()
-    per_round = host_ms_per_round(timeline)
-    if not per_round:
+    cpu, wall = host_cpu_ms_per_round(timeline), host_ms_per_round(timeline)
+    if not cpu:
         return Verdict(False, "this timeline has no host spans: run the engine first")
-    largest = max(per_round, key=per_round.get)
-    table = ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+    largest, wall_largest = max(cpu, key=cpu.get), max(wall, key=wall.get)
+    measured = f"Host CPU time per round: {_table(cpu)}"
+    if wall_largest != largest:
+        lost = wall[wall_largest] - cpu[wall_largest]
+        measured += (f". (By wall-clock time {wall_largest} took the longest, {wall[wall_largest]:.3f} ms per round, "
+                     f"but only {cpu[wall_largest]:.3f} ms of it was CPU work: for about {lost:.3f} ms the host "
+                     f"thread was waiting for a core, because the machine was busy)")
     if answer == "wait":
-        return Verdict(False, f"waiting is the host doing nothing: the question is about host work. Measured per "
-                              f"round: {table}")
+        return Verdict(False, f"waiting is the host doing nothing: the question is about host work. {measured}")
     if answer in _DEVICE_STAGE_NAMES:
         return Verdict(False, f"{_show(answer)} is a device stage; the host stages are {', '.join(HOST_WORK_STAGES)}")
-    if answer not in per_round:
-        return Verdict(False, f"{_show(answer)} is not a host stage of this run; choose from {', '.join(per_round)}")
+    if answer not in cpu:
+        return Verdict(False, f"{_show(answer)} is not a host stage of this run; choose from {', '.join(cpu)}")
     if answer == largest:
-        return Verdict(True, f"{largest} is the largest host stage here. Measured per round: {table}")
-    why = ""
-    if answer.startswith("launch"):
-        why = "a launch only queues work and returns; "
-    return Verdict(False, f"{why}on this run {largest!r} took the most. Measured per round: {table}")
+        return Verdict(True, f"{largest} does the most host work per round here. {measured}")
+    why = "a launch only queues work and returns; " if answer.startswith("launch") else ""
+    return Verdict(False, f"{why}on this run {largest!r} used the most CPU. {measured}")
 
 
 @_bounded
