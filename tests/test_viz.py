@@ -446,7 +446,7 @@ def test_order_view_of_the_last_three_recorded_rounds(name):
     if name == "cpu_zos":
         assert [tuple(x) for x in flush[0].meta["spans"]] == [("host", "flush", last)]
         assert flush[0].marker.pattern.shape[0] == "/" and flush[0].text[0].startswith("FLUSH")
-        assert any("nothing left to launch" in (a.text or "") for a in fig.layout.annotations)
+        assert any("end: nothing<br>left to launch" in (a.text or "") for a in fig.layout.annotations)
     else:
         assert not flush
     # One event arrow per round, from its sample to its processing.
@@ -462,7 +462,7 @@ def test_order_view_columns_are_passes_and_mark_prefill():
     heads = [a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>")]
     # the hand-made run's last pass schedules nothing and flushes round 3
     assert heads == ["<b>round 0 · prefill</b>", "<b>round 1</b>", "<b>round 2</b>", "<b>round 3</b>",
-                     "<b>end: nothing left to launch</b>"]
+                     "<b>end: nothing<br>left to launch</b>"]
     blocks = order_blocks(fig)
     hosts = sorted((b for b in blocks if b[0] == "host"), key=lambda b: b[3])
     # The ZOS order: r2's forward is launched before r1 is processed, and r1's postprocess
@@ -506,3 +506,68 @@ def test_written_order_survives_malformed_lists():
     (row,) = kind(viz.order_figure(tl, 1, 3, written=["forward 1", ("sample", 1), (1, 2, 3)]), "written")
     assert row.meta["first_difference"] == 0 and len(row.text) == 3 and row.text[1] == "sample r1"
     assert not kind(viz.order_figure(tl, 1, 3, written=None), "written")
+
+
+# ---- the order view says what it draws (issue 20: caption, title, end label) ---------------
+
+def _order_figs():
+    figs = [viz.order_figure(zos_timeline(), first_round=1, num_rounds=2),
+            viz.order_figure(zos_timeline(), first_round=0, num_rounds=4)]
+    for name in ("cpu_zos", "cpu_serial"):
+        tl = viz.load_trace(name)
+        last = max(viz.decode_rounds(tl))
+        figs.append(viz.order_figure(tl, first_round=last - 2, num_rounds=3))
+        figs.append(viz.order_figure(tl, num_rounds=3))
+    return figs
+
+
+def test_order_view_caption_does_not_promise_equal_widths():
+    for fig in _order_figs():
+        widths = {round(b[4] - b[3], 3) for b in order_blocks(fig)}
+        caption = fig.layout.xaxis.title.text
+        assert len(widths) > 1  # a device block stretches over the host blocks that started while it ran
+        assert not re.search(r"one slot|equal|same width", caption), caption
+        assert "not" in caption and "duration" in caption, caption  # widths are not durations
+
+
+def test_order_view_title_names_every_column_it_draws():
+    fig = viz.order_figure(zos_timeline(), first_round=1, num_rounds=2)  # rounds 1-2; pass 3 processes round 2
+    heads = [a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>")]
+    assert heads == ["<b>round 1</b>", "<b>round 2</b>", "<b>round 3</b>"]
+    title = fig.layout.title.text
+    assert "rounds 1–2" in title and "round 3" in title and "faded" in title, title
+    for fig in _order_figs():
+        title = fig.layout.title.text.split("<br>")[0]
+        span = re.search(r"rounds? (\d+)(?:–(\d+))?", title)
+        named = set(range(int(span.group(1)), int(span.group(2) or span.group(1)) + 1))
+        named |= {int(r) for r in re.findall(r"\+ round (\d+)'s pass", title)}
+        for head in (a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>round")):
+            assert int(re.search(r"round (\d+)", head).group(1)) in named, (head, title)
+
+
+def _head_extents(fig):
+    """Each column head's horizontal extent in data units, at the static image's width
+    (900 px, the narrowest the course draws), from its longest line at ~0.62 em a character."""
+    width = fig.layout.width or 900
+    margin = fig.layout.margin
+    x0, x1 = fig.layout.xaxis.range
+    px_per_unit = (width - margin.l - margin.r) / (x1 - x0)
+    out = []
+    for a in fig.layout.annotations:
+        if not (a.text and a.text.startswith("<b>")) or a.showarrow:
+            continue
+        lines = re.sub(r"</?b>", "", a.text).split("<br>")
+        half = max(len(line) for line in lines) * 0.62 * (a.font.size or 12) / 2 / px_per_unit
+        anchor = a.xanchor or "center"
+        left = a.x - 2 * half if anchor == "right" else a.x if anchor == "left" else a.x - half
+        out.append((left, left + 2 * half, a.text))
+    return sorted(out), (x0, x1)
+
+
+def test_order_view_column_heads_fit_inside_the_figure_and_do_not_overlap():
+    for fig in _order_figs():
+        heads, (x0, x1) = _head_extents(fig)
+        for left, right, text in heads:
+            assert x0 <= left and right <= x1, (text, left, right, x0, x1)
+        for (_, r1, t1), (l2, _, t2) in zip(heads, heads[1:]):
+            assert r1 <= l2, (t1, t2)
