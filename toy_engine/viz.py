@@ -397,7 +397,9 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
             overhead = max(tl.meta.get("host_overhead_ms", 0.0) for tl in live.values())
             drafts = max(tl.meta.get("num_draft_tokens", 0) or 0 for tl in live.values())
             for mode, tl in recorded_runs(overhead, drafts=drafts).items():
-                rows.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)})", tl, tl.meta.get("stats")))
+                w = tl.meta.get("recorded", {}).get("workload", {})
+                rows.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)}; {w.get('requests', '?')} x "
+                             f"{w.get('max_new_tokens', '?')} tokens)", tl, tl.meta.get("stats")))
             print(warning)
     first = _common_first_round([tl for _, tl, _ in rows]) if first_round is None else first_round
     wins, titles = [], []
