@@ -387,6 +387,7 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     assert len(titles) == 4 and "(BUSY)" in titles[0]
     recorded = [t for t in titles if "RECORDED" in t]
     assert len(recorded) == 2 and all("commit" in t and "UTC" in t and "CPUs" in t for t in recorded)
+    assert all(re.search(r"\d+ x \d+ tokens", t) for t in recorded), recorded  # which workload they ran
     assert fig.layout.meta["busy_warning"] == out.strip()
     assert "machine busy" in fig.layout.title.text
     # A quiet live run: no warning, no recorded rows.
@@ -571,3 +572,60 @@ def test_order_view_column_heads_fit_inside_the_figure_and_do_not_overlap():
             assert x0 <= left and right <= x1, (text, left, right, x0, x1)
         for (_, r1, t1), (l2, _, t2) in zip(heads, heads[1:]):
             assert r1 <= l2, (t1, t2)
+
+
+# ---- the recorded fallback compares like with like (issue 20) -----------------------------
+
+def _live_bench_calls():
+    """The live comparisons the notebooks run: (notebook, num_requests, max_new_tokens, modes)."""
+    import json as _json
+    calls = []
+    for nb in ("03b_zos_measured", "04_stale_lengths", "05_ownership"):
+        cells = _json.loads((viz.TRACES_DIR.parent.parent / "notebooks" / f"{nb}.ipynb").read_text())["cells"]
+        for cell in cells:
+            src = "".join(cell["source"])
+            for m in re.finditer(r"run_bench\((.*?)\)\n", src, re.S):
+                args = m.group(1)
+                req = re.search(r"num_requests=(\d+)", args)
+                new = re.search(r"max_new_tokens=(\d+)", args)
+                modes = re.search(r"modes=\(([^)]*)\)", args)
+                calls.append((nb, int(req.group(1)), int(new.group(1)),
+                              tuple(re.findall(r'"([^"]+)"', modes.group(1))) if modes else ("serial", "zos")))
+    assert calls
+    return calls
+
+
+def test_recorded_traces_are_the_workload_the_notebooks_compare_them_with():
+    from toy_engine.recorded import RECORDED_WORKLOAD
+
+    for name in viz.available_traces():
+        w = viz.load_trace(name).meta["recorded"]["workload"]
+        assert (w["requests"], w["max_new_tokens"]) == (RECORDED_WORKLOAD["requests"],
+                                                        RECORDED_WORKLOAD["max_new_tokens"]), name
+        assert viz.load_trace(name).meta["max_batch_size"] == RECORDED_WORKLOAD["batch_size"], name
+    for nb, requests, new_tokens, _ in _live_bench_calls():
+        assert (requests, new_tokens) == (RECORDED_WORKLOAD["requests"], RECORDED_WORKLOAD["max_new_tokens"]), nb
+
+
+def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
+    from toy_engine import bench
+    from toy_engine.recorded import recorded_runs
+
+    for nb, *_, modes in _live_bench_calls():
+        for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
+            if fast in modes and slow in modes:
+                drafts = 4 if "spec" in fast else 0
+                runs = recorded_runs(0.0, drafts=drafts)
+                assert set(runs) == {"serial", "zos"}, (nb, fast)
+                assert all(tl.meta["num_draft_tokens"] == drafts for tl in runs.values()), (nb, fast)
+                text = bench.recorded_comparison_text(0.0, drafts=drafts)
+                assert text.startswith("RECORDED") and (f"{fast} " in text) == bool(drafts), text
+
+
+def test_a_recorded_fallback_for_another_workload_says_so():
+    from toy_engine import bench
+
+    same = bench.recorded_comparison_text(0.0, workload=dict(num_requests=8, max_new_tokens=48))
+    other = bench.recorded_comparison_text(0.0, workload=dict(num_requests=16, max_new_tokens=96))
+    assert "different workload" not in same
+    assert "different workload" in other and "16 requests x 96" in other
