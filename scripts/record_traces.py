@@ -2,6 +2,7 @@
 
     python scripts/record_traces.py                 # auto device: CUDA if present, else CPU stand-in
     python scripts/record_traces.py --device cuda   # on a GPU machine: CUDA-event timelines
+    python scripts/record_traces.py --drafts 4 --host-overheads 0   # the speculative pair (04's bench)
 
 For each host overhead (``--host-overheads``, default 0 and 2 ms/round) and mode it
 starts one engine, does a warm-up run (the first forward is cold and would dominate the
@@ -9,7 +10,7 @@ picture), then ``--repeats`` recorded runs, and keeps the least contended one (t
 one not flagged busy with the highest CPU share of the device process and host loop,
 whichever is lower; see ``Timeline.contention``), so one unlucky slice of a shared machine does not become the
 course's example.  The
-result is written to ``toy_engine/traces/<device>_<mode>[_overhead<H>ms].json``
+result is written to ``toy_engine/traces/<device>_<mode>[_spec<K>][_overhead<H>ms].json``
 (``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
 commit it was recorded, and the run's contention meter.
 
@@ -39,7 +40,7 @@ from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, 
 from toy_engine.bench import default_workload
 from toy_engine.machine import machine_report
 from toy_engine.model import CHECKPOINT
-from toy_engine.recorded import trace_name
+from toy_engine.recorded import RECORDED_WORKLOAD, trace_name
 from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,16 +116,17 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
                       device_cpu_share_all_runs=[r[2].get("device_cpu_share") for r in runs],
                       contention=contention),
         stats=stats)
-    return timeline, trace_name(mode, overhead, kind), bool(contention["busy"])
+    return timeline, trace_name(mode, overhead, kind, args.drafts), bool(contention["busy"])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--modes", nargs="+", default=["serial", "zos"], choices=["serial", "zos"])
-    p.add_argument("--requests", type=int, default=6)
-    p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--batch-size", type=int, default=8)
+    # The notebooks' live comparisons' workload: a RECORDED row beside a live one compares like with like.
+    p.add_argument("--requests", type=int, default=RECORDED_WORKLOAD["requests"])
+    p.add_argument("--max-new-tokens", type=int, default=RECORDED_WORKLOAD["max_new_tokens"])
+    p.add_argument("--batch-size", type=int, default=RECORDED_WORKLOAD["batch_size"])
     p.add_argument("--drafts", type=int, default=0)
     p.add_argument("--host-overheads", type=float, nargs="+", default=[0.0, 2.0],
                    help="host overheads (ms/round) to record; 0 writes <device>_<mode>.json")

@@ -121,7 +121,8 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
     print(table)
     assert result["busy_warning"], f"{cpu_burners} burners, device CPU shares {shares}: no warning"
     assert machine.BUSY_WARNING_PREFIX in table and "RECORDED on a quiet machine" in table
-    assert result["recorded"] == bench.recorded_comparison_text(2.0) and "commit" in result["recorded"]
+    assert result["recorded"] == bench.recorded_comparison_text(2.0, workload=result["workload"])
+    assert "commit" in result["recorded"] and "different workload" in result["recorded"]  # 4 x 16 here
     # The warning rests on a measurement of this run: the OS decides whether the burners take
     # CPU from the device process, the host loop, or only shared caches (other programs' CPUs).
     assert any(m["device_cpu_share"] < BUSY_RUN_CPU_SHARE or m["host_cpu_share"] < BUSY_RUN_CPU_SHARE

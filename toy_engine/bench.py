@@ -42,20 +42,30 @@ COLUMNS = [
 ]
 
 
-def recorded_comparison_text(host_overhead_ms: float = 0.0) -> str:
-    """The recorded serial-vs-ZOS numbers as one labelled paragraph (for the bench and notebooks)."""
-    runs = recorded_runs(host_overhead_ms)
+def recorded_comparison_text(host_overhead_ms: float = 0.0, drafts: int = 0, workload: dict | None = None) -> str:
+    """The recorded serial-vs-ZOS numbers (with ``drafts`` draft tokens: serial+spec vs
+    zos+spec) as one labelled paragraph, for the bench and notebooks.  ``workload``: the live
+    run's (``num_requests``, ``max_new_tokens``); the text says so when the recording's differs."""
+    runs = recorded_runs(host_overhead_ms, drafts=drafts)
+    spec = f"+spec (k = {drafts})" if drafts else ""
     if set(runs) != {"serial", "zos"}:
-        return "no recorded quiet-machine trace is shipped for this comparison"
+        return f"no recorded quiet-machine trace is shipped for serial{spec} vs zos{spec}"
     s, z = (runs[m].meta.get("stats", {}) for m in ("serial", "zos"))
     w = runs["zos"].meta.get("recorded", {}).get("workload", {})
     overhead = runs["zos"].meta.get("host_overhead_ms", 0.0)
-    return (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.get('requests', '?')} requests x "
-            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round: "
-            f"serial {s.get('tokens_per_s', 0):.0f} tok/s, zos {z.get('tokens_per_s', 0):.0f} tok/s, "
-            f"zos/serial x{z.get('tokens_per_s', 0) / max(s.get('tokens_per_s', 0), 1e-9):.2f}; "
+    name = "+spec" if drafts else ""
+    text = (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.get('requests', '?')} requests x "
+            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round"
+            f"{f', {drafts} draft tokens' if drafts else ''}: "
+            f"serial{name} {s.get('tokens_per_s', 0):.0f} tok/s, zos{name} {z.get('tokens_per_s', 0):.0f} tok/s, "
+            f"zos{name}/serial{name} x{z.get('tokens_per_s', 0) / max(s.get('tokens_per_s', 0), 1e-9):.2f}; "
             f"device idle (decode) {s.get('decode_device_idle_fraction', 0):.1%} -> "
             f"{z.get('decode_device_idle_fraction', 0):.1%}")
+    if workload and (workload.get("num_requests"), workload.get("max_new_tokens")) != (w.get("requests"),
+                                                                                        w.get("max_new_tokens")):
+        text += (f" (a different workload from the live run's {workload.get('num_requests')} requests x "
+                 f"{workload.get('max_new_tokens')} new tokens: compare ratios, not tokens/s)")
+    return text
 
 
 def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
@@ -121,7 +131,11 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
         {f"{mode}, run {i + 1}": stats for mode in modes for i, stats in enumerate(runs[mode])},
         cuda=device_name not in ("cpu-process",))
     if result["busy_warning"]:
-        result["recorded"] = recorded_comparison_text(host_overhead_ms)
+        live = dict(num_requests=num_requests, max_new_tokens=max_new_tokens)
+        texts = [recorded_comparison_text(host_overhead_ms, drafts, live)
+                 for fast, slow, drafts in (("zos", "serial", 0), ("zos+spec", "serial+spec", num_draft_tokens))
+                 if fast in modes and slow in modes]
+        result["recorded"] = "\n".join(texts)
     return result
 
 

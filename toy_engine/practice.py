@@ -13,10 +13,12 @@ holds that corpus); anything else gets the general rule and the numbers to compa
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import numbers
-import operator
+import reprlib
 from collections import defaultdict
 
 import torch
@@ -38,6 +40,91 @@ def _unanswered(what: str) -> Verdict:
     return Verdict(False, f"not answered yet: {what}, then run this cell again")
 
 
+# ---------------------------------------------------------------- reading an answer
+# One way of reading answers for every check below.  Where a number is asked, a number
+# may come as a plain int or float, a numpy scalar, a 0-d or one-element tensor or array,
+# or a list/tuple holding one number: `[37]`, `tensor([37])`, `torch.tensor(37)` and
+# `np.int64(37)` all mean 37.  Where a list is asked (one value per request), a list is a
+# list.  Junk -- a number no question here can have (10**400, 1e300), nan, inf, a list far
+# longer than any answer -- gets a sentence (``_Junk``), never a traceback; and no message
+# echoes more than a short excerpt of what the learner wrote.
+
+MAX_MESSAGE = 800     # characters: a check's message never grows with the answer
+_LIMIT = 1e12         # no answer in this course comes near it (slots, ms, rounds, ratios)
+_MAX_ITEMS = 4096     # the longest list any check asks for has a few dozen values
+_SHOW = 60            # characters of the learner's answer quoted in a message
+
+
+class _Junk(Exception):
+    """An answer no question here can have: its message is the check's verdict."""
+
+
+def _show(x) -> str:
+    """A short, safe repr of a learner's answer for a message (never raises, never long)."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and abs(int(x)) >= 10**30:
+        bits = int(x).bit_length()
+        return f"a {len(str(abs(int(x))))}-digit number" if bits < 14000 else "a number with thousands of digits"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 40
+    short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = short.maxdict = 6
+    try:
+        text = short.repr(x)
+    except Exception:  # noqa: BLE001 -- a learner's object whose repr fails still gets a message
+        text = f"a {type(x).__name__}"
+    return text if len(text) <= _SHOW else text[:_SHOW - 4] + " ..."
+
+
+def _far(x) -> _Junk:
+    return _Junk(f"{_show(x)} is far outside anything this question's answer can be (every answer here is "
+                 f"smaller than 10**12): write the value itself")
+
+
+def _scalar(x):
+    """A 0-d or one-element tensor or numpy array, or a numpy scalar, as a Python number;
+    anything else unchanged."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    if type(x).__module__ == "numpy" and getattr(x, "size", None) == 1 and hasattr(x, "item"):
+        return x.item()
+    return x
+
+
+def _one(x):
+    """One number however it is wrapped: [x], (x,), tensor(x), tensor([x]), np.array([x])."""
+    for _ in range(4):
+        x = _scalar(x)
+        if isinstance(x, (list, tuple)) and len(x) == 1:
+            x = x[0]
+        else:
+            break
+    return x
+
+
+def _number(x, whole: bool = False) -> int | float | None:
+    """The answer as one number (an int if ``whole``), or None if it is not one.  Raises
+    ``_Junk`` for nan, inf and numbers no question here can have."""
+    x = _one(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    if isinstance(x, numbers.Integral):
+        if abs(int(x)) > _LIMIT:
+            raise _far(x)
+        return int(x)
+    try:
+        value = float(x)
+    except (OverflowError, ValueError):
+        raise _far(x) from None
+    if not math.isfinite(value):
+        raise _Junk(f"write a finite number, not {_show(x)}")
+    if abs(value) > _LIMIT:
+        raise _far(x)
+    return None if whole else value
+
+
+def _whole(x) -> int | None:
+    return _number(x, whole=True)
+
+
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -46,7 +133,11 @@ def _as_list(x):
     """A 1-d torch tensor or numpy array as a plain list (``np.full(3, -1)`` is a natural
     answer); anything else unchanged, and an array of any other shape as None."""
     if isinstance(x, torch.Tensor) or type(x).__module__ == "numpy" and hasattr(x, "ndim"):
-        return x.tolist() if x.ndim == 1 else None
+        if x.ndim != 1:
+            return None
+        if len(x) > _MAX_ITEMS:
+            raise _Junk(f"that is {len(x)} values: this question's answer has a few")
+        return x.tolist()
     return x
 
 
@@ -55,28 +146,66 @@ def _int_list(x) -> list[int] | None:
     x = _as_list(x)
     if not isinstance(x, (list, tuple)):
         return None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in x):
+    if len(x) > _MAX_ITEMS:
+        raise _Junk(f"that is a list of {len(x)} values: this question's answer has a few")
+    values = []
+    for v in x:
+        v = _scalar(v)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            return None
+        if abs(int(v)) > _LIMIT:
+            raise _far(v)
+        values.append(int(v))
+    return values
+
+
+def _int_set(x) -> set[int] | None:
+    """``x`` as a set of ints (one number however wrapped, or a set/list/tuple/range/1-d
+    tensor of them), else None."""
+    if isinstance(x, (str, bytes)):
         return None
-    return [int(v) for v in x]
+    one = _whole(x) if not isinstance(x, (set, frozenset, range)) else None
+    if one is not None:
+        return {one}
+    if isinstance(x, range):
+        if max(abs(x.start), abs(x.stop)) > _LIMIT:
+            raise _far(x.stop if abs(x.stop) > _LIMIT else x.start)
+        x = list(x)
+    if isinstance(x, (set, frozenset)):
+        if len(x) > _MAX_ITEMS:
+            raise _Junk(f"that is a set of {len(x)} values: this question's answer has a few")
+        x = list(x)
+    values = _int_list(x)
+    return None if values is None else set(values)
+
+
+def _bounded(check):
+    """Every check answers with a Verdict: junk gets its sentence, and no message is long."""
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        try:
+            verdict = check(*args, **kwargs)
+        except _Junk as junk:
+            verdict = Verdict(False, str(junk))
+        if len(verdict.message) > MAX_MESSAGE:
+            verdict = dataclasses.replace(verdict, message=verdict.message[:MAX_MESSAGE - 4] + " ...")
+        return verdict
+    return wrapper
 
 
 # ================================================================ 00: stream, launch, event
 
+@_bounded
 def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verdict:
     """Kernels 0..n-1 were launched on one stream, each followed by an event; the host
     waits on event ``waited``.  Which kernels are certainly finished when it returns?"""
     if answer is None:
         return _unanswered("set `finished` to the set of kernel numbers, e.g. {0, 2}")
-    if isinstance(answer, numbers.Integral) and not isinstance(answer, bool):
-        answer = {answer}
     if isinstance(answer, (str, bytes)):
-        return Verdict(False, f"write a set of kernel numbers such as {{0, 2}}, not the string {answer!r}")
-    try:
-        got = {operator.index(a) for a in answer if not isinstance(a, bool)}
-        if len(got) != len(set(answer)):
-            raise TypeError
-    except TypeError:
-        return Verdict(False, f"write a set of whole kernel numbers such as {{0, 2}}, not {answer!r}")
+        return Verdict(False, f"write a set of kernel numbers such as {{0, 2}}, not the string {_show(answer)}")
+    got = _int_set(answer)
+    if got is None:
+        return Verdict(False, f"write a set of whole kernel numbers such as {{0, 2}}, not {_show(answer)}")
     want = set(range(waited + 1))
     unknown = sorted(got - set(range(num_kernels)))
     if unknown:
@@ -106,11 +235,13 @@ def _parse_order(order) -> tuple[list[str] | None, str | None]:
     if order is None:
         return None, None
     if isinstance(order, str) or not isinstance(order, (list, tuple)):
-        return None, f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {order!r}"
+        return None, f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {_show(order)}"
+    if len(order) > 4 * len(_STEPS):
+        return None, f"that order has {len(order)} steps: the question needs four or five"
     steps = [s.strip().lower() if isinstance(s, str) else s for s in order]
     bad = [s for s in steps if s not in _STEPS]
     if bad:
-        return None, f"{bad[0]!r} is not a step: use only {', '.join(repr(s) for s in _STEPS)}"
+        return None, f"{_show(bad[0])} is not a step: use only {', '.join(repr(s) for s in _STEPS)}"
     if steps.count("launch") != 1:
         return None, f"launch the kernel exactly once (your order launches it {steps.count('launch')} times)"
     if "read" not in steps:
@@ -193,6 +324,7 @@ def _try_order(order, device, name: str) -> Verdict | tuple[list[str], str | Non
     return (steps, *_run_order(steps, device))
 
 
+@_bounded
 def check_race(order, device) -> Verdict:
     """Your turn (00): order "launch", "record", "wait", "read" so that the read races."""
     tried = _try_order(order, device, "racy_order")
@@ -208,6 +340,7 @@ def check_race(order, device) -> Verdict:
                           "the kernel is finished by then. Move a read before that wait")
 
 
+@_bounded
 def check_race_fixed(order, device) -> Verdict:
     """Your turn (00): the same four steps, ordered so that the read is safe and sees the result."""
     tried = _try_order(order, device, "safe_order")
@@ -225,14 +358,15 @@ def check_race_fixed(order, device) -> Verdict:
 
 # ================================================================ 01: packed batch, paged KV cache
 
+@_bounded
 def check_slot(answer, table, pos: int, block_size: int) -> Verdict:
     """Your turn (01): the KV-cache slot of position ``pos`` of a request with block table ``table``."""
     if answer is None:
         return _unanswered("set `slot` to a number")
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
-        return Verdict(False, f"a slot is one whole number, not {answer!r}")
+    number = _whole(answer)
+    if number is None:
+        return Verdict(False, f"a slot is one whole number, not {_show(answer)}")
+    answer = number
     table = [int(b) for b in table]
     index, offset = divmod(pos, block_size)
     want = table[index] * block_size + offset
@@ -262,6 +396,7 @@ def check_slot(answer, table, pos: int, block_size: int) -> Verdict:
                           f"pos % block_size, with table {table}, pos {pos}, block_size {block_size}")
 
 
+@_bounded
 def check_decode_lengths(seqlens_q, seqlens_k, prompt_lengths) -> Verdict:
     """Predict (01): seqlens_q and seqlens_k of the first decode round after a prefill of
     prompts with ``prompt_lengths`` tokens."""
@@ -311,15 +446,22 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= max(1e-3, 1e-3 * abs(b))
 
 
+def _decimals(x: float) -> int:
+    """How many decimals a number was written with (1.37 -> 2; a float32's noise ignored)."""
+    text = repr(round(float(x), 6))
+    return len(text.split(".")[1].rstrip("0")) if "." in text and "e" not in text else 0
+
+
+@_bounded
 def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     """Your turn (02): the device gap (ms) between the end of round ``round - 1``'s last
     device span and the start of round ``round``'s first one."""
     if gap_ms is None:
         return _unanswered("set `gap_ms` to the gap in milliseconds")
-    if isinstance(gap_ms, torch.Tensor) and gap_ms.numel() == 1:
-        gap_ms = gap_ms.item()
-    if not _is_number(gap_ms):
-        return Verdict(False, f"write the gap as a number of milliseconds, not {gap_ms!r}")
+    number = _number(gap_ms)
+    if number is None:
+        return Verdict(False, f"write the gap as a number of milliseconds, not {_show(gap_ms)}")
+    gap_ms = number
     first_start, last_end = _round_extent(timeline)
     if round not in first_start or round - 1 not in last_end:
         return Verdict(False, f"this timeline has no rounds {round - 1} and {round} on its device lane")
@@ -362,6 +504,12 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     for value, why in mistakes:
         if _close(gap_ms, value):
             return Verdict(False, f"{gap_ms:.3f} ms: {why}")
+    digits = _decimals(gap_ms)
+    if 2 <= digits <= 3 and abs(gap_ms - want) <= 10 ** -digits + 1e-9:
+        return Verdict(False, f"close: {gap_ms:.{digits}f} ms is the gap rounded to {digits} decimal"
+                              f"{'s' * (digits != 1)}, but the check compares to a thousandth of a millisecond. Read "
+                              f"it to more digits: the hover shows start and end to three decimals, or subtract the "
+                              f"two spans' times in code (timeline.lane(\"device\"))")
     return Verdict(False, f"{gap_ms:.3f} ms is not the gap: take the start of round {round}'s first device span "
                           f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
 
@@ -370,52 +518,75 @@ HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "p
 _DEVICE_STAGE_NAMES = ("upload", "correct", "forward", "sample")
 
 
-def host_ms_per_round(timeline) -> dict[str, float]:
-    """Mean host ms per round for each stage that is host work (waiting is not work)."""
+def _per_round(timeline, cpu: bool) -> dict[str, float]:
     total, rounds = defaultdict(float), defaultdict(set)
     for span in timeline.lane("host"):
         if span.stage in HOST_WORK_STAGES:
-            total[span.stage] += span.duration_ms
+            total[span.stage] += span.cpu_ms if cpu and span.cpu_ms is not None else span.duration_ms
             rounds[span.stage].add(span.round)
     return {stage: total[stage] / len(rounds[stage]) for stage in HOST_WORK_STAGES if rounds[stage]}
 
 
+def host_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host wall-clock ms per round for each stage that is host work (waiting is not
+    work).  Wall time includes any moment the host thread was ready but had no core."""
+    return _per_round(timeline, cpu=False)
+
+
+def host_cpu_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host CPU ms per round for each host-work stage: the CPU time the host thread
+    itself used in the stage (``span.cpu_ms``), which a busy machine cannot inflate.  A span
+    recorded without CPU time (the engine times ``schedule`` by the clock only) counts its
+    wall time, an upper bound of its CPU time."""
+    return _per_round(timeline, cpu=True)
+
+
+def _table(per_round: dict[str, float]) -> str:
+    return ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+
+
+@_bounded
 def check_largest_host_stage(answer, timeline) -> Verdict:
-    """Predict (02): which host stage takes the most time per round (waiting excluded)?"""
+    """Predict (02): which host stage uses the most host CPU time per round (waiting
+    excluded)?  CPU time, not wall time: on a busy machine the host thread can lose its core
+    inside any stage, and that lost time lands in whichever stage it hit."""
     if answer is None:
         return _unanswered(f"set `largest` to one of {', '.join(repr(s) for s in HOST_WORK_STAGES)}")
     if not isinstance(answer, str):
-        return Verdict(False, f"write the stage's name as a string, e.g. \"schedule\", not {answer!r}")
+        return Verdict(False, f"write the stage's name as a string, e.g. \"schedule\", not {_show(answer)}")
     answer = answer.strip()
-    per_round = host_ms_per_round(timeline)
-    if not per_round:
+    cpu, wall = host_cpu_ms_per_round(timeline), host_ms_per_round(timeline)
+    if not cpu:
         return Verdict(False, "this timeline has no host spans: run the engine first")
-    largest = max(per_round, key=per_round.get)
-    table = ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+    largest, wall_largest = max(cpu, key=cpu.get), max(wall, key=wall.get)
+    measured = f"Host CPU time per round: {_table(cpu)}"
+    if wall_largest != largest:
+        lost = wall[wall_largest] - cpu[wall_largest]
+        measured += (f". (By wall-clock time {wall_largest} took the longest, {wall[wall_largest]:.3f} ms per round, "
+                     f"but only {cpu[wall_largest]:.3f} ms of it was CPU work: for about {lost:.3f} ms the host "
+                     f"thread was waiting for a core, because the machine was busy)")
     if answer == "wait":
-        return Verdict(False, f"waiting is the host doing nothing: the question is about host work. Measured per "
-                              f"round: {table}")
+        return Verdict(False, f"waiting is the host doing nothing: the question is about host work. {measured}")
     if answer in _DEVICE_STAGE_NAMES:
-        return Verdict(False, f"{answer!r} is a device stage; the host stages are {', '.join(HOST_WORK_STAGES)}")
-    if answer not in per_round:
-        return Verdict(False, f"{answer!r} is not a host stage of this run; choose from {', '.join(per_round)}")
+        return Verdict(False, f"{_show(answer)} is a device stage; the host stages are {', '.join(HOST_WORK_STAGES)}")
+    if answer not in cpu:
+        return Verdict(False, f"{_show(answer)} is not a host stage of this run; choose from {', '.join(cpu)}")
     if answer == largest:
-        return Verdict(True, f"{largest} is the largest host stage here. Measured per round: {table}")
-    why = ""
-    if answer.startswith("launch"):
-        why = "a launch only queues work and returns; "
-    return Verdict(False, f"{why}on this run {largest!r} took the most. Measured per round: {table}")
+        return Verdict(True, f"{largest} does the most host work per round here. {measured}")
+    why = "a launch only queues work and returns; " if answer.startswith("launch") else ""
+    return Verdict(False, f"{why}on this run {largest!r} used the most CPU. {measured}")
 
 
+@_bounded
 def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
     """Predict (02): in the serial loop, how many ms longer does each round-boundary gap
     get when ``host_overhead_ms`` adds ``overhead_ms`` of host work per round?"""
     if answer_ms is None:
         return _unanswered("set `longer_by_ms` to a number of milliseconds")
-    if not _is_number(answer_ms):
-        return Verdict(False, f"write a number of milliseconds, not {answer_ms!r}")
-    if not math.isfinite(answer_ms):
-        return Verdict(False, f"write a finite number of milliseconds, not {answer_ms!r}")
+    number = _number(answer_ms)
+    if number is None:
+        return Verdict(False, f"write a number of milliseconds, not {_show(answer_ms)}")
+    answer_ms = number
     if abs(answer_ms - overhead_ms) <= 0.1 * overhead_ms:
         return Verdict(True, f"about {overhead_ms:g} ms: in the serial loop the device has nothing queued while "
                              f"the host works, so every millisecond of host work is a millisecond of device idle")
@@ -434,12 +605,8 @@ def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
 # ================================================================ 03a/03b: the ZOS order, the future-token map, the ideal
 
 def _round_number(x) -> int | None:
-    """``x`` as a whole number (int, numpy integer, one-element tensor), else None."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point():
-        x = x.item()
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
-        return int(x)
-    return None
+    """``x`` as a whole number (int, numpy integer, one-element tensor or list), else None."""
+    return _whole(x)
 
 
 def rounds_processed_in_pass(timeline, round: int) -> list[int]:
@@ -456,6 +623,7 @@ def rounds_processed_in_pass(timeline, round: int) -> list[int]:
     return rounds
 
 
+@_bounded
 def check_processed_under(answer, timeline, round: int) -> Verdict:
     """Predict (03a): in the ZOS pass that launches round ``round``'s forward, whose
     results does the host wait on and postprocess before it launches that round's sample?"""
@@ -464,13 +632,13 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
     if isinstance(answer, str):
         text = answer.strip()
         inner = text[len("StepState(round="):-1] if text.startswith("StepState(round=") and text.endswith(")") else ""
-        if not inner.isdigit():
+        if not inner.isdigit() or len(inner) > 12:
             return Verdict(False, f"write the round as a number (or as its owner, \"StepState(round=N)\"), "
-                                  f"not {answer!r}")
+                                  f"not {_show(answer)}")
         answer = int(inner)
     got = _round_number(answer)
     if got is None:
-        return Verdict(False, f"write the round as one whole number, not {answer!r}")
+        return Verdict(False, f"write the round as one whole number, not {_show(answer)}")
     processed = rounds_processed_in_pass(timeline, round)
     launched = sorted({s.round for s in timeline.lane("host") if s.stage == "launch_forward"})
     if round not in launched:  # e.g. the run above was interrupted, or the engine ran something else since
@@ -499,6 +667,7 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
                           f"launched one pass earlier")
 
 
+@_bounded
 def check_tokens_lost(answer, reference, without_flush) -> Verdict:
     """Predict (03a): how many tokens does each request lose when the flush drops the
     deferred step?  ``reference`` and ``without_flush`` are the two runs' completions."""
@@ -510,13 +679,11 @@ def check_tokens_lost(answer, reference, without_flush) -> Verdict:
         return Verdict(False, "pass the completions of the normal run and of the run without the flush")
     if not want:
         return Verdict(False, "run the two generate() calls above first: there are no completions to compare")
-    got = _int_list(answer)
+    number = _whole(answer)
+    got = [number] * len(want) if number is not None else _int_list(answer)
     if got is None:
-        number = _round_number(answer)
-        if number is None:
-            return Verdict(False, f"write the number of tokens lost per request as a whole number (or a list, one "
-                                  f"per request), not {answer!r}")
-        got = [number] * len(want)
+        return Verdict(False, f"write the number of tokens lost per request as a whole number (or a list, one "
+                              f"per request), not {_show(answer)}")
     if len(got) != len(want):
         return Verdict(False, f"the run has {len(want)} requests: give one number, or a list of {len(want)}")
     if got == want:
@@ -563,6 +730,7 @@ def _bool_pair(x) -> tuple[bool, bool] | None:
     return out[0], out[1]
 
 
+@_bounded
 def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verdict:
     """Predict (03a): does launching round N+1's sample before round N's postprocess keep
     the serial tokens, (without a constraint, with the title-case constraint)?  The two
@@ -571,11 +739,11 @@ def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verd
         return _unanswered("set `same_tokens` to a pair of booleans: (without a constraint, with title_case)")
     got = _bool_pair(answer)
     if isinstance(answer, (set, frozenset)):
-        return Verdict(False, f"a set has no order, so {answer!r} cannot say which answer is which: write a pair of "
+        return Verdict(False, f"a set has no order, so {_show(answer)} cannot say which answer is which: write a pair of "
                               f"True/False values as a tuple, (without a constraint, with title_case)")
     if got is None:
         return Verdict(False, f"write a pair of True/False values, (without a constraint, with title_case), "
-                              f"not {answer!r}")
+                              f"not {_show(answer)}")
     want = (bool(plain_same), bool(constraint_same))
     if got == want:
         return Verdict(True, f"{want}: without a constraint the sample reads only the logits on the device, so when "
@@ -602,6 +770,7 @@ def _id_list(x) -> list[int] | None:
     return _int_list(x)
 
 
+@_bounded
 def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
     """Predict (03b): ``input_ids`` and ``pending`` of a decode round the ZOS host prepared
     while the previous round was in flight (``meta``: the captured metadata of that round;
@@ -645,17 +814,16 @@ def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
                           f"FROM_DEVICE")
 
 
+@_bounded
 def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
     """Your turn (03b): the ideal ZOS speed-up from the serial run's own per-round host and
     device times.  Compared with the learner's run's stats, to two decimals."""
     if answer is None:
         return _unanswered("set `ideal` to a number, e.g. 1.25")
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if not _is_number(answer):
-        return Verdict(False, f"write the ratio as a number, not {answer!r}")
-    if not math.isfinite(answer):
-        return Verdict(False, f"write a finite number, not {answer!r}")
+    number = _number(answer)
+    if number is None:
+        return Verdict(False, f"write the ratio as a number, not {_show(answer)}")
+    answer = number
     host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
     want = ideal_ratio(serial_stats)
 
@@ -701,13 +869,16 @@ def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
 
 # ================================================================ 04: stale lengths
 
+@_bounded
 def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict:
     """Predict (04): the host planned ``host_seqlens_k`` for a request whose in-flight
     round accepted ``accepted`` drafts; what is the real key length?"""
     if answer is None:
         return _unanswered("set `true_seqlens_k` to a number")
-    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
-        return Verdict(False, f"a key length is one whole number, not {answer!r}")
+    number = _whole(answer)
+    if number is None:
+        return Verdict(False, f"a key length is one whole number, not {_show(answer)}")
+    answer = number
     want = host_seqlens_k + accepted
     if answer == want:
         return Verdict(True, f"{host_seqlens_k} + {accepted} = {want}: the host already counted one token for the "
@@ -726,6 +897,7 @@ def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict
                           f"of the in-flight round")
 
 
+@_bounded
 def check_corrected_slots(answer, positions, table, accepted: int, block_size: int) -> Verdict:
     """Your turn (04): the corrected slot_mapping of one request whose stale positions are
     ``positions`` and whose in-flight round accepted ``accepted`` drafts."""
@@ -770,16 +942,7 @@ def check_corrected_slots(answer, positions, table, accepted: int, block_size: i
 
 # ================================================================ 05: ownership and lifetime
 
-def _int_set(x) -> set[int] | None:
-    """``x`` as a set of ints (one int, or a set/list/tuple/range/1-d tensor of them), else None."""
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
-        return {int(x)}
-    if isinstance(x, (set, frozenset, range)):
-        x = list(x)
-    values = _int_list(x)
-    return None if values is None else set(values)
-
-
+@_bounded
 def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
     """Predict (05): right after round ``round``'s forward is launched, which rounds were
     launched for the request but not processed yet (their tokens are uncommitted)?
@@ -791,7 +954,7 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
         return _unanswered("set `uncommitted` to the set of round numbers, e.g. {1, 2}")
     got = _int_set(answer)
     if got is None:
-        return Verdict(False, f"write a set of whole round numbers such as {{2, 5}}, not {answer!r}")
+        return Verdict(False, f"write a set of whole round numbers such as {{2, 5}}, not {_show(answer)}")
     rows = {}
     try:
         for row in launches:
@@ -830,16 +993,16 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
                           f"this launch). In flight now: {len(want)} round(s)")
 
 
+@_bounded
 def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
     """Predict (05): how many outputs did ``engine``'s last run discard (its
     ``stats["discarded_outputs"]``): rounds that came back for requests already finished?
     ``name`` is the answer's variable in the notebook, for the unanswered message."""
     if answer is None:
         return _unanswered(f"set `{name}` to a whole number of discarded outputs")
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if not isinstance(answer, numbers.Integral) or isinstance(answer, bool):
-        return Verdict(False, f"a count of discarded outputs is one whole number, not {answer!r}")
+    number = _whole(answer)
+    if number is None:
+        return Verdict(False, f"a count of discarded outputs is one whole number, not {_show(answer)}")
     try:
         want = int(engine.stats["discarded_outputs"])
         mode, drafts = engine.config.mode, engine.config.num_draft_tokens
@@ -849,7 +1012,7 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
     early = sum(r in ("stop", "eos", "abort") for r in reasons)
     ended = (f"in this run {early} request(s) ended by a stop string, EOS or abort and "
              f"{reasons.count('length')} by the length limit")
-    answer = int(answer)
+    answer = number
     if answer == want:
         if want == 0 and mode == "serial":
             why = ("the serial host processes every round before launching the next, so a finished request is "
@@ -887,14 +1050,15 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
 def _race_answer(answer) -> tuple[tuple[str, int] | None, str | None]:
     pair = (answer.get("buffer"), answer.get("round")) if isinstance(answer, dict) else answer
     if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
-        return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {answer!r}"
+        return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {_show(answer)}"
     buffer, round = pair[0], _round_number(pair[1])
     if not isinstance(buffer, str) or round is None:
         return None, f"write the buffer's name as a string and the round as a whole number, e.g. (\"out1\", 3), " \
-                     f"not {answer!r}"
+                     f"not {_show(answer)}"
     return (buffer.strip().strip("'\"").lower(), round), None
 
 
+@_bounded
 def check_race_report(answer, err) -> Verdict:
     """Predict (05): with NUM_SLOTS = 1, which buffer will the race checker name, and the
     launch of which round still uses it?  ``err`` is the RaceError the run raised."""
@@ -925,7 +1089,7 @@ def check_race_report(answer, err) -> Verdict:
             why = f"prepare writes {want_buffer} before temps, so the checker stops at {want_buffer}"
         else:
             why = f"the buffers are meta{slot}, temps{slot} and out{slot}; prepare writes {want_buffer} first"
-        return Verdict(False, f"{buffer!r}: {why}")
+        return Verdict(False, f"{_show(buffer)}: {why}")
     if round == want_round + 1:
         return Verdict(False, f"round {round} is the round whose prepare writes {want_buffer}; the report names "
                               f"the launch that still reads it: round {want_round}'s {launch}, not waited for yet")

@@ -12,35 +12,45 @@ from pathlib import Path
 
 from .timeline import Timeline
 
-__all__ = ["TRACES_DIR", "trace_name", "recorded_runs", "recorded_label"]
+import re
+
+__all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "trace_name", "recorded_runs", "recorded_label"]
 
 TRACES_DIR = Path(__file__).parent / "traces"
 
+#: The workload the traces are recorded with: the one the notebooks' live comparisons run
+#: (03b, 04 and 05 benchmark 8 requests x 48 new tokens at batch 8), so that a RECORDED row
+#: beside a live one compares like with like.
+RECORDED_WORKLOAD = dict(requests=8, max_new_tokens=48, batch_size=8)
 
-def trace_name(mode: str, host_overhead_ms: float = 0.0, device: str = "cpu") -> str:
-    """File stem of a recorded trace: ``cpu_zos``, ``cpu_serial_overhead2ms``, ..."""
+
+def trace_name(mode: str, host_overhead_ms: float = 0.0, device: str = "cpu", drafts: int = 0) -> str:
+    """File stem of a recorded trace: ``cpu_zos``, ``cpu_serial_overhead2ms``, ``cpu_zos_spec4``, ..."""
+    spec = f"_spec{drafts}" if drafts else ""
     suffix = f"_overhead{host_overhead_ms:g}ms" if host_overhead_ms else ""
-    return f"{device}_{mode}{suffix}"
+    return f"{device}_{mode}{spec}{suffix}"
 
 
-def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device: str = "cpu") -> dict:
-    """The recorded quiet-machine timelines for ``modes`` (mode -> Timeline).
+def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device: str = "cpu",
+                  drafts: int = 0) -> dict:
+    """The recorded quiet-machine timelines for ``modes`` (mode -> Timeline), with
+    ``drafts`` draft tokens per round (0: no speculation).
 
     The trace with the nearest recorded host overhead is used (its ``meta`` says which);
-    an empty dict when none is shipped.
+    an empty dict when none with that many drafts is shipped.
     """
     recorded = {}
     for mode in modes:
+        pattern = re.compile(rf"{re.escape(device)}_{re.escape(mode)}(?:_spec(\d+))?(?:_overhead([0-9.]+)ms)?")
         candidates = {}
         for path in TRACES_DIR.glob(f"{device}_{mode}*.json"):
-            stem = path.stem
-            if stem == trace_name(mode, 0.0, device):
-                candidates[0.0] = path
-            elif stem.startswith(f"{device}_{mode}_overhead") and stem.endswith("ms"):
-                try:
-                    candidates[float(stem[len(f"{device}_{mode}_overhead"):-2])] = path
-                except ValueError:
-                    continue
+            match = pattern.fullmatch(path.stem)
+            if match is None or int(match.group(1) or 0) != drafts:
+                continue
+            try:
+                candidates[float(match.group(2) or 0.0)] = path
+            except ValueError:
+                continue
         if candidates:
             nearest = min(candidates, key=lambda h: (abs(h - host_overhead_ms), h))
             recorded[mode] = Timeline.from_json(candidates[nearest])

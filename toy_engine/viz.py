@@ -37,6 +37,7 @@ never imports this module.
 from __future__ import annotations
 
 import html
+import re
 import warnings
 import zlib
 from pathlib import Path
@@ -410,8 +411,11 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
             warning = busy_warning(live, cuda=devices.isdisjoint({"cpu-process", None}))
         if warning:
             overhead = max(tl.meta.get("host_overhead_ms", 0.0) for tl in live.values())
-            for mode, tl in recorded_runs(overhead).items():
-                rows.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)})", tl, tl.meta.get("stats")))
+            drafts = max(tl.meta.get("num_draft_tokens", 0) or 0 for tl in live.values())
+            for mode, tl in recorded_runs(overhead, drafts=drafts).items():
+                w = tl.meta.get("recorded", {}).get("workload", {})
+                rows.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)}; {w.get('requests', '?')} x "
+                             f"{w.get('max_new_tokens', '?')} tokens)", tl, tl.meta.get("stats")))
             print(warning)
     first = _common_first_round([tl for _, tl, _ in rows]) if first_round is None else first_round
     wins, titles = [], []
@@ -533,13 +537,51 @@ def _order_layout(timeline: Timeline, first: int, num_rounds: int) -> dict:
             blocks.append(dict(span=s, x0=x0, x1=x1, in_window=s.round in wanted, column=len(columns)))
         r = p["launches"]
         if r is None:
-            head = "end: nothing left to launch"
+            head = "end: nothing<br>left to launch"
         else:
             head = f"round {r}" + (" · prefill" if r in prefill else "")
         columns.append(dict(x0=offset, x1=offset + len(spans), head=head, launches=r,
                             prefill=r in prefill))
         offset += len(spans) + _ORDER_GAP
     return dict(first=first, last=first + num_rounds - 1, blocks=blocks, columns=columns, width=offset - _ORDER_GAP)
+
+
+_HEAD_FONT = 12
+_HEAD_EM = 0.62      # a bold character's width in em, generous (the column heads are short)
+_PLOT_PX = 900 - 90  # the static image's width less the order view's margins: the narrowest drawn
+
+
+def _order_range(columns: list[dict], width: float) -> list[float]:
+    """The x range: every block, plus room for the first and last column heads to end inside
+    the figure (a head wider than its column would otherwise run over the edge)."""
+    lo, hi = -0.6, width + 0.6
+    for _ in range(3):  # the room a head needs in slots depends on the range: settle it
+        per_px = (hi - lo) / _PLOT_PX
+        halves = [max(len(line) for line in re.sub(r"</?b>", "", c["head"]).split("<br>")) * _HEAD_EM * _HEAD_FONT / 2
+                  * per_px for c in columns]
+        centre = [(c["x0"] + c["x1"]) / 2 for c in columns]
+        lo = min(-0.6, min(c - h for c, h in zip(centre, halves)) - 0.2)
+        hi = max(width + 0.6, max(c + h for c, h in zip(centre, halves)) + 0.2)
+    return [lo, hi]
+
+
+def _order_title(lay: dict) -> tuple[str, str]:
+    """(the rounds asked for, plus any pass drawn beside them; what the faded blocks are)."""
+    first, last = lay["first"], lay["last"]
+    rounds = f"rounds {first}–{last}" if last > first else f"round {first}"
+    notes = []
+    for i, c in enumerate(lay["columns"]):
+        if c["launches"] is None or first <= c["launches"] <= last:
+            continue
+        done = sorted({b["span"].round for b in lay["blocks"]
+                       if b["column"] == i and b["in_window"] and b["span"].lane == "host"})
+        rounds += f" + round {c['launches']}'s pass"
+        if done:
+            notes.append(f"round {c['launches']}'s pass is drawn because it processes round "
+                         f"{', '.join(str(r) for r in done)}")
+    if any(not b["in_window"] for b in lay["blocks"]):
+        notes.append("faded: other rounds' work in the same passes")
+    return rounds, "; ".join(notes)
 
 
 def issued_order(timeline: Timeline, rounds=None) -> list[tuple[str, int]]:
@@ -618,7 +660,8 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     notes, shapes = [], []
     for c in columns:
         notes.append(dict(x=(c["x0"] + c["x1"]) / 2, y=1.62, xref="x", yref="y", text=f"<b>{c['head']}</b>",
-                          showarrow=False, font=dict(size=12, color="#8a3b00" if c["launches"] is None else "#222")))
+                          showarrow=False, font=dict(size=_HEAD_FONT,
+                                                     color="#8a3b00" if c["launches"] is None else "#222")))
         shapes.append(dict(type="rect", x0=c["x0"] - 0.3, x1=c["x1"] + 0.3, y0=-0.5, y1=1.5, xref="x", yref="y",
                            line=dict(color="rgba(0,0,0,0.25)", width=1, dash="dot"),
                            fillcolor="rgba(86,180,233,0.08)" if c["prefill"] else "rgba(0,0,0,0)", layer="below"))
@@ -648,13 +691,16 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     ticks = [_ORDER_Y["device"], _ORDER_Y["host"]] + ([_ORDER_Y["written"]] if written is not None else [])
     fig.update_yaxes(tickvals=ticks, ticktext=["device", "host", "you wrote"][:len(ticks)], range=yrange,
                      fixedrange=True, zeroline=False, showgrid=False)
-    fig.update_xaxes(title="order (each block one slot, whatever its duration; hover for times)",
-                     showticklabels=False, showgrid=False, zeroline=False, range=[-0.6, lay["width"] + 0.6])
+    fig.update_xaxes(title="order, not time: a block spans those that started while it ran; widths are not "
+                           "durations (hover: times)",
+                     showticklabels=False, showgrid=False, zeroline=False,
+                     range=_order_range(columns, lay["width"]))
     mode = timeline.meta.get("mode")
     head = title or " · ".join(x for x in (mode and f"{mode}", timeline.meta.get("device")) if x) or "timeline"
-    rounds = f"rounds {lay['first']}–{lay['last']}" if lay["last"] > lay["first"] else f"round {lay['first']}"
+    rounds, faded = _order_title(lay)
     _layout(fig, f"{head} · order view, {rounds}<br><sup>columns: loop passes; blocks in the order they started; "
-                 f"arrows: sample event → the host's processing of that round</sup>", height=height)
+                 f"arrows: sample event → the host's processing of that round"
+                 + (f"<br>{faded}" if faded else "") + "</sup>", height=height)
     fig.update_layout(showlegend=False, bargap=0, uniformtext=dict(minsize=7, mode="show"),
                       margin=dict(l=70, r=20, t=90, b=50), meta=dict(view="order"))
     return fig
