@@ -9,10 +9,10 @@ course's rules and the engine's behaviour and found it right; those are listed i
 
 import pytest
 
-import toy_engine as te
 from toy_engine import checkers
 
 from blind_corpus import BLIND
+from test_mistakes import check, serial_run  # noqa: F401  (the same checker calls and serial run)
 
 # name -> why the answer is right although its author marked it wrong
 RULED_RIGHT = {
@@ -25,30 +25,16 @@ RULED_RIGHT = {
     "corr_rebind_dict_entries": "the engine runs the forward on the dict it passed, so new tensors under the same "
                                 "keys are used; the exercise's text now says so (it claimed tensors must change "
                                 "in place, which nothing needs)",
+    "serial_clears_requests": "the run keeps its own tuple of requests (issue 21): clearing engine.requests once "
+                              "everything finished loses nothing",
+    "po_clear_requests": "as serial_clears_requests",
+    "zos_process_instead_of_flush": "flush is process_outputs under the timeline's name for the last step: which "
+                                    "of the two processes it is not something the run does differently",
     "zos_inline_no_flush_stage": "processing written out inline has no stage name to get wrong: the last step "
                                  "is processed after schedule() found nothing, which is what a flush is",
 }
 ENTRIES = [(a, a.wrong and a.name not in RULED_RIGHT) for a in BLIND]
 LIMIT_S = 10.0  # the checks' own limit is 30 s (test_checkers runs it); blind hangs stop sooner here
-
-
-@pytest.fixture(scope="module")
-def serial_run():
-    with te.Engine(te.EngineConfig(mode="serial", max_batch_size=4)) as engine:
-        engine.generate(["Once upon a time", "The bird said", "There was a fox"], max_new_tokens=24)
-        yield engine
-
-
-def check(answer, serial_run):
-    return {
-        "02a": lambda a: checkers.check_serial_loop(a),
-        "02b": lambda a: checkers.check_idle_fraction(a, serial_run),
-        "03a": lambda a: checkers.check_zos_loop(a),
-        "03b": lambda a: checkers.check_three_rounds(a),
-        "04a": lambda a: checkers.check_correction(a),
-        "04b": lambda a: checkers.check_metadata_answer(a),
-        "05": lambda a: checkers.check_process_outputs(a),
-    }[answer.exercise](answer.answer)
 
 
 @pytest.mark.parametrize("entry,wrong", ENTRIES, ids=[f"{a.exercise}-{a.name}" for a, _ in ENTRIES])
