@@ -103,15 +103,15 @@ case "${1:-}" in
         ;;
     slides)
         setup "$1"
-        exec "$VENV/bin/python" -m toy_engine.slides "${@:2}"
+        exec "$VENV/bin/python" -m overlap_course.build.slides "${@:2}"
         ;;
     handout)
         setup "$1"
-        exec "$VENV/bin/python" -m toy_engine.handout "${@:2}"
+        exec "$VENV/bin/python" -m overlap_course.build.handout "${@:2}"
         ;;
     trace)
         setup "$1"
-        exec "$VENV/bin/python" -m toy_engine.kineto "${@:2}"
+        exec "$VENV/bin/python" -m overlap_course.traces.kineto "${@:2}"
         ;;
     *)
         echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides | ./run.sh handout | ./run.sh trace summary FILE | ./run.sh trace export OUT.json" >&2

@@ -2,7 +2,7 @@
 # GPU check: on a CUDA machine, run the GPU tests, the benchmark (serial, zos and the
 # speculative variants), record timelines (JSON + HTML) and torch.profiler (Kineto) traces of
 # the CUDA engine in serial and ZOS (torch_profile_{serial,zos}.json.gz, read by notebook 06;
-# copy them into toy_engine/traces/cuda/ to ship them) into one folder.
+# copy them into overlap_course/traces/cuda/ to ship them) into one folder.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: artifacts/gpu)
 # Fits in a few minutes on one GPU.  Needs the package installed (./run.sh test does it).
 set -euo pipefail
@@ -19,9 +19,9 @@ PY
 nvidia-smi -L | tee "$OUT/gpu.txt" || true
 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py tests/test_zos.py \
     --override-ini addopts= 2>&1 | tee "$OUT/gpu_tests.txt"
-"$PY" -m toy_engine.bench --device cuda --json > "$OUT/bench_cuda.json"
-"$PY" -m toy_engine.bench --device cuda --host-overhead-ms 2 --json > "$OUT/bench_cuda_overhead2.json"
-"$PY" -c "import json,sys; from toy_engine.bench import format_table; print(format_table(json.load(open('$OUT/bench_cuda.json'))))" | tee "$OUT/bench_cuda.txt"
+"$PY" -m overlap_course.measure.bench --device cuda --json > "$OUT/bench_cuda.json"
+"$PY" -m overlap_course.measure.bench --device cuda --host-overhead-ms 2 --json > "$OUT/bench_cuda_overhead2.json"
+"$PY" -c "import json,sys; from overlap_course.measure.bench import format_table; print(format_table(json.load(open('$OUT/bench_cuda.json'))))" | tee "$OUT/bench_cuda.txt"
 "$PY" scripts/record_traces.py --device cuda --out "$OUT"
 "$PY" scripts/profile_cuda.py --device cuda --out "$OUT" | tee "$OUT/torch_profile_summary.txt"
 "$PY" - "$OUT" <<'PY'

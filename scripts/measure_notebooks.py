@@ -7,7 +7,7 @@
     python scripts/measure_notebooks.py --update       # rewrite the time lines and tables from that file
 
 Each notebook is copied to a temporary folder and executed the way the course does it,
-``python -m toy_engine.course execute COPY`` (the repository is not touched).  Reported per
+``python -m overlap_course.build.notebooks execute COPY`` (the repository is not touched).  Reported per
 notebook: cells, markdown words and reading minutes at 200 words a minute; wall seconds
 (kernel start included) and CPU seconds of the whole process tree; the load average when it
 started (timings taken on a busy machine are upper bounds: say so); and, sampled every 0.1 s,
@@ -60,9 +60,9 @@ COURSE = {
 #: Listed in the tables and tracks, but not part of "the whole course" total: an optional chapter.
 OPTIONAL = {"notebooks/06_real_traces"}
 MINUTES_PER_CHECK = 2  # answering one checked cell: our estimate
-CHECK_CALL = re.compile(r"\b(?:practice|checkers)\.check_\w+\(")
+CHECK_CALL = re.compile(r"\bchecks\.check_\w+\(")
 ANSWER_STUB = re.compile(r"^\w+\s*=\s*None\s*#\s*your answer", re.M)
-CHECKED_ARG = re.compile(r"^(?:\w+\s*=\s*)?(?:practice|checkers)\.check_\w+\((\w+)", re.M)
+CHECKED_ARG = re.compile(r"^(?:\w+\s*=\s*)?checks\.check_\w+\((\w+)", re.M)
 TIME_LINE = re.compile(r"^(\s*(?:\* )?)\*\*Time:\*\*.*$", re.M)
 
 
@@ -91,7 +91,7 @@ def measure(path: Path, workdir: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "toy_engine.course", "execute", str(copy)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "overlap_course.build.notebooks", "execute", str(copy)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = {"uss_mb": 0.0, "pss_mb": 0.0, "kernel_uss_mb": 0.0, "device_processes": 0}
     done = threading.Event()
@@ -325,7 +325,7 @@ def main(argv=None) -> int:
     else:
         paths = [n.resolve() for n in a.notebooks] or sorted((REPO / "notebooks").glob("*.ipynb")) + \
             sorted((REPO / "exercises").glob("*.ipynb"))
-    from toy_engine.machine import usable_cpus
+    from overlap_course.measure.machine import usable_cpus
     results = []
     print("| notebook | cells | words | reading | run: CPU / wall (load) | peak memory: USS / PSS (device processes) |")
     print("|---|---|---|---|---|---|")

@@ -7,15 +7,15 @@ then records one ``generate`` under ``torch.profiler.profile(activities=[CPU, CU
 schedule, stepping the profiler once per pass of the engine's loop (the ``on_round`` plug-in,
 called at the start of every ``schedule``): every pass becomes a ``ProfilerStep#N`` in the trace.
 A last ``prof.step()`` after the run opens an empty step, so HTA's window (it leaves the last
-step out) and ``toy_engine.kineto.summary``'s are the whole run.  Written:
+step out) and ``overlap_course.traces.kineto.summary``'s are the whole run.  Written:
 
 * ``OUT/torch_profile_serial.json.gz`` and ``OUT/torch_profile_zos.json.gz`` -- Kineto's Chrome
   trace JSON (``export_chrome_trace``), gzip; open them in https://ui.perfetto.dev;
 * ``OUT/torch_profile_summary.json`` -- ``kineto.summary`` and ``kineto.idle_after_syncs`` of
   both, with the GPU's name, torch's version and the workload.
 
-Notebook 06 reads these files when they are in ``toy_engine/traces/cuda/`` (copy them there to
-ship them) or in ``artifacts/gpu/`` (``toy_engine.kineto.cuda_profiles``).  Without CUDA the
+Notebook 06 reads these files when they are in ``overlap_course/traces/cuda/`` (copy them there to
+ship them) or in ``artifacts/gpu/`` (``overlap_course.traces.kineto.cuda_profiles``).  Without CUDA the
 script says so and exits with status 0, writing nothing (``--device cpu`` profiles the CPU
 stand-in's host process instead, which has no device events: a check of this code path only).
 """
@@ -54,7 +54,7 @@ def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int)
     from torch.profiler import ProfilerActivity
 
     import toy_engine as te
-    from toy_engine.bench import default_workload
+    from overlap_course.measure.bench import default_workload
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     workload = default_workload(prompts)
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "workload": {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens},
               "command": "python scripts/profile_cuda.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    from toy_engine import kineto
+    from overlap_course.traces import kineto
 
     for mode, path in paths.items():
         try:

@@ -1,4 +1,4 @@
-"""Record the timelines shipped in ``toy_engine/traces/`` (read with ``viz.load_trace``).
+"""Record the timelines shipped in ``overlap_course/traces/`` (read with ``viz.load_trace``).
 
     python scripts/record_traces.py                 # auto device: CUDA if present, else CPU stand-in
     python scripts/record_traces.py --device cuda   # on a GPU machine: CUDA-event timelines
@@ -10,7 +10,7 @@ picture), then ``--repeats`` recorded runs, and keeps the least contended one (t
 one not flagged busy with the highest CPU share of the device process and host loop,
 whichever is lower; see ``Timeline.contention``), so one unlucky slice of a shared machine does not become the
 course's example.  The
-result is written to ``toy_engine/traces/<device>_<mode>[_spec<K>][_overhead<H>ms].json``
+result is written to ``overlap_course/traces/<device>_<mode>[_spec<K>][_overhead<H>ms].json``
 (``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
 commit it was recorded, and the run's contention meter.
 
@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, load_model
-from toy_engine.bench import default_workload
-from toy_engine.machine import machine_report
+from overlap_course.measure.bench import default_workload
+from overlap_course.measure.machine import machine_report
 from toy_engine.model import CHECKPOINT
-from toy_engine.recorded import RECORDED_WORKLOAD, trace_name
-from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
+from overlap_course.traces.recorded import RECORDED_WORKLOAD, trace_name
+from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, contention
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "toy_engine" / "traces"
@@ -91,11 +91,12 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         runs = []
         for _ in range(args.repeats):
             engine.generate(prompts, max_new_tokens=args.max_new_tokens)
-            runs.append((engine.stats["tokens_per_s"], engine.timeline, dict(engine.stats)))
+            meter = {k: v for k, v in contention(engine.timeline).items() if k != "busy"}
+            runs.append((engine.stats["tokens_per_s"], engine.timeline, dict(engine.stats, **meter)))
         device_name = engine.device.name
     # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
     if all(r[2].get("device_cpu_share") is not None for r in runs):
-        _, timeline, stats = max(runs, key=lambda r: (not r[1].contention()["busy"],
+        _, timeline, stats = max(runs, key=lambda r: (not contention(r[1])["busy"],
                                                       min(r[2]["device_cpu_share"], r[2]["host_cpu_share"])))
         kept = (f"the least contended of {args.repeats} runs (not busy, then highest min(device, host) CPU "
                 f"share) after 1 warm-up")
@@ -104,19 +105,19 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         _, timeline, stats = next(r for r in runs if r[0] == median)
         kept = f"median tokens/s of {args.repeats} runs after 1 warm-up"
     kind = "cuda" if device_name not in ("cpu-process",) else "cpu"
-    contention = timeline.contention()
+    meter = contention(timeline)
     timeline.meta.update(
         recorded=dict(command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
                       workload=dict(requests=args.requests, max_new_tokens=args.max_new_tokens,
-                                    prompts="toy_engine.bench.default_workload"),
+                                    prompts="overlap_course.measure.bench.default_workload"),
                       race_check=False, kept=kept, nice=os.nice(0),
                       tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
                       device_cpu_share_all_runs=[r[2].get("device_cpu_share") for r in runs],
-                      contention=contention),
+                      contention=meter),
         stats=stats)
-    return timeline, trace_name(mode, overhead, kind, args.drafts), bool(contention["busy"])
+    return timeline, trace_name(mode, overhead, kind, args.drafts), bool(meter["busy"])
 
 
 def main(argv=None) -> int:

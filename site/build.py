@@ -48,7 +48,7 @@ def interactive_outputs(nb, name: str) -> int:
     """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
     import plotly.io as pio
 
-    from toy_engine.figure_config import plotly_config
+    from overlap_course.figures.config import plotly_config
 
     n = 0
     for cell in nb.cells:

@@ -51,7 +51,7 @@ def built_handout(tmp_path_factory):
     """
     import os
 
-    from toy_engine import handout
+    from overlap_course.build import handout
 
     if not os.access("/usr/bin/chromium", os.X_OK) and not os.environ.get("BROWSER_PATH"):
         reason = "no Chromium to draw and print the handout"

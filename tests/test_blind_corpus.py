@@ -9,7 +9,7 @@ course's rules and the engine's behaviour and found it right; those are listed i
 
 import pytest
 
-from toy_engine import checkers
+from overlap_course.checks import exercises as checkers
 
 from blind_corpus import BLIND
 from test_mistakes import check, serial_run  # noqa: F401  (the same checker calls and serial run)

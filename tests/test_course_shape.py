@@ -60,7 +60,7 @@ def test_a_stored_notebook_leaves_its_practice_answers_open():
     for rel in measure.COURSE:
         if rel.startswith("notebooks/"):
             for cell in nbformat.read(REPO / f"{rel}.ipynb", as_version=4).cells:
-                if cell.cell_type == "code" and "practice.check_" in cell.source:
+                if cell.cell_type == "code" and "checks.check_" in cell.source:
                     stubs = re.findall(r"^(\w+)\s*=\s*(.+?)\s*#\s*your answer", cell.source, re.M)
                     assert stubs and all(value == "None" for _, value in stubs), \
                         f"{rel}: a checked cell without an open `name = None  # your answer` stub: {cell.source[:80]!r}"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import toy_engine as te
-from toy_engine.bench import default_workload
+from overlap_course.measure.bench import default_workload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
 

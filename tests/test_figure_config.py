@@ -1,7 +1,7 @@
 """No "Share chart" (upload to Plotly's cloud) button on any figure the course draws.
 
 plotly.js shows that button unless a figure's config says ``showSendToCloud: false``.  Each
-way the course emits a figure must carry the course's config (toy_engine/figure_config.py):
+way the course emits a figure must carry the course's config (overlap_course/figures/config.py):
 the notebook renderers (a figure as a cell's value, ``fig.show()``), the explorer's
 FigureWidget (notebook 05, the Voilà app), ``viz.save_html``, the website's and the slides'
 HTML.
@@ -17,7 +17,8 @@ import nbformat
 import plotly.io as pio
 import pytest
 
-from toy_engine import slides, viz
+from overlap_course.build import slides
+from overlap_course.figures import viz
 
 ROOT = Path(__file__).resolve().parent.parent
 MIME = "application/vnd.plotly.v1+json"

@@ -1,4 +1,4 @@
-"""The exercises as a real nbgrader course (toy_engine/grading.py): the sources carry nbgrader's
+"""The exercises as a real nbgrader course (overlap_course/build/grading.py): the sources carry nbgrader's
 metadata, the shipped notebooks do not, and nbgrader 0.9's own generate_assignment and
 autograde grade a right and a wrong submission of two exercises with the course's checkers."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from toy_engine import course, grading
+from overlap_course.build import notebooks as course
+from overlap_course.build import grading
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = ("02_serial_loop", "04_seqlen_correction")

@@ -1,4 +1,4 @@
-"""The one-page "three rounds" handout (toy_engine/handout.py) tells the truth about its traces.
+"""The one-page "three rounds" handout (overlap_course/build/handout.py) tells the truth about its traces.
 
 The built page must show rounds 0-2 of both recorded runs (and the ZOS run's flush) and the
 real A100 trace beside them, say where the traces were recorded, state numbers equal to those recomputed here from the raw
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from toy_engine import handout
-from toy_engine.recorded import TRACES_DIR
+from overlap_course.build import handout
+from overlap_course.traces.recorded import TRACES_DIR
 
 MODES = ("serial", "zos")
 
@@ -142,9 +142,9 @@ def test_nothing_comes_from_the_network(built):
 # ---------------------------------------------------------------------------- the real trace beside the toy's
 
 def _real_expected() -> dict:
-    """The real-trace panel's numbers, from toy_engine.kineto on the shipped file (HTA's figures:
+    """The real-trace panel's numbers, from overlap_course.traces.kineto on the shipped file (HTA's figures:
     tests/test_kineto.py checks kineto against HTA on it)."""
-    from toy_engine import kineto
+    from overlap_course.traces import kineto
 
     s, after = kineto.summary(handout.REAL_TRACE), kineto.idle_after_syncs(handout.REAL_TRACE)
     gap = max(after["gaps"], key=lambda g: g["idle_us"])
@@ -166,7 +166,7 @@ def test_page_shows_the_real_trace_with_its_provenance(built):
     provenance = unescape(re.sub(r"<[^>]+>", "", page.split('id="real-provenance">')[1].split("</div>")[0]))
     note = (handout.kineto.REAL_TRACES_DIR / "README.md").read_text()
     commit = re.search(r"at commit ([0-9a-f]{40})", note).group(1)
-    for part in ("toy_engine/traces/a100/a100_event_sync.json.gz", "NVIDIA A100", "torch.profiler",
+    for part in ("overlap_course/traces/a100/a100_event_sync.json.gz", "NVIDIA A100", "torch.profiler",
                  "facebookresearch/HolisticTraceAnalysis", commit[:10], "MIT"):
         assert part in provenance, part
     real = _svgs(page)[2]

@@ -1,4 +1,4 @@
-"""toy_engine.kineto: real PyTorch-profiler traces in, course runs out, both checked against HTA.
+"""overlap_course.traces.kineto: real PyTorch-profiler traces in, course runs out, both checked against HTA.
 
 HTA (Meta's Holistic Trace Analysis, the course extra's ``holistictraceanalysis``) is run on the
 same files: on the shipped A100 traces our idle figures must equal its own within 1 percentage
@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import toy_engine as te
-from toy_engine import kineto
-from toy_engine.bench import default_workload
-from toy_engine.recorded import TRACES_DIR
+from overlap_course.measure.contention import contention
+from overlap_course.traces import kineto
+from overlap_course.measure.bench import default_workload
+from overlap_course.traces.recorded import TRACES_DIR
 from toy_engine.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,7 @@ def test_real_trace_as_a_course_timeline():
 
 
 def test_real_trace_draws_in_the_course_views():
-    from toy_engine import viz  # plotly: the course extra, like HTA
+    from overlap_course.figures import viz  # plotly: the course extra, like HTA
     tl = kineto.to_timeline("a100_event_sync")
     fig = viz.timeline_figure(tl, first_round=100, num_rounds=1)
     names = {bar.name for bar in fig.data}
@@ -315,7 +316,7 @@ def test_hta_on_exported_live_runs_agrees_with_the_course(runs, tmp_path):
         hta[mode] = _check_against_hta(tl, tmp_path / f"{mode}.json", tmp_path / "hta")
     # serial leaves the device waiting for the host: HTA calls most of its idle host_wait
     assert hta["serial"]["host_wait_share"] > 0.5, hta["serial"]
-    busy = [mode for mode, (tl, _) in runs.items() if tl.contention()["busy"] is not False]
+    busy = [mode for mode, (tl, _) in runs.items() if contention(tl)["busy"] is not False]
     if not busy:  # on a busy machine preemption, not the loop, decides idle (README, Performance)
         assert hta["zos"]["idle_pct"] < hta["serial"]["idle_pct"], hta
         assert hta["zos"]["host_wait_share"] < hta["serial"]["host_wait_share"], hta
@@ -323,12 +324,12 @@ def test_hta_on_exported_live_runs_agrees_with_the_course(runs, tmp_path):
 
 @pytest.mark.parametrize("overhead", ["", "_overhead2ms"])
 def test_hta_on_exported_quiet_machine_runs_shows_zos_idles_less(overhead, tmp_path):
-    """The shipped runs recorded on a quiet machine (toy_engine/traces/): HTA agrees with the
+    """The shipped runs recorded on a quiet machine (overlap_course/traces/): HTA agrees with the
     course on each and sees ZOS's lower idle, and less of it host_wait."""
     hta = {}
     for mode in ("serial", "zos"):
         tl = Timeline.from_json(TRACES_DIR / f"cpu_{mode}{overhead}.json")
-        assert tl.contention()["busy"] is False
+        assert contention(tl)["busy"] is False
         hta[mode] = _check_against_hta(tl, tmp_path / f"{mode}.json.gz", tmp_path / "hta")
     assert hta["zos"]["idle_pct"] < hta["serial"]["idle_pct"] - 5, hta
     assert hta["zos"]["host_wait_share"] < hta["serial"]["host_wait_share"], hta
@@ -338,7 +339,7 @@ def test_hta_on_exported_quiet_machine_runs_shows_zos_idles_less(overhead, tmp_p
 
 def _cli(*args, cwd=ROOT):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "toy_engine.kineto", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "overlap_course.traces.kineto", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -368,12 +369,12 @@ def test_command_export_converts_a_stored_run(tmp_path, capsys):
 
 def test_run_sh_has_the_trace_command():
     text = (ROOT / "run.sh").read_text()
-    assert '    trace)\n        setup "$1"\n        exec "$VENV/bin/python" -m toy_engine.kineto "${@:2}"' in text
+    assert '    trace)\n        setup "$1"\n        exec "$VENV/bin/python" -m overlap_course.traces.kineto "${@:2}"' in text
 
 
 def test_importing_the_engine_does_not_import_kineto_and_kineto_stays_light():
-    code = ("import sys, toy_engine; assert 'toy_engine.kineto' not in sys.modules; "
-            "import toy_engine.kineto; heavy = {'pandas', 'plotly', 'hta'} & set(sys.modules); "
+    code = ("import sys, toy_engine; assert 'overlap_course.traces.kineto' not in sys.modules; "
+            "import overlap_course.traces.kineto; heavy = {'pandas', 'plotly', 'hta'} & set(sys.modules); "
             "assert not heavy, heavy")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

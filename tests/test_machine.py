@@ -7,8 +7,10 @@ import time
 
 import pytest
 
-from toy_engine import bench, machine
-from toy_engine.timeline import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, Timeline
+from overlap_course.measure import bench
+from overlap_course.measure import machine
+from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
+from toy_engine.timeline import Timeline
 
 
 def fake_tree(tmp_path, files: dict):
@@ -129,7 +131,7 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
                or (m["others_cpus"] or 0.0) > BUSY_OTHERS_CPUS for m in shares.values()), shares
     assert all(m["equal_to_serial"] for m in result["modes"].values())  # busy is slow, never wrong
 
-    viz = pytest.importorskip("toy_engine.viz")
+    viz = pytest.importorskip("overlap_course.figures.viz")
     import toy_engine as te
 
     model, alphabet = shipped

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import toy_engine as te
-from toy_engine import checkers
+from overlap_course.checks import exercises as checkers
 
 from mistakes import RIGHT, WRONG
 

@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from toy_engine import course
+from overlap_course.build import notebooks as course
 
 ROOT = Path(__file__).resolve().parent.parent
 

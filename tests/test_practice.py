@@ -1,4 +1,4 @@
-"""The in-notebook checks (toy_engine/practice.py): every plausible wrong answer in the
+"""The in-notebook checks (overlap_course/checks/notebooks.py): every plausible wrong answer in the
 corpus below is rejected with a message that names its mistake, every correct way of
 writing the answer passes, and no learner input makes a check raise."""
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import toy_engine as te
-from toy_engine import kernels, practice
+from toy_engine import kernels
+from overlap_course import checks
+from overlap_course.checks import notebooks as practice
 from toy_engine.timeline import Timeline
 
 # Inputs a learner might type by accident; no check may raise on any of them.
@@ -361,7 +363,8 @@ def test_corrected_slots_accept(answer):
 
 
 def test_corrected_slots_match_the_engines_correction():
-    from toy_engine import checkers, kernels
+    from overlap_course.checks import exercises as checkers
+    from toy_engine import kernels
     meta, accepted, _ = checkers.worked_case()
     kernels.correct_seqlens_qk(meta, accepted, 4)
     assert practice.check_corrected_slots(meta["slot_mapping"][6:9], **WORKED).passed
@@ -680,7 +683,7 @@ def all_checks(device):
 def test_stubs_say_not_answered(device):
     for name, check in all_checks(device).items():
         v = check(None)
-        assert isinstance(v, te.checkers.Verdict) and not v.passed, name
+        assert isinstance(v, checks.Verdict) and not v.passed, name
         assert v.message.startswith("not answered yet"), (name, v.message)
 
 
@@ -694,7 +697,7 @@ def test_junk_never_raises_and_never_passes(device):
 # ---- the contention meter notebook 00 reads ------------------------------------------
 
 def test_machine_report_fields_notebook_00_reads():
-    from toy_engine import machine
+    from overlap_course.measure import machine
     report = machine.machine_report()
     assert set(report) >= {"affinity", "cgroup_quota", "load_average", "usable", "live_overlap"}
     assert 0 <= report["usable"] <= report["affinity"]
@@ -703,7 +706,7 @@ def test_machine_report_fields_notebook_00_reads():
 
 
 def test_machine_report_counts_other_load(monkeypatch):
-    from toy_engine import machine
+    from overlap_course.measure import machine
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
     monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
     monkeypatch.setattr(machine, "_load_average", lambda: 1.0)   # our own kernel only
@@ -830,7 +833,7 @@ def test_discarded_judges_the_run(scenario, engine_pool):
 
 def test_length_limit_extra_step_only_with_drafts(engine_pool):
     """Notebook 05's claim: without drafts a length limit never causes an extra step; with drafts it can."""
-    from toy_engine.bench import default_workload
+    from overlap_course.measure.bench import default_workload
     workload = default_workload(8)
     for max_new in (5, 24, 48):
         plain = engine_pool(mode="zos", max_batch_size=8)
@@ -920,7 +923,7 @@ def test_05_stubs_and_junk_never_raise(launches, engine_pool, single_buffer_race
     }
     for name, check in checks.items():
         v = check(None)
-        assert isinstance(v, te.checkers.Verdict) and not v.passed, name
+        assert isinstance(v, checks.Verdict) and not v.passed, name
         assert v.message.startswith("not answered yet"), (name, v.message)
         for junk in JUNK + [math.inf, -3, (None, None), {"buffer": 1, "round": "x"}]:
             v = check(junk)
@@ -1077,7 +1080,7 @@ def test_05_early_free_claim_is_what_a_run_shows():
     request before the host waited on the extra round, and on one in-order stream no token
     changes.  The notebook's own function demonstrates it (issue 20: the old text claimed a
     corruption that never happens)."""
-    from toy_engine.bench import default_workload
+    from overlap_course.measure.bench import default_workload
 
     run = _notebook_function("05_ownership.ipynb", "checker_off_early_free")
     safe, buggy, early, handed = run(default_workload(16), max_new_tokens=24, stop=[" the", "."])

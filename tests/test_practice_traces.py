@@ -1,4 +1,4 @@
-"""Notebook 06's checks (toy_engine.practice, section "06: real traces") and what they stand on:
+"""Notebook 06's checks (overlap_course.checks.notebooks, section "06: real traces") and what they stand on:
 kineto.idle_after_syncs, kineto.cuda_profiles and scripts/profile_cuda.py.
 
 Every check judges against the trace it is given -- the real A100 file, a learner's own export,
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 import toy_engine as te
-from toy_engine import kineto, practice
-from toy_engine.bench import default_workload
-from toy_engine.recorded import TRACES_DIR
+from overlap_course.traces import kineto
+from overlap_course.checks import notebooks as practice
+from overlap_course.measure.bench import default_workload
+from overlap_course.traces.recorded import TRACES_DIR
 from toy_engine.timeline import Timeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,7 +209,7 @@ def test_cuda_profiles_need_both_modes(tmp_path):
     for mode in ("serial", "zos"):
         (second / f"torch_profile_{mode}.json.gz").write_bytes(b"")
     assert kineto.cuda_profiles((first, second)) == {m: second / f"torch_profile_{m}.json.gz" for m in ("serial", "zos")}
-    assert kineto.CUDA_TRACES_DIRS[0] == REPO / "toy_engine" / "traces" / "cuda"
+    assert kineto.CUDA_TRACES_DIRS[0] == REPO / "overlap_course" / "traces" / "cuda"
 
 
 def _profile_cuda():
@@ -267,4 +268,4 @@ def test_recorded_cuda_profiles_read_and_show_the_pattern():
 
 def test_section_is_exported():
     assert {"check_idle_share", "check_idle_sync"} <= set(practice.__all__)
-    assert sys.modules["toy_engine.practice"] is practice
+    assert sys.modules["overlap_course.checks.notebooks"] is practice

@@ -1,4 +1,4 @@
-"""Every verdict recorded in the learner's home (toy_engine/progress.py), read back by
+"""Every verdict recorded in the learner's home (overlap_course/progress.py), read back by
 your_progress(), and queued for a hub's progress service without delaying the check."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from toy_engine import checkers, practice, progress
+from overlap_course.checks import exercises as checkers
+from overlap_course.checks import notebooks as practice
+from overlap_course import progress
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +42,7 @@ def _calls(path: Path) -> set[str]:
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type != "code":
             continue
-        for m in re.finditer(r"\b(?:practice|checkers)\.(check_\w+)\(([^\n]*)", cell.source):
+        for m in re.finditer(r"\bchecks\.(check_\w+)\(([^\n]*)", cell.source):
             name = re.search(r"\bname=\"(\w+)\"", m.group(2))
             found.add(f"{m.group(1)}:{name.group(1)}" if name else m.group(1))
     return found

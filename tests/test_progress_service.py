@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from toy_engine import progress_service as ps
-from toy_engine.progress import CATALOGUE
+from overlap_course import progress_service as ps
+from overlap_course.progress import CATALOGUE
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = {"notebook": "03_zos_loop", "check": "check_zos_loop", "passed": False, "category": "no_flush",
@@ -103,7 +103,7 @@ def test_the_service_runs_from_two_copied_files_without_torch(tmp_path):
     import sys
 
     for name in ("progress.py", "progress_service.py"):
-        shutil.copy(ROOT / "toy_engine" / name, tmp_path / name)
+        shutil.copy(ROOT / "overlap_course" / name, tmp_path / name)
     done = subprocess.run([sys.executable, "-c", "import sys, progress_service as ps; "
                            "print(sorted(m for m in ('torch', 'toy_engine') if m in sys.modules), "
                            "ps.validate(b'{}', 'ada')[0])"],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from toy_engine import course
+from overlap_course.build import notebooks as course
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "06_real_traces.ipynb"

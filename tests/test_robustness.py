@@ -603,14 +603,15 @@ def test_timeline_junk_gets_a_short_sentence(make, error, match):
 
 def test_a_well_formed_meta_still_loads_and_draws():
     """The meta checks of from_json accept what the engine writes."""
-    from toy_engine import viz
-    from toy_engine.machine import busy_warning
+    from overlap_course.figures import viz
+    from overlap_course.measure.machine import busy_warning
 
     tl = te.Timeline(meta={"mode": "zos"})
     tl.add("device", "forward", 0, 0.0, 1.0, cpu_ms=1.0)
     tl.meta["machine_load"] = {"cpus": 2, "wall_s": 1.0, "others_cpus": 0.1}
     good = te.Timeline.from_json(tl.to_json())
-    assert good.summary()["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
+    from overlap_course.measure.contention import contention
+    assert contention(good)["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
     viz.compare_figure({"a": good})
 
 
@@ -623,7 +624,7 @@ def test_a_well_formed_meta_still_loads_and_draws():
     (lambda viz: viz.order_figure("x" * 10**5), r"timeline must be a Timeline .*got str"),
 ])
 def test_viz_says_what_it_needs(call, match):
-    from toy_engine import viz
+    from overlap_course.figures import viz
 
     with pytest.raises(TypeError, match=match) as info:
         call(viz)

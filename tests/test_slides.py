@@ -1,4 +1,4 @@
-"""Slides built from the stored notebooks (toy_engine/slides.py) work offline.
+"""Slides built from the stored notebooks (overlap_course/build/slides.py) work offline.
 
 Builds real slides (nbconvert + the npm package reveal.js, installed once into build/) and
 checks that every script and style sheet they load is a local file that exists, that the
@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from toy_engine import slides
+from overlap_course.build import slides
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["00_start_here", "02_serial_engine"]

@@ -6,8 +6,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from toy_engine import checkers, kernels
-from toy_engine.bench import default_workload
+from overlap_course.checks import exercises as checkers
+from toy_engine import kernels
+from overlap_course.measure.bench import default_workload
 
 WORDS = ["Once upon a time", "One day", "There was a", "The little fox", "Once", "A", "She liked to"]
 

@@ -2,7 +2,7 @@
 
 A repository's notebook view, ``nbconvert --to html`` and most static viewers do not run
 Plotly's renderer, so a figure stored only as ``application/vnd.plotly.v1+json`` is blank
-there.  ``toy_engine.course`` stores a PNG (kaleido driving Chromium) beside each one; these
+there.  ``overlap_course.build.notebooks`` stores a PNG (kaleido driving Chromium) beside each one; these
 tests check that every figure has one, that the images stay within the size budget, and
 that a notebook converted to HTML with every script removed shows each figure as an image
 (in Chromium with JavaScript disabled, when Chromium and Playwright are installed).
@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from toy_engine import course
+from overlap_course.build import notebooks as course
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURE_BUDGET_BYTES = 80_000
@@ -68,7 +68,7 @@ def test_every_figure_has_a_drawn_static_image(path):
     nb = nbformat.read(path, as_version=4)
     for i, output in enumerate(course.figure_outputs(nb)):
         assert "image/png" in output.data, (f"{_rel(path)}: figure {i} has no static image: run "
-                                            f"`python -m toy_engine.course images {_rel(path)}`")
+                                            f"`python -m overlap_course.build.notebooks images {_rel(path)}`")
         image = _png(output).convert("RGB")
         assert image.width >= 600 and image.height >= 200, f"{_rel(path)}: figure {i} is {image.size}"
         # Drawn, not blank: many colours, and a good share of the pixels are not background.
@@ -117,7 +117,7 @@ def test_course_check_reports_a_figure_without_image(tmp_path):
     (tmp_path / "notebooks").mkdir()
     nbformat.write(nb, tmp_path / "notebooks" / "x.ipynb")
     problems = course.check(tmp_path)
-    assert any("without a static image" in p and "course images" in p for p in problems), problems
+    assert any("without a static image" in p and "build.notebooks images" in p for p in problems), problems
 
 
 @pytest.fixture(scope="module")

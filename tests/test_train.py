@@ -1,4 +1,4 @@
-"""Tests for toy_engine.train and the shipped checkpoint it produces."""
+"""Tests for overlap_course.train and the shipped checkpoint it produces."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.model import CHECKPOINT, load_model
-from toy_engine.train import evaluate, load_data, lr_at, main, sample_text, train
+from overlap_course.train import evaluate, load_data, lr_at, main, sample_text, train
 
 # Small enough to run in a second or two; one thread avoids oversubscription
 # slowdowns when the machine is busy (determinism holds for any fixed count).

@@ -1,4 +1,4 @@
-"""Figures drawn from timelines (toy_engine.viz): fast, no browser."""
+"""Figures drawn from timelines (overlap_course.figures.viz): fast, no browser."""
 
 import re
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("plotly")
 
 import toy_engine as te  # noqa: E402
-from toy_engine import viz  # noqa: E402
+from overlap_course.figures import viz  # noqa: E402
 from toy_engine.timeline import Span, Timeline  # noqa: E402
 
 
@@ -285,7 +285,7 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     round that ZOS saves at 0 ms host overhead), and then by no more than that extra device
     time.  The old misalignment added a forward of the round *before* the window, which
     this bound does not excuse; and such exceptions must stay rare."""
-    from toy_engine.recorded import recorded_runs, trace_name
+    from overlap_course.traces.recorded import recorded_runs, trace_name
 
     if overhead and not (viz.TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
         pytest.skip(f"no trace recorded at {overhead:g} ms host overhead is shipped yet "
@@ -375,7 +375,7 @@ def test_palette_colour_blind_safe_and_patterns_distinct():
 
 
 def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monkeypatch):
-    from toy_engine import machine
+    from overlap_course.measure import machine
 
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
     monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
@@ -596,7 +596,7 @@ def _live_bench_calls():
 
 
 def test_recorded_traces_are_the_workload_the_notebooks_compare_them_with():
-    from toy_engine.recorded import RECORDED_WORKLOAD
+    from overlap_course.traces.recorded import RECORDED_WORKLOAD
 
     for name in viz.available_traces():
         w = viz.load_trace(name).meta["recorded"]["workload"]
@@ -608,8 +608,8 @@ def test_recorded_traces_are_the_workload_the_notebooks_compare_them_with():
 
 
 def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
-    from toy_engine import bench
-    from toy_engine.recorded import recorded_runs
+    from overlap_course.measure import bench
+    from overlap_course.traces.recorded import recorded_runs
 
     for nb, *_, modes in _live_bench_calls():
         for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
@@ -623,7 +623,7 @@ def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
 
 
 def test_a_recorded_fallback_for_another_workload_says_so():
-    from toy_engine import bench
+    from overlap_course.measure import bench
 
     w = viz.load_trace("cpu_zos").meta["recorded"]["workload"]
     same = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w["requests"],

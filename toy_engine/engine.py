@@ -71,6 +71,10 @@ MAX_BATCH_SIZE = 4096
 # How long a recovering engine waits for queued device work before giving the device up;
 # a round of the shipped model takes ~10 ms on a busy 2-core machine.
 RECOVER_TIMEOUT_S = 10.0
+#: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its
+#: timeline and stats are final ("end"); the course measures the machine around runs
+#: with one.  An observer must not raise.
+RUN_OBSERVERS: list = []
 
 
 @dataclass
@@ -507,6 +511,8 @@ class Engine:
             self.scheduler.round = 0
             for req in run.requests:  # queued only once the run owns them
                 self.scheduler.add(req)
+            for observer in RUN_OBSERVERS:
+                observer(self, "start")
         start = time.perf_counter()
         try:
             if loop is not None:
@@ -525,6 +531,8 @@ class Engine:
                 run.end()
                 self.completions = [r.completion() for r in run.requests]
                 self._finish_stats(time.perf_counter() - start)
+                for observer in RUN_OBSERVERS:
+                    observer(self, "end")
         return self.completions
 
     def _ensure_ready(self) -> None:
@@ -632,7 +640,6 @@ class Engine:
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
             tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == "sample" else "",
                              cpu_ns=cpu_ns)
-        tl.finish_run()  # the contention meter's machine-load part
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
         self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)

@@ -180,7 +180,7 @@ def load_model(path=None, dtype=torch.float64) -> tuple[TinyGPT, str]:
     """Load a checkpoint (default: the shipped one). Returns (model in eval mode, alphabet)."""
     path = Path(path or CHECKPOINT)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}; train one with `python -m toy_engine.train`")
+        raise FileNotFoundError(f"no checkpoint at {path}; train one with `python -m overlap_course.train`")
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = TinyGPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["state_dict"])

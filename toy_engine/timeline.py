@@ -24,7 +24,7 @@ Design notes
   really got during it.  On the CPU stand-in the device is a process that needs a
   core; when other work takes that core, a 3 ms forward can take 6 ms of wall time
   with 3 ms of CPU.  ``wall >> CPU`` is how a figure tells "the machine was busy"
-  from "the device was idle" or "the kernel is slow" (:meth:`Timeline.contention`).
+  from "the device was idle" or "the kernel is slow" (the course's contention meter).
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .machine import cpu_snapshot
-
-__all__ = ["Span", "Timeline", "LANES", "HOST_STAGES", "DEVICE_STAGES", "PROCESS_STAGES",
-           "PREEMPTED_CPU_SHARE", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS"]
+__all__ = ["Span", "Timeline", "LANES", "HOST_STAGES", "DEVICE_STAGES", "PROCESS_STAGES"]
 
 LANES = ("host", "device")
 #: The stage names the engine records (documentation only; any non-empty string is accepted).
@@ -50,26 +47,6 @@ DEVICE_STAGES = ("upload", "correct", "forward", "sample")
 
 #: Host stages that consume a round's results (they wait for its sample event first).
 PROCESS_STAGES = ("postprocess", "flush")
-
-#: A span whose CPU time is below this share of its wall time was preempted: its
-#: process was ready to run but had no core.  (Host ``wait`` spans block on purpose and
-#: are never judged.)  Spans shorter than ``PREEMPTED_MIN_MS`` are skipped: one timer
-#: tick decides their ratio.  Measured on the shared 2-core machine of issue 12: device
-#: kernels of runs with a core to themselves got 0.94-1.00 of their wall time as CPU,
-#: with the other engineers' load (load average ~9) 0.3-0.6.
-PREEMPTED_CPU_SHARE = 0.7
-PREEMPTED_MIN_MS = 0.2
-#: A run is "busy" when its device spans, or its host work (``wait`` excluded), got less
-#: than this share of their wall time as CPU over the whole run.  Both lanes count: a
-#: run whose device kept its core (0.98) while the host loop got 0.55 still showed ZOS
-#: at x1.05 of serial instead of the ideal x1.9 (issue 12).
-BUSY_RUN_CPU_SHARE = 0.85
-#: ... or when other programs used more than this many CPUs of the machine during it
-#: (``meta["machine_load"]``, from /proc/stat).  Neither our host loop nor our device is
-#: preempted then, but they share caches and memory bandwidth: on the shared 2-core
-#: machine of issue 12 such runs showed ZOS at x0.90 of serial with both CPU shares above
-#: 0.87.  A quiet VM's background is a few hundredths of a CPU.
-BUSY_OTHERS_CPUS = 0.25
 
 _VERSION = 1
 _SPAN_FIELDS = ("lane", "stage", "round", "start_ms", "end_ms")
@@ -166,12 +143,6 @@ class Span:
             return None
         return min(1.0, self.cpu_ms / self.duration_ms)
 
-    def preempted(self, threshold: float = PREEMPTED_CPU_SHARE) -> bool:
-        """Work that was ready but got no core for a good part of its wall time."""
-        share = self.cpu_share
-        return (self.stage != "wait" and share is not None and share < threshold
-                and self.duration_ms >= PREEMPTED_MIN_MS)
-
 
 def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """Union of intervals as sorted, disjoint intervals (touching ones are joined).
@@ -200,8 +171,6 @@ class Timeline:
         self.origin_ns: int = time.perf_counter_ns() if origin_ns is None else int(origin_ns)
         self.spans: list[Span] = []
         self.meta: dict = _checked_meta(meta)
-        # A live run's start, for the machine-load part of the contention meter (finish_run).
-        self._cpu_start = cpu_snapshot() if origin_ns is None else None
 
     # -- clock ---------------------------------------------------------------
 
@@ -311,8 +280,7 @@ class Timeline:
         ``mean_device_ms_per_round`` the union of that round's device spans.
         Both are averaged over all rounds in :meth:`rounds` (a round with no
         span on a lane contributes 0).  ``wall_ms`` runs from the earliest
-        start to the latest end over both lanes.  ``device_cpu_share``,
-        ``host_cpu_share`` and ``device_preempted_*`` come from :meth:`contention`.
+        start to the latest end over both lanes.
         """
         rounds = self.rounds()
         n = len(rounds)
@@ -332,84 +300,7 @@ class Timeline:
             "device_idle_fraction": self.device_idle_fraction(),
             "mean_host_ms_per_round": host_total / n if n else 0.0,
             "mean_device_ms_per_round": device_total / n if n else 0.0,
-            # the contention meter (None where no CPU times were recorded)
-            **{k: v for k, v in self.contention().items() if k != "busy"},
         }
-
-    # -- contention ------------------------------------------------------------
-
-    def cpu_shares(self) -> dict:
-        """CPU time / wall time of device spans and of host work (``wait`` excluded).
-
-        ``wait`` blocks in ``recv`` by design, so its low share says nothing about the
-        machine.  A share is None when no span of that lane carries ``cpu_ms``.
-        """
-        out = {}
-        for lane, name in (("device", "device_cpu_share"), ("host", "host_cpu_share")):
-            spans = [s for s in self.spans if s.lane == lane and s.cpu_ms is not None and s.stage != "wait"]
-            wall = sum(s.duration_ms for s in spans)
-            out[name] = min(1.0, sum(s.cpu_ms for s in spans) / wall) if wall > 0 else None
-        return out
-
-    def busy_stretches(self, start_ms: float | None = None, end_ms: float | None = None,
-                       threshold: float = PREEMPTED_CPU_SHARE,
-                       lane: str = "device") -> list[tuple[float, float, Span]]:
-        """Spans of ``lane`` that were preempted (see :meth:`Span.preempted`), clipped to a window.
-
-        These are "machine busy", not "device idle": the work was there and ready, but
-        another process held the core.
-        """
-        lo = -math.inf if start_ms is None else start_ms
-        hi = math.inf if end_ms is None else end_ms
-        out = []
-        for s in self.lane(lane):
-            if s.preempted(threshold) and s.end_ms > lo and s.start_ms < hi:
-                out.append((max(s.start_ms, lo), min(s.end_ms, hi), s))
-        return out
-
-    def finish_run(self, device_cpu_s: float | None = None) -> None:
-        """Record in ``meta["machine_load"]`` how many CPUs other programs used during the run.
-
-        Call once when a live run ends.  Our own CPU is this process's (host loop) plus
-        ``device_cpu_s`` (default: the device spans' CPU time), the rest of the machine's
-        busy time is the others'.  Runs under 0.2 s are not judged: /proc/stat counts in
-        10 ms ticks.
-        """
-        if self._cpu_start is None:
-            return
-        end = cpu_snapshot()
-        if end is None:
-            return
-        wall_s = (time.perf_counter_ns() - self.origin_ns) / 1e9
-        if device_cpu_s is None:
-            device_cpu_s = sum(s.cpu_ms or 0.0 for s in self.spans if s.lane == "device") / 1e3
-        ours = end[1] - self._cpu_start[1] + device_cpu_s
-        others = max(0.0, end[0] - self._cpu_start[0] - ours)
-        self.meta["machine_load"] = dict(cpus=end[2], wall_s=round(wall_s, 4),
-                                         others_cpus=round(others / wall_s, 3) if wall_s >= 0.2 else None)
-
-    def contention(self) -> dict:
-        """The run's contention meter: CPU shares, preempted device time, and a verdict.
-
-        ``device_preempted_ms`` / ``host_preempted_ms`` are wall time minus CPU time summed
-        over the lane's preempted spans (what the machine took away); ``others_cpus`` how
-        many CPUs other programs used meanwhile (None: not measured).  ``busy`` is True when
-        the device's or the host's CPU share over the run is below
-        :data:`BUSY_RUN_CPU_SHARE`, or others used more than :data:`BUSY_OTHERS_CPUS`.
-        Without CPU times (CUDA, old traces) ``busy`` is None: unknown, not "quiet".
-        """
-        shares = self.cpu_shares()
-        lost = {lane: sum(s.duration_ms - s.cpu_ms for s in self.spans if s.lane == lane and s.preempted())
-                for lane in LANES}
-        busy_ms = self.device_busy_ms()
-        known = [v for v in shares.values() if v is not None]
-        others = self.meta.get("machine_load", {}).get("others_cpus")
-        busy = None
-        if known:
-            busy = min(known) < BUSY_RUN_CPU_SHARE or (others is not None and others > BUSY_OTHERS_CPUS)
-        return dict(shares, device_preempted_ms=lost["device"],
-                    device_preempted_fraction=lost["device"] / busy_ms if busy_ms > 0 else 0.0,
-                    host_preempted_ms=lost["host"], others_cpus=others, busy=busy)
 
     # -- aligned windows -----------------------------------------------------
 

@@ -35,7 +35,8 @@ RESTART_WITHIN_S = 90.0    # the hub polls a managed service every 30 s, then re
 
 _RUN_CHECK = """
 import time
-from toy_engine import checkers, progress
+from overlap_course.checks import exercises as checkers
+from overlap_course import progress
 t0 = time.perf_counter()
 verdict = checkers.check_metadata_answer(%s)
 took_ms = (time.perf_counter() - t0) * 1000
@@ -51,7 +52,7 @@ def service_config(port: int, python: str, db, guide, instructor_group: str = "i
 c.JupyterHub.services.append({{
     "name": {SERVICE!r},
     "url": "http://127.0.0.1:{port}",
-    "command": [{python!r}, "-m", "toy_engine.progress_service", "--db", {str(db)!r},
+    "command": [{python!r}, "-m", "overlap_course.progress_service", "--db", {str(db)!r},
                 "--guide-file", {str(guide)!r}, "--instructors", {instructor_group!r}],
     "oauth_no_confirm": True,
 }})
@@ -210,7 +211,7 @@ def refusals_and_restart(browser, hub: dict, learners: list[str]) -> dict:
     import psutil
 
     procs = [p for p in psutil.process_iter(["cmdline"])
-             if "toy_engine.progress_service" in " ".join(p.info["cmdline"] or [])
+             if "overlap_course.progress_service" in " ".join(p.info["cmdline"] or [])
              and hub["progress"]["db"] in " ".join(p.info["cmdline"] or [])]
     assert len(procs) == 1, [p.info["cmdline"] for p in procs]
     old_pid = procs[0].pid

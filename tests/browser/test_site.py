@@ -26,7 +26,7 @@ from urllib.parse import unquote, urljoin, urlparse
 import nbformat
 import pytest
 
-from toy_engine import course
+from overlap_course.build import notebooks as course
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"

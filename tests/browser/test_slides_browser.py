@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toy_engine import slides
+from overlap_course.build import slides
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"

@@ -37,7 +37,7 @@ VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--Map
 
 def _view_switch_option() -> str | None:
     """The label of the explorer's "order" view option, if its widgets offer one."""
-    from toy_engine import viz
+    from overlap_course.figures import viz
 
     explorer = viz.TimelineExplorer()
     try:

@@ -7,7 +7,7 @@ checker cell (``checkers.check_...(...)``) is a locked *autograded test* worth
 (``course.py`` drops the metadata when it renders them), so self-paced learners see nothing of
 this.  An instructor who grades with nbgrader::
 
-    python -m toy_engine.grading course COURSE_DIR     # nbgrader's layout + nbgrader_config.py
+    python -m overlap_course.build.grading course COURSE_DIR     # nbgrader's layout + nbgrader_config.py
     cd COURSE_DIR
     nbgrader generate_assignment 02_serial_loop        # release/: the learner's version
     # ... collect submissions into submitted/<student>/02_serial_loop/ ...
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
 GRADING_ENV = "OVERLAP_GRADING"
 # Points per check: the exercise's graded checker cells, by the check each calls.
@@ -54,12 +54,12 @@ GRADED_CALLS = {
 }
 
 NBGRADER_CONFIG = '''\
-# nbgrader configuration for "Overlap the Pipeline" (written by `python -m toy_engine.grading course`).
+# nbgrader configuration for "Overlap the Pipeline" (written by `python -m overlap_course.build.grading course`).
 c = get_config()  # noqa
 c.CourseDirectory.course_id = "overlap-the-pipeline"
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 # The checkers' verdicts raise under grading, so a check that did not pass scores 0 (see
-# toy_engine/grading.py); without this line every check would get full points.
+# overlap_course/build/grading.py); without this line every check would get full points.
 c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=['import os; os.environ[\\\\'{env}\\\\'] = \\\\'1\\\\'']"]
 c.Execute.timeout = 300          # a checker runs the engine: several seconds on a busy machine
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}}
@@ -126,7 +126,7 @@ def check(root: Path = ROOT) -> list[str]:
         want = expected_metadata(path.stem, nb)
         if [c.metadata.get("nbgrader") for c in nb.cells] != want:
             problems.append(f"{path.relative_to(root)}: nbgrader metadata out of date: run "
-                            f"`python -m toy_engine.grading annotate`")
+                            f"`python -m overlap_course.build.grading annotate`")
         graded = {m["grade_id"] for m in want if m and m["grade"]}
         if graded != set(POINTS.get(path.stem, {})):
             problems.append(f"{path.relative_to(root)}: graded checks {sorted(graded)}, POINTS lists "

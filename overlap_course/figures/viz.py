@@ -46,14 +46,15 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from .recorded import TRACES_DIR, recorded_label, recorded_runs, trace_name
-from .figure_config import configure_renderers, plotly_config
-from .machine import busy_warning
-from .timeline import PROCESS_STAGES, Span, Timeline
-from .validate import check_int, shown
+from overlap_course.traces.recorded import TRACES_DIR, recorded_label, recorded_runs, trace_name
+from overlap_course.figures.config import configure_renderers, plotly_config
+from overlap_course.measure.contention import busy_stretches, contention, cpu_shares, preempted
+from overlap_course.measure.machine import busy_warning
+from toy_engine.timeline import PROCESS_STAGES, Span, Timeline
+from toy_engine.validate import check_int, shown
 
 __all__ = ["STAGE_COLORS", "timeline_figure", "compare_figure", "order_figure", "issued_order",
-           "save_html", "load_trace", "available_traces", "TimelineExplorer"]
+           "save_html", "load_trace", "available_traces", "default_first_round", "TimelineExplorer"]
 
 #: Fixed stage colours (Okabe-Ito, plus lighter tints of it).  Host control work is
 #: green, launches yellow, waiting pale grey, result processing orange / vermillion,
@@ -185,7 +186,7 @@ def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dic
     context = sorted((s for s in timeline.spans
                       if s.round not in wanted and s.end_ms > t0 and s.start_ms < t1),
                      key=lambda s: (s.start_ms, s.end_ms))
-    busy = [b for lane in ("device", "host") for b in timeline.busy_stretches(t0, t1, lane=lane)] if owned else []
+    busy = [b for lane in ("device", "host") for b in busy_stretches(timeline, t0, t1, lane=lane)] if owned else []
     return dict(first=first, last=last, spans=inside, context=context, t0=t0, t1=t1,
                 gaps=gaps, idle_ms=idle, idle_fraction=idle / (t1 - t0) if t1 > t0 else 0.0,
                 busy=busy, busy_ms=sum(b - a for a, b, _ in busy), links=_links(inside))
@@ -196,7 +197,7 @@ def _cpu_text(span: Span) -> str:
     if share is None:
         return "CPU share not measured"
     text = f"CPU {span.cpu_ms:.3f} ms = {share:.0%} of wall"
-    if span.preempted():
+    if preempted(span):
         text += " — <b>preempted: the machine was busy</b>"
     elif span.lane == "host" and span.stage == "wait":
         text += " (blocked on the event: low CPU is expected)"
@@ -385,7 +386,7 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     or ``meta["stats"]`` of a recorded trace), tokens/s.
 
     With ``fallback`` (the default), when a live run was busy or fewer than 2 CPUs are
-    usable (:func:`toy_engine.machine.busy_warning`), the warning is printed and put in
+    usable (:func:`overlap_course.measure.machine.busy_warning`), the warning is printed and put in
     the title, and the recorded quiet-machine runs are added as extra rows labelled
     RECORDED with their machine, date and commit.
     """
@@ -407,7 +408,7 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     if fallback:
         live = {label: tl for label, tl, _ in rows if "recorded" not in tl.meta}
         devices = {tl.meta.get("device") for tl in live.values()}
-        if live and any(tl.cpu_shares()["device_cpu_share"] is not None for tl in live.values()):
+        if live and any(cpu_shares(tl)["device_cpu_share"] is not None for tl in live.values()):
             warning = busy_warning(live, cuda=devices.isdisjoint({"cpu-process", None}))
         if warning:
             overhead = max(tl.meta.get("host_overhead_ms", 0.0) for tl in live.values())
@@ -423,9 +424,9 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
         win = _window(timeline, first, num_rounds)
         parts = [f"<b>{html.escape(label)}</b>", _window_title(win),
                  f"run decode idle {_run_idle(timeline, stats):.1%}"]
-        share = timeline.cpu_shares()["device_cpu_share"]
+        share = cpu_shares(timeline)["device_cpu_share"]
         if share is not None:
-            parts.append(f"device CPU share {share:.0%}" + (" (BUSY)" if timeline.contention()["busy"] else ""))
+            parts.append(f"device CPU share {share:.0%}" + (" (BUSY)" if contention(timeline)["busy"] else ""))
         if stats and "tokens_per_s" in stats:
             parts.append(f"{stats['tokens_per_s']:.0f} tok/s")
         wins.append(win)
@@ -651,7 +652,7 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
                         line=dict(color=["#5a2000" if stage == "flush" else "rgba(0,0,0,0.5)" for b in blocks],
                                   width=[2.5 if stage == "flush" else 0.8 for b in blocks]),
                         pattern=dict(shape=[PATTERNS["flush"] if stage == "flush"
-                                            else PATTERNS["busy"] if b["span"].preempted() else ""
+                                            else PATTERNS["busy"] if preempted(b["span"]) else ""
                                             for b in blocks],
                                      fgcolor="rgba(255,255,255,0.85)" if stage == "flush" else "rgba(0,0,0,0.6)",
                                      size=7)),
@@ -835,15 +836,15 @@ class TimelineExplorer:
     # -- engine -------------------------------------------------------------
 
     def _config(self):
-        from .engine import EngineConfig
+        from toy_engine.engine import EngineConfig
 
         return EngineConfig(mode=self.mode.value, device=self.device_kind, max_batch_size=self.batch_size.value,
                             num_draft_tokens=self.drafts.value, host_overhead_ms=float(self.host_overhead.value))
 
     def _load_model(self):
         if self._model is None:
-            from .data import CharTokenizer
-            from .model import GPTConfig, TinyGPT, load_model
+            from toy_engine.data import CharTokenizer
+            from toy_engine.model import GPTConfig, TinyGPT, load_model
 
             try:
                 self._model, alphabet = load_model()
@@ -856,7 +857,7 @@ class TimelineExplorer:
 
     def _get_engine(self):
         """The engine for the current controls: reused if unchanged, else replaced."""
-        from .engine import Engine
+        from toy_engine.engine import Engine
 
         config = self._config()
         key = (config.mode, config.device, config.max_batch_size, config.num_draft_tokens, config.host_overhead_ms)
@@ -873,7 +874,7 @@ class TimelineExplorer:
 
     def prompts(self) -> list[str]:
         """The fixed, mixed-length workload (the benchmark's), ``num_requests`` long."""
-        from .bench import default_workload
+        from overlap_course.measure.bench import default_workload
 
         return default_workload(self.num_requests.value)
 

@@ -1,4 +1,4 @@
-"""The recorded quiet-machine traces shipped in ``toy_engine/traces/``.
+"""The recorded quiet-machine traces shipped in ``overlap_course/traces/``.
 
 They are the honest fallback of every live comparison: when this machine is busy (or
 has fewer than 2 usable CPUs), the bench and the notebooks show these beside the live
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .timeline import Timeline
+from toy_engine.timeline import Timeline
 
 import re
 
 __all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "trace_name", "recorded_runs", "recorded_label"]
 
-TRACES_DIR = Path(__file__).parent / "traces"
+TRACES_DIR = Path(__file__).parent
 
 #: The workload the traces are recorded with: the one the notebooks' live comparisons run
 #: (03b, 04 and 05 benchmark 8 requests x 48 new tokens at batch 8), so that a RECORDED row

@@ -1,9 +1,9 @@
 """Build the course's exercise and solution notebooks from one source (nbgrader-style).
 
-    python -m toy_engine.course build      # source/ -> exercises/ + solutions/, then execute
-    python -m toy_engine.course check      # are exercises/ and solutions/ up to date?
-    python -m toy_engine.course execute notebooks/03a_zos_order.ipynb ...
-    python -m toy_engine.course images notebooks/03a_zos_order.ipynb ...   # redraw static figures only
+    python -m overlap_course.build.notebooks build      # source/ -> exercises/ + solutions/, then execute
+    python -m overlap_course.build.notebooks check      # are exercises/ and solutions/ up to date?
+    python -m overlap_course.build.notebooks execute notebooks/03a_zos_order.ipynb ...
+    python -m overlap_course.build.notebooks images notebooks/03a_zos_order.ipynb ...   # redraw static figures only
 
 In ``source/*.ipynb`` a solution is written between marker lines::
 
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
@@ -108,10 +108,10 @@ def check(root: Path = ROOT) -> list[str]:
         source_nb = nbformat.read(src, as_version=4)
         for path, keep in ((ex, False), (sol, True)):
             if not path.exists():
-                problems.append(f"{path.relative_to(root)} is missing: run `python -m toy_engine.course build`")
+                problems.append(f"{path.relative_to(root)} is missing: run `python -m overlap_course.build.notebooks build`")
             elif _sources(nbformat.read(path, as_version=4)) != _sources(render(source_nb, keep)):
                 problems.append(f"{path.relative_to(root)} is out of date with {src.relative_to(root)}: "
-                                f"run `python -m toy_engine.course build`")
+                                f"run `python -m overlap_course.build.notebooks build`")
     for path in stored_notebooks(root):
         nb = nbformat.read(path, as_version=4)
         if "widgets" in nb.metadata:
@@ -121,9 +121,9 @@ def check(root: Path = ROOT) -> list[str]:
         missing = sum("image/png" not in o.data for o in figure_outputs(nb))
         if missing:
             problems.append(f"{path.relative_to(root)} has {missing} Plotly figure(s) without a static image: run "
-                            f"`python -m toy_engine.course images {path.relative_to(root)}`")
+                            f"`python -m overlap_course.build.notebooks images {path.relative_to(root)}`")
         if any(c.cell_type == "code" and c.source.strip() and c.execution_count is None for c in nb.cells):
-            problems.append(f"{path.relative_to(root)} has unexecuted cells: run `python -m toy_engine.course "
+            problems.append(f"{path.relative_to(root)} has unexecuted cells: run `python -m overlap_course.build.notebooks "
                             f"execute {path.relative_to(root)}`")
     return problems
 

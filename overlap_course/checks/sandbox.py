@@ -24,7 +24,9 @@ import types
 import toy_engine
 
 TIME_LIMIT_S = 30.0
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(toy_engine.__file__))
+# The engine and the course are never the learner's code.
+_PACKAGE_DIRS = (os.path.dirname(os.path.abspath(toy_engine.__file__)),
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
@@ -55,7 +57,7 @@ def absorb_time_up() -> None:
 def _is_learners(filename: str) -> bool:
     """Code that is neither the toy's nor a library's: a notebook cell, an exercise, a test corpus."""
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    return not (path.startswith(_PACKAGE_DIR) or path.startswith(_LIBRARY_DIRS))
+    return not (path.startswith(_PACKAGE_DIRS) or path.startswith(_LIBRARY_DIRS))
 
 
 def start_time_limit(seconds: float = TIME_LIMIT_S) -> None:
@@ -92,8 +94,7 @@ def _public_state(module: types.ModuleType) -> dict:
 
 def _toy_modules() -> list[types.ModuleType]:
     return [m for name, m in sorted(sys.modules.items())
-            if m is not None and (name == "toy_engine" or name.startswith("toy_engine."))
-            and name.rsplit(".", 1)[-1] not in ("checkers", "practice", "sandbox")]
+            if m is not None and (name == "toy_engine" or name.startswith("toy_engine."))]
 
 
 class Pristine:

@@ -1,7 +1,7 @@
 """Slides from the course notebooks, for projecting in a workshop: works offline.
 
-    python -m toy_engine.slides                 # every notebook -> build/slides/*.slides.html
-    python -m toy_engine.slides notebooks/02_serial_engine.ipynb --out /tmp/s
+    python -m overlap_course.build.slides                 # every notebook -> build/slides/*.slides.html
+    python -m overlap_course.build.slides notebooks/02_serial_engine.ipynb --out /tmp/s
 
 The slides are nbconvert's reveal.js export of the *stored* notebooks (outputs as tested by
 nbval), with three changes that make them work in a room without internet:
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import nbformat
 
-from .figure_config import plotly_config
+from overlap_course.figures.config import plotly_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REVEAL_VERSION = "5.2.1"
 TEMPLATE = Path(__file__).with_name("slides.html.j2")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"

@@ -1,4 +1,4 @@
-"""Train the shipped TinyGPT checkpoint: ``python -m toy_engine.train``.
+"""Train the shipped TinyGPT checkpoint: ``python -m overlap_course.train``.
 
 The defaults reproduce ``toy_engine/checkpoints/tiny_gpt.pt`` in a few minutes on
 two CPU cores.  The choices, briefly:
@@ -32,8 +32,8 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from .data import ALPHABET, CharTokenizer, corpus_token_stream, generate_corpus, split_train_val
-from .model import CHECKPOINT, GPTConfig, TinyGPT, save_checkpoint
+from toy_engine.data import ALPHABET, CharTokenizer, corpus_token_stream, generate_corpus, split_train_val
+from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT, save_checkpoint
 
 VAL_FRACTION = 0.05
 

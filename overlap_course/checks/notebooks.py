@@ -23,8 +23,8 @@ from collections import defaultdict
 
 import torch
 
-from .checkers import Verdict
-from .stats import ideal_ratio
+from overlap_course.checks.exercises import Verdict
+from toy_engine.stats import ideal_ratio
 
 __all__ = [
     "check_done_after_wait", "check_race", "check_race_fixed",
@@ -255,7 +255,7 @@ def _parse_order(order) -> tuple[list[str] | None, str | None]:
 def _run_order(steps: list[str], device) -> tuple[str | None, int | None, int]:
     """Run the steps on the real device with its race checker.  Returns
     (the race report or None, the value of the last read, the value the kernel writes)."""
-    from .device import RaceError
+    from toy_engine.device import RaceError
 
     value, events, read = next(_ANSWER_IDS), [], None
     try:
@@ -775,7 +775,7 @@ def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
     """Predict (03b): ``input_ids`` and ``pending`` of a decode round the ZOS host prepared
     while the previous round was in flight (``meta``: the captured metadata of that round;
     ``serial_meta``: the same round of the serial run, to recognise its real ids)."""
-    from .kernels import FROM_DEVICE
+    from toy_engine.kernels import FROM_DEVICE
 
     if input_ids is None or pending is None:
         return _unanswered("set `input_ids` and `pending` to lists, one value per request "
@@ -1117,7 +1117,7 @@ _CALL_SUFFIX = ("()", "_v2")
 
 def _trace_figures(trace, what):
     """(KinetoTrace, its summary) or a Verdict saying what is wrong with ``trace``."""
-    from . import kineto
+    from overlap_course.traces import kineto
 
     try:
         parsed = trace if isinstance(trace, kineto.KinetoTrace) else kineto.KinetoTrace(trace)
@@ -1128,7 +1128,7 @@ def _trace_figures(trace, what):
 
 def check_idle_share(answer, trace) -> Verdict:
     """Predict (06): the share of the trace's device span (first to last event on a GPU stream)
-    in which no device work runs -- HTA's idle, :func:`toy_engine.kineto.summary`'s
+    in which no device work runs -- HTA's idle, :func:`overlap_course.traces.kineto.summary`'s
     ``device_idle_fraction``.  A fraction (0.8) or a percentage (80); within 10 points passes,
     since it is read off a figure."""
     if answer is None:
@@ -1183,9 +1183,9 @@ def _call_name(answer: str) -> str:
 def check_idle_sync(answer, trace) -> Verdict:
     """Your turn (06): name the host call after which the device sat idle longest -- the
     blocking ``...Synchronize`` call charged with the most idle time by
-    :func:`toy_engine.kineto.idle_after_syncs` (the gaps in which it returned).  Judged on the
+    :func:`overlap_course.traces.kineto.idle_after_syncs` (the gaps in which it returned).  Judged on the
     trace given: the real A100 file, or the learner's own exported run."""
-    from . import kineto
+    from overlap_course.traces import kineto
 
     if answer is None:
         return _unanswered("set `culprit` to the host call's name, as a string")
@@ -1244,5 +1244,5 @@ def _is_sync_name(name: str) -> bool:
     return "synchronize" in name.lower()
 
 
-from .progress import record_all  # noqa: E402  (issue 27: every verdict recorded, toy_engine/progress.py)
+from overlap_course.progress import record_all  # noqa: E402  (issue 27: every verdict recorded, overlap_course/progress.py)
 record_all(globals(), __all__)

@@ -1,7 +1,7 @@
 """Serial vs ZOS (and speculative variants) on one workload, side by side, in one process.
 
-    python -m toy_engine.bench            # a table
-    python -m toy_engine.bench --json     # the same numbers as JSON
+    python -m overlap_course.measure.bench            # a table
+    python -m overlap_course.measure.bench --json     # the same numbers as JSON
 
 Each mode gets its own engine (start-up is not timed) and one warm-up run; then the
 modes run in turn, ``--repeats`` times, so slow phases of a shared machine hit all
@@ -13,7 +13,7 @@ On the CPU stand-in the "device" is a process that needs a core of its own, so a
 machine can shrink or even invert the measured gain.  Every run therefore carries the
 contention meter (the device's CPU share, ``Timeline.contention``); when a run was busy,
 or fewer than 2 CPUs are usable, the table says so and prints the comparison recorded on
-a quiet machine (``toy_engine/traces``), labelled with where, when and at which commit.
+a quiet machine (``overlap_course/traces``), labelled with where, when and at which commit.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import json
 import statistics
 import sys
 
-from . import machine
-from .data import generate_corpus
-from .engine import Engine, EngineConfig
-from .recorded import recorded_label, recorded_runs
-from .stats import ideal_ratio
+from overlap_course.measure import machine
+from toy_engine.data import generate_corpus
+from toy_engine.engine import Engine, EngineConfig
+from overlap_course.traces.recorded import recorded_label, recorded_runs
+from toy_engine.stats import ideal_ratio
+
+from .contention import contention
 
 COLUMNS = [
     ("tokens_per_s", "tok/s", "{:.0f}"),
@@ -96,7 +98,8 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
         for _ in range(repeats):
             for mode, engine in engines.items():
                 outs = engine.generate(prompts, **kw)
-                runs[mode].append(dict(engine.stats))
+                meter = {k: v for k, v in contention(engine.timeline).items() if k != "busy"}
+                runs[mode].append(dict(engine.stats, **meter))
                 outputs[mode] = [c.token_ids for c in outs]
         device_name = next(iter(engines.values())).device.name
     finally:

@@ -43,7 +43,7 @@ ENV_URL = "OVERLAP_PROGRESS_URL"    # the room's service, e.g. http://hub:8000/s
 SERVICE_NAME = "course-progress"
 MAX_BODY_BYTES = 16 * 1024         # what the service accepts per verdict
 SEND_TIMEOUT_S = 5.0
-ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (toy_engine/grading.py)
+ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (overlap_course/build/grading.py)
 
 # Every checked cell of the course, by notebook (the file's stem): what the service accepts.
 # A check used by two notebooks belongs to the first that lists it unless the kernel's notebook

@@ -39,8 +39,8 @@ read from its source, so that the numbers can be checked against it):
   ``engine.stats["device_idle_fraction"]`` (:meth:`Timeline.device_idle_fraction`).
 
 Plain Python (json, gzip): no torch, pandas, plotly or HTA is imported here; ``toy_engine``
-itself never imports this module.  Command line: ``python -m toy_engine.kineto summary
-FILE`` and ``python -m toy_engine.kineto export OUT.json [STORED]`` (``./run.sh trace ...``).
+itself never imports this module.  Command line: ``python -m overlap_course.traces.kineto summary
+FILE`` and ``python -m overlap_course.traces.kineto export OUT.json [STORED]`` (``./run.sh trace ...``).
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .timeline import PROCESS_STAGES, Span, Timeline
+from toy_engine.timeline import PROCESS_STAGES, Span, Timeline
 
 __all__ = ["REAL_TRACES_DIR", "real_traces", "read_trace", "KinetoTrace", "summary", "to_timeline",
            "export", "kineto_events", "main", "KERNEL_WAIT_US", "DEFAULT_STREAM", "idle_after_syncs",
            "host_syncs", "SYNC_EVENT_CALLS", "CUDA_TRACES_DIRS", "cuda_profiles", "side_by_side"]
 
 #: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
-REAL_TRACES_DIR = Path(__file__).parent / "traces" / "a100"
+REAL_TRACES_DIR = Path(__file__).parent / "a100"
 
 #: Kineto's categories of device work, and the course stage each becomes.
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
@@ -435,7 +435,7 @@ def side_by_side(traces: dict) -> str:
 
 #: Where the lesson (notebook 06) looks for torch.profiler traces of the CUDA engine, in order:
 #: shipped ones, then what ``scripts/gpu_check.sh`` (``scripts/profile_cuda.py``) just wrote.
-CUDA_TRACES_DIRS = (Path(__file__).parent / "traces" / "cuda", Path(__file__).resolve().parent.parent / "artifacts" / "gpu")
+CUDA_TRACES_DIRS = (Path(__file__).parent / "cuda", Path(__file__).resolve().parents[2] / "artifacts" / "gpu")
 
 
 def cuda_profiles(dirs=CUDA_TRACES_DIRS) -> dict[str, Path]:
@@ -734,7 +734,7 @@ def export(timeline: Timeline, path=None, *, name: str | None = None, stream: in
 
 def _load_timeline(source: str) -> Timeline:
     """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``)."""
-    from .recorded import TRACES_DIR
+    from overlap_course.traces.recorded import TRACES_DIR
     path = Path(source)
     if not path.exists() and (TRACES_DIR / f"{source}.json").is_file():
         path = TRACES_DIR / f"{source}.json"
@@ -742,8 +742,8 @@ def _load_timeline(source: str) -> Timeline:
 
 
 def _record(mode: str, args) -> Timeline:
-    from .bench import default_workload  # the engine (torch) only when recording
-    from .engine import Engine, EngineConfig
+    from overlap_course.measure.bench import default_workload  # the engine (torch) only when recording
+    from toy_engine.engine import Engine, EngineConfig
     config = EngineConfig(mode=mode, device=args.device, host_overhead_ms=args.host_overhead_ms)
     with Engine(config) as engine:
         engine.generate(default_workload(args.prompts), max_new_tokens=args.max_new_tokens)
@@ -757,7 +757,7 @@ def _out_path(out: Path, mode: str) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m toy_engine.kineto",
+    p = argparse.ArgumentParser(prog="python -m overlap_course.traces.kineto",
                                 description="PyTorch-profiler (Kineto) traces: measure one, or export course runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="device idle overall and per stream, as JSON")

@@ -191,19 +191,20 @@ def _listed(values: dict, fmt: str, lowest: bool) -> str:
 def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
-    ``runs`` maps a label to a run's stats (``engine.stats``, or ``Timeline.summary()``),
+    ``runs`` maps a label to a run's stats (a dict with the contention meter's keys, or a ``Timeline``),
     to a :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A
     run is busy when its device process or its host loop got less than
     ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held the core it was
     ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs is a warning by
     itself.  CUDA runs do not share the host's cores: never busy here.
     """
-    from .timeline import BUSY_RUN_CPU_SHARE, Timeline
+    from toy_engine.timeline import Timeline
+
+    from .contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, contention
 
     if cuda:
         return None
     report = machine_report()
-    from .timeline import BUSY_OTHERS_CPUS
 
     low = {"device": {}, "host": {}}
     others = {}
@@ -211,7 +212,7 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
         if isinstance(run, tuple):
             timeline, stats = run
             run = stats if stats and stats.get("device_cpu_share") is not None else timeline
-        stats = run.summary() if isinstance(run, Timeline) else run
+        stats = contention(run) if isinstance(run, Timeline) else run
         for lane in low:
             share = stats.get(f"{lane}_cpu_share")
             if share is not None and share < BUSY_RUN_CPU_SHARE:

@@ -30,15 +30,20 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import kernels, progress
-from .device import DeviceError, RaceError
-from .data import CharTokenizer
-from .engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
-from .kernels import FROM_DEVICE
-from .model import load_model
-from .timeline import Timeline
-from .record import Commit, Free, Launch, Refused, Schedule, Wait
-from .sandbox import TIME_LIMIT_S, Pristine, TimeUp, absorb_time_up, restored_note, start_time_limit
+from toy_engine import kernels
+from overlap_course import progress
+from toy_engine.device import DeviceError, RaceError
+from toy_engine.data import CharTokenizer
+from toy_engine.engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
+from toy_engine.kernels import FROM_DEVICE
+from toy_engine.model import load_model
+from toy_engine.timeline import Timeline
+from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
+from overlap_course.checks.sandbox import TIME_LIMIT_S, Pristine, TimeUp, absorb_time_up, restored_note, start_time_limit
+
+__all__ = ["Verdict", "close_engines", "check_serial_loop", "check_zos_loop", "check_idle_fraction",
+           "worked_case", "check_correction", "check_metadata_answer", "expected_three_rounds",
+           "check_three_rounds", "check_process_outputs"]
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24

@@ -1,9 +1,9 @@
 """A one-page "three rounds" handout for workshops: serial vs ZOS, drawn from recorded traces.
 
-    python -m toy_engine.handout            # -> build/handout/three_rounds.html and .pdf
+    python -m overlap_course.build.handout            # -> build/handout/three_rounds.html and .pdf
 
 The page shows rounds 0-2 of the shipped quiet-machine traces (``traces/cpu_serial.json``,
-``traces/cpu_zos.json``) in the order view (:func:`toy_engine.viz.order_figure`), the ZOS
+``traces/cpu_zos.json``) in the order view (:func:`overlap_course.figures.viz.order_figure`), the ZOS
 run's last round with its flush, a few lines on how to read them, and numbers computed
 from the same traces.  Rounds 0-2 rather than a steady-state window because they hold
 both rules a learner must see: the prefill round processed in its own pass, the decode
@@ -12,14 +12,14 @@ rounds deferred to the next one.
 Under the two order views a strip shows a real GPU trace to scale: the A100 event-sync trace
 shipped in ``traces/a100/`` (a PyTorch-profiler trace from HTA's MIT-licensed test data, with
 its provenance line), where the GPU idles after a host sync as the serial loop's device idles
-after its wait; its numbers come from :mod:`toy_engine.kineto` on the same file.
+after its wait; its numbers come from :mod:`overlap_course.traces.kineto` on the same file.
 
 The page is A4 *landscape*: an order view of three rounds is ~45 blocks side by side, each
 needing ~15 px for its vertical label, so the figures want width; in portrait they would
 be shrunk to ~70 % and their labels would print below 5 pt.
 
 Figures are SVG drawn by kaleido with the Chromium that draws the notebooks' static images
-(:func:`toy_engine.course.render_images`), embedded as ``data:`` URIs, so the page needs
+(:func:`overlap_course.build.notebooks.render_images`), embedded as ``data:`` URIs, so the page needs
 no network and prints as vectors; the same Chromium prints the PDF (``--print-to-pdf``),
 and the page's CSS ``@page`` rule sets the paper.
 """
@@ -37,11 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import course, kineto, viz
-from .recorded import recorded_label
-from .timeline import Timeline
+from overlap_course.build import notebooks as course
+from overlap_course.traces import kineto
+from overlap_course.figures import viz
+from overlap_course.traces.recorded import recorded_label
+from toy_engine.timeline import Timeline
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "build" / "handout"
 FIRST_ROUND, NUM_ROUNDS = 0, 3
 # Figure sizes in CSS px (1/96 in), so the SVGs are drawn at the size they print:
@@ -75,7 +77,7 @@ def numbers(timeline: Timeline) -> dict:
 
 
 def real_numbers(name: str = REAL_TRACE) -> dict:
-    """What the handout states about the real trace, from :mod:`toy_engine.kineto` on its file."""
+    """What the handout states about the real trace, from :mod:`overlap_course.traces.kineto` on its file."""
     s, after = kineto.summary(name), kineto.idle_after_syncs(name)
     gap = max(after["gaps"], key=lambda g: g["idle_us"])
     readme = (kineto.REAL_TRACES_DIR / "README.md").read_text()
@@ -174,7 +176,7 @@ def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
 <body><div class="page">
 <header>
 <h1>Three rounds of the toy engine: serial loop vs zero-overhead scheduling (ZOS)</h1>
-<div class="source" id="provenance">Recorded traces <code>toy_engine/traces/cpu_serial.json</code>
+<div class="source" id="provenance">Recorded traces <code>overlap_course/traces/cpu_serial.json</code>
 and <code>cpu_zos.json</code>: {html.escape(where)};
 {work.get('requests', '?')} requests × {work.get('max_new_tokens', '?')} new tokens, device = a CPU process
 ({html.escape(str(serial.meta.get('device')))}), written by <code>{html.escape(rec.get('command', '?'))}</code>.
@@ -192,7 +194,7 @@ row) is idle <span id="real-idle">{real['idle']:.1%}</span> of {real['span_us']:
 <span id="real-gap">{real['gap_us']:.0f} µs</span>, follows <span id="real-sync">{html.escape(str(real['gap_sync']))}</span>
 (the host reading a GPU value), as the serial loop's device idles after its wait.</span></figcaption>
 {_img(svgs[3], f"the real trace {real['file']} to scale")}
-<div class="source" id="real-provenance"><code>toy_engine/traces/a100/{html.escape(real['file'])}</code>: recorded on an
+<div class="source" id="real-provenance"><code>overlap_course/traces/a100/{html.escape(real['file'])}</code>: recorded on an
 {html.escape(real['device'])} with torch.profiler by the authors of HTA (test data of
 facebookresearch/HolisticTraceAnalysis, commit {html.escape(real['commit'])}, MIT license); idle as HTA counts it,
 <code>./run.sh trace summary</code>; notebook 06.</div></figure>

@@ -6,7 +6,7 @@ The hub starts it from its config (a *managed* service, ``/services/course-progr
     c.JupyterHub.services = [{
         "name": "course-progress",
         "url": "http://127.0.0.1:10101",
-        "command": ["python", "-m", "toy_engine.progress_service", "--db", "/srv/course-progress.sqlite"],
+        "command": ["python", "-m", "overlap_course.progress_service", "--db", "/srv/course-progress.sqlite"],
         "oauth_no_confirm": True,
     }]
 
@@ -14,7 +14,7 @@ The hub starts it from its config (a *managed* service, ``/services/course-progr
 JupyterHub and The Littlest JupyterHub.)  Routes, under the service's prefix:
 
 ``POST api/verdicts``
-    one verdict from a learner's kernel (``toy_engine/progress.py`` sends it), authenticated
+    one verdict from a learner's kernel (``overlap_course/progress.py`` sends it), authenticated
     with the learner's own hub token in the ``Authorization`` header.  The learner is whoever
     the hub says the token belongs to: a body naming a user is refused.  The body is JSON,
     at most 16 KB: ``notebook`` and ``check`` from the course's catalogue, ``passed`` (bool),

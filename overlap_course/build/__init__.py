@@ -1,0 +1,1 @@
+"""Building the course: exercises from source/, notebook execution, slides, handout, nbgrader."""

@@ -1,0 +1,124 @@
+"""Issue 22's guards: the engine a learner reads stays small and never depends on the course.
+
+``toy_engine/`` is the engine; ``overlap_course/`` the course built on it.  These tests keep
+the split from eroding: the engine never imports the course or a display library, stays
+within the line budgets a learner can read in an afternoon, and neither package has an
+import cycle."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 2800, 400, 40
+COURSE_FILE_MAX_LINES = 400
+DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in sorted(package.rglob("*.py"))}
+
+
+def _imports(path: Path, module: str, top_level_only: bool) -> set[str]:
+    """Modules ``path`` imports (relative imports resolved); only those run at import time
+    when ``top_level_only`` (imports inside functions run later and cannot form a cycle)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            # `from pkg import mod` depends on pkg.mod; `from pkg import name` on pkg itself
+            found.update(f"{base}.{a.name}" if (ROOT / (base.replace(".", "/") + f"/{a.name}.py")).exists()
+                         else base for a in node.names)
+    return found
+
+
+def test_the_engine_never_imports_the_course_or_a_display_library():
+    for module, path in _modules(ENGINE).items():
+        bad = sorted(m for m in _imports(path, module, top_level_only=False)
+                     if m.split(".")[0] in DISPLAY_LIBRARIES | {"overlap_course"})
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the engine must not depend on the course"
+
+
+def test_importing_the_engine_loads_no_display_library():
+    code = ("import sys, toy_engine; import toy_engine.engine, toy_engine.loops; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))")
+    out = subprocess.run([sys.executable, "-c", code, *DISPLAY_LIBRARIES, "overlap_course"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    assert out == "[]", f"importing toy_engine loaded {out}"
+
+
+def test_engine_line_budgets():
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in ENGINE.glob("*.py")}
+    assert sum(sizes.values()) <= ENGINE_MAX_LINES, f"toy_engine/ has {sum(sizes.values())} lines: {sizes}"
+    big = {name: n for name, n in sizes.items() if n > ENGINE_FILE_MAX_LINES}
+    assert not big, f"engine files over {ENGINE_FILE_MAX_LINES} lines: {big}"
+
+
+def test_engine_functions_fit_on_a_screen():
+    long = []
+    for path in ENGINE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > ENGINE_FUNCTION_MAX_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, f"engine functions over {ENGINE_FUNCTION_MAX_LINES} lines: {long}"
+
+
+def test_course_files_stay_readable():
+    big = {str(p.relative_to(ROOT)): n for p in COURSE.rglob("*.py")
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > COURSE_FILE_MAX_LINES}
+    assert not big, f"course files over {COURSE_FILE_MAX_LINES} lines: {big}"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package", [ENGINE, COURSE], ids=["toy_engine", "overlap_course"])
+def test_no_import_cycle(package):
+    modules = {**_modules(ENGINE), **_modules(COURSE)}
+    graph = {}
+    for module, path in modules.items():
+        if path.is_relative_to(package):
+            deps = _imports(path, module, top_level_only=True) & set(modules)
+            # a package's __init__ importing its own submodules is how packages work, not a cycle
+            graph[module] = {d for d in deps if d != module and not (path.name == "__init__.py"
+                                                                     and d.startswith(module + "."))}
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
