@@ -1,7 +1,7 @@
 """Where a learner stands: every check's verdict, recorded.
 
-Each notebook check (``practice.py``) and exercise checker (``checkers.py``) hands its
-verdict to :func:`record`, which appends one line to a record in the learner's home::
+Every check of ``overlap_course.checks`` hands its verdict to :func:`record` (through
+:func:`recorded`), which appends one line to a record in the learner's home::
 
     {"v": 1, "notebook": "03_zos_loop", "check": "check_zos_loop", "passed": false,
      "category": "no_flush", "time": 1796000000.0}
@@ -85,18 +85,6 @@ def known(notebook: str, check: str) -> bool:
     return check in CATALOGUE.get(notebook, ())
 
 
-def category_of(verdict) -> str:
-    """``passed``, or the mistake's category.  Notebook checks that name no category get
-    ``unanswered`` for a stub still in place and ``wrong`` otherwise."""
-    if verdict.passed:
-        return "passed"
-    category = getattr(verdict, "category", "") or ""
-    if category in ("", "passed"):
-        message = str(getattr(verdict, "message", ""))
-        return "unanswered" if message.startswith("not answered yet") else "wrong"
-    return category
-
-
 def _record_path() -> Path:
     path = os.environ.get(ENV_FILE)
     return Path(path) if path else Path.home() / ".overlap_course" / "progress.jsonl"
@@ -144,7 +132,7 @@ def _keep(verdict, check: str, notebook: str | None) -> None:
         if notebook is None:
             return
         entry = {"v": RECORD_VERSION, "notebook": notebook, "check": check, "passed": bool(verdict.passed),
-                 "category": category_of(verdict), "time": round(time.time(), 3)}
+                 "category": verdict.category, "time": round(time.time(), 3)}
         note = ""
         try:
             path = _record_path()
@@ -179,17 +167,7 @@ def recorded(check, name: str | None = None):
         which = f"{base}:{asked}" if isinstance(asked, str) and home_notebook(f"{base}:{asked}") else base
         return record(verdict, check=which)
 
-    wrapper.__wrapped_check__ = check
     return wrapper
-
-
-def record_all(namespace: dict, names) -> None:
-    """Wrap every check ``names`` lists in ``namespace`` (a module's globals()) with
-    :func:`recorded`; idempotent."""
-    for check in names:
-        fn = namespace.get(check)
-        if callable(fn) and not hasattr(fn, "__wrapped_check__"):
-            namespace[check] = recorded(fn)
 
 
 # ------------------------------------------------------------------ the room's service

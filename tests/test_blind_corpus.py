@@ -9,7 +9,7 @@ course's rules and the engine's behaviour and found it right; those are listed i
 
 import pytest
 
-from overlap_course.checks import exercises as checkers
+from overlap_course.checks import sandbox
 
 from blind_corpus import BLIND
 from test_mistakes import check, serial_run  # noqa: F401  (the same checker calls and serial run)
@@ -39,7 +39,7 @@ LIMIT_S = 10.0  # the checks' own limit is 30 s (test_checkers runs it); blind h
 
 @pytest.mark.parametrize("entry,wrong", ENTRIES, ids=[f"{a.exercise}-{a.name}" for a, _ in ENTRIES])
 def test_blind_answer(entry, wrong, serial_run, monkeypatch):
-    monkeypatch.setattr(checkers, "TIME_LIMIT_S", LIMIT_S)
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", LIMIT_S)
     verdict = check(entry, serial_run)
     if wrong:
         assert not verdict.passed, f"FALSE PASS ({entry.why}): {verdict!r}"

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from overlap_course.checks import exercises as checkers
+from overlap_course import checks
+from overlap_course.checks import pool, sandbox
 from toy_engine import kernels
 
 import mistakes
@@ -21,9 +22,9 @@ def not_written(*args):
 
 
 def test_not_implemented_is_reported_the_same_way_everywhere():
-    for verdict in (checkers.check_serial_loop(not_written), checkers.check_zos_loop(not_written),
-                    checkers.check_correction(not_written), checkers.check_process_outputs(not_written),
-                    checkers.check_three_rounds(None), checkers.check_metadata_answer(None)):
+    for verdict in (checks.check_serial_loop(not_written), checks.check_zos_loop(not_written),
+                    checks.check_correction(not_written), checks.check_process_outputs(not_written),
+                    checks.check_three_rounds(None), checks.check_metadata_answer(None)):
         assert not verdict and verdict.category == "not_implemented"
         assert repr(verdict).startswith("NOT YET: not implemented yet: fill in ")
 
@@ -31,23 +32,23 @@ def test_not_implemented_is_reported_the_same_way_everywhere():
 # ---- the false passes of issue 11 -----------------------------------------------------
 
 def test_a_zos_loop_without_the_correction_fails_with_drafts():
-    v = checkers.check_zos_loop(mistakes.make_zos(correct="never"))
+    v = checks.check_zos_loop(mistakes.make_zos(correct="never"))
     assert not v and v.category == "correction"
     assert "3 drafts per round" in v.message and "engine.correct_on_device(inputs)" in v.message
     assert "round 2 (decode, prompts [0, 1, 2])" in v.message
 
 
 def test_forward_sample_postprocess_fails_in_03a_as_in_03b():
-    v = checkers.check_zos_loop(mistakes.make_zos(sample_first=True))
+    v = checks.check_zos_loop(mistakes.make_zos(sample_first=True))
     assert not v and v.category == "sample_before_process"
     assert "launch_forward 2 -> launch_sample 2 -> postprocess 1" in v.message and "title_case" in v.message
     order = [("forward", 1), ("sample", 1), ("forward", 2), ("sample", 2), ("postprocess", 1)]
-    assert checkers.check_three_rounds(order).category == "sample_before_postprocess"
+    assert checks.check_three_rounds(order).category == "sample_before_postprocess"
 
 
 @pytest.mark.parametrize("answer", [mistakes.process_synchronizes, mistakes.process_waits_on_a_fresh_event])
 def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
-    v = checkers.check_process_outputs(answer)
+    v = checks.check_process_outputs(answer)
     assert not v and v.category == "waits_later_event"
     assert "step.sample_done" in v.message and "deferred decode steps were no longer overlapped" in v.message
     # the cost is measured: every deferred step lost its overlap, and the engine's own version lost none
@@ -57,7 +58,7 @@ def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
 
 
 def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
-    v = checkers.check_serial_loop(lambda engine: engine.zos_loop())
+    v = checks.check_serial_loop(lambda engine: engine.zos_loop())
     assert not v and v.category == "not_serial"
     assert "round 1 (decode): its results were processed after round 2 was prepared" in v.message
 
@@ -65,14 +66,14 @@ def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
 # ---- raw or wrong diagnoses, now lesson-level ------------------------------------------
 
 def test_launch_sample_before_launch_forward_names_the_round_and_prompts():
-    v = checkers.check_serial_loop(mistakes.serial_sample_first)
+    v = checks.check_serial_loop(mistakes.serial_sample_first)
     assert v.category == "sample_before_forward"
     assert v.message.startswith("round 0 (prefill, prompts [0, 1, 2]): `launch_sample` came before `launch_forward`")
     assert "DeviceError" not in v.message
 
 
 def test_a_step_processed_twice_is_named():
-    v = checkers.check_serial_loop(mistakes.serial_processes_twice)
+    v = checks.check_serial_loop(mistakes.serial_processes_twice)
     assert v.category == "processed_twice" and "processed 2 times" in v.message
     assert "NoneType" not in v.message
 
@@ -86,40 +87,40 @@ def test_a_step_processed_twice_is_named():
     (mistakes.process_reads_first, "read_before_wait", "before waiting on its completion event"),
 ])
 def test_lifetime_mistakes_get_their_own_diagnosis(answer, category, words):
-    v = checkers.check_process_outputs(answer)
+    v = checks.check_process_outputs(answer)
     assert not v and v.category == category and words in v.message, repr(v)
     assert "prompt" in v.message and "round" in v.message and not re.search(r"requests? \d", v.message)
     assert "prompt(s) []" not in v.message and "requests []" not in v.message
 
 
 def test_cu_seqlens_k_is_accepted_and_explained():
-    v = checkers.check_metadata_answer({"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_k"})
+    v = checks.check_metadata_answer({"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_k"})
     assert v and "running sum" in v.message
 
 
 def test_a_hard_coded_block_size_is_named_before_the_engine_runs():
-    v = checkers.check_correction(mistakes.correction_block_size_4)
+    v = checks.check_correction(mistakes.correction_block_size_4)
     assert v.category == "block_size_hardcoded" and "use the `block_size` argument" in v.message
 
 
 def test_the_worked_case_is_the_notebooks():
-    meta, accepted, expected = checkers.worked_case()
+    meta, accepted, expected = checks.worked_case()
     assert meta["slot_mapping"].tolist() == [30, 31, 4, 11, 16, 17, 34, 35, 20]
     kernels.correct_seqlens_qk(meta, accepted, 4)
     assert {n: meta[n].tolist() for n in expected} == expected
 
 
 def test_three_rounds_expected_order_and_final_step_name():
-    assert checkers.expected_three_rounds() == mistakes.THREE_ROUNDS  # ends with ("flush", 3), like 03a demands
+    assert checks.expected_three_rounds() == mistakes.THREE_ROUNDS  # ends with ("flush", 3), like 03a demands
 
 
 # ---- answer time ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("check, answer", [
-    (checkers.check_serial_loop, mistakes.serial),
-    (checkers.check_zos_loop, mistakes.make_zos()),
-    (checkers.check_correction, mistakes.correction),
-    (checkers.check_process_outputs, mistakes.process),
+    (checks.check_serial_loop, mistakes.serial),
+    (checks.check_zos_loop, mistakes.make_zos()),
+    (checks.check_correction, mistakes.correction),
+    (checks.check_process_outputs, mistakes.process),
 ])
 def test_each_checker_answers_within_ten_seconds(check, answer):
     check(answer)  # engines started (a notebook's first call pays for that once)
@@ -129,11 +130,11 @@ def test_each_checker_answers_within_ten_seconds(check, answer):
 
 
 def test_a_loop_that_replaces_an_engine_method_leaves_later_checks_unharmed():
-    assert checkers.check_zos_loop(mistakes.zos_replaces_process_outputs).category == "edits_engine"
-    assert checkers.check_process_outputs(mistakes.process_outputs_replaces_the_method).category == "edits_engine"
-    assert checkers.check_zos_loop(mistakes.make_zos()).passed
-    assert checkers.check_serial_loop(mistakes.serial).passed
-    assert checkers.check_process_outputs(mistakes.process).passed
+    assert checks.check_zos_loop(mistakes.zos_replaces_process_outputs).category == "edits_engine"
+    assert checks.check_process_outputs(mistakes.process_outputs_replaces_the_method).category == "edits_engine"
+    assert checks.check_zos_loop(mistakes.make_zos()).passed
+    assert checks.check_serial_loop(mistakes.serial).passed
+    assert checks.check_process_outputs(mistakes.process).passed
 
 
 # ---- issue 20: checks a learner's code cannot poison or hang -----------------------------
@@ -147,7 +148,7 @@ def test_an_earlier_cells_patches_are_restored_and_named():
     te.Engine.process_outputs = lambda self, step, stage="postprocess": None
     te.Engine.helper = lambda self: None
     try:
-        v = checkers.check_correction(mistakes.correction)
+        v = checks.check_correction(mistakes.correction)
     finally:
         leftover = (te.kernels.correct_seqlens_qk, te.engine.NUM_SLOTS, te.Engine.process_outputs)
         te.kernels.correct_seqlens_qk, te.engine.NUM_SLOTS, te.Engine.process_outputs = original
@@ -169,7 +170,7 @@ def test_a_patch_made_while_the_check_runs_fails_it_and_is_undone():
         te.kernels.correct_seqlens_qk = patching
         mistakes.correction(meta, accepted, block_size)
 
-    v = checkers.check_correction(patching)
+    v = checks.check_correction(patching)
     assert not v and v.category == "edits_engine" and "toy_engine.kernels.correct_seqlens_qk" in v.message
     assert te.kernels.correct_seqlens_qk is original
 
@@ -181,41 +182,41 @@ def test_a_config_replaced_in_a_plugin_is_put_back_before_the_next_check():
         engine.config = dataclasses.replace(engine.config, race_check=False)
         mistakes.process(engine, step)
 
-    checkers.check_process_outputs(replaces_config)
-    v = checkers.check_process_outputs(mistakes.process)
+    checks.check_process_outputs(replaces_config)
+    v = checks.check_process_outputs(mistakes.process)
     assert v and "engine.config" in v.message
 
 
 def test_the_real_time_limit_stops_code_that_catches_base_exception_and_engines_stay_healthy():
     start = time.monotonic()
-    v = checkers.check_zos_loop(mistakes.zos_loops_forever)
+    v = checks.check_zos_loop(mistakes.zos_loops_forever)
     took = time.monotonic() - start
     assert not v and v.category == "time_limit" and v.message.startswith(
-        f"your code was still running after {checkers.TIME_LIMIT_S:.0f} s, at line")
+        f"your code was still running after {sandbox.TIME_LIMIT_S:.0f} s, at line")
     assert "zos_loops_forever" in v.message
-    assert took < checkers.TIME_LIMIT_S + 30  # the limit plus the engines' recovery, on a busy machine
-    assert checkers.check_zos_loop(mistakes.make_zos())  # the shared engines work afterwards
+    assert took < sandbox.TIME_LIMIT_S + 30  # the limit plus the engines' recovery, on a busy machine
+    assert checks.check_zos_loop(mistakes.make_zos())  # the shared engines work afterwards
 
 
 def test_a_double_free_leaves_the_shared_pool_whole():
-    v = checkers.check_process_outputs(mistakes.process_double_free)
+    v = checks.check_process_outputs(mistakes.process_double_free)
     assert not v and v.category == "double_free"
-    for engine in checkers._ENGINES.values():
+    for engine in pool._ENGINES.values():
         assert sorted(engine.scheduler.blocks.free_ids) == list(range(engine.config.num_kv_blocks))
-    assert checkers.check_process_outputs(mistakes.process)
+    assert checks.check_process_outputs(mistakes.process)
 
 
 def test_a_wait_before_the_forward_is_named_with_its_cost_in_words():
-    v = checkers.check_zos_loop(mistakes.make_zos_inline(wait="before_forward"))
+    v = checks.check_zos_loop(mistakes.make_zos_inline(wait="before_forward"))
     assert not v and v.category == "waits_before_forward"
     assert "round 1 (decode, prompts [0, 1, 2])" in v.message and "before it launched round 2's forward" in v.message
 
 
 def test_inline_processing_in_serial_order_is_not_called_deferred():
-    v = checkers.check_zos_loop(mistakes.make_zos_inline(serial_order=True))
+    v = checks.check_zos_loop(mistakes.make_zos_inline(serial_order=True))
     assert not v and "no decode step was deferred" in v.message
 
 
 def test_the_serial_loop_that_synchronizes_gets_no_advice_about_flushing():
-    v = checkers.check_serial_loop(mistakes.serial_synchronizes_instead)
+    v = checks.check_serial_loop(mistakes.serial_synchronizes_instead)
     assert not v and "flush" not in v.message and "process_outputs(step)" in v.message

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 import toy_engine as te
-from overlap_course.checks import exercises as checkers
+from overlap_course import checks
+from overlap_course.checks import sandbox
 
 from mistakes import RIGHT, WRONG
 
@@ -24,20 +25,20 @@ def serial_run():
 def check(entry, serial_run):
     answer = entry.answer
     return {
-        "02a": lambda: checkers.check_serial_loop(answer),
-        "02b": lambda: checkers.check_idle_fraction(answer, serial_run),
-        "03a": lambda: checkers.check_zos_loop(answer),
-        "03b": lambda: checkers.check_three_rounds(answer),
-        "04a": lambda: checkers.check_correction(answer),
-        "04b": lambda: checkers.check_metadata_answer(answer),
-        "05": lambda: checkers.check_process_outputs(answer),
+        "02a": lambda: checks.check_serial_loop(answer),
+        "02b": lambda: checks.check_idle_fraction(answer, serial_run),
+        "03a": lambda: checks.check_zos_loop(answer),
+        "03b": lambda: checks.check_three_rounds(answer),
+        "04a": lambda: checks.check_correction(answer),
+        "04b": lambda: checks.check_metadata_answer(answer),
+        "05": lambda: checks.check_process_outputs(answer),
     }[entry.exercise]()
 
 
 @pytest.mark.parametrize("entry", WRONG, ids=[f"{e.exercise}-{e.name}" for e in WRONG])
 def test_wrong_answer_fails_with_its_category(entry, serial_run, monkeypatch):
     if entry.category == "time_limit":  # the same stop as at 30 s, sooner (test_checkers runs the real limit)
-        monkeypatch.setattr(checkers, "TIME_LIMIT_S", 4.0)
+        monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 4.0)
     verdict = check(entry, serial_run)
     assert not verdict.passed, f"FALSE PASS: {verdict!r}"
     assert verdict.category == entry.category, repr(verdict)

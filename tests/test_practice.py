@@ -1,6 +1,6 @@
-"""The in-notebook checks (overlap_course/checks/notebooks.py): every plausible wrong answer in the
-corpus below is rejected with a message that names its mistake, every correct way of
-writing the answer passes, and no learner input makes a check raise."""
+"""The in-notebook checks (overlap_course/checks/lessonNN.py): every plausible wrong answer in the
+corpus below is rejected with its mistake's category and a message that names it, every correct
+way of writing the answer passes, and no learner input makes a check raise."""
 
 import math
 
@@ -11,15 +11,17 @@ import torch
 import toy_engine as te
 from toy_engine import kernels
 from overlap_course import checks
-from overlap_course.checks import notebooks as practice
+from overlap_course.checks import lesson00, lesson03
+from toy_engine.stats import ideal_ratio
 from toy_engine.timeline import Timeline
 
 # Inputs a learner might type by accident; no check may raise on any of them.
 JUNK = [None, "", "12", 3.5, True, [], [None], {"a": 1}, object(), float("nan"), torch.zeros(2, 2)]
 
 
-def rejects(verdict, *phrases):
+def rejects(verdict, category, *phrases):
     assert not verdict.passed, verdict
+    assert verdict.category == category, (category, verdict.category, verdict.message)
     for phrase in phrases:
         assert phrase in verdict.message, (phrase, verdict.message)
     return verdict
@@ -29,29 +31,30 @@ def rejects(verdict, *phrases):
 
 @pytest.mark.parametrize("answer", [{0, 1}, [1, 0], (0, 1), {np.int64(0), 1}])
 def test_done_after_wait_accepts(answer):
-    assert practice.check_done_after_wait(answer).passed
+    assert checks.check_done_after_wait(answer).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    ({1}, "kernel 0 is finished too"),
-    (1, "kernel 0 is finished too"),
-    ({0}, "kernel 1 is finished too"),
-    ({0, 1, 2}, "kernel 2 was launched after event 1"),
-    ({2}, "kernel 2 was launched after event 1"),
-    ({1, 2}, "kernel 2 was launched after event 1"),
-    (set(), "kernel 0 is finished too"),
-    ({0, 1, 3}, "there is no kernel 3"),
-    (["a"], "write a set of whole kernel numbers"),
-    ({0, 1.9}, "write a set of whole kernel numbers"),
-    ("01", "not the string '01'"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    ({1}, "misses_earlier_kernel", "kernel 0 is finished too"),
+    (1, "misses_earlier_kernel", "kernel 0 is finished too"),
+    ({0}, "misses_earlier_kernel", "kernel 1 is finished too"),
+    ({0, 1, 2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
+    ({2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
+    ({1, 2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
+    (set(), "misses_earlier_kernel", "kernel 0 is finished too"),
+    ({0, 1, 3}, "no_such_kernel", "there is no kernel 3"),
+    (["a"], "shape", "write a set of whole kernel numbers"),
+    ({0, 1.9}, "shape", "write a set of whole kernel numbers"),
+    ("01", "shape", "not the string '01'"),
 ])
-def test_done_after_wait_rejects(answer, phrase):
-    rejects(practice.check_done_after_wait(answer), phrase)
+def test_done_after_wait_rejects(answer, category, phrase):
+    rejects(checks.check_done_after_wait(answer), category, phrase)
 
 
 def test_done_after_wait_other_event():
-    assert practice.check_done_after_wait({0, 1, 2}, waited=2).passed
-    rejects(practice.check_done_after_wait({0, 1}, waited=0), "kernel 1 was launched after event 0")
+    assert checks.check_done_after_wait({0, 1, 2}, waited=2).passed
+    rejects(checks.check_done_after_wait({0, 1}, waited=0), "includes_later_kernel",
+            "kernel 1 was launched after event 0")
 
 
 # ---- 00: cause a race, then fix it (run on the real device) ---------------------------
@@ -80,15 +83,15 @@ SAFE = [
 
 @pytest.mark.parametrize("order", RACY)
 def test_race_orders_race_and_are_not_fixes(order, device):
-    v = practice.check_race(order, device)
+    v = checks.check_race(order, device)
     assert v.passed and "race on buffer 'out0'" in v.message, v
-    rejects(practice.check_race_fixed(order, device), "still a race")
+    rejects(checks.check_race_fixed(order, device), "still_races", "still a race")
 
 
 @pytest.mark.parametrize("order", SAFE)
 def test_safe_orders_are_fixes_and_no_race(order, device):
-    assert practice.check_race_fixed(order, device).passed
-    rejects(practice.check_race(order, device), "no race")
+    assert checks.check_race_fixed(order, device).passed
+    rejects(checks.check_race(order, device), "no_race", "no race")
 
 
 @pytest.mark.parametrize("order, phrase", [
@@ -98,34 +101,35 @@ def test_safe_orders_are_fixes_and_no_race(order, device):
     (["launch", "record", "read"], "did not wait on it"),
 ])
 def test_fix_attempts_get_the_reason(order, phrase, device):
-    rejects(practice.check_race_fixed(order, device), phrase)
+    rejects(checks.check_race_fixed(order, device), "still_races", phrase)
 
 
-@pytest.mark.parametrize("order, phrase", [
-    (["read", "launch", "record", "wait"], "before the launch"),
-    (["launch", "wait", "read"], "\"record\" one before it"),
-    (["launch", "launch", "record", "wait", "read"], "exactly once"),
-    (["launch", "record", "wait"], "never reads"),
-    (["launch", "sync", "read"], "'sync' is not a step"),
-    ("launch, wait, read", "list of steps"),
+@pytest.mark.parametrize("order, category, phrase", [
+    (["read", "launch", "record", "wait"], "read_before_launch", "before the launch"),
+    (["launch", "wait", "read"], "wait_without_event", "\"record\" one before it"),
+    (["launch", "launch", "record", "wait", "read"], "launch_count", "exactly once"),
+    (["launch", "record", "wait"], "no_read", "never reads"),
+    (["launch", "sync", "read"], "shape", "'sync' is not a step"),
+    ("launch, wait, read", "shape", "list of steps"),
 ])
-def test_race_order_mistakes(order, phrase, device):
-    rejects(practice.check_race_fixed(order, device), phrase)
+def test_race_order_mistakes(order, category, phrase, device):
+    rejects(checks.check_race_fixed(order, device), category, phrase)
 
 
 def test_read_before_launch_is_no_race(device):
-    rejects(practice.check_race(["read", "launch", "record", "wait"], device), "no race", "before the launch")
+    rejects(checks.check_race(["read", "launch", "record", "wait"], device), "read_before_launch", "no race",
+            "before the launch")
 
 
 def test_race_checks_need_the_race_checker(make_engine):
     quiet = make_engine(max_batch_size=1, num_kv_blocks=8, race_check=False)
-    rejects(practice.check_race(["launch", "read"], quiet.device), "race_check=False")
-    rejects(practice.check_race(["launch", "read"], "engine"), "engine.device")
+    rejects(checks.check_race(["launch", "read"], quiet.device), "setup", "race_check=False")
+    rejects(checks.check_race(["launch", "read"], "engine"), "setup", "engine.device")
 
 
 def test_the_device_is_usable_after_the_checks(device):
-    practice.check_race(["launch", "read"], device)
-    device.launch(practice._write_answer, 7, round=0, stage="answer", writes={"out0"})
+    checks.check_race(["launch", "read"], device)
+    device.launch(lesson00._write_answer, 7, round=0, stage="answer", writes={"out0"})
     device.wait(device.record_event())
     assert int(device.host("out0", "r")[0]) == 7
     device.spans()
@@ -138,29 +142,29 @@ TABLE, POS, BS = [0, 7, 11], 6, 4   # block index 1 = block 7, offset 2 -> slot 
 
 @pytest.mark.parametrize("answer", [30, np.int64(30), torch.tensor(30), torch.tensor([30])])
 def test_slot_accepts(answer):
-    assert practice.check_slot(answer, TABLE, POS, BS).passed
+    assert checks.check_slot(answer, TABLE, POS, BS).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (6, "position itself"),                 # pos
-    (7, "block's number"),                  # table[pos // bs]
-    (28, "block's first slot"),             # table[...] * bs
-    (9, "multiply the block number"),       # table[...] + offset
-    (45, "swapped // and %"),               # table[pos % bs] * bs + pos // bs
-    (2, "right offset, wrong block"),       # table[0] * bs + offset
-    (46, "right offset, wrong block"),      # table[2] * bs + offset
-    (31, "is not it"),                      # off by one
-    (29, "is not it"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    (6, "position_as_slot", "position itself"),                 # pos
+    (7, "block_number", "block's number"),                      # table[pos // bs]
+    (28, "missing_offset", "block's first slot"),               # table[...] * bs
+    (9, "offset_on_block_number", "multiply the block number"),  # table[...] + offset
+    (45, "swapped_div_mod", "swapped // and %"),                # table[pos % bs] * bs + pos // bs
+    (2, "wrong_block", "right offset, wrong block"),            # table[0] * bs + offset
+    (46, "wrong_block", "right offset, wrong block"),           # table[2] * bs + offset
+    (31, "wrong", "is not it"),                                 # off by one
+    (29, "wrong", "is not it"),
 ])
-def test_slot_rejects(answer, phrase):
-    rejects(practice.check_slot(answer, TABLE, POS, BS), phrase)
+def test_slot_rejects(answer, category, phrase):
+    rejects(checks.check_slot(answer, TABLE, POS, BS), category, phrase)
 
 
 def test_slot_position_equal_to_identity_mapping():
     # position 1 of a request owning block 0 first: identity and the real answer coincide
-    assert practice.check_slot(1, [0, 5], 1, 4).passed
-    rejects(practice.check_slot(5, [3, 9], 5, 4), "position itself")  # 5 // 4 = 1 -> block 9: slot 37
-    assert practice.check_slot(37, [3, 9], 5, 4).passed
+    assert checks.check_slot(1, [0, 5], 1, 4).passed
+    rejects(checks.check_slot(5, [3, 9], 5, 4), "position_as_slot", "position itself")  # 5 // 4 = 1 -> block 9: slot 37
+    assert checks.check_slot(37, [3, 9], 5, 4).passed
 
 
 # ---- 01: decode-round lengths -----------------------------------------------------------
@@ -171,22 +175,22 @@ PROMPT_LENGTHS = [9, 7, 3]
 @pytest.mark.parametrize("q, k", [([1, 1, 1], [10, 8, 4]), ((1, 1, 1), torch.tensor([10, 8, 4])),
                                   (torch.ones(3, dtype=torch.long), [10, 8, 4])])
 def test_decode_lengths_accept(q, k):
-    assert practice.check_decode_lengths(q, k, PROMPT_LENGTHS).passed
+    assert checks.check_decode_lengths(q, k, PROMPT_LENGTHS).passed
 
 
-@pytest.mark.parametrize("q, k, phrase", [
-    ([9, 7, 3], [10, 8, 4], "prefill's query lengths"),
-    ([10, 8, 4], [10, 8, 4], "exactly one token"),
-    ([1, 1, 1], [9, 7, 3], "counts this round's token"),
-    ([1, 1, 1], [1, 1, 1], "whole past"),
-    ([1, 1, 1], [11, 9, 5], "one too many"),
-    ([1, 1, 1], [10, 8, 5], "prompt length + 1"),
-    ([1, 1], [10, 8], "there are 3 requests"),
-    ([1.0, 1, 1], [10, 8, 4], "whole numbers"),
-    (1, 10, "whole numbers"),
+@pytest.mark.parametrize("q, k, category, phrase", [
+    ([9, 7, 3], [10, 8, 4], "prefill_lengths", "prefill's query lengths"),
+    ([10, 8, 4], [10, 8, 4], "query_not_one", "exactly one token"),
+    ([1, 1, 1], [9, 7, 3], "key_misses_new_token", "counts this round's token"),
+    ([1, 1, 1], [1, 1, 1], "key_only_new_token", "whole past"),
+    ([1, 1, 1], [11, 9, 5], "key_one_too_many", "one too many"),
+    ([1, 1, 1], [10, 8, 5], "wrong", "prompt length + 1"),
+    ([1, 1], [10, 8], "shape", "there are 3 requests"),
+    ([1.0, 1, 1], [10, 8, 4], "shape", "whole numbers"),
+    (1, 10, "shape", "whole numbers"),
 ])
-def test_decode_lengths_reject(q, k, phrase):
-    rejects(practice.check_decode_lengths(q, k, PROMPT_LENGTHS), phrase)
+def test_decode_lengths_reject(q, k, category, phrase):
+    rejects(checks.check_decode_lengths(q, k, PROMPT_LENGTHS), category, phrase)
 
 
 # ---- 02: the gap between two rounds -----------------------------------------------------
@@ -224,12 +228,12 @@ def real_run(engine_pool):
 
 def test_round_gap_accepts_synthetic_and_real(real_run):
     tl = synthetic_timeline()
-    assert practice.check_round_gap(gap_before(tl, 2), tl, 2).passed
-    assert practice.check_round_gap(np.float64(gap_before(tl, 2)), tl, 2).passed
-    assert practice.check_round_gap(gap_before(real_run, 5), real_run, 5).passed
+    assert checks.check_round_gap(gap_before(tl, 2), tl, 2).passed
+    assert checks.check_round_gap(np.float64(gap_before(tl, 2)), tl, 2).passed
+    assert checks.check_round_gap(gap_before(real_run, 5), real_run, 5).passed
     # the way the notebook's own helper (and a learner using device_gaps) might get it
     dev = {(s.stage, s.round): s for s in real_run.lane("device")}
-    assert practice.check_round_gap(dev[("upload", 5)].start_ms - dev[("sample", 4)].end_ms, real_run, 5).passed
+    assert checks.check_round_gap(dev[("upload", 5)].start_ms - dev[("sample", 4)].end_ms, real_run, 5).passed
 
 
 def _round_gap_mistakes(tl, r=2):
@@ -237,22 +241,23 @@ def _round_gap_mistakes(tl, r=2):
     host = {(s.stage, s.round): s for s in tl.lane("host")}
     right = gap_before(tl, r)
     return [
-        (-right, "sign is flipped"),
-        (right / 1e3, "in seconds"),
-        (gap_before(tl, r + 1) + 0.5, "is not the gap"),
-        (dev[("forward", r)].start_ms - dev[("upload", r)].end_ms, "inside round"),
-        (dev[("forward", r)].start_ms - dev[("sample", r - 1)].end_ms, "upload is already device work"),
-        (dev[("upload", r)].start_ms - host[("wait", r - 1)].end_ms, "end of the host's wait"),
-        (dev[("upload", r)].start_ms - dev[("sample", r - 1)].start_ms, "start of round"),
-        (dev[("upload", r)].start_ms - dev[("upload", r - 1)].start_ms, "includes"),
-        (right + 0.1, "is not the gap"),
+        (-right, "sign_flipped", "sign is flipped"),
+        (right / 1e3, "seconds", "in seconds"),
+        (gap_before(tl, r + 1) + 0.5, "wrong", "is not the gap"),
+        (dev[("forward", r)].start_ms - dev[("upload", r)].end_ms, "inside_round", "inside round"),
+        (dev[("forward", r)].start_ms - dev[("sample", r - 1)].end_ms, "up_to_forward",
+         "upload is already device work"),
+        (dev[("upload", r)].start_ms - host[("wait", r - 1)].end_ms, "host_lane", "end of the host's wait"),
+        (dev[("upload", r)].start_ms - dev[("sample", r - 1)].start_ms, "from_sample_start", "start of round"),
+        (dev[("upload", r)].start_ms - dev[("upload", r - 1)].start_ms, "start_to_start", "includes"),
+        (right + 0.1, "wrong", "is not the gap"),
     ]
 
 
 def test_round_gap_rejects_the_corpus():
     tl = synthetic_timeline()
-    for value, phrase in _round_gap_mistakes(tl):
-        rejects(practice.check_round_gap(value, tl, 2), phrase)
+    for value, category, phrase in _round_gap_mistakes(tl):
+        rejects(checks.check_round_gap(value, tl, 2), category, phrase)
 
 
 def test_round_gap_rejects_neighbouring_gaps_on_a_varied_timeline():
@@ -264,35 +269,36 @@ def test_round_gap_rejects_neighbouring_gaps_on_a_varied_timeline():
         tl.add("device", "forward", r, t + 0.05, t + 3.0)
         tl.add("device", "sample", r, t + 3.0, t + 3.3)
         t += 3.3 + gap
-    rejects(practice.check_round_gap(0.9, tl, 2), "gap after round 2")
-    rejects(practice.check_round_gap(0.3, tl, 2), "gap before round 1")
-    assert practice.check_round_gap(0.5, tl, 2).passed
+    rejects(checks.check_round_gap(0.9, tl, 2), "wrong_round", "gap after round 2")
+    rejects(checks.check_round_gap(0.3, tl, 2), "wrong_round", "gap before round 1")
+    assert checks.check_round_gap(0.5, tl, 2).passed
 
 
 def test_round_gap_on_the_real_run_rejects_its_mistakes(real_run):
-    for value, phrase in _round_gap_mistakes(real_run, r=5):
-        v = practice.check_round_gap(value, real_run, 5)
+    for value, category, phrase in _round_gap_mistakes(real_run, r=5):
+        v = checks.check_round_gap(value, real_run, 5)
         assert not v.passed, (value, phrase, v)
 
 
 def test_round_gap_bad_round():
-    rejects(practice.check_round_gap(0.5, synthetic_timeline(), 9), "no rounds 8 and 9")
+    rejects(checks.check_round_gap(0.5, synthetic_timeline(), 9), "setup", "no rounds 8 and 9")
 
 
 # ---- 02: largest host stage; overhead prediction -----------------------------------------
 
 def test_largest_host_stage():
     tl = synthetic_timeline()  # prepare 0.15 ms per round is the largest
-    assert practice.check_largest_host_stage("prepare", tl).passed
-    assert practice.check_largest_host_stage(" prepare ", tl).passed
-    rejects(practice.check_largest_host_stage("wait", tl), "waiting is the host doing nothing")
-    rejects(practice.check_largest_host_stage("launch_forward", tl), "only queues work", "'prepare'")
-    rejects(practice.check_largest_host_stage("postprocess", tl), "'prepare' used the most")
-    rejects(practice.check_largest_host_stage("schedule", tl), "'prepare' used the most")
-    rejects(practice.check_largest_host_stage("forward", tl), "device stage")
-    rejects(practice.check_largest_host_stage("flush", tl), "not a host stage of this run")
-    rejects(practice.check_largest_host_stage(["prepare"], tl), "as a string")
-    rejects(practice.check_largest_host_stage("prepare", Timeline()), "no host spans")
+    assert checks.check_largest_host_stage("prepare", tl).passed
+    assert checks.check_largest_host_stage(" prepare ", tl).passed
+    rejects(checks.check_largest_host_stage("wait", tl), "wait_is_not_work", "waiting is the host doing nothing")
+    rejects(checks.check_largest_host_stage("launch_forward", tl), "launch_only_queues", "only queues work",
+            "'prepare'")
+    rejects(checks.check_largest_host_stage("postprocess", tl), "wrong", "'prepare' used the most")
+    rejects(checks.check_largest_host_stage("schedule", tl), "wrong", "'prepare' used the most")
+    rejects(checks.check_largest_host_stage("forward", tl), "device_stage", "device stage")
+    rejects(checks.check_largest_host_stage("flush", tl), "not_a_stage", "not a host stage of this run")
+    rejects(checks.check_largest_host_stage(["prepare"], tl), "shape", "as a string")
+    rejects(checks.check_largest_host_stage("prepare", Timeline()), "setup", "no host spans")
 
 
 def contended_timeline():
@@ -311,47 +317,48 @@ def contended_timeline():
 
 def test_largest_host_stage_asks_for_cpu_time_so_contention_cannot_flip_it():
     tl = contended_timeline()
-    v = practice.check_largest_host_stage("prepare", tl)
+    v = checks.check_largest_host_stage("prepare", tl)
     assert v.passed, v
     assert "CPU" in v.message and "launch_forward" in v.message
-    rejects(practice.check_largest_host_stage("launch_forward", tl), "only queues work", "CPU",
+    rejects(checks.check_largest_host_stage("launch_forward", tl), "launch_only_queues", "only queues work", "CPU",
             "waiting for a core")
-    cpu, wall = practice.host_cpu_ms_per_round(tl), practice.host_ms_per_round(tl)
+    cpu, wall = checks.host_cpu_ms_per_round(tl), checks.host_ms_per_round(tl)
     assert max(cpu, key=cpu.get) == "prepare" and max(wall, key=wall.get) == "launch_forward"
     assert cpu["schedule"] == pytest.approx(0.01)  # no CPU time recorded: its wall time, an upper bound
 
 
 def test_largest_host_stage_on_a_real_run(real_run):
-    per_round = practice.host_cpu_ms_per_round(real_run)
+    per_round = checks.host_cpu_ms_per_round(real_run)
     largest = max(per_round, key=per_round.get)
-    assert practice.check_largest_host_stage(largest, real_run).passed
+    assert checks.check_largest_host_stage(largest, real_run).passed
     for other in set(per_round) - {largest}:
-        assert not practice.check_largest_host_stage(other, real_run).passed
+        assert not checks.check_largest_host_stage(other, real_run).passed
 
 
 @pytest.mark.parametrize("answer", [5, 5.0, 4.8, np.float32(5.2)])
 def test_overhead_gap_accepts(answer):
-    assert practice.check_overhead_gap(answer).passed
+    assert checks.check_overhead_gap(answer).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [(0, "cannot hide it"), (2.5, "not a part"), (10, "not more"),
-                                            (-5, "cannot shorten"), (1, "not a part"), ("5", "a number"),
-                                            (math.nan, "a finite number"), (math.inf, "a finite number")])
-def test_overhead_gap_rejects(answer, phrase):
-    rejects(practice.check_overhead_gap(answer), phrase)
+@pytest.mark.parametrize("answer, category, phrase", [
+    (0, "hidden_by_device", "cannot hide it"), (2.5, "partly_hidden", "not a part"),
+    (10, "more_than_overhead", "not more"), (-5, "negative", "cannot shorten"), (1, "partly_hidden", "not a part"),
+    ("5", "shape", "a number"), (math.nan, "junk", "a finite number"), (math.inf, "junk", "a finite number")])
+def test_overhead_gap_rejects(answer, category, phrase):
+    rejects(checks.check_overhead_gap(answer), category, phrase)
 
 
 # ---- 04: stale lengths -------------------------------------------------------------------
 
 def test_true_key_length():
-    assert practice.check_true_key_length(31, host_seqlens_k=27, accepted=4).passed
-    assert practice.check_true_key_length(np.int64(31), host_seqlens_k=27, accepted=4).passed
-    rejects(practice.check_true_key_length(27, 27, 4), "stale value")
-    rejects(practice.check_true_key_length(32, 27, 4), "one too many")
-    rejects(practice.check_true_key_length(28, 27, 4), "number of accepted drafts")
-    rejects(practice.check_true_key_length(23, 27, 4), "too short, not too long")
-    rejects(practice.check_true_key_length(30, 27, 4), "is not it")
-    rejects(practice.check_true_key_length(31.0, 27, 4), "whole number")
+    assert checks.check_true_key_length(31, host_seqlens_k=27, accepted=4).passed
+    assert checks.check_true_key_length(np.int64(31), host_seqlens_k=27, accepted=4).passed
+    rejects(checks.check_true_key_length(27, 27, 4), "stale", "stale value")
+    rejects(checks.check_true_key_length(32, 27, 4), "off_by_one", "one too many")
+    rejects(checks.check_true_key_length(28, 27, 4), "plus_one", "number of accepted drafts")
+    rejects(checks.check_true_key_length(23, 27, 4), "subtracted", "too short, not too long")
+    rejects(checks.check_true_key_length(30, 27, 4), "wrong", "is not it")
+    rejects(checks.check_true_key_length(31.0, 27, 4), "shape", "whole number")
 
 
 WORKED = dict(positions=[10, 11, 12], table=[6, 0, 8, 5], accepted=2, block_size=4)
@@ -359,39 +366,37 @@ WORKED = dict(positions=[10, 11, 12], table=[6, 0, 8, 5], accepted=2, block_size
 
 @pytest.mark.parametrize("answer", [[20, 21, 22], (20, 21, 22), torch.tensor([20, 21, 22])])
 def test_corrected_slots_accept(answer):
-    assert practice.check_corrected_slots(answer, **WORKED).passed
+    assert checks.check_corrected_slots(answer, **WORKED).passed
 
 
 def test_corrected_slots_match_the_engines_correction():
-    from overlap_course.checks import exercises as checkers
-    from toy_engine import kernels
-    meta, accepted, _ = checkers.worked_case()
+    meta, accepted, _ = checks.worked_case()
     kernels.correct_seqlens_qk(meta, accepted, 4)
-    assert practice.check_corrected_slots(meta["slot_mapping"][6:9], **WORKED).passed
-    assert practice.check_corrected_slots(meta["slot_mapping"][0:3], positions=[6, 7, 8], table=[3, 7, 1, 0],
+    assert checks.check_corrected_slots(meta["slot_mapping"][6:9], **WORKED).passed
+    assert checks.check_corrected_slots(meta["slot_mapping"][0:3], positions=[6, 7, 8], table=[3, 7, 1, 0],
                                           accepted=1, block_size=4).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    ([34, 35, 20], "stale slots"),
-    ([36, 37, 22], "old slots is wrong"),
-    ([12, 13, 14], "corrected positions"),
-    ([21, 22, 23], "shifted by 1 + accepted"),
-    ([35, 20, 21], "shifted by 1"),
-    ([20, 21], "give 3 slots"),
-    ([20, 21, 23], "is not it"),
-    ([20.0, 21, 22], "whole numbers"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    ([34, 35, 20], "stale", "stale slots"),
+    ([36, 37, 22], "slots_shifted", "old slots is wrong"),
+    ([12, 13, 14], "positions_not_slots", "corrected positions"),
+    ([21, 22, 23], "off_by_one", "shifted by 1 + accepted"),
+    ([35, 20, 21], "shifted_by_one", "shifted by 1"),
+    ([20, 21], "shape", "give 3 slots"),
+    ([20, 21, 23], "wrong", "is not it"),
+    ([20.0, 21, 22], "shape", "whole numbers"),
 ])
-def test_corrected_slots_reject(answer, phrase):
-    rejects(practice.check_corrected_slots(answer, **WORKED), phrase)
+def test_corrected_slots_reject(answer, category, phrase):
+    rejects(checks.check_corrected_slots(answer, **WORKED), category, phrase)
 
 
 def test_corrected_slots_accepted_one():
     # request 0 of the worked case: the one-accepted-draft case; +1 and 1+accepted coincide with other mistakes
     case = dict(positions=[6, 7, 8], table=[3, 7, 1, 0], accepted=1, block_size=4)
-    assert practice.check_corrected_slots([31, 4, 5], **case).passed
-    rejects(practice.check_corrected_slots([31, 32, 5], **case), "old slots is wrong")
-    rejects(practice.check_corrected_slots([30, 31, 4], **case), "stale slots")
+    assert checks.check_corrected_slots([31, 4, 5], **case).passed
+    rejects(checks.check_corrected_slots([31, 32, 5], **case), "slots_shifted", "old slots is wrong")
+    rejects(checks.check_corrected_slots([30, 31, 4], **case), "stale", "stale slots")
 
 
 # ---- 03a: whose results the host processes under round r's forward ----------------------
@@ -434,44 +439,44 @@ def zos_log_run(engine_pool):
 
 @pytest.mark.parametrize("answer", [2, np.int64(2), torch.tensor(2), "StepState(round=2)", " StepState(round=2) "])
 def test_processed_under_accepts(answer):
-    assert practice.check_processed_under(answer, synthetic_zos_timeline(), round=3).passed
+    assert checks.check_processed_under(answer, synthetic_zos_timeline(), round=3).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (3, "serial order"),
-    ("StepState(round=3)", "serial order"),
-    (4, "not even launched"),
-    (1, "earlier pass"),
-    (0, "earlier pass"),
-    (2.0, "one whole number"),
-    ("2", "not '2'"),
-    ("round 2", "not 'round 2'"),
-    (torch.tensor(2.0), "one whole number"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    (3, "serial_order", "serial order"),
+    ("StepState(round=3)", "serial_order", "serial order"),
+    (4, "not_launched_yet", "not even launched"),
+    (1, "earlier_round", "earlier pass"),
+    (0, "earlier_round", "earlier pass"),
+    (2.0, "shape", "one whole number"),
+    ("2", "shape", "not '2'"),
+    ("round 2", "shape", "not 'round 2'"),
+    (torch.tensor(2.0), "shape", "one whole number"),
 ])
-def test_processed_under_rejects(answer, phrase):
-    rejects(practice.check_processed_under(answer, synthetic_zos_timeline(), round=3), phrase)
+def test_processed_under_rejects(answer, category, phrase):
+    rejects(checks.check_processed_under(answer, synthetic_zos_timeline(), round=3), category, phrase)
 
 
 def test_processed_under_on_the_notebooks_run(zos_log_run):
     # rounds 0 and 4 are prefills processed at once; decode round r is processed under r + 1
-    assert practice.rounds_processed_in_pass(zos_log_run, 2) == [1]
-    assert practice.rounds_processed_in_pass(zos_log_run, 6) == [5]
-    assert practice.rounds_processed_in_pass(zos_log_run, 1) == []
-    assert practice.check_processed_under(1, zos_log_run, round=2).passed
-    assert practice.check_processed_under(5, zos_log_run, round=6).passed
-    rejects(practice.check_processed_under(2, zos_log_run, round=2), "serial order")
-    rejects(practice.check_processed_under(0, zos_log_run, round=1), "processed nothing")
+    assert lesson03.rounds_processed_in_pass(zos_log_run, 2) == [1]
+    assert lesson03.rounds_processed_in_pass(zos_log_run, 6) == [5]
+    assert lesson03.rounds_processed_in_pass(zos_log_run, 1) == []
+    assert checks.check_processed_under(1, zos_log_run, round=2).passed
+    assert checks.check_processed_under(5, zos_log_run, round=6).passed
+    rejects(checks.check_processed_under(2, zos_log_run, round=2), "serial_order", "serial order")
+    rejects(checks.check_processed_under(0, zos_log_run, round=1), "setup", "processed nothing")
 
 
 def test_processed_under_a_run_without_that_round():
     # an interrupted (or too short) run: name the missing round, not "was round N-1 a prefill"
-    rejects(practice.check_processed_under(2, synthetic_zos_timeline(decode_rounds=1), round=3), "has no round 3",
-            "0 to 1", "run the cell above to the end")
-    rejects(practice.check_processed_under(2, Timeline(), round=3), "has no round 3", "none")
+    rejects(checks.check_processed_under(2, synthetic_zos_timeline(decode_rounds=1), round=3), "setup",
+            "has no round 3", "0 to 1", "run the cell above to the end")
+    rejects(checks.check_processed_under(2, Timeline(), round=3), "setup", "has no round 3", "none")
 
 
 def test_processed_under_a_serial_run_processes_nothing_in_the_pass(real_run):
-    rejects(practice.check_processed_under(4, real_run, round=5), "processed nothing")
+    rejects(checks.check_processed_under(4, real_run, round=5), "setup", "processed nothing")
 
 
 # ---- 03a: tokens lost without the flush ---------------------------------------------------
@@ -483,31 +488,31 @@ def completions(lengths):
 @pytest.mark.parametrize("answer", [1, np.int64(1), [1, 1], (1, 1), torch.tensor([1, 1]), torch.tensor(1),
                                     np.array([1, 1]), np.ones(2, dtype=np.int32)])
 def test_tokens_lost_accepts(answer):
-    assert practice.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])).passed
+    assert checks.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (0, "still held in `previous`"),
-    ([0, 0], "still held in `previous`"),
-    (20, "only the last decode step"),
-    ([20, 20], "only the last decode step"),
-    (19, "how many tokens the requests kept"),
-    (2, "one decode step at a time"),
-    ([2, 2], "one decode step at a time"),
-    (-1, "cannot gain tokens"),
-    ([1, 1, 1], "give one number, or a list of 2"),
-    ([1, 0], "is not it"),
-    (1.0, "whole number"),
-    ("1", "whole number"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    (0, "nothing_lost", "still held in `previous`"),
+    ([0, 0], "nothing_lost", "still held in `previous`"),
+    (20, "all_lost", "only the last decode step"),
+    ([20, 20], "all_lost", "only the last decode step"),
+    (19, "tokens_kept", "how many tokens the requests kept"),
+    (2, "more_than_one_step", "one decode step at a time"),
+    ([2, 2], "more_than_one_step", "one decode step at a time"),
+    (-1, "negative", "cannot gain tokens"),
+    ([1, 1, 1], "shape", "give one number, or a list of 2"),
+    ([1, 0], "wrong", "is not it"),
+    (1.0, "shape", "whole number"),
+    ("1", "shape", "whole number"),
 ])
-def test_tokens_lost_rejects(answer, phrase):
-    rejects(practice.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])), phrase)
+def test_tokens_lost_rejects(answer, category, phrase):
+    rejects(checks.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])), category, phrase)
 
 
 def test_tokens_lost_uses_the_runs_numbers():
-    assert practice.check_tokens_lost([1, 2], completions([20, 12]), completions([19, 10])).passed
-    rejects(practice.check_tokens_lost(1, completions([20, 12]), completions([19, 10])), "is not it")
-    rejects(practice.check_tokens_lost(1, [], []), "no completions")
+    assert checks.check_tokens_lost([1, 2], completions([20, 12]), completions([19, 10])).passed
+    rejects(checks.check_tokens_lost(1, completions([20, 12]), completions([19, 10])), "wrong", "is not it")
+    rejects(checks.check_tokens_lost(1, [], []), "setup", "no completions")
 
 
 # ---- 03a: does the swapped order keep the serial tokens? ---------------------------------
@@ -515,31 +520,31 @@ def test_tokens_lost_uses_the_runs_numbers():
 @pytest.mark.parametrize("answer", [(True, False), [True, False], (np.bool_(True), np.bool_(False)),
                                     (torch.tensor(True), torch.tensor(False))])
 def test_swapped_order_accepts(answer):
-    assert practice.check_swapped_order(answer, True, False).passed
+    assert checks.check_swapped_order(answer, True, False).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    ((True, True), "mask is one token late"),
-    ((False, False), "reads only what is on the device"),
-    ((False, True), "reads only what is on the device"),
-    ((1, 0), "True/False"),
-    (("True", "False"), "True/False"),
-    ([True], "True/False"),
-    ((True, False, False), "True/False"),
-    (True, "True/False"),
-    ({"plain": True, "title_case": False}, "True/False"),
-    ({True, False}, "a set has no order"),
-    (frozenset({True, False}), "a set has no order"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    ((True, True), "constraint_unaffected", "mask is one token late"),
+    ((False, False), "plain_changes", "reads only what is on the device"),
+    ((False, True), "plain_changes", "reads only what is on the device"),
+    ((1, 0), "shape", "True/False"),
+    (("True", "False"), "shape", "True/False"),
+    ([True], "shape", "True/False"),
+    ((True, False, False), "shape", "True/False"),
+    (True, "shape", "True/False"),
+    ({"plain": True, "title_case": False}, "shape", "True/False"),
+    ({True, False}, "shape", "a set has no order"),
+    (frozenset({True, False}), "shape", "a set has no order"),
 ])
-def test_swapped_order_rejects(answer, phrase):
-    rejects(practice.check_swapped_order(answer, True, False), phrase)
+def test_swapped_order_rejects(answer, category, phrase):
+    rejects(checks.check_swapped_order(answer, True, False), category, phrase)
 
 
 def test_swapped_order_follows_the_measurement():
     # a set iterates as (False, True) whatever the learner meant: it must not pass where that is the truth
-    rejects(practice.check_swapped_order({False, True}, False, True), "a set has no order")
-    assert practice.check_swapped_order((True, True), True, True).passed
-    rejects(practice.check_swapped_order((True, False), True, True), "happened to match")
+    rejects(checks.check_swapped_order({False, True}, False, True), "shape", "a set has no order")
+    assert checks.check_swapped_order((True, True), True, True).passed
+    rejects(checks.check_swapped_order((True, False), True, True), "against_measurement", "happened to match")
 
 
 # ---- 03b: FROM_DEVICE placeholders and pending flags ---------------------------------------
@@ -559,33 +564,34 @@ MIXED = {"input_ids": [-1, 7, -1], "pending": [1, 0, 1]}  # request 1 was just p
     (np.array([-1, -1, -1]), np.array([True, True, True])),
 ])
 def test_future_inputs_accepts(ids, pending):
-    assert practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2).passed
+    assert checks.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2).passed
 
 
-@pytest.mark.parametrize("ids, pending, phrase", [
-    ([1, 40, 37], [1, 1, 1], "serial run's ids"),
-    ([1, 40, 37], [0, 0, 0], "serial run's ids"),
-    ([4, 1, 1], [1, 1, 1], "request 0: the host cannot know"),
-    ([17, 20, 16], [1, 1, 1], "request 0: the host cannot know"),
-    ([-1, 40, -1], [1, 1, 1], "request 1: the host cannot know"),
-    ([-1, -1, -1], [0, 0, 0], "pending = 1 marks"),
-    ([-1, -1, -1], [1, 0, 1], "is not it"),
-    ([-1, -1], [1, 1], "give 3 input ids"),
-    ([-1, -1, -1], [1, 1, 1, 1], "give 3 input ids"),
-    ("-1, -1, -1", [1, 1, 1], "lists of whole numbers"),
-    ([-1.0, -1.0, -1.0], [1, 1, 1], "lists of whole numbers"),
-    (np.full(3, -1.0), [1, 1, 1], "lists of whole numbers"),
-    (np.full((1, 3), -1), [1, 1, 1], "lists of whole numbers"),
+@pytest.mark.parametrize("ids, pending, category, phrase", [
+    ([1, 40, 37], [1, 1, 1], "serial_ids", "serial run's ids"),
+    ([1, 40, 37], [0, 0, 0], "serial_ids", "serial run's ids"),
+    ([4, 1, 1], [1, 1, 1], "host_knows_token", "request 0: the host cannot know"),
+    ([17, 20, 16], [1, 1, 1], "host_knows_token", "request 0: the host cannot know"),
+    ([-1, 40, -1], [1, 1, 1], "host_knows_token", "request 1: the host cannot know"),
+    ([-1, -1, -1], [0, 0, 0], "pending_unset", "pending = 1 marks"),
+    ([-1, -1, -1], [1, 0, 1], "wrong", "is not it"),
+    ([-1, -1], [1, 1], "shape", "give 3 input ids"),
+    ([-1, -1, -1], [1, 1, 1, 1], "shape", "give 3 input ids"),
+    ("-1, -1, -1", [1, 1, 1], "shape", "lists of whole numbers"),
+    ([-1.0, -1.0, -1.0], [1, 1, 1], "shape", "lists of whole numbers"),
+    (np.full(3, -1.0), [1, 1, 1], "shape", "lists of whole numbers"),
+    (np.full((1, 3), -1), [1, 1, 1], "shape", "lists of whole numbers"),
 ])
-def test_future_inputs_rejects(ids, pending, phrase):
-    rejects(practice.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2), phrase)
+def test_future_inputs_rejects(ids, pending, category, phrase):
+    rejects(checks.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2), category, phrase)
 
 
 def test_future_inputs_with_a_request_just_prefilled():
-    assert practice.check_future_inputs([-1, 7, -1], [1, 0, 1], MIXED).passed
-    rejects(practice.check_future_inputs([-1, -1, -1], [1, 0, 1], MIXED), "request 1: its previous round")
-    rejects(practice.check_future_inputs([-1, 7, -1], [1, 1, 1], MIXED), "is not it")
-    rejects(practice.check_future_inputs([-1, 7, -1], [0, 1, 0], MIXED), "inverted")
+    assert checks.check_future_inputs([-1, 7, -1], [1, 0, 1], MIXED).passed
+    rejects(checks.check_future_inputs([-1, -1, -1], [1, 0, 1], MIXED), "placeholder_for_known",
+            "request 1: its previous round")
+    rejects(checks.check_future_inputs([-1, 7, -1], [1, 1, 1], MIXED), "wrong", "is not it")
+    rejects(checks.check_future_inputs([-1, 7, -1], [0, 1, 0], MIXED), "pending_inverted", "inverted")
 
 
 def test_future_inputs_on_a_real_zos_round(engine_pool):
@@ -605,7 +611,7 @@ def test_future_inputs_on_a_real_zos_round(engine_pool):
         engine.generate(["Once upon a time", "One day", "There was a fox"], max_new_tokens=8)
     finally:
         del engine.prepare_inputs
-    assert practice.check_future_inputs([-1, -1, -1], [1, 1, 1], captured).passed
+    assert checks.check_future_inputs([-1, -1, -1], [1, 1, 1], captured).passed
 
 
 # ---- 03b: the ideal speed-up from the serial run's own times ------------------------------
@@ -619,40 +625,40 @@ ZOS_STATS = {"mean_host_ms_per_round": 0.9, "mean_device_ms_per_round": 4.6,
 @pytest.mark.parametrize("answer", [5.0 / 4.5, 1.11, 1.111, 1 + 0.5 / 4.5, np.float32(1.11), torch.tensor(1.11),
                                     np.float64(1.1111)])
 def test_ideal_ratio_accepts(answer):
-    assert practice.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS).passed
+    assert checks.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (10.0, "divide by the larger"),
-    (0.9, "upside down"),
-    (9.0, "device over host"),
-    (0.5 / 4.5, "host over device"),
-    (5.0, "serial round's time"),
-    (1 / 0.85, "idle fraction"),
-    (5.5 / 4.6, "ZOS run's times"),
-    (1776 / 1500, "measured speed-up"),
-    (1.3, "is not it"),
-    (1.0, "is not it"),
-    (-1.11, "is not it"),
-    (2, "is not it"),
-    ("1.11", "as a number"),
-    (float("inf"), "finite"),
-    (111.1, "a percentage"),
-    (111, "a percentage"),
-    (1.1, "one decimal"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    (10.0, "divides_by_smaller", "divide by the larger"),
+    (0.9, "upside_down", "upside down"),
+    (9.0, "device_over_host", "device over host"),
+    (0.5 / 4.5, "host_over_device", "host over device"),
+    (5.0, "serial_round_time", "serial round's time"),
+    (1 / 0.85, "from_idle_fraction", "idle fraction"),
+    (5.5 / 4.6, "zos_times", "ZOS run's times"),
+    (1776 / 1500, "measured_speedup", "measured speed-up"),
+    (1.3, "wrong", "is not it"),
+    (1.0, "wrong", "is not it"),
+    (-1.11, "wrong", "is not it"),
+    (2, "wrong", "is not it"),
+    ("1.11", "shape", "as a number"),
+    (float("inf"), "junk", "finite"),
+    (111.1, "percentage", "a percentage"),
+    (111, "percentage", "a percentage"),
+    (1.1, "one_decimal", "one decimal"),
 ])
-def test_ideal_ratio_rejects(answer, phrase):
-    rejects(practice.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS), phrase)
+def test_ideal_ratio_rejects(answer, category, phrase):
+    rejects(checks.check_ideal_ratio(answer, SERIAL_STATS, ZOS_STATS), category, phrase)
 
 
 def test_ideal_ratio_when_the_host_is_the_bottleneck():
     stats = {"mean_host_ms_per_round": 4.0, "mean_device_ms_per_round": 2.0}
-    assert "host" in practice.check_ideal_ratio(1.5, stats).message
-    rejects(practice.check_ideal_ratio(3.0, stats), "divide by the larger")
+    assert "host" in checks.check_ideal_ratio(1.5, stats).message
+    rejects(checks.check_ideal_ratio(3.0, stats), "divides_by_smaller", "divide by the larger")
 
 
 def test_ideal_ratio_matches_the_bench_formula():
-    assert practice.ideal_ratio(SERIAL_STATS) == pytest.approx(5.0 / 4.5)
+    assert ideal_ratio(SERIAL_STATS) == pytest.approx(5.0 / 4.5)
 
 
 # ---- every check: unanswered stubs and junk never raise ---------------------------------
@@ -660,30 +666,30 @@ def test_ideal_ratio_matches_the_bench_formula():
 def all_checks(device):
     tl = synthetic_timeline()
     return {
-        "done_after_wait": lambda a: practice.check_done_after_wait(a),
-        "race": lambda a: practice.check_race(a, device),
-        "race_fixed": lambda a: practice.check_race_fixed(a, device),
-        "slot": lambda a: practice.check_slot(a, TABLE, POS, BS),
-        "decode_q": lambda a: practice.check_decode_lengths(a, [10, 8, 4], PROMPT_LENGTHS),
-        "decode_k": lambda a: practice.check_decode_lengths([1, 1, 1], a, PROMPT_LENGTHS),
-        "round_gap": lambda a: practice.check_round_gap(a, tl, 2),
-        "largest": lambda a: practice.check_largest_host_stage(a, tl),
-        "overhead": lambda a: practice.check_overhead_gap(a),
-        "true_k": lambda a: practice.check_true_key_length(a, 27, 4),
-        "slots": lambda a: practice.check_corrected_slots(a, **WORKED),
-        "processed_under": lambda a: practice.check_processed_under(a, synthetic_zos_timeline(), 3),
-        "tokens_lost": lambda a: practice.check_tokens_lost(a, completions([20, 20]), completions([19, 19])),
-        "swapped_order": lambda a: practice.check_swapped_order(a, True, False),
-        "future_ids": lambda a: practice.check_future_inputs(a, [1, 1, 1], ZOS_ROUND_2, SERIAL_ROUND_2),
-        "future_pending": lambda a: practice.check_future_inputs([-1, -1, -1], a, ZOS_ROUND_2, SERIAL_ROUND_2),
-        "ideal_ratio": lambda a: practice.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS),
+        "done_after_wait": lambda a: checks.check_done_after_wait(a),
+        "race": lambda a: checks.check_race(a, device),
+        "race_fixed": lambda a: checks.check_race_fixed(a, device),
+        "slot": lambda a: checks.check_slot(a, TABLE, POS, BS),
+        "decode_q": lambda a: checks.check_decode_lengths(a, [10, 8, 4], PROMPT_LENGTHS),
+        "decode_k": lambda a: checks.check_decode_lengths([1, 1, 1], a, PROMPT_LENGTHS),
+        "round_gap": lambda a: checks.check_round_gap(a, tl, 2),
+        "largest": lambda a: checks.check_largest_host_stage(a, tl),
+        "overhead": lambda a: checks.check_overhead_gap(a),
+        "true_k": lambda a: checks.check_true_key_length(a, 27, 4),
+        "slots": lambda a: checks.check_corrected_slots(a, **WORKED),
+        "processed_under": lambda a: checks.check_processed_under(a, synthetic_zos_timeline(), 3),
+        "tokens_lost": lambda a: checks.check_tokens_lost(a, completions([20, 20]), completions([19, 19])),
+        "swapped_order": lambda a: checks.check_swapped_order(a, True, False),
+        "future_ids": lambda a: checks.check_future_inputs(a, [1, 1, 1], ZOS_ROUND_2, SERIAL_ROUND_2),
+        "future_pending": lambda a: checks.check_future_inputs([-1, -1, -1], a, ZOS_ROUND_2, SERIAL_ROUND_2),
+        "ideal_ratio": lambda a: checks.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS),
     }
 
 
 def test_stubs_say_not_answered(device):
     for name, check in all_checks(device).items():
         v = check(None)
-        assert isinstance(v, checks.Verdict) and not v.passed, name
+        assert isinstance(v, checks.Verdict) and v.category == "unanswered", name
         assert v.message.startswith("not answered yet"), (name, v.message)
 
 
@@ -752,47 +758,49 @@ def launches(engine_pool):
 @pytest.mark.parametrize("answer", [{3, 4}, [4, 3], (3, 4), frozenset({3, 4}), range(3, 5),
                                     torch.tensor([3, 4]), {np.int64(3), 4}, np.array([3, 4])])
 def test_uncommitted_accepts(answer, launches):
-    assert practice.check_uncommitted_rounds(answer, launches["zos"], round=4).passed
+    assert checks.check_uncommitted_rounds(answer, launches["zos"], round=4).passed
 
 
 def test_uncommitted_judges_the_record(launches):
     # the record itself says how many rounds were in flight: two under ZOS from round 2 on, one in serial
     for r in range(2, 6):
-        assert practice.check_uncommitted_rounds({r - 1, r}, launches["zos"], round=r).passed
-        assert practice.check_uncommitted_rounds({r}, launches["serial"], round=r).passed
-        assert practice.check_uncommitted_rounds(r, launches["serial"], round=r).passed
-        rejects(practice.check_uncommitted_rounds({r}, launches["zos"], round=r), "still in flight too")
-        rejects(practice.check_uncommitted_rounds({r - 1, r}, launches["serial"], round=r), "already processed")
+        assert checks.check_uncommitted_rounds({r - 1, r}, launches["zos"], round=r).passed
+        assert checks.check_uncommitted_rounds({r}, launches["serial"], round=r).passed
+        assert checks.check_uncommitted_rounds(r, launches["serial"], round=r).passed
+        rejects(checks.check_uncommitted_rounds({r}, launches["zos"], round=r), "misses_in_flight",
+                "still in flight too")
+        rejects(checks.check_uncommitted_rounds({r - 1, r}, launches["serial"], round=r), "already_processed",
+                "already processed")
     # round 1 follows the prefill, which was processed at once: only round 1 is in flight
-    assert practice.check_uncommitted_rounds({1}, launches["zos"], round=1).passed
+    assert checks.check_uncommitted_rounds({1}, launches["zos"], round=1).passed
     # a hand-made record of the same shape (3-tuples are enough)
-    assert practice.check_uncommitted_rounds({6, 7}, [(7, 5, 2)], round=7).passed
+    assert checks.check_uncommitted_rounds({6, 7}, [(7, 5, 2)], round=7).passed
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    ({4}, "round 3 is still in flight too"),          # the serial answer
-    (4, "round 3 is still in flight too"),
-    ({3}, "round 4 itself counts"),                   # only the one whose token is on the device
-    (2, "round 4 itself counts"),                     # a count, not rounds
-    (set(), "round 4 itself counts"),
-    ({2, 3}, "round 4 itself counts"),
-    ({2, 3, 4}, "round 2 is already processed"),      # one round too many
-    ({0, 1, 2, 3, 4}, "already processed"),           # every launched round
-    ({1, 4}, "round 3 is still in flight"),
-    ({3, 4, 5}, "round 5 was not launched yet"),
-    ({5}, "round 5 was not launched yet"),
-    ({-1, 4}, "round -1 was not launched yet"),
-    ([3.0, 4], "whole round numbers"),
-    ("3, 4", "whole round numbers"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    ({4}, "misses_in_flight", "round 3 is still in flight too"),      # the serial answer
+    (4, "misses_in_flight", "round 3 is still in flight too"),
+    ({3}, "misses_current_round", "round 4 itself counts"),           # only the one whose token is on the device
+    (2, "misses_current_round", "round 4 itself counts"),             # a count, not rounds
+    (set(), "misses_current_round", "round 4 itself counts"),
+    ({2, 3}, "misses_current_round", "round 4 itself counts"),
+    ({2, 3, 4}, "already_processed", "round 2 is already processed"),  # one round too many
+    ({0, 1, 2, 3, 4}, "already_processed", "already processed"),       # every launched round
+    ({1, 4}, "misses_in_flight", "round 3 is still in flight"),
+    ({3, 4, 5}, "not_launched_yet", "round 5 was not launched yet"),
+    ({5}, "not_launched_yet", "round 5 was not launched yet"),
+    ({-1, 4}, "not_launched_yet", "round -1 was not launched yet"),
+    ([3.0, 4], "shape", "whole round numbers"),
+    ("3, 4", "shape", "whole round numbers"),
 ])
-def test_uncommitted_rejects(answer, phrase, launches):
-    rejects(practice.check_uncommitted_rounds(answer, launches["zos"], round=4), phrase)
+def test_uncommitted_rejects(answer, category, phrase, launches):
+    rejects(checks.check_uncommitted_rounds(answer, launches["zos"], round=4), category, phrase)
 
 
 def test_uncommitted_bad_record(launches):
-    rejects(practice.check_uncommitted_rounds({3, 4}, launches["zos"], round=9), "no launch of round 9")
-    rejects(practice.check_uncommitted_rounds({3, 4}, "record", round=4), "record of watch_launches")
-    rejects(practice.check_uncommitted_rounds({3, 4}, [(4, None)], round=4), "record of watch_launches")
+    rejects(checks.check_uncommitted_rounds({3, 4}, launches["zos"], round=9), "setup", "no launch of round 9")
+    rejects(checks.check_uncommitted_rounds({3, 4}, "record", round=4), "setup", "record of watch_launches")
+    rejects(checks.check_uncommitted_rounds({3, 4}, [(4, None)], round=4), "setup", "record of watch_launches")
 
 
 def abort_before(round_no, prompt=1):
@@ -802,18 +810,23 @@ def abort_before(round_no, prompt=1):
     return on_round
 
 
-# (mode, generate kwargs, the right count, wrong answers with a phrase of their message)
+# (mode, generate kwargs, the right count, wrong answers with their category and a phrase of their message)
 DISCARD_SCENARIOS = {
     "zos, stop": ("zos", dict(max_new_tokens=24, stop=[" the"]), 1,
-                  [(0, "under ZOS the host learns"), (2, "too many"), (4, "too many"), (3, "too many")]),
+                  [(0, "missed_extra_step", "under ZOS the host learns"), (2, "too_many", "too many"),
+                   (4, "too_many", "too many"), (3, "too_many", "too many")]),
     "serial, stop": ("serial", dict(max_new_tokens=24, stop=[" the"]), 0,
-                     [(1, "serial host waits"), (4, "serial host waits")]),
+                     [(1, "serial_discards_nothing", "serial host waits"),
+                      (4, "serial_discards_nothing", "serial host waits")]),
     "zos, abort before round 5": ("zos", dict(max_new_tokens=24, on_round=abort_before(5)), 1,
-                                  [(0, "an abort takes effect at once"), (2, "too many"), (4, "too many")]),
+                                  [(0, "missed_abort_round", "an abort takes effect at once"),
+                                   (2, "too_many", "too many"), (4, "too_many", "too many")]),
     "zos, abort before round 1": ("zos", dict(max_new_tokens=24, on_round=abort_before(1)), 0,
-                                  [(1, "no launched round held"), (2, "no launched round held")]),
+                                  [(1, "nothing_discarded", "no launched round held"),
+                                   (2, "nothing_discarded", "no launched round held")]),
     "zos, length only": ("zos", dict(max_new_tokens=24), 0,
-                         [(4, "length limit is counted in advance"), (1, "no launched round held")]),
+                         [(4, "nothing_discarded", "length limit is counted in advance"),
+                          (1, "nothing_discarded", "no launched round held")]),
 }
 
 
@@ -824,11 +837,12 @@ def test_discarded_judges_the_run(scenario, engine_pool):
     engine.generate(PROMPTS_05, **kw)
     assert engine.stats["discarded_outputs"] == want, "the scenario's count changed: update the corpus"
     for right in (want, np.int64(want), torch.tensor(want)):
-        assert practice.check_discarded(right, engine).passed, right
-    for value, phrase in wrong:
-        rejects(practice.check_discarded(value, engine), phrase)
-    for value, phrase in [(-1, "cannot be negative"), (float(want), "whole number"), (str(want), "whole number")]:
-        rejects(practice.check_discarded(value, engine), phrase)
+        assert checks.check_discarded(right, engine).passed, right
+    for value, category, phrase in wrong:
+        rejects(checks.check_discarded(value, engine), category, phrase)
+    for value, category, phrase in [(-1, "negative", "cannot be negative"), (float(want), "shape", "whole number"),
+                                    (str(want), "shape", "whole number")]:
+        rejects(checks.check_discarded(value, engine), category, phrase)
 
 
 def test_length_limit_extra_step_only_with_drafts(engine_pool):
@@ -843,15 +857,15 @@ def test_length_limit_extra_step_only_with_drafts(engine_pool):
     spec.generate(workload, max_new_tokens=48)
     discarded = spec.stats["discarded_outputs"]
     assert discarded > 0
-    assert practice.check_discarded(discarded, spec).passed
-    rejects(practice.check_discarded(0, spec), "under ZOS")
-    rejects(practice.check_discarded(discarded + 1, spec), "is not it")
+    assert checks.check_discarded(discarded, spec).passed
+    rejects(checks.check_discarded(0, spec), "missed_extra_step", "under ZOS")
+    rejects(checks.check_discarded(discarded + 1, spec), "wrong", "is not it")
 
 
 def test_discarded_needs_an_engine():
-    rejects(practice.check_discarded(1, "engine"), "pass the engine")
-    rejects(practice.check_discarded(1, None), "pass the engine")
-    assert practice.check_discarded(None, None, name="discarded_by_abort").message.startswith(
+    rejects(checks.check_discarded(1, "engine"), "setup", "pass the engine")
+    rejects(checks.check_discarded(1, None), "setup", "pass the engine")
+    assert checks.check_discarded(None, None, name="discarded_by_abort").message.startswith(
         "not answered yet: set `discarded_by_abort`")
 
 
@@ -875,55 +889,55 @@ def single_buffer_race(engine_pool):
 def test_race_report_accepts(answer, single_buffer_race):
     err = single_buffer_race
     assert (err.buffer, err.round) == ("meta0", 1), "the run's race changed: update the corpus"
-    v = practice.check_race_report(answer, err)
+    v = checks.check_race_report(answer, err)
     assert v.passed and str(err) in v.message, v
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (("meta0", 2), "round 2 is the round whose prepare writes meta0"),   # the writer, not the launch
-    (("meta0", 0), "round 0 was waited for"),                            # the prefill
-    (("meta1", 1), "every round uses slot 0"),                           # two-slot thinking
-    (("meta1", 2), "every round uses slot 0"),
-    (("out0", 1), "only after waiting"),                                 # the output slot
-    (("out0", 2), "only after waiting"),
-    (("out1", 1), "only after waiting"),
-    (("temps0", 1), "prepare writes meta0 before temps"),
-    (("upload", 1), "the buffers are meta0, temps0 and out0"),           # the launch's stage, not a buffer
-    (("meta0", 5), "is not it"),
-    (("meta0", 3), "is not it"),
-    ("meta0", "a pair"),
-    (("meta0", 1, "upload"), "a pair"),
-    (("meta0", "1"), "round as a whole number"),
-    ((1, "meta0"), "round as a whole number"),
-    (("meta0", 1.0), "round as a whole number"),
-    ({"buffer": "meta0"}, "round as a whole number"),
-    ({}, "not {}"),
-    (("Meta1", 1), "every round uses slot 0"),
-    (("meta0", torch.tensor(1.0)), "round as a whole number"),
+@pytest.mark.parametrize("answer, category, phrase", [
+    (("meta0", 2), "writing_round", "round 2 is the round whose prepare writes meta0"),  # the writer, not the launch
+    (("meta0", 0), "earlier_round", "round 0 was waited for"),                           # the prefill
+    (("meta1", 1), "wrong_slot", "every round uses slot 0"),                             # two-slot thinking
+    (("meta1", 2), "wrong_slot", "every round uses slot 0"),
+    (("out0", 1), "wrong_buffer", "only after waiting"),                                 # the output slot
+    (("out0", 2), "wrong_buffer", "only after waiting"),
+    (("out1", 1), "wrong_buffer", "only after waiting"),
+    (("temps0", 1), "wrong_buffer", "prepare writes meta0 before temps"),
+    (("upload", 1), "wrong_buffer", "the buffers are meta0, temps0 and out0"),  # the launch's stage, not a buffer
+    (("meta0", 5), "wrong", "is not it"),
+    (("meta0", 3), "wrong", "is not it"),
+    ("meta0", "shape", "a pair"),
+    (("meta0", 1, "upload"), "shape", "a pair"),
+    (("meta0", "1"), "shape", "round as a whole number"),
+    ((1, "meta0"), "shape", "round as a whole number"),
+    (("meta0", 1.0), "shape", "round as a whole number"),
+    ({"buffer": "meta0"}, "shape", "round as a whole number"),
+    ({}, "shape", "not {}"),
+    (("Meta1", 1), "wrong_slot", "every round uses slot 0"),
+    (("meta0", torch.tensor(1.0)), "shape", "round as a whole number"),
 ])
-def test_race_report_rejects(answer, phrase, single_buffer_race):
-    rejects(practice.check_race_report(answer, single_buffer_race), phrase)
+def test_race_report_rejects(answer, category, phrase, single_buffer_race):
+    rejects(checks.check_race_report(answer, single_buffer_race), category, phrase)
 
 
 def test_race_report_needs_the_buffer_race():
     from types import SimpleNamespace
-    rejects(practice.check_race_report(("meta0", 1), None), "raised no buffer race")
+    rejects(checks.check_race_report(("meta0", 1), None), "setup", "raised no buffer race")
     early_free = SimpleNamespace(kind="free_in_use", buffer=None, round=5, launch="forward")
-    rejects(practice.check_race_report(("meta0", 1), early_free), "raised no buffer race")
-    rejects(practice.check_race_report(("meta0", 1), "RaceError"), "raised no buffer race")
+    rejects(checks.check_race_report(("meta0", 1), early_free), "setup", "raised no buffer race")
+    rejects(checks.check_race_report(("meta0", 1), "RaceError"), "setup", "raised no buffer race")
 
 
 def test_05_stubs_and_junk_never_raise(launches, engine_pool, single_buffer_race):
     engine = engine_pool(mode="zos", max_batch_size=4)
     engine.generate(PROMPTS_05, max_new_tokens=24, stop=[" the"])
-    checks = {
-        "uncommitted": lambda a: practice.check_uncommitted_rounds(a, launches["zos"], round=4),
-        "discarded": lambda a: practice.check_discarded(a, engine),
-        "race_report": lambda a: practice.check_race_report(a, single_buffer_race),
+    cases = {
+        "uncommitted": lambda a: checks.check_uncommitted_rounds(a, launches["zos"], round=4),
+        "discarded": lambda a: checks.check_discarded(a, engine),
+        "race_report": lambda a: checks.check_race_report(a, single_buffer_race),
     }
-    for name, check in checks.items():
+    for name, check in cases.items():
         v = check(None)
-        assert isinstance(v, checks.Verdict) and not v.passed, name
+        assert isinstance(v, checks.Verdict) and v.category == "unanswered", name
         assert v.message.startswith("not answered yet"), (name, v.message)
         for junk in JUNK + [math.inf, -3, (None, None), {"buffer": 1, "round": "x"}]:
             v = check(junk)
@@ -958,16 +972,16 @@ def number_checks():
     """Each check that asks for one number: (check, its right answer)."""
     tl = synthetic_timeline()
     return {
-        "done_after_wait": (lambda a: practice.check_done_after_wait(a, waited=0), 0),
-        "slot": (lambda a: practice.check_slot(a, TABLE, POS, BS), 30),
-        "round_gap": (lambda a: practice.check_round_gap(a, tl, 2), gap_before(tl, 2)),
-        "overhead": (lambda a: practice.check_overhead_gap(a), 5.0),
-        "processed_under": (lambda a: practice.check_processed_under(a, synthetic_zos_timeline(), 3), 2),
-        "tokens_lost": (lambda a: practice.check_tokens_lost(a, completions([20, 20]), completions([19, 19])), 1),
-        "ideal_ratio": (lambda a: practice.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS), 1.11),
-        "true_k": (lambda a: practice.check_true_key_length(a, 27, 4), 31),
-        "uncommitted": (lambda a: practice.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1), 1),
-        "discarded": (lambda a: practice.check_discarded(a, _fake_run(1)), 1),
+        "done_after_wait": (lambda a: checks.check_done_after_wait(a, waited=0), 0),
+        "slot": (lambda a: checks.check_slot(a, TABLE, POS, BS), 30),
+        "round_gap": (lambda a: checks.check_round_gap(a, tl, 2), gap_before(tl, 2)),
+        "overhead": (lambda a: checks.check_overhead_gap(a), 5.0),
+        "processed_under": (lambda a: checks.check_processed_under(a, synthetic_zos_timeline(), 3), 2),
+        "tokens_lost": (lambda a: checks.check_tokens_lost(a, completions([20, 20]), completions([19, 19])), 1),
+        "ideal_ratio": (lambda a: checks.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS), 1.11),
+        "true_k": (lambda a: checks.check_true_key_length(a, 27, 4), 31),
+        "uncommitted": (lambda a: checks.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1), 1),
+        "discarded": (lambda a: checks.check_discarded(a, _fake_run(1)), 1),
     }
 
 
@@ -1006,9 +1020,9 @@ JUNK_NUMBERS = [10**400, -10**400, 10**5000, [10**400], (10**400,), float("inf")
 
 def all_checks_05():
     return {
-        "uncommitted": lambda a: practice.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1),
-        "discarded": lambda a: practice.check_discarded(a, _fake_run(1)),
-        "race_report": lambda a: practice.check_race_report(a, _fake_race()),
+        "uncommitted": lambda a: checks.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1),
+        "discarded": lambda a: checks.check_discarded(a, _fake_run(1)),
+        "race_report": lambda a: checks.check_race_report(a, _fake_race()),
     }
 
 
@@ -1016,8 +1030,7 @@ MAX_MESSAGE = 800
 
 
 def test_junk_numbers_get_a_sentence_never_a_traceback(device):
-    checks = {**all_checks(device), **all_checks_05()}
-    for name, check in checks.items():
+    for name, check in {**all_checks(device), **all_checks_05()}.items():
         for junk in JUNK_NUMBERS:
             try:
                 v = check(junk)
@@ -1034,9 +1047,9 @@ def test_junk_numbers_get_a_sentence_never_a_traceback(device):
                          ids=["10**400", "[10**400]", "nan", "inf", "tensor(nan)"])
 def test_junk_numbers_are_named(junk, phrase):
     tl = synthetic_timeline()
-    for v in (practice.check_round_gap(junk, tl, 2), practice.check_slot(junk, TABLE, POS, BS),
-              practice.check_true_key_length(junk, 27, 4), practice.check_ideal_ratio(junk, SERIAL_STATS)):
-        rejects(v, phrase)
+    for v in (checks.check_round_gap(junk, tl, 2), checks.check_slot(junk, TABLE, POS, BS),
+              checks.check_true_key_length(junk, 27, 4), checks.check_ideal_ratio(junk, SERIAL_STATS)):
+        rejects(v, "junk", phrase)
 
 
 def _timeline_with_gap(gap):
@@ -1052,10 +1065,10 @@ def _timeline_with_gap(gap):
 
 def test_round_gap_read_to_the_hovers_rounding_gets_a_close_hint():
     tl = _timeline_with_gap(1.366)
-    assert practice.check_round_gap(1.366, tl, 2).passed
+    assert checks.check_round_gap(1.366, tl, 2).passed
     for near in (1.37, 1.36, np.float32(1.37), [1.37], torch.tensor(1.37)):
-        rejects(practice.check_round_gap(near, tl, 2), "close", "more digits")
-    rejects(practice.check_round_gap(1.5, tl, 2), "is not the gap")
+        rejects(checks.check_round_gap(near, tl, 2), "too_few_digits", "close", "more digits")
+    rejects(checks.check_round_gap(1.5, tl, 2), "wrong", "is not the gap")
 
 
 def _notebook_function(notebook, name):

@@ -1,4 +1,4 @@
-"""Notebook 06's checks (overlap_course.checks.notebooks, section "06: real traces") and what they stand on:
+"""Notebook 06's checks (overlap_course.checks.lesson06) and what they stand on:
 kineto.idle_after_syncs, kineto.cuda_profiles and scripts/profile_cuda.py.
 
 Every check judges against the trace it is given -- the real A100 file, a learner's own export,
@@ -11,14 +11,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 import toy_engine as te
 from overlap_course.traces import kineto
-from overlap_course.checks import notebooks as practice
+from overlap_course import checks
 from overlap_course.measure.bench import default_workload
 from overlap_course.traces.recorded import TRACES_DIR
 from toy_engine.timeline import Timeline
@@ -53,56 +52,57 @@ OTHER = _synthetic(kernels=[(0, 40, 1), (60, 30, 2), (90, 10, 3)],
 def test_idle_share_right_answers_pass_as_fraction_or_percent():
     idle = kineto.summary(REAL)["device_idle_fraction"]
     for answer in (idle, 100 * idle, round(idle, 2), round(100 * idle), idle - 0.08, 100 * idle + 8):
-        verdict = practice.check_idle_share(answer, REAL)
+        verdict = checks.check_idle_share(answer, REAL)
         assert verdict.passed, (answer, verdict)
         assert f"{idle:.1%}" in verdict.message
     # a numpy / torch scalar is a number too
     import torch
-    assert practice.check_idle_share(torch.tensor(idle), REAL).passed
+    assert checks.check_idle_share(torch.tensor(idle), REAL).passed
 
 
-@pytest.mark.parametrize("answer, says", [
-    (None, "not answered yet"),
-    ("79%", "as a number"),
-    (float("nan"), "finite number"),
-    (True, "finite number"),
-    (-0.2, "cannot be negative"),
-    (0.3, "idle more than that"),
-    (1.0, "idle less than that"),
+@pytest.mark.parametrize("answer, category, says", [
+    (None, "unanswered", "not answered yet"),
+    ("79%", "shape", "as a number"),
+    (float("nan"), "junk", "finite number"),
+    (True, "shape", "finite number"),
+    (-0.2, "negative", "cannot be negative"),
+    (0.3, "wrong", "idle more than that"),
+    (1.0, "wrong", "idle less than that"),
 ])
-def test_idle_share_wrong_answers_fail_and_say_why(answer, says):
-    verdict = practice.check_idle_share(answer, REAL)
-    assert not verdict.passed and says in verdict.message, verdict
+def test_idle_share_wrong_answers_fail_and_say_why(answer, category, says):
+    verdict = checks.check_idle_share(answer, REAL)
+    assert not verdict.passed and verdict.category == category and says in verdict.message, verdict
 
 
 def test_idle_share_recognises_busy_share_microseconds_and_idle_over_busy():
     s = kineto.summary(REAL)
     busy_share = 1 - s["device_idle_fraction"]
-    for answer, says in ((busy_share, "busy share"), (100 * busy_share, "busy share"),
-                         (s["device_idle_us"], "microseconds"),
-                         (s["device_idle_us"] / s["device_busy_us"], "idle over busy"),
-                         (s["device_span_us"], "at most 1")):
-        verdict = practice.check_idle_share(answer, REAL)
-        assert not verdict.passed and says in verdict.message, (answer, verdict)
+    for answer, category, says in ((busy_share, "busy_fraction", "busy share"),
+                                   (100 * busy_share, "busy_fraction", "busy share"),
+                                   (s["device_idle_us"], "idle_time_not_share", "microseconds"),
+                                   (s["device_idle_us"] / s["device_busy_us"], "idle_over_busy", "idle over busy"),
+                                   (s["device_span_us"], "share_over_one", "at most 1")):
+        verdict = checks.check_idle_share(answer, REAL)
+        assert not verdict.passed and verdict.category == category and says in verdict.message, (answer, verdict)
 
 
 def test_idle_share_is_judged_on_the_trace_given():
     other = kineto.summary(OTHER)["device_idle_fraction"]
     assert other == pytest.approx(0.2)
-    assert practice.check_idle_share(0.2, OTHER).passed
-    assert not practice.check_idle_share(0.2, REAL).passed
+    assert checks.check_idle_share(0.2, OTHER).passed
+    assert not checks.check_idle_share(0.2, REAL).passed
     real = kineto.summary(REAL)["device_idle_fraction"]
-    assert practice.check_idle_share(real, REAL).passed and not practice.check_idle_share(real, OTHER).passed
+    assert checks.check_idle_share(real, REAL).passed and not checks.check_idle_share(real, OTHER).passed
     # the learner's own (stored quiet) serial export: its own idle
     serial = _stored_export("cpu_serial")
-    assert practice.check_idle_share(kineto.summary(serial)["device_idle_fraction"], serial).passed
+    assert checks.check_idle_share(kineto.summary(serial)["device_idle_fraction"], serial).passed
 
 
 def test_idle_share_on_a_broken_trace_is_a_verdict_not_an_exception(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    verdict = practice.check_idle_share(0.5, bad)
-    assert not verdict.passed and "not valid JSON" in verdict.message
+    verdict = checks.check_idle_share(0.5, bad)
+    assert not verdict.passed and verdict.category == "setup" and "not valid JSON" in verdict.message
 
 
 # ---------------------------------------------------------------------------- check_idle_sync
@@ -126,7 +126,7 @@ def test_idle_sync_right_answer_for_the_real_trace_passes_in_its_spellings():
     want = next(iter(kineto.idle_after_syncs(REAL)["by_sync_us"]))
     kind = {v: k for k, v in kineto.SYNC_EVENT_CALLS.items()}[want]  # its cuda_sync record, e.g. "Stream Sync"
     for answer in (want, f"{want}()", f"  {want.lower()} ", f"'{want}'", kind):
-        verdict = practice.check_idle_sync(answer, REAL)
+        verdict = checks.check_idle_sync(answer, REAL)
         assert verdict.passed, (answer, verdict)
         assert want in verdict.message
 
@@ -136,32 +136,36 @@ def test_idle_sync_wrong_answers_for_the_real_trace_fail():
     want = next(iter(idle["by_sync_us"]))
     other_syncs = [name for name in idle["syncs"] if name != want]
     assert other_syncs, "the real trace has other syncs to confuse it with"
-    cases = {name: "did not return while the device was idle" for name in other_syncs}
-    cases.update({"cudaLaunchKernel": "queues work and returns", "cudaMemcpyAsync": "queues work and returns",
-                  "cudaEventRecord": "does not block", "cudaEventQuery": "does not block",
-                  "aten::item": "PyTorch side", ".item()": "PyTorch side",
-                  "torch.cuda.synchronize": "not a call of this trace", "cuCtxSynchronize": "not a call of this trace"})
-    for answer, says in cases.items():
-        verdict = practice.check_idle_sync(answer, REAL)
-        assert not verdict.passed and says in verdict.message, (answer, verdict)
-    for answer, says in ((None, "not answered yet"), (3, "as a string"), ("", "as a string")):
-        verdict = practice.check_idle_sync(answer, REAL)
-        assert not verdict.passed and says in verdict.message, (answer, verdict)
+    cases = {name: ("other_sync", "did not return while the device was idle") for name in other_syncs}
+    cases.update({"cudaLaunchKernel": ("launch_call", "queues work and returns"),
+                  "cudaMemcpyAsync": ("launch_call", "queues work and returns"),
+                  "cudaEventRecord": ("not_blocking", "does not block"),
+                  "cudaEventQuery": ("not_blocking", "does not block"),
+                  "aten::item": ("pytorch_call", "PyTorch side"), ".item()": ("pytorch_call", "PyTorch side"),
+                  "torch.cuda.synchronize": ("not_in_trace", "not a call of this trace"),
+                  "cuCtxSynchronize": ("not_in_trace", "not a call of this trace")})
+    for answer, (category, says) in cases.items():
+        verdict = checks.check_idle_sync(answer, REAL)
+        assert not verdict.passed and verdict.category == category and says in verdict.message, (answer, verdict)
+    for answer, category, says in ((None, "unanswered", "not answered yet"), (3, "shape", "as a string"),
+                                   ("", "shape", "as a string")):
+        verdict = checks.check_idle_sync(answer, REAL)
+        assert not verdict.passed and verdict.category == category and says in verdict.message, (answer, verdict)
 
 
 def test_idle_sync_is_judged_on_the_trace_given():
     # the synthetic trace: cudaDeviceSynchronize returns in the 20 us gap; the stream sync does not
     assert kineto.idle_after_syncs(OTHER)["by_sync_us"] == {"cudaDeviceSynchronize": 20.0}
-    assert practice.check_idle_sync("cudaDeviceSynchronize", OTHER).passed
-    assert not practice.check_idle_sync("cudaStreamSynchronize", OTHER).passed
+    assert checks.check_idle_sync("cudaDeviceSynchronize", OTHER).passed
+    assert not checks.check_idle_sync("cudaStreamSynchronize", OTHER).passed
     real = next(iter(kineto.idle_after_syncs(REAL)["by_sync_us"]))
-    assert real != "cudaDeviceSynchronize" and not practice.check_idle_sync("cudaDeviceSynchronize", REAL).passed
+    assert real != "cudaDeviceSynchronize" and not checks.check_idle_sync("cudaDeviceSynchronize", REAL).passed
     # a trace in which no sync leaves the device idle has no right answer, and says why
     launch_bound = _synthetic(kernels=[(0, 10, 1), (30, 10, 2)],
                               calls=[("cudaLaunchKernel", -3, 2, 1), ("cudaLaunchKernel", 25, 2, 2),
                                      ("cudaDeviceSynchronize", 28, 14, None)])
-    verdict = practice.check_idle_sync("cudaDeviceSynchronize", launch_bound)
-    assert not verdict.passed and "launching too slowly" in verdict.message
+    verdict = checks.check_idle_sync("cudaDeviceSynchronize", launch_bound)
+    assert not verdict.passed and verdict.category == "setup" and "launching too slowly" in verdict.message
 
 
 def test_idle_sync_on_exported_serial_and_zos_runs():
@@ -169,9 +173,9 @@ def test_idle_sync_on_exported_serial_and_zos_runs():
     export) and the device idles after it; ZOS has the next forward queued before it waits."""
     for overhead in ("", "_overhead2ms"):
         serial, zos = (_stored_export(f"cpu_{m}{overhead}") for m in ("serial", "zos"))
-        assert practice.check_idle_sync("cudaEventSynchronize", serial).passed
+        assert checks.check_idle_sync("cudaEventSynchronize", serial).passed
         for wrong in ("cudaStreamSynchronize", "cudaLaunchKernel", "wait"):
-            assert not practice.check_idle_sync(wrong, serial).passed, wrong
+            assert not checks.check_idle_sync(wrong, serial).passed, wrong
         after = {name: kineto.idle_after_syncs(t) for name, t in (("serial", serial), ("zos", zos))}
         per_round = {m: a["by_sync_us"].get("cudaEventSynchronize", 0.0) / a["rounds"] for m, a in after.items()}
         assert per_round["zos"] < 0.5 * per_round["serial"], per_round  # recorded on a quiet machine
@@ -188,13 +192,13 @@ def test_idle_sync_on_a_fresh_serial_run(shipped, tmp_path):
         engine.generate(default_workload(4), max_new_tokens=8)
         path = tmp_path / "serial.json"
         kineto.export(engine.timeline, path)
-    assert practice.check_idle_sync("cudaEventSynchronize", path).passed
-    assert not practice.check_idle_sync("cudaStreamSynchronize", path).passed
+    assert checks.check_idle_sync("cudaEventSynchronize", path).passed
+    assert not checks.check_idle_sync("cudaStreamSynchronize", path).passed
 
 
 def test_idle_sync_on_a_broken_trace_is_a_verdict_not_an_exception(tmp_path):
-    verdict = practice.check_idle_sync("cudaStreamSynchronize", tmp_path / "missing.json.gz")
-    assert not verdict.passed and "cannot read trace file" in verdict.message
+    verdict = checks.check_idle_sync("cudaStreamSynchronize", tmp_path / "missing.json.gz")
+    assert not verdict.passed and verdict.category == "setup" and "cannot read trace file" in verdict.message
 
 
 # ---------------------------------------------------------------------------- the CUDA profiles
@@ -263,9 +267,11 @@ def test_recorded_cuda_profiles_read_and_show_the_pattern():
     for mode, path in paths.items():
         s = kineto.summary(path)
         assert 0 <= s["device_idle_fraction"] < 1 and after[mode]["rounds"] > 1, (mode, s)
-    assert practice.check_idle_sync(next(iter(after["serial"]["by_sync_us"])), paths["serial"]).passed
+    assert checks.check_idle_sync(next(iter(after["serial"]["by_sync_us"])), paths["serial"]).passed
 
 
-def test_section_is_exported():
-    assert {"check_idle_share", "check_idle_sync"} <= set(practice.__all__)
-    assert sys.modules["overlap_course.checks.notebooks"] is practice
+def test_lesson_06_checks_are_exported():
+    from overlap_course.checks import lesson06
+
+    assert {"check_idle_share", "check_idle_sync"} <= set(checks.__all__)
+    assert checks.check_idle_sync is lesson06.check_idle_sync

@@ -14,8 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from overlap_course.checks import exercises as checkers
-from overlap_course.checks import notebooks as practice
+from overlap_course import checks
 from overlap_course import progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +60,8 @@ def test_the_catalogue_is_every_check_the_course_calls():
 
 
 def test_a_notebook_check_is_recorded_without_the_answer(record_file):
-    wrong = practice.check_slot(7777, table=[5, 2, 9], pos=9, block_size=4)
-    right = practice.check_slot(9 * 4 + 1, table=[5, 2, 9], pos=9, block_size=4)
+    wrong = checks.check_slot(7777, table=[5, 2, 9], pos=9, block_size=4)
+    right = checks.check_slot(9 * 4 + 1, table=[5, 2, 9], pos=9, block_size=4)
     assert (wrong.passed, right.passed) == (False, True)
     entries = _lines(record_file)
     assert [(e["notebook"], e["check"], e["passed"], e["category"]) for e in entries] == [
@@ -73,7 +72,7 @@ def test_a_notebook_check_is_recorded_without_the_answer(record_file):
 
 
 def test_an_exercise_checker_is_recorded_with_its_category(record_file):
-    verdict = checkers.check_metadata_answer({"seqlens_q"})
+    verdict = checks.check_metadata_answer({"seqlens_q"})
     assert not verdict.passed
     [entry] = _lines(record_file)
     assert (entry["notebook"], entry["check"], entry["passed"]) == ("04_seqlen_correction",
@@ -81,18 +80,55 @@ def test_an_exercise_checker_is_recorded_with_its_category(record_file):
     assert entry["category"] == verdict.category != "passed"
 
 
+def _not_written(*args):
+    raise NotImplementedError
+
+
+def _stub_calls() -> dict:
+    """Every public check, answered with its notebook stub: None, or a function not written yet."""
+    from types import SimpleNamespace
+
+    from toy_engine.timeline import Timeline
+
+    run = SimpleNamespace(timeline=Timeline(), stats={"device_idle_fraction": 0.0})
+    one = (None,)
+    return {
+        "check_done_after_wait": one, "check_race": (None, None), "check_race_fixed": (None, None),
+        "check_slot": (None, [0], 0, 4), "check_decode_lengths": (None, None, [3]),
+        "check_round_gap": (None, None, 1), "check_largest_host_stage": (None, None), "check_overhead_gap": one,
+        "check_serial_loop": (_not_written,), "check_idle_fraction": (_not_written, run),
+        "check_processed_under": (None, None, 1), "check_swapped_order": (None, True, False),
+        "check_tokens_lost": (None, None, None), "check_future_inputs": (None, None, None),
+        "check_ideal_ratio": (None, None), "check_zos_loop": (_not_written,), "check_three_rounds": one,
+        "check_true_key_length": (None, 1, 1), "check_corrected_slots": (None, [0], [0], 1, 4),
+        "check_correction": (_not_written,), "check_metadata_answer": one,
+        "check_uncommitted_rounds": (None, None, 1), "check_discarded": (None, None),
+        "check_race_report": (None, None), "check_process_outputs": (_not_written,),
+        "check_idle_share": (None, None), "check_idle_sync": (None, None),
+    }
+
+
+def test_every_check_records_each_verdict_exactly_once(record_file):
+    calls = _stub_calls()
+    assert set(calls) == {name for name in checks.__all__ if name.startswith("check_")}
+    for name, args in calls.items():
+        verdict = getattr(checks, name)(*args)
+        assert not verdict.passed and verdict.category in progress.UNANSWERED, (name, verdict)
+    assert [e["check"] for e in _lines(record_file)] == list(calls)
+
+
 def test_a_second_question_of_one_check_is_its_own_entry(record_file):
-    practice.check_discarded(None, None, name="discarded_by_abort")
-    practice.check_discarded(None, None)
+    checks.check_discarded(None, None, name="discarded_by_abort")
+    checks.check_discarded(None, None)
     assert [e["check"] for e in _lines(record_file)] == ["check_discarded:discarded_by_abort", "check_discarded"]
     assert {e["category"] for e in _lines(record_file)} == {"unanswered"}
 
 
 def test_the_kernels_notebook_decides_where_a_shared_check_goes(record_file, monkeypatch):
     monkeypatch.setenv("JPY_SESSION_NAME", "/home/ada/exercises/02_serial_loop.ipynb")
-    progress.record(checkers.Verdict(False, "x", "not_serial"), check="check_serial_loop")
+    progress.record(checks.Verdict(False, "x", "not_serial"), check="check_serial_loop")
     monkeypatch.setenv("JPY_SESSION_NAME", "/home/ada/notebooks/00_start_here.ipynb")
-    progress.record(checkers.Verdict(False, "x", "not_implemented"), check="check_serial_loop")
+    progress.record(checks.Verdict(False, "x", "not_implemented"), check="check_serial_loop")
     assert [e["notebook"] for e in _lines(record_file)] == ["02_serial_loop", "02_serial_loop"]
 
 
@@ -101,8 +137,8 @@ def test_an_unwritable_record_still_answers_and_says_so_once(tmp_path, monkeypat
     blocked.write_text("")
     monkeypatch.setenv(progress.ENV_FILE, str(blocked / "progress.jsonl"))  # a parent that is a file
     monkeypatch.setattr(progress, "_said", set())
-    first = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
-    second = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    first = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    second = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
     assert first.passed and second.passed
     assert "your progress is not saved" in first.message
     assert "not saved" not in second.message
@@ -115,7 +151,7 @@ def test_a_read_only_home_still_answers(tmp_path, monkeypatch):
     home.chmod(0o500)
     monkeypatch.setenv(progress.ENV_FILE, str(home / ".overlap_course" / "progress.jsonl"))
     monkeypatch.setattr(progress, "_said", set())
-    verdict = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    verdict = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
     assert verdict.passed and "not saved" in verdict.message
 
 
@@ -124,17 +160,17 @@ def test_recording_never_raises(record_file, monkeypatch):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(progress, "_record_path", broken)
-    verdict = checkers.Verdict(True, "fine")
+    verdict = checks.Verdict(True, "fine", "passed")
     assert progress.record(verdict, check="check_slot") is verdict and verdict.message == "fine"
 
 
 def test_your_progress_passed_tried_not_reached(record_file):
-    V = checkers.Verdict
-    progress.record(V(False, "not answered yet: write it"), check="check_slot")
+    V = checks.Verdict
+    progress.record(V(False, "not answered yet: write it", "unanswered"), check="check_slot")
     progress.record(V(False, "no", "stale"), check="check_correction")
     progress.record(V(False, "no", "off_by_one"), check="check_correction")
     progress.record(V(False, "no", "no_flush"), check="check_zos_loop")
-    progress.record(V(True, "yes"), check="check_zos_loop")
+    progress.record(V(True, "yes", "passed"), check="check_zos_loop")
     record_file.open("a").write("not json\n" + json.dumps({"notebook": "99_x", "check": "check_y"}) + "\n")
     mine = progress.your_progress()
     assert mine.status[("01_tiny_gpt", "check_slot")]["state"] == "not reached"  # a stub run is no try
@@ -174,7 +210,7 @@ def test_sending_to_the_service_never_delays_a_check(record_file, monkeypatch):
         monkeypatch.setenv(progress.ENV_URL, f"http://127.0.0.1:{server.server_port}/services/course-progress/")
         monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "learner-token")
         t0 = time.perf_counter()
-        verdict = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+        verdict = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
         took = time.perf_counter() - t0
         assert verdict.passed and took < 0.05, f"the check took {took * 1000:.0f} ms with a 2 s service"
         assert progress.flush_sends(timeout=10)
@@ -191,10 +227,10 @@ def test_a_service_that_is_down_is_noted_once_and_the_check_answers(record_file,
     server.server_close()  # nothing listens there now
     monkeypatch.setenv(progress.ENV_URL, f"http://127.0.0.1:{port}/")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "learner-token")
-    first = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    first = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
     assert first.passed and progress.flush_sends(timeout=10)
-    second = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
-    third = practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    second = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
+    third = checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)
     assert progress.flush_sends(timeout=10)
     assert "progress service did not answer" in second.message
     assert "did not answer" not in third.message
@@ -203,9 +239,9 @@ def test_a_service_that_is_down_is_noted_once_and_the_check_answers(record_file,
 
 def test_under_nbgraders_autograder_a_check_that_did_not_pass_raises(record_file, monkeypatch):
     monkeypatch.setenv(progress.ENV_GRADING, "1")
-    assert practice.check_slot(37, table=[5, 2, 9], pos=9, block_size=4).passed
+    assert checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4).passed
     with pytest.raises(progress.CheckNotPassed, match="check_metadata_answer: "):
-        checkers.check_metadata_answer({"seqlens_q"})
+        checks.check_metadata_answer({"seqlens_q"})
     assert [e["passed"] for e in _lines(record_file)] == [True, False]  # recorded all the same
     monkeypatch.setenv(progress.ENV_GRADING, "0")
-    assert not checkers.check_metadata_answer({"seqlens_q"}).passed
+    assert not checks.check_metadata_answer({"seqlens_q"}).passed

@@ -11,7 +11,6 @@ changed is put back and named in the verdict.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os

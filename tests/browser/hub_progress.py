@@ -35,10 +35,10 @@ RESTART_WITHIN_S = 90.0    # the hub polls a managed service every 30 s, then re
 
 _RUN_CHECK = """
 import time
-from overlap_course.checks import exercises as checkers
+from overlap_course import checks
 from overlap_course import progress
 t0 = time.perf_counter()
-verdict = checkers.check_metadata_answer(%s)
+verdict = checks.check_metadata_answer(%s)
 took_ms = (time.perf_counter() - t0) * 1000
 sent = progress.flush_sends(10)
 print(verdict.passed, verdict.category, sent, progress.service_url() is not None, progress._service_trouble,

@@ -1,0 +1,217 @@
+"""Reading a learner's answer: the one set of rules every check uses.
+
+Where a number is asked, it may come as a plain int or float, a NumPy scalar, a 0-d or
+one-element tensor or array, or a list/tuple holding one number: `[37]`, `tensor([37])`,
+`torch.tensor(37)` and `np.int64(37)` all mean 37.  Where a list is asked (one value per
+request), a list, tuple or 1-d tensor/array is a list.  Junk -- a number no question here can
+have (10**400, 1e300), nan, inf, a list far longer than any answer -- raises :class:`Junk`,
+whose message is the verdict; and no message quotes more than a short excerpt of an answer
+(:func:`show`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import reprlib
+
+import torch
+
+from .verdict import Verdict, fails, unanswered
+
+MAX_MESSAGE = 800  # characters: a check's message never grows with the answer
+LIMIT = 1e12       # no answer in this course comes near it (slots, ms, rounds, ratios)
+MAX_ITEMS = 4096   # the longest list any check asks for has a few dozen values
+SHOW = 60          # characters of the learner's answer quoted in a message
+
+
+class Junk(Exception):
+    """An answer no question here can have: its message is the check's verdict."""
+
+
+def show(x) -> str:
+    """A short, safe repr of a learner's answer for a message (never raises, never long)."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and abs(int(x)) >= 10**30:
+        bits = int(x).bit_length()
+        return f"a {len(str(abs(int(x))))}-digit number" if bits < 14000 else "a number with thousands of digits"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 40
+    short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = short.maxdict = 6
+    try:
+        text = short.repr(x)
+    except Exception:  # noqa: BLE001 -- a learner's object whose repr fails still gets a message
+        text = f"a {type(x).__name__}"
+    return text if len(text) <= SHOW else text[:SHOW - 4] + " ..."
+
+
+def _far(x) -> Junk:
+    return Junk(f"{show(x)} is far outside anything this question's answer can be (every answer here is "
+                f"smaller than 10**12): write the value itself")
+
+
+def scalar(x):
+    """A 0-d or one-element tensor or NumPy array, or a NumPy scalar, as a Python number;
+    anything else unchanged."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    if type(x).__module__ == "numpy" and getattr(x, "size", None) == 1 and hasattr(x, "item"):
+        return x.item()
+    return x
+
+
+def _one(x):
+    """One number however it is wrapped: [x], (x,), tensor(x), tensor([x]), np.array([x])."""
+    for _ in range(4):
+        x = scalar(x)
+        if isinstance(x, (list, tuple)) and len(x) == 1:
+            x = x[0]
+        else:
+            break
+    return x
+
+
+def number(x, whole: bool = False) -> int | float | None:
+    """The answer as one number (an int if ``whole``), or None if it is not one.  Raises
+    ``Junk`` for nan, inf and numbers no question here can have."""
+    x = _one(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    if isinstance(x, numbers.Integral):
+        if abs(int(x)) > LIMIT:
+            raise _far(x)
+        return int(x)
+    try:
+        value = float(x)
+    except (OverflowError, ValueError):
+        raise _far(x) from None
+    if not math.isfinite(value):
+        raise Junk(f"write a finite number, not {show(x)}")
+    if abs(value) > LIMIT:
+        raise _far(x)
+    return None if whole else value
+
+
+def whole(x) -> int | None:
+    return number(x, whole=True)
+
+
+def one_number(answer, stub: str, what: str, whole: bool = False) -> int | float | Verdict:
+    """A question's answer read as one number, or the Verdict on why it is none: ``stub`` says
+    what to set while the stub (None) is in place, ``what`` what the answer must be ("a slot is
+    one whole number")."""
+    if answer is None:
+        return unanswered(stub)
+    value = number(answer, whole)
+    return fails("shape", f"{what}, not {show(answer)}") if value is None else value
+
+
+def returned_real(x) -> float | None:
+    """What a learner's *function* returned, as a float: a Python or NumPy real, or a 0-d
+    tensor/array; None for anything else (a bool, a string, a list: a function that returns
+    a list has a bug to name, not an answer to unwrap).  Never raises: an int too large for
+    a float is an infinity."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, numbers.Real):
+        try:
+            return float(x)
+        except OverflowError:
+            return math.copysign(math.inf, int(x))
+    if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
+        return float(x)
+    if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
+        return float(x)  # a 0-d NumPy array
+    return None
+
+
+def _as_list(x):
+    """A 1-d torch tensor or NumPy array as a plain list (``np.full(3, -1)`` is a natural
+    answer); anything else unchanged, and an array of any other shape as None."""
+    if isinstance(x, torch.Tensor) or type(x).__module__ == "numpy" and hasattr(x, "ndim"):
+        if x.ndim != 1:
+            return None
+        if len(x) > MAX_ITEMS:
+            raise Junk(f"that is {len(x)} values: this question's answer has a few")
+        return x.tolist()
+    return x
+
+
+def int_list(x) -> list[int] | None:
+    """``x`` as a list of ints (a list, tuple or 1-d tensor/array of integers), else None."""
+    x = _as_list(x)
+    if not isinstance(x, (list, tuple)):
+        return None
+    if len(x) > MAX_ITEMS:
+        raise Junk(f"that is a list of {len(x)} values: this question's answer has a few")
+    values = []
+    for v in x:
+        v = scalar(v)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            return None
+        if abs(int(v)) > LIMIT:
+            raise _far(v)
+        values.append(int(v))
+    return values
+
+
+def flag_list(x) -> list[int] | None:
+    """``x`` as a list of 0/1 flags: booleans (Python, NumPy) count as 0 and 1, else :func:`int_list`."""
+    x = _as_list(x)
+    if isinstance(x, (list, tuple)) and x and all(type(v).__name__ in ("bool", "bool_") for v in x):
+        return [int(bool(v)) for v in x]
+    return int_list(x)
+
+
+def int_set(x) -> set[int] | None:
+    """``x`` as a set of ints (one number however wrapped, or a set/list/tuple/range/1-d
+    tensor of them), else None."""
+    if isinstance(x, (str, bytes)):
+        return None
+    one = whole(x) if not isinstance(x, (set, frozenset, range)) else None
+    if one is not None:
+        return {one}
+    if isinstance(x, range):
+        if max(abs(x.start), abs(x.stop)) > LIMIT:
+            raise _far(x.stop if abs(x.stop) > LIMIT else x.start)
+        x = list(x)
+    if isinstance(x, (set, frozenset)):
+        if len(x) > MAX_ITEMS:
+            raise Junk(f"that is a set of {len(x)} values: this question's answer has a few")
+        x = list(x)
+    values = int_list(x)
+    return None if values is None else set(values)
+
+
+def bool_pair(x) -> tuple[bool, bool] | None:
+    """``x`` as a pair of booleans (Python, NumPy or one-element bool tensors), else None.
+    A set is never a pair: it has no order, so it cannot say which answer is which."""
+    if isinstance(x, (dict, set, frozenset, str, bytes)):
+        return None
+    try:
+        items = list(itertools.islice(iter(x), 3))
+    except TypeError:
+        return None
+    if len(items) != 2:
+        return None
+    out = []
+    for item in items:
+        if isinstance(item, torch.Tensor) and item.numel() == 1 and item.dtype == torch.bool:
+            item = item.item()
+        if type(item).__name__ not in ("bool", "bool_"):
+            return None
+        out.append(bool(item))
+    return out[0], out[1]
+
+
+def items(answer, shape: str) -> list | Verdict:
+    """The items of a collection the learner gave, or the Verdict on why it is not one
+    (``shape``: what the question asks for).  An endless iterator stops after MAX_ITEMS:
+    ``list`` would spin in C, out of reach of the time limit."""
+    try:
+        out = list(itertools.islice(iter(answer), MAX_ITEMS + 1))
+    except TypeError:
+        return fails("shape", f"write {shape}; got {type(answer).__name__} {show(answer)}")
+    if len(out) > MAX_ITEMS:
+        return fails("shape", f"write {shape}; yours gave more than {MAX_ITEMS} items (an endless iterator?)")
+    return out

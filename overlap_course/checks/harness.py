@@ -1,0 +1,87 @@
+"""What makes a function a public check: a learner's answer or code can neither crash it nor
+hang it, and its verdict is recorded in the learner's progress (``overlap_course/progress.py``),
+exactly once.
+
+* :func:`notebook_check` -- an answer that is junk gets its sentence (``answers.Junk``), and no
+  message grows with the answer.
+* :func:`exercise_check` -- the learner's code runs under the time limit on the shared engines
+  (``pool``), put back as they were first: what an earlier cell had changed is named in the
+  verdict; what the check's own run changed makes it fail (``sandbox``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+from overlap_course import progress
+
+from . import answers, pool, sandbox
+from .verdict import Verdict, fails
+
+_PRISTINE = sandbox.Pristine()
+
+
+def notebook_check(check):
+    @functools.wraps(check)
+    def bounded(*args, **kwargs) -> Verdict:
+        try:
+            verdict = check(*args, **kwargs)
+        except answers.Junk as junk:
+            verdict = fails("junk", str(junk))
+        if len(verdict.message) > answers.MAX_MESSAGE:
+            verdict = dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
+        return verdict
+    return progress.recorded(bounded)
+
+
+def exercise_check(*warm):
+    """``warm`` runs before the time limit starts (engines started, references computed: the
+    checker's own time)."""
+    def wrap(check):
+        @functools.wraps(check)
+        def guarded(*args, **kwargs) -> Verdict:
+            note = sandbox.restored_note(_PRISTINE.restore() + pool.heal())
+            for step in warm:
+                step()
+            verdict = _time_limited(check, args, kwargs)
+            patched = _PRISTINE.restore()
+            if patched:
+                verdict = fails("edits_engine",
+                                f"your code replaced {', '.join(f'`{n}`' for n in patched[:4])} while the check ran: "
+                                f"the checkers share the toy with every check, so an answer may call its functions "
+                                f"but not replace them (restored now). Try such experiments on an engine of your "
+                                f"own, `Engine(EngineConfig(...))`")
+            verdict.message += note
+            return verdict
+        return progress.recorded(guarded)
+    return wrap
+
+
+def _time_limited(check, args, kwargs) -> Verdict:
+    limit = sandbox.TIME_LIMIT_S
+    previous, stopped = sys.gettrace(), None
+    try:
+        sandbox.start_time_limit(limit)
+        verdict = check(*args, **kwargs)
+    except (SystemExit, sandbox.TimeUp) as exc:
+        stopped = exc
+    finally:
+        try:
+            sandbox.absorb_time_up()
+        except sandbox.TimeUp:
+            pass
+        sys.settrace(previous)
+    if isinstance(stopped, SystemExit):
+        return fails("raised",
+                     f"your code called `exit()` / `sys.exit({stopped.code!r})` (SystemExit), which would "
+                     f"end the notebook's kernel: the checker stopped it there. Return from your function "
+                     f"instead")
+    if stopped is not None:
+        return fails("time_limit",
+                     f"your code was {stopped} (the check allows {limit:.0f} s; the reference takes "
+                     f"a few): the checker stopped it there. A loop that never ends usually keeps going "
+                     f"after the work is done, or catches the errors that would stop it; the shared "
+                     f"engines were recovered and the next check runs normally")
+    return verdict

@@ -1,0 +1,307 @@
+"""One run of a learner's code as the host's order of stages, read from the device's record
+(:class:`HostLog`), and the rules that order must keep: those of either loop, the serial
+loop's, the ZOS loop's, and what waiting on more than a step's own event costs.  A rule
+returns the Verdict of the first round that breaks it, or None.
+"""
+
+from __future__ import annotations
+
+from toy_engine.engine import Engine
+from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
+
+from .pool import CONSTRAINT, MAX_NEW_TOKENS, PROMPTS
+from .verdict import Verdict, fails
+
+
+class HostLog:
+    """One run as the ordered list of (stage, round) it did, read from the device's record
+    (``toy_engine.record``): ``schedule``, ``prepare`` (the round's upload), ``launch_forward``,
+    ``launch_sample``, and one processing entry per commit of a round's tokens.  A commit made
+    inside the engine's ``process_outputs``/``flush`` carries that span's name
+    (``postprocess``/``flush``); one a loop wrote out inline is a ``commit``.  So a stage is
+    judged by what happened, whichever code did it."""
+
+    PROCESSING = ("postprocess", "flush", "commit")
+    _LAUNCHES = {"upload": "prepare", "forward": "launch_forward", "sample": "launch_sample"}
+
+    def __init__(self, engine: Engine, plans: dict):
+        record, timeline = engine.record, engine.timeline
+        spans = [s for s in timeline.lane("host") if s.stage in ("postprocess", "flush")]
+        self.events, self.launches, planned = [], {}, 0
+        for e in record.events:
+            if isinstance(e, Schedule):  # one that found nothing belongs to the last planned round
+                planned = planned if e.round is None else e.round
+                self.events.append(("schedule", planned))
+            elif isinstance(e, Launch) and e.stage in self._LAUNCHES:
+                self.events.append((self._LAUNCHES[e.stage], e.round))
+                self.launches.setdefault((e.stage, e.round), e)
+            elif isinstance(e, Commit):
+                at = timeline.ns_to_ms(e.t_ns)
+                label = next((s.stage for s in spans if s.round == e.round and s.start_ms <= at <= s.end_ms),
+                             "commit")
+                self.events.append((label, e.round))
+        self.waits = record.of(Wait)
+        self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
+        self.prefill = set(timeline.meta.get("prefill_rounds", ()))
+        self.plans = plans
+        self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
+
+    def pos(self, stage: str, rnd: int) -> list[int]:
+        return [i for i, e in enumerate(self.events) if e == (stage, rnd)]
+
+    def first(self, stage: str, rnd: int) -> int | None:
+        found = self.pos(stage, rnd)
+        return found[0] if found else None
+
+    def processing(self, rnd: int) -> list[int]:
+        return [i for i, (s, r) in enumerate(self.events) if r == rnd and s in self.PROCESSING]
+
+    def who(self, rnd: int) -> str:
+        kind = "prefill" if rnd in self.prefill else "decode"
+        prompts = self.plans.get(rnd)
+        return f"round {rnd} ({kind}" + (f", prompts {prompts})" if prompts is not None else ")")
+
+    def between(self, lo: int, hi: int) -> list[tuple[str, int]]:
+        return self.events[lo + 1: hi]
+
+
+def common_mistakes(log: HostLog) -> Verdict | None:
+    """Mistakes either loop can make: launches out of order or twice, a plan dropped,
+    a step processed twice."""
+    last = max(log.rounds, default=-1)
+    for r in log.rounds:
+        fwd, smp, done = log.pos("launch_forward", r), log.pos("launch_sample", r), log.processing(r)
+        if smp and (not fwd or smp[0] < fwd[0]):
+            what = "came before `launch_forward`" if fwd else "was called but `launch_forward` never was"
+            return fails("sample_before_forward",
+                         f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
+                         f"from the logits that the round's forward computes, so the forward must be launched "
+                         f"first (on the device the sample then read a stale or missing forward's logits)")
+        if len(log.pos("prepare", r)) > 1:
+            return prepared_twice(log, r)
+        if len(fwd) > 1 or len(smp) > 1:
+            stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
+            return fails("launched_twice",
+                         f"{log.who(r)}: `{stage}` was called {max(len(fwd), len(smp))} times. Each round is "
+                         f"launched once: one forward, one sample, and its step processed once")
+        if len(done) > 1:
+            stages = " and ".join(f"`{log.events[i][0]}`" for i in done)
+            return fails("processed_twice",
+                         f"{log.who(r)}: its step was processed {len(done)} times ({stages}). Processing "
+                         f"commits the step's tokens and lowers each request's count of launched rounds, so a "
+                         f"second time corrupts both. Process each StepState once; in the ZOS loop, clear "
+                         f"`previous` once it is processed (`previous = engine.flush(previous)`, and "
+                         f"`previous = None` after a prefill)")
+    for r in range(last):
+        if log.first("schedule", r) is not None and log.first("prepare", r) is None:
+            return fails("plan_dropped",
+                         f"{log.who(r)} was scheduled but never prepared or launched: its requests now count "
+                         f"a launched round that will never produce a token. Run every plan that "
+                         f"`engine.schedule()` returns")
+    return None
+
+
+def prepared_twice(log: HostLog, r: int) -> Verdict:
+    return fails("prepared_twice",
+                 f"{log.who(r)}: `prepare_inputs` was called twice for the same plan. Each call writes the "
+                 f"round's metadata into the round's host buffer slot and launches an upload that reads it, so "
+                 f"the second call rewrites the slot while the first upload may still be reading it. Prepare "
+                 f"each plan once and launch with those inputs")
+
+
+def serial_order(log: HostLog) -> Verdict | None:
+    """The serial rule: each step processed before the next round is scheduled."""
+    for r in log.rounds:
+        done, nxt, planned = log.processing(r), log.first("prepare", r + 1), log.first("schedule", r + 1)
+        if done and planned is not None and nxt is not None and planned < done[0] < nxt:
+            return fails("scheduled_before_processing",
+                         f"{log.who(r)}: round {r + 1} was scheduled before round {r}'s results were processed. "
+                         f"The plan was made from stale state: a request that finished in round {r} (a stop, "
+                         f"its last token) is still in round {r + 1}'s plan and gets a wasted extra step. The "
+                         f"serial loop processes each step before it asks `engine.schedule()` for the next "
+                         f"round: that is what makes its plans exact")
+        if done and nxt is not None and done[0] > nxt:
+            return fails("not_serial",
+                         f"{log.who(r)}: its results were processed after round {r + 1} was prepared and "
+                         f"launched. That is the overlapped (ZOS) order of notebook 03a; the serial loop "
+                         f"processes each step (`engine.process_outputs(step)`) before scheduling the next "
+                         f"round, so that no launch of round {r + 1} comes before round {r}'s results")
+    return None
+
+
+def deferred(log: HostLog) -> int:
+    """Decode steps processed under the next round: after its forward launch, before its sample."""
+    count = 0
+    for r in log.rounds:
+        done, fwd, smp = log.processing(r), log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
+        count += bool(done and fwd is not None and smp is not None and fwd < done[0] < smp)
+    return count
+
+
+def _zos_order(log: HostLog) -> Verdict | None:
+    """The ZOS rules, round by round: prefill at once, decode deferred under the next
+    forward and before the next sample, and processed when nothing is left to launch.  Which
+    method processed a step (``process_outputs``, ``flush``, code written inline) does not
+    matter: ``flush`` is ``process_outputs`` under the name the timeline gives that step."""
+    for r in log.rounds:
+        done = log.processing(r)
+        if done:
+            verdict = _prefill_at_once(log, r, done[0]) if r in log.prefill else _decode_deferred(log, r, done[0])
+            if verdict is not None:
+                return verdict
+    return None
+
+
+def _prefill_at_once(log: HostLog, r: int, at: int) -> Verdict | None:
+    nxt_prep = log.first("prepare", r + 1)
+    if nxt_prep is not None and at > nxt_prep:
+        return fails("prefill_deferred",
+                     f"{log.who(r)} was deferred (processed by `{log.events[at][0]}` during a later round). "
+                     f"Prefill steps are processed at once, right after their sample launch: the "
+                     f"first token reaches the request a round earlier, and there is little to hide")
+    return None
+
+
+def _decode_deferred(log: HostLog, r: int, at: int) -> Verdict | None:
+    nxt_prep = log.first("prepare", r + 1)
+    if nxt_prep is None or at < nxt_prep:
+        return _processed_before_next(log, r, at)
+    fwd, smp = log.first("launch_forward", r + 1), log.first("launch_sample", r + 1)
+    if fwd is None or at < fwd:
+        return fails("process_before_forward",
+                     f"{log.who(r)}: its results were processed before round {r + 1}'s forward was "
+                     f"launched, so the device sat idle while the host waited and committed. Launch "
+                     f"this round's forward first, then process the previous step")
+    if smp is not None and at > smp and r + 1 in log.prefill:
+        return fails("deferred_past_prefill",
+                     f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
+                     f"and it was processed only after that prefill's sample, a round late. A prefill round "
+                     f"is a round like any other for the step deferred before it: process `previous` under "
+                     f"the prefill's forward, before its sample, then the prefill's own step")
+    if smp is not None and at > smp:
+        return fails("sample_before_process",
+                     f"{log.who(r)}: round {r + 1}'s sample was launched before round {r}'s results were "
+                     f"processed (host order: launch_forward {r + 1} -> launch_sample {r + 1} -> "
+                     f"postprocess {r}). Sampling may depend on the text committed so far (a grammar "
+                     f"mask, a penalty): with the `{CONSTRAINT}` constraint on, round {r + 1}'s mask was "
+                     f"built without round {r}'s token. The order is: this round's forward, the previous "
+                     f"round's postprocess, this round's sample")
+    return None
+
+
+def _processed_before_next(log: HostLog, r: int, at: int) -> Verdict | None:
+    """A decode step processed before the next round was prepared: right only as the flush,
+    when a schedule() since the step's sample found nothing to launch.  The engine records
+    such a schedule under the last launched round (r), one that found a plan under the
+    plan's round."""
+    stage = log.events[at][0]
+    schedules = [q for s, q in log.between(log.first("launch_sample", r), at) if s == "schedule"]
+    found_plan = [q for q in schedules if q > r]
+    if schedules and not found_plan:
+        return None  # nothing was left to launch: processing it now is the flush, whatever its name
+    how = "flushed" if stage == "flush" else "processed"
+    if found_plan:
+        return fails("not_deferred",
+                     f"{log.who(r)} was {how} right after `engine.schedule()` returned round "
+                     f"{found_plan[0]}'s plan, before that round was prepared and its forward launched: "
+                     f"the host waited for the step with the device idle, so nothing overlapped. Keep it as "
+                     f"`previous` and process it after round {found_plan[0]}'s `launch_forward`, before "
+                     f"its `launch_sample`" + ("; `flush` is only for when `schedule()` returns None"
+                                               if stage == "flush" else ""))
+    return fails("not_deferred",
+                 f"{log.who(r)} was {how} before round {r + 1} was even scheduled (right after its own "
+                 f"sample, or first thing in the next pass): no round was on the device to hide it under, "
+                 f"so no decode step was deferred. Keep the StepState as `previous` and process it during "
+                 f"the next round, after that round's forward launch" +
+                 ("; `flush` is only for when `engine.schedule()` returns None (nothing left to "
+                  "launch)" if stage == "flush" else ""))
+
+
+def _overlapped(log: HostLog) -> Verdict | None:
+    """Each decode round's successor forward must go in while the round's sample is still
+    outstanding: a host wait on it (or on anything later) before that launch means the
+    device had nothing queued behind the sample while the host waited."""
+    for r in log.rounds:
+        sample, forward = log.launches.get(("sample", r)), log.launches.get(("forward", r + 1))
+        if r in log.prefill or sample is None or forward is None or forward.enqueued_before_waiting_for(sample):
+            continue
+        found_nothing = [q for s, q in log.between(log.first("launch_sample", r), log.first("launch_forward", r + 1))
+                         if s == "schedule" and q <= r]
+        if found_nothing:
+            continue  # a schedule found nothing to launch until round r was processed: nothing to overlap with
+        wait = next((w for w in log.waits if w.seq >= sample.seq), None)
+        on = (f"on round {wait.round}'s `{wait.stage}`" if wait is not None else "on the device")
+        return fails("waits_before_forward",
+                     f"{log.who(r)}: the host waited {on} before it launched round {r + 1}'s forward, so "
+                     f"round {r + 1}'s forward went in only after round {r}'s sample had finished, and the "
+                     f"device sat idle for as long as that wait, the commit and round {r + 1}'s preparation "
+                     f"took. The tokens are right, but nothing overlapped: launch round {r + 1}'s forward "
+                     f"first, and only then wait for round {r}'s results (processing them waits for exactly "
+                     f"what it needs)")
+    return None
+
+
+def zos_overlapped(log: HostLog) -> Verdict | None:
+    """The ZOS order first (its messages are the more specific), then the overlap itself."""
+    verdict = _zos_order(log)
+    return _overlapped(log) if verdict is None else verdict
+
+
+def waits_beyond_sample(engine: Engine, log: HostLog) -> Verdict | None:
+    """The host may wait only on a step's sample event: a wait on a later point (a
+    ``device.synchronize()``, an event recorded after the next forward) also waits for
+    launches the host has not processed, and the overlap is gone."""
+    later = [w for w in log.waits if w.stage != "sample"]
+    if not later:
+        return None
+    clock = engine.timeline.ns_to_ms
+    waited = sum(clock(w.end_ns) - clock(w.start_ns) for w in later)
+    idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)  # the engine's own zos_loop, for the cost
+    ref_idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    first = next((w for w in later if w.round not in log.prefill), later[0])
+    deferred_rounds = {r for r in log.rounds if r not in log.prefill and r + 1 in log.rounds}
+    lost = len(deferred_rounds & {w.round - 1 for w in later if w.stage in ("forward", "correct")})
+    return fails("waits_later_event",
+                 f"{log.who(first.round)}: the host waited on a device event that is not a step's `sample_done` "
+                 f"({len(later)} such waits in this run: `engine.device.synchronize()`, or an event recorded "
+                 f"after a launch), so it also waited for round {first.round}'s `{first.stage}`, which no "
+                 f"processing needed yet. The tokens are right, but the overlap is lost: in this run {lost} of "
+                 f"{len(deferred_rounds)} deferred decode steps were processed only after the next round's "
+                 f"forward had finished (nothing left to hide them under), the host spent {waited:.1f} ms in "
+                 f"those waits and the device was idle {idle:.0%} of the decode phase (the engine's own "
+                 f"zos_loop on the same prompts, just after: {ref_idle:.0%}). Only "
+                 f"`engine.process_outputs` needs to wait, and it waits only on its step's `sample_done`")
+
+
+def correction_mistake(engine: Engine, log: HostLog) -> str:
+    """Why a speculative run's tokens differ, read from its device lane."""
+    device = engine.timeline.lane("device")
+    for r in log.rounds:
+        prev_done, prepared = log.processing(r - 1), log.first("prepare", r)
+        if r in log.prefill or not prev_done or prepared is None or prev_done[0] < prepared:
+            continue  # nothing in flight when round r was prepared: its lengths are right
+        stages = [s.stage for s in device if s.round == r]
+        if "correct" not in stages:
+            return (f"{log.who(r)} was prepared while round {r - 1} was in flight, and its lengths were never "
+                    f"corrected on the device: call `engine.correct_on_device(inputs)` when a step is in "
+                    f"flight")
+        if "forward" in stages and stages.index("correct") > stages.index("forward"):
+            return (f"{log.who(r)}: the correction ran after the forward had used the stale lengths: call "
+                    f"`engine.correct_on_device(inputs)` before `engine.launch_forward(inputs)`")
+    return ""
+
+
+def overlap_lost(engine: Engine, waits) -> tuple[int, int]:
+    """Deferred decode steps, and how many of them lost their overlap: the host's wait for
+    step N returned only after round N+1's forward had finished on the device.  ``waits``
+    holds (round, wait start, wait end) in ms for each processed step."""
+    forward_end = {s.round: s.end_ms for s in engine.timeline.lane("device") if s.stage == "forward"}
+    prefill = set(engine.timeline.meta["prefill_rounds"])
+    steps = lost = 0
+    for rnd, start, end in waits:
+        if rnd in prefill or rnd + 1 not in forward_end or start > forward_end[rnd + 1]:
+            continue  # a prefill, or processed when nothing was left to overlap with (a flush)
+        steps += 1
+        lost += end >= forward_end[rnd + 1]
+    return steps, lost

@@ -1,0 +1,261 @@
+"""Running a learner's code on a shared engine: a loop (exercises 02 and 03) or a
+``process_outputs`` plug-in (exercise 05), watched as it runs, and what stopped a loop named
+in the lesson's terms -- never raised to the learner.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from toy_engine.device import DeviceError, RaceError
+from toy_engine.engine import Engine, EngineStalled
+from toy_engine.record import Commit, Free, Refused, Wait
+
+from . import pool
+from .host_order import HostLog, common_mistakes, prepared_twice
+from .verdict import Verdict, fails, not_implemented
+
+
+class _Observed:
+    """The engine as a learner's loop sees it: every call goes through to the engine;
+    ``schedule`` also notes each round's prompt indexes, so messages can name them."""
+
+    # A loop that swallows the engine's errors may never finish: stop it after far more
+    # schedule() calls than the reference loops make (48 serial rounds on PROMPTS, a few
+    # more None plans in ZOS) and judge the spin.
+    MAX_SCHEDULES = 1000
+
+    def __init__(self, engine: Engine):
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "plans", {})
+        object.__setattr__(self, "edits", [])
+        object.__setattr__(self, "schedules", 0)
+
+    def schedule(self):
+        object.__setattr__(self, "schedules", self.schedules + 1)
+        if self.schedules > self.MAX_SCHEDULES:
+            raise _Spinning(self.schedules - 1)
+        plan = self._engine.schedule()
+        if plan is not None:
+            self.plans[plan.round] = [r.index for r in plan.requests]
+        return plan
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name, value):
+        self.edits.append(name)
+        raise _EngineEdited(name)
+
+
+class _Spinning(BaseException):
+    """Stops a learner's loop that keeps going: a BaseException, so that an ``except
+    Exception`` in the loop cannot swallow it."""
+
+
+class _EngineEdited(AttributeError):
+    """A learner's loop tried to replace an attribute of a checker's shared engine."""
+
+
+def _edited(names: list[str]) -> Verdict:
+    return fails("edits_engine",
+                 f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
+                 f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
+                 f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+
+
+def _spinning(calls: int) -> Verdict:
+    return fails("spins",
+                 f"your loop called `engine.schedule()` {calls} times without finishing (the reference loops need "
+                 f"about 50 rounds here), so the checker stopped it. It probably catches the engine's errors and "
+                 f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
+
+
+def run_loop(loop, **config):
+    """Run a learner's loop on the pool's PROMPTS: (engine, its HostLog, outputs or None,
+    the exception that stopped it or None)."""
+    engine = pool.engine(**config)
+    observed, attributes = {}, set(vars(engine))
+
+    def watched(real_engine):
+        view = _Observed(real_engine)
+        observed["plans"], observed["edits"] = view.plans, view.edits
+        loop(view)
+
+    try:
+        outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, loop=watched)
+        err = None
+    except (Exception, _Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
+        outs, err = None, exc
+    finally:
+        pool.forget_edits(engine, attributes)
+    if observed.get("edits"):
+        err = _EngineEdited(observed["edits"][0])
+    return engine, HostLog(engine, observed.get("plans", {})), outs, err
+
+
+def _stopped_by_checker(err) -> Verdict | None:
+    """The verdict for a run the checker itself stopped: the loop edited the engine, or spun."""
+    if isinstance(err, _EngineEdited):
+        return _edited(err.args)
+    if isinstance(err, _Spinning):
+        return _spinning(err.args[0])
+    return None
+
+
+def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
+    """What went wrong in a learner's loop run, first thing first: not written yet, stopped
+    by the checker, a mistake either loop makes, this mode's order (``in_order``), a crash.
+    (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
+    if isinstance(err, NotImplementedError):
+        return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    verdict = _stopped_by_checker(err)
+    if verdict is None:
+        verdict = common_mistakes(log)
+    if verdict is None:
+        verdict = in_order(log)
+    if verdict is None and err is not None:
+        verdict = _crash(log, err, mode)
+    if verdict is None and log.refused:
+        verdict = _swallowed(log.refused[0])
+    return verdict
+
+
+def _swallowed(refusal) -> Verdict:
+    """The race checker refused something and the learner's code caught the error."""
+    if isinstance(refusal, Refused):
+        what = (f"a host {'read' if refusal.access == 'r' else 'write'} of `{refusal.buffer}` while round "
+                f"{refusal.round}'s `{refusal.launch}` still used it")
+    else:
+        what = (f"a free of KV blocks {list(refusal.blocks)} while round {refusal.in_use[0][0]}'s "
+                f"`{refusal.in_use[0][1]}` still used them" if refusal.in_use
+                else f"a second free of KV blocks {list(refusal.double)}")
+    return fails("race",
+                 f"the race checker refused {what}, and your code caught the error and went on. The refusal is "
+                 f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
+                 f"happens, and it races with the device. Wait on the right event first instead of catching "
+                 f"the error")
+
+
+def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
+    """A lesson-level message for an exception out of a learner's loop."""
+    if isinstance(err, EngineStalled):
+        return _stalled(log, err, mode)
+    if isinstance(err, RaceError):
+        return _raced(log, err)
+    verdict = _went_on_without_plan(log, err, mode)
+    if verdict is not None:
+        return verdict
+    if isinstance(err, DeviceError):
+        return fails("device_error", f"a launch failed on the device: {err}. Check that each round is "
+                                     f"prepared, then its forward launched, then its sample")
+    return fails("raised", f"your loop raised {type(err).__name__}: {err}")
+
+
+def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
+    unprocessed = [r for r in log.rounds if log.first("launch_sample", r) is not None and not log.processing(r)]
+    if err.reason == "loop_returned_with_work":
+        return fails("loop_returned",
+                     f"your loop returned after round {max(log.rounds, default=0)} while prompts "
+                     f"{err.prompt_indexes} still had tokens to produce: loop while "
+                     f"`engine.scheduler.has_work()` (or `while True` with a `break` only when it has none)")
+    if err.reason == "unprocessed_inflight" and unprocessed:
+        r = unprocessed[0]
+        if mode == "zos" and r not in log.prefill and r + 1 in log.prefill:
+            return fails("dropped_at_prefill",
+                         f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
+                         f"and it was never processed, so prompts {err.prompt_indexes} lost its tokens. A "
+                         f"prefill round is processed at once, but that does not replace the deferred step: "
+                         f"process `previous` under the prefill's forward as in any round, then the prefill's "
+                         f"own step")
+        if mode == "zos":
+            return fails("no_flush",
+                         f"{log.who(r)}: its step was launched but never processed, so prompts "
+                         f"{err.prompt_indexes} lost their last token(s). When `engine.schedule()` returns "
+                         f"None there is no next round to hide the deferred step under: process it with "
+                         f"`previous = engine.flush(previous)`, then keep looping")
+        return fails("never_processed",
+                     f"{log.who(r)}: its step was launched but never processed, so prompts "
+                     f"{err.prompt_indexes} never received its tokens: every launched step must be waited "
+                     f"for and processed (`engine.process_outputs(step)`)")
+    return fails("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+
+
+def _raced(log: HostLog, err: RaceError) -> Verdict:
+    planned = max((q for s, q in log.events if s == "schedule"), default=-1)
+    if err.kind == "buffer" and err.access == "w" and err.launch == "upload" and err.round == planned:
+        return prepared_twice(log, planned)  # the second prepare of a plan was refused
+    if err.kind == "buffer" and err.access == "w":
+        r = err.round
+        return fails("never_processed",
+                     f"{log.who(r)}: its step was never waited for and processed, and round {r + 2} "
+                     f"reuses its host buffer `{err.buffer}` (rounds alternate between two buffers) while, "
+                     f"as far as the host knows, round {r}'s `{err.launch}` may still use it. Every "
+                     f"launched step must go through `engine.process_outputs(step)` before its buffer "
+                     f"comes round again")
+    return fails("race", f"the race checker stopped your loop ({err.kind}, round {err.round}'s "
+                         f"`{err.launch}`): {err}")
+
+
+def _went_on_without_plan(log: HostLog, err: BaseException, mode: str) -> Verdict | None:
+    """The loop used the None that ``schedule()`` returned as if it were a plan."""
+    schedules = [i for i, (s, _) in enumerate(log.events) if s == "schedule"]
+    last = schedules[-1] if schedules else None
+    r = log.events[last][1] if last is not None else -1
+    empty = last is not None and any(e == ("prepare", r) for e in log.events[:last])  # a None plan
+    if empty and isinstance(err, (AttributeError, TypeError)) and ("prepare", r + 1) not in log.events[last:]:
+        if mode == "serial":
+            return fails("never_processed",
+                         f"after round {r}, `engine.schedule()` returned None and your loop went on with it "
+                         f"({type(err).__name__}: {err}). In the serial loop that only happens when launched "
+                         f"steps were never processed: every request is still waiting for its results, so no "
+                         f"round can be planned. Waiting for the device (`synchronize()`) is not enough: "
+                         f"process each step (`engine.process_outputs(step)`) before the next `schedule()`")
+        return fails("none_plan",
+                     f"after round {r}, `engine.schedule()` returned None (nothing can be launched until "
+                     f"outstanding results are processed) and your loop went on with it: {type(err).__name__}: "
+                     f"{err}. When there is no plan, flush the deferred step and ask again")
+    return None
+
+
+class StepWatch:
+    """Records what a learner's ``process_outputs`` did to each step it was given: which
+    events it waited on, and each request's launched-round count and cache before/after."""
+
+    def __init__(self, engine: Engine, process_outputs):
+        self.engine, self.learner, self.calls = engine, process_outputs, []
+
+    def __call__(self, engine: Engine, step) -> None:
+        reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
+        call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
+                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks})
+        self.calls.append(call)
+        record, first = engine.record, len(engine.record.events)
+        try:
+            self.learner(engine, step)
+        except BaseException:
+            call["raised"] = True  # judged by the exception (the engine then recovers)
+            raise
+        finally:
+            clock, events = engine.timeline.ns_to_ms, record.events[first:]
+            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in events
+                             if isinstance(w, Wait)]
+            call["commits"] = [c for c in events if isinstance(c, Commit)]
+            call["frees"] = [f for f in events if isinstance(f, Free)]
+            call["refused"] = [r for r in events if isinstance(r, Refused)]
+            call["plan_changed"] = tuple(step.plan.requests) != reqs
+            call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
+                             for r in reqs]
+
+
+def engine_frames(err: BaseException) -> set[str]:
+    """Names of the engine's functions on ``err``'s traceback."""
+    names, tb = set(), err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == _ENGINE_FILE:
+            names.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names
+
+
+_ENGINE_FILE = inspect.getsourcefile(Engine)

@@ -1,0 +1,295 @@
+"""Lesson 02 (notebook 02_serial_engine, exercise 02_serial_loop): the serial engine.  The
+device sits idle while the host works; the notebook's questions read those gaps off the
+run's timeline, and the exercise's checkers run the learner's serial loop and idle-fraction
+function on the shared engines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from toy_engine.engine import Engine
+from toy_engine.timeline import Timeline
+
+from . import pool
+from .answers import one_number, returned_real, show
+from .harness import exercise_check, notebook_check
+from .host_order import serial_order
+from .learner_code import loop_verdict, run_loop
+from .verdict import Verdict, fails, not_implemented, passes, unanswered
+
+__all__ = ["check_round_gap", "check_largest_host_stage", "check_overhead_gap", "host_ms_per_round",
+           "host_cpu_ms_per_round", "check_serial_loop", "check_idle_fraction"]
+
+
+def _round_extent(timeline) -> tuple[dict, dict]:
+    first_start, last_end = {}, {}
+    for span in timeline.lane("device"):
+        first_start[span.round] = min(first_start.get(span.round, span.start_ms), span.start_ms)
+        last_end[span.round] = max(last_end.get(span.round, span.end_ms), span.end_ms)
+    return first_start, last_end
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= max(1e-3, 1e-3 * abs(b))
+
+
+def _decimals(x: float) -> int:
+    """How many decimals a number was written with (1.37 -> 2; a float32's noise ignored)."""
+    text = repr(round(float(x), 6))
+    return len(text.split(".")[1].rstrip("0")) if "." in text and "e" not in text else 0
+
+
+@notebook_check
+def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
+    """Your turn (02): the device gap (ms) between the end of round ``round - 1``'s last
+    device span and the start of round ``round``'s first one."""
+    gap_ms = one_number(gap_ms, "set `gap_ms` to the gap in milliseconds", "write the gap as a number of milliseconds")
+    if isinstance(gap_ms, Verdict):
+        return gap_ms
+    first_start, last_end = _round_extent(timeline)
+    if round not in first_start or round - 1 not in last_end:
+        return fails("setup", f"this timeline has no rounds {round - 1} and {round} on its device lane")
+    want = first_start[round] - last_end[round - 1]
+    if _close(gap_ms, want):
+        return passes(f"{want:.3f} ms between the end of round {round - 1}'s sample and the start of round "
+                      f"{round}'s upload: the device had nothing queued")
+    for value, category, why in _gap_mistakes(timeline, round, want):
+        if _close(gap_ms, value):
+            return fails(category, f"{gap_ms:.3f} ms: {why}")
+    digits = _decimals(gap_ms)
+    if 2 <= digits <= 3 and abs(gap_ms - want) <= 10 ** -digits + 1e-9:
+        return fails("too_few_digits",
+                     f"close: {gap_ms:.{digits}f} ms is the gap rounded to {digits} decimal"
+                     f"{'s' * (digits != 1)}, but the check compares to a thousandth of a millisecond. Read "
+                     f"it to more digits: the hover shows start and end to three decimals, or subtract the "
+                     f"two spans' times in code (timeline.lane(\"device\"))")
+    return fails("wrong", f"{gap_ms:.3f} ms is not the gap: take the start of round {round}'s first device span "
+                          f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
+
+
+def _gap_mistakes(timeline, round: int, want: float) -> list[tuple[float, str, str]]:
+    """What the classic wrong measurements of the gap give on this timeline: (value, category, why)."""
+    first_start, last_end = _round_extent(timeline)
+    dev = {(s.stage, s.round): s for s in timeline.lane("device")}
+    host = {(s.stage, s.round): s for s in timeline.lane("host")}
+    mistakes = [
+        (-want, "sign_flipped",
+         "the sign is flipped: subtract the end of the earlier round from the start of the later one"),
+        (want / 1e3, "seconds", "that is in seconds: the timeline's times are already in milliseconds"),
+    ]
+    if round + 1 in first_start:
+        mistakes.append((first_start[round + 1] - last_end[round], "wrong_round",
+                         f"that is the gap after round {round}; the question asks for the gap before it, after "
+                         f"round {round - 1}"))
+    if round - 2 in last_end:
+        mistakes.append((first_start[round - 1] - last_end[round - 2], "wrong_round",
+                         f"that is the gap before round {round - 1}; the question asks for the gap before round "
+                         f"{round}"))
+    if round - 1 in first_start:
+        mistakes.append((first_start[round] - first_start[round - 1], "start_to_start",
+                         f"that is from the start of round {round - 1} to the start of round {round}: it includes "
+                         f"round {round - 1}'s device work; start from the end of its last span"))
+    if ("upload", round) in dev and ("forward", round) in dev:
+        mistakes.append((dev[("forward", round)].start_ms - dev[("upload", round)].end_ms, "inside_round",
+                         f"that is the small gap inside round {round}, between its upload and its forward"))
+    if ("sample", round - 1) in dev and ("forward", round) in dev:
+        mistakes.append((dev[("forward", round)].start_ms - dev[("sample", round - 1)].end_ms, "up_to_forward",
+                         f"you measured up to round {round}'s forward, but its upload is already device work"))
+    if ("wait", round - 1) in host:
+        mistakes.append((first_start[round] - host[("wait", round - 1)].end_ms, "host_lane",
+                         f"you started at the end of the host's wait; the gap starts on the device lane, when "
+                         f"round {round - 1}'s sample ends"))
+    if ("sample", round - 1) in dev:
+        mistakes.append((first_start[round] - dev[("sample", round - 1)].start_ms, "from_sample_start",
+                         f"you started at the start of round {round - 1}'s sample; the device was busy until "
+                         f"its end"))
+    return mistakes
+
+
+HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess")
+_DEVICE_STAGE_NAMES = ("upload", "correct", "forward", "sample")
+
+
+def _per_round(timeline, cpu: bool) -> dict[str, float]:
+    total, rounds = defaultdict(float), defaultdict(set)
+    for span in timeline.lane("host"):
+        if span.stage in HOST_WORK_STAGES:
+            total[span.stage] += span.cpu_ms if cpu and span.cpu_ms is not None else span.duration_ms
+            rounds[span.stage].add(span.round)
+    return {stage: total[stage] / len(rounds[stage]) for stage in HOST_WORK_STAGES if rounds[stage]}
+
+
+def host_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host wall-clock ms per round for each stage that is host work (waiting is not
+    work).  Wall time includes any moment the host thread was ready but had no core."""
+    return _per_round(timeline, cpu=False)
+
+
+def host_cpu_ms_per_round(timeline) -> dict[str, float]:
+    """Mean host CPU ms per round for each host-work stage: the CPU time the host thread
+    itself used in the stage (``span.cpu_ms``), which a busy machine cannot inflate.  A span
+    recorded without CPU time (the engine times ``schedule`` by the clock only) counts its
+    wall time, an upper bound of its CPU time."""
+    return _per_round(timeline, cpu=True)
+
+
+def _table(per_round: dict[str, float]) -> str:
+    return ", ".join(f"{s} {ms:.3f} ms" for s, ms in sorted(per_round.items(), key=lambda kv: -kv[1]))
+
+
+@notebook_check
+def check_largest_host_stage(answer, timeline) -> Verdict:
+    """Predict (02): which host stage uses the most host CPU time per round (waiting
+    excluded)?  CPU time, not wall time: on a busy machine the host thread can lose its core
+    inside any stage, and that lost time lands in whichever stage it hit."""
+    if answer is None:
+        return unanswered(f"set `largest` to one of {', '.join(repr(s) for s in HOST_WORK_STAGES)}")
+    if not isinstance(answer, str):
+        return fails("shape", f"write the stage's name as a string, e.g. \"schedule\", not {show(answer)}")
+    answer = answer.strip()
+    cpu, wall = host_cpu_ms_per_round(timeline), host_ms_per_round(timeline)
+    if not cpu:
+        return fails("setup", "this timeline has no host spans: run the engine first")
+    largest, wall_largest = max(cpu, key=cpu.get), max(wall, key=wall.get)
+    measured = f"Host CPU time per round: {_table(cpu)}"
+    if wall_largest != largest:
+        lost = wall[wall_largest] - cpu[wall_largest]
+        measured += (f". (By wall-clock time {wall_largest} took the longest, {wall[wall_largest]:.3f} ms per round, "
+                     f"but only {cpu[wall_largest]:.3f} ms of it was CPU work: for about {lost:.3f} ms the host "
+                     f"thread was waiting for a core, because the machine was busy)")
+    if answer == "wait":
+        return fails("wait_is_not_work",
+                     f"waiting is the host doing nothing: the question is about host work. {measured}")
+    if answer in _DEVICE_STAGE_NAMES:
+        return fails("device_stage",
+                     f"{show(answer)} is a device stage; the host stages are {', '.join(HOST_WORK_STAGES)}")
+    if answer not in cpu:
+        return fails("not_a_stage",
+                                   f"{show(answer)} is not a host stage of this run; choose from {', '.join(cpu)}")
+    if answer == largest:
+        return passes(f"{largest} does the most host work per round here. {measured}")
+    if answer.startswith("launch"):
+        return fails("launch_only_queues", f"a launch only queues work and returns; on this run {largest!r} used "
+                                           f"the most CPU. {measured}")
+    return fails("wrong", f"on this run {largest!r} used the most CPU. {measured}")
+
+
+@notebook_check
+def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
+    """Predict (02): in the serial loop, how many ms longer does each round-boundary gap
+    get when ``host_overhead_ms`` adds ``overhead_ms`` of host work per round?"""
+    answer_ms = one_number(answer_ms, "set `longer_by_ms` to a number of milliseconds",
+                           "write a number of milliseconds")
+    if isinstance(answer_ms, Verdict):
+        return answer_ms
+    if abs(answer_ms - overhead_ms) <= 0.1 * overhead_ms:
+        return passes(f"about {overhead_ms:g} ms: in the serial loop the device has nothing queued while "
+                      f"the host works, so every millisecond of host work is a millisecond of device idle")
+    if abs(answer_ms) <= 0.1 * overhead_ms:
+        return fails("hidden_by_device", "the device cannot hide it: in the serial loop the next round is "
+                                         "launched only after the host finishes its work, so the gap grows by all "
+                                         "of it")
+    if answer_ms < 0:
+        return fails("negative", "more host work cannot shorten the gap: the device waits for the host")
+    if answer_ms < overhead_ms:
+        return fails("partly_hidden", "none of the extra host work overlaps the device in the serial loop: the "
+                                      "gap grows by all of it, not a part")
+    return fails("more_than_overhead", "the overhead is added once per round, in `schedule`, so each gap grows "
+                                       "by that amount, not more")
+
+
+# ------------------------------------------------------------------ exercise 02
+
+@exercise_check(pool.engine, pool.reference)
+def check_serial_loop(loop) -> Verdict:
+    """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods."""
+    engine, log, outs, err = run_loop(loop)
+    verdict = loop_verdict(log, err, "serial", serial_order)
+    if verdict is not None:
+        return verdict
+    extra = [w for w in log.waits if w.stage != "sample"]
+    if extra:
+        return fails("waits_later_event",
+                     f"{log.who(extra[0].round)}: the host waited for round {extra[0].round}'s "
+                     f"`{extra[0].stage}` ({len(extra)} such waits in this run: `engine.device.synchronize()`, "
+                     f"or an event recorded after a launch), though nothing on the host needed it yet. The "
+                     f"tokens are right, but the device sat idle while the host waited and then launched the "
+                     f"next stage. The serial loop waits once per round, inside `process_outputs`, on the "
+                     f"step's `sample_done`")
+    diff = pool.compare([c.token_ids for c in outs], pool.reference())
+    if diff:
+        return fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
+                                     f"process that step before the next round")
+    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, "
+                  f"{engine.stats['rounds']} rounds, every step processed before the next round")
+
+
+@exercise_check()
+def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
+    """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
+    timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
+    try:
+        got = idle_fraction(timeline)
+    except NotImplementedError:
+        return not_implemented("`idle_fraction`")
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        return fails("raised", f"your idle_fraction raised {type(err).__name__}: {err}")
+    value = returned_real(got)
+    if value is None:
+        return fails("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
+    if not math.isfinite(value):
+        return fails("not_a_number", f"idle_fraction returned {value}: divide the idle time by idle + busy "
+                                     f"(both from the timeline, and busy is never 0 after a run)")
+    got = value
+
+    def close(a, b):  # float32 or a 0-d tensor of the right value passes: 1e-6 is far below any mistake's gap
+        return abs(a - b) < 1e-6
+
+    if close(got, expected):
+        return _same_on_another_timeline(idle_fraction, timeline)
+    idle = sum(b - a for a, b in timeline.device_gaps())
+    busy = timeline.device_busy_ms()
+    if close(got, 100 * expected):
+        return fails("percentage", f"that is a percentage ({got:.2f}%): return the fraction itself, "
+                                   f"idle / (idle + busy), a number between 0 and 1 ({expected:.4f} here)")
+    if close(got, 1 - expected):
+        return fails("busy_fraction", "that is the busy fraction; the idle fraction is idle / (idle + busy)")
+    if busy and close(got, idle / busy):
+        return fails("idle_over_busy", "divide by idle + busy (the whole time between the first and the last "
+                                       "device work), not by busy")
+    if close(got, idle):
+        return fails("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
+    extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
+    if any(close(got, idle / wall) for wall in (engine.stats["wall_ms"], extent)):
+        return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
+                                         "device work; use idle + busy as the denominator")
+    return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
+                                f"timeline.device_gaps() and timeline.device_busy_ms()")
+
+
+def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:
+    """A right value on the run's timeline; now on one the function cannot have seen the
+    stats of: the same run without its prefill round."""
+    decode = Timeline(origin_ns=timeline.origin_ns, meta=dict(timeline.meta))
+    for span in timeline.spans:
+        if span.round > 0:
+            decode.spans.append(span)
+    expected = decode.device_idle_fraction()
+    try:
+        got = returned_real(idle_fraction(decode))
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        got, why = None, f"it raised {type(err).__name__}: {err}"
+    else:
+        why = f"it returned {got!r:.40}"
+    if got is None or not abs(got - expected) < 1e-6:
+        return fails("not_from_timeline",
+                     f"your function gave the run's idle fraction, but not on another timeline: for the same "
+                     f"run without its prefill round (round 0) the idle fraction is {expected:.4f}, and {why}. "
+                     f"Compute it from the timeline you are given (its device gaps and busy time), not from "
+                     f"the engine's stats or a number you saw")
+    return passes("your idle fraction equals engine.stats['device_idle_fraction'], and it follows the "
+                  "timeline it is given (checked on the same run without its prefill)")
+
+

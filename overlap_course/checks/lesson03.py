@@ -1,0 +1,383 @@
+"""Lesson 03 (notebooks 03a_zos_order and 03b_zos_measured, exercise 03_zos_loop): the
+overlapped (ZOS) loop.  The host launches round N+1's forward, then processes round N under
+it, then launches round N+1's sample; the last step is flushed.  The notebooks' questions
+read that order and its cost off the run; the exercise's checkers run the learner's loop and
+judge its order, its overlap and its tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+from toy_engine.kernels import FROM_DEVICE
+from toy_engine.stats import ideal_ratio
+
+from . import pool
+from .answers import bool_pair, flag_list, int_list, items, one_number, show, whole
+from .harness import exercise_check, notebook_check
+from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
+from .learner_code import loop_verdict, run_loop
+from .verdict import Verdict, fails, not_implemented, passes, unanswered
+
+__all__ = ["check_processed_under", "check_swapped_order", "check_tokens_lost", "check_future_inputs",
+           "check_ideal_ratio", "check_zos_loop", "expected_three_rounds", "check_three_rounds"]
+
+
+def rounds_processed_in_pass(timeline, round: int) -> list[int]:
+    """Rounds whose results the host waits on or processes between launching round
+    ``round``'s forward and its sample (in ZOS: the deferred previous decode step)."""
+    rounds, inside = [], False
+    for span in timeline.lane("host"):
+        if span.stage == "launch_forward" and span.round == round:
+            inside = True
+        elif inside and span.stage == "launch_sample":
+            break
+        elif inside and span.stage in ("wait", "postprocess", "flush") and span.round not in rounds:
+            rounds.append(span.round)
+    return rounds
+
+
+@notebook_check
+def check_processed_under(answer, timeline, round: int) -> Verdict:
+    """Predict (03a): in the ZOS pass that launches round ``round``'s forward, whose
+    results does the host wait on and postprocess before it launches that round's sample?"""
+    if answer is None:
+        return unanswered("set `processed` to a round number")
+    if isinstance(answer, str):
+        text = answer.strip()
+        inner = text[len("StepState(round="):-1] if text.startswith("StepState(round=") and text.endswith(")") else ""
+        if not inner.isdigit() or len(inner) > 12:
+            return fails("shape", f"write the round as a number (or as its owner, \"StepState(round=N)\"), "
+                                  f"not {show(answer)}")
+        answer = int(inner)
+    got = whole(answer)
+    if got is None:
+        return fails("shape", f"write the round as one whole number, not {show(answer)}")
+    processed = rounds_processed_in_pass(timeline, round)
+    launched = sorted({s.round for s in timeline.lane("host") if s.stage == "launch_forward"})
+    if round not in launched:  # e.g. the run above was interrupted, or the engine ran something else since
+        return fails("setup", f"the run this check reads has no round {round} (its rounds: "
+                              f"{f'0 to {launched[-1]}' if launched else 'none'}): run the cell above to the end, "
+                              f"then this one")
+    if not processed:
+        return fails("setup", f"in this run the host processed nothing between round {round}'s forward and sample "
+                              f"launches (was round {round - 1} a prefill, or is this not a ZOS run?): ask about a "
+                              f"later decode round")
+    want = processed[0]
+    if got == want:
+        return passes(f"round {want}: its StepState waited in `previous`, and the host waits on its event and "
+                      f"commits its tokens while round {round}'s forward is queued or running on the device")
+    if got == round:
+        return fails("serial_order",
+                     f"round {round}'s own sample is not launched yet at that point (it comes after the "
+                     f"postprocess): its results are processed in the next pass. Processing a round in its "
+                     f"own pass is the serial order")
+    if got > round:
+        return fails("not_launched_yet",
+                     f"round {got} is not even launched yet: the host can only process a round whose "
+                     f"sample is already queued on the device")
+    if got < want:
+        return fails("earlier_round",
+                     f"round {got} was processed in an earlier pass: ZOS defers a decode step by one round "
+                     f"only, so `previous` holds round {want}")
+    return fails("wrong", f"round {got} is not it: the host processes the step kept in `previous`, the round "
+                          f"launched one pass earlier")
+
+
+@notebook_check
+def check_tokens_lost(answer, reference, without_flush) -> Verdict:
+    """Predict (03a): how many tokens does each request lose when the flush drops the
+    deferred step?  ``reference`` and ``without_flush`` are the two runs' completions."""
+    if answer is None:
+        return unanswered("set `lost` to a number of tokens per request")
+    try:
+        want = [len(r.token_ids) - len(g.token_ids) for r, g in zip(reference, without_flush)]
+    except (TypeError, AttributeError):
+        return fails("setup", "pass the completions of the normal run and of the run without the flush")
+    if not want:
+        return fails("setup", "run the two generate() calls above first: there are no completions to compare")
+    one = whole(answer)
+    got = [one] * len(want) if one is not None else int_list(answer)
+    if got is None:
+        return fails("shape", f"write the number of tokens lost per request as a whole number (or a list, one "
+                              f"per request), not {show(answer)}")
+    if len(got) != len(want):
+        return fails("shape", f"the run has {len(want)} requests: give one number, or a list of {len(want)}")
+    if got == want:
+        counts = f"{want[0]} token{'s' * (want[0] != 1)}" if len(set(want)) == 1 else f"{want} tokens"
+        return passes(f"{counts} per request: the final decode step was sampled on the device into an "
+                      f"output slot, but nobody waited on its event and committed it")
+    total = [len(r.token_ids) for r in reference]
+    if all(g == 0 for g in got):
+        return fails("nothing_lost", "the last decode step is still held in `previous` when the scheduler has nothing "
+                                     "left to launch; without the flush nobody commits it, so its token is lost")
+    if got == total:
+        return fails("all_lost", "only the last decode step has no next round to be processed under: every earlier "
+                                 "one was processed in the following pass, so its tokens reached the requests")
+    if any(g < 0 for g in got):
+        return fails("negative", "a request cannot gain tokens by losing the flush")
+    if got == [len(g.token_ids) for g in without_flush]:
+        return fails("tokens_kept", "that is how many tokens the requests kept; the question asks how many they lost")
+    if all(g > w for g, w in zip(got, want)):
+        return fails("more_than_one_step",
+                     f"ZOS defers one decode step at a time (`previous` holds one StepState), and each "
+                     f"decode step adds one token per request: each lost {want}")
+    return fails("wrong", f"{got} is not it: compare the two runs above, token counts {total} with the flush and "
+                          f"{[len(g.token_ids) for g in without_flush]} without")
+
+
+@notebook_check
+def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verdict:
+    """Predict (03a): does launching round N+1's sample before round N's postprocess keep
+    the serial tokens, (without a constraint, with the title-case constraint)?  The two
+    truths are the measured comparisons of the demo run."""
+    if answer is None:
+        return unanswered("set `same_tokens` to a pair of booleans: (without a constraint, with title_case)")
+    got = bool_pair(answer)
+    if isinstance(answer, (set, frozenset)):
+        return fails("shape",
+                     f"a set has no order, so {show(answer)} cannot say which answer is which: write a pair of "
+                     f"True/False values as a tuple, (without a constraint, with title_case)")
+    if got is None:
+        return fails("shape", f"write a pair of True/False values, (without a constraint, with title_case), "
+                              f"not {show(answer)}")
+    want = (bool(plain_same), bool(constraint_same))
+    if got == want:
+        return passes(f"{want}: without a constraint the sample reads only the logits on the device, so when "
+                      f"the host processes round N cannot change it; with title_case the mask is built from "
+                      f"the committed text, which lacks round N's token when the sample is launched first")
+    if got[0] != want[0]:
+        if want[0]:
+            return fails("plain_changes",
+                         "without a constraint the sample reads only what is on the device (the logits); "
+                         "when the host processes round N does not change what the device samples")
+        return fails("against_measurement",
+                     f"this run measured {want}: without a constraint the swapped order did change the "
+                     f"tokens; look at the demo's output")
+    if want[1]:
+        return fails("against_measurement",
+                     f"this run measured {want}: the constrained text happened to match; look at the "
+                     f"demo's output")
+    return fails("constraint_unaffected",
+                 "with title_case, launch_sample builds the mask from the tokens committed so far; "
+                 "swapped, round N is not committed yet, so the mask is one token late and the capital "
+                 "comes one character late")
+
+
+@notebook_check
+def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
+    """Predict (03b): ``input_ids`` and ``pending`` of a decode round the ZOS host prepared
+    while the previous round was in flight (``meta``: the captured metadata of that round;
+    ``serial_meta``: the same round of the serial run, to recognise its real ids)."""
+    if input_ids is None or pending is None:
+        return unanswered("set `input_ids` and `pending` to lists, one value per request "
+                           "(write FROM_DEVICE as -1)")
+    ids, flags = int_list(input_ids), flag_list(pending)
+    if ids is None or flags is None:
+        return fails("shape", "write `input_ids` and `pending` as lists of whole numbers, one per request "
+                              "(FROM_DEVICE is -1; pending is 0 or 1)")
+    want_ids, want_pending = [int(v) for v in meta["input_ids"]], [int(v) for v in meta["pending"]]
+    n = len(want_ids)
+    if len(ids) != n or len(flags) != n:
+        return fails("shape", f"this decode round has {n} requests feeding one token each: give {n} input ids and "
+                              f"{n} pending flags, not {len(ids)} and {len(flags)}")
+    if ids == want_ids and flags == want_pending:
+        return passes(f"input_ids {want_ids}, pending {want_pending}: the previous round is still in flight, "
+                      f"so the host writes the placeholder FROM_DEVICE ({FROM_DEVICE}) and marks the request "
+                      f"pending; the forward reads the real token from last_tokens on the device")
+    if ids != want_ids:
+        if serial_meta is not None and ids == [int(v) for v in serial_meta["input_ids"]]:
+            return fails("serial_ids",
+                         f"{ids} are the serial run's ids: there the previous round was processed first. "
+                         f"In ZOS those tokens are still on the device (or not sampled yet) when this round "
+                         f"is prepared")
+        known = [i for i, (g, w) in enumerate(zip(ids, want_ids)) if w == FROM_DEVICE and g != FROM_DEVICE]
+        if known:
+            return fails("host_knows_token",
+                         f"request {known[0]}: the host cannot know that token, it is sampled by the round "
+                         f"still in flight; it writes FROM_DEVICE ({FROM_DEVICE})")
+        return fails("placeholder_for_known",
+                     f"request {[g == w for g, w in zip(ids, want_ids)].index(False)}: its previous round "
+                     f"was already processed, so the host writes the real token id")
+    if all(f == 0 for f in flags) and any(want_pending):
+        return fails("pending_unset",
+                     "pending = 1 marks a request whose previous round is still in flight: the device must "
+                     "take its newest token (and, with drafts, its lengths) from its own state")
+    if flags == [1 - f for f in want_pending]:
+        return fails("pending_inverted",
+                     "the flags are inverted: pending = 1 where the previous round is still in flight, "
+                     "0 where it was processed")
+    return fails("wrong", f"pending {flags} is not it: a request is pending (1) exactly where its input id is "
+                          f"FROM_DEVICE")
+
+
+@notebook_check
+def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
+    """Your turn (03b): the ideal ZOS speed-up from the serial run's own per-round host and
+    device times.  Compared with the learner's run's stats, to two decimals."""
+    answer = one_number(answer, "set `ideal` to a number, e.g. 1.25", "write the ratio as a number")
+    if isinstance(answer, Verdict):
+        return answer
+    host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
+    want = ideal_ratio(serial_stats)
+
+    def close(value):
+        return abs(answer - value) <= max(0.006, 0.005 * abs(value))
+
+    if close(want):
+        bound = "device" if dev >= host else "host"
+        return passes(f"({host:.2f} + {dev:.2f}) / {max(host, dev):.2f} = x{want:.2f}: at best the {bound} "
+                      f"time of a round remains, everything else is hidden under it")
+    for value, category, why in _ratio_mistakes(serial_stats, zos_stats):
+        if close(value):
+            return fails(category, f"{answer:.3g}: {why}")
+    if abs(answer / 100 - want) <= 0.006:
+        return fails("percentage",
+                     f"{answer:.3g} is a percentage: write the ratio itself, x{want:.2f} (as in 1.25, not 125)")
+    if any(abs(answer - one_decimal) < 1e-9 for one_decimal in (round(want, 1), math.floor(want * 10) / 10)):
+        return fails("one_decimal",
+                     f"{answer:.3g} is x{want:.3f} cut to one decimal: that hides the part this question is "
+                     f"about, give two decimals")
+    return fails("wrong", f"{answer:.3g} is not it: serial_stats gives host {host:.3f} ms and device {dev:.3f} ms per "
+                          f"round; compute (host + device) / max(host, device)")
+
+
+def _ratio_mistakes(serial_stats, zos_stats) -> list[tuple[float, str, str]]:
+    """What the classic wrong ratios give on these runs: (value, category, why)."""
+    host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
+    mistakes = [
+        ((host + dev) / min(host, dev), "divides_by_smaller",
+         "divide by the larger of the two: overlap leaves the longer lane's time"),
+        (max(host, dev) / (host + dev), "upside_down",
+         "that is upside down: the serial round takes host + device, the overlapped "
+         "one max(host, device); the speed-up is serial over overlapped"),
+        (dev / host, "device_over_host", "that is device over host; the ideal is (host + device) / max(host, device)"),
+        (host / dev, "host_over_device", "that is host over device; the ideal is (host + device) / max(host, device)"),
+        (host + dev, "serial_round_time", "that is a serial round's time in ms; divide it by what an overlapped "
+                                          "round takes, max(host, device)"),
+    ]
+    idle = serial_stats.get("decode_device_idle_fraction")
+    if isinstance(idle, float) and 0 <= idle < 1:
+        mistakes.append((1 / (1 - idle), "from_idle_fraction", "that estimate comes from the idle fraction; the "
+                                                               "question asks for the per-round host and device times"))
+    if zos_stats:
+        try:
+            mistakes.append((ideal_ratio(zos_stats), "zos_times", "those are the ZOS run's times: the ideal comes "
+                                                                  "from the serial run, where host and device work "
+                                                                  "add up"))
+            mistakes.append((zos_stats["tokens_per_s"] / serial_stats["tokens_per_s"], "measured_speedup",
+                             "that is the measured speed-up; the ideal is computed from the serial run's times"))
+        except (KeyError, TypeError, ZeroDivisionError):
+            pass
+    return mistakes
+
+
+# ------------------------------------------------------------------ exercise 03
+
+@exercise_check(lambda: pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {}),
+                lambda: pool.reference(pool.CONSTRAINT), pool.reference)
+def check_zos_loop(loop) -> Verdict:
+    """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included.
+
+    Two runs: greedy with the title-case constraint (the sample's mask depends on the
+    previous round's committed token, so the order matters for the text), and greedy
+    with 3 drafts per round (lengths are stale unless corrected on the device).  Both
+    must equal the serial engine; the first run's host lane must show the ZOS order.
+    """
+    pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {})
+    engine, log, outs, err = run_loop(loop, constraint=pool.CONSTRAINT)
+    verdict = loop_verdict(log, err, "zos", zos_overlapped)
+    if verdict is None:
+        verdict = waits_beyond_sample(engine, log)
+    if verdict is not None:
+        return verdict
+    diff = pool.compare([c.token_ids for c in outs], pool.reference(pool.CONSTRAINT))
+    if diff:
+        return fails("wrong_tokens", f"with the `{pool.CONSTRAINT}` constraint on, {diff}: process every step "
+                                     f"exactly once, in round order, before the next sample")
+    spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
+    verdict = loop_verdict(spec_log, err, "zos", zos_overlapped)  # its rounds end differently: a new order
+    if verdict is not None:
+        return verdict
+    diff = pool.compare([c.token_ids for c in spec_outs], pool.reference())
+    if diff:
+        why = correction_mistake(spec, spec_log)
+        return fails("correction" if why else "wrong_tokens",
+                     f"with speculative decoding ({pool.DRAFTS} drafts per round) {diff} compared with plain greedy "
+                     f"decoding: {why or 'process every step exactly once, in round order'}")
+    return passes(f"ZOS loop matches the serial tokens with the `{pool.CONSTRAINT}` constraint and with "
+                  f"{pool.DRAFTS} drafts per round; {deferred(log)} decode steps were processed under the next "
+                  f"round's forward, before its sample, and the last one was flushed")
+
+
+def expected_three_rounds() -> list[tuple[str, int]]:
+    """What the host issues in a ZOS run of one prefill and three decode rounds."""
+    engine = pool.engine()
+    engine.generate(["Once upon a time"], max_new_tokens=4)
+    rename = {"launch_forward": "forward", "launch_sample": "sample"}
+    return [(rename.get(s.stage, s.stage), s.round) for s in engine.timeline.lane("host")
+            if s.round and s.stage in ("launch_forward", "launch_sample", "postprocess", "flush")]
+
+
+@exercise_check(pool.engine)
+def check_three_rounds(order) -> Verdict:
+    """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
+    if order is None or order is NotImplemented:
+        return not_implemented("the list of (stage, round) pairs")
+    shape = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
+    if isinstance(order, (str, bytes)):
+        return fails("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
+                              f"and a round number")
+    pairs = items(order, shape)
+    if isinstance(pairs, Verdict):
+        return pairs
+    order = []
+    for item in pairs:
+        try:
+            stage, rnd = item if not isinstance(item, (str, bytes)) else (None, None)
+            if not isinstance(stage, str) or isinstance(rnd, bool):
+                raise TypeError
+            order.append((stage, operator.index(rnd)))
+        except (TypeError, ValueError):
+            return fails("shape", f"write {shape}; {show(item)} is not a (stage, round) pair of a string and "
+                                  f"an integer")
+    expected = expected_three_rounds()
+    if order == expected:
+        return passes("that is the order the engine just recorded: " +
+                      ", ".join(f"{s} {r}" for s, r in expected))
+    if any(r == 0 for _, r in order):
+        return fails("includes_prefill", "leave out round 0: it is the prefill, processed at once before round 1 "
+                                         "is scheduled")
+    wrong = next((i for i, (got, want) in enumerate(zip(order, expected)) if got != want), None)
+    if wrong is not None:
+        return _order_mistake(wrong, order[wrong], expected[wrong])
+    return fails("length", f"you listed {len(order)} steps, the engine did {len(expected)}: each round is launched "
+                           f"once (forward, sample) and processed once (postprocess or flush)")
+
+
+def _order_mistake(i: int, got: tuple[str, int], want: tuple[str, int]) -> Verdict:
+    """The first step where the learner's order differs from the engine's, named."""
+    category, why = "order", ""
+    if want[0] == "postprocess" and got[0] == "sample":
+        category, why = "sample_before_postprocess", (
+            ": the previous step is processed after this forward is launched, before this sample "
+            "(the sample may need the tokens it commits, as the title-case demo of notebook 03a shows)")
+    elif want[0] == "flush":
+        category, why = "no_flush", ": the last round has no next round to hide under, so it is flushed"
+    elif got[0] == "flush" and want == ("sample", got[1]):
+        category, why = "flush_before_sample", (
+            f": round {got[1]} is the last round, and it is flushed, but only after its sample is "
+            f"launched: a step can be processed only once it exists")
+    elif got[0] == "flush":
+        category, why = "flush_mid_run", (": a flush is only for the last round, when no next round is "
+                                          "left to hide it under; the others are postprocessed")
+    elif got[0] == "forward" and want == ("sample", got[1] - 1):
+        category, why = "forward_before_sample", (
+            f": round {got[1]}'s forward needs round {got[1] - 1}'s sampled token as its input (it stays on "
+            f"the device, FROM_DEVICE), so round {got[1] - 1}'s sample is launched first, and the host "
+            f"plans round {got[1]} only after that")
+    elif got[0] in ("postprocess", "flush") and want[0] == "forward":
+        category, why = "serial_order", (": a decode step is processed in the next round, after that "
+                                         "round's forward is launched, not in its own")
+    return fails(category, f"step {i}: you wrote {got}, the engine did {want}{why}")

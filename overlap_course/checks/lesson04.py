@@ -1,0 +1,349 @@
+"""Lesson 04 (notebook 04_stale_lengths, exercise 04_seqlen_correction): with speculative
+decoding, a round prepared while the previous one is in flight has stale lengths, and the
+device corrects them before the forward.  The notebook's questions compute the corrected
+values by hand; the exercise's checker runs the learner's correction on hand-made cases and
+then inside a ZOS engine with drafts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from toy_engine import kernels
+from toy_engine.kernels import FROM_DEVICE
+
+from . import pool
+from .answers import int_list, items, one_number, show
+from .harness import exercise_check, notebook_check
+from .verdict import Verdict, fails, not_implemented, passes, unanswered
+
+__all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
+           "check_metadata_answer"]
+
+
+@notebook_check
+def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict:
+    """Predict (04): the host planned ``host_seqlens_k`` for a request whose in-flight
+    round accepted ``accepted`` drafts; what is the real key length?"""
+    answer = one_number(answer, "set `true_seqlens_k` to a number", "a key length is one whole number", whole=True)
+    if isinstance(answer, Verdict):
+        return answer
+    want = host_seqlens_k + accepted
+    if answer == want:
+        return passes(f"{host_seqlens_k} + {accepted} = {want}: the host already counted one token for the "
+                      f"in-flight round; the {accepted} accepted drafts are the part it could not know")
+    if answer == host_seqlens_k:
+        return fails("stale", "that is the host's stale value: the in-flight round added its accepted drafts too")
+    if answer == host_seqlens_k + accepted + 1:
+        return fails("off_by_one", "one too many: the host's plan already counts the in-flight round's bonus token "
+                                   "(it assumed one token per in-flight round); add only the accepted drafts")
+    if answer == host_seqlens_k + 1:
+        return fails("plus_one", "the host already assumed one token for the in-flight round; what it missed is the "
+                                 "number of accepted drafts")
+    if answer == host_seqlens_k - accepted:
+        return fails("subtracted",
+                     "the host's value is too short, not too long: accepted drafts make the sequence longer")
+    return fails("wrong", f"{answer} is not it: the real key length is the host's plan plus the accepted drafts "
+                          f"of the in-flight round")
+
+
+@notebook_check
+def check_corrected_slots(answer, positions, table, accepted: int, block_size: int) -> Verdict:
+    """Your turn (04): the corrected slot_mapping of one request whose stale positions are
+    ``positions`` and whose in-flight round accepted ``accepted`` drafts."""
+    if answer is None:
+        return unanswered("set `new_slots` to a list of slots, one per fed token")
+    got = int_list(answer)
+    if got is None:
+        return fails("shape", "write the slots as a list of whole numbers, one per fed token")
+    table, positions = [int(b) for b in table], [int(p) for p in positions]
+    if len(got) != len(positions):
+        return fails("shape", f"the request feeds {len(positions)} tokens this round (seqlens_q does not change), "
+                              f"so give {len(positions)} slots, not {len(got)}")
+
+    def slots(pos_list):
+        return [table[p // block_size] * block_size + p % block_size if 0 <= p // block_size < len(table) else None
+                for p in pos_list]
+
+    want = slots([p + accepted for p in positions])
+    if got == want:
+        return passes(f"positions {[p + accepted for p in positions]} go through the block table to slots "
+                      f"{want}")
+    stale = slots(positions)
+    mistakes = [
+        (stale, "stale", "those are the host's stale slots: positions move right by the accepted count first"),
+        ([s + accepted for s in stale], "slots_shifted",
+         "adding the accepted count to the old slots is wrong where a position crosses into the next block: "
+         "recompute each slot from the new position through the block table"),
+        ([p + accepted for p in positions], "positions_not_slots",
+         "those are the corrected positions; now turn each into a slot through the block table"),
+        (slots([p + accepted + 1 for p in positions]), "off_by_one",
+         "you shifted by 1 + accepted: the host's plan already counts one token for the in-flight round"),
+    ]
+    if accepted != 1:
+        mistakes.append((slots([p + 1 for p in positions]), "shifted_by_one",
+                         f"you shifted by 1: this request's in-flight round accepted {accepted} drafts"))
+    for value, category, why in mistakes:
+        if got == value:
+            return fails(category, f"{got}: {why}")
+    return fails("wrong", f"{got} is not it: shift each position by the accepted count ({accepted}), then slot = "
+                          f"table[pos // {block_size}] * {block_size} + pos % {block_size} with table {table}")
+
+
+# ------------------------------------------------------------------ exercise 04
+
+# The worked case, as the host prepared it: k = 2, three pending requests in rows 0, 2, 5
+# whose previous round accepted 1, 0 and 2 drafts.  Block tables are per request.
+_CASE = dict(rows=[0, 2, 5], first=[6, 3, 10], tables=[[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]],
+             accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
+
+
+def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor]:
+    """The worked case's requests with another block size or other ``pending`` flags, as
+    ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
+    known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
+    in other rows (the case for telling a loop over requests from tensor operations)."""
+    q, B = _CASE["k"] + 1, 3 * copies
+    first = _CASE["first"] * copies
+    positions = torch.tensor([p for f in first for p in range(f, f + q)])
+    tables = torch.tensor(_CASE["tables"] * copies)
+    owner = torch.arange(B).repeat_interleave(q)
+    pending = list(pending) * copies
+    newest = 37  # any real token id
+    meta = {
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else newest for p in pending for j in range(q)]),
+        "positions": positions,
+        "slot_mapping": tables[owner, positions // block_size] * block_size + positions % block_size,
+        "seqlens_q": torch.tensor([q] * B),
+        "seqlens_k": torch.tensor([f + q for f in first]),
+        "rows": torch.tensor(_CASE["rows"] + [1, 3, 4, 6, 7][: B - 3]),
+        "pending": torch.tensor(pending),
+        "block_tables": tables,
+    }
+    return meta, torch.tensor(_CASE["accepted"])
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the tensor operations a function makes, and the ones that bring a tensor's
+    values to the host (on a GPU each of those waits for the device)."""
+
+    HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
+                      "__complex__", "__array__"})
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.host = 0, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values()))
+        if name in self.HOST or to_host:
+            self.host.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _stays_on_device(fn) -> Verdict | None:
+    """Exercise 04's rule, on the worked case and on twice as many requests: no value read
+    on the host, and as many tensor operations for 6 requests as for 3 (no loop over them)."""
+    counts = []
+    for copies in (1, 2):
+        meta, accepted = _case(4, [1, 1, 1], copies)
+        with _HostReads() as seen:
+            fn(meta, accepted, 4)
+        if seen.host:
+            names = sorted(set(seen.host), key=seen.host.index)
+            return fails("host_read",
+                         f"your correction computes the right values, but it reads tensor values on the host "
+                         f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
+                         f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
+                         f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
+                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor")
+        counts.append(seen.ops)
+    if counts[1] > counts[0]:
+        return fails("python_loop",
+                     f"your correction computes the right values, but it makes {counts[0]} tensor operations "
+                     f"for 3 requests and {counts[1]} for 6: it loops over requests (or tokens) in Python. On "
+                     f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
+                     f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
+                     f"and indexing with tensors), whose count does not depend on the batch size")
+    return None
+
+
+def worked_case():
+    """The notebook's worked case (block size 4, k = 2): three pending decode requests
+    whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""
+    meta, accepted = _case(4, [1, 1, 1])
+    expected = {"seqlens_q": [3, 3, 3], "seqlens_k": [10, 6, 15],
+                "positions": [7, 8, 9, 3, 4, 5, 12, 13, 14],
+                "slot_mapping": [31, 4, 5, 11, 16, 17, 20, 21, 22]}
+    return meta, accepted, expected
+
+
+_FIELDS = ("seqlens_q", "seqlens_k", "positions", "slot_mapping")
+_WHY = {
+    "seqlens_k": "the key length must grow by the accepted drafts of the in-flight round",
+    "positions": "every query token moves right by the accepted drafts",
+    "slot_mapping": "slots must be recomputed from the corrected positions through the block table",
+    "seqlens_q": "query lengths must not change: a decode request always feeds 1 + k tokens",
+}
+
+
+def _variants(meta, accepted, block_size) -> dict:
+    """What the classic wrong corrections produce on a case, to name them when seen."""
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.arange(len(delta)).repeat_interleave(meta["seqlens_q"])
+
+    def applied(delta_, slots="table", first_only=False, queries=False, bs=block_size):
+        m = {n: t.clone() for n, t in meta.items()}
+        shift = delta_[owner]
+        if first_only:
+            starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
+            shift = torch.zeros_like(shift).index_copy(0, starts, delta_)
+        m["seqlens_k"] += delta_
+        m["positions"] += shift
+        if slots == "table":
+            m["slot_mapping"] = m["block_tables"][owner, m["positions"] // bs] * bs + m["positions"] % bs
+        else:
+            m["slot_mapping"] += shift
+        if queries:
+            m["seqlens_q"] += delta_
+        return {n: m[n].tolist() for n in _FIELDS}
+
+    B = len(delta)
+    return {
+        "accepted_by_batch": (applied(accepted[:B] * meta["pending"]),
+                              "you took `accepted[:B]` (batch positions) instead of `accepted[meta['rows']]`: "
+                              "accepted is indexed by the request's row"),
+        "pending_ignored": (applied(accepted[meta["rows"]]),
+                            "a request with pending = 0 was processed before this round was prepared, so its "
+                            "host lengths are already right: shift only pending requests "
+                            "(`accepted[meta['rows']] * meta['pending']`)"),
+        "off_by_one": (applied(delta + meta["pending"]),
+                       "you shifted by 1 + accepted: the host already counted the in-flight round's one token; "
+                       "only the accepted drafts are missing"),
+        "slots_shifted": (applied(delta, slots="add"),
+                          "you added the shift to the old slots: a position that crosses into the next block "
+                          "lives in another block, so recompute slots through the block table"),
+        "first_token_only": (applied(delta, first_only=True),
+                             "you moved only each request's first token: every one of its 1 + k query tokens "
+                             "moves (expand the per-request shift to tokens)"),
+        "block_size_hardcoded": (applied(delta, bs=4) if block_size != 4 else None,
+                                 f"these are the slots for blocks of 4: use the `block_size` argument (the engine "
+                                 f"runs with 16, this case with {block_size})"),
+    }
+
+
+def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict | None:
+    before = {n: meta[n].tolist() for n in _FIELDS}
+    variants = _variants(meta, accepted, block_size)
+    fn(meta, accepted, block_size)
+    got = {n: meta[n].tolist() for n in _FIELDS}
+    if got == expected:
+        return None
+    if got == before:
+        wrong = next(n for n in _FIELDS if got[n] != expected[n])
+        return fails("stale", f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]} (still the host's stale "
+                              f"values): change the tensors in `meta` in place (`+=`, `.copy_`), do not build "
+                              f"new ones")
+    for category, (result, why) in variants.items():
+        if result is not None and got == result:
+            wrong = next(n for n in _FIELDS if got[n] != expected[n])
+            return fails(category, f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}: {why}")
+    for name in _FIELDS:
+        if got[name] != expected[name]:
+            return fails(name, f"{label}: {name} is {got[name]}, expected {expected[name]}: {_WHY[name]}")
+    return None
+
+
+@exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference)
+def check_correction(correct_seqlens_qk) -> Verdict:
+    """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
+
+    Three hand-made cases (the worked case; one request not pending; blocks of 8), then
+    a ZOS engine with 3 drafts per round whose text must equal plain greedy decoding.
+    """
+    meta, accepted, expected = worked_case()
+    cases = [(meta, accepted, 4, expected, "in the worked case")]
+    for block_size, pending, label in ((4, [0, 1, 1], "with request 0 not pending (pending = [0, 1, 1])"),
+                                       (8, [1, 1, 1], "with block_size = 8")):
+        m, a = _case(block_size, pending)
+        want = {n: t.clone() for n, t in m.items()}
+        kernels.correct_seqlens_qk(want, a, block_size)
+        cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
+    for meta, accepted, block_size, expected, label in cases:
+        try:
+            verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
+        except NotImplementedError:
+            return not_implemented("`correct_seqlens_qk`")
+        except Exception as err:  # noqa: BLE001
+            return fails("raised", f"{label} your correction raised {type(err).__name__}: {err}")
+        if verdict is not None:
+            return verdict
+    try:
+        verdict = _stays_on_device(correct_seqlens_qk)
+    except Exception as err:  # noqa: BLE001
+        return fails("raised", f"with 6 requests instead of 3 your correction raised {type(err).__name__}: {err}")
+    if verdict is not None:
+        return verdict
+    engine = pool.engine(num_draft_tokens=pool.DRAFTS)
+    try:
+        outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, correction=correct_seqlens_qk)
+    except Exception as err:  # noqa: BLE001
+        return fails("engine_error", f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
+                                     f"batches of 1 to 3 requests) your correction failed on the device: "
+                                     f"{type(err).__name__}: {err}")
+    diff = pool.compare([c.token_ids for c in outs], pool.reference())
+    if diff:
+        return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
+    return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
+                  f"decoding; {engine.stats['mean_accepted_per_round']:.2f} drafts accepted per "
+                  f"request-round")
+
+
+CORRECTED = {"seqlens_k", "positions", "slot_mapping", "input_ids"}
+UNCHANGED = {"seqlens_q", "cu_seqlens_q", "block_tables", "rows"}
+DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_k, so it moves too
+INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row, never corrected itself
+
+@exercise_check()
+def check_metadata_answer(answer) -> Verdict:
+    """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
+    if answer is None or answer is NotImplemented:
+        return not_implemented("the set of field names")
+    shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
+    if isinstance(answer, (str, bytes)):
+        return fails("shape", f"write {shape}, not one string ({show(answer)}): a string is read letter by letter")
+    names = items(answer, shape)
+    if isinstance(names, Verdict):
+        return names
+    if not all(isinstance(a, str) for a in names):
+        odd = next(a for a in names if not isinstance(a, str))
+        return fails("shape", f"write {shape}; {show(odd)} is a {type(odd).__name__}, not a field name")
+    answer = set(names)
+    if answer & INPUTS:
+        return fails("input_field",
+                     "`pending` does not change: it is one of the correction's inputs (which rows had a round in "
+                     "flight when this one was prepared, as in the worked case), not a length the device must "
+                     "correct. Leave it out and name the fields that move when a draft is accepted")
+    unknown = answer - CORRECTED - UNCHANGED - DERIVED
+    if unknown:
+        return fails("unknown_field", f"not a metadata field of the batch: {sorted(unknown)}; choose from "
+                                      f"{sorted(CORRECTED | UNCHANGED | DERIVED)}")
+    missing, extra = CORRECTED - answer, answer & UNCHANGED
+    if missing:
+        return fails("missing_field",
+                     f"also stale: {sorted(missing)} (hint: what depends on where the sequence ends?)")
+    if extra:
+        return fails("unchanged_field", f"{sorted(extra)} do not change: each decode request still feeds 1 + k "
+                                        f"tokens and its blocks were reserved at admission")
+    aside = (". And yes, cu_seqlens_k moves with seqlens_k (it is their running sum): the toy reads keys "
+             "through block tables and never builds it, but an engine that packs keys must correct it too"
+             if "cu_seqlens_k" in answer else
+             ". (cu_seqlens_k, the running sum of seqlens_k from notebook 01, would move too; the toy never "
+             "builds it)")
+    return passes("seqlens_k, positions and slot_mapping shift by the accepted count; input_ids take "
+                  "the bonus token and new drafts from the device" + aside)
+
+
