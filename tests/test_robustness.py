@@ -642,7 +642,8 @@ def test_the_site_build_names_a_notebook_it_cannot_read(tmp_path, monkeypatch, c
     spec.loader.exec_module(build)
     for folder in ("site", "docs", "notebooks", "exercises"):
         (tmp_path / folder).mkdir()
-    (tmp_path / "docs" / "instructor_guide.md").write_text("# guide\n")
+    for page in build.DOC_PAGES:
+        (tmp_path / "docs" / page).write_text("# page\n")
     (tmp_path / "notebooks" / "07_broken.ipynb").write_bytes(content)
     monkeypatch.setattr(build, "ROOT", tmp_path)
     monkeypatch.setattr(build, "SITE", tmp_path / "site")
