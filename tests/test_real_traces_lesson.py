@@ -34,7 +34,7 @@ def test_the_lesson_checks_the_real_file_and_the_learners_export():
     code = "\n".join(_code(nb))
     assert 'REAL = "a100_event_sync"' in code and "kineto.export(runs[mode], exported[mode])" in code
     # busy machine: the comparison falls back to the runs recorded on a quiet machine
-    assert "busy_warning(runs, cuda=" in code and 'viz.load_trace(f"cpu_{mode}_overhead2ms")' in code
+    assert "busy_warning(runs, cuda=" in code and 'figures.load_trace(f"cpu_{mode}_overhead2ms")' in code
     assert "kineto.cuda_profiles()" in code
 
 
