@@ -32,7 +32,8 @@ from torch.overrides import TorchFunctionMode
 
 from toy_engine import kernels
 from overlap_course import progress
-from toy_engine.device import DeviceError, RaceError
+from toy_engine.device import DeviceError
+from toy_engine.races import RaceError
 from toy_engine.data import CharTokenizer
 from toy_engine.engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
 from toy_engine.kernels import FROM_DEVICE

@@ -255,7 +255,7 @@ def _parse_order(order) -> tuple[list[str] | None, str | None]:
 def _run_order(steps: list[str], device) -> tuple[str | None, int | None, int]:
     """Run the steps on the real device with its race checker.  Returns
     (the race report or None, the value of the last read, the value the kernel writes)."""
-    from toy_engine.device import RaceError
+    from toy_engine.races import RaceError
 
     value, events, read = next(_ANSWER_IDS), [], None
     try:
