@@ -111,12 +111,12 @@ def test_real_trace_as_a_course_timeline():
 
 
 def test_real_trace_draws_in_the_course_views():
-    from overlap_course.figures import viz  # plotly: the course extra, like HTA
+    from overlap_course import figures  # plotly: the course extra, like HTA
     tl = kineto.to_timeline("a100_event_sync")
-    fig = viz.timeline_figure(tl, first_round=100, num_rounds=1)
+    fig = figures.timeline_figure(tl, first_round=100, num_rounds=1)
     names = {bar.name for bar in fig.data}
     assert {"kernel", "memcpy", "wait", "launch"} <= names, names
-    order = viz.order_figure(tl, first_round=100, num_rounds=1)
+    order = figures.order_figure(tl, first_round=100, num_rounds=1)
     assert len(order.data) > 0
 
 
