@@ -365,6 +365,8 @@ def test_command_export_converts_a_stored_run(tmp_path, capsys):
     assert report["course_device_idle_fraction"] == pytest.approx(stored.device_idle_fraction(), abs=1e-6)
     hta = _hta_figures(out, tmp_path / "hta")
     assert abs(hta["idle_pct"] - 100 * stored.device_idle_fraction()) <= 2.0
+    assert kineto.main(["export", str(out), "cpu_zoss"]) == 2  # neither a file nor a shipped trace
+    assert "no recorded trace 'cpu_zoss'; available: cpu_serial" in capsys.readouterr().err
 
 
 def test_run_sh_has_the_trace_command():
