@@ -47,10 +47,8 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # The static copies are drawn 900 px wide, about JupyterLab's notebook column: at kaleido's
 # default 700 px the timelines' one-line subtitles are cut off at the right edge.
 STATIC_WIDTH_PX, STATIC_HEIGHT_PX = 900, 450
-# Quantized to a 256-colour palette: measured on the course's timelines, 3-4x smaller than
-# kaleido's RGBA PNG (67 kB -> 18 kB for a two-panel timeline) with every colour that fills
-# >= 40 px within 8/255 of the original (max-coverage palette + 2 k-means passes; median-cut
-# was off by up to 68/255 on a faint bar, 64 colours merged legend colours).
+# Quantized to a 256-colour palette: PNGs a few times smaller, colours kept (the measurements,
+# and why not median-cut or 64 colours: docs/measurements/figures.md).
 STATIC_COLORS = 256
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Chrome of its own here
 
