@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: The static copy stored beside every figure (``overlap_course.build.notebooks``) is drawn this size
+#: when the figure sets none: about JupyterLab's notebook column, so 900 px is the narrowest any
+#: figure is drawn (at kaleido's default 700 px the timelines' subtitles were cut off).
+STATIC_WIDTH_PX, STATIC_HEIGHT_PX = 900, 450
+
 PLOTLY_CONFIG = {
     "showSendToCloud": False,
     "modeBarButtonsToRemove": ["sendChartToCloud"],

@@ -14,11 +14,11 @@ import re
 
 import plotly.graph_objects as go
 
-from overlap_course.build.notebooks import STATIC_WIDTH_PX
 from overlap_course.measure.contention import preempted
 from toy_engine.timeline import PROCESS_STAGES, Timeline
 from toy_engine.validate import check_int
 
+from .config import STATIC_WIDTH_PX
 from .layout import apply_layout, cpu_text, heading
 from .palette import PATTERNS, in_stage_order, stage_color
 from .rounds import check_timeline, default_first_round
