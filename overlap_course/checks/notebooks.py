@@ -1219,7 +1219,7 @@ def check_idle_sync(answer, trace) -> Verdict:
     if re.search(r"item|local_scalar|is_nonzero|\.cpu|tolist", got):
         return Verdict(False, f"{answer.strip()!r} is the PyTorch side of it (reading a GPU value on the host "
                               f"copies it and waits); name the CUDA runtime call on the host lane that waited")
-    if got in host_names and kineto._LAUNCH_CALLS.match(host_names[got]):
+    if got in host_names and kineto.is_launch_call(host_names[got]):
         return Verdict(False, f"{host_names[got]} queues work and returns at once; it never waits for the device. "
                               f"Look for the call the host blocked in right after the device went idle")
     if got in host_names and not _is_sync_name(got):

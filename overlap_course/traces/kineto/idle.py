@@ -27,7 +27,7 @@ read from its source, so that the numbers can be checked against it):
 
 from __future__ import annotations
 
-from .reading import Event, KinetoTrace
+from .reading import Event, KinetoTrace, is_sync_call
 
 __all__ = ["KERNEL_WAIT_US", "SYNC_EVENT_CALLS", "summary", "host_syncs", "idle_after_syncs", "side_by_side"]
 
@@ -127,10 +127,6 @@ def summary(source, kernel_wait_us: float = KERNEL_WAIT_US) -> dict:
 #: Kineto's device-side record of each blocking host call (``cat: cuda_sync``), and that call.
 SYNC_EVENT_CALLS = {"Stream Sync": "cudaStreamSynchronize", "Event Sync": "cudaEventSynchronize",
                     "Context Sync": "cudaDeviceSynchronize"}
-
-
-def is_sync_call(name: str) -> bool:
-    return "Synchronize" in name  # cudaStreamSynchronize, cudaEventSynchronize, cuCtxSynchronize, ...
 
 
 def host_syncs(source) -> list[str]:

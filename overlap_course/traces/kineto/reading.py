@@ -18,7 +18,8 @@ from pathlib import Path
 
 from overlap_course.traces.recorded import TRACES_DIR
 
-__all__ = ["REAL_TRACES_DIR", "CUDA_TRACES_DIRS", "real_traces", "cuda_profiles", "read_trace", "KinetoTrace"]
+__all__ = ["REAL_TRACES_DIR", "CUDA_TRACES_DIRS", "real_traces", "cuda_profiles", "read_trace", "KinetoTrace",
+           "is_launch_call", "is_sync_call"]
 
 #: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
 REAL_TRACES_DIR = TRACES_DIR / "a100"
@@ -29,6 +30,18 @@ DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "
 #: Host-side API calls (each may carry the correlation id of the device work it launched).
 HOST_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_LAUNCH_CALLS = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|"
+                           r"MemcpyAsync|MemsetAsync|Memcpy(HtoD|DtoH|DtoD)Async|MemsetD\w*Async)(_v\d+)?$")
+
+
+def is_launch_call(name: str) -> bool:
+    """A host call that queues device work and returns at once (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...)."""
+    return bool(_LAUNCH_CALLS.match(name))
+
+
+def is_sync_call(name: str) -> bool:
+    """A host call that blocks until the device has done something (``cudaStreamSynchronize``, ...)."""
+    return "Synchronize" in name
 
 
 def real_traces() -> dict[str, Path]:

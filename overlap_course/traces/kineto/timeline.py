@@ -9,17 +9,13 @@ import re
 
 from toy_engine.timeline import Timeline
 
-from .idle import is_sync_call, summary
-from .reading import DEVICE_CATS, Event, KinetoTrace
+from .idle import summary
+from .reading import DEVICE_CATS, Event, KinetoTrace, is_launch_call, is_sync_call
 
 __all__ = ["to_timeline"]
 
-_LAUNCH_CALLS = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|"
-                           r"MemcpyAsync|MemsetAsync|Memcpy(HtoD|DtoH|DtoD)Async|MemsetD\w*Async)(_v\d+)?$")
-
-
 def _host_stage(name: str) -> str:
-    if _LAUNCH_CALLS.match(name):
+    if is_launch_call(name):
         return "launch"
     if is_sync_call(name):
         return "wait"
