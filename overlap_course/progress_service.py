@@ -1,37 +1,16 @@
 """The room's progress service: a JupyterHub service that collects every learner's verdicts
 and shows the instructor where the room stands.
 
-The hub starts it from its config (a *managed* service, ``/services/course-progress/``)::
-
-    c.JupyterHub.services = [{
-        "name": "course-progress",
-        "url": "http://127.0.0.1:10101",
-        "command": ["python", "-m", "overlap_course.progress_service", "--db", "/srv/course-progress.sqlite"],
-        "oauth_no_confirm": True,
-    }]
-
-(``docs/jupyterhub.md`` has the roles and the learners' environment, for a plain hub, Zero to
-JupyterHub and The Littlest JupyterHub.)  Routes, under the service's prefix:
-
-``POST api/verdicts``
-    one verdict from a learner's kernel (``overlap_course/progress.py`` sends it), authenticated
-    with the learner's own hub token in the ``Authorization`` header.  The learner is whoever
-    the hub says the token belongs to: a body naming a user is refused.  The body is JSON,
-    at most 16 KB: ``notebook`` and ``check`` from the course's catalogue, ``passed`` (bool),
-    ``category`` (``passed`` exactly when passed), ``time`` (optional).  Anything else is
-    refused with a status that says why (400 malformed, 401 no token, 403 not allowed,
-    413 too large, 422 unknown notebook or check) and nothing is stored.
-``GET`` (the page), ``GET api/room`` (its data as JSON), ``GET room.html`` (the page's table)
-    instructors only -- hub admins, or members of the group ``--instructors`` (default
-    ``instructors``); any other user gets 403.  The page lists learners x checks (passed /
-    tried with the last mistake's category / not reached) and the room's most common mistakes
-    per check, each linked to the instructor guide's explanation, and refreshes itself every
-    2 s.
-``GET guide``
-    the instructor guide's table of mistakes (``--guide-file``), one anchor per category.
-
-State is one SQLite file (``--db``), committed per verdict: a restarted service (the hub
-restarts a managed service that exits) loses nothing.
+The hub starts it from its config as a *managed* service at ``/services/course-progress/``
+(``python -m overlap_course.progress_service --db FILE``).  Learners' kernels ``POST
+api/verdicts`` with their own hub token (``overlap_course/progress.py`` sends them); who sent a
+verdict comes from the token, never from the request, and a verdict the course's catalogue
+does not know is refused with a status that says why (:func:`validate`).  Instructors -- hub
+admins, or members of ``--instructors`` -- see learners x checks and the room's most common
+mistakes (``GET``, ``api/room``, ``room.html``, ``guide``).  State is one SQLite file,
+committed per verdict: a restarted service loses nothing.  ``docs/jupyterhub.md`` has every
+route and refusal, the roles, and the configs for a plain hub, Zero to JupyterHub and The
+Littlest JupyterHub.
 """
 
 from __future__ import annotations
@@ -181,8 +160,6 @@ def guide_mistakes(path: Path | None) -> list[dict]:
     return rows
 
 
-# ------------------------------------------------------------------ handlers
-
 class _Base(HubOAuthenticated, web.RequestHandler):
     @property
     def app(self) -> "ProgressService":
@@ -193,8 +170,7 @@ class _Base(HubOAuthenticated, web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         why = getattr(exc, "log_message", None) or self._reason
         if "/api/" in self.request.path:
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"status": status_code, "error": why}))
+            self.refuse(status_code, why)
         else:
             self.finish(f"<!doctype html><meta charset=utf-8><title>{status_code}</title>"
                         f"<h1>{status_code} {html.escape(self._reason)}</h1><p>{html.escape(str(why))}</p>")
@@ -228,7 +204,7 @@ class VerdictHandler(_Base):
             return self.refuse(403, "who sends a verdict comes from the token, never from the request")
         code, why, verdict = validate(self.request.body, model["name"])
         if verdict is None:
-            self.app.log_refusal(model["name"], code, why)
+            print(f"refused a verdict from {model['name']}: {code} {why}", flush=True)
             return self.refuse(code, why)
         self.app.store.add(model["name"], verdict)
         self.set_status(201)
@@ -247,43 +223,34 @@ class _InstructorHandler(_Base):
                 raise web.HTTPError(403, "the hub does not know this token, or it may not use the service")
             if self.api:
                 raise web.HTTPError(401, "log in to the hub, or send an instructor's token")
-            url = self.get_login_url()
-            self.redirect(url)
+            self.redirect(self.get_login_url())
             return None
         if not await self.app.is_instructor(user["name"]):
             raise web.HTTPError(403, f"{user['name']} is not an instructor (hub admins and the group "
                                      f"'{self.app.instructors}' are)")
         return user
 
-    async def data(self) -> dict:
+
+class RoomHandler(_InstructorHandler):
+    """The room: its page, the table the page's refreshes fetch, or its data as JSON (``view``)."""
+
+    def initialize(self, view: str) -> None:
+        self.view, self.api = view, view == "api"
+
+    async def get(self):
+        if not await self.instructor():
+            return
         learners = await self.app.learners()
-        return room(self.app.store.entries(), learners)
-
-
-class RoomPageHandler(_InstructorHandler):
-    async def get(self):
-        if not await self.instructor():
-            return
+        data = room(self.app.store.entries(), learners)
+        if self.view == "api":
+            self.set_header("Content-Type", "application/json")
+            return self.finish(json.dumps(data))
+        table = render_table(data, self.app.guide_url)
+        if self.view == "table":
+            return self.finish(table)
         # The page's own refreshes are cookie-authenticated fetches: the hub's XSRF rules want the token.
-        self.finish(page(self.app.prefix, render_table(await self.data(), self.app.guide_url),
-                         self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else str(self.xsrf_token)))
-
-
-class RoomTableHandler(_InstructorHandler):
-    async def get(self):
-        if not await self.instructor():
-            return
-        self.finish(render_table(await self.data(), self.app.guide_url))
-
-
-class RoomApiHandler(_InstructorHandler):
-    api = True
-
-    async def get(self):
-        if not await self.instructor():
-            return
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(await self.data()))
+        token = self.xsrf_token
+        self.finish(page(self.app.prefix, table, token.decode() if isinstance(token, bytes) else str(token)))
 
 
 class GuideHandler(_InstructorHandler):
@@ -355,21 +322,17 @@ def page(prefix: str, table: str, xsrf: str = "") -> str:
             f" catch (e) {{ s.textContent = 'not updated: ' + e; }} }}, {REFRESH_MS});</script>")
 
 
-# ------------------------------------------------------------------ the app
-
 class ProgressService:
     def __init__(self, db: str, instructors: str, guide_file: str | None, guide_url: str | None):
         self.store = Store(db)
         self.instructors = instructors
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/course-progress/")
-        self.guide_file = Path(guide_file) if guide_file else _default_guide()
+        guide = Path(guide_file or Path(__file__).resolve().parent.parent / "docs" / "instructor_guide.md")
+        self.guide_file = guide if guide_file or guide.exists() else None
         self.guide_url = guide_url or url_path_join(self.prefix, "guide")
         self.hub_auth = HubOAuth.instance(cache_max_age=60)  # configured by the hub's JUPYTERHUB_* variables
         self._users: dict[str, tuple[float, dict | None]] = {}
         self._all: tuple[float, list[dict]] = (0.0, [])
-
-    def log_refusal(self, user: str, code: int, why: str) -> None:
-        print(f"refused a verdict from {user}: {code} {why}", flush=True)
 
     async def _hub(self, path: str):
         client = httpclient.AsyncHTTPClient()
@@ -404,18 +367,13 @@ class ProgressService:
         p = self.prefix
         settings = {"progress": self, "cookie_secret": os.urandom(32), "xsrf_cookies": False}
         return web.Application([
-            (p, RoomPageHandler),
-            (url_path_join(p, "room.html"), RoomTableHandler),
-            (url_path_join(p, "api/room"), RoomApiHandler),
+            (p, RoomHandler, {"view": "page"}),
+            (url_path_join(p, "room.html"), RoomHandler, {"view": "table"}),
+            (url_path_join(p, "api/room"), RoomHandler, {"view": "api"}),
             (url_path_join(p, "api/verdicts"), VerdictHandler),
             (url_path_join(p, "guide"), GuideHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
         ], **settings)
-
-
-def _default_guide() -> Path | None:
-    guide = Path(__file__).resolve().parent.parent / "docs" / "instructor_guide.md"
-    return guide if guide.exists() else None
 
 
 def main(argv=None) -> None:

@@ -27,13 +27,13 @@ nvidia-smi -L | tee "$OUT/gpu.txt" || true
 "$PY" - "$OUT" <<'PY'
 import sys
 from pathlib import Path
-from toy_engine import viz
+from overlap_course import figures
 from toy_engine.timeline import Timeline
 out = Path(sys.argv[1])
 runs = {p.stem: Timeline.from_json(p) for p in sorted(out.glob("cuda_*.json"))}
 for name, tl in runs.items():
-    viz.save_html(viz.timeline_figure(tl), out / f"{name}.html")
+    figures.save_html(figures.timeline_figure(tl), out / f"{name}.html")
 if runs:
-    viz.save_html(viz.compare_figure(runs), out / "cuda_compare.html")
+    figures.save_html(figures.compare_figure(runs), out / "cuda_compare.html")
 print("wrote", sorted(p.name for p in out.iterdir()))
 PY

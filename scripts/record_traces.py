@@ -1,4 +1,4 @@
-"""Record the timelines shipped in ``overlap_course/traces/`` (read with ``viz.load_trace``).
+"""Record the timelines shipped in ``overlap_course/traces/`` (read with ``figures.load_trace``).
 
     python scripts/record_traces.py                 # auto device: CUDA if present, else CPU stand-in
     python scripts/record_traces.py --device cuda   # on a GPU machine: CUDA-event timelines
@@ -8,7 +8,7 @@ For each host overhead (``--host-overheads``, default 0 and 2 ms/round) and mode
 starts one engine, does a warm-up run (the first forward is cold and would dominate the
 picture), then ``--repeats`` recorded runs, and keeps the least contended one (the
 one not flagged busy with the highest CPU share of the device process and host loop,
-whichever is lower; see ``Timeline.contention``), so one unlucky slice of a shared machine does not become the
+whichever is lower; see ``overlap_course.measure.contention``), so one unlucky slice of a shared machine does not become the
 course's example.  The
 result is written to ``overlap_course/traces/<device>_<mode>[_spec<K>][_overhead<H>ms].json``
 (``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
@@ -40,11 +40,10 @@ from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, 
 from overlap_course.measure.bench import default_workload
 from overlap_course.measure.machine import machine_report
 from toy_engine.model import CHECKPOINT
-from overlap_course.traces.recorded import RECORDED_WORKLOAD, trace_name
+from overlap_course.traces.recorded import RECORDED_WORKLOAD, TRACES_DIR, device_kind, trace_name
 from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, contention
 
 REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "toy_engine" / "traces"
 
 
 def _model():
@@ -104,7 +103,6 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         median = statistics.median_low([tps for tps, _, _ in runs])
         _, timeline, stats = next(r for r in runs if r[0] == median)
         kept = f"median tokens/s of {args.repeats} runs after 1 warm-up"
-    kind = "cuda" if device_name not in ("cpu-process",) else "cpu"
     meter = contention(timeline)
     timeline.meta.update(
         recorded=dict(command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
@@ -117,7 +115,7 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
                       device_cpu_share_all_runs=[r[2].get("device_cpu_share") for r in runs],
                       contention=meter),
         stats=stats)
-    return timeline, trace_name(mode, overhead, kind, args.drafts), bool(meter["busy"])
+    return timeline, trace_name(mode, overhead, device_kind(device_name), args.drafts), bool(meter["busy"])
 
 
 def main(argv=None) -> int:
@@ -134,7 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--allow-busy", action="store_true",
                    help="write traces even when the kept run was busy (they say so in meta)")
-    p.add_argument("--out", type=Path, default=OUT_DIR)
+    p.add_argument("--out", type=Path, default=TRACES_DIR)
     args = p.parse_args(argv)
     model, tokenizer, desc = _model()
     recorded, busy = [], []

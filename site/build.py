@@ -4,7 +4,8 @@
 
 Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/html``:
 
-* ``site/*.md`` and ``conf.py``, and ``docs/instructor_guide.md`` as the instructor page;
+* ``site/*.md`` and ``conf.py``, and the pages kept in ``docs/`` (``DOC_PAGES``: the instructor
+  guide, the map from the toy to real engines), so each is written once;
 * ``notebooks/`` and ``exercises/`` as stored (outputs included, no kernel), less nbval's
   ``# NBVAL_...`` marker lines, with one change per output: a Plotly figure's JSON becomes
   a ``text/html`` form, a div plus the ``Plotly.newPlot`` call of ``plotly.io.to_html``,
@@ -37,6 +38,7 @@ SITE = ROOT / "site"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_DIRS = ("notebooks", "exercises")
+DOC_PAGES = ("instructor_guide.md", "real_engines.md")
 NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
 WIDGET_NOTE = ("<div class='admonition note'><p class='admonition-title'>Live widget</p><p>This output is an "
                "interactive widget that needs a running kernel: run the notebook in Jupyter, or open the "
@@ -115,7 +117,8 @@ def stage(out: Path) -> Path:
     src = out / "src"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(SITE, src, ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build"))
-    shutil.copy(ROOT / "docs" / "instructor_guide.md", src / "instructor_guide.md")
+    for name in DOC_PAGES:
+        shutil.copy(ROOT / "docs" / name, src / name)
     import plotly
 
     static = src / "_static"

@@ -10,7 +10,9 @@ import time
 import pytest
 import torch
 
-from toy_engine.device import DeviceError, ProcessDevice, RaceError
+from toy_engine.device import DeviceError
+from toy_engine.process_device import ProcessDevice
+from toy_engine.races import RaceError
 from toy_engine.model import GPTConfig, TinyGPT
 from toy_engine.record import Commit, Launch, RunRecord, Wait
 
@@ -129,7 +131,7 @@ def test_device_process_ignores_sigint(device):
 def test_device_process_dies_with_its_parent(tmp_path):
     script = textwrap.dedent("""
         import time
-        from toy_engine.device import ProcessDevice
+        from toy_engine.process_device import ProcessDevice
         from toy_engine.model import GPTConfig, TinyGPT
         dev = ProcessDevice(TinyGPT(GPTConfig(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)),
                             num_kv_blocks=4, block_size=4, buffer_specs={})

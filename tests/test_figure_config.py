@@ -3,7 +3,7 @@
 plotly.js shows that button unless a figure's config says ``showSendToCloud: false``.  Each
 way the course emits a figure must carry the course's config (overlap_course/figures/config.py):
 the notebook renderers (a figure as a cell's value, ``fig.show()``), the explorer's
-FigureWidget (notebook 05, the Voilà app), ``viz.save_html``, the website's and the slides'
+FigureWidget (notebook 05, the Voilà app), ``figures.save_html``, the website's and the slides'
 HTML.
 """
 
@@ -18,7 +18,7 @@ import plotly.io as pio
 import pytest
 
 from overlap_course.build import slides
-from overlap_course.figures import viz
+from overlap_course import figures
 
 ROOT = Path(__file__).resolve().parent.parent
 MIME = "application/vnd.plotly.v1+json"
@@ -27,7 +27,7 @@ NO_CLOUD = re.compile(r'"showSendToCloud":\s*false')
 
 
 def _figure():
-    return viz.timeline_figure(viz.load_trace("cpu_zos"))
+    return figures.timeline_figure(figures.load_trace("cpu_zos"))
 
 
 def _no_cloud(config: dict, where: str) -> None:
@@ -48,7 +48,7 @@ def test_notebook_renderers_carry_the_config(renderer):
 
 
 def test_explorer_widget_carries_the_config():
-    explorer = viz.TimelineExplorer()
+    explorer = figures.TimelineExplorer()
     try:
         _no_cloud(explorer.figure._config, "TimelineExplorer.figure")
     finally:
@@ -56,8 +56,8 @@ def test_explorer_widget_carries_the_config():
 
 
 def test_save_html_carries_the_config(tmp_path):
-    text = viz.save_html(_figure(), tmp_path / "f.html").read_text()
-    assert NO_CLOUD.search(text), "viz.save_html's page leaves plotly's Share chart button on"
+    text = figures.save_html(_figure(), tmp_path / "f.html").read_text()
+    assert NO_CLOUD.search(text), "figures.save_html's page leaves plotly's Share chart button on"
 
 
 def _stored_notebook_with_figures():

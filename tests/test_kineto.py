@@ -111,12 +111,12 @@ def test_real_trace_as_a_course_timeline():
 
 
 def test_real_trace_draws_in_the_course_views():
-    from overlap_course.figures import viz  # plotly: the course extra, like HTA
+    from overlap_course import figures  # plotly: the course extra, like HTA
     tl = kineto.to_timeline("a100_event_sync")
-    fig = viz.timeline_figure(tl, first_round=100, num_rounds=1)
+    fig = figures.timeline_figure(tl, first_round=100, num_rounds=1)
     names = {bar.name for bar in fig.data}
     assert {"kernel", "memcpy", "wait", "launch"} <= names, names
-    order = viz.order_figure(tl, first_round=100, num_rounds=1)
+    order = figures.order_figure(tl, first_round=100, num_rounds=1)
     assert len(order.data) > 0
 
 
@@ -365,6 +365,8 @@ def test_command_export_converts_a_stored_run(tmp_path, capsys):
     assert report["course_device_idle_fraction"] == pytest.approx(stored.device_idle_fraction(), abs=1e-6)
     hta = _hta_figures(out, tmp_path / "hta")
     assert abs(hta["idle_pct"] - 100 * stored.device_idle_fraction()) <= 2.0
+    assert kineto.main(["export", str(out), "cpu_zoss"]) == 2  # neither a file nor a shipped trace
+    assert "no recorded trace 'cpu_zoss'; available: cpu_serial" in capsys.readouterr().err
 
 
 def test_run_sh_has_the_trace_command():

@@ -131,7 +131,8 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
                or (m["others_cpus"] or 0.0) > BUSY_OTHERS_CPUS for m in shares.values()), shares
     assert all(m["equal_to_serial"] for m in result["modes"].values())  # busy is slow, never wrong
 
-    viz = pytest.importorskip("overlap_course.figures.viz")
+    pytest.importorskip("plotly")
+    from overlap_course import figures
     import toy_engine as te
 
     model, alphabet = shipped
@@ -146,7 +147,7 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        fig = viz.compare_figure(runs)
+        fig = figures.compare_figure(runs)
     assert out.getvalue().startswith(machine.BUSY_WARNING_PREFIX)
     recorded = [a.text for a in fig.layout.annotations if "RECORDED" in (a.text or "")]
     assert len(recorded) == 2 and all("commit" in t for t in recorded)

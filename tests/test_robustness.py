@@ -414,7 +414,7 @@ def test_stage_lists_match_what_the_engine_records(engines):
 def test_cuda_spans_query_each_event_once():
     """CudaDevice.spans partitions its launches with one query per event: an event that
     completes between two queries must not fall out of both lists (runs without a GPU)."""
-    from toy_engine.device import CudaDevice
+    from toy_engine.cuda_device import CudaDevice
 
     class EventThatCompletesNow:
         def __init__(self):
@@ -603,7 +603,7 @@ def test_timeline_junk_gets_a_short_sentence(make, error, match):
 
 def test_a_well_formed_meta_still_loads_and_draws():
     """The meta checks of from_json accept what the engine writes."""
-    from overlap_course.figures import viz
+    from overlap_course import figures
     from overlap_course.measure.machine import busy_warning
 
     tl = te.Timeline(meta={"mode": "zos"})
@@ -612,22 +612,22 @@ def test_a_well_formed_meta_still_loads_and_draws():
     good = te.Timeline.from_json(tl.to_json())
     from overlap_course.measure.contention import contention
     assert contention(good)["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
-    viz.compare_figure({"a": good})
+    figures.compare_figure({"a": good})
 
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda viz: viz.compare_figure([1, 2]), r"runs must be a dict of label -> Timeline.*got list"),
-    (lambda viz: viz.compare_figure({"a": None}), r"runs\['a'\] must be a Timeline.*got NoneType"),
-    (lambda viz: viz.compare_figure({"a": (None, {})}), r"runs\['a'\] must be a Timeline.*got NoneType"),
-    (lambda viz: viz.timeline_figure(None), r"timeline must be a Timeline \(engine.timeline.*got NoneType"),
-    (lambda viz: viz.order_figure("x" * 10**5), r"timeline must be a Timeline .*got str"),
+    (lambda figures: figures.compare_figure([1, 2]), r"runs must be a dict of label -> Timeline.*got list"),
+    (lambda figures: figures.compare_figure({"a": None}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda figures: figures.compare_figure({"a": (None, {})}), r"runs\['a'\] must be a Timeline.*got NoneType"),
+    (lambda figures: figures.timeline_figure(None), r"timeline must be a Timeline \(engine.timeline.*got NoneType"),
+    (lambda figures: figures.order_figure("x" * 10**5), r"timeline must be a Timeline .*got str"),
 ])
-def test_viz_says_what_it_needs(call, match):
-    from overlap_course.figures import viz
+def test_figures_say_what_they_need(call, match):
+    from overlap_course import figures
 
     with pytest.raises(TypeError, match=match) as info:
-        call(viz)
+        call(figures)
     assert len(str(info.value)) <= 600
 
 
@@ -642,7 +642,8 @@ def test_the_site_build_names_a_notebook_it_cannot_read(tmp_path, monkeypatch, c
     spec.loader.exec_module(build)
     for folder in ("site", "docs", "notebooks", "exercises"):
         (tmp_path / folder).mkdir()
-    (tmp_path / "docs" / "instructor_guide.md").write_text("# guide\n")
+    for page in build.DOC_PAGES:
+        (tmp_path / "docs" / page).write_text("# page\n")
     (tmp_path / "notebooks" / "07_broken.ipynb").write_bytes(content)
     monkeypatch.setattr(build, "ROOT", tmp_path)
     monkeypatch.setattr(build, "SITE", tmp_path / "site")

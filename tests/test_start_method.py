@@ -14,26 +14,27 @@ import time
 import pytest
 import torch
 
-from toy_engine import device as device_mod
+from toy_engine import process_start
 from toy_engine.model import GPTConfig, TinyGPT
+from toy_engine.process_device import ProcessDevice
 
 METHODS = ["forkserver", "spawn"]
 TINY = dict(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)
 
 
 def test_automatic_choice_and_override(monkeypatch):
-    monkeypatch.delenv(device_mod.START_METHOD_ENV, raising=False)
+    monkeypatch.delenv(process_start.START_METHOD_ENV, raising=False)
     expected = "spawn" if sys.platform in ("win32", "darwin") else "forkserver"
-    assert device_mod.start_method() == expected
-    monkeypatch.setenv(device_mod.START_METHOD_ENV, " Spawn ")
-    assert device_mod.start_method() == "spawn"
+    assert process_start.start_method() == expected
+    monkeypatch.setenv(process_start.START_METHOD_ENV, " Spawn ")
+    assert process_start.start_method() == "spawn"
 
 
 @pytest.mark.parametrize("value", ["fork", "threads", "forkserve"])
 def test_a_wrong_start_method_is_refused_with_the_fix(monkeypatch, value):
-    monkeypatch.setenv(device_mod.START_METHOD_ENV, value)
+    monkeypatch.setenv(process_start.START_METHOD_ENV, value)
     with pytest.raises(ValueError, match=rf"TOY_ENGINE_START_METHOD='{value}'.*one of \['forkserver', 'spawn'\]"):
-        device_mod.start_method()
+        process_start.start_method()
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -41,9 +42,9 @@ def test_the_device_process_is_started_by_the_chosen_method(monkeypatch, method)
     """Not just the setting: the running device process's command line shows its origin."""
     import psutil
 
-    monkeypatch.setenv(device_mod.START_METHOD_ENV, method)
-    dev = device_mod.ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
-                                   buffer_specs={"out": ((4,), torch.long)})
+    monkeypatch.setenv(process_start.START_METHOD_ENV, method)
+    dev = ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
+                        buffer_specs={"out": ((4,), torch.long)})
     try:
         cmdline = " ".join(psutil.Process(dev.pid).cmdline())
         marker = "multiprocessing.spawn" if method == "spawn" else "multiprocessing.forkserver"
@@ -66,8 +67,9 @@ SCRIPT = textwrap.dedent("""
     with open(os.environ["RUNS"], "a") as f:
         f.write(f"{os.getpid()}\\n")
     import torch
-    from toy_engine.device import ProcessDevice, start_method
     from toy_engine.model import GPTConfig, TinyGPT
+    from toy_engine.process_device import ProcessDevice
+    from toy_engine.process_start import start_method
 
     def triple(ctx, x):
         ctx.store("out", torch.tensor([3 * x]))
@@ -114,8 +116,8 @@ def test_the_host_waits_without_select_poll_as_on_windows(monkeypatch):
     import select
 
     monkeypatch.delattr(select, "poll")
-    dev = device_mod.ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
-                                   buffer_specs={"out": ((4,), torch.long)})
+    dev = ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
+                        buffer_specs={"out": ((4,), torch.long)})
     try:
         assert not hasattr(select, "poll") and dev._readable == dev._conn.poll
 

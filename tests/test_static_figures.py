@@ -32,6 +32,7 @@ import nbformat
 import pytest
 
 from overlap_course.build import notebooks as course
+from overlap_course.figures.config import STATIC_WIDTH_PX
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURE_BUDGET_BYTES = 80_000
@@ -84,7 +85,7 @@ def test_stored_notebook_within_size_budget(path):
     sizes = [len(o.data.get("image/png", "")) for o in course.figure_outputs(nb)]
     big = [(i, n) for i, n in enumerate(sizes) if n > FIGURE_BUDGET_BYTES]
     assert not big, (f"{_rel(path)}: static figure(s) {big} over {FIGURE_BUDGET_BYTES} bytes: keep them "
-                     f"palette PNGs ({course.STATIC_COLORS} colours, {course.STATIC_WIDTH_PX} px wide)")
+                     f"palette PNGs ({course.STATIC_COLORS} colours, {STATIC_WIDTH_PX} px wide)")
     assert sum(sizes) <= IMAGES_BUDGET_BYTES, (f"{_rel(path)}: its {len(sizes)} static figures take {sum(sizes)} "
                                                f"bytes, over the {IMAGES_BUDGET_BYTES}-byte budget")
     size = path.stat().st_size

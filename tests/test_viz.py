@@ -1,4 +1,4 @@
-"""Figures drawn from timelines (overlap_course.figures.viz): fast, no browser."""
+"""Figures drawn from timelines (overlap_course.figures): fast, no browser."""
 
 import re
 
@@ -7,7 +7,10 @@ import pytest
 pytest.importorskip("plotly")
 
 import toy_engine as te  # noqa: E402
-from overlap_course.figures import viz  # noqa: E402
+from overlap_course import figures  # noqa: E402
+from overlap_course.figures import layout, palette  # noqa: E402
+from overlap_course.figures.rounds import common_first_round, decode_rounds  # noqa: E402
+from overlap_course.traces.recorded import TRACES_DIR  # noqa: E402
 from toy_engine.timeline import Span, Timeline  # noqa: E402
 
 
@@ -59,16 +62,16 @@ def arrows(fig):
 
 def test_default_window_is_first_steady_decode_round():
     tl = zos_timeline()
-    assert viz.decode_rounds(tl) == [1, 2, 3]
-    assert viz.default_first_round(tl) == 2
+    assert decode_rounds(tl) == [1, 2, 3]
+    assert figures.default_first_round(tl) == 2
     tl.meta.pop("prefill_rounds")  # without meta: every forward round counts as decode
-    assert viz.default_first_round(tl) == 1
-    assert viz.default_first_round(Timeline(origin_ns=0)) == 0
+    assert figures.default_first_round(tl) == 1
+    assert figures.default_first_round(Timeline(origin_ns=0)) == 0
 
 
 def test_stage_traces_colours_and_span_bars():
     tl = zos_timeline()
-    fig = viz.timeline_figure(tl)  # rounds 2, 3, 4: from r1's delivery (19.2) to the flush of r3 (31.0)
+    fig = figures.timeline_figure(tl)  # rounds 2, 3, 4: from r1's delivery (19.2) to the flush of r3 (31.0)
     assert tl.round_window(2, 4) == (19.2, 31.0)
     # r2's schedule/prepare/launch_forward/upload ran before r1 was delivered: outside the window.
     window = [s for s in tl.spans if s.round in (2, 3, 4) and s.end_ms >= 19.2]
@@ -77,13 +80,13 @@ def test_stage_traces_colours_and_span_bars():
     assert len(names) == len(set(names)), "one trace per stage"
     assert set(names) == {s.stage for s in window}
     for t in spans:
-        assert t.marker.color == viz.STAGE_COLORS[t.name]
+        assert t.marker.color == figures.STAGE_COLORS[t.name]
         assert t.orientation == "h"
         assert t.marker.pattern.shape == ("/" if t.name == "flush" else "")
     drawn = bars(fig)
     assert len(drawn) == len(window) == 16
     t0 = 19.2  # window start: round 1's tokens reach the requests; round 2's forward is drawn clipped
-    expected = sorted((s.stage, viz._LANE_Y[s.lane], max(s.start_ms, t0) - t0, s.end_ms - max(s.start_ms, t0))
+    expected = sorted((s.stage, layout.LANE_Y[s.lane], max(s.start_ms, t0) - t0, s.end_ms - max(s.start_ms, t0))
                       for s in window)
     got = sorted((st, y, b, x) for st, y, b, x, _, _ in drawn)
     assert [g[:2] for g in got] == [e[:2] for e in expected]
@@ -106,32 +109,32 @@ def test_stage_traces_colours_and_span_bars():
 
 def test_idle_gaps_in_ms_are_the_timelines_gaps_clipped_to_the_window():
     tl = zos_timeline()
-    (idle,) = kind(viz.timeline_figure(tl), "idle")
+    (idle,) = kind(figures.timeline_figure(tl), "idle")
     assert list(idle.base) == pytest.approx([24.0 - 19.2]) and list(idle.x) == pytest.approx([0.5])
-    assert set(idle.y) == {viz._LANE_Y["device"]} and "0.500 ms" in idle.hovertext[0]
+    assert set(idle.y) == {layout.LANE_Y["device"]} and "0.500 ms" in idle.hovertext[0]
     assert idle.marker.pattern.shape == "x"
-    (idle,) = kind(viz.timeline_figure(tl, first_round=0, num_rounds=5), "idle")  # window 2.0 .. 31.0
+    (idle,) = kind(figures.timeline_figure(tl, first_round=0, num_rounds=5), "idle")  # window 2.0 .. 31.0
     assert list(idle.base) == pytest.approx([7.5, 22.0]) and list(idle.x) == pytest.approx([2.7, 0.5])
     # Round 1 alone: window 11.0 (round 0 delivered) .. 19.2 (round 1 delivered): the device
     # idled 11.0 .. 12.2 while the host prepared round 1, a cost of delivering round 1.
-    fig = viz.timeline_figure(tl, first_round=1, num_rounds=1)
+    fig = figures.timeline_figure(tl, first_round=1, num_rounds=1)
     (idle,) = kind(fig, "idle")
     assert list(idle.base) == pytest.approx([0.0]) and list(idle.x) == pytest.approx([1.2])
     assert "round 1: 8.20 ms · device idle 1.20 ms" in fig.layout.title.text
-    fig = viz.timeline_figure(tl, first_round=0, num_rounds=2)  # 2.0 .. 19.2, with the gap
+    fig = figures.timeline_figure(tl, first_round=0, num_rounds=2)  # 2.0 .. 19.2, with the gap
     assert "rounds 0–1: 17.20 ms · device idle 2.70 ms (15.7%)" in fig.layout.title.text
 
 
 def test_event_arrows_and_flush_marker():
     tl = zos_timeline()
-    fig = viz.timeline_figure(tl)
+    fig = figures.timeline_figure(tl)
     got = sorted((a.ax, a.x) for a in arrows(fig))  # sample end -> postprocess/flush start
     assert [v for pair in got for v in pair] == pytest.approx([24 - 19.2, 24.1 - 19.2, 30 - 19.2, 30.2 - 19.2])
     assert all(a.ay < a.y for a in arrows(fig))  # from the device row up to the host row
     flush = [a for a in fig.layout.annotations if "flush" in (a.text or "")]
     assert len(flush) == 1 and flush[0].text == "flush r3"
-    assert len(arrows(viz.timeline_figure(tl, first_round=0, num_rounds=5))) == 4
-    one = viz.timeline_figure(tl, first_round=1, num_rounds=1)
+    assert len(arrows(figures.timeline_figure(tl, first_round=0, num_rounds=5))) == 4
+    one = figures.timeline_figure(tl, first_round=1, num_rounds=1)
     assert len(arrows(one)) == 1 and not [a for a in one.layout.annotations if a.text]
 
 
@@ -139,48 +142,48 @@ def test_context_spans_are_separate_and_optional():
     tl = zos_timeline()
     # Round 2 alone (19.2 .. 25): round 3's schedule, prepare, launch_forward (19.6 .. 21.5)
     # and upload (24.5 .. 25) run inside and are drawn faded; its forward (25.2) comes after.
-    (ctx,) = kind(viz.timeline_figure(tl, first_round=2, num_rounds=1), "context")
+    (ctx,) = kind(figures.timeline_figure(tl, first_round=2, num_rounds=1), "context")
     assert sorted(ctx.text) == ["r3", "r3", "r3", "r3"]
     assert list(ctx.base) == pytest.approx([0.4, 0.8, 1.8, 5.3])
-    assert not kind(viz.timeline_figure(tl, first_round=2, num_rounds=1, context=False), "context")
+    assert not kind(figures.timeline_figure(tl, first_round=2, num_rounds=1, context=False), "context")
 
 
 def test_unknown_stage_gets_fallback_colour():
     tl = zos_timeline()
     tl.add("device", "mystery_kernel", 2, 24.0, 24.2)
-    fig = viz.timeline_figure(tl)
+    fig = figures.timeline_figure(tl)
     (t,) = [t for t in kind(fig, "span") if t.name == "mystery_kernel"]
-    assert t.marker.color == viz.stage_color("mystery_kernel") and t.marker.color in viz._FALLBACK_COLORS
+    assert t.marker.color == palette.stage_color("mystery_kernel") and t.marker.color in palette.FALLBACK_COLORS
     assert len(bars(fig)) == 17
 
 
 def test_json_round_trip_draws_the_same_figure():
     tl = zos_timeline()
     again = Timeline.from_json(tl.to_json())
-    assert viz.timeline_figure(tl).to_plotly_json() == viz.timeline_figure(again).to_plotly_json()
+    assert figures.timeline_figure(tl).to_plotly_json() == figures.timeline_figure(again).to_plotly_json()
 
 
 @pytest.mark.parametrize("name", ["cpu_serial", "cpu_zos"])
 def test_shipped_traces_draw(name):
-    assert name in viz.available_traces()
-    tl = viz.load_trace(name)
+    assert name in figures.available_traces()
+    tl = figures.load_trace(name)
     assert tl.meta["mode"] == name.split("_")[1] and "recorded" in tl.meta and "tokens_per_s" in tl.meta["stats"]
-    assert (viz.TRACES_DIR / f"{name}.json").stat().st_size < 200_000
-    fig = viz.timeline_figure(tl)
-    first = viz.default_first_round(tl)
+    assert (TRACES_DIR / f"{name}.json").stat().st_size < 200_000
+    fig = figures.timeline_figure(tl)
+    first = figures.default_first_round(tl)
     t0, t1 = tl.round_window(first, first + 2)
     assert len(bars(fig)) == sum(first <= s.round < first + 3 and s.end_ms >= t0 and s.start_ms <= t1
                                  for s in tl.spans)
     assert len(arrows(fig)) >= 2
-    again = viz.timeline_figure(Timeline.from_json(tl.to_json()))
+    again = figures.timeline_figure(Timeline.from_json(tl.to_json()))
     assert again.to_plotly_json() == fig.to_plotly_json()
     with pytest.raises(ValueError, match="available"):
-        viz.load_trace("no_such_trace")
+        figures.load_trace("no_such_trace")
 
 
 def test_compare_figure():
-    serial, zos = viz.load_trace("cpu_serial"), viz.load_trace("cpu_zos")
-    fig = viz.compare_figure({"serial": serial, "zos": (zos, {"tokens_per_s": 1234.5})})
+    serial, zos = figures.load_trace("cpu_serial"), figures.load_trace("cpu_zos")
+    fig = figures.compare_figure({"serial": serial, "zos": (zos, {"tokens_per_s": 1234.5})})
     assert fig.layout.xaxis.matches == "x2"  # one time axis for both rows (the bottom one)
     ys = {t.yaxis for t in fig.data}
     assert ys == {"y", "y2"}
@@ -197,12 +200,12 @@ def test_compare_figure():
     # Legend lists each stage once.
     shown = [t.name for t in fig.data if t.showlegend is not False]
     assert len(shown) == len(set(shown))
-    bare = viz.compare_figure({"a": zos_timeline()})
+    bare = figures.compare_figure({"a": zos_timeline()})
     assert "tok/s" not in bare.layout.annotations[0].text
 
 
 def test_save_html_is_standalone(tmp_path):
-    path = viz.save_html(viz.timeline_figure(zos_timeline()), tmp_path / "sub" / "fig.html")
+    path = figures.save_html(figures.timeline_figure(zos_timeline()), tmp_path / "sub" / "fig.html")
     assert path.exists()
     text = path.read_text(encoding="utf-8")
     assert path.stat().st_size > 1_000_000  # plotly.js is inlined
@@ -224,7 +227,7 @@ def test_explorer_headless():
     pytest.importorskip("ipywidgets")
     tok = te.CharTokenizer()
     model = te.TinyGPT(te.GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_embd=32))
-    ex = viz.TimelineExplorer(mode="serial", num_requests=2, max_new_tokens=6, device="cpu",
+    ex = figures.TimelineExplorer(mode="serial", num_requests=2, max_new_tokens=6, device="cpu",
                               model=model, tokenizer=tok)
     engines, widget = [], ex.figure
     try:
@@ -234,7 +237,7 @@ def test_explorer_headless():
         engines.append(ex.engine)
         assert stats["tokens"] == 3 * 6 and ex.timeline.meta["mode"] == "zos"
         assert kind(ex.figure, "span") and "tokens/s" in ex.readout.value and "idle" in ex.readout.value
-        first = viz.default_first_round(ex.timeline)
+        first = figures.default_first_round(ex.timeline)
         assert ex.round_slider.value == first and ex.round_slider.max == ex.timeline.rounds()[-1]
         before = ex.figure.to_plotly_json()["data"]
         assert ex.figure.layout.meta["view"] == "scale"
@@ -272,7 +275,7 @@ def test_explorer_headless():
 # ---------------------------------------------------------------------------- aligned windows
 
 def _decode_triples(tl):
-    decode = set(viz.decode_rounds(tl))
+    decode = set(decode_rounds(tl))
     return [r for r in sorted(decode) if {r, r + 1, r + 2} <= decode]
 
 
@@ -287,7 +290,7 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     this bound does not excuse; and such exceptions must stay rare."""
     from overlap_course.traces.recorded import recorded_runs, trace_name
 
-    if overhead and not (viz.TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
+    if overhead and not (TRACES_DIR / f"{trace_name('zos', overhead)}.json").is_file():
         pytest.skip(f"no trace recorded at {overhead:g} ms host overhead is shipped yet "
                     f"(scripts/record_traces.py refuses to record one on a busy machine)")
     runs = recorded_runs(overhead)
@@ -309,13 +312,13 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     # shipped traces); a window ending at processing but starting at device work charged ZOS its
     # one-round deferral and did so in 3 and 12 of 21.
     assert len(longer) <= len(common) // 5, f"the faster run drew the longer window from rounds {longer}"
-    whole = sorted(set(viz.decode_rounds(fast)) & set(viz.decode_rounds(slow)))
+    whole = sorted(set(decode_rounds(fast)) & set(decode_rounds(slow)))
     f0, f1 = fast.round_window(whole[0], whole[-1])
     s0, s1 = slow.round_window(whole[0], whole[-1])
     assert f1 - f0 <= s1 - s0, ("all common decode rounds", f1 - f0, s1 - s0)
     # The figure draws exactly those windows, on one axis whose range fits the longer.
-    fig = viz.compare_figure({"serial": runs["serial"], "zos": runs["zos"]}, fallback=False)
-    first = viz._common_first_round([runs["serial"], runs["zos"]])
+    fig = figures.compare_figure({"serial": runs["serial"], "zos": runs["zos"]}, fallback=False)
+    first = common_first_round([runs["serial"], runs["zos"]])
     lengths = {m: tl.round_window(first, first + 2) for m, tl in runs.items()}
     titles = [a.text for a in fig.layout.annotations[:2]]
     for mode, title in zip(("serial", "zos"), titles):
@@ -350,7 +353,7 @@ def busy_timeline(share: float, mode: str = "zos") -> Timeline:
 
 def test_preempted_device_work_is_shaded_machine_busy_not_idle():
     tl = busy_timeline(0.4)
-    fig = viz.timeline_figure(tl)
+    fig = figures.timeline_figure(tl)
     (busy,) = kind(fig, "busy")
     (idle,) = kind(fig, "idle")
     # every device span of the window of at least 0.2 ms was preempted: 5 of the 6 (the
@@ -359,19 +362,19 @@ def test_preempted_device_work_is_shaded_machine_busy_not_idle():
     assert list(idle.x) == pytest.approx([0.5])
     assert busy.marker.pattern.shape == "\\" and idle.marker.pattern.shape == "x"
     assert "machine busy" in fig.layout.title.text
-    quiet = viz.timeline_figure(busy_timeline(0.97))
+    quiet = figures.timeline_figure(busy_timeline(0.97))
     assert not kind(quiet, "busy") and "machine busy" not in quiet.layout.title.text
     assert "CPU " in bars(quiet)[0][5] and "% of wall" in bars(quiet)[0][5]
 
 
 def test_palette_colour_blind_safe_and_patterns_distinct():
-    colours = list(viz.STAGE_COLORS.values())
+    colours = list(figures.STAGE_COLORS.values())
     assert len(set(colours)) == len(colours)
-    assert len(set(viz.PATTERNS.values())) == 3 and set(viz.PATTERNS) == {"idle", "busy", "flush"}
+    assert len(set(palette.PATTERNS.values())) == 3 and set(palette.PATTERNS) == {"idle", "busy", "flush"}
     # Okabe-Ito core colours are used for the stages the lessons point at.
     for stage, colour in (("forward", "#0072b2"), ("postprocess", "#e69f00"), ("flush", "#d55e00"),
                           ("prepare", "#009e73"), ("upload", "#56b4e9")):
-        assert viz.STAGE_COLORS[stage] == colour
+        assert figures.STAGE_COLORS[stage] == colour
 
 
 def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monkeypatch):
@@ -380,7 +383,7 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     monkeypatch.setattr(machine, "_affinity", lambda: 2)
     monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
     runs = {"serial": busy_timeline(0.5, "serial"), "zos": busy_timeline(0.5)}
-    fig = viz.compare_figure(runs)
+    fig = figures.compare_figure(runs)
     out = capsys.readouterr().out
     assert out.startswith(machine.BUSY_WARNING_PREFIX) and "50%" in out and "RECORDED" in out
     titles = [a.text for a in fig.layout.annotations if a.text and "rounds" in a.text]
@@ -391,11 +394,11 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     assert fig.layout.meta["busy_warning"] == out.strip()
     assert "machine busy" in fig.layout.title.text
     # A quiet live run: no warning, no recorded rows.
-    quiet = viz.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
+    quiet = figures.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
     assert not capsys.readouterr().out and len([a for a in quiet.layout.annotations if "RECORDED" in (a.text or "")]) == 0
     # One usable CPU: the warning comes whatever the shares say.
     monkeypatch.setattr(machine, "_affinity", lambda: 1)
-    viz.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
+    figures.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
     assert "Only 1 usable CPU" in capsys.readouterr().out
 
 
@@ -413,10 +416,10 @@ def order_blocks(fig):
 @pytest.mark.parametrize("name", ["cpu_zos", "cpu_serial"])
 def test_order_view_of_the_last_three_recorded_rounds(name):
     """Every stage of three rounds present, in the recorded order, with the flush."""
-    tl = viz.load_trace(name)
-    last = max(viz.decode_rounds(tl))
+    tl = figures.load_trace(name)
+    last = max(decode_rounds(tl))
     rounds = range(last - 2, last + 1)
-    fig = viz.order_figure(tl, first_round=rounds[0], num_rounds=3)
+    fig = figures.order_figure(tl, first_round=rounds[0], num_rounds=3)
     assert fig.layout.meta["view"] == "order"
     blocks = order_blocks(fig)
     drawn = [b for b in blocks if b[5] == 1.0]
@@ -459,7 +462,7 @@ def test_order_view_of_the_last_three_recorded_rounds(name):
 
 def test_order_view_columns_are_passes_and_mark_prefill():
     tl = zos_timeline()
-    fig = viz.order_figure(tl, first_round=0, num_rounds=4)
+    fig = figures.order_figure(tl, first_round=0, num_rounds=4)
     heads = [a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>")]
     # the hand-made run's last pass schedules nothing and flushes round 3
     assert heads == ["<b>round 0 · prefill</b>", "<b>round 1</b>", "<b>round 2</b>", "<b>round 3</b>",
@@ -484,10 +487,10 @@ def test_order_view_columns_are_passes_and_mark_prefill():
 
 def test_written_order_is_drawn_beside_the_engines():
     tl = zos_timeline()
-    engine = viz.issued_order(tl, range(1, 4))
+    engine = figures.issued_order(tl, range(1, 4))
     assert engine == [("forward", 1), ("sample", 1), ("forward", 2), ("postprocess", 1), ("sample", 2),
                       ("forward", 3), ("postprocess", 2), ("sample", 3), ("flush", 3)]
-    fig = viz.order_figure(tl, 1, 3, written=engine)
+    fig = figures.order_figure(tl, 1, 3, written=engine)
     (row,) = kind(fig, "written")
     assert row.meta["first_difference"] is None and list(row.text)[:2] == ["forward r1", "sample r1"]
     assert "you wrote" in list(fig.layout.yaxis.ticktext)
@@ -497,28 +500,28 @@ def test_written_order_is_drawn_beside_the_engines():
     for (stage, rnd), x in zip(engine, row.base):
         assert host[(stage_of.get(stage, stage), rnd)][3] == pytest.approx(x - 0.04 + 0.04)
     wrong = [("forward", 1), ("sample", 1), ("forward", 2), ("sample", 2), ("postprocess", 1)]
-    (row,) = kind(viz.order_figure(tl, 1, 3, written=wrong), "written")
+    (row,) = kind(figures.order_figure(tl, 1, 3, written=wrong), "written")
     assert row.meta["first_difference"] == 3 and "first difference" in row.hovertext[3]
     assert list(row.marker.line.width)[3] > list(row.marker.line.width)[0]
 
 
 def test_written_order_survives_malformed_lists():
     tl = zos_timeline()
-    (row,) = kind(viz.order_figure(tl, 1, 3, written=["forward 1", ("sample", 1), (1, 2, 3)]), "written")
+    (row,) = kind(figures.order_figure(tl, 1, 3, written=["forward 1", ("sample", 1), (1, 2, 3)]), "written")
     assert row.meta["first_difference"] == 0 and len(row.text) == 3 and row.text[1] == "sample r1"
-    assert not kind(viz.order_figure(tl, 1, 3, written=None), "written")
+    assert not kind(figures.order_figure(tl, 1, 3, written=None), "written")
 
 
 # ---- the order view says what it draws (issue 20: caption, title, end label) ---------------
 
 def _order_figs():
-    figs = [viz.order_figure(zos_timeline(), first_round=1, num_rounds=2),
-            viz.order_figure(zos_timeline(), first_round=0, num_rounds=4)]
+    figs = [figures.order_figure(zos_timeline(), first_round=1, num_rounds=2),
+            figures.order_figure(zos_timeline(), first_round=0, num_rounds=4)]
     for name in ("cpu_zos", "cpu_serial"):
-        tl = viz.load_trace(name)
-        last = max(viz.decode_rounds(tl))
-        figs.append(viz.order_figure(tl, first_round=last - 2, num_rounds=3))
-        figs.append(viz.order_figure(tl, num_rounds=3))
+        tl = figures.load_trace(name)
+        last = max(decode_rounds(tl))
+        figs.append(figures.order_figure(tl, first_round=last - 2, num_rounds=3))
+        figs.append(figures.order_figure(tl, num_rounds=3))
     return figs
 
 
@@ -532,7 +535,7 @@ def test_order_view_caption_does_not_promise_equal_widths():
 
 
 def test_order_view_title_names_every_column_it_draws():
-    fig = viz.order_figure(zos_timeline(), first_round=1, num_rounds=2)  # rounds 1-2; pass 3 processes round 2
+    fig = figures.order_figure(zos_timeline(), first_round=1, num_rounds=2)  # rounds 1-2; pass 3 processes round 2
     heads = [a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>")]
     assert heads == ["<b>round 1</b>", "<b>round 2</b>", "<b>round 3</b>"]
     title = fig.layout.title.text
@@ -581,7 +584,7 @@ def _live_bench_calls():
     import json as _json
     calls = []
     for nb in ("03b_zos_measured", "04_stale_lengths", "05_ownership"):
-        cells = _json.loads((viz.TRACES_DIR.parent.parent / "notebooks" / f"{nb}.ipynb").read_text())["cells"]
+        cells = _json.loads((TRACES_DIR.parent.parent / "notebooks" / f"{nb}.ipynb").read_text())["cells"]
         for cell in cells:
             src = "".join(cell["source"])
             for m in re.finditer(r"run_bench\((.*?)\)\n", src, re.S):
@@ -598,11 +601,11 @@ def _live_bench_calls():
 def test_recorded_traces_are_the_workload_the_notebooks_compare_them_with():
     from overlap_course.traces.recorded import RECORDED_WORKLOAD
 
-    for name in viz.available_traces():
-        w = viz.load_trace(name).meta["recorded"]["workload"]
+    for name in figures.available_traces():
+        w = figures.load_trace(name).meta["recorded"]["workload"]
         assert (w["requests"], w["max_new_tokens"]) == (RECORDED_WORKLOAD["requests"],
                                                         RECORDED_WORKLOAD["max_new_tokens"]), name
-        assert viz.load_trace(name).meta["max_batch_size"] == RECORDED_WORKLOAD["batch_size"], name
+        assert figures.load_trace(name).meta["max_batch_size"] == RECORDED_WORKLOAD["batch_size"], name
     for nb, requests, new_tokens, _ in _live_bench_calls():
         assert (requests, new_tokens) == (RECORDED_WORKLOAD["requests"], RECORDED_WORKLOAD["max_new_tokens"]), nb
 
@@ -625,7 +628,7 @@ def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
 def test_a_recorded_fallback_for_another_workload_says_so():
     from overlap_course.measure import bench
 
-    w = viz.load_trace("cpu_zos").meta["recorded"]["workload"]
+    w = figures.load_trace("cpu_zos").meta["recorded"]["workload"]
     same = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w["requests"],
                                                              max_new_tokens=w["max_new_tokens"]))
     other = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w["requests"] + 1, max_new_tokens=96))

@@ -6,9 +6,10 @@
 """
 
 from .data import CharTokenizer
-from .device import DeviceError, RaceError
+from .device import DeviceError
 from .engine import Engine, EngineConfig, EngineStalled, StepState
 from .model import GPTConfig, TinyGPT, load_model
+from .races import RaceError
 from .sequence import Completion
 from .timeline import Span, Timeline
 

@@ -35,7 +35,8 @@ import torch
 from . import buffers, kernels
 from .constraint import CONSTRAINTS, make_constraint
 from .data import CharTokenizer, corpus_token_stream, generate_corpus
-from .device import DeviceError, Event, hold_sigint, make_device
+from .device import DeviceError, Event, make_device
+from .interrupts import hold_sigint
 from .buffers import MetaLayout
 from .kernels import FROM_DEVICE
 from .model import TinyGPT, load_model

@@ -3,7 +3,7 @@
     python -m overlap_course.build.handout            # -> build/handout/three_rounds.html and .pdf
 
 The page shows rounds 0-2 of the shipped quiet-machine traces (``traces/cpu_serial.json``,
-``traces/cpu_zos.json``) in the order view (:func:`overlap_course.figures.viz.order_figure`), the ZOS
+``traces/cpu_zos.json``) in the order view (:func:`overlap_course.figures.order_figure`), the ZOS
 run's last round with its flush, a few lines on how to read them, and numbers computed
 from the same traces.  Rounds 0-2 rather than a steady-state window because they hold
 both rules a learner must see: the prefill round processed in its own pass, the decode
@@ -14,9 +14,8 @@ shipped in ``traces/a100/`` (a PyTorch-profiler trace from HTA's MIT-licensed te
 its provenance line), where the GPU idles after a host sync as the serial loop's device idles
 after its wait; its numbers come from :mod:`overlap_course.traces.kineto` on the same file.
 
-The page is A4 *landscape*: an order view of three rounds is ~45 blocks side by side, each
-needing ~15 px for its vertical label, so the figures want width; in portrait they would
-be shrunk to ~70 % and their labels would print below 5 pt.
+The page is A4 *landscape*: an order view of three rounds wants width for its vertical
+labels (``docs/measurements/figures.md`` has the sizes).
 
 Figures are SVG drawn by kaleido with the Chromium that draws the notebooks' static images
 (:func:`overlap_course.build.notebooks.render_images`), embedded as ``data:`` URIs, so the page needs
@@ -37,10 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from overlap_course import figures
 from overlap_course.build import notebooks as course
+from overlap_course.figures.rounds import decode_rounds
 from overlap_course.traces import kineto
-from overlap_course.figures import viz
-from overlap_course.traces.recorded import recorded_label
+from overlap_course.traces.recorded import load_trace, recorded_label
 from toy_engine.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +55,13 @@ REAL_TRACE = "a100_event_sync"
 
 def load_runs() -> dict[str, Timeline]:
     """The two recorded traces, by mode."""
-    return {mode: viz.load_trace(f"cpu_{mode}") for mode in ("serial", "zos")}
+    return {mode: load_trace(f"cpu_{mode}") for mode in ("serial", "zos")}
 
 
 def numbers(timeline: Timeline) -> dict:
     """What the handout states about one trace, computed from its spans."""
     t0, t1 = timeline.round_window(FIRST_ROUND, FIRST_ROUND + NUM_ROUNDS - 1)
-    decode = viz.decode_rounds(timeline)
+    decode = decode_rounds(timeline)
     forwards = [s.duration_ms for s in timeline.lane("device") if s.stage == "forward" and s.round in decode]
     launches = [s.duration_ms for s in timeline.lane("host") if s.stage == "launch_forward"]
     spans = timeline.spans
@@ -83,7 +83,8 @@ def real_numbers(name: str = REAL_TRACE) -> dict:
     readme = (kineto.REAL_TRACES_DIR / "README.md").read_text()
     commit = re.search(r"at commit ([0-9a-f]{7,40})", readme)
     return dict(idle=s["device_idle_fraction"], idle_us=s["device_idle_us"], span_us=s["device_span_us"],
-                gap_us=gap["idle_us"], gap_sync=gap["sync"], device=kineto.to_timeline(name).meta["device"],
+                gap_us=gap["idle_us"], gap_sync=gap["sync"], gap_mid_ms=(gap["start_us"] + gap["end_us"]) / 2000,
+                device=kineto.to_timeline(name).meta["device"],
                 file=kineto.real_traces()[name].name, commit=commit.group(1)[:10] if commit else "?")
 
 
@@ -91,12 +92,10 @@ def _real_figure(name: str = REAL_TRACE) -> dict:
     """The real trace to scale, host above device, its longest gap labelled."""
     timeline = kineto.to_timeline(name)
     rnd = timeline.rounds()[0]
-    fig = viz.timeline_figure(timeline, first_round=rnd, num_rounds=1, context=False)
+    fig = figures.timeline_figure(timeline, first_round=rnd, num_rounds=1, context=False)
     num = real_numbers(name)
     fig.layout.annotations = ()
-    t0 = min(sp.start_ms for sp in timeline.lane("device"))
-    gap = max(kineto.idle_after_syncs(name)["gaps"], key=lambda g: g["idle_us"])
-    mid = (gap["start_us"] + gap["end_us"]) / 2000 - t0
+    mid = num["gap_mid_ms"] - min(sp.start_ms for sp in timeline.lane("device"))
     fig.add_annotation(x=mid, y=0, text=f"{num['gap_us']:.0f} µs idle after {num['gap_sync']}", showarrow=False,
                        font=dict(size=11, color="#222"), bgcolor="rgba(255,255,255,0.85)")
     width, height = REAL_SIZE
@@ -109,9 +108,9 @@ def _figures(runs: dict[str, Timeline]) -> list[dict]:
     """Serial rounds 0-2, ZOS rounds 0-2, ZOS last round (its flush), sized for the page."""
     zos = runs["zos"]
     last = zos.rounds()[-1]
-    figs = [viz.order_figure(runs["serial"], FIRST_ROUND, NUM_ROUNDS),
-            viz.order_figure(zos, FIRST_ROUND, NUM_ROUNDS),
-            viz.order_figure(zos, last, 1)]
+    figs = [figures.order_figure(runs["serial"], FIRST_ROUND, NUM_ROUNDS),
+            figures.order_figure(zos, FIRST_ROUND, NUM_ROUNDS),
+            figures.order_figure(zos, last, 1)]
     for fig, (width, height) in zip(figs, (MAIN_SIZE, MAIN_SIZE, FLUSH_SIZE)):
         # The page's captions replace the titles; "hover for times" means nothing on paper.
         fig.update_layout(title=None, width=width, height=height, margin=dict(l=48, r=6, t=6, b=6))
@@ -149,32 +148,15 @@ td:first-child, th:first-child { text-align: left; }
 """
 
 
-def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
-    """The handout as one self-contained HTML page."""
-    serial, zos = runs["serial"], runs["zos"]
-    num = {mode: numbers(tl) for mode, tl in runs.items()}
-    s, z = num["serial"], num["zos"]
-    last = zos.rounds()[-1]
+def _header(runs: dict[str, Timeline]) -> str:
+    """The title and where the two traces come from."""
+    serial = runs["serial"]
     rec = serial.meta.get("recorded", {})
     work = rec.get("workload", {})
-    rounds = f"rounds {FIRST_ROUND}–{FIRST_ROUND + NUM_ROUNDS - 1}"
-
-    def cell(mode: str, key: str, text: str) -> str:
-        return f'<td id="{mode}-{key}">{text}</td>'
-
-    def row(label: str, key: str, fmt) -> str:
-        return f"<tr><td>{label}</td>{cell('serial', key, fmt(s[key]))}{cell('zos', key, fmt(z[key]))}</tr>"
-
-    real = real_numbers()
     labels = {mode: recorded_label(tl) for mode, tl in runs.items()}
     where = (labels["serial"] if labels["serial"] == labels["zos"]
              else f"serial: {labels['serial']}; ZOS: {labels['zos']}")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Three rounds: serial vs ZOS</title>
-<style>{CSS}</style></head>
-<body><div class="page">
-<header>
+    return f"""<header>
 <h1>Three rounds of the toy engine: serial loop vs zero-overhead scheduling (ZOS)</h1>
 <div class="source" id="provenance">Recorded traces <code>overlap_course/traces/cpu_serial.json</code>
 and <code>cpu_zos.json</code>: {html.escape(where)};
@@ -182,7 +164,13 @@ and <code>cpu_zos.json</code>: {html.escape(where)};
 ({html.escape(str(serial.meta.get('device')))}), written by <code>{html.escape(rec.get('command', '?'))}</code>.
 Every block is a recorded span, placed in the order it started. Rebuild: <code>./run.sh handout</code>.</div>
 </header>
-<div>
+"""
+
+
+def _figures_column(svgs: list[bytes], rounds: str) -> str:
+    """The two order views and the real GPU trace beneath them."""
+    real = real_numbers()
+    return f"""<div>
 <figure id="fig-serial"><figcaption>Serial, {rounds} <span>— each pass launches its round, waits for it and
 processes it before the next round is planned: meanwhile the device has nothing queued.</span></figcaption>
 {_img(svgs[0], f"order view of the serial run, {rounds}")}</figure>
@@ -199,7 +187,20 @@ row) is idle <span id="real-idle">{real['idle']:.1%}</span> of {real['span_us']:
 facebookresearch/HolisticTraceAnalysis, commit {html.escape(real['commit'])}, MIT license); idle as HTA counts it,
 <code>./run.sh trace summary</code>; notebook 06.</div></figure>
 </div>
-<div>
+"""
+
+
+def _notes_column(runs: dict[str, Timeline], svgs: list[bytes], rounds: str) -> str:
+    """The flush figure, how to read the page, the three rules and the numbers."""
+    serial, zos = runs["serial"], runs["zos"]
+    s, z = numbers(serial), numbers(zos)
+    last = zos.rounds()[-1]
+
+    def row(label: str, key: str, fmt) -> str:
+        return (f"<tr><td>{label}</td><td id=\"serial-{key}\">{fmt(s[key])}</td>"
+                f"<td id=\"zos-{key}\">{fmt(z[key])}</td></tr>")
+
+    return f"""<div>
 <figure id="fig-flush"><figcaption>ZOS, round {last} and the end <span>— the last pass has nothing left to launch:
 it only waits for round {last} and flushes it.</span></figcaption>
 {_img(svgs[2], f"order view of the ZOS run's last round {last} and its flush")}</figure>
@@ -232,8 +233,20 @@ get their last token.</li>
 <p class="source">Both runs emit {serial.meta.get('stats', {}).get('tokens', '?')} tokens; ZOS changes when
 work runs, not which tokens come out. Your machine gives other times; the order is the same.</p>
 </div>
-</div></body></html>
 """
+
+
+def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
+    """The handout as one self-contained HTML page."""
+    rounds = f"rounds {FIRST_ROUND}–{FIRST_ROUND + NUM_ROUNDS - 1}"
+    return (f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Three rounds: serial vs ZOS</title>
+<style>{CSS}</style></head>
+<body><div class="page">
+"""
+            + _header(runs) + _figures_column(svgs, rounds) + _notes_column(runs, svgs, rounds) + """</div></body></html>
+""")
 
 
 def print_pdf(page: Path, pdf: Path) -> None:

@@ -44,13 +44,8 @@ BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-# The static copies are drawn 900 px wide, about JupyterLab's notebook column: at kaleido's
-# default 700 px the timelines' one-line subtitles are cut off at the right edge.
-STATIC_WIDTH_PX, STATIC_HEIGHT_PX = 900, 450
-# Quantized to a 256-colour palette: measured on the course's timelines, 3-4x smaller than
-# kaleido's RGBA PNG (67 kB -> 18 kB for a two-panel timeline) with every colour that fills
-# >= 40 px within 8/255 of the original (max-coverage palette + 2 k-means passes; median-cut
-# was off by up to 68/255 on a faint bar, 64 colours merged legend colours).
+# Quantized to a 256-colour palette: PNGs a few times smaller, colours kept (the measurements,
+# and why not median-cut or 64 colours: docs/measurements/figures.md).
 STATIC_COLORS = 256
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Chrome of its own here
 
@@ -155,7 +150,7 @@ def shrink_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
-async def _render_images(figures: list[dict], fmt: str) -> list[bytes]:
+async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
     import kaleido
     from kaleido.errors import ChromeNotFoundError
 
@@ -164,8 +159,8 @@ async def _render_images(figures: list[dict], fmt: str) -> list[bytes]:
         async with kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120) as k:
             for fig in figures:
                 layout = fig.get("layout", {})
-                opts = {"format": fmt, "width": layout.get("width") or STATIC_WIDTH_PX,
-                        "height": layout.get("height") or STATIC_HEIGHT_PX}
+                opts = {"format": fmt, "width": layout.get("width") or size[0],
+                        "height": layout.get("height") or size[1]}
                 images.append(await k.calc_fig(fig, opts=opts))
     except ChromeNotFoundError:
         raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
@@ -178,8 +173,10 @@ def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
     """kaleido's images (``fmt``: png, svg, ...) of Plotly figure dicts, from a thread of its own:
     callers may already run an event loop (a Jupyter kernel, Playwright's sync API), where
     asyncio.run refuses."""
+    from overlap_course.figures.config import STATIC_HEIGHT_PX, STATIC_WIDTH_PX  # plotly and the engine: only here
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, _render_images(figures, fmt)).result()
+        return pool.submit(asyncio.run, _render_images(figures, fmt, (STATIC_WIDTH_PX, STATIC_HEIGHT_PX))).result()
 
 
 def add_static_images(nb) -> int:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import inspect
 
-from toy_engine.device import DeviceError, RaceError
+from toy_engine.device import DeviceError
+from toy_engine.races import RaceError
 from toy_engine.engine import Engine, EngineStalled
 from toy_engine.record import Commit, Free, Refused, Wait
 

@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from toy_engine.device import RaceError
+from toy_engine.races import RaceError
 
 from .answers import int_set, show
 from .harness import notebook_check

@@ -6,7 +6,7 @@ against the learner's own run; the exercise's checker plugs the learner's
 
 from __future__ import annotations
 
-from toy_engine.device import RaceError
+from toy_engine.races import RaceError
 from toy_engine.engine import Engine, EngineStalled, StepProcessedTwice
 
 from . import pool

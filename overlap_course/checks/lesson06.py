@@ -125,11 +125,11 @@ def check_idle_sync(answer, trace) -> Verdict:
         return fails("pytorch_call",
                      f"{show(answer.strip())} is the PyTorch side of it (reading a GPU value on the host "
                      f"copies it and waits); name the CUDA runtime call on the host lane that waited")
-    if got in host_names and kineto._LAUNCH_CALLS.match(host_names[got]):
+    if got in host_names and kineto.is_launch_call(host_names[got]):
         return fails("launch_call",
                      f"{host_names[got]} queues work and returns at once; it never waits for the device. "
                      f"Look for the call the host blocked in right after the device went idle")
-    if got in host_names and not _is_sync_name(got):
+    if got in host_names and not kineto.is_sync_call(host_names[got]):
         return fails("not_blocking", f"{host_names[got]} does not block the host (it records, queries or measures an "
                                      f"event). Look for a ...Synchronize call")
     if got in host_names:  # another sync of this trace
@@ -141,8 +141,3 @@ def check_idle_sync(answer, trace) -> Verdict:
                                    f"{total:.0f} us, follows a different sync")
     listed = ", ".join(idle["syncs"])
     return fails("not_in_trace", f"{show(answer.strip())} is not a call of this trace; its host syncs are: {listed}")
-
-
-def _is_sync_name(name: str) -> bool:
-    return "synchronize" in name.lower()
-

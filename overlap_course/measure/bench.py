@@ -11,7 +11,7 @@ turns ``host + device`` into ``max(host, device)``.
 
 On the CPU stand-in the "device" is a process that needs a core of its own, so a busy
 machine can shrink or even invert the measured gain.  Every run therefore carries the
-contention meter (the device's CPU share, ``Timeline.contention``); when a run was busy,
+contention meter (:mod:`overlap_course.measure.contention`); when a run was busy,
 or fewer than 2 CPUs are usable, the table says so and prints the comparison recorded on
 a quiet machine (``overlap_course/traces``), labelled with where, when and at which commit.
 """
@@ -23,12 +23,12 @@ import json
 import statistics
 import sys
 
-from overlap_course.measure import machine
+from overlap_course.traces.recorded import recorded_label, recorded_runs
 from toy_engine.data import generate_corpus
 from toy_engine.engine import Engine, EngineConfig
-from overlap_course.traces.recorded import recorded_label, recorded_runs
 from toy_engine.stats import ideal_ratio
 
+from . import machine
 from .contention import contention
 
 COLUMNS = [
@@ -77,6 +77,27 @@ def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
     return [docs[i][: lengths[i % len(lengths)]] for i in range(num_requests)]
 
 
+def _median(runs: list[dict]) -> dict:
+    """Per statistic, the median over the runs.  A measurement a run could not make (others_cpus
+    of a run under 0.2 s) is None: the median is over the runs that made it."""
+    keys = {k for r in runs for k, v in r.items() if isinstance(v, (int, float))}
+    return {k: statistics.median([r[k] for r in runs if isinstance(r.get(k), (int, float))]) for k in keys}
+
+
+def _ratios(m: dict) -> dict:
+    """ZOS against serial (and with speculation), measured and ideal."""
+    out = {}
+    for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
+        if fast in m and slow in m:
+            ideal = ideal_ratio(m[slow])
+            ratio = m[fast]["tokens_per_s"] / m[slow]["tokens_per_s"]
+            out[f"{fast} / {slow}"] = dict(
+                throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
+                decode_idle_ratio=(m[fast]["decode_device_idle_fraction"] / m[slow]["decode_device_idle_fraction"]
+                                   if m[slow]["decode_device_idle_fraction"] else 0.0))
+    return out
+
+
 def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int = 3,
               num_requests: int = 16, max_new_tokens: int = 96, max_batch_size: int = 8,
               host_overhead_ms: float = 0.0, device: str = "auto", temperature: float = 0.0,
@@ -110,25 +131,10 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
     result = {"workload": dict(num_requests=num_requests, max_new_tokens=max_new_tokens,
                                max_batch_size=max_batch_size, host_overhead_ms=host_overhead_ms,
                                num_draft_tokens=num_draft_tokens, repeats=repeats, temperature=temperature),
-              "device": device_name, "machine": machine.machine_report(), "modes": {}}
-    for mode in modes:
-        # A measurement a run could not make (others_cpus of a run under 0.2 s) is None: the
-        # median is over the runs that made it.
-        median = {}
-        for k in {k for r in runs[mode] for k, v in r.items() if isinstance(v, (int, float))}:
-            values = [r[k] for r in runs[mode] if isinstance(r.get(k), (int, float))]
-            median[k] = statistics.median(values)
-        median["equal_to_serial"] = reference is None or outputs[mode] == reference
-        result["modes"][mode] = median
-    m = result["modes"]
-    for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
-        if fast in m and slow in m:
-            ideal = ideal_ratio(m[slow])
-            ratio = m[fast]["tokens_per_s"] / m[slow]["tokens_per_s"]
-            result[f"{fast} / {slow}"] = dict(
-                throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
-                decode_idle_ratio=(m[fast]["decode_device_idle_fraction"] / m[slow]["decode_device_idle_fraction"]
-                                   if m[slow]["decode_device_idle_fraction"] else 0.0))
+              "device": device_name, "machine": machine.machine_report(),
+              "modes": {mode: dict(_median(runs[mode]), equal_to_serial=reference is None or outputs[mode] == reference)
+                        for mode in modes}}
+    result.update(_ratios(result["modes"]))
     # Judged on every run, not the medians: one busy repeat is enough to distrust a ratio.
     result["busy_warning"] = machine.busy_warning(
         {f"{mode}, run {i + 1}": stats for mode in modes for i, stats in enumerate(runs[mode])},

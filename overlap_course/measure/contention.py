@@ -5,9 +5,9 @@ really got (``Span.cpu_ms``).  On the CPU stand-in the device is a process that 
 core; when other work takes that core, a 3 ms forward takes 6 ms of wall time with 3 ms
 of CPU.  ``wall >> CPU`` is how a figure tells "the machine was busy" from "the device
 was idle".  A snapshot of the machine's CPU counters taken around each run
-(:func:`watch_runs`, installed when ``overlap_course`` is imported) adds the one kind of
-contention a process's own CPU time cannot see: other programs sharing caches and memory
-bandwidth.  The thresholds' measurements are in ``docs/measurements.md``.
+(:func:`watch_runs`, installed when ``overlap_course.measure`` is imported) adds the one
+kind of contention a process's own CPU time cannot see: other programs sharing caches and
+memory bandwidth.  The thresholds' measurements are in ``docs/measurements/contention.md``.
 """
 
 from __future__ import annotations

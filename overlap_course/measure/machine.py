@@ -13,7 +13,7 @@ restrict the affinity mask.  So we take the smallest of
 A quota is a float (``50000 / 100000`` is half a core).  What *other* processes do with
 those cores right now is estimated from the load average (``usable`` in the report, read
 by notebook 00); what they did during a given run is measured by the run's contention
-meter (``Timeline.contention``), which is what the bench and the figures judge by.
+meter (:mod:`overlap_course.measure.contention`), which is what the bench and the figures judge by.
 """
 
 from __future__ import annotations

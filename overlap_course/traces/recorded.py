@@ -3,18 +3,20 @@
 They are the honest fallback of every live comparison: when this machine is busy (or
 has fewer than 2 usable CPUs), the bench and the notebooks show these beside the live
 run, labelled with the machine, date and commit they were recorded at.  Recorded with
-``scripts/record_traces.py``.  Plain Python (no torch, no plotly).
+``scripts/record_traces.py``, which names each file with :func:`trace_name`; what a trace
+holds (mode, host overhead, draft tokens, device, workload) is read from its own ``meta``,
+never parsed back out of its name.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from toy_engine.timeline import Timeline
 
-import re
-
-__all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "trace_name", "recorded_runs", "recorded_label"]
+__all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "trace_name", "device_kind", "available_traces", "load_trace",
+           "recorded_runs", "recorded_label"]
 
 TRACES_DIR = Path(__file__).parent
 
@@ -24,11 +26,34 @@ TRACES_DIR = Path(__file__).parent
 RECORDED_WORKLOAD = dict(requests=8, max_new_tokens=48, batch_size=8)
 
 
+def device_kind(device_name: str | None) -> str:
+    """``cpu`` for the CPU stand-in (``cpu-process``), else ``cuda``: how traces are told apart."""
+    return "cpu" if device_name == "cpu-process" else "cuda"
+
+
 def trace_name(mode: str, host_overhead_ms: float = 0.0, device: str = "cpu", drafts: int = 0) -> str:
     """File stem of a recorded trace: ``cpu_zos``, ``cpu_serial_overhead2ms``, ``cpu_zos_spec4``, ..."""
     spec = f"_spec{drafts}" if drafts else ""
     suffix = f"_overhead{host_overhead_ms:g}ms" if host_overhead_ms else ""
     return f"{device}_{mode}{spec}{suffix}"
+
+
+def available_traces() -> list[str]:
+    """Names of the recorded traces shipped with the package (for :func:`load_trace`)."""
+    return sorted(p.stem for p in TRACES_DIR.glob("*.json"))
+
+
+def load_trace(name: str) -> Timeline:
+    """A shipped, recorded timeline by name, e.g. ``load_trace("cpu_zos")`` or
+    ``load_trace("cpu_serial_overhead2ms")``.
+
+    ``meta["recorded"]`` says how, where, when and at which commit it was recorded (and its
+    contention meter), ``meta["stats"]`` carries the run's stats.
+    """
+    path = TRACES_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"no recorded trace {name!r}; available: {', '.join(available_traces()) or 'none'}")
+    return Timeline.from_json(path)
 
 
 def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device: str = "cpu",
@@ -39,18 +64,13 @@ def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device
     The trace with the nearest recorded host overhead is used (its ``meta`` says which);
     an empty dict when none with that many drafts is shipped.
     """
+    metas = {path: json.loads(path.read_text(encoding="utf-8")).get("meta", {})
+             for path in sorted(TRACES_DIR.glob("*.json"))}
     recorded = {}
     for mode in modes:
-        pattern = re.compile(rf"{re.escape(device)}_{re.escape(mode)}(?:_spec(\d+))?(?:_overhead([0-9.]+)ms)?")
-        candidates = {}
-        for path in TRACES_DIR.glob(f"{device}_{mode}*.json"):
-            match = pattern.fullmatch(path.stem)
-            if match is None or int(match.group(1) or 0) != drafts:
-                continue
-            try:
-                candidates[float(match.group(2) or 0.0)] = path
-            except ValueError:
-                continue
+        candidates = {float(meta.get("host_overhead_ms") or 0.0): path for path, meta in metas.items()
+                      if meta.get("mode") == mode and device_kind(meta.get("device")) == device
+                      and (meta.get("num_draft_tokens") or 0) == drafts}
         if candidates:
             nearest = min(candidates, key=lambda h: (abs(h - host_overhead_ms), h))
             recorded[mode] = Timeline.from_json(candidates[nearest])

@@ -37,9 +37,9 @@ VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--Map
 
 def _view_switch_option() -> str | None:
     """The label of the explorer's "order" view option, if its widgets offer one."""
-    from overlap_course.figures import viz
+    from overlap_course import figures
 
-    explorer = viz.TimelineExplorer()
+    explorer = figures.TimelineExplorer()
     try:
         todo = [explorer.widget]
         while todo:

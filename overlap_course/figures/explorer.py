@@ -1,0 +1,215 @@
+"""The explorer: widgets that run the engine live and draw its timeline, in either view.
+
+Notebook 05 and the Voila app (``apps/explorer.ipynb``) show it; plotly and ipywidgets
+are course extras, imported only here and in the views.
+"""
+
+from __future__ import annotations
+
+import html
+import warnings
+
+import plotly.graph_objects as go
+
+from overlap_course.measure.machine import busy_warning
+from overlap_course.traces.recorded import trace_name
+from toy_engine.timeline import Timeline
+
+from .config import plotly_config
+from .layout import apply_layout, style_lanes
+from .order import order_figure
+from .rounds import default_first_round
+from .scale import timeline_figure
+
+__all__ = ["TimelineExplorer"]
+
+
+class TimelineExplorer:
+    """Widgets that run the engine live and draw its timeline.
+
+    Change the mode, drafts, batch size, requests or host overhead, press *Run*, and
+    slide the window along the run; *view* switches between the to-scale timeline and
+    the order view of the same spans.  One engine (one device process) is kept while its
+    configuration is unchanged; it is closed when the configuration changes and by
+    :meth:`close`, so re-running many times leaks nothing.  Everything works headless:
+    ``explorer.run()`` is what the button does.
+    """
+
+    def __init__(self, mode: str = "zos", num_requests: int = 8, max_new_tokens: int = 48,
+                 num_rounds: int = 3, device: str = "auto", model=None, tokenizer=None) -> None:
+        import ipywidgets as w
+
+        self.max_new_tokens = max_new_tokens
+        self.device_kind = device
+        self._model, self._tokenizer = model, tokenizer
+        self.engine = None
+        self._engine_key = None
+        self._quiet = False
+        self.timeline: Timeline | None = None
+        self.stats: dict = {}
+        style = dict(description_width="initial")
+        self.mode = w.ToggleButtons(options=["serial", "zos"], value=mode, description="mode", style=style)
+        self.drafts = w.IntSlider(value=0, min=0, max=6, description="draft tokens", style=style)
+        self.batch_size = w.IntSlider(value=8, min=1, max=16, description="batch size", style=style)
+        self.num_requests = w.IntSlider(value=num_requests, min=1, max=32, description="requests", style=style)
+        self.host_overhead = w.FloatSlider(value=0.0, min=0.0, max=5.0, step=0.25, description="host overhead ms",
+                                           style=style)
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        self.num_rounds = w.IntSlider(value=num_rounds, min=1, max=8, description="rounds shown", style=style)
+        self.round_slider = w.IntSlider(value=0, min=0, max=0, description="first round", style=style,
+                                        continuous_update=False)
+        self.view = w.ToggleButtons(options=["to scale", "order"], value="to scale", description="view",
+                                    style=style)
+        self.readout = w.HTML("<i>press Run</i>")
+        self.figure = go.FigureWidget()
+        self.figure._config = plotly_config()
+        style_lanes(self.figure)
+        apply_layout(self.figure, "press Run", height=360)
+        self.run_button.on_click(self._on_click)
+        self.round_slider.observe(self._on_window, names="value")
+        self.num_rounds.observe(self._on_window, names="value")
+        self.view.observe(self._on_window, names="value")
+        self.widget = w.VBox([
+            w.HBox([self.mode, self.run_button]),
+            w.HBox([self.drafts, self.batch_size]),
+            w.HBox([self.num_requests, self.host_overhead]),
+            self.readout,
+            w.HBox([self.round_slider, self.num_rounds]),
+            self.view,
+            self.figure,
+        ])
+
+    # -- engine -------------------------------------------------------------
+
+    def _config(self):
+        from toy_engine.engine import EngineConfig
+
+        return EngineConfig(mode=self.mode.value, device=self.device_kind, max_batch_size=self.batch_size.value,
+                            num_draft_tokens=self.drafts.value, host_overhead_ms=float(self.host_overhead.value))
+
+    def _load_model(self):
+        if self._model is None:
+            from toy_engine.data import CharTokenizer
+            from toy_engine.model import GPTConfig, TinyGPT, load_model
+
+            try:
+                self._model, alphabet = load_model()
+                self._tokenizer = CharTokenizer(alphabet)
+            except FileNotFoundError:
+                warnings.warn("no shipped checkpoint: the explorer runs an untrained model (timings are the same)")
+                self._tokenizer = self._tokenizer or CharTokenizer()
+                self._model = TinyGPT(GPTConfig(vocab_size=self._tokenizer.vocab_size))
+        return self._model, self._tokenizer
+
+    def _get_engine(self):
+        """The engine for the current controls: reused if unchanged, else replaced."""
+        from toy_engine.engine import Engine
+
+        config = self._config()
+        key = (config.mode, config.device, config.max_batch_size, config.num_draft_tokens, config.host_overhead_ms)
+        if self.engine is None or key != self._engine_key:
+            self._close_engine()
+            model, tokenizer = self._load_model()
+            self.engine, self._engine_key = Engine(config, model=model, tokenizer=tokenizer), key
+        return self.engine
+
+    def _close_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine, self._engine_key = None, None
+
+    def prompts(self) -> list[str]:
+        """The fixed, mixed-length workload (the benchmark's), ``num_requests`` long."""
+        from overlap_course.measure.bench import default_workload
+
+        return default_workload(self.num_requests.value)
+
+    def run(self) -> dict:
+        """Run the engine once with the current controls, redraw; returns the stats."""
+        engine = self._get_engine()
+        engine.generate(self.prompts(), max_new_tokens=self.max_new_tokens)
+        self.timeline, self.stats = engine.timeline, dict(engine.stats)
+        rounds = self.timeline.rounds()
+        self._quiet = True  # set the slider without one redraw per trait change
+        try:
+            self.round_slider.max = rounds[-1] if rounds else 0
+            self.round_slider.value = min(default_first_round(self.timeline), self.round_slider.max)
+        finally:
+            self._quiet = False
+        self._update_readout()
+        self.redraw()
+        return self.stats
+
+    # -- drawing ------------------------------------------------------------
+
+    def redraw(self) -> None:
+        """Redraw the current window into the same FigureWidget (no new widgets)."""
+        if self.timeline is None:
+            return
+        draw = order_figure if self.view.value == "order" else timeline_figure
+        new = draw(self.timeline, self.round_slider.value, self.num_rounds.value)
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.add_traces(list(new.data))
+            self.figure.layout = new.layout
+            # Lists are sent to the browser only when set: say explicitly that the other
+            # view's column boxes and labels are gone.
+            self.figure.layout.shapes = new.layout.shapes or ()
+            self.figure.layout.annotations = new.layout.annotations or ()
+        _sync_widget_state(self.figure)
+
+    def _update_readout(self) -> None:
+        s, m = self.stats, self.timeline.meta
+        share = s.get("device_cpu_share")
+        rows = [("mode", m.get("mode")), ("device", m.get("device")),
+                ("device idle (run)", f"{s.get('device_idle_fraction', 0):.1%}"),
+                ("device idle (decode)", f"{s.get('decode_device_idle_fraction', 0):.1%}"),
+                ("tokens/s", f"{s.get('tokens_per_s', 0):.0f}"),
+                ("rounds", s.get("rounds")), ("wall ms", f"{s.get('wall_ms', 0):.1f}")]
+        if m.get("num_draft_tokens"):
+            rows.append(("accepted drafts / round", f"{s.get('mean_accepted_per_round', 0):.2f}"))
+        if share is not None:
+            rows.append(("device CPU share", f"{share:.0%}"))
+        cells = "".join(f"<td style='padding:0 12px'><b>{k}</b><br>{html.escape(str(v))}</td>" for k, v in rows)
+        warning = busy_warning({m.get("mode", "run"): s}, cuda=m.get("device") != "cpu-process")
+        note = (f"<div style='color:#8a3b00;max-width:70em'><b>{html.escape(warning)}</b> "
+                f"(<code>figures.load_trace('{trace_name(m.get('mode', 'zos'), m.get('host_overhead_ms', 0.0))}')</code> "
+                f"is the recorded one)</div>" if warning else "")
+        self.readout.value = f"<table><tr>{cells}</tr></table>{note}"
+
+    def _on_click(self, _button) -> None:
+        self.run_button.disabled = True
+        try:
+            self.run()
+        except Exception as exc:  # noqa: BLE001 - shown to the student, not swallowed silently
+            self.readout.value = f"<span style='color:#d62728'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</span>"
+        finally:
+            self.run_button.disabled = False
+
+    def _on_window(self, _change) -> None:
+        if not self._quiet:
+            self.redraw()
+
+    # -- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the engine's device process and close the widgets."""
+        self._close_engine()
+        self.widget.close()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        _sync_widget_state(self.figure)
+        display(self.widget)
+
+
+def _sync_widget_state(figure: go.FigureWidget) -> None:
+    """Copy the figure into its synced widget state, which plotly refreshes only on display.
+
+    A FigureWidget sends later changes as messages to the front ends connected *then*; its
+    synced state keeps what it held when it was last displayed on its own -- inside a box it
+    never is.  A front end that connects later (Voila renders the page after the cells ran; a
+    reloaded JupyterLab tab) draws that state: the explorer's first run came up blank there.
+    plotly has no public call for this; ``_repr_mimebundle_`` is the one that does it."""
+    figure._repr_mimebundle_()

@@ -1,0 +1,82 @@
+"""``python -m overlap_course.traces.kineto summary FILE`` and ``... export OUT.json [STORED]``
+(``./run.sh trace ...``): measure a real trace, or write course runs in Kineto's format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from overlap_course.traces.recorded import load_trace
+from toy_engine.timeline import Timeline
+
+from .exporting import export
+from .idle import summary
+from .reading import real_traces
+
+__all__ = ["main"]
+
+
+def _load_timeline(source: str) -> Timeline:
+    """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``)."""
+    path = Path(source)
+    return Timeline.from_json(path) if path.exists() else load_trace(source)
+
+
+def _record(mode: str, args) -> Timeline:
+    """A fresh run of the engine in ``mode``: what ``export`` writes when given no stored timeline."""
+    from overlap_course.measure.bench import default_workload  # the engine (torch) only when recording
+    from toy_engine.engine import Engine, EngineConfig
+
+    config = EngineConfig(mode=mode, device=args.device, host_overhead_ms=args.host_overhead_ms)
+    with Engine(config) as engine:
+        engine.generate(default_workload(args.prompts), max_new_tokens=args.max_new_tokens)
+        return engine.timeline
+
+
+def _out_path(out: Path, mode: str) -> Path:
+    """``OUT_serial.json`` beside ``OUT.json`` (``.json.gz`` kept whole) when both modes are written."""
+    suffix = "".join(out.suffixes[-2:]) if out.name.endswith(".json.gz") else out.suffix or ".json"
+    stem = out.name[: len(out.name) - len(suffix)] if out.name.endswith(suffix) else out.name
+    return out.with_name(f"{stem}_{mode}{suffix}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m overlap_course.traces.kineto",
+                                description="PyTorch-profiler (Kineto) traces: measure one, or export course runs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summary", help="device idle overall and per stream, as JSON")
+    s.add_argument("file", help=f"a Kineto trace (.json or .json.gz) or a shipped one: {', '.join(real_traces())}")
+    e = sub.add_parser("export", help="write course runs as Kineto JSON")
+    e.add_argument("out", help="output file (.json or .json.gz); recording both modes writes OUT_serial and OUT_zos")
+    e.add_argument("stored", nargs="?", help="convert this stored course timeline (path, or a shipped name "
+                                             "like cpu_zos) instead of recording")
+    e.add_argument("--mode", choices=("serial", "zos", "both"), default="both")
+    e.add_argument("--prompts", type=int, default=8)
+    e.add_argument("--max-new-tokens", type=int, default=32)
+    e.add_argument("--host-overhead-ms", type=float, default=0.0)
+    e.add_argument("--device", default="auto")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "summary":
+            print(json.dumps(summary(args.file), indent=2))
+            return 0
+        out = Path(args.out)
+        if args.stored:
+            runs = {None: _load_timeline(args.stored)}
+        else:
+            modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
+            runs = {m: _record(m, args) for m in modes}
+        report = {}
+        for mode, tl in runs.items():
+            path = out if mode is None or len(runs) == 1 else _out_path(out, mode)
+            export(tl, path)
+            report[str(path)] = {"mode": tl.meta.get("mode"),
+                                 "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
+                                 "summary_device_idle_fraction": summary(path)["device_idle_fraction"]}
+        print(json.dumps(report, indent=2))
+        return 0
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

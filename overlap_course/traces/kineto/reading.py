@@ -1,0 +1,240 @@
+"""Reading real traces: the PyTorch profiler's (Kineto's) Chrome-trace JSON, checked.
+
+Practitioners check overlap in traces written by ``torch.profiler`` and opened in Perfetto
+(https://ui.perfetto.dev) or ``chrome://tracing``.  :func:`read_trace` loads one (plain or
+gzip JSON), :class:`KinetoTrace` keeps the events the course measures, and says what is
+wrong with anything that is not a trace.  Plain Python (json, gzip).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlap_course.traces.recorded import TRACES_DIR
+
+__all__ = ["REAL_TRACES_DIR", "CUDA_TRACES_DIRS", "real_traces", "cuda_profiles", "read_trace", "KinetoTrace",
+           "is_launch_call", "is_sync_call"]
+
+#: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
+REAL_TRACES_DIR = TRACES_DIR / "a100"
+
+#: Kineto's categories of device work, and the course stage each becomes.
+DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
+               "gpu_memset": "memset", "Memset": "memset"}
+#: Host-side API calls (each may carry the correlation id of the device work it launched).
+HOST_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
+_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_LAUNCH_CALLS = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|"
+                           r"MemcpyAsync|MemsetAsync|Memcpy(HtoD|DtoH|DtoD)Async|MemsetD\w*Async)(_v\d+)?$")
+
+
+def is_launch_call(name: str) -> bool:
+    """A host call that queues device work and returns at once (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...)."""
+    return bool(_LAUNCH_CALLS.match(name))
+
+
+def is_sync_call(name: str) -> bool:
+    """A host call that blocks until the device has done something (``cudaStreamSynchronize``, ...)."""
+    return "Synchronize" in name
+
+
+def real_traces() -> dict[str, Path]:
+    """The shipped real traces: name (``a100_event_sync``, ...) -> path."""
+    return {p.name[: -len(".json.gz")]: p for p in sorted(REAL_TRACES_DIR.glob("*.json.gz"))}
+
+
+#: Where the lesson (notebook 06) looks for torch.profiler traces of the CUDA engine, in order:
+#: shipped ones, then what ``scripts/gpu_check.sh`` (``scripts/profile_cuda.py``) just wrote.
+CUDA_TRACES_DIRS = (TRACES_DIR / "cuda", TRACES_DIR.resolve().parents[1] / "artifacts" / "gpu")
+
+
+def cuda_profiles(dirs=CUDA_TRACES_DIRS) -> dict[str, Path]:
+    """torch.profiler traces of the CUDA engine, ``{"serial": path, "zos": path}``, from the first
+    folder holding both ``torch_profile_serial.json.gz`` and ``torch_profile_zos.json.gz``; {} if none."""
+    for folder in dirs:
+        paths = {mode: Path(folder) / f"torch_profile_{mode}.json.gz" for mode in ("serial", "zos")}
+        if all(p.is_file() for p in paths.values()):
+            return paths
+    return {}
+
+
+def _resolve(source) -> Path:
+    if isinstance(source, str) and source in real_traces():
+        return real_traces()[source]
+    return Path(source)
+
+
+def read_trace(source) -> dict:
+    """Load a Chrome-trace JSON document: a path (plain or gzip JSON, told apart by content,
+    not by name), a shipped trace's name (``"a100_event_sync"``), or an already loaded dict.
+
+    Anything that is not a trace raises ``ValueError`` saying what is wrong with it.
+    """
+    if isinstance(source, dict):
+        data, where = source, "trace"
+    else:
+        if not isinstance(source, (str, Path)) or not str(source).strip():
+            raise ValueError(f"a trace is a file path, a shipped trace name ({', '.join(real_traces())}) "
+                             f"or a dict, got {source!r}")
+        path = _resolve(source)
+        where = f"trace file {str(path)!r}"
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
+        if raw[:2] == b"\x1f\x8b":
+            try:
+                raw = gzip.decompress(raw)
+            except (EOFError, OSError, zlib.error) as exc:
+                raise ValueError(f"{where} is a truncated or corrupt gzip file ({exc})") from None
+        if not raw.strip():
+            raise ValueError(f"{where} is empty")
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is neither gzip nor UTF-8 text: not a JSON trace") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                             f"{exc.colno}); a truncated trace, or not a trace?") from None
+    if isinstance(data, list):  # the Chrome trace format's "JSON array" form
+        data = {"traceEvents": data}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must hold a JSON object with 'traceEvents', got a {type(data).__name__}")
+    if "traceEvents" not in data:
+        keys = ", ".join(sorted(map(str, data))[:8]) or "none"
+        raise ValueError(f"{where} has no 'traceEvents' (its keys: {keys}): not a Chrome/Kineto trace")
+    if not isinstance(data["traceEvents"], list):
+        raise ValueError(f"{where}: 'traceEvents' must be a list of events, got a "
+                         f"{type(data['traceEvents']).__name__}")
+    return data
+
+
+@dataclass(frozen=True)
+class Event:
+    index: int           # position in traceEvents
+    cat: str
+    name: str
+    ts: float            # us
+    end: float           # us
+    stream: int | None   # args.stream (None: absent)
+    correlation: int | None
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.ts
+
+
+def _number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _int_or_none(value) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    return None
+
+
+def _event(i: int, ev, where: str) -> Event | None:
+    """``traceEvents[i]`` as an :class:`Event` if it is a complete event the course reads (None
+    for flows, metadata, instants and the profiler's own span); a ValueError if it is malformed."""
+    if not isinstance(ev, dict):
+        raise ValueError(f"{where}: traceEvents[{i}] is not an object (got {ev!r:.60})")
+    if "dur" not in ev or ev.get("cat") is None or ev.get("ph", "X") != "X" or ev.get("cat") == "Trace":
+        return None
+    cat, name = ev["cat"], ev.get("name", "")
+    label = f"{where}: traceEvents[{i}] ({cat} {str(name)[:40]!r})"
+    if not isinstance(cat, str) or not isinstance(name, str):
+        raise ValueError(f"{label}: 'cat' and 'name' must be strings")
+    ts = _number(ev.get("ts"), f"{label}: 'ts'")
+    dur = _number(ev["dur"], f"{label}: 'dur'")
+    if dur < 0:
+        raise ValueError(f"{label}: 'dur' is negative ({dur})")
+    args = ev.get("args", {})
+    if not isinstance(args, dict):
+        raise ValueError(f"{label}: 'args' must be an object, got {type(args).__name__}")
+    stream = _int_or_none(args.get("stream"))
+    if cat in DEVICE_CATS:
+        if "stream" in args and stream is None:
+            raise ValueError(f"{label}: args.stream must be an integer, got {args['stream']!r}")
+        if stream is None:
+            stream = _int_or_none(ev.get("tid"))
+        if stream is None:
+            raise ValueError(f"{label}: device work without a stream (no args.stream, no integer tid)")
+    corr = _int_or_none(args.get("correlation"))
+    return Event(i, cat, name, ts, ts + dur, stream, corr if corr is not None and corr >= 0 else None)
+
+
+class KinetoTrace:
+    """A parsed Kineto trace: the events the course reads, checked.
+
+    ``device``: kernels / memcpys / memsets (each with a stream); ``on_stream``: every
+    complete event with a stream id other than -1 (what HTA's temporal breakdown counts);
+    ``host``: runtime and driver calls; ``steps``: ``ProfilerStep#N`` annotations;
+    ``annotations``: the other user annotations; ``launch_ts``: correlation id -> start of
+    the host call that carries it.
+    """
+
+    def __init__(self, source) -> None:
+        data = read_trace(source)
+        self.source = "trace" if isinstance(source, dict) else str(_resolve(source))
+        self.meta = {k: v for k, v in data.items() if k != "traceEvents"}
+        self.device: list[Event] = []
+        self.on_stream: list[Event] = []
+        self.host: list[Event] = []
+        self.steps: list[tuple[int, Event]] = []
+        self.annotations: list[Event] = []
+        self.launch_ts: dict[int, float] = {}
+        where = "trace" if isinstance(source, dict) else f"trace file {self.source!r}"
+        for i, ev in enumerate(data["traceEvents"]):
+            e = _event(i, ev, where)
+            if e is None:
+                continue
+            if e.stream is not None and e.stream != -1:
+                self.on_stream.append(e)
+            if e.cat in DEVICE_CATS:
+                self.device.append(e)
+            elif e.cat in HOST_CATS:
+                self.host.append(e)
+                if e.correlation is not None:
+                    self.launch_ts.setdefault(e.correlation, e.ts)
+            elif e.cat in ("user_annotation", "cpu_instant_event", "python_function") or e.cat.startswith("user"):
+                m = _STEP.match(e.name)
+                if m:
+                    self.steps.append((int(m.group(1)), e))
+                elif e.cat == "user_annotation":
+                    self.annotations.append(e)
+        if not self.device:
+            raise ValueError(f"{where} has no device events (cat kernel, gpu_memcpy or gpu_memset): a CPU-only "
+                             f"profile? Record with torch.profiler's ProfilerActivity.CUDA")
+        self.steps.sort(key=lambda s: s[1].ts)
+
+    # -- HTA's window ----------------------------------------------------------------
+
+    @property
+    def last_step_start(self) -> float | None:
+        """Start of the last ProfilerStep when there are two or more (HTA leaves that step out)."""
+        return max(e.ts for _, e in self.steps) if len(self.steps) >= 2 else None
+
+    def in_window(self, e: Event) -> bool:
+        """Device work HTA keeps: launched (or, without a launch, started) before the last step."""
+        cut = self.last_step_start
+        if cut is None:
+            return True
+        launch = self.launch_ts.get(e.correlation) if e.correlation is not None else None
+        return (launch if launch is not None else e.ts) < cut

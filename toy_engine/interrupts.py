@@ -1,0 +1,59 @@
+"""Interrupt-safe sections: a SIGINT (Ctrl-C, Jupyter's Interrupt) waits until a block ends.
+
+The engine holds it while it takes and gives back its lock and while it books a run; the
+CPU stand-in holds it around every message on its pipe.  How often and how cheaply this
+runs, and the failure it prevents, are measured in docs/measurements/device.md.
+"""
+
+from __future__ import annotations
+
+import _signal
+import contextlib
+import signal
+import threading
+
+
+class hold_sigint:
+    """Hold a SIGINT until the block ends, then replay it.
+
+    Python raises KeyboardInterrupt between any two bytecodes, also between reading a
+    message's header and its payload; the next read would then take payload bytes for
+    a header and the pipe stays out of step for good.  Only the main thread runs Python
+    signal handlers, so other threads need nothing.  Why the C module ``_signal`` and a
+    class: this is held around every launch, and the public ``signal`` functions (which
+    wrap results in enums) and a generator-based context manager cost several times more.
+    """
+
+    def __enter__(self):
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = _signal.getsignal(signal.SIGINT)
+            if previous is not None:  # None: installed from C, leave it alone
+                self._previous, self._caught = previous, False
+                _signal.signal(signal.SIGINT, self._catch)
+        return self
+
+    def _catch(self, signum, frame) -> None:
+        self._caught = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            _signal.signal(signal.SIGINT, self._previous)
+            if self._caught:
+                signal.raise_signal(signal.SIGINT)  # delivered now, at a message boundary
+
+    @contextlib.contextmanager
+    def let_through(self):
+        """Inside the held block, deliver SIGINT as usual (one held so far is delivered
+        first): the engine holds it while it takes and gives back its lock, not while it runs."""
+        if self._previous is None:
+            yield
+            return
+        _signal.signal(signal.SIGINT, self._previous)
+        try:
+            if self._caught:
+                self._caught = False
+                signal.raise_signal(signal.SIGINT)
+            yield
+        finally:
+            _signal.signal(signal.SIGINT, self._catch)

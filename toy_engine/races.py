@@ -1,0 +1,122 @@
+"""The race checker: the course's compute-sanitizer.
+
+Every launch declares which host buffers it reads and writes and which KV-cache blocks it
+touches; the host may touch a buffer, or free KV blocks, only after waiting on an event
+that covers every unfinished launch using them.  Every way to break that rule is a
+``RaceError`` raised here, with fields a checker reads instead of parsing the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RaceError(RuntimeError):
+    """The host touched state that unfinished device work still uses.
+
+    The fields say what happened, so a checker never has to parse the message:
+    ``kind`` is ``"buffer"`` (the host touched a buffer a pending launch uses),
+    ``"free_in_use"`` (KV blocks freed while a pending launch uses them) or
+    ``"launch_on_free"`` (a launch touches freed blocks) or ``"double_free"`` (blocks
+    freed that were free already; refused even with race checking off, since the pool
+    would then hand one block to two requests); ``buffer``/``access``
+    (``"r"``/``"w"``) name the buffer access, ``blocks`` the KV blocks involved,
+    ``round``/``launch`` the conflicting launch's round and stage, ``owner`` who
+    owns the launch's results (buffer) or freed the blocks.
+    """
+
+    KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
+
+    def __init__(self, message: str, *, kind: str, round: int, launch: str, buffer: str | None = None,
+                 access: str | None = None, blocks=(), owner: str | None = None):
+        super().__init__(message)
+        assert kind in self.KINDS, kind
+        self.kind, self.round, self.launch, self.owner = kind, round, launch, owner
+        self.buffer, self.access, self.blocks = buffer, access, sorted(blocks)
+
+
+@dataclass
+class PendingLaunch:
+    """What the checker keeps of a launch until a wait orders the host after it."""
+
+    seq: int
+    name: str
+    round: int
+    reads: frozenset
+    writes: frozenset
+    blocks: frozenset
+    owner: str | None = None  # who owns the launch's results (e.g. a StepState)
+
+
+class RaceChecker:
+    """Happens-before bookkeeping for host accesses, like compute-sanitizer's racecheck.
+
+    It does not look at the clock: an access is a race when no ``wait`` has ordered it
+    after the launch, even if the launch happened to be finished already.  That makes
+    every report deterministic.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.pending: list[PendingLaunch] = []
+        self.free_blocks: dict[int, str] = {}  # block -> who freed it
+
+    def on_launch(self, launch: PendingLaunch) -> None:
+        if not self.enabled:
+            return
+        for block in sorted(launch.blocks & self.free_blocks.keys()):
+            freed_by = self.free_blocks[block]
+            raise RaceError(
+                f"launch '{launch.name}' of round {launch.round} touches KV block {block}, "
+                f"which is free (freed by {freed_by}): its cache may already belong "
+                f"to another request",
+                kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block], owner=freed_by)
+        self.pending.append(launch)
+
+    def on_wait(self, seq: int) -> None:
+        self.pending = [p for p in self.pending if p.seq > seq]
+
+    def check_access(self, name: str, mode: str) -> None:
+        if not self.enabled:
+            return
+        for p in self.pending:
+            if name in p.writes or (mode == "w" and name in p.reads):
+                verb = "read" if mode == "r" else "write"
+                use = "writes" if name in p.writes else "reads"
+                raise RaceError(
+                    f"race on buffer '{name}': host {verb} while launch '{p.name}' of round "
+                    f"{p.round} still {use} it; wait on an event recorded after that launch "
+                    f"(round {p.round}'s completion event) first",
+                    kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
+
+    def on_free(self, blocks, owner: str, double=(), round: int = 0) -> None:
+        """``owner`` frees ``blocks`` (``double``: those already free) during ``round``.
+
+        A double free is refused even with checking off: the pool would then hand one
+        block to two requests."""
+        if double:
+            raise RaceError(f"KV blocks {sorted(double)} of {owner} are freed a second time: they are "
+                            f"already free, and freeing them again would let two requests share them. "
+                            f"Free a request once (`engine.scheduler.release_if_done(req)` checks)",
+                            kind="double_free", round=round, launch="free", blocks=double, owner=owner)
+        if not self.enabled:
+            return
+        blocks = set(blocks)
+        for p in self.pending:
+            if p.blocks & blocks:
+                raise RaceError(
+                    f"KV blocks {sorted(p.blocks & blocks)} of {owner} freed while launch "
+                    f"'{p.name}' of round {p.round} may still use them; free a finished "
+                    f"request's cache only after waiting on round {p.round}'s event",
+                    kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks, owner=owner)
+        self.free_blocks.update((b, owner) for b in blocks)
+
+    def on_alloc(self, blocks) -> None:
+        for b in blocks:
+            self.free_blocks.pop(b, None)
+
+    def reset(self) -> None:
+        """Forget every launch and freed block (after a synchronize, when the engine
+        starts over with an empty cache)."""
+        self.pending.clear()
+        self.free_blocks.clear()
