@@ -2,7 +2,7 @@
 
 ``source/*.ipynb`` carry nbgrader's cell metadata (schema 3) beside their ``### BEGIN
 SOLUTION`` markers: each cell with a marked answer is a *solution* cell, and each exercise's
-checker cell (``checkers.check_...(...)``) is a locked *autograded test* worth
+checker cell (``checks.check_...(...)``) is a locked *autograded test* worth
 :data:`POINTS` points.  The shipped ``exercises/`` and ``solutions/`` do not change
 (``course.py`` drops the metadata when it renders them), so self-paced learners see nothing of
 this.  An instructor who grades with nbgrader::
@@ -44,13 +44,13 @@ POINTS = {
 # The graded cell of a check: the one that calls it on the learner's own answer (not a demo
 # such as ``forgetful_loop``, nor the summary cell at the end).
 GRADED_CALLS = {
-    "check_serial_loop": "checkers.check_serial_loop(serial_loop)",
-    "check_idle_fraction": "checkers.check_idle_fraction(idle_fraction, engine)",
-    "check_zos_loop": "checkers.check_zos_loop(zos_loop)",
-    "check_three_rounds": "checkers.check_three_rounds(order)",
-    "check_correction": "checkers.check_correction(correct_seqlens_qk)",
-    "check_metadata_answer": "checkers.check_metadata_answer(needs_correction)",
-    "check_process_outputs": "checkers.check_process_outputs(process_outputs)",
+    "check_serial_loop": "checks.check_serial_loop(serial_loop)",
+    "check_idle_fraction": "checks.check_idle_fraction(idle_fraction, engine)",
+    "check_zos_loop": "checks.check_zos_loop(zos_loop)",
+    "check_three_rounds": "checks.check_three_rounds(order)",
+    "check_correction": "checks.check_correction(correct_seqlens_qk)",
+    "check_metadata_answer": "checks.check_metadata_answer(needs_correction)",
+    "check_process_outputs": "checks.check_process_outputs(process_outputs)",
 }
 
 NBGRADER_CONFIG = '''\
