@@ -516,7 +516,7 @@ def test_a_plugin_that_clears_engine_requests_still_gets_one_completion_per_prom
 
     def loop(eng):
         eng.requests.pop()
-        eng.zos_loop()
+        te.loops.zos_loop(eng)
 
     def process_outputs(eng, step):
         eng.requests[:] = eng.requests[:1]

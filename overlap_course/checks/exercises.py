@@ -30,11 +30,13 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from toy_engine import kernels
+from toy_engine import kernels, loops
 from overlap_course import progress
 from toy_engine.device import DeviceError, RaceError
 from toy_engine.data import CharTokenizer
-from toy_engine.engine import Engine, EngineConfig, EngineStalled, StepProcessedTwice
+from toy_engine.config import EngineConfig
+from toy_engine.engine import Engine
+from toy_engine.run import EngineStalled, StepProcessedTwice
 from toy_engine.kernels import FROM_DEVICE
 from toy_engine.model import load_model
 from toy_engine.timeline import Timeline
@@ -79,7 +81,7 @@ def _engine(**config) -> Engine:
     """Small ZOS-mode engines shared by all checks, one per configuration, on one loaded
     model.  Starting a device is the slow part of a first check (1-5 s on a busy 2-core
     machine), so there are only three: plain, constrained, and with drafts; a serial run
-    is the same engine given ``loop=Engine.serial_loop`` (the mode only picks the default loop).
+    is the same engine given ``loop=loops.serial_loop`` (the mode only picks the default loop).
     """
     key = tuple(sorted(config.items()))
     if key not in _ENGINES:
@@ -188,7 +190,7 @@ def close_engines() -> None:
 def _reference(constraint: str | None = None):
     """The serial loop's tokens for PROMPTS (greedy, optionally constrained), computed once."""
     engine = _engine(**({"constraint": constraint} if constraint else {}))
-    outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=Engine.serial_loop)
+    outs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=loops.serial_loop)
     return [c.token_ids for c in outs]
 
 

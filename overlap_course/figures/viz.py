@@ -20,7 +20,7 @@ to the moment round b's did (:meth:`Timeline.round_window`), in every run, so th
 comparison equal widths mean equal time and the run with more tokens per second draws the
 shorter window.  (Windows anchored elsewhere charged ZOS a forward of the round before, or
 its one-round deferral, and made the faster run look slower: the measurements are in
-``round_window``'s docstring.)
+docs/measurements/engine.md.)
 
 Colours are the Okabe-Ito set (readable with the common colour-vision deficiencies),
 and the three things that must never be told apart by colour alone carry patterns:
