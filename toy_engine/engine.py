@@ -40,8 +40,8 @@ __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 # Host buffers are double-buffered: round N uses slot N % 2.  An engine allocates NUM_SLOTS
 # slots when it is built; each run reads it once and may use fewer (notebook 05's race).
 NUM_SLOTS = 2
-# How long a recovering engine waits for queued device work before giving the device up
-# (a round of the shipped model takes ~10 ms).
+# How long a recovering engine waits for queued device work before giving the device up:
+# about a thousand rounds of the shipped model (docs/measurements/engine.md).
 RECOVER_TIMEOUT_S = 10.0
 #: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its
 #: timeline and stats are final ("end"); the course measures the machine around runs
@@ -301,8 +301,8 @@ class Engine(RoundStages):
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == Stage.SAMPLE else "",
-                             cpu_ns=cpu_ns)
+            owner = StepState.owner_of(rnd) if stage == Stage.SAMPLE else ""
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=owner, cpu_ns=cpu_ns)
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
         self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)

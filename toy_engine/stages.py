@@ -1,10 +1,8 @@
-"""The stages of a round, as the loops call them: ``engine.schedule()``,
-``engine.prepare_inputs(plan)``, ``engine.launch_forward(inputs)`` ...
+"""The stages of a round, as a loop calls them: ``engine.schedule()``, ``engine.prepare_inputs(plan)``,
+``engine.launch_forward(inputs)``, ``engine.launch_sample(inputs)``, ``engine.process_outputs(step)``.
 
-Each stage does one step of a round and records it (its host span, its launches); the
-loops (loops.py) only choose the order.  ``RoundStages`` is the part of ``Engine``
-(engine.py) that a loop talks to: it works on what the engine built and owns (its
-config, scheduler, device, timeline, record and current run).
+Each stage does one step of a round and records it (its host span, its launches, its
+commits); the loops (loops.py) only choose the order.
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ from .timeline import Stage, Timeline
 
 
 class RoundStages:
-    """The stages of one round, as methods of the engine."""
+    """The stages of a round, as methods of ``Engine`` (engine.py): they work on what the
+    engine built and owns, declared here."""
 
     config: EngineConfig
     tokenizer: CharTokenizer
