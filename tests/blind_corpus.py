@@ -220,13 +220,13 @@ def serial_sync_between_forward_and_sample(engine):
 @add("02a", "serial_calls_engine_loop", True,
      "does not write the loop: calls the engine's own serial_loop")
 def serial_calls_engine_loop(engine):
-    engine.serial_loop()
+    te.loops.serial_loop(engine)
 
 
 @add("02a", "serial_calls_zos_loop", True,
      "calls the engine's zos_loop: overlapped order, not serial")
 def serial_calls_zos_loop(engine):
-    engine.zos_loop()
+    te.loops.zos_loop(engine)
 
 
 @add("02a", "serial_skip_prefill_processing_until_next", True,
@@ -270,7 +270,7 @@ def serial_patch_num_slots(engine):
      "patches Engine.process_outputs on the class to a no-op-free version, then calls the engine's own loop")
 def serial_patch_engine_class(engine):
     te.Engine.process_outputs = lambda self, step, stage="postprocess": _inline_process(self, step)
-    engine.serial_loop()
+    te.loops.serial_loop(engine)
 
 
 @add("02a", "serial_disable_race_checker_then_forget", True,
@@ -291,7 +291,7 @@ def serial_disable_race_checker_then_forget(engine):
 @add("02a", "serial_clears_requests", True,
      "runs the right loop, then drops the completions: clears engine.requests")
 def serial_clears_requests(engine):
-    engine.serial_loop()
+    te.loops.serial_loop(engine)
     engine.requests.clear()
 
 
@@ -325,7 +325,7 @@ def serial_catch_baseexception_forever(engine):
 
 @add("02a", "serial_sys_exit", True, "calls exit() when done: raises SystemExit out of the checker")
 def serial_sys_exit(engine):
-    engine.serial_loop()
+    te.loops.serial_loop(engine)
     sys.exit(0)
 
 
@@ -1149,14 +1149,14 @@ def zos_continue_without_flush_hangs(engine):
             previous = current
 
 
-@add("03a", "zos_calls_engine_loop", True, "does not write the loop: calls engine.zos_loop()")
+@add("03a", "zos_calls_engine_loop", True, "does not write the loop: calls te.loops.zos_loop(engine)")
 def zos_calls_engine_loop(engine):
-    engine.zos_loop()
+    te.loops.zos_loop(engine)
 
 
 @add("03a", "zos_calls_serial_loop", True, "calls the engine's serial_loop: right tokens, serial order")
 def zos_calls_serial_loop(engine):
-    engine.serial_loop()
+    te.loops.serial_loop(engine)
 
 
 @add("03a", "zos_patch_process_outputs_class", True,
@@ -1168,7 +1168,7 @@ def zos_patch_process_outputs_class(engine):
         return original(self, step, stage)
 
     te.Engine.process_outputs = patched
-    engine.zos_loop()
+    te.loops.zos_loop(engine)
 
 
 @add("03a", "zos_disable_correction_kernel_patch", True,

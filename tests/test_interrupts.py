@@ -1,10 +1,10 @@
 """A real SIGINT at every line, call and return of the engine leaves it usable (issue 21).
 
-A trace hook counts the events of every frame running engine code (``toy_engine/engine.py``
-and ``run.py``: ``generate``, ``close``, the loops, the stages, the recovery) and, at the
-N-th one, sends the process a real SIGINT with ``signal.raise_signal``: Python's own
-handler raises KeyboardInterrupt right there, as it would for Ctrl-C or Jupyter's Interrupt
-(or the engine holds it back and delivers it later).  After each interrupted call the next
+A trace hook counts the events of every frame running engine code (``toy_engine/engine.py``,
+``loops.py``, ``stages.py`` and ``run.py``: ``generate``, ``close``, the loops, the stages,
+the recovery) and, at the N-th one, sends the process a real SIGINT with
+``signal.raise_signal``: Python's own handler raises KeyboardInterrupt right there, as it
+would for Ctrl-C or Jupyter's Interrupt (or the engine holds it back and delivers it later).  After each interrupted call the next
 greedy ``generate`` must give a fresh engine's tokens, rounds and token count (no ghost
 requests), and ``close`` must still work.
 
@@ -24,11 +24,13 @@ import pytest
 
 import toy_engine as te
 import toy_engine.engine as engine_module
+import toy_engine.loops as loops_module
 import toy_engine.run as run_module
+import toy_engine.stages as stages_module
 
 PROMPTS = ["Once upon a time", "One day"]
 NEW = 3
-TRACED = {engine_module.__file__, run_module.__file__}
+TRACED = {engine_module.__file__, loops_module.__file__, run_module.__file__, stages_module.__file__}
 
 
 class InterruptAt:

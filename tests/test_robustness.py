@@ -407,6 +407,7 @@ def test_stage_lists_match_what_the_engine_records(engines):
     engine.generate(PROMPTS, max_new_tokens=NEW)
     assert {s.stage for s in engine.timeline.lane("host")} <= set(HOST_STAGES)
     assert {s.stage for s in engine.timeline.lane("device")} == set(DEVICE_STAGES)
+    assert all(isinstance(s.stage, te.Stage) for s in engine.timeline.spans), "the engine records Stage members"
 
 
 # ---- one owner per concern ----------------------------------------------------------
@@ -516,7 +517,7 @@ def test_a_plugin_that_clears_engine_requests_still_gets_one_completion_per_prom
 
     def loop(eng):
         eng.requests.pop()
-        eng.zos_loop()
+        te.loops.zos_loop(eng)
 
     def process_outputs(eng, step):
         eng.requests[:] = eng.requests[:1]

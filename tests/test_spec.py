@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from overlap_course import checks
-from toy_engine import kernels
+from toy_engine import drafter, kernels
 from overlap_course.measure.bench import default_workload
 
 WORDS = ["Once upon a time", "One day", "There was a", "The little fox", "Once", "A", "She liked to"]
@@ -65,7 +65,7 @@ def test_acceptance_is_the_longest_matching_prefix_plus_a_bonus():
         "seeds": torch.tensor([0, 0]), "temperature": torch.zeros(2, dtype=torch.float64),
     }
     out = torch.zeros(2 * (k + 2), dtype=torch.long)
-    table = torch.zeros(V ** (kernels.NGRAM - 1), dtype=torch.long)
+    table = torch.zeros(V ** (drafter.NGRAM - 1), dtype=torch.long)
     state = {"inputs": meta, "logits": logits, "num_drafts": k, "ngram_table": table,
              "last_tokens": torch.zeros(2, dtype=torch.long), "accepted": torch.zeros(2, dtype=torch.long),
              "drafts": torch.zeros(2, k, dtype=torch.long), "history": torch.tensor([[3, 4, 5], [0, 1, 2]])}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toy_engine.timeline import Span, Timeline
+from toy_engine.timeline import DEVICE_STAGES, HOST_STAGES, PROCESS_STAGES, Span, Stage, Timeline
 
 
 def handmade() -> Timeline:
@@ -25,6 +25,22 @@ def handmade() -> Timeline:
     tl.add("host", "prepare", 1, 6, 7)         # round 1: 1.0
     tl.add("host", "postprocess", 2, 9, 10)    # round 2: 1.0
     return tl
+
+
+# -- stages ----------------------------------------------------------------
+
+
+def test_a_known_stage_name_becomes_its_stage_and_any_other_name_stays_as_given():
+    tl = Timeline()
+    ours = tl.add("device", "forward", 0, 1, 2)
+    theirs = tl.add("device", "kernel", 0, 2, 3)  # a profiler trace's stage (overlap_course.traces.kineto)
+    assert ours.stage is Stage.FORWARD and ours.stage == "forward" and f"{ours.stage}" == "forward"
+    assert type(theirs.stage) is str and theirs.stage == "kernel"
+    assert json.loads(tl.to_json())["spans"][0]["stage"] == "forward"  # stored as the plain name
+    back = Timeline.from_json(tl.to_json())
+    assert back.spans == tl.spans and back.spans[0].stage is Stage.FORWARD and type(back.spans[1].stage) is str
+    assert {"postprocess", "flush"} == set(PROCESS_STAGES) and "wait" in HOST_STAGES and "sample" in DEVICE_STAGES
+    assert set(HOST_STAGES) | set(DEVICE_STAGES) | {Stage.SETUP} == set(Stage)
 
 
 # -- Span validation --------------------------------------------------------

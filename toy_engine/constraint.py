@@ -13,7 +13,7 @@ a space must be a capital letter.  It changes the text visibly ("Once Upon A Tim
 a mask built one token late shows it just as visibly: the capital lands on the second
 letter of a word ("Once uPon a tIme"), because the stale mask still sees the space.
 
-Speculative decoding is refused (``EngineConfig.validate`` raises): the mask of draft
+Speculative decoding is refused (creating the ``EngineConfig`` raises): the mask of draft
 position i depends on drafts 1..i-1, and the drafts live on the device, where the host
 cannot read them without a wait.  Engines that combine both advance the grammar over the
 drafts on the host, which needs the drafts there; the toy proposes them on the device.

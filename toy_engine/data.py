@@ -1,18 +1,12 @@
 """Tokenizer and synthetic training corpus for the toy engine.
 
-Everything here is pure Python and deterministic, so a course notebook can
-rebuild exactly the same data (and therefore reuse a trained checkpoint) on
-any machine, with no downloads.
-
-The corpus is deliberately *templated* children's stories:
-
-* A ~1M-parameter character-level GPT has to learn it in a few minutes on a
-  couple of CPU cores, so the text must be highly regular.
-* Speculative decoding uses a cheap character n-gram table as the draft
-  model. Recurring phrases ("Once upon a time", "lived happily ever after")
-  make the draft right often enough to be worth it, while the many slot
-  fillers (names, animals, places, ...) make it wrong often enough that
-  rejection actually happens and is worth studying.
+Pure Python and deterministic: a notebook rebuilds exactly the same data (so the shipped
+checkpoint stays valid) on any machine, with no downloads.  The corpus is deliberately
+*templated* children's stories: a ~1M-parameter character-level GPT must learn it in
+minutes on a couple of CPU cores, so the text is highly regular; and the drafter of
+speculative decoding, a character n-gram table, is right often enough on the refrains
+("Once upon a time", "lived happily ever after") to be worth it, and wrong often enough on
+the slot fillers (names, animals, places) that rejection happens and is worth studying.
 """
 
 from __future__ import annotations
@@ -21,24 +15,17 @@ import operator
 import random
 from collections.abc import Iterable, Sequence
 
-#: Every character the corpus uses, sorted by code point. Token ids are
-#: positions in this string, so a trained checkpoint depends on it: do not
-#: reorder or extend it without retraining.
-ALPHABET: str = (
-    "\n !',-.:?"
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    "abcdefghijklmnopqrstuvwxyz"
-)
+#: Every character the corpus uses, sorted by code point.  Token ids are positions in this
+#: string, so a trained checkpoint depends on it: do not reorder or extend it without retraining.
+ALPHABET: str = "\n !',-.:?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 class CharTokenizer:
     """Maps each character of an alphabet to one token id, plus an EOS id.
 
-    Character-level tokens keep the vocabulary tiny (so the embedding and
-    output layers stay small) and make the draft model a trivial lookup
-    table. Ids ``0..len(alphabet)-1`` are the characters in order; the extra
-    id ``len(alphabet)`` is end-of-sequence, which marks document boundaries
-    and tells the engine when a request is finished.
+    Character tokens keep the vocabulary tiny (small embedding and output layers) and make
+    the drafter a lookup table.  Ids ``0..len(alphabet)-1`` are the characters in order;
+    ``len(alphabet)`` is end-of-sequence: it ends documents and finishes requests.
     """
 
     def __init__(self, alphabet: str = ALPHABET) -> None:
@@ -50,96 +37,65 @@ class CharTokenizer:
         self._char_to_id = {ch: i for i, ch in enumerate(alphabet)}
 
     def encode(self, text: str) -> list[int]:
-        """Return the token ids of ``text`` (no EOS is added).
-
-        Unknown characters are an error rather than silently dropped: a
-        prompt the model has never seen a character of would otherwise give
-        confusing output. The message names the offending characters at once
-        (the first 20, and how many more), so the user can fix the prompt in one go.
-        """
+        """The token ids of ``text`` (no EOS added).  An unknown character is an error, not
+        dropped, and the message names them all (the first 20): the prompt is fixed in one go."""
         lookup = self._char_to_id
         try:
             return [lookup[ch] for ch in text]
         except KeyError:
-            # dict keeps first-appearance order and removes duplicates.
-            unknown = list(dict.fromkeys(ch for ch in text if ch not in lookup))
+            unknown = list(dict.fromkeys(ch for ch in text if ch not in lookup))  # in order, once each
             noun = "character" if len(unknown) == 1 else "characters"
             more = f" and {len(unknown) - 20:,} more" if len(unknown) > 20 else ""  # a bounded message
-            raise ValueError(
-                f"unknown {noun} {', '.join(map(repr, unknown[:20]))}{more} in text; "
-                f"the tokenizer knows only: {self.alphabet!r}"
-            ) from None
+            raise ValueError(f"unknown {noun} {', '.join(map(repr, unknown[:20]))}{more} in text; "
+                             f"the tokenizer knows only: {self.alphabet!r}") from None
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Return the text for ``ids``; EOS tokens decode to nothing.
-
-        Skipping EOS lets callers decode a finished request's whole output
-        without special-casing its last token. Any integer-like id works
-        (Python ints, numpy integers, 0-d torch tensors).
-        """
+        """The text of ``ids`` (any integer-like ids); EOS decodes to nothing, so a finished
+        request's whole output decodes without special-casing its last token."""
         chars = []
         for raw in ids:
             i = operator.index(raw)
             if i == self.eos_id:
                 continue
             if not 0 <= i < self.eos_id:
-                raise ValueError(
-                    f"token id {i} is outside the vocabulary "
-                    f"(valid ids: 0..{self.vocab_size - 1})"
-                )
+                raise ValueError(f"token id {i} is outside the vocabulary (valid ids: 0..{self.vocab_size - 1})")
             chars.append(self.alphabet[i])
         return "".join(chars)
 
     def __repr__(self) -> str:
-        return (
-            f"CharTokenizer(vocab_size={self.vocab_size}, "
-            f"eos_id={self.eos_id}, alphabet={self.alphabet!r})"
-        )
+        return f"CharTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, alphabet={self.alphabet!r})"
 
 
-# ---------------------------------------------------------------------------
-# Corpus generation
-# ---------------------------------------------------------------------------
-# Small word lists: big enough that the next word after "named " is genuinely
-# uncertain, small enough that a tiny model memorises every option. No word
-# that follows "a" starts with a vowel, so the stories never say "a orange".
-
+# Corpus generation.  Small word lists: big enough that the next word after "named " is
+# genuinely uncertain, small enough that a tiny model memorises every option.  No word that
+# follows "a" starts with a vowel, so the stories never say "a orange".
 _NAMES = [  # (name, subject pronoun)
     ("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"),
     ("Anna", "she"), ("Max", "he"), ("Lucy", "she"), ("Sam", "he"),
     ("Emma", "she"), ("Leo", "he"), ("Zoe", "she"), ("Jack", "he"),
     ("Rosa", "she"), ("Finn", "he"), ("Ella", "she"), ("Otto", "he"),
 ]
-_ANIMALS = ["cat", "dog", "rabbit", "bird", "fox", "bear", "mouse", "duck",
-            "frog", "owl", "pig", "lion", "turtle", "squirrel"]
-_ADJECTIVES = ["gentle", "happy", "brave", "kind", "curious", "shy", "clever",
-               "sleepy", "tiny", "friendly"]
-_COLOURS = ["red", "blue", "green", "yellow", "pink", "purple", "golden",
-            "white", "brown", "black"]
-_PLACES = ["forest", "park", "garden", "river", "field", "village", "woods",
-           "valley", "meadow", "lake", "town", "cave"]
-_OBJECTS = ["ball", "kite", "hat", "box", "book", "boat", "cake", "flower",
-            "drum", "shell", "key", "balloon", "stone", "cup"]
-_VERBS = ["play", "run", "jump", "sing", "dance", "swim", "read", "draw",
-          "climb", "hide"]
-_FEELINGS = ["happy", "sad", "scared", "excited", "proud", "angry", "tired",
-             "surprised"]
+_ANIMALS = ["cat", "dog", "rabbit", "bird", "fox", "bear", "mouse", "duck", "frog", "owl", "pig", "lion", "turtle",
+            "squirrel"]
+_ADJECTIVES = ["gentle", "happy", "brave", "kind", "curious", "shy", "clever", "sleepy", "tiny", "friendly"]
+_COLOURS = ["red", "blue", "green", "yellow", "pink", "purple", "golden", "white", "brown", "black"]
+_PLACES = ["forest", "park", "garden", "river", "field", "village", "woods", "valley", "meadow", "lake", "town", "cave"]
+_OBJECTS = ["ball", "kite", "hat", "box", "book", "boat", "cake", "flower", "drum", "shell", "key", "balloon", "stone",
+            "cup"]
+_VERBS = ["play", "run", "jump", "sing", "dance", "swim", "read", "draw", "climb", "hide"]
+_FEELINGS = ["happy", "sad", "scared", "excited", "proud", "angry", "tired", "surprised"]
 _SAD_FEELINGS = ["sad", "scared", "angry", "lonely"]
-_WEATHER = ["it started to rain", "the wind blew hard", "the sun came out",
-            "it got dark", "it began to snow"]
+_WEATHER = ["it started to rain", "the wind blew hard", "the sun came out", "it got dark", "it began to snow"]
 
-# Sentence templates (str.format). {name}/{he}/{He} are the hero, {animal}
-# its species; {name2} is a friend; {animal2..4} are other animals. Lots of
-# "the", "named", "in the {place}" and fixed refrains keep the text
-# predictable for a character n-gram draft; the slots keep it from being
-# trivially so.
+# Sentence templates (str.format).  {name}/{he}/{He} are the hero, {animal} its species; {name2}
+# is a friend; {animal2..4} are other animals.  Lots of "the", "named", "in the {place}" and
+# fixed refrains keep the text predictable for a character n-gram draft; the slots keep it
+# from being trivially so.
 _ONCE_OPENINGS = [
     "Once upon a time, there was a {adj} little {animal} named {name}.",
     "Once upon a time, there was a {adj} little {animal} named {name}.",
-    "Once upon a time, in a land far away, there lived a {colour} {animal} "
-    "named {name}.",
-    "Once upon a time, near the {place}, there lived a {adj} {animal} "
-    "named {name}.",
+    "Once upon a time, in a land far away, there lived a {colour} {animal} named {name}.",
+    "Once upon a time, near the {place}, there lived a {adj} {animal} named {name}.",
 ]
 _OTHER_OPENINGS = [
     "One day, a {adj} {animal} named {name} went to the {place}.",
@@ -150,26 +106,19 @@ _OTHER_OPENINGS = [
 _MIDDLES = [
     "Every day, {name} the {animal} liked to {verb} in the {place}.",
     "{He} liked to {verb} with the {colour} {object}.",
-    "Every morning, {name} the {animal} went to the {place} to {verb} "
-    "with the other animals.",
+    "Every morning, {name} the {animal} went to the {place} to {verb} with the other animals.",
     "One day, {he} found the {colour} {object} near the {place}.",
-    "Then {name} met the {adj} {animal2} named {name2}, and they became "
-    "the best of friends.",
+    "Then {name} met the {adj} {animal2} named {name2}, and they became the best of friends.",
     "{name} the {animal} wanted to {verb}, but the {object} was lost.",
     "Then {name} saw the big {colour} {object} and felt {feeling}.",
     "{name} asked the {animal2}, can we {verb} in the {place} today?",
     "But then {weather}, and the little {animal} felt {feeling}.",
-    "{He} looked for the {object} in the {place}, but {he} could not "
-    "find it.",
+    "{He} looked for the {object} in the {place}, but {he} could not find it.",
     "Then the {animal2} said: let us {verb} together in the {place}!",
-    "They went to the {place} and played with the {colour} {object} "
-    "all day long.",
-    "{name} the {animal} was very {feeling}, so {he} sat down under "
-    "the big tree.",
-    "{name} asked the {animal2}, the {animal3} and the {animal4} to come "
-    "and {verb} in the {place}.",
-    "But the {animal3} said no, and the {animal4} said no, and the "
-    "{animal2} said no too.",
+    "They went to the {place} and played with the {colour} {object} all day long.",
+    "{name} the {animal} was very {feeling}, so {he} sat down under the big tree.",
+    "{name} asked the {animal2}, the {animal3} and the {animal4} to come and {verb} in the {place}.",
+    "But the {animal3} said no, and the {animal4} said no, and the {animal2} said no too.",
 ]
 _ENDINGS = [  # the classic ending is weighted: it is the best draft target
     "And they all lived happily ever after.",
@@ -181,20 +130,15 @@ _ENDINGS = [  # the classic ending is weighted: it is the best draft target
     "{name} smiled. It was the best day ever.",
     "And {name} and {name2} played together in the {place} every day.",
 ]
-# Slots that may change from one middle sentence to the next, so a story
-# does not repeat one place/object/colour/verb throughout.
-_REROLLED = {"place": _PLACES, "object": _OBJECTS, "colour": _COLOURS,
-             "verb": _VERBS, "adj": _ADJECTIVES}
+# Slots that may change from one middle sentence to the next, so a story does not repeat one
+# place/object/colour/verb throughout.
+_REROLLED = {"place": _PLACES, "object": _OBJECTS, "colour": _COLOURS, "verb": _VERBS, "adj": _ADJECTIVES}
 
 
 def _index(rng: random.Random, n: int) -> int:
-    """Uniform index in ``range(n)`` built only on ``rng.random()``.
-
-    Python guarantees that ``Random.random()`` yields the same sequence for
-    the same seed across versions; ``choice``/``sample``/``randrange`` carry
-    no such promise. Using only ``random()`` keeps the corpus (and so any
-    checkpoint trained on it) reproducible everywhere.
-    """
+    """Uniform index in ``range(n)`` built only on ``rng.random()``: Python promises the same
+    ``random()`` sequence for a seed across versions (``choice``/``sample``/``randrange`` do
+    not), so the corpus, and any checkpoint trained on it, is reproducible everywhere."""
     return int(rng.random() * n)
 
 
@@ -212,19 +156,13 @@ def _story(rng: random.Random) -> str:
     """Build one story: an opening, 2-4 middle sentences, an ending."""
     (name, he), (name2, _) = _distinct(rng, _NAMES, 2)
     animal, animal2, animal3, animal4 = _distinct(rng, _ANIMALS, 4)
-    slots = {
-        "name": name, "he": he, "He": he.capitalize(), "name2": name2,
-        "animal": animal, "animal2": animal2, "animal3": animal3,
-        "animal4": animal4,
-        "feeling": _choice(rng, _FEELINGS),
-        "sad_feeling": _choice(rng, _SAD_FEELINGS),
-        "weather": _choice(rng, _WEATHER),
-    }
+    slots = {"name": name, "he": he, "He": he.capitalize(), "name2": name2, "animal": animal, "animal2": animal2,
+             "animal3": animal3, "animal4": animal4, "feeling": _choice(rng, _FEELINGS),
+             "sad_feeling": _choice(rng, _SAD_FEELINGS), "weather": _choice(rng, _WEATHER)}
     for key, words in _REROLLED.items():
         slots[key] = _choice(rng, words)
 
-    # About 70% of stories open with "Once upon a time", so the prompt
-    # "Once" has one overwhelmingly likely continuation.
+    # About 70% of stories open with "Once upon a time": the prompt "Once" has one likely continuation.
     openings = _ONCE_OPENINGS if rng.random() < 0.7 else _OTHER_OPENINGS
     sentences = [_choice(rng, openings).format(**slots)]
     middles = _distinct(rng, _MIDDLES, 2 + _index(rng, 3))
@@ -233,25 +171,17 @@ def _story(rng: random.Random) -> str:
         for key, words in _REROLLED.items():
             if rng.random() < 0.5:
                 slots[key] = _choice(rng, words)
-    # The ending goes on its own line: it gives the newline character a
-    # job, and "\nAnd they all lived happily ever after." is easy to draft.
+    # The ending goes on its own line: it gives the newline character a job, and
+    # "\nAnd they all lived happily ever after." is easy to draft.
     ending = _choice(rng, _ENDINGS).format(**slots)
     text = " ".join(sentences) + "\n" + ending
     return text[0].upper() + text[1:]
 
 
 def generate_corpus(seed: int = 0, num_chars: int = 300_000) -> list[str]:
-    """Return a deterministic list of short stories, about ``num_chars`` long.
-
-    All randomness comes from ``random.Random(seed).random()`` (no
-    ``hash()``, no set ordering, see ``_index``), so the same seed gives
-    byte-identical output on every machine and Python version, and a saved
-    checkpoint stays valid for the regenerated data.
-
-    Stories are added until the total reaches ``num_chars``, so the result
-    overshoots by less than one story (stories are ~150-450 characters).
-    Each story ends with a full stop; the trainer appends the EOS token.
-    """
+    """Short stories, about ``num_chars`` in all (less than one story more), byte-identical for
+    a seed on every machine and Python version: all randomness comes from
+    ``random.Random(seed).random()`` (no ``hash()``, no set order; see ``_index``)."""
     rng = random.Random(seed)
     docs: list[str] = []
     total = 0
@@ -263,11 +193,8 @@ def generate_corpus(seed: int = 0, num_chars: int = 300_000) -> list[str]:
 
 
 def corpus_token_stream(docs: Iterable[str], tokenizer: CharTokenizer) -> list[int]:
-    """Encode ``docs`` into one flat token list, each followed by EOS.
-
-    The trailing EOS teaches the model to stop at the end of a story, which
-    is what lets the engine finish requests before ``max_tokens``.
-    """
+    """``docs`` as one flat token list, each followed by EOS: it teaches the model to stop at
+    the end of a story, which lets the engine finish requests before ``max_new_tokens``."""
     stream: list[int] = []
     for doc in docs:
         stream.extend(tokenizer.encode(doc))
@@ -276,13 +203,9 @@ def corpus_token_stream(docs: Iterable[str], tokenizer: CharTokenizer) -> list[i
 
 
 def split_train_val(tokens: Sequence[int], val_fraction: float = 0.05):
-    """Split ``tokens`` into ``(train, val)``; the last fraction is validation.
-
-    A contiguous tail (not a random sample of positions) keeps the split
-    deterministic and keeps validation text unseen in training: only the one
-    story cut at the boundary is shared. Works on any sliceable sequence
-    (lists, tensors).
-    """
+    """``(train, val)``: the last ``val_fraction`` of any sliceable sequence is validation.  A
+    contiguous tail keeps the split deterministic and the validation text unseen in training
+    (only the story cut at the boundary is shared)."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if len(tokens) < 2:

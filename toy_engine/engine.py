@@ -1,76 +1,48 @@
-"""The engine: a serial loop and a zero-overhead (ZOS) loop over the same stages.
+"""The engine: what it is built from, how a run goes, and how it stays usable.
 
-Every round has the same stages -- schedule, prepare inputs, launch forward, launch
-sample, wait, process outputs -- and the two loops differ only in their order:
-
-* ``serial_loop`` processes each round's results before preparing the next round, so
-  the device idles while the host does control work;
-* ``zos_loop`` launches round N's forward *before* processing round N-1's results, so
-  that control work runs while the device computes.  A decode round's results stay in
-  a ``StepState`` (plan + output slot + completion event) owned by the loop until the
-  next round processes them; prefill rounds are processed at once; when no round is
-  left to overlap with, ``flush`` drains the deferred step.
+Read ``loops.py`` first (the loops), then ``stages.py`` (what each stage of a round does);
+this file runs a loop over prompts (``generate``) and keeps the engine usable whatever
+happens in between: an exception or an Interrupt anywhere in a run ends with the device
+drained (or replaced when it died), every request finished or aborted, and the next
+``generate`` working.
 
 Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per
 ``generate`` call) the call's requests, plug-ins and counters, ``buffers`` the layout of
-everything exchanged with the device, the device its process and pipe.  The engine
-strings the stages together and keeps itself usable whatever happens in between: an
-exception or an Interrupt anywhere in a run ends with the device drained (or replaced
-when it died), every request finished or aborted, and the next ``generate`` working.
+everything exchanged with the device, the device its process and pipe.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
-import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 
-import torch
-
-from . import buffers, kernels
-from .constraint import CONSTRAINTS, make_constraint
-from .data import CharTokenizer, corpus_token_stream, generate_corpus
-from .device import DeviceError, Event, make_device
-from .interrupts import hold_sigint
+from . import buffers, kernels, loops
 from .buffers import MetaLayout
-from .kernels import FROM_DEVICE
+from .config import MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_kv_cache_size
+from .constraint import make_constraint
+from .data import CharTokenizer
+from .device import DeviceError, make_device
+from .drafter import ngram_table
+from .interrupts import hold_sigint
 from .model import TinyGPT, load_model
 from .record import RunRecord
-from .run import EngineStalled, Run, StepProcessedTwice, stalled
-from .scheduler import BlockManager, Plan, Scheduler
+from .run import Run, StepState, stalled
+from .scheduler import BlockManager, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
+from .stages import RoundStages
 from .stats import run_stats
-from .timeline import Timeline
-from .validate import check_bool, check_callable, check_choice, check_float, check_int, check_seed, shown
+from .timeline import Stage, Timeline
+from .validate import check_callable, check_float, check_int, check_seed, shown
 
-__all__ = ["Engine", "EngineConfig", "EngineStalled", "StepProcessedTwice", "StepState", "MODES", "NUM_SLOTS"]
+__all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 
-MODES = ("serial", "zos")
-DEVICES = ("auto", "cuda", "cpu")
 # Host buffers are double-buffered: round N uses slot N % 2.  An engine allocates NUM_SLOTS
 # slots when it is built; each run reads it once and may use fewer (notebook 05's race).
 NUM_SLOTS = 2
-MAX_SLOTS = 8  # overlap needs 2; more only cost memory
-MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
-MAX_HOST_OVERHEAD_MS = 1000.0
-# A decode round feeds 1 + k tokens per request and the shipped model's context is 256
-# tokens: more drafts than this only burn device time on tokens that are never accepted.
-MAX_DRAFT_TOKENS = 16
-# The KV cache is allocated whole when the engine starts (the shipped model in float64:
-# 8 KiB per token slot, so the default 128 x 16 slots take 16 MiB); refuse a size that
-# would take more than this rather than fail inside the allocator.
-MAX_KV_CACHE_BYTES = 4 * 2**30
-# Each batch row gets a slice of every round's metadata (~790 int64 for the shipped model:
-# tokens up to its 256-token context, positions, slots, block table), double-buffered on
-# host and device: 4096 rows take ~50 MiB, already far past what the toy's cache can run.
-MAX_BATCH_SIZE = 4096
-# How long a recovering engine waits for queued device work before giving the device up;
-# a round of the shipped model takes ~10 ms on a busy 2-core machine.
+# How long a recovering engine waits for queued device work before giving the device up:
+# about a thousand rounds of the shipped model (docs/measurements/engine.md).
 RECOVER_TIMEOUT_S = 10.0
 #: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its
 #: timeline and stats are final ("end"); the course measures the machine around runs
@@ -78,142 +50,18 @@ RECOVER_TIMEOUT_S = 10.0
 RUN_OBSERVERS: list = []
 
 
-@dataclass
-class EngineConfig:
-    """How an engine is built.  Checked when created, and frozen: the device's buffers
-    and cache were sized from it, so changing it under a running engine would corrupt
-    them; make a new engine with ``dataclasses.replace(config, field=value)``."""
+class Engine(RoundStages):
+    """An inference engine over one model: the stages of a round (``RoundStages``), and
+    ``generate``, which runs prompts through the mode's loop or a plugged-in one."""
 
-    mode: str = "serial"            # "serial" or "zos"
-    device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"
-    max_batch_size: int = 8
-    num_kv_blocks: int = 128
-    block_size: int = 16
-    seed: int = 0                   # default seed for requests sampled with temperature > 0
-    num_draft_tokens: int = 0       # speculative decoding: drafts per decode round (0 = off)
-    correct_seqlens: bool = True    # False is a deliberate bug, for teaching: stale lengths
-    race_check: bool = True         # the course's compute-sanitizer (cheap; off in benchmarks)
-    host_overhead_ms: float = 0.0   # extra, labelled host work per round (teaching knob)
-    device_threads: int = 1         # torch threads of the CPU stand-in's device process
-    constraint: str | None = None   # "title_case": a sampling mask built from committed text (constraint.py)
-
-    def __post_init__(self) -> None:
-        check_choice("mode", self.mode, MODES)
-        check_choice("device", self.device, DEVICES)
-        values = dict(
-            max_batch_size=check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE,
-                                     " (metadata is sized per row and allocated up front)"),
-            num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
-            block_size=check_int("block_size", self.block_size, 1),
-            seed=check_seed("seed", self.seed),
-            num_draft_tokens=check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS),
-            correct_seqlens=check_bool("correct_seqlens", self.correct_seqlens),
-            race_check=check_bool("race_check", self.race_check),
-            host_overhead_ms=check_float("host_overhead_ms", self.host_overhead_ms, 0.0, MAX_HOST_OVERHEAD_MS,
-                                         " ms"),
-            device_threads=check_int("device_threads", self.device_threads, 1, os.cpu_count() or 1,
-                                     f": this machine has {os.cpu_count()} CPUs, and more threads than CPUs "
-                                     f"only wait for each other"),
-        )
-        if self.constraint is not None:
-            check_choice("constraint", self.constraint, CONSTRAINTS)
-            if values["num_draft_tokens"]:
-                raise ValueError(f"constraint={self.constraint!r} needs num_draft_tokens=0 (got "
-                                 f"{self.num_draft_tokens}): a draft position's mask depends on the drafts "
-                                 f"before it, which only the device knows; use one or the other")
-        for name, value in values.items():  # plain ints and floats from here on (numpy ints accepted)
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_frozen", True)
-
-    def __setattr__(self, name, value) -> None:
-        if getattr(self, "_frozen", False):
-            raise dataclasses.FrozenInstanceError(
-                f"EngineConfig is frozen: the engine's buffers, cache and device were built from it. To "
-                f"change {name}, make a new engine: Engine(dataclasses.replace(config, {name}={value!r}))")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name) -> None:
-        raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
-
-
-def _num_slots() -> int:
-    return check_int("NUM_SLOTS", NUM_SLOTS, 1, MAX_SLOTS, " (te.engine.NUM_SLOTS: host buffer slots)")
-
-
-def _check_kv_cache_size(config: EngineConfig, model) -> None:
-    cfg = model.cfg
-    slots = config.num_kv_blocks * config.block_size
-    per_slot = cfg.n_layer * 2 * cfg.n_embd * model.tok_emb.weight.element_size()
-    if slots * per_slot > MAX_KV_CACHE_BYTES:
-        fit = MAX_KV_CACHE_BYTES // (per_slot * config.block_size)
-        raise ValueError(f"num_kv_blocks x block_size = {config.num_kv_blocks} x {config.block_size} = {slots} "
-                         f"token slots would need a KV cache of {slots * per_slot / 2**30:.1f} GiB ({per_slot} "
-                         f"bytes per slot for this model), above the {MAX_KV_CACHE_BYTES / 2**30:.0f} GiB limit: "
-                         f"use at most {fit} blocks of {config.block_size}")
-
-
-@dataclass
-class RoundInputs:
-    """What the host prepared for one round (lives in host buffer slot ``slot``)."""
-
-    plan: Plan
-    slot: int
-    num_tokens: int
-    num_blocks: int
-    max_q: int
-    blocks: set
-
-
-@dataclass
-class StepState:
-    """A launched round whose results the host has not processed yet.
-
-    It owns the round's output slot and the event that says the sample is done; nobody
-    may read the slot, reuse it or free the requests' KV blocks before waiting on it.
-    Its results are committed exactly once (``committed``).
-    """
-
-    plan: Plan
-    slot: int
-    sample_done: Event
-    committed: bool = field(default=False, repr=False)
-
-    @property
-    def owner(self) -> str:
-        return self.owner_of(self.plan.round)
-
-    @staticmethod
-    def owner_of(round: int) -> str:
-        return f"StepState(round={round})"
-
-
-@functools.lru_cache(maxsize=4)
-def _ngram_table(alphabet: str) -> torch.Tensor:
-    tok = CharTokenizer(alphabet)
-    return kernels.build_ngram_table(torch.tensor(corpus_token_stream(generate_corpus(0), tok)), tok.vocab_size)
-
-
-class Engine:
     def __init__(self, config: EngineConfig | None = None, model=None, tokenizer: CharTokenizer | None = None):
         config = EngineConfig() if config is None else config
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config
-        if model is not None and not isinstance(model, TinyGPT):
-            raise TypeError(f"model must be a TinyGPT or None (te.load_model() returns one and its alphabet), got "
-                            f"{type(model).__name__}")
-        if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
-            raise TypeError(f"tokenizer must be a CharTokenizer or None, got {type(tokenizer).__name__}")
-        if model is None:
-            model, alphabet = load_model()
-            tokenizer = tokenizer or CharTokenizer(alphabet)
-        self.tokenizer = tokenizer or CharTokenizer()
-        self.model = copy.deepcopy(model).double().eval().requires_grad_(False)
-        vocab = self.model.cfg.vocab_size
-        if vocab != self.tokenizer.vocab_size:
-            raise ValueError(f"model vocab ({vocab}) does not match the tokenizer ({self.tokenizer.vocab_size})")
+        self.model, self.tokenizer = _own_copy(model, tokenizer)
         self.context_len = self.model.cfg.context_len
-        _check_kv_cache_size(config, self.model)
+        check_kv_cache_size(config, self.model)
         k = config.num_draft_tokens
         self.layout = MetaLayout(max_tokens=config.max_batch_size * self.context_len,
                                  max_batch=config.max_batch_size,
@@ -221,8 +69,8 @@ class Engine:
         self.constraint = make_constraint(config.constraint, self.tokenizer)
         self.num_slots = _num_slots()
         self.buffer_specs = buffers.buffer_specs(self.layout, self.num_slots, k,
-                                                 vocab if self.constraint is not None else 0)
-        self.ngram = _ngram_table(self.tokenizer.alphabet) if k else None
+                                                 self.model.cfg.vocab_size if self.constraint is not None else 0)
+        self.ngram = ngram_table(self.tokenizer.alphabet) if k else None
         self._running = threading.Lock()  # one generate at a time
         self._closed = False
         self._clean = True  # False from a run's start until it ended or was recovered
@@ -241,186 +89,6 @@ class Engine:
         this list: the run keeps its own)."""
         return self._run.visible
 
-    # ------------------------------------------------------------------ the loops
-
-    def serial_loop(self) -> None:
-        """Prepare, launch, wait, process: one round at a time."""
-        while self.scheduler.has_work():
-            plan = self.schedule()
-            if plan is None:  # on_round aborted what was left
-                continue
-            inputs = self.prepare_inputs(plan)
-            self.launch_forward(inputs)
-            step = self.launch_sample(inputs)
-            self.process_outputs(step)
-
-    def zos_loop(self) -> None:
-        """Current forward, previous postprocess, current sampling."""
-        previous: StepState | None = None
-        while self.scheduler.has_work():
-            plan = self.schedule()
-            if plan is None:  # nothing left to launch: no next round to hide it under
-                previous = self.flush(previous)
-                continue
-            inputs = self.prepare_inputs(plan)
-            if previous is not None:
-                self.correct_on_device(inputs)
-            self.launch_forward(inputs)
-            if previous is not None:
-                self.process_outputs(previous)
-            current = self.launch_sample(inputs)
-            if plan.is_prefill:
-                self.process_outputs(current)
-                previous = None
-            else:
-                previous = current
-
-    # ------------------------------------------------------------------ the stages
-
-    def schedule(self) -> Plan | None:
-        """The next round's plan; None when nothing can be launched now (or no work is left)."""
-        if not self.scheduler.has_work():
-            return None
-        start, run = self.timeline.now_ms(), self._run
-        if run.on_round is not None:
-            run.on_round(self, self.scheduler.round)
-        plan = self.scheduler.schedule()
-        self.record.schedule(plan.round if plan else None)
-        # A schedule that finds nothing to launch belongs to the last round, not a new one.
-        self.timeline.add("host", "schedule", plan.round if plan else max(0, self.scheduler.round - 1),
-                          start, self.timeline.now_ms())
-        if plan is None:
-            if self.scheduler.has_work():
-                run.note_idle_schedule(self.scheduler)
-            return None
-        if plan.is_prefill:
-            run.prefill_rounds.add(plan.round)
-        if self.config.host_overhead_ms:
-            with self.timeline.host_span("overhead", plan.round):
-                end = time.perf_counter() + self.config.host_overhead_ms / 1e3
-                while time.perf_counter() < end:  # deliberate busy host work, for teaching
-                    pass
-        return plan
-
-    def prepare_inputs(self, plan: Plan) -> RoundInputs:
-        """Write the round's metadata into its host buffer slot.
-
-        A decode request whose previous round is still in flight (``pending``) does not
-        have its newest token on the host yet: its input is FROM_DEVICE, and its lengths
-        assume the in-flight round adds one token.
-        """
-        with self.timeline.host_span("prepare", plan.round):
-            k = 0 if plan.is_prefill else self.config.num_draft_tokens
-            bs = self.config.block_size
-            cols = {name: [] for name in MetaLayout.TOKEN_FIELDS + MetaLayout.REQUEST_FIELDS}
-            tables, temps = [], []
-            for req in plan.requests:
-                if plan.is_prefill:
-                    start, ids, pending = 0, list(req.prompt_ids), 0
-                else:
-                    known = req.planned_len - 1  # tokens that exist before this round
-                    pending = int(req.num_inflight > 1)
-                    last = FROM_DEVICE if pending else (req.prompt_ids + req.output_ids)[-1]
-                    start, ids = known - 1, [last] + [FROM_DEVICE] * k
-                positions = range(start, start + len(ids))
-                cols["input_ids"] += ids
-                cols["positions"] += positions
-                cols["slot_mapping"] += [req.blocks[p // bs] * bs + p % bs for p in positions]
-                for name, value in zip(MetaLayout.REQUEST_FIELDS,
-                                       (len(ids), start + len(ids), req.row, pending, req.sampling_stream)):
-                    cols[name].append(value)
-                tables.append(req.blocks)
-                temps.append(req.temperature)
-            # Enough block-table columns for the furthest position a correction can reach.
-            nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // bs))
-            cols["block_tables"] = [b for t in tables for b in (t + [0] * nb)[:nb]]
-            inputs = RoundInputs(plan, plan.round % self._run.num_slots, len(cols["input_ids"]), nb,
-                                 max(cols["seqlens_q"]), {b for t in tables for b in t})
-            buffers.write_inputs(self.device, self.layout, inputs.slot, cols, temps, nb)
-            self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
-                               round=plan.round, stage="upload",
-                               reads={buffers.meta_buffer(inputs.slot), buffers.temps_buffer(inputs.slot)})
-        return inputs
-
-    def correct_on_device(self, inputs: RoundInputs) -> None:
-        """Fix stale lengths on the device (only speculation makes them stale)."""
-        if self.config.num_draft_tokens and self.config.correct_seqlens and not inputs.plan.is_prefill:
-            self.device.launch(kernels.correct, self._run.correction, round=inputs.plan.round, stage="correct")
-
-    def launch_forward(self, inputs: RoundInputs) -> None:
-        with self.timeline.host_span("launch_forward", inputs.plan.round):
-            self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage="forward",
-                               blocks=inputs.blocks)
-
-    def launch_sample(self, inputs: RoundInputs) -> StepState:
-        """With a constraint, the mask is built here, from the tokens committed *now*:
-        in the ZOS order round N-1 has just been processed, so the mask includes its token."""
-        r, slot = inputs.plan.round, inputs.slot
-        with self.timeline.host_span("launch_sample", r):
-            reads = set()
-            if self.constraint is not None:
-                reads = {buffers.allowed_buffer(slot)}
-                allowed = self.constraint.masks(inputs.plan.requests)
-                self.device.host(buffers.allowed_buffer(slot), "w")[: len(allowed)] = allowed
-            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
-                                             stage="sample", reads=reads, writes={buffers.out_buffer(slot)},
-                                             record_event=True, owner=StepState.owner_of(r))
-        return StepState(inputs.plan, slot, sample_done)
-
-    def process_outputs(self, step: StepState, stage: str = "postprocess") -> None:
-        """Wait for the step's sample event, read its tokens, commit them to the requests,
-        and free the cache of requests that are finished and in no launched round.
-
-        A ``process_outputs`` plug-in given to ``generate`` does all of that instead."""
-        custom = self._run.process_outputs
-        if custom is not None:
-            with self.timeline.host_span(stage, step.plan.round, step.owner):
-                custom(self, step)
-            return
-        with self.timeline.host_span("wait", step.plan.round, step.owner):
-            self.device.wait(step.sample_done)
-        with self.timeline.host_span(stage, step.plan.round, step.owner):
-            out = self.read_outputs(step)
-            for req in self.commit_outputs(step, out):
-                self.scheduler.release_if_done(req)
-
-    def read_outputs(self, step: StepState) -> list[int]:
-        """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
-        k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
-        size = buffers.outputs_size(len(step.plan.requests), k)
-        return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
-
-    def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
-        """Hand a step's tokens to its requests; returns them.  A request that already
-        finished in an earlier round is in this step only as the extra round: discarded."""
-        plan, run = step.plan, self._run
-        self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed)
-        if step.committed:
-            raise StepProcessedTwice(plan.round, plan.requests)
-        step.committed = True
-        run.note_processed()
-        counts = run.counts
-        k = 0 if plan.is_prefill else self.config.num_draft_tokens
-        for req, kept in zip(plan.requests, buffers.unpack_outputs(out, len(plan.requests), k)):
-            req.num_inflight -= 1
-            if req.finished:
-                counts["discarded"] += 1
-                continue
-            before = len(req.output_ids)
-            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-            counts["tokens"] += len(req.output_ids) - before
-            if not plan.is_prefill:
-                counts["request_decode_rounds"] += 1
-                counts["proposed"] += k
-                counts["accepted"] += len(kept) - 1
-        return plan.requests
-
-    def flush(self, previous: StepState | None) -> None:
-        """Process a deferred step now: there is no next round to overlap it with."""
-        if previous is not None:
-            self.process_outputs(previous, stage="flush")
-        return None
-
     # ------------------------------------------------------------------ public API
 
     def generate(self, prompts, max_new_tokens: int = 32, stop=None, temperature: float = 0.0,
@@ -428,24 +96,20 @@ class Engine:
                  process_outputs=None) -> list[Completion]:
         """Run prompts to completion; returns one Completion per prompt, in order.
 
-        ``prompts`` is a str or a list/tuple of str; ``stop`` None, a str or a list of
-        str.  With ``temperature > 0`` each request samples from its own random stream,
-        derived from ``seed`` (default: the config's) and its index in ``prompts``, so
-        the same call gives the same texts in every mode.
+        ``prompts``: a str or a list/tuple of str; ``stop``: None, a str or a list of str.
+        With ``temperature > 0`` each request samples from its own random stream, derived
+        from ``seed`` (default: the config's) and its index in ``prompts``: the same call
+        gives the same texts in every mode.  Plug-ins for this call (callables or None):
+        ``on_round(engine, round)`` runs before each round is scheduled (it may call
+        ``engine.abort``); ``loop(engine)`` replaces the mode's loop (loops.py);
+        ``correction(meta, accepted, block_size)`` the device's seqlen correction;
+        ``process_outputs(engine, step)`` the engine's own processing of a launched step.
 
-        Plug-ins, for this call only (each a callable or None): ``on_round(engine, round)``
-        is called before each round is scheduled (it may call ``engine.abort``);
-        ``loop(engine)`` replaces the mode's loop (the exercises plug a learner's loop in
-        here); ``correction(meta, accepted, block_size)`` replaces the device's seqlen
-        correction; ``process_outputs(engine, step)`` replaces the engine's own processing
-        of a launched step.
-
-        Bad input raises TypeError/ValueError naming the argument before anything runs.
-        One call at a time: a second one (from a plug-in or another thread) raises
-        RuntimeError.  After any exception (an Interrupt too) the device is drained, the
-        run's requests end as ``"abort"`` and the engine is ready for the next call; if
-        the device process died, the call raises DeviceError naming its exit code and the
-        engine starts a new device process.
+        Bad input raises TypeError/ValueError naming the argument before anything runs; a
+        second call while one runs raises RuntimeError.  After any exception (an Interrupt
+        too) the device is drained, the run's requests end as ``"abort"`` and the engine is
+        ready for the next call; a device process that died raises DeviceError naming its
+        exit code, and a new one is started.
         """
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
@@ -516,10 +180,9 @@ class Engine:
                 observer(self, "start")
         start = time.perf_counter()
         try:
-            if loop is not None:
-                loop(self)
-            else:
-                (self.zos_loop if self.config.mode == "zos" else self.serial_loop)()
+            if loop is None:
+                loop = loops.zos_loop if self.config.mode == "zos" else loops.serial_loop
+            loop(self)
             if self.scheduler.has_work():
                 raise stalled(self.scheduler)
             self._clean = True
@@ -574,7 +237,7 @@ class Engine:
                              c.race_check, c.device_threads)
         try:
             device.launch(kernels.setup_state, self.layout, c.max_batch_size, c.num_draft_tokens,
-                          self.ngram, round=0, stage="setup")
+                          self.ngram, round=0, stage=Stage.SETUP)
             device.synchronize()
             device.spans()  # start-up work is not part of any run
         except BaseException:
@@ -639,8 +302,29 @@ class Engine:
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=StepState.owner_of(rnd) if stage == "sample" else "",
-                             cpu_ns=cpu_ns)
+            owner = StepState.owner_of(rnd) if stage == Stage.SAMPLE else ""
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=owner, cpu_ns=cpu_ns)
         tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
         self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)
+
+
+def _num_slots() -> int:
+    return check_int("NUM_SLOTS", NUM_SLOTS, 1, MAX_SLOTS, " (te.engine.NUM_SLOTS: host buffer slots)")
+
+
+def _own_copy(model, tokenizer) -> tuple[TinyGPT, CharTokenizer]:
+    """The engine's own float64 copy of ``model`` (default: the shipped one) and its tokenizer."""
+    if model is not None and not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a TinyGPT or None (te.load_model() returns one and its alphabet), got "
+                        f"{type(model).__name__}")
+    if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
+        raise TypeError(f"tokenizer must be a CharTokenizer or None, got {type(tokenizer).__name__}")
+    if model is None:
+        model, alphabet = load_model()
+        tokenizer = tokenizer or CharTokenizer(alphabet)
+    tokenizer = tokenizer or CharTokenizer()
+    model = copy.deepcopy(model).double().eval().requires_grad_(False)
+    if model.cfg.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"model vocab ({model.cfg.vocab_size}) does not match the tokenizer ({tokenizer.vocab_size})")
+    return model, tokenizer

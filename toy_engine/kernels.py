@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from . import drafter
 from .buffers import MetaLayout, allowed_buffer, meta_buffer, out_buffer, pack_outputs, temps_buffer
 from .model import PackedBatch, token_layout
 
 FROM_DEVICE = -1  # input id placeholder: "take this token from the device's state"
-NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
 
 
 def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_table) -> None:
@@ -36,7 +36,7 @@ def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_t
         last_tokens=torch.zeros(max_rows, dtype=torch.long, device=dev),
         accepted=torch.zeros(max_rows, dtype=torch.long, device=dev),
         drafts=torch.zeros(max_rows, max(num_drafts, 1), dtype=torch.long, device=dev),
-        history=torch.zeros(max_rows, NGRAM - 1, dtype=torch.long, device=dev),
+        history=torch.zeros(max_rows, drafter.NGRAM - 1, dtype=torch.long, device=dev),
         ngram_table=None if ngram_table is None else ngram_table.to(dev),
     )
 
@@ -143,51 +143,9 @@ def sample(ctx, slot: int, is_prefill: bool, constrained: bool = False) -> None:
     newest = targets.gather(1, accepted[:, None])[:, 0]
     st["last_tokens"][rows] = newest
     st["accepted"][rows] = accepted
-
-    # The drafter's context: the last NGRAM-1 tokens of (inputs so far + emitted tokens).
-    ctx_len = NGRAM - 1
-    if is_prefill:
-        # Short prompts repeat their first token on the left.
-        first = last - q + 1
-        ar = torch.arange(ctx_len, device=q.device)
-        window = meta["input_ids"][torch.maximum(last[:, None] - ctx_len + 1 + ar, first[:, None])]
-        history = torch.cat([window[:, 1:], newest[:, None]], dim=1)
-    else:
-        seq = torch.cat([st["history"][rows], targets], dim=1)  # [B, ctx_len + 1 + k]
-        history = seq.gather(1, accepted[:, None] + 1 + torch.arange(ctx_len, device=q.device))
+    history = (drafter.prefill_history(meta["input_ids"], q, newest) if is_prefill
+               else drafter.decode_history(st["history"][rows], targets, accepted))
     st["history"][rows] = history
     if st["num_drafts"]:
-        st["drafts"][rows] = propose_drafts(st["ngram_table"], history, st["num_drafts"])
-
+        st["drafts"][rows] = drafter.propose_drafts(st["ngram_table"], history, st["num_drafts"])
     ctx.store(out_buffer(slot), pack_outputs(targets, accepted))
-
-
-def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:
-    """k drafts per row by chaining an n-gram table: each draft extends the context."""
-    vocab = round(table.numel() ** (1 / (NGRAM - 1)))
-    context, drafts = history, []
-    for _ in range(k):
-        key = torch.zeros_like(context[:, 0])
-        for j in range(NGRAM - 1):
-            key = key * vocab + context[:, j]
-        drafts.append(table[key])
-        context = torch.cat([context[:, 1:], drafts[-1][:, None]], dim=1)
-    return torch.stack(drafts, dim=1)
-
-
-def build_ngram_table(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Most frequent next token for every (NGRAM-1)-token context (a dense lookup table).
-
-    Contexts never seen in the corpus fall back to the bigram guess from their last
-    token.  Ties go to the larger token id, so the table is deterministic.
-    """
-    n = NGRAM - 1
-    key = torch.zeros(len(tokens) - n, dtype=torch.long)
-    for j in range(n):
-        key = key * vocab + tokens[j: len(tokens) - n + j]
-    pairs, counts = torch.unique(key * vocab + tokens[n:], return_counts=True)
-    score = counts * vocab + pairs % vocab  # the best next token has the highest score
-    best = torch.full((vocab**n,), -1, dtype=torch.long).scatter_reduce(0, pairs // vocab, score, "amax")
-    bigram = torch.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab).view(vocab, vocab)
-    fallback = bigram.argmax(1)[torch.arange(vocab**n) % vocab]
-    return torch.where(best >= 0, best % vocab, fallback)

@@ -1,4 +1,5 @@
-"""One ``generate`` call's own state, and the check that the loop keeps making progress.
+"""A run's state: the ``Run`` of one ``generate`` call, the rounds in flight in it, and
+the check that the loop keeps making progress.
 
 ``Engine.generate`` creates a fresh ``Run`` per call, so nothing of a previous (maybe
 interrupted) run leaks into the next; an engine that never ran holds an empty one, so a
@@ -10,7 +11,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import kernels
+from .device import Event
+from .scheduler import Plan
 from .sequence import Request
+
+
+@dataclass
+class RoundInputs:
+    """What the host prepared for one round (it lives in host buffer slot ``slot``)."""
+
+    plan: Plan
+    slot: int
+    num_tokens: int
+    num_blocks: int
+    max_q: int
+    blocks: set
+
+
+@dataclass
+class StepState:
+    """A launched round whose results the host has not processed yet.
+
+    It owns the round's output slot and the event that says the sample is done; nobody
+    may read the slot, reuse it or free the requests' KV blocks before waiting on it.
+    Its results are committed exactly once (``committed``).
+    """
+
+    plan: Plan
+    slot: int
+    sample_done: Event
+    committed: bool = field(default=False, repr=False)
+
+    @property
+    def owner(self) -> str:
+        return self.owner_of(self.plan.round)
+
+    @staticmethod
+    def owner_of(round: int) -> str:
+        return f"StepState(round={round})"
 
 
 class EngineStalled(RuntimeError):

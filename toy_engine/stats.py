@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import statistics
 
-from .timeline import Timeline
+from .timeline import Stage, Timeline
 
 
 def run_stats(timeline: Timeline, counts: dict, prefill_rounds: set, wall_s: float,
               launch_latencies_ms: list[float]) -> dict:
     """``counts`` are the run's per-request tallies (tokens, request_decode_rounds,
     proposed, accepted, discarded); ``prefill_rounds`` which rounds were prefills."""
-    rounds = sorted({s.round for s in timeline.spans if s.stage == "forward"})
+    rounds = sorted({s.round for s in timeline.spans if s.stage == Stage.FORWARD})
     decode_rounds = [r for r in rounds if r not in prefill_rounds]
     c = counts
     stats = dict(

@@ -9,7 +9,8 @@ import inspect
 
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
-from toy_engine.engine import Engine, EngineStalled
+from toy_engine.engine import Engine
+from toy_engine.run import EngineStalled
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool

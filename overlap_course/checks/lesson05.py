@@ -7,7 +7,8 @@ against the learner's own run; the exercise's checker plugs the learner's
 from __future__ import annotations
 
 from toy_engine.races import RaceError
-from toy_engine.engine import Engine, EngineStalled, StepProcessedTwice
+from toy_engine.engine import Engine
+from toy_engine.run import EngineStalled, StepProcessedTwice
 
 from . import pool
 from .answers import int_set, one_number, show, whole

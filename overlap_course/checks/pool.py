@@ -3,7 +3,7 @@ compare it with.
 
 Starting a device is the slow part of a first check, so there are few engines, shared by
 every check and kept whole between checks (:func:`heal`): one per configuration, on one
-loaded model.  A serial run is a ZOS-mode engine given ``loop=Engine.serial_loop`` (the mode
+loaded model.  A serial run is a ZOS-mode engine given ``loop=loops.serial_loop`` (the mode
 only picks the default loop).  Start-up times are in docs/measurements/checks.md.
 """
 
@@ -14,7 +14,9 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from toy_engine.data import CharTokenizer
-from toy_engine.engine import Engine, EngineConfig
+from toy_engine.config import EngineConfig
+from toy_engine import loops
+from toy_engine.engine import Engine
 from toy_engine.model import load_model
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
@@ -95,7 +97,7 @@ def shadowing(shared: Engine, attributes: set[str]) -> list[str]:
 def reference(constraint: str | None = None) -> list[list[int]]:
     """The serial loop's tokens for PROMPTS (greedy, optionally constrained), computed once."""
     shared = engine(**({"constraint": constraint} if constraint else {}))
-    outs = shared.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=Engine.serial_loop)
+    outs = shared.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=loops.serial_loop)
     return [c.token_ids for c in outs]
 
 

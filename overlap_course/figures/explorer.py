@@ -82,7 +82,7 @@ class TimelineExplorer:
     # -- engine -------------------------------------------------------------
 
     def _config(self):
-        from toy_engine.engine import EngineConfig
+        from toy_engine.config import EngineConfig
 
         return EngineConfig(mode=self.mode.value, device=self.device_kind, max_batch_size=self.batch_size.value,
                             num_draft_tokens=self.drafts.value, host_overhead_ms=float(self.host_overhead.value))

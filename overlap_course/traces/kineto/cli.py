@@ -27,7 +27,8 @@ def _load_timeline(source: str) -> Timeline:
 def _record(mode: str, args) -> Timeline:
     """A fresh run of the engine in ``mode``: what ``export`` writes when given no stored timeline."""
     from overlap_course.measure.bench import default_workload  # the engine (torch) only when recording
-    from toy_engine.engine import Engine, EngineConfig
+    from toy_engine.config import EngineConfig
+    from toy_engine.engine import Engine
 
     config = EngineConfig(mode=mode, device=args.device, host_overhead_ms=args.host_overhead_ms)
     with Engine(config) as engine:

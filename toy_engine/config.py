@@ -1,0 +1,106 @@
+"""How an engine is built (``EngineConfig``), and the limits its values are checked against.
+
+Every value is checked when the config is created, so a mistake names its argument before
+any device process starts; the limits sit where a value stops making sense for the toy or
+would fail far from its cause (in the allocator, or after minutes of spinning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .constraint import CONSTRAINTS
+from .validate import check_bool, check_choice, check_float, check_int, check_seed
+
+__all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size"]
+
+MODES = ("serial", "zos")
+DEVICES = ("auto", "cuda", "cpu")
+MAX_SLOTS = 8  # host buffer slots: overlap needs 2; more only cost memory
+MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
+MAX_HOST_OVERHEAD_MS = 1000.0
+# A decode round feeds 1 + k tokens per request and the shipped model's context is 256
+# tokens: more drafts than this only burn device time on tokens that are never accepted.
+MAX_DRAFT_TOKENS = 16
+# The KV cache is allocated whole when the engine starts (the shipped model in float64:
+# 8 KiB per token slot, so the default 128 x 16 slots take 16 MiB); refuse a size that
+# would take more than this rather than fail inside the allocator.
+MAX_KV_CACHE_BYTES = 4 * 2**30
+# Each batch row gets a slice of every round's metadata (~790 int64 for the shipped model:
+# tokens up to its 256-token context, positions, slots, block table), double-buffered on
+# host and device: 4096 rows take ~50 MiB, already far past what the toy's cache can run.
+MAX_BATCH_SIZE = 4096
+
+
+@dataclass
+class EngineConfig:
+    """How an engine is built.  Checked when created, and frozen: the device's buffers
+    and cache were sized from it, so changing it under a running engine would corrupt
+    them; make a new engine with ``dataclasses.replace(config, field=value)``."""
+
+    mode: str = "serial"            # "serial" or "zos"
+    device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"
+    max_batch_size: int = 8
+    num_kv_blocks: int = 128
+    block_size: int = 16
+    seed: int = 0                   # default seed for requests sampled with temperature > 0
+    num_draft_tokens: int = 0       # speculative decoding: drafts per decode round (0 = off)
+    correct_seqlens: bool = True    # False is a deliberate bug, for teaching: stale lengths
+    race_check: bool = True         # the course's compute-sanitizer (cheap; off in benchmarks)
+    host_overhead_ms: float = 0.0   # extra, labelled host work per round (teaching knob)
+    device_threads: int = 1         # torch threads of the CPU stand-in's device process
+    constraint: str | None = None   # "title_case": a sampling mask built from committed text (constraint.py)
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        check_choice("device", self.device, DEVICES)
+        cpus = os.cpu_count() or 1
+        values = dict(
+            max_batch_size=check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE,
+                                     " (metadata is sized per row and allocated up front)"),
+            num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
+            block_size=check_int("block_size", self.block_size, 1),
+            seed=check_seed("seed", self.seed),
+            num_draft_tokens=check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS),
+            correct_seqlens=check_bool("correct_seqlens", self.correct_seqlens),
+            race_check=check_bool("race_check", self.race_check),
+            host_overhead_ms=check_float("host_overhead_ms", self.host_overhead_ms, 0.0, MAX_HOST_OVERHEAD_MS,
+                                         " ms"),
+            device_threads=check_int("device_threads", self.device_threads, 1, cpus,
+                                     f": this machine has {cpus} CPUs, and more threads than CPUs "
+                                     f"only wait for each other"),
+        )
+        if self.constraint is not None:
+            check_choice("constraint", self.constraint, CONSTRAINTS)
+            if values["num_draft_tokens"]:
+                raise ValueError(f"constraint={self.constraint!r} needs num_draft_tokens=0 (got "
+                                 f"{self.num_draft_tokens}): a draft position's mask depends on the drafts "
+                                 f"before it, which only the device knows; use one or the other")
+        for name, value in values.items():  # plain ints and floats from here on (numpy ints accepted)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value) -> None:
+        if getattr(self, "_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"EngineConfig is frozen: the engine's buffers, cache and device were built from it. To "
+                f"change {name}, make a new engine: Engine(dataclasses.replace(config, {name}={value!r}))")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name) -> None:
+        raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
+
+
+def check_kv_cache_size(config: EngineConfig, model) -> None:
+    """Refuse a cache above MAX_KV_CACHE_BYTES for ``model``, naming the largest that fits."""
+    cfg = model.cfg
+    slots = config.num_kv_blocks * config.block_size
+    per_slot = cfg.n_layer * 2 * cfg.n_embd * model.tok_emb.weight.element_size()
+    if slots * per_slot > MAX_KV_CACHE_BYTES:
+        fit = MAX_KV_CACHE_BYTES // (per_slot * config.block_size)
+        raise ValueError(f"num_kv_blocks x block_size = {config.num_kv_blocks} x {config.block_size} = {slots} "
+                         f"token slots would need a KV cache of {slots * per_slot / 2**30:.1f} GiB ({per_slot} "
+                         f"bytes per slot for this model), above the {MAX_KV_CACHE_BYTES / 2**30:.0f} GiB limit: "
+                         f"use at most {fit} blocks of {config.block_size}")

@@ -1,0 +1,74 @@
+"""The draft model of speculative decoding: an n-gram table over the training corpus.
+
+A decode round feeds each request its newest token plus k drafts; the target model checks
+all of them in one forward and keeps the longest prefix it agrees with (``kernels.sample``).
+Drafts must be cheap, so the toy looks them up: the most frequent next character after
+the last NGRAM - 1, chained k times.  Everything here runs on the device, between rounds,
+from the per-row ``history`` the sampling kernel keeps.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .data import CharTokenizer, corpus_token_stream, generate_corpus
+
+NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
+
+
+@functools.lru_cache(maxsize=4)
+def ngram_table(alphabet: str) -> torch.Tensor:
+    """The table of the corpus the shipped model was trained on (built once per alphabet)."""
+    tok = CharTokenizer(alphabet)
+    return build_ngram_table(torch.tensor(corpus_token_stream(generate_corpus(0), tok)), tok.vocab_size)
+
+
+def build_ngram_table(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Most frequent next token for every (NGRAM-1)-token context (a dense lookup table).
+
+    Contexts never seen in the corpus fall back to the bigram guess from their last
+    token.  Ties go to the larger token id, so the table is deterministic.
+    """
+    n = NGRAM - 1
+    key = torch.zeros(len(tokens) - n, dtype=torch.long)
+    for j in range(n):
+        key = key * vocab + tokens[j: len(tokens) - n + j]
+    pairs, counts = torch.unique(key * vocab + tokens[n:], return_counts=True)
+    score = counts * vocab + pairs % vocab  # the best next token has the highest score
+    best = torch.full((vocab**n,), -1, dtype=torch.long).scatter_reduce(0, pairs // vocab, score, "amax")
+    bigram = torch.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab).view(vocab, vocab)
+    fallback = bigram.argmax(1)[torch.arange(vocab**n) % vocab]
+    return torch.where(best >= 0, best % vocab, fallback)
+
+
+def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:
+    """k drafts per row by chaining an n-gram table: each draft extends the context."""
+    vocab = round(table.numel() ** (1 / (NGRAM - 1)))
+    context, drafts = history, []
+    for _ in range(k):
+        key = torch.zeros_like(context[:, 0])
+        for j in range(NGRAM - 1):
+            key = key * vocab + context[:, j]
+        drafts.append(table[key])
+        context = torch.cat([context[:, 1:], drafts[-1][:, None]], dim=1)
+    return torch.stack(drafts, dim=1)
+
+
+def prefill_history(input_ids: torch.Tensor, seqlens_q: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
+    """The drafter's context after a prefill: the prompt's last tokens, then the newest
+    token (a prompt shorter than the context repeats its first token on the left)."""
+    n = NGRAM - 1
+    last = torch.cumsum(seqlens_q, 0) - 1  # each prompt's last packed token
+    first = last - seqlens_q + 1
+    ar = torch.arange(n, device=seqlens_q.device)
+    window = input_ids[torch.maximum(last[:, None] - n + 1 + ar, first[:, None])]
+    return torch.cat([window[:, 1:], newest[:, None]], dim=1)
+
+
+def decode_history(history: torch.Tensor, targets: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """The drafter's context after a decode round: the last NGRAM-1 tokens once the round's
+    ``1 + accepted`` kept tokens (of ``targets[B, 1 + k]``) are appended."""
+    seq = torch.cat([history, targets], dim=1)  # [B, NGRAM - 1 + 1 + k]
+    return seq.gather(1, accepted[:, None] + 1 + torch.arange(NGRAM - 1, device=history.device))
