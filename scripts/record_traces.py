@@ -11,8 +11,9 @@ one not flagged busy with the highest CPU share of the device process and host l
 whichever is lower; see ``overlap_course.measure.contention``), so one unlucky slice of a shared machine does not become the
 course's example.  The
 result is written to ``overlap_course/traces/<device>_<mode>[_spec<K>][_overhead<H>ms].json``
-(``<device>`` is ``cpu`` or ``cuda``) with ``meta`` saying how, where, when and at which
-commit it was recorded, and the run's contention meter.
+(``<device>`` is ``cpu`` or ``cuda``); its ``meta`` carries the engine's settings, workload
+and stats, and a :class:`~overlap_course.traces.recorded.Recording` (how, where, when and at
+which commit it was recorded, and the kept run's contention meter).
 
 These traces are the notebooks' fallback when a learner's machine is busy, so they must
 come from a quiet one: a kept run whose device process got less than
@@ -32,6 +33,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -40,7 +42,8 @@ from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, 
 from overlap_course.measure.bench import default_workload
 from overlap_course.measure.machine import machine_report
 from toy_engine.model import CHECKPOINT
-from overlap_course.traces.recorded import RECORDED_WORKLOAD, TRACES_DIR, device_kind, trace_name
+from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording, device_kind, recording,
+                                           trace_name)
 from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, contention
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,31 +93,26 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         runs = []
         for _ in range(args.repeats):
             engine.generate(prompts, max_new_tokens=args.max_new_tokens)
-            meter = {k: v for k, v in contention(engine.timeline).items() if k != "busy"}
-            runs.append((engine.stats["tokens_per_s"], engine.timeline, dict(engine.stats, **meter)))
+            runs.append((engine.stats.tokens_per_s, engine.timeline, contention(engine.timeline)))
         device_name = engine.device.name
     # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
-    if all(r[2].get("device_cpu_share") is not None for r in runs):
-        _, timeline, stats = max(runs, key=lambda r: (not contention(r[1])["busy"],
+    if all(r[2]["device_cpu_share"] is not None for r in runs):
+        _, timeline, meter = max(runs, key=lambda r: (not r[2]["busy"],
                                                       min(r[2]["device_cpu_share"], r[2]["host_cpu_share"])))
         kept = (f"the least contended of {args.repeats} runs (not busy, then highest min(device, host) CPU "
                 f"share) after 1 warm-up")
     else:
         median = statistics.median_low([tps for tps, _, _ in runs])
-        _, timeline, stats = next(r for r in runs if r[0] == median)
+        _, timeline, meter = next(r for r in runs if r[0] == median)
         kept = f"median tokens/s of {args.repeats} runs after 1 warm-up"
-    meter = contention(timeline)
-    timeline.meta.update(
-        recorded=dict(command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
-                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
-                      workload=dict(requests=args.requests, max_new_tokens=args.max_new_tokens,
-                                    prompts="overlap_course.measure.bench.default_workload"),
-                      race_check=False, kept=kept, nice=os.nice(0),
-                      tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
-                      device_cpu_share_all_runs=[r[2].get("device_cpu_share") for r in runs],
-                      contention=meter),
-        stats=stats)
+    made = Recording(
+        command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
+        prompts="overlap_course.measure.bench.default_workload", race_check=False, kept=kept, nice=os.nice(0),
+        tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
+        device_cpu_share_all_runs=[r[2]["device_cpu_share"] for r in runs], contention=meter)
+    timeline.meta.annotations["recorded"] = asdict(made)
     return timeline, trace_name(mode, overhead, device_kind(device_name), args.drafts), bool(meter["busy"])
 
 
@@ -139,8 +137,8 @@ def main(argv=None) -> int:
     for overhead in args.host_overheads:
         for mode in args.modes:
             timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
-            c = timeline.meta["recorded"]["contention"]
-            print(f"{stem}: {timeline.meta['stats']['tokens_per_s']:.0f} tok/s, CPU share device "
+            c = recording(timeline).contention
+            print(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
                   f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs used "
                   f"{c['others_cpus']} CPUs, busy {c['busy']}")
             recorded.append((timeline, stem))

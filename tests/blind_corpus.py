@@ -2215,7 +2215,7 @@ def po_double_free_blocks(engine, step):
     engine.device.wait(step.sample_done)
     for req in engine.commit_outputs(step, engine.read_outputs(step)):
         if req.finished and req.num_inflight == 0:
-            engine.scheduler.blocks.free(list(req.blocks), owner=f"request {req.id}")
+            engine.scheduler.blocks.free(list(req.blocks), prompt=req.index)
             engine.scheduler.free(req)
 
 

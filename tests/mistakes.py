@@ -891,7 +891,7 @@ def process_double_free(engine, step):
     engine.device.wait(step.sample_done)
     for req in engine.commit_outputs(step, engine.read_outputs(step)):
         if req.finished and req.num_inflight == 0:
-            engine.scheduler.blocks.free(req.blocks, "me")
+            engine.scheduler.blocks.free(req.blocks, req.index)
             engine.scheduler.free(req)
 
 

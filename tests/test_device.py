@@ -84,23 +84,24 @@ def test_kernels_defined_at_run_time_reach_the_device_by_value(device):
 
 
 def test_race_checker_catches_reads_writes_and_freed_blocks(device):
-    device.launch(sleep_ms, 1, round=7, writes={"outbuf"}, reads={"inbuf"}, blocks={2})
+    device.launch(sleep_ms, 1, round=7, writes={"outbuf"}, reads={"inbuf"}, blocks={2}, owner=7)
     with pytest.raises(RaceError, match=r"'outbuf'.*round 7") as info:
         device.host("outbuf", "r")
     err = info.value
     assert (err.kind, err.buffer, err.access, err.round, err.launch) == ("buffer", "outbuf", "r", 7, "sleep_ms")
+    assert (err.owner, err.prompt) == (7, None)  # StepState(round=7) owns the results; no request's free
     with pytest.raises(RaceError, match=r"'inbuf'.*host write"):
         device.host("inbuf", "w")
     device.host("inbuf", "r")  # reading what the device only reads is fine
     with pytest.raises(RaceError, match=r"KV blocks \[2\].*round 7"):
-        device.races.on_free([2], owner="request 5")
+        device.races.on_free([2], prompt=5)
     device.wait(device.record_event())
     device.host("outbuf", "r")
-    device.races.on_free([3], owner="request 6")
-    with pytest.raises(RaceError, match=r"KV block 3.*request 6") as info:
+    device.races.on_free([3], prompt=6)
+    with pytest.raises(RaceError, match=r"KV block 3.*freed by prompt 6") as info:
         device.launch(sleep_ms, 1, round=8, blocks={3})
     err = info.value
-    assert (err.kind, err.blocks, err.round, err.launch, err.owner) == ("launch_on_free", [3], 8, "sleep_ms", "request 6")
+    assert (err.kind, err.blocks, err.round, err.launch, err.prompt) == ("launch_on_free", [3], 8, "sleep_ms", 6)
     device.races.on_alloc([3])
     device.launch(sleep_ms, 1, round=8, blocks={3})
     device.wait(device.record_event())
@@ -224,19 +225,20 @@ def test_every_free_is_recorded_even_when_refused(device):
     device.run_record = RunRecord()
     device.launch(sleep_ms, 20, round=1, stage="forward", blocks={3, 4})
     with pytest.raises(RaceError) as info:  # in use by the pending forward
-        device.free_blocks([3, 4], "prompt 0")
-    assert info.value.kind == "free_in_use"
+        device.free_blocks([3, 4], 0)
+    assert (info.value.kind, info.value.prompt) == ("free_in_use", 0)
     device.races.enabled = False                         # a learner turns the checker off ...
-    device.free_blocks([3, 4], "prompt 0")               # ... and the free goes through
+    device.free_blocks([3, 4], 0)                        # ... and the free goes through
     device.races.enabled = True
     with pytest.raises(RaceError) as info:               # a second free of the same blocks
-        device.free_blocks([4], "prompt 0", double=[4])
+        device.free_blocks([4], 0, double=[4])
     assert info.value.kind == "double_free"
     device.synchronize()
     refused, through, double = device.run_record.of(Free)
     assert refused.refused and refused.in_use == ((1, "forward"),)
     assert not through.refused and through.in_use == ((1, "forward"),)   # the record still sees the hazard
     assert double.refused and double.double == (4,)
+    assert {refused.prompt, through.prompt, double.prompt} == {0}
 
 
 def test_a_double_free_is_refused_even_with_race_checking_off(make_engine):

@@ -114,8 +114,8 @@ def test_timeline_spans_are_well_formed(make_engine):
     for r in rounds:
         assert {"forward", "sample"} <= {s.stage for s in device if s.round == r}
     st = engine.stats
-    assert st["rounds"] == len(rounds) and st["tokens"] == 100
-    assert 0 <= st["device_idle_fraction"] < 1 and st["device_busy_ms"] > 0
+    assert st.rounds == len(rounds) and st.tokens == 100 and engine.timeline.meta.stats is st
+    assert 0 <= st.device_idle_fraction < 1 and st.device_busy_ms > 0
     again = te.Timeline.from_json(engine.timeline.to_json())
     assert again.spans == spans
 

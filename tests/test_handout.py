@@ -103,12 +103,12 @@ def test_page_says_where_the_traces_come_from(built):
     page, _ = built
     provenance = unescape(re.sub(r"<[^>]+>", "", page.split('id="provenance">')[1].split("</div>")[0]))
     for mode in MODES:
-        rec = _raw(mode)["meta"]["recorded"]
+        rec = _raw(mode)["meta"]["annotations"]["recorded"]
         assert f"cpu_{mode}.json" in provenance
         assert rec["machine"]["node"] in provenance
         assert rec["date"][:16].replace("T", " ") in provenance
         assert f"commit {rec['commit'][:10]}" in provenance
-    assert _raw("serial")["meta"]["recorded"]["command"] in provenance
+    assert _raw("serial")["meta"]["annotations"]["recorded"]["command"] in provenance
 
 
 def test_figures_show_three_rounds_of_each_mode_and_the_flush(built):

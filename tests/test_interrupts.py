@@ -81,7 +81,7 @@ def reference(shipped):
     model, alphabet = shipped
     with te.Engine(te.EngineConfig(max_batch_size=4), model=model, tokenizer=te.CharTokenizer(alphabet)) as fresh:
         outs = fresh.generate(PROMPTS, max_new_tokens=NEW)
-        return [c.token_ids for c in outs], fresh.stats["tokens"], fresh.stats["rounds"]
+        return [c.token_ids for c in outs], fresh.stats.tokens, fresh.stats.rounds
 
 
 def _healthy(engine, reference):
@@ -90,7 +90,7 @@ def _healthy(engine, reference):
         warnings.simplefilter("ignore", RuntimeWarning)  # a device replaced after an interrupted start is fine
         outs = engine.generate(PROMPTS, max_new_tokens=NEW)
     assert [c.token_ids for c in outs] == tokens
-    assert (engine.stats["tokens"], engine.stats["rounds"]) == (count, rounds), "ghost requests ran too"
+    assert (engine.stats.tokens, engine.stats.rounds) == (count, rounds), "ghost requests ran too"
     assert not engine.scheduler.running and engine.scheduler.blocks.can_allocate(engine.config.num_kv_blocks)
 
 

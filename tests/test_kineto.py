@@ -3,7 +3,7 @@
 HTA (Meta's Holistic Trace Analysis, the course extra's ``holistictraceanalysis``) is run on the
 same files: on the shipped A100 traces our idle figures must equal its own within 1 percentage
 point, and on exports of a serial and a ZOS run its device idle must equal the course's
-``engine.stats["device_idle_fraction"]`` within 2 points (window: first device span start to
+``engine.stats.device_idle_fraction`` within 2 points (window: first device span start to
 last device span end, in both).
 """
 
@@ -23,7 +23,7 @@ from overlap_course.measure.contention import contention
 from overlap_course.traces import kineto
 from overlap_course.measure.bench import default_workload
 from overlap_course.traces.recorded import TRACES_DIR
-from toy_engine.timeline import Timeline
+from toy_engine.timeline import Timeline, TimelineMeta
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_CATS = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy")
@@ -100,8 +100,8 @@ def test_real_trace_as_a_course_timeline():
     assert tl.rounds() == [100]  # ProfilerStep#100
     device = tl.lane("device")
     assert [s.stage for s in device] == ["kernel", "kernel", "kernel", "memcpy", "kernel"]
-    assert all(s.owner.startswith("stream 7: ") for s in device)
-    waits = [s.owner for s in tl.lane("host") if s.stage == "wait"]
+    assert all(s.label.startswith("stream 7: ") and s.owner is None for s in device)
+    waits = [s.label for s in tl.lane("host") if s.stage == "wait"]
     assert waits == ["cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"]
     # the course's own idle counts kernels, memcpys and memsets only: the per-stream figure
     assert tl.device_idle_fraction() == pytest.approx(212 / 263)
@@ -185,7 +185,7 @@ def test_missing_file_and_wrong_argument(tmp_path):
     with pytest.raises(TypeError, match="takes a toy_engine Timeline"):
         kineto.export({"traceEvents": []})
     with pytest.raises(ValueError, match="no device spans"):
-        kineto.export(Timeline(meta={"mode": "serial"}))
+        kineto.export(Timeline(meta=TimelineMeta(mode="serial")))
 
 
 def test_gzip_is_told_by_content_and_plain_json_reads_too(tmp_path):
@@ -209,7 +209,7 @@ def runs(shipped):
         config = te.EngineConfig(mode=mode, device="cpu", host_overhead_ms=1.0)
         with te.Engine(config, model=model, tokenizer=te.CharTokenizer(alphabet)) as engine:
             engine.generate(default_workload(4), max_new_tokens=16)
-            out[mode] = (engine.timeline, dict(engine.stats))
+            out[mode] = (engine.timeline, engine.stats)
     return out
 
 
@@ -291,15 +291,15 @@ def test_export_reads_back_with_the_same_idle(runs, tmp_path):
         assert path.read_bytes()[:2] == b"\x1f\x8b"
         back = kineto.to_timeline(path)
         assert len(back.lane("device")) == len(tl.lane("device"))
-        assert back.device_idle_fraction() == pytest.approx(stats["device_idle_fraction"], abs=1e-4)
-        assert kineto.summary(path)["device_idle_fraction"] == pytest.approx(stats["device_idle_fraction"], abs=1e-4)
+        assert back.device_idle_fraction() == pytest.approx(stats.device_idle_fraction, abs=1e-4)
+        assert kineto.summary(path)["device_idle_fraction"] == pytest.approx(stats.device_idle_fraction, abs=1e-4)
 
 
 def _check_against_hta(tl: Timeline, path: Path, workdir: Path) -> dict:
     """Export ``tl``, run HTA on it, and require HTA's device idle to be the course's, same window."""
     kineto.export(tl, path)
     hta = _hta_figures(path, workdir)
-    ours = 100 * tl.device_idle_fraction()  # = engine.stats["device_idle_fraction"]
+    ours = 100 * tl.device_idle_fraction()  # = engine.stats.device_idle_fraction
     assert abs(hta["idle_pct"] - ours) <= 2.0, (path.name, hta["idle_pct"], ours)
     # the same window: HTA's kernel span is the run's first to last device span
     device = tl.lane("device")
@@ -312,7 +312,7 @@ def _check_against_hta(tl: Timeline, path: Path, workdir: Path) -> dict:
 def test_hta_on_exported_live_runs_agrees_with_the_course(runs, tmp_path):
     hta = {}
     for mode, (tl, stats) in runs.items():
-        assert tl.device_idle_fraction() == stats["device_idle_fraction"]
+        assert tl.device_idle_fraction() == stats.device_idle_fraction
         hta[mode] = _check_against_hta(tl, tmp_path / f"{mode}.json", tmp_path / "hta")
     # serial leaves the device waiting for the host: HTA calls most of its idle host_wait
     assert hta["serial"]["host_wait_share"] > 0.5, hta["serial"]

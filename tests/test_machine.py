@@ -79,7 +79,7 @@ def test_busy_warning_from_stats_and_timelines(monkeypatch):
     tl = Timeline(origin_ns=0)
     tl.add("device", "forward", 1, 0, 4, cpu_ms=1.0)
     assert "25% (run)" in machine.busy_warning({"run": tl})
-    assert "25% (pair)" in machine.busy_warning({"pair": (tl, {"tokens_per_s": 1.0})})
+    assert "25% (pair)" in machine.busy_warning({"pair": (tl, None)})
     # a bench's 4 modes x 3 repeats: a range and the worst run, not twelve entries
     many = {f"zos run {i}": {"device_cpu_share": 0.5 + 0.02 * i} for i in range(12)}
     summary = machine.busy_warning(many)
@@ -141,7 +141,7 @@ def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded
         with te.Engine(te.EngineConfig(mode=mode, host_overhead_ms=2.0), model=model,
                        tokenizer=te.CharTokenizer(alphabet)) as engine:
             engine.generate(bench.default_workload(4), max_new_tokens=16)
-            runs[mode] = (engine.timeline, dict(engine.stats))
+            runs[mode] = (engine.timeline, engine.stats)
     import contextlib
     import io
 

@@ -12,7 +12,8 @@ import toy_engine as te
 from toy_engine import kernels
 from overlap_course import checks
 from overlap_course.checks import lesson00, lesson03
-from toy_engine.stats import ideal_ratio
+from overlap_course.measure.bench import ideal_ratio
+from toy_engine.runinfo import RunStats
 from toy_engine.timeline import Timeline
 
 # Inputs a learner might type by accident; no check may raise on any of them.
@@ -407,7 +408,7 @@ def synthetic_zos_timeline(decode_rounds=4):
     tl = Timeline()
     t = [0.0]
 
-    def host(stage, r, ms=0.1, owner=""):
+    def host(stage, r, ms=0.1, owner=None):
         tl.add("host", stage, r, t[0], t[0] + ms, owner)
         t[0] += ms
 
@@ -417,15 +418,15 @@ def synthetic_zos_timeline(decode_rounds=4):
         host("launch_forward", r)
         tl.add("device", "forward", r, t[0], t[0] + 3.0)
         if r >= 2:
-            host("wait", r - 1, 0.5, f"StepState(round={r - 1})")
-            host("postprocess", r - 1, 0.1, f"StepState(round={r - 1})")
+            host("wait", r - 1, 0.5, r - 1)
+            host("postprocess", r - 1, 0.1, r - 1)
         host("launch_sample", r)
         tl.add("device", "sample", r, t[0] + 3.0, t[0] + 3.3)
         if r == 0:
-            host("wait", 0, 3.3, "StepState(round=0)")
-            host("postprocess", 0, 0.1, "StepState(round=0)")
+            host("wait", 0, 3.3, 0)
+            host("postprocess", 0, 0.1, 0)
     host("schedule", decode_rounds + 1)
-    host("flush", decode_rounds, 0.5, f"StepState(round={decode_rounds})")
+    host("flush", decode_rounds, 0.5, decode_rounds)
     return tl
 
 
@@ -616,10 +617,18 @@ def test_future_inputs_on_a_real_zos_round(engine_pool):
 
 # ---- 03b: the ideal speed-up from the serial run's own times ------------------------------
 
-SERIAL_STATS = {"mean_host_ms_per_round": 0.5, "mean_device_ms_per_round": 4.5,
-                "decode_device_idle_fraction": 0.15, "tokens_per_s": 1500.0}
-ZOS_STATS = {"mean_host_ms_per_round": 0.9, "mean_device_ms_per_round": 4.6,
-             "decode_device_idle_fraction": 0.04, "tokens_per_s": 1776.0}
+def _stats(host_ms: float, device_ms: float, decode_idle: float, tokens_per_s: float) -> RunStats:
+    """A run's stats with the numbers check_ideal_ratio reads; the rest plausible."""
+    return RunStats(rounds=21, wall_ms=100.0, device_busy_ms=90.0, device_idle_fraction=decode_idle,
+                    mean_host_ms_per_round=host_ms, mean_device_ms_per_round=device_ms, tokens=150,
+                    tokens_per_s=tokens_per_s, prefill_rounds=1, decode_rounds=20,
+                    decode_device_idle_fraction=decode_idle,
+                    draft_tokens_proposed=0, draft_tokens_accepted=0, mean_accepted_per_round=0.0,
+                    tokens_per_forward=7.0, discarded_outputs=0)
+
+
+SERIAL_STATS = _stats(0.5, 4.5, 0.15, 1500.0)
+ZOS_STATS = _stats(0.9, 4.6, 0.04, 1776.0)
 
 
 @pytest.mark.parametrize("answer", [5.0 / 4.5, 1.11, 1.111, 1 + 0.5 / 4.5, np.float32(1.11), torch.tensor(1.11),
@@ -652,13 +661,14 @@ def test_ideal_ratio_rejects(answer, category, phrase):
 
 
 def test_ideal_ratio_when_the_host_is_the_bottleneck():
-    stats = {"mean_host_ms_per_round": 4.0, "mean_device_ms_per_round": 2.0}
+    stats = _stats(4.0, 2.0, 0.15, 1500.0)
     assert "host" in checks.check_ideal_ratio(1.5, stats).message
     rejects(checks.check_ideal_ratio(3.0, stats), "divides_by_smaller", "divide by the larger")
 
 
 def test_ideal_ratio_matches_the_bench_formula():
-    assert ideal_ratio(SERIAL_STATS) == pytest.approx(5.0 / 4.5)
+    assert ideal_ratio(SERIAL_STATS.mean_host_ms_per_round,
+                       SERIAL_STATS.mean_device_ms_per_round) == pytest.approx(5.0 / 4.5)
 
 
 # ---- every check: unanswered stubs and junk never raise ---------------------------------
@@ -835,7 +845,7 @@ def test_discarded_judges_the_run(scenario, engine_pool):
     mode, kw, want, wrong = DISCARD_SCENARIOS[scenario]
     engine = engine_pool(mode=mode, max_batch_size=4)
     engine.generate(PROMPTS_05, **kw)
-    assert engine.stats["discarded_outputs"] == want, "the scenario's count changed: update the corpus"
+    assert engine.stats.discarded_outputs == want, "the scenario's count changed: update the corpus"
     for right in (want, np.int64(want), torch.tensor(want)):
         assert checks.check_discarded(right, engine).passed, right
     for value, category, phrase in wrong:
@@ -852,10 +862,10 @@ def test_length_limit_extra_step_only_with_drafts(engine_pool):
     for max_new in (5, 24, 48):
         plain = engine_pool(mode="zos", max_batch_size=8)
         plain.generate(workload, max_new_tokens=max_new)
-        assert plain.stats["discarded_outputs"] == 0, max_new
+        assert plain.stats.discarded_outputs == 0, max_new
     spec = engine_pool(mode="zos", max_batch_size=8, num_draft_tokens=4)
     spec.generate(workload, max_new_tokens=48)
-    discarded = spec.stats["discarded_outputs"]
+    discarded = spec.stats.discarded_outputs
     assert discarded > 0
     assert checks.check_discarded(discarded, spec).passed
     rejects(checks.check_discarded(0, spec), "missed_extra_step", "under ZOS")
@@ -953,7 +963,7 @@ def test_05_stubs_and_junk_never_raise(launches, engine_pool, single_buffer_race
 def _fake_run(discarded=1):
     """What check_discarded reads off an engine, without a device: a ZOS run with one stop."""
     from types import SimpleNamespace
-    return SimpleNamespace(stats={"discarded_outputs": discarded},
+    return SimpleNamespace(stats=SimpleNamespace(discarded_outputs=discarded),
                            config=SimpleNamespace(mode="zos", num_draft_tokens=0),
                            requests=[SimpleNamespace(finish_reason=r) for r in ("stop", "length", "length")])
 

@@ -90,7 +90,7 @@ def _stub_calls() -> dict:
 
     from toy_engine.timeline import Timeline
 
-    run = SimpleNamespace(timeline=Timeline(), stats={"device_idle_fraction": 0.0})
+    run = SimpleNamespace(timeline=Timeline(), stats=SimpleNamespace(device_idle_fraction=0.0))
     one = (None,)
     return {
         "check_done_after_wait": one, "check_race": (None, None), "check_race_fixed": (None, None),

@@ -7,6 +7,7 @@ greedy tokens as a fresh one (``assert_healthy``).
 
 import dataclasses
 import gc
+import json
 import math
 import multiprocessing.connection as mpc
 import os
@@ -381,7 +382,7 @@ def test_dropping_the_last_reference_stops_the_device_without_gc(shipped):
 # ---- 18. Timeline.from_json says what it could not read ---------------------------
 
 def test_timeline_from_json_is_strict_and_says_what_it_read(tmp_path):
-    tl = te.Timeline(meta={"mode": "zos"})
+    tl = te.Timeline(meta=te.TimelineMeta(mode="zos"))
     tl.add("host", "schedule", 0, 0.0, 1.0)
     text = tl.to_json()
     with pytest.raises(ValueError, match="empty string"):
@@ -393,7 +394,7 @@ def test_timeline_from_json_is_strict_and_says_what_it_read(tmp_path):
     with pytest.raises(ValueError, match="unsupported timeline version True"):
         te.Timeline.from_json(text.replace('"version": 1', '"version": true'))
     with pytest.raises(ValueError, match=r"span 0 has unknown field\(s\) \['colour'\]"):
-        te.Timeline.from_json(text.replace('"owner": ""', '"owner": "", "colour": "red"'))
+        te.Timeline.from_json(text.replace('"label": ""', '"label": "", "colour": "red"'))
     with pytest.raises(ValueError, match="cannot read timeline file 'no such file'.*read as a path"):
         te.Timeline.from_json("no such file")
     with pytest.raises(TypeError, match="JSON text .* or a path .* got int"):
@@ -577,44 +578,89 @@ def _timeline_json(meta: str) -> str:
     return '{"version": 1, "origin_ns": 0, "meta": %s, "spans": []}' % meta
 
 
+def _stats_json(**change) -> str:
+    stats = dict(rounds=3, wall_ms=1.0, device_busy_ms=1.0, device_idle_fraction=0.0, mean_host_ms_per_round=1.0,
+                 mean_device_ms_per_round=1.0, tokens=3, tokens_per_s=3e3, prefill_rounds=1, decode_rounds=2,
+                 decode_device_idle_fraction=0.0, draft_tokens_proposed=0, draft_tokens_accepted=0,
+                 mean_accepted_per_round=0.0, tokens_per_forward=1.0, discarded_outputs=0)
+    return json.dumps({"stats": dict(stats, **change)})
+
+
+def _annotated(**annotations):
+    """A timeline whose course annotations are ``annotations`` (JSON values)."""
+    return te.Timeline.from_json(_timeline_json(json.dumps({"annotations": annotations})))
+
+
+def _recording_json(**change) -> dict:
+    from overlap_course.traces.recorded import load_trace, recording
+
+    return dict(dataclasses.asdict(recording(load_trace("cpu_zos"))), **change)
+
+
+def _machine_load(timeline):
+    from overlap_course.measure.contention import machine_load
+
+    return machine_load(timeline)
+
+
+def _recording(timeline):
+    from overlap_course.traces.recorded import recording
+
+    return recording(timeline)
+
+
 @pytest.mark.parametrize("make, error, match", [
     (lambda: te.Timeline.from_json("[" * 10**5 + "]" * 10**5), ValueError, r"nested too deeply"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": 5}')), ValueError,
-     r"timeline JSON text: timeline meta\['machine_load'\] must be an object, got int"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": [1]}')), ValueError,
-     r"meta\['recorded'\] must be an object, got list"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"stats": 1}')), ValueError, r"meta\['stats'\] must be an object"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"stats": {"tokens_per_s": "fast"}}')), ValueError,
-     r"meta\['stats'\] values must be numbers"),
+    # the engine's own fields, when the timeline is read
+    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": {}}')), ValueError,
+     r"timeline JSON text: timeline meta has unknown field\(s\) \['machine_load'\]; its fields are .*'annotations'"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": 1}')), ValueError,
+     r"meta\['stats'\] must be an object or null, got int"),
+    (lambda: te.Timeline.from_json(_timeline_json(_stats_json(tokens_per_s="fast"))), ValueError,
+     r"meta\['stats'\]\['tokens_per_s'\] must be a number, got str"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"stats": {"tokens_per_s": 1.0}}')), ValueError,
+     r"meta\['stats'\] is missing field\(s\) \['rounds', 'wall_ms'"),
     (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": 3}')), ValueError,
-     r"meta\['prefill_rounds'\] must be a list"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": {"others_cpus": "x"}}')), ValueError,
-     r"others_cpus'\] must be a number or null"),
-    (lambda: te.Timeline.from_json(_timeline_json('{"recorded": {"machine": "x"}}')), ValueError,
-     r"meta\['recorded'\]\['machine'\] must be an object"),
-    (lambda: te.Timeline(meta=[1]), TypeError, r"Timeline meta must be a dict, got list"),
+     r"meta\['prefill_rounds'\] must be a list, got int"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": [true]}')), ValueError,
+     r"meta\['prefill_rounds'\]\[0\] must be an integer, got bool"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"workload": {"requests": 2, "max_new_tokens": "8", '
+                                                  '"temperature": 0}}')), ValueError,
+     r"meta\['workload'\]\['max_new_tokens'\] must be an integer, got str"),
+    (lambda: te.Timeline.from_json(_timeline_json('{"annotations": [1]}')), ValueError,
+     r"meta\['annotations'\] must be an object, got list"),
+    (lambda: te.Timeline(meta={"mode": "zos"}), TypeError, r"Timeline meta must be a TimelineMeta, got dict"),
+    # the course's annotations, when the course reads them
+    (lambda: _machine_load(_annotated(machine_load=5)), ValueError,
+     r"timeline meta\['annotations'\]\['machine_load'\] must be an object, got int"),
+    (lambda: _machine_load(_annotated(machine_load={"cpus": 2, "wall_s": 1.0, "others_cpus": "x"})), ValueError,
+     r"others_cpus'\] must be a number or null, got str"),
+    (lambda: _recording(_annotated(recorded=[1])), ValueError, r"\['recorded'\] must be an object, got list"),
+    (lambda: _recording(_annotated(recorded=_recording_json(machine="x"))), ValueError,
+     r"\['recorded'\]\['machine'\] must be an object, got str"),
 ])
 def test_timeline_junk_gets_a_short_sentence(make, error, match):
-    """summary, contention, busy_warning and compare_figure read meta's machine_load and
-    recorded: a timeline is refused when they have other types (AttributeError later)."""
+    """The engine refuses junk in its own meta fields when a timeline is read, the course's
+    readers (machine_load, recording) junk in their annotations when they read them: a
+    sentence naming the field, never an AttributeError or TypeError later."""
     with pytest.raises(error, match=match) as info:
         make()
     assert len(str(info.value)) <= 600, f"a {len(str(info.value))}-character message"
 
 
 def test_a_well_formed_meta_still_loads_and_draws():
-    """The meta checks of from_json accept what the engine writes."""
+    """The meta checks of from_json accept what the engine and the course write."""
     from overlap_course import figures
+    from overlap_course.measure.contention import contention
     from overlap_course.measure.machine import busy_warning
 
-    tl = te.Timeline(meta={"mode": "zos"})
+    tl = te.Timeline(meta=te.TimelineMeta(mode="zos"))
     tl.add("device", "forward", 0, 0.0, 1.0, cpu_ms=1.0)
-    tl.meta["machine_load"] = {"cpus": 2, "wall_s": 1.0, "others_cpus": 0.1}
+    tl.meta.annotations["machine_load"] = {"cpus": 2, "wall_s": 1.0, "others_cpus": 0.1}
     good = te.Timeline.from_json(tl.to_json())
-    from overlap_course.measure.contention import contention
+    assert good.meta == tl.meta
     assert contention(good)["others_cpus"] == 0.1 and busy_warning({"a": good}) is None
     figures.compare_figure({"a": good})
-
 
 
 @pytest.mark.parametrize("call, match", [

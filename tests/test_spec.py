@@ -129,7 +129,7 @@ def test_drafts_are_accepted_often_and_counted(spec_engines):
     engine = spec_engines("zos", 4, 8)
     engine.generate(default_workload(16), max_new_tokens=96)
     st_ = engine.stats
-    assert st_["draft_tokens_proposed"] > 0
-    assert 0 < st_["draft_tokens_accepted"] <= st_["draft_tokens_proposed"]
-    assert st_["mean_accepted_per_round"] >= 1.0, st_["mean_accepted_per_round"]
-    assert st_["tokens_per_forward"] > 8  # more than one token per request per forward
+    assert st_.draft_tokens_proposed > 0
+    assert 0 < st_.draft_tokens_accepted <= st_.draft_tokens_proposed
+    assert st_.mean_accepted_per_round >= 1.0, st_.mean_accepted_per_round
+    assert st_.tokens_per_forward > 8  # more than one token per request per forward

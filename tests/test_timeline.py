@@ -7,16 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toy_engine.timeline import DEVICE_STAGES, HOST_STAGES, PROCESS_STAGES, Span, Stage, Timeline
+from toy_engine.runinfo import RunStats, Workload
+from toy_engine.timeline import (DEVICE_STAGES, HOST_STAGES, PROCESS_STAGES, Span, Stage, Timeline, TimelineMeta,
+                                 owner_name)
 
 
 def handmade() -> Timeline:
     """Device [0,2],[3,5],[5,6],[8,9] (rounds 0,1,1,2) plus some host spans."""
-    tl = Timeline(origin_ns=1_000, meta={"mode": "overlap", "num_draft_tokens": 0})
+    tl = Timeline(origin_ns=1_000, meta=TimelineMeta(mode="zos", num_draft_tokens=0))
     tl.add("device", "forward", 0, 0, 2)
     tl.add("device", "forward", 1, 3, 5)
     tl.add("device", "sample", 1, 5, 6)
-    tl.add("device", "forward", 2, 8, 9, owner="StepState(round=2)")
+    tl.add("device", "forward", 2, 8, 9, owner=2)
     # host: round 0 schedule+prepare overlap -> union 1.5; wait is excluded.
     tl.add("host", "schedule", 0, -1, 0)
     tl.add("host", "prepare", 0, -0.5, 0.5)
@@ -62,6 +64,24 @@ def test_span_negative_round_and_empty_stage():
         Span("host", "prepare", -1, 0.0, 1.0)
     with pytest.raises(ValueError, match="stage"):
         Span("host", "", 0, 0.0, 1.0)
+
+
+def test_owner_is_a_round_number_and_text_goes_in_label():
+    span = Span("host", "wait", 3, 0.0, 1.0, owner=3)
+    assert owner_name(span.owner) == "StepState(round=3)" and owner_name(None) == ""
+    assert Span("host", "cudaLaunchKernel", 0, 0.0, 1.0, label="stream 7: gemm").label == "stream 7: gemm"
+    for bad in ("StepState(round=3)", -1, True, 2.0):
+        with pytest.raises(ValueError, match="owner must be the number of the round .* goes in label"):
+            Span("host", "wait", 3, 0.0, 1.0, owner=bad)
+    with pytest.raises(ValueError, match="label must be a string"):
+        Span("host", "wait", 3, 0.0, 1.0, label=None)
+
+
+def test_a_trace_with_owner_strings_is_refused_with_a_sentence():
+    tl = handmade()
+    text = tl.to_json().replace('"owner": 2', '"owner": "StepState(round=2)"')
+    with pytest.raises(ValueError, match=r"span 3 is invalid: Span owner must be .* got 'StepState\(round=2\)'"):
+        Timeline.from_json(text)
 
 
 def test_span_duration_and_float_normalisation():
@@ -135,6 +155,14 @@ def _assert_same(a: Timeline, b: Timeline):
 
 def test_json_round_trip_string_and_file(tmp_path):
     tl = handmade()
+    tl.meta.workload = Workload(requests=2, max_new_tokens=8, temperature=0.5)
+    tl.meta.prefill_rounds = [0]
+    tl.meta.stats = RunStats(rounds=3, wall_ms=10.0, device_busy_ms=6.0, device_idle_fraction=1 / 3,
+                             mean_host_ms_per_round=1.5, mean_device_ms_per_round=2.0, tokens=6, tokens_per_s=600.0,
+                             prefill_rounds=1, decode_rounds=2, decode_device_idle_fraction=0.25,
+                             draft_tokens_proposed=0, draft_tokens_accepted=0, mean_accepted_per_round=0.0,
+                             tokens_per_forward=2.0, discarded_outputs=1)
+    tl.meta.annotations["course"] = {"any": ["json", 1, None]}
     tl.add("host", "overhead", 3, 0.1 + 0.2, 1 / 3)  # awkward floats
     text = tl.to_json()
     assert json.loads(text)["version"] == 1
@@ -171,14 +199,14 @@ def test_from_json_missing_file(tmp_path):
 
 def test_host_span_records_even_on_error():
     tl = Timeline()
-    with tl.host_span("prepare", 0, owner="StepState(round=0)"):
+    with tl.host_span("prepare", 0, owner=0):
         pass
     with pytest.raises(RuntimeError):
         with tl.host_span("postprocess", 0):
             raise RuntimeError("boom")
     assert [s.stage for s in tl.spans] == ["prepare", "postprocess"]
     assert all(s.lane == "host" and s.duration_ms >= 0 for s in tl.spans)
-    assert tl.spans[0].owner == "StepState(round=0)"
+    assert tl.spans[0].owner == 0 and owner_name(tl.spans[0].owner) == "StepState(round=0)"
 
 
 def test_add_device_ns_uses_shared_clock():

@@ -1,5 +1,6 @@
 """Figures drawn from timelines (overlap_course.figures): fast, no browser."""
 
+import dataclasses
 import re
 
 import pytest
@@ -10,8 +11,8 @@ import toy_engine as te  # noqa: E402
 from overlap_course import figures  # noqa: E402
 from overlap_course.figures import layout, palette  # noqa: E402
 from overlap_course.figures.rounds import common_first_round, decode_rounds  # noqa: E402
-from overlap_course.traces.recorded import TRACES_DIR  # noqa: E402
-from toy_engine.timeline import Span, Timeline  # noqa: E402
+from overlap_course.traces.recorded import TRACES_DIR, recording  # noqa: E402
+from toy_engine.timeline import Span, Timeline, TimelineMeta  # noqa: E402
 
 
 def zos_timeline() -> Timeline:
@@ -20,25 +21,24 @@ def zos_timeline() -> Timeline:
     Device gaps: 9.5-12.2 (host prepares r1 after processing the prefill) and
     24.0-24.5 (upload r3 waits for the host).  Round 4 only schedules (nothing left).
     """
-    tl = Timeline(origin_ns=0, meta=dict(mode="zos", device="hand", prefill_rounds=[0]))
-    own = "StepState(round={})".format
+    tl = Timeline(origin_ns=0, meta=TimelineMeta(mode="zos", device="hand", prefill_rounds=[0]))
     H = [  # host: stage, round, start, end, owner
-        ("schedule", 0, 0, 1, ""), ("prepare", 0, 1, 2, ""), ("launch_forward", 0, 2, 2.5, ""),
-        ("launch_sample", 0, 2.5, 3, ""), ("wait", 0, 3, 10, own(0)), ("postprocess", 0, 10, 11, own(0)),
-        ("schedule", 1, 11, 11.5, ""), ("prepare", 1, 11.5, 12.5, ""), ("launch_forward", 1, 12.5, 13, ""),
-        ("launch_sample", 1, 13, 13.5, ""),
-        ("schedule", 2, 13.5, 14, ""), ("prepare", 2, 14, 15, ""), ("launch_forward", 2, 15, 15.5, ""),
-        ("wait", 1, 15.5, 18, own(1)), ("postprocess", 1, 18.2, 19.2, own(1)), ("launch_sample", 2, 19.2, 19.6, ""),
-        ("schedule", 3, 19.6, 20, ""), ("prepare", 3, 20, 21, ""), ("launch_forward", 3, 21, 21.5, ""),
-        ("wait", 2, 21.5, 24, own(2)), ("postprocess", 2, 24.1, 25, own(2)), ("launch_sample", 3, 25, 25.5, ""),
-        ("schedule", 4, 25.5, 26, ""), ("wait", 3, 26, 30, own(3)), ("flush", 3, 30.2, 31, own(3)),
+        ("schedule", 0, 0, 1, None), ("prepare", 0, 1, 2, None), ("launch_forward", 0, 2, 2.5, None),
+        ("launch_sample", 0, 2.5, 3, None), ("wait", 0, 3, 10, 0), ("postprocess", 0, 10, 11, 0),
+        ("schedule", 1, 11, 11.5, None), ("prepare", 1, 11.5, 12.5, None), ("launch_forward", 1, 12.5, 13, None),
+        ("launch_sample", 1, 13, 13.5, None),
+        ("schedule", 2, 13.5, 14, None), ("prepare", 2, 14, 15, None), ("launch_forward", 2, 15, 15.5, None),
+        ("wait", 1, 15.5, 18, 1), ("postprocess", 1, 18.2, 19.2, 1), ("launch_sample", 2, 19.2, 19.6, None),
+        ("schedule", 3, 19.6, 20, None), ("prepare", 3, 20, 21, None), ("launch_forward", 3, 21, 21.5, None),
+        ("wait", 2, 21.5, 24, 2), ("postprocess", 2, 24.1, 25, 2), ("launch_sample", 3, 25, 25.5, None),
+        ("schedule", 4, 25.5, 26, None), ("wait", 3, 26, 30, 3), ("flush", 3, 30.2, 31, 3),
     ]
     D = [
-        ("upload", 0, 2, 3, ""), ("forward", 0, 3, 8, ""), ("sample", 0, 8, 9.5, own(0)),
-        ("upload", 1, 12.2, 12.6, ""), ("forward", 1, 12.6, 17, ""), ("sample", 1, 17, 18, own(1)),
-        ("upload", 2, 18, 18.4, ""), ("forward", 2, 18.4, 23, ""), ("sample", 2, 23, 24, own(2)),
-        ("upload", 3, 24.5, 25, ""), ("correct", 3, 25, 25.2, ""), ("forward", 3, 25.2, 29, ""),
-        ("sample", 3, 29, 30, own(3)),
+        ("upload", 0, 2, 3, None), ("forward", 0, 3, 8, None), ("sample", 0, 8, 9.5, 0),
+        ("upload", 1, 12.2, 12.6, None), ("forward", 1, 12.6, 17, None), ("sample", 1, 17, 18, 1),
+        ("upload", 2, 18, 18.4, None), ("forward", 2, 18.4, 23, None), ("sample", 2, 23, 24, 2),
+        ("upload", 3, 24.5, 25, None), ("correct", 3, 25, 25.2, None), ("forward", 3, 25.2, 29, None),
+        ("sample", 3, 29, 30, 3),
     ]
     for lane, rows in (("host", H), ("device", D)):
         for stage, rnd, a, b, owner in rows:
@@ -64,7 +64,7 @@ def test_default_window_is_first_steady_decode_round():
     tl = zos_timeline()
     assert decode_rounds(tl) == [1, 2, 3]
     assert figures.default_first_round(tl) == 2
-    tl.meta.pop("prefill_rounds")  # without meta: every forward round counts as decode
+    tl.meta.prefill_rounds = []  # none known: every forward round counts as decode
     assert figures.default_first_round(tl) == 1
     assert figures.default_first_round(Timeline(origin_ns=0)) == 0
 
@@ -167,7 +167,7 @@ def test_json_round_trip_draws_the_same_figure():
 def test_shipped_traces_draw(name):
     assert name in figures.available_traces()
     tl = figures.load_trace(name)
-    assert tl.meta["mode"] == name.split("_")[1] and "recorded" in tl.meta and "tokens_per_s" in tl.meta["stats"]
+    assert tl.meta.mode == name.split("_")[1] and recording(tl) is not None and tl.meta.stats.tokens_per_s > 0
     assert (TRACES_DIR / f"{name}.json").stat().st_size < 200_000
     fig = figures.timeline_figure(tl)
     first = figures.default_first_round(tl)
@@ -183,7 +183,8 @@ def test_shipped_traces_draw(name):
 
 def test_compare_figure():
     serial, zos = figures.load_trace("cpu_serial"), figures.load_trace("cpu_zos")
-    fig = figures.compare_figure({"serial": serial, "zos": (zos, {"tokens_per_s": 1234.5})})
+    faster = dataclasses.replace(zos.meta.stats, tokens_per_s=1234.5)
+    fig = figures.compare_figure({"serial": serial, "zos": (zos, faster)})
     assert fig.layout.xaxis.matches == "x2"  # one time axis for both rows (the bottom one)
     ys = {t.yaxis for t in fig.data}
     assert ys == {"y", "y2"}
@@ -191,7 +192,7 @@ def test_compare_figure():
     assert len(titles) == 2 and "serial" in titles[0] and "zos" in titles[1]
     assert all(re.search(r"device idle [\d.]+ ms .*\(\d+\.\d%\).*run decode idle \d+\.\d%", t) for t in titles)
     assert "1234 tok/s" in titles[1] or "1235 tok/s" in titles[1]
-    assert f"{serial.meta['stats']['tokens_per_s']:.0f} tok/s" in titles[0]  # from the recorded meta
+    assert f"{serial.meta.stats.tokens_per_s:.0f} tok/s" in titles[0]  # from the recorded meta
     # Each row's window starts at 0; arrows refer to their own subplot's axes.
     for ax in ("y", "y2"):
         row = [t for t in fig.data if t.yaxis == ax and (t.meta or {}).get("kind") == "span"]
@@ -235,7 +236,7 @@ def test_explorer_headless():
         ex.mode.value, ex.batch_size.value, ex.num_requests.value = "zos", 2, 3
         stats = ex.run()
         engines.append(ex.engine)
-        assert stats["tokens"] == 3 * 6 and ex.timeline.meta["mode"] == "zos"
+        assert stats.tokens == 3 * 6 and ex.timeline.meta.mode == "zos"
         assert kind(ex.figure, "span") and "tokens/s" in ex.readout.value and "idle" in ex.readout.value
         first = figures.default_first_round(ex.timeline)
         assert ex.round_slider.value == first and ex.round_slider.max == ex.timeline.rounds()[-1]
@@ -265,7 +266,7 @@ def test_explorer_headless():
             engines.append(ex.engine)
             assert engines[-1] is not engines[-2] and not _alive(engines[-2])
             assert "Error" not in ex.readout.value
-        assert ex.timeline.meta["mode"] == "serial" and ex.timeline.meta["num_draft_tokens"] == 2
+        assert ex.timeline.meta.mode == "serial" and ex.timeline.meta.num_draft_tokens == 2
         assert ex.figure is widget  # redrawn in place, never replaced
     finally:
         ex.close()
@@ -294,9 +295,9 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
         pytest.skip(f"no trace recorded at {overhead:g} ms host overhead is shipped yet "
                     f"(scripts/record_traces.py refuses to record one on a busy machine)")
     runs = recorded_runs(overhead)
-    assert set(runs) == {"serial", "zos"} and runs["zos"].meta["host_overhead_ms"] == overhead
-    fast, slow = sorted(runs.values(), key=lambda tl: -tl.meta["stats"]["tokens_per_s"])
-    assert fast.meta["mode"] == "zos", "the recorded quiet-machine ZOS run must be the faster one"
+    assert set(runs) == {"serial", "zos"} and runs["zos"].meta.host_overhead_ms == overhead
+    fast, slow = sorted(runs.values(), key=lambda tl: -tl.meta.stats.tokens_per_s)
+    assert fast.meta.mode == "zos", "the recorded quiet-machine ZOS run must be the faster one"
     common = sorted(set(_decode_triples(fast)) & set(_decode_triples(slow)))
     assert len(common) >= 10
     longer = []
@@ -345,7 +346,7 @@ def test_round_window_rejects_bad_ranges():
 def busy_timeline(share: float, mode: str = "zos") -> Timeline:
     """zos_timeline with CPU times: every device span got ``share`` of its wall time."""
     tl = zos_timeline()
-    tl.meta.update(mode=mode, device="cpu-process")
+    tl.meta.mode, tl.meta.device = mode, "cpu-process"
     tl.spans = [Span(s.lane, s.stage, s.round, s.start_ms, s.end_ms, s.owner,
                      s.duration_ms * (share if s.lane == "device" else 1.0)) for s in tl.spans]
     return tl
@@ -602,10 +603,10 @@ def test_recorded_traces_are_the_workload_the_notebooks_compare_them_with():
     from overlap_course.traces.recorded import RECORDED_WORKLOAD
 
     for name in figures.available_traces():
-        w = figures.load_trace(name).meta["recorded"]["workload"]
-        assert (w["requests"], w["max_new_tokens"]) == (RECORDED_WORKLOAD["requests"],
-                                                        RECORDED_WORKLOAD["max_new_tokens"]), name
-        assert figures.load_trace(name).meta["max_batch_size"] == RECORDED_WORKLOAD["batch_size"], name
+        w = figures.load_trace(name).meta.workload
+        assert (w.requests, w.max_new_tokens) == (RECORDED_WORKLOAD["requests"],
+                                                  RECORDED_WORKLOAD["max_new_tokens"]), name
+        assert figures.load_trace(name).meta.max_batch_size == RECORDED_WORKLOAD["batch_size"], name
     for nb, requests, new_tokens, _ in _live_bench_calls():
         assert (requests, new_tokens) == (RECORDED_WORKLOAD["requests"], RECORDED_WORKLOAD["max_new_tokens"]), nb
 
@@ -620,7 +621,7 @@ def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
                 drafts = 4 if "spec" in fast else 0
                 runs = recorded_runs(0.0, drafts=drafts)
                 assert set(runs) == {"serial", "zos"}, (nb, fast)
-                assert all(tl.meta["num_draft_tokens"] == drafts for tl in runs.values()), (nb, fast)
+                assert all(tl.meta.num_draft_tokens == drafts for tl in runs.values()), (nb, fast)
                 text = bench.recorded_comparison_text(0.0, drafts=drafts)
                 assert text.startswith("RECORDED") and ("+spec " in text) == bool(drafts), text
 
@@ -628,9 +629,8 @@ def test_every_mode_a_notebook_benchmarks_has_a_recorded_fallback():
 def test_a_recorded_fallback_for_another_workload_says_so():
     from overlap_course.measure import bench
 
-    w = figures.load_trace("cpu_zos").meta["recorded"]["workload"]
-    same = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w["requests"],
-                                                             max_new_tokens=w["max_new_tokens"]))
-    other = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w["requests"] + 1, max_new_tokens=96))
+    w = figures.load_trace("cpu_zos").meta.workload
+    same = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w.requests, max_new_tokens=w.max_new_tokens))
+    other = bench.recorded_comparison_text(0.0, workload=dict(num_requests=w.requests + 1, max_new_tokens=96))
     assert "different workload" not in same
-    assert "different workload" in other and f"{w['requests'] + 1} requests x 96" in other
+    assert "different workload" in other and f"{w.requests + 1} requests x 96" in other

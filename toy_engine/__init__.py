@@ -15,8 +15,10 @@ from .engine import Engine
 from .model import GPTConfig, TinyGPT, load_model
 from .races import RaceError
 from .run import EngineStalled, StepState
+from .runinfo import RunStats, TimelineMeta, Workload
 from .sequence import Completion
-from .timeline import Span, Stage, Timeline
+from .timeline import Span, Stage, Timeline, owner_name
 
-__all__ = ["CharTokenizer", "Completion", "DeviceError", "Engine", "EngineConfig", "EngineStalled",
-           "GPTConfig", "RaceError", "Span", "Stage", "StepState", "Timeline", "TinyGPT", "load_model", "loops"]
+__all__ = ["CharTokenizer", "Completion", "DeviceError", "Engine", "EngineConfig", "EngineStalled", "GPTConfig",
+           "RaceError", "RunStats", "Span", "Stage", "StepState", "Timeline", "TimelineMeta", "TinyGPT", "Workload",
+           "load_model", "loops", "owner_name"]

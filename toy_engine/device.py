@@ -93,11 +93,11 @@ class Device:
         self.run_record = RunRecord()  # what the current run did; the engine gives it a new one per run
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
-               blocks=(), record_event: bool = False, owner: str | None = None) -> Event | None:
+               blocks=(), record_event: bool = False, owner: int | None = None) -> Event | None:
         """Queue ``kernel(ctx, *args)`` on the stream; returns before it runs.
 
         ``reads``/``writes`` name the host buffers it uses, ``blocks`` the KV-cache blocks
-        it touches; ``stage`` is its name on the timeline; ``owner`` who owns its results.
+        it touches; ``stage`` is its name on the timeline; ``owner`` the round owning its results.
         ``record_event=True`` also records an event right after it and returns it (one
         message instead of two).
         """
@@ -121,15 +121,15 @@ class Device:
         self.run_record.wait(event.seq, event.round, event.stage, start, time.perf_counter_ns())
         self.races.on_wait(event.seq)
 
-    def free_blocks(self, blocks, owner: str, double=()) -> None:
-        """The block manager frees ``blocks`` (``double``: those already free).  Recorded
+    def free_blocks(self, blocks, prompt: int, double=()) -> None:
+        """Request ``prompt`` frees ``blocks`` (``double``: those already free).  Recorded
         whatever happens; a double free is refused always, a free in use when race checking is on."""
         try:
-            self.races.on_free(blocks, owner, double, self._last_round)
+            self.races.on_free(blocks, prompt, double, self._last_round)
         except RaceError:
-            self.run_record.free(owner, blocks, double, refused=True)
+            self.run_record.free(prompt, blocks, double, refused=True)
             raise
-        self.run_record.free(owner, blocks, double)
+        self.run_record.free(prompt, blocks, double)
 
     def synchronize(self, timeout: float | None = None) -> None:
         self.wait(self.record_event(), timeout)

@@ -28,10 +28,11 @@ from .drafter import ngram_table
 from .interrupts import hold_sigint
 from .model import TinyGPT, load_model
 from .record import RunRecord
-from .run import Run, StepState, stalled
+from .run import Run, stalled
 from .scheduler import BlockManager, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
 from .stages import RoundStages
+from .runinfo import RunStats, TimelineMeta, Workload
 from .stats import run_stats
 from .timeline import Stage, Timeline
 from .validate import check_callable, check_float, check_int, check_seed, shown
@@ -77,8 +78,8 @@ class Engine(RoundStages):
         self.device = None
         self.record = RunRecord()  # what the current (or last) run did: launches, waits, commits, frees
         self._start_device()
-        self.timeline = Timeline(meta=self._meta())
-        self.stats: dict = {}
+        self.timeline = Timeline(meta=self._meta(()))
+        self.stats: RunStats | None = None  # the last run's, also in its timeline's meta
         self.completions: list[Completion] = []
         self._run = Run(num_slots=self.num_slots)
         self._next_id = 0
@@ -170,7 +171,7 @@ class Engine(RoundStages):
     def _execute(self, run: Run, loop) -> list[Completion]:
         with hold_sigint():  # registered whole; an Interrupt after this finds _clean False: recovered next call
             self._clean = False
-            self._run, self.timeline = run, Timeline(meta=self._meta())
+            self._run, self.timeline = run, Timeline(meta=self._meta(run.requests))
             self.record = self.device.run_record = RunRecord()
             self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
             self.scheduler.round = 0
@@ -294,19 +295,19 @@ class Engine(RoundStages):
             requests.append(req)
         return requests
 
-    def _meta(self) -> dict:
+    def _meta(self, requests) -> TimelineMeta:
         c = self.config
-        return dict(mode=c.mode, device=self.device.name, num_draft_tokens=c.num_draft_tokens,
-                    max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms)
+        workload = Workload(len(requests), requests[0].max_new_tokens, requests[0].temperature) if requests else None
+        return TimelineMeta(mode=c.mode, device=self.device.name, num_draft_tokens=c.num_draft_tokens,
+                            max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms, workload=workload)
 
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run
         for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
-            owner = StepState.owner_of(rnd) if stage == Stage.SAMPLE else ""
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=owner, cpu_ns=cpu_ns)
-        tl.meta["prefill_rounds"] = sorted(run.prefill_rounds)
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=rnd if stage == Stage.SAMPLE else None, cpu_ns=cpu_ns)
+        tl.meta.prefill_rounds = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
-        self.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)
+        self.stats = tl.meta.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)
 
 
 def _num_slots() -> int:

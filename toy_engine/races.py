@@ -14,24 +14,23 @@ from dataclasses import dataclass
 class RaceError(RuntimeError):
     """The host touched state that unfinished device work still uses.
 
-    The fields say what happened, so a checker never has to parse the message:
-    ``kind`` is ``"buffer"`` (the host touched a buffer a pending launch uses),
-    ``"free_in_use"`` (KV blocks freed while a pending launch uses them) or
-    ``"launch_on_free"`` (a launch touches freed blocks) or ``"double_free"`` (blocks
-    freed that were free already; refused even with race checking off, since the pool
-    would then hand one block to two requests); ``buffer``/``access``
-    (``"r"``/``"w"``) name the buffer access, ``blocks`` the KV blocks involved,
-    ``round``/``launch`` the conflicting launch's round and stage, ``owner`` who
-    owns the launch's results (buffer) or freed the blocks.
+    ``kind``: ``"buffer"`` (the host touched a buffer a pending launch uses),
+    ``"free_in_use"`` (KV blocks freed while a pending launch uses them),
+    ``"launch_on_free"`` (a launch touches freed blocks) or ``"double_free"`` (blocks freed
+    that were free already: refused even with race checking off, since the pool would then
+    hand one block to two requests).  ``buffer``/``access`` (``"r"``/``"w"``) name the
+    buffer access, ``blocks`` the KV blocks, ``round``/``launch`` the conflicting launch's
+    round and stage, ``owner`` the round that owns the launch's results (buffer races),
+    ``prompt`` the index of the request whose blocks were freed.
     """
 
     KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
 
     def __init__(self, message: str, *, kind: str, round: int, launch: str, buffer: str | None = None,
-                 access: str | None = None, blocks=(), owner: str | None = None):
+                 access: str | None = None, blocks=(), owner: int | None = None, prompt: int | None = None):
         super().__init__(message)
         assert kind in self.KINDS, kind
-        self.kind, self.round, self.launch, self.owner = kind, round, launch, owner
+        self.kind, self.round, self.launch, self.owner, self.prompt = kind, round, launch, owner, prompt
         self.buffer, self.access, self.blocks = buffer, access, sorted(blocks)
 
 
@@ -45,7 +44,7 @@ class PendingLaunch:
     reads: frozenset
     writes: frozenset
     blocks: frozenset
-    owner: str | None = None  # who owns the launch's results (e.g. a StepState)
+    owner: int | None = None  # the round whose StepState owns the launch's results
 
 
 class RaceChecker:
@@ -59,7 +58,7 @@ class RaceChecker:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.pending: list[PendingLaunch] = []
-        self.free_blocks: dict[int, str] = {}  # block -> who freed it
+        self.free_blocks: dict[int, int] = {}  # block -> the prompt that freed it
 
     def on_launch(self, launch: PendingLaunch) -> None:
         if not self.enabled:
@@ -68,9 +67,9 @@ class RaceChecker:
             freed_by = self.free_blocks[block]
             raise RaceError(
                 f"launch '{launch.name}' of round {launch.round} touches KV block {block}, "
-                f"which is free (freed by {freed_by}): its cache may already belong "
+                f"which is free (freed by prompt {freed_by}): its cache may already belong "
                 f"to another request",
-                kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block], owner=freed_by)
+                kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block], prompt=freed_by)
         self.pending.append(launch)
 
     def on_wait(self, seq: int) -> None:
@@ -89,27 +88,25 @@ class RaceChecker:
                     f"(round {p.round}'s completion event) first",
                     kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
 
-    def on_free(self, blocks, owner: str, double=(), round: int = 0) -> None:
-        """``owner`` frees ``blocks`` (``double``: those already free) during ``round``.
-
-        A double free is refused even with checking off: the pool would then hand one
-        block to two requests."""
+    def on_free(self, blocks, prompt: int, double=(), round: int = 0) -> None:
+        """Request ``prompt`` (its index in the call) frees ``blocks`` (``double``: those
+        already free) during ``round``."""
         if double:
-            raise RaceError(f"KV blocks {sorted(double)} of {owner} are freed a second time: they are "
+            raise RaceError(f"KV blocks {sorted(double)} of prompt {prompt} are freed a second time: they are "
                             f"already free, and freeing them again would let two requests share them. "
                             f"Free a request once (`engine.scheduler.release_if_done(req)` checks)",
-                            kind="double_free", round=round, launch="free", blocks=double, owner=owner)
+                            kind="double_free", round=round, launch="free", blocks=double, prompt=prompt)
         if not self.enabled:
             return
         blocks = set(blocks)
         for p in self.pending:
             if p.blocks & blocks:
                 raise RaceError(
-                    f"KV blocks {sorted(p.blocks & blocks)} of {owner} freed while launch "
+                    f"KV blocks {sorted(p.blocks & blocks)} of prompt {prompt} freed while launch "
                     f"'{p.name}' of round {p.round} may still use them; free a finished "
                     f"request's cache only after waiting on round {p.round}'s event",
-                    kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks, owner=owner)
-        self.free_blocks.update((b, owner) for b in blocks)
+                    kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks, prompt=prompt)
+        self.free_blocks.update((b, prompt) for b in blocks)
 
     def on_alloc(self, blocks) -> None:
         for b in blocks:

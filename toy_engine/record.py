@@ -1,17 +1,12 @@
 """What a run did, in the order it did it: the record the course's checks judge.
 
-The timeline says *when* things ran; this record says *what depended on what*.  Each
-launch is kept with how far the host had waited when it was enqueued, each host wait
-with the event it waited on, each commit and each free of KV blocks with the launches
-still outstanding at that moment.  Everything is recorded where it happens -- the
-device (launches, waits), the engine's commit, the block manager's free -- so a loop
-that writes a stage out inline is recorded exactly like one that calls the engine's
-method, and a refused free or commit is on the record even if the caller swallows the
-error.
-
-"Outstanding" is the host's knowledge, not the clock: a launch is outstanding until
-the host has waited on an event at or after it (the race checker's rule too).  That
-keeps every verdict built on the record the same on a quiet and on a busy machine.
+The timeline says *when* things ran; this record says *what depended on what*.  Events
+are recorded where they happen (the device's launches and waits, the engine's commit,
+the block manager's free), so a loop that writes a stage out inline is recorded like one
+that calls the engine's method, and a refused free or commit stays on the record even if
+the caller swallows the error.  A launch is *outstanding* until the host has waited on an
+event at or after it: the host's knowledge, not the clock (the race checker's rule too),
+so a verdict built on the record is the same on a quiet and on a busy machine.
 """
 
 from __future__ import annotations
@@ -69,11 +64,11 @@ class Commit:
 
 @dataclass(frozen=True)
 class Free:
-    """KV blocks given back by ``owner``.  ``in_use``: (round, stage) of outstanding
-    launches that touch them; ``double``: blocks that were free already; ``refused``:
-    the free raised (a race or a double free) and nothing was freed."""
+    """KV blocks given back by request ``prompt`` (its index in the call).  ``in_use``:
+    (round, stage) of outstanding launches that touch them; ``double``: blocks that were
+    free already; ``refused``: the free raised (a race or a double free), nothing was freed."""
 
-    owner: str
+    prompt: int
     blocks: tuple
     in_use: tuple
     double: tuple
@@ -117,9 +112,9 @@ class RunRecord:
     def commit(self, round: int, prompts, refused: bool = False) -> None:
         self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns()))
 
-    def free(self, owner: str, blocks, double=(), refused: bool = False) -> None:
+    def free(self, prompt: int, blocks, double=(), refused: bool = False) -> None:
         in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))
-        self.events.append(Free(owner, tuple(blocks), in_use, tuple(double), refused, time.perf_counter_ns()))
+        self.events.append(Free(prompt, tuple(blocks), in_use, tuple(double), refused, time.perf_counter_ns()))
 
     def refused(self, buffer: str, access: str, round: int, launch: str) -> None:
         self.events.append(Refused(buffer, access, round, launch, time.perf_counter_ns()))

@@ -43,12 +43,9 @@ class StepState:
     committed: bool = field(default=False, repr=False)
 
     @property
-    def owner(self) -> str:
-        return self.owner_of(self.plan.round)
-
-    @staticmethod
-    def owner_of(round: int) -> str:
-        return f"StepState(round={round})"
+    def owner(self) -> int:
+        """What owns the round's results, as spans and race reports name it: its round."""
+        return self.plan.round
 
 
 class EngineStalled(RuntimeError):

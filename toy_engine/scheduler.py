@@ -13,7 +13,7 @@ class BlockManager:
 
     A request reserves every block it can ever need when it is admitted, so a running
     request never runs out of cache and nothing has to be preempted.  Freeing goes
-    through ``on_free(blocks, owner, double)`` (the device: it records the free and may
+    through ``on_free(blocks, prompt, double)`` (the device: it records the free and may
     refuse it, a race or a double free) before anything changes here.
     """
 
@@ -35,12 +35,12 @@ class BlockManager:
             self.on_alloc(blocks)
         return blocks
 
-    def free(self, blocks: list[int], owner: str) -> None:
+    def free(self, blocks: list[int], prompt: int) -> None:
         double = sorted(set(blocks) & set(self.free_ids))
         if self.on_free:
-            self.on_free(blocks, owner, double)
+            self.on_free(blocks, prompt, double)
         elif double:
-            raise ValueError(f"KV blocks {double} of {owner} are already free")
+            raise ValueError(f"KV blocks {double} of prompt {prompt} are already free")
         self.free_ids.extend(blocks)
 
 
@@ -113,7 +113,7 @@ class Scheduler:
     def free(self, req: Request) -> None:
         """Give a request's row and KV blocks back (the race checker sees the blocks go)."""
         if req in self.running:
-            self.blocks.free(req.blocks, owner=f"prompt {req.index}")  # may raise RaceError: change nothing before
+            self.blocks.free(req.blocks, req.index)  # may raise RaceError: change nothing before
             self.running.remove(req)
             self.free_rows.append(req.row)
             self.free_rows.sort()

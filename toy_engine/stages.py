@@ -127,7 +127,7 @@ class RoundStages:
                 self.device.host(buffers.allowed_buffer(slot), "w")[: len(allowed)] = allowed
             sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
                                              stage=Stage.SAMPLE, reads=reads, writes={buffers.out_buffer(slot)},
-                                             record_event=True, owner=StepState.owner_of(r))
+                                             record_event=True, owner=r)
         return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = Stage.POSTPROCESS) -> None:

@@ -1,17 +1,13 @@
 """A recorded timeline of one engine run: spans of work on a host lane and a device lane.
 
-The course asks "how much of the time is the device waiting for the host?"; the idle gaps
-on the device lane are the overhead that overlapped ("zero-overhead") scheduling hides.
-
-* Times are float ms relative to ``Timeline.origin_ns``, a ``perf_counter_ns`` stamp: that
-  clock (CLOCK_MONOTONIC) is shared by all processes, so the device process stamps its own
-  work in ns and :meth:`Timeline.add_device_ns` converts it.
-* A span's ``round`` is the round whose work it is, not the one during which it ran: under
-  overlap round N-1's postprocess runs while round N is on the device, and that shows.
-* A span may carry ``cpu_ms``, the CPU time its thread (host) or process (device) really
-  got: wall >> CPU tells "the machine was busy" from "the device was idle".
-* Plain Python: a timeline saved as JSON reloads without torch.  Adding a span is one
-  ``list.append`` (atomic under the GIL), so a recorder thread needs no lock.
+The idle gaps on the device lane are the overhead that overlapped ("zero-overhead")
+scheduling hides.  Times are float ms relative to ``Timeline.origin_ns``, a
+``perf_counter_ns`` stamp: that clock is shared by all processes, so the device process
+stamps its own work in ns (:meth:`Timeline.add_device_ns`).  A span's ``round`` is the
+round whose work it is, not the one during which it ran: under overlap round N-1's
+postprocess runs while round N is on the device, and that shows.  Plain Python: a saved
+timeline reloads without torch, and adding a span is one ``list.append`` (atomic under
+the GIL), so a recorder thread needs no lock.
 """
 
 from __future__ import annotations
@@ -25,7 +21,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Iterable, Iterator
 
-__all__ = ["Span", "Stage", "Timeline", "LANES", "HOST_STAGES", "DEVICE_STAGES", "PROCESS_STAGES"]
+from .runinfo import TimelineMeta, from_json_object
+
+__all__ = ["Span", "Stage", "Timeline", "TimelineMeta", "owner_name", "LANES", "HOST_STAGES", "DEVICE_STAGES",
+           "PROCESS_STAGES"]
 
 LANES = ("host", "device")
 
@@ -58,37 +57,15 @@ _STAGES = {stage.value: stage for stage in Stage}
 
 _VERSION = 1
 _SPAN_FIELDS = ("lane", "stage", "round", "start_ms", "end_ms")
-# The meta fields that code reads (summary, contention, the figures, the bench): their types.
-_META_TYPES = {"machine_load": dict, "recorded": dict, "stats": dict, "prefill_rounds": list, "mode": str,
-               "device": str, "host_overhead_ms": (int, float)}
 
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _checked_meta(meta) -> dict:
-    """A copy of ``meta``, refused with a sentence where a field that code reads has the
-    wrong type (it would raise AttributeError or TypeError later, far from the cause)."""
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict):
-        raise TypeError(f"Timeline meta must be a dict, got {type(meta).__name__}")
-    for key, kind in _META_TYPES.items():
-        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
-            what = {dict: "an object", list: "a list", str: "a string"}.get(kind, "a number")
-            raise ValueError(f"timeline meta[{key!r}] must be {what}, got {type(meta[key]).__name__}")
-    others = meta.get("machine_load", {}).get("others_cpus")
-    if others is not None and not _is_number(others):
-        raise ValueError(f"timeline meta['machine_load']['others_cpus'] must be a number or null, got "
-                         f"{type(others).__name__}")
-    if not all(type(r) is int for r in meta.get("prefill_rounds", ())):  # noqa: E721 - bools are not rounds
-        raise ValueError("timeline meta['prefill_rounds'] must be a list of round numbers")
-    if not all(_is_number(v) or v is None for v in meta.get("stats", {}).values()):
-        raise ValueError("timeline meta['stats'] values must be numbers")
-    if not isinstance(meta.get("recorded", {}).get("machine", {}), dict):
-        raise ValueError("timeline meta['recorded']['machine'] must be an object")
-    return dict(meta)
+def owner_name(owner: int | None) -> str:
+    """An owner as a learner reads it: the launched round's ``StepState``, or "" for none."""
+    return "" if owner is None else f"StepState(round={owner})"
 
 
 @dataclass(frozen=True)
@@ -101,8 +78,9 @@ class Span:
     round: int
     start_ms: float
     end_ms: float
-    owner: str = ""
-    cpu_ms: float | None = None  # CPU time the work got (None: not measured, e.g. CUDA)
+    owner: int | None = None  # the round whose StepState owns this work's results (owner_name)
+    cpu_ms: float | None = None  # CPU time the work got (None: not measured): wall >> CPU means a busy machine
+    label: str = ""  # what an imported span was (a call's name, "stream 7: kernel")
 
     def __post_init__(self) -> None:
         if self.lane not in LANES:
@@ -113,8 +91,11 @@ class Span:
         where = f"stage {str(self.stage)!r}"
         if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 0:
             raise ValueError(f"Span round must be an int >= 0, got {self.round!r} ({where})")
-        if not isinstance(self.owner, str):
-            raise ValueError(f"Span owner must be a string, got {self.owner!r}")
+        if self.owner is not None and (type(self.owner) is not int or self.owner < 0):  # noqa: E721 - not a bool
+            raise ValueError(f"Span owner must be the number of the round that owns the results (an int >= 0) "
+                             f"or None, got {self.owner!r} ({where}); a name or other text goes in label")
+        if not isinstance(self.label, str):
+            raise ValueError(f"Span label must be a string, got {self.label!r} ({where})")
         where += f", round {self.round}"
         for name in ("start_ms", "end_ms"):
             value = getattr(self, name)
@@ -159,12 +140,14 @@ def _union_ms(spans: Iterable[Span]) -> float:
 
 
 class Timeline:
-    """Spans of one engine run, plus free-form ``meta`` (mode, device, ...)."""
+    """Spans of one engine run, and what run it was (``meta``)."""
 
-    def __init__(self, origin_ns: int | None = None, meta: dict | None = None) -> None:
+    def __init__(self, origin_ns: int | None = None, meta: TimelineMeta | None = None) -> None:
+        if meta is not None and not isinstance(meta, TimelineMeta):
+            raise TypeError(f"Timeline meta must be a TimelineMeta, got {type(meta).__name__}")
         self.origin_ns: int = time.perf_counter_ns() if origin_ns is None else int(origin_ns)
         self.spans: list[Span] = []
-        self.meta: dict = _checked_meta(meta)
+        self.meta = TimelineMeta() if meta is None else meta
 
     def ns_to_ms(self, t_ns: int) -> float:
         """A ``perf_counter_ns`` stamp as ms relative to ``origin_ns`` (subtracted as ints
@@ -175,13 +158,13 @@ class Timeline:
         return self.ns_to_ms(time.perf_counter_ns())
 
     def add(self, lane: str, stage: str, round: int, start_ms: float, end_ms: float,
-            owner: str = "", cpu_ms: float | None = None) -> Span:
-        span = Span(lane, stage, round, start_ms, end_ms, owner, cpu_ms)
+            owner: int | None = None, cpu_ms: float | None = None, label: str = "") -> Span:
+        span = Span(lane, stage, round, start_ms, end_ms, owner, cpu_ms, label)
         self.spans.append(span)
         return span
 
     @contextmanager
-    def host_span(self, stage: str, round: int, owner: str = "") -> Iterator[None]:
+    def host_span(self, stage: str, round: int, owner: int | None = None) -> Iterator[None]:
         """Record a host span around the ``with`` block, with the host thread's CPU time
         (``thread_time``: a notebook kernel's other threads are not the loop).  Recorded
         even if the block raises: the device may have waited for that time too."""
@@ -193,7 +176,7 @@ class Timeline:
             self.add("host", stage, round, start, self.now_ms(), owner, cpu)
 
     def add_device_ns(self, stage: str, round: int, start_ns: int, end_ns: int,
-                      owner: str = "", cpu_ns: int | None = None) -> Span:
+                      owner: int | None = None, cpu_ns: int | None = None) -> Span:
         """Add a device span stamped in ``perf_counter_ns`` (same clock as the host),
         with the CPU time the device process got during it, if measured."""
         return self.add("device", stage, round, self.ns_to_ms(start_ns),
@@ -294,7 +277,7 @@ class Timeline:
     def to_json(self, path: str | Path | None = None) -> str:
         """JSON text (also written to ``path`` if given).  Floats are written with ``repr``,
         which round-trips exactly: spans read back compare equal."""
-        text = json.dumps({"version": _VERSION, "origin_ns": self.origin_ns, "meta": self.meta,
+        text = json.dumps({"version": _VERSION, "origin_ns": self.origin_ns, "meta": asdict(self.meta),
                            "spans": [asdict(s) for s in self.spans]})
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
@@ -311,7 +294,7 @@ class Timeline:
         text, source = _json_text(text_or_path)
         data = _timeline_object(text, source)
         try:
-            tl = cls(origin_ns=data["origin_ns"], meta=data["meta"])
+            tl = cls(origin_ns=data["origin_ns"], meta=from_json_object(TimelineMeta, data["meta"], "timeline meta"))
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
         tl.spans.extend(_span_from_json(i, raw) for i, raw in enumerate(data["spans"]))
@@ -365,8 +348,6 @@ def _timeline_object(text: str, source: str) -> dict:
     origin = data["origin_ns"]
     if isinstance(origin, bool) or not isinstance(origin, int):
         raise ValueError(f"timeline origin_ns must be an int, got {origin!r}")
-    if not isinstance(data["meta"], dict):
-        raise ValueError("timeline meta must be an object")
     if not isinstance(data["spans"], list):
         raise ValueError("timeline spans must be a list")
     return data

@@ -40,7 +40,7 @@ from overlap_course import figures
 from overlap_course.build import notebooks as course
 from overlap_course.figures.rounds import decode_rounds
 from overlap_course.traces import kineto
-from overlap_course.traces.recorded import load_trace, recorded_label
+from overlap_course.traces.recorded import load_trace, recorded_label, recording
 from toy_engine.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def real_numbers(name: str = REAL_TRACE) -> dict:
     commit = re.search(r"at commit ([0-9a-f]{7,40})", readme)
     return dict(idle=s["device_idle_fraction"], idle_us=s["device_idle_us"], span_us=s["device_span_us"],
                 gap_us=gap["idle_us"], gap_sync=gap["sync"], gap_mid_ms=(gap["start_us"] + gap["end_us"]) / 2000,
-                device=kineto.to_timeline(name).meta["device"],
+                device=kineto.to_timeline(name).meta.device,
                 file=kineto.real_traces()[name].name, commit=commit.group(1)[:10] if commit else "?")
 
 
@@ -151,8 +151,7 @@ td:first-child, th:first-child { text-align: left; }
 def _header(runs: dict[str, Timeline]) -> str:
     """The title and where the two traces come from."""
     serial = runs["serial"]
-    rec = serial.meta.get("recorded", {})
-    work = rec.get("workload", {})
+    rec, work = recording(serial), serial.meta.workload
     labels = {mode: recorded_label(tl) for mode, tl in runs.items()}
     where = (labels["serial"] if labels["serial"] == labels["zos"]
              else f"serial: {labels['serial']}; ZOS: {labels['zos']}")
@@ -160,8 +159,8 @@ def _header(runs: dict[str, Timeline]) -> str:
 <h1>Three rounds of the toy engine: serial loop vs zero-overhead scheduling (ZOS)</h1>
 <div class="source" id="provenance">Recorded traces <code>overlap_course/traces/cpu_serial.json</code>
 and <code>cpu_zos.json</code>: {html.escape(where)};
-{work.get('requests', '?')} requests × {work.get('max_new_tokens', '?')} new tokens, device = a CPU process
-({html.escape(str(serial.meta.get('device')))}), written by <code>{html.escape(rec.get('command', '?'))}</code>.
+{work.requests} requests × {work.max_new_tokens} new tokens, device = a CPU process
+({html.escape(str(serial.meta.device))}), written by <code>{html.escape(rec.command)}</code>.
 Every block is a recorded span, placed in the order it started. Rebuild: <code>./run.sh handout</code>.</div>
 </header>
 """
@@ -230,7 +229,7 @@ get their last token.</li>
 {row("&emsp;device idle inside them", "window_idle_ms", lambda v: f"{v:.1f} ms")}
 {row("whole run, first to last span", "run_ms", lambda v: f"{v:.1f} ms")}
 </table>
-<p class="source">Both runs emit {serial.meta.get('stats', {}).get('tokens', '?')} tokens; ZOS changes when
+<p class="source">Both runs emit {serial.meta.stats.tokens} tokens; ZOS changes when
 work runs, not which tokens come out. Your machine gives other times; the order is the same.</p>
 </div>
 """

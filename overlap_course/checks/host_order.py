@@ -42,7 +42,7 @@ class HostLog:
                 self.events.append((label, e.round))
         self.waits = record.of(Wait)
         self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
-        self.prefill = set(timeline.meta.get("prefill_rounds", ()))
+        self.prefill = set(timeline.meta.prefill_rounds)
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
 
@@ -256,9 +256,9 @@ def waits_beyond_sample(engine: Engine, log: HostLog) -> Verdict | None:
         return None
     clock = engine.timeline.ns_to_ms
     waited = sum(clock(w.end_ns) - clock(w.start_ns) for w in later)
-    idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    idle = engine.stats.decode_device_idle_fraction
     engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)  # the engine's own zos_loop, for the cost
-    ref_idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    ref_idle = engine.stats.decode_device_idle_fraction
     first = next((w for w in later if w.round not in log.prefill), later[0])
     deferred_rounds = {r for r in log.rounds if r not in log.prefill and r + 1 in log.rounds}
     lost = len(deferred_rounds & {w.round - 1 for w in later if w.stage in ("forward", "correct")})
@@ -297,7 +297,7 @@ def overlap_lost(engine: Engine, waits) -> tuple[int, int]:
     step N returned only after round N+1's forward had finished on the device.  ``waits``
     holds (round, wait start, wait end) in ms for each processed step."""
     forward_end = {s.round: s.end_ms for s in engine.timeline.lane("device") if s.stage == "forward"}
-    prefill = set(engine.timeline.meta["prefill_rounds"])
+    prefill = set(engine.timeline.meta.prefill_rounds)
     steps = lost = 0
     for rnd, start, end in waits:
         if rnd in prefill or rnd + 1 not in forward_end or start > forward_end[rnd + 1]:

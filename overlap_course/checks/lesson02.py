@@ -6,6 +6,7 @@ function on the shared engines.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 
@@ -223,13 +224,13 @@ def check_serial_loop(loop) -> Verdict:
         return fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
                                      f"process that step before the next round")
     return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, "
-                  f"{engine.stats['rounds']} rounds, every step processed before the next round")
+                  f"{engine.stats.rounds} rounds, every step processed before the next round")
 
 
 @exercise_check()
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
-    """Exercise 2(b): ``idle_fraction(timeline)`` against engine.stats['device_idle_fraction']."""
-    timeline, expected = engine.timeline, engine.stats["device_idle_fraction"]
+    """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``."""
+    timeline, expected = engine.timeline, engine.stats.device_idle_fraction
     try:
         got = idle_fraction(timeline)
     except NotImplementedError:
@@ -262,7 +263,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if close(got, idle):
         return fails("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
     extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
-    if any(close(got, idle / wall) for wall in (engine.stats["wall_ms"], extent)):
+    if any(close(got, idle / wall) for wall in (engine.stats.wall_ms, extent)):
         return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
     return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
@@ -271,8 +272,8 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
 
 def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:
     """A right value on the run's timeline; now on one the function cannot have seen the
-    stats of: the same run without its prefill round."""
-    decode = Timeline(origin_ns=timeline.origin_ns, meta=dict(timeline.meta))
+    stats of: the same run without its prefill round (and without the stats in its meta)."""
+    decode = Timeline(origin_ns=timeline.origin_ns, meta=dataclasses.replace(timeline.meta, stats=None))
     for span in timeline.spans:
         if span.round > 0:
             decode.spans.append(span)
@@ -289,7 +290,7 @@ def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:
                      f"run without its prefill round (round 0) the idle fraction is {expected:.4f}, and {why}. "
                      f"Compute it from the timeline you are given (its device gaps and busy time), not from "
                      f"the engine's stats or a number you saw")
-    return passes("your idle fraction equals engine.stats['device_idle_fraction'], and it follows the "
+    return passes("your idle fraction equals engine.stats.device_idle_fraction, and it follows the "
                   "timeline it is given (checked on the same run without its prefill)")
 
 

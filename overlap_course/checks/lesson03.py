@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import operator
 
+from overlap_course.measure.bench import ideal_ratio
 from toy_engine.kernels import FROM_DEVICE
-from toy_engine.stats import ideal_ratio
+from toy_engine.runinfo import RunStats
 
 from . import pool
 from .answers import bool_pair, flag_list, int_list, items, one_number, show, whole
@@ -213,14 +214,14 @@ def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
 
 
 @notebook_check
-def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
+def check_ideal_ratio(answer, serial_stats: RunStats, zos_stats: RunStats | None = None) -> Verdict:
     """Your turn (03b): the ideal ZOS speed-up from the serial run's own per-round host and
     device times.  Compared with the learner's run's stats, to two decimals."""
     answer = one_number(answer, "set `ideal` to a number, e.g. 1.25", "write the ratio as a number")
     if isinstance(answer, Verdict):
         return answer
-    host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
-    want = ideal_ratio(serial_stats)
+    host, dev = serial_stats.mean_host_ms_per_round, serial_stats.mean_device_ms_per_round
+    want = ideal_ratio(host, dev)
 
     def close(value):
         return abs(answer - value) <= max(0.006, 0.005 * abs(value))
@@ -243,9 +244,9 @@ def check_ideal_ratio(answer, serial_stats, zos_stats=None) -> Verdict:
                           f"round; compute (host + device) / max(host, device)")
 
 
-def _ratio_mistakes(serial_stats, zos_stats) -> list[tuple[float, str, str]]:
+def _ratio_mistakes(serial_stats: RunStats, zos_stats: RunStats | None) -> list[tuple[float, str, str]]:
     """What the classic wrong ratios give on these runs: (value, category, why)."""
-    host, dev = serial_stats["mean_host_ms_per_round"], serial_stats["mean_device_ms_per_round"]
+    host, dev = serial_stats.mean_host_ms_per_round, serial_stats.mean_device_ms_per_round
     mistakes = [
         ((host + dev) / min(host, dev), "divides_by_smaller",
          "divide by the larger of the two: overlap leaves the longer lane's time"),
@@ -257,18 +258,18 @@ def _ratio_mistakes(serial_stats, zos_stats) -> list[tuple[float, str, str]]:
         (host + dev, "serial_round_time", "that is a serial round's time in ms; divide it by what an overlapped "
                                           "round takes, max(host, device)"),
     ]
-    idle = serial_stats.get("decode_device_idle_fraction")
-    if isinstance(idle, float) and 0 <= idle < 1:
+    idle = serial_stats.decode_device_idle_fraction
+    if 0 <= idle < 1:
         mistakes.append((1 / (1 - idle), "from_idle_fraction", "that estimate comes from the idle fraction; the "
                                                                "question asks for the per-round host and device times"))
-    if zos_stats:
+    if zos_stats is not None:
         try:
-            mistakes.append((ideal_ratio(zos_stats), "zos_times", "those are the ZOS run's times: the ideal comes "
-                                                                  "from the serial run, where host and device work "
-                                                                  "add up"))
-            mistakes.append((zos_stats["tokens_per_s"] / serial_stats["tokens_per_s"], "measured_speedup",
+            mistakes.append((ideal_ratio(zos_stats.mean_host_ms_per_round, zos_stats.mean_device_ms_per_round),
+                             "zos_times", "those are the ZOS run's times: the ideal comes from the serial run, "
+                                          "where host and device work add up"))
+            mistakes.append((zos_stats.tokens_per_s / serial_stats.tokens_per_s, "measured_speedup",
                              "that is the measured speed-up; the ideal is computed from the serial run's times"))
-        except (KeyError, TypeError, ZeroDivisionError):
+        except ZeroDivisionError:
             pass
     return mistakes
 

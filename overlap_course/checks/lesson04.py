@@ -298,7 +298,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
     return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
-                  f"decoding; {engine.stats['mean_accepted_per_round']:.2f} drafts accepted per "
+                  f"decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted per "
                   f"request-round")
 
 

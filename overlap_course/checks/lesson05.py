@@ -78,17 +78,17 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
 @notebook_check
 def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
     """Predict (05): how many outputs did ``engine``'s last run discard (its
-    ``stats["discarded_outputs"]``): rounds that came back for requests already finished?
+    ``stats.discarded_outputs``): rounds that came back for requests already finished?
     ``name`` is the answer's variable in the notebook, for the unanswered message."""
     answer = one_number(answer, f"set `{name}` to a whole number of discarded outputs",
                         "a count of discarded outputs is one whole number", whole=True)
     if isinstance(answer, Verdict):
         return answer
     try:
-        want = int(engine.stats["discarded_outputs"])
+        want = int(engine.stats.discarded_outputs)
         mode, drafts = engine.config.mode, engine.config.num_draft_tokens
         reasons = [r.finish_reason for r in engine.requests]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, TypeError):
         return fails("setup", "pass the engine whose run the question is about (and run it first)")
     early = sum(r in ("stop", "eos", "abort") for r in reasons)
     ended = (f"in this run {early} request(s) ended by a stop string, EOS or abort and "
@@ -298,7 +298,7 @@ def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees."""
     engine = pool.engine()
     reference = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, stop=[" the"])
-    ref_idle = engine.stats["decode_device_idle_fraction"]
+    ref_idle = engine.stats.decode_device_idle_fraction
     ref_cost = overlap_lost(engine, [(s.round, s.start_ms, s.end_ms) for s in engine.timeline.lane("host")
                                       if s.stage == "wait"])
     watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
@@ -340,7 +340,7 @@ def _waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch, ref_cos
     """A wait on a later event than the step's own: the tokens are right, so say what it cost."""
     steps, lost = overlap_lost(engine, [(c["step"].plan.round, c["waits"][0][1], c["waits"][-1][2])
                                          for c in watch.calls if c["waits"]])
-    idle = engine.stats.get("decode_device_idle_fraction", 0.0)
+    idle = engine.stats.decode_device_idle_fraction
     mistake.message = (
         f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
         f"(`engine.device.synchronize()`, or a freshly recorded event) instead of `step.sample_done`. The "

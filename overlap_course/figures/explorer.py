@@ -11,8 +11,10 @@ import warnings
 
 import plotly.graph_objects as go
 
+from overlap_course.measure.contention import cpu_shares
 from overlap_course.measure.machine import busy_warning
 from overlap_course.traces.recorded import trace_name
+from toy_engine.runinfo import RunStats
 from toy_engine.timeline import Timeline
 
 from .config import plotly_config
@@ -46,7 +48,7 @@ class TimelineExplorer:
         self._engine_key = None
         self._quiet = False
         self.timeline: Timeline | None = None
-        self.stats: dict = {}
+        self.stats: RunStats | None = None
         style = dict(description_width="initial")
         self.mode = w.ToggleButtons(options=["serial", "zos"], value=mode, description="mode", style=style)
         self.drafts = w.IntSlider(value=0, min=0, max=6, description="draft tokens", style=style)
@@ -124,11 +126,11 @@ class TimelineExplorer:
 
         return default_workload(self.num_requests.value)
 
-    def run(self) -> dict:
+    def run(self) -> RunStats:
         """Run the engine once with the current controls, redraw; returns the stats."""
         engine = self._get_engine()
         engine.generate(self.prompts(), max_new_tokens=self.max_new_tokens)
-        self.timeline, self.stats = engine.timeline, dict(engine.stats)
+        self.timeline, self.stats = engine.timeline, engine.stats
         rounds = self.timeline.rounds()
         self._quiet = True  # set the slider without one redraw per trait change
         try:
@@ -160,20 +162,19 @@ class TimelineExplorer:
 
     def _update_readout(self) -> None:
         s, m = self.stats, self.timeline.meta
-        share = s.get("device_cpu_share")
-        rows = [("mode", m.get("mode")), ("device", m.get("device")),
-                ("device idle (run)", f"{s.get('device_idle_fraction', 0):.1%}"),
-                ("device idle (decode)", f"{s.get('decode_device_idle_fraction', 0):.1%}"),
-                ("tokens/s", f"{s.get('tokens_per_s', 0):.0f}"),
-                ("rounds", s.get("rounds")), ("wall ms", f"{s.get('wall_ms', 0):.1f}")]
-        if m.get("num_draft_tokens"):
-            rows.append(("accepted drafts / round", f"{s.get('mean_accepted_per_round', 0):.2f}"))
+        share = cpu_shares(self.timeline)["device_cpu_share"]
+        rows = [("mode", m.mode), ("device", m.device),
+                ("device idle (run)", f"{s.device_idle_fraction:.1%}"),
+                ("device idle (decode)", f"{s.decode_device_idle_fraction:.1%}"),
+                ("tokens/s", f"{s.tokens_per_s:.0f}"), ("rounds", s.rounds), ("wall ms", f"{s.wall_ms:.1f}")]
+        if m.num_draft_tokens:
+            rows.append(("accepted drafts / round", f"{s.mean_accepted_per_round:.2f}"))
         if share is not None:
             rows.append(("device CPU share", f"{share:.0%}"))
         cells = "".join(f"<td style='padding:0 12px'><b>{k}</b><br>{html.escape(str(v))}</td>" for k, v in rows)
-        warning = busy_warning({m.get("mode", "run"): s}, cuda=m.get("device") != "cpu-process")
+        warning = busy_warning({m.mode: self.timeline}, cuda=m.device != "cpu-process")
         note = (f"<div style='color:#8a3b00;max-width:70em'><b>{html.escape(warning)}</b> "
-                f"(<code>figures.load_trace('{trace_name(m.get('mode', 'zos'), m.get('host_overhead_ms', 0.0))}')</code> "
+                f"(<code>figures.load_trace('{trace_name(m.mode, m.host_overhead_ms)}')</code> "
                 f"is the recorded one)</div>" if warning else "")
         self.readout.value = f"<table><tr>{cells}</tr></table>{note}"
 

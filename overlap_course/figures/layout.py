@@ -13,8 +13,7 @@ BAR_WIDTH = 0.6
 
 def heading(timeline: Timeline, title: str | None) -> str:
     """``title``, else the run's mode and device ("zos · cpu-process")."""
-    mode = timeline.meta.get("mode")
-    return title or " · ".join(x for x in (mode and f"{mode}", timeline.meta.get("device")) if x) or "timeline"
+    return title or " · ".join(x for x in (timeline.meta.mode, timeline.meta.device) if x) or "timeline"
 
 
 def cpu_text(span: Span) -> str:

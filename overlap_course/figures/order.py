@@ -15,7 +15,7 @@ import re
 import plotly.graph_objects as go
 
 from overlap_course.measure.contention import preempted
-from toy_engine.timeline import PROCESS_STAGES, Timeline
+from toy_engine.timeline import PROCESS_STAGES, Timeline, owner_name
 from toy_engine.validate import check_int
 
 from .config import STATIC_WIDTH_PX
@@ -92,7 +92,7 @@ def _order_layout(timeline: Timeline, first: int, num_rounds: int) -> dict:
     if not passes:
         raise ValueError(f"no host or device spans for rounds {first}..{first + num_rounds - 1}; "
                          f"this timeline has rounds {timeline.rounds()[:1]}..{timeline.rounds()[-1:]}")
-    prefill = set(timeline.meta.get("prefill_rounds", ()))
+    prefill = set(timeline.meta.prefill_rounds)
     blocks, columns, offset = [], [], 0.0
     for p in passes:
         spans = sorted(p["host"] + p["device"], key=lambda s: (s.start_ms, s.lane != "host", s.end_ms))
@@ -166,10 +166,12 @@ def _order_hover(block: dict, column: dict) -> str:
     label, does = _ORDER_LABELS.get(s.stage, (s.stage, "works for round {r}"))
     where = (f"in the loop pass that launches round {column['launches']}" if column["launches"] is not None
              else "in the last loop pass (nothing left to launch)")
-    owner = s.owner or ("StepState(round={})".format(s.round) if s.stage in ("sample", "launch_sample") else "—")
+    owner = s.round if s.owner is None and s.stage in ("sample", "launch_sample") else s.owner
     text = (f"<b>{html.escape(s.stage)}</b> ({s.lane}) · round {s.round}<br>{does.format(r=s.round)}<br>"
-            f"result owner: {html.escape(owner)}<br>{where}<br>"
+            f"result owner: {owner_name(owner) or '—'}<br>{where}<br>"
             f"duration {s.duration_ms:.3f} ms · {cpu_text(s)}")
+    if s.label:
+        text += f"<br>{html.escape(s.label)}"
     if not block["in_window"]:
         text += "<br><i>another round's work in the same pass</i>"
     return text

@@ -14,8 +14,8 @@ def check_timeline(value, name: str = "timeline") -> Timeline:
 
 
 def decode_rounds(timeline: Timeline) -> list[int]:
-    """Rounds that ran a forward and are not prefill rounds (``meta["prefill_rounds"]``)."""
-    prefill = set(timeline.meta.get("prefill_rounds", ()))
+    """Rounds that ran a forward and are not prefill rounds (``meta.prefill_rounds``)."""
+    prefill = set(timeline.meta.prefill_rounds)
     return sorted({s.round for s in timeline.spans if s.stage == "forward"} - prefill)
 
 

@@ -21,8 +21,9 @@ from plotly.subplots import make_subplots
 
 from overlap_course.measure.contention import busy_stretches, contention, cpu_shares
 from overlap_course.measure.machine import busy_warning
-from overlap_course.traces.recorded import recorded_label, recorded_runs
-from toy_engine.timeline import PROCESS_STAGES, Span, Timeline
+from overlap_course.traces.recorded import recorded_label, recorded_runs, recording
+from toy_engine.runinfo import RunStats
+from toy_engine.timeline import PROCESS_STAGES, Span, Timeline, owner_name
 from toy_engine.validate import check_int, shown
 
 from .layout import BAR_WIDTH, LANE_Y, apply_layout, cpu_text, heading, style_lanes
@@ -79,8 +80,10 @@ def _hover(span: Span, t0: float, clipped: bool = False) -> str:
     text = (f"<b>{html.escape(span.stage)}</b> ({span.lane}) · round {span.round}<br>"
             f"start {span.start_ms - t0:.3f} ms · end {span.end_ms - t0:.3f} ms<br>"
             f"duration {span.duration_ms:.3f} ms · {cpu_text(span)}")
-    if span.owner:
-        text += f"<br>owner {html.escape(span.owner)}"
+    if span.owner is not None:
+        text += f"<br>owner {owner_name(span.owner)}"
+    if span.label:
+        text += f"<br>{html.escape(span.label)}"
     if clipped:
         text += "<br><i>drawn clipped to the window</i>"
     return text
@@ -230,15 +233,15 @@ def timeline_figure(timeline: Timeline, first_round: int | None = None, num_roun
     return fig
 
 
-def _run_idle(timeline: Timeline, stats: dict | None) -> float:
-    if stats and "decode_device_idle_fraction" in stats:
-        return stats["decode_device_idle_fraction"]
+def _run_idle(timeline: Timeline, stats: RunStats | None) -> float:
+    if stats is not None:
+        return stats.decode_device_idle_fraction
     decode = decode_rounds(timeline)
     return timeline.device_idle_fraction(decode) if decode else timeline.device_idle_fraction()
 
 
-def _checked_runs(runs) -> list[tuple[str, Timeline, dict | None]]:
-    """(label, timeline, stats) per run: stats given, else a recorded trace's ``meta["stats"]``."""
+def _checked_runs(runs) -> list[tuple[str, Timeline, RunStats | None]]:
+    """(label, timeline, stats) per run: stats given, else the timeline's own (``meta.stats``)."""
     if not isinstance(runs, dict):
         raise TypeError(f"runs must be a dict of label -> Timeline (or (Timeline, stats)), e.g. {{'serial': "
                         f"serial.timeline, 'zos': zos.timeline}}; got {type(runs).__name__}")
@@ -248,39 +251,39 @@ def _checked_runs(runs) -> list[tuple[str, Timeline, dict | None]]:
     for label, run in runs.items():
         timeline, stats = run if isinstance(run, tuple) and len(run) == 2 else (run, None)
         check_timeline(timeline, f"runs[{shown(label)}]")
-        if stats is not None and not isinstance(stats, dict):
-            raise TypeError(f"the stats of runs[{shown(label)}] must be a dict (engine.stats) or None, got "
+        if stats is not None and not isinstance(stats, RunStats):
+            raise TypeError(f"the stats of runs[{shown(label)}] must be a RunStats (engine.stats) or None, got "
                             f"{type(stats).__name__}")
-        rows.append((str(label), timeline, stats if stats is not None else timeline.meta.get("stats")))
+        rows.append((str(label), timeline, stats if stats is not None else timeline.meta.stats))
     return rows
 
 
-def _recorded_fallback(rows: list[tuple[str, Timeline, dict | None]]) -> tuple[str | None, list]:
+def _recorded_fallback(rows: list[tuple[str, Timeline, RunStats | None]]) -> tuple[str | None, list]:
     """(the busy warning, RECORDED quiet-machine rows) when a live run was busy; else (None, [])."""
-    live = {label: tl for label, tl, _ in rows if "recorded" not in tl.meta}
-    devices = {tl.meta.get("device") for tl in live.values()}
+    live = {label: tl for label, tl, _ in rows if recording(tl) is None}
+    devices = {tl.meta.device for tl in live.values()}
     if not live or all(cpu_shares(tl)["device_cpu_share"] is None for tl in live.values()):
         return None, []
     warning = busy_warning(live, cuda=devices.isdisjoint({"cpu-process", None}))
     if not warning:
         return None, []
-    overhead = max(tl.meta.get("host_overhead_ms", 0.0) for tl in live.values())
-    drafts = max(tl.meta.get("num_draft_tokens", 0) or 0 for tl in live.values())
+    overhead = max(tl.meta.host_overhead_ms for tl in live.values())
+    drafts = max(tl.meta.num_draft_tokens for tl in live.values())
     recorded = []
     for mode, tl in recorded_runs(overhead, drafts=drafts).items():
-        w = tl.meta.get("recorded", {}).get("workload", {})
-        recorded.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)}; {w.get('requests', '?')} x "
-                         f"{w.get('max_new_tokens', '?')} tokens)", tl, tl.meta.get("stats")))
+        w = tl.meta.workload
+        recorded.append((f"RECORDED {mode} (quiet machine: {recorded_label(tl)}; {w.requests} x "
+                         f"{w.max_new_tokens} tokens)", tl, tl.meta.stats))
     return warning, recorded
 
 
-def _row_title(label: str, win: dict, timeline: Timeline, stats: dict | None) -> str:
+def _row_title(label: str, win: dict, timeline: Timeline, stats: RunStats | None) -> str:
     parts = [_window_title(win), f"run decode idle {_run_idle(timeline, stats):.1%}"]
     share = cpu_shares(timeline)["device_cpu_share"]
     if share is not None:
         parts.append(f"device CPU share {share:.0%}" + (" (BUSY)" if contention(timeline)["busy"] else ""))
-    if stats and "tokens_per_s" in stats:
-        parts.append(f"{stats['tokens_per_s']:.0f} tok/s")
+    if stats is not None:
+        parts.append(f"{stats.tokens_per_s:.0f} tok/s")
     # the run's name on one line, its numbers on the next: on one line a RECORDED row's
     # title ran past the figure's right edge in the 900-px static image
     return f"<b>{html.escape(label)}</b><br>{' · '.join(parts)}"
@@ -294,7 +297,7 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     delivery of their last (:meth:`Timeline.round_window`), on one shared time axis: equal
     widths are equal time, so the faster run has the shorter window.  Titles give the
     window's length and device idle, the run's decode-phase idle fraction, its device CPU
-    share and, when stats are known (given, or ``meta["stats"]`` of a recorded trace), tokens/s.
+    share and, when stats are known (given, or the timeline's ``meta.stats``), tokens/s.
 
     With ``fallback`` (the default), when a live run was busy or fewer than 2 CPUs are
     usable (:func:`overlap_course.measure.machine.busy_warning`), the warning is printed and put in

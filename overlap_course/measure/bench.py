@@ -22,12 +22,12 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import asdict
 
 from overlap_course.traces.recorded import recorded_label, recorded_runs
 from toy_engine.data import generate_corpus
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.stats import ideal_ratio
 
 from . import machine
 from .contention import contention
@@ -53,19 +53,17 @@ def recorded_comparison_text(host_overhead_ms: float = 0.0, drafts: int = 0, wor
     spec = f"+spec (k = {drafts})" if drafts else ""
     if set(runs) != {"serial", "zos"}:
         return f"no recorded quiet-machine trace is shipped for serial{spec} vs zos{spec}"
-    s, z = (runs[m].meta.get("stats", {}) for m in ("serial", "zos"))
-    w = runs["zos"].meta.get("recorded", {}).get("workload", {})
-    overhead = runs["zos"].meta.get("host_overhead_ms", 0.0)
+    s, z = (runs[m].meta.stats for m in ("serial", "zos"))
+    w = runs["zos"].meta.workload
+    overhead = runs["zos"].meta.host_overhead_ms
     name = "+spec" if drafts else ""
-    text = (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.get('requests', '?')} requests x "
-            f"{w.get('max_new_tokens', '?')} new tokens, host overhead {overhead:g} ms/round"
+    text = (f"RECORDED on a quiet machine: {recorded_label(runs['zos'])}; {w.requests} requests x "
+            f"{w.max_new_tokens} new tokens, host overhead {overhead:g} ms/round"
             f"{f', {drafts} draft tokens' if drafts else ''}: "
-            f"serial{name} {s.get('tokens_per_s', 0):.0f} tok/s, zos{name} {z.get('tokens_per_s', 0):.0f} tok/s, "
-            f"zos{name}/serial{name} x{z.get('tokens_per_s', 0) / max(s.get('tokens_per_s', 0), 1e-9):.2f}; "
-            f"device idle (decode) {s.get('decode_device_idle_fraction', 0):.1%} -> "
-            f"{z.get('decode_device_idle_fraction', 0):.1%}")
-    if workload and (workload.get("num_requests"), workload.get("max_new_tokens")) != (w.get("requests"),
-                                                                                        w.get("max_new_tokens")):
+            f"serial{name} {s.tokens_per_s:.0f} tok/s, zos{name} {z.tokens_per_s:.0f} tok/s, "
+            f"zos{name}/serial{name} x{z.tokens_per_s / max(s.tokens_per_s, 1e-9):.2f}; "
+            f"device idle (decode) {s.decode_device_idle_fraction:.1%} -> {z.decode_device_idle_fraction:.1%}")
+    if workload and (workload.get("num_requests"), workload.get("max_new_tokens")) != (w.requests, w.max_new_tokens):
         text += (f" (a different workload from the live run's {workload.get('num_requests')} requests x "
                  f"{workload.get('max_new_tokens')} new tokens: compare ratios, not tokens/s)")
     return text
@@ -76,6 +74,12 @@ def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
     docs = generate_corpus(seed=seed, num_chars=20_000)
     lengths = [5, 12, 20, 30, 45, 60]
     return [docs[i][: lengths[i % len(lengths)]] for i in range(num_requests)]
+
+
+def ideal_ratio(host_ms: float, device_ms: float) -> float:
+    """The best speed-up overlap can give a run: a serial round costs host + device, a perfectly
+    overlapped one max(host, device) (the serial run's per-round means)."""
+    return (host_ms + device_ms) / max(host_ms, device_ms)
 
 
 def _median(runs: list[dict]) -> dict:
@@ -90,7 +94,7 @@ def _ratios(m: dict) -> dict:
     out = {}
     for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
         if fast in m and slow in m:
-            ideal = ideal_ratio(m[slow])
+            ideal = ideal_ratio(m[slow]["mean_host_ms_per_round"], m[slow]["mean_device_ms_per_round"])
             ratio = m[fast]["tokens_per_s"] / m[slow]["tokens_per_s"]
             out[f"{fast} / {slow}"] = dict(
                 throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
@@ -121,7 +125,7 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
             for mode, engine in engines.items():
                 outs = engine.generate(prompts, **kw)
                 meter = {k: v for k, v in contention(engine.timeline).items() if k != "busy"}
-                runs[mode].append(dict(engine.stats, **meter))
+                runs[mode].append(dict(asdict(engine.stats), **meter))  # as a dict: medians per key, JSON
                 outputs[mode] = [c.token_ids for c in outs]
         device_name = next(iter(engines.values())).device.name
     finally:

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict, dataclass
 
 from toy_engine import engine as _engine
+from toy_engine.runinfo import from_json_object
 from toy_engine.timeline import LANES, Span, Timeline
 
 from .machine import cpu_snapshot
 
-__all__ = ["PREEMPTED_CPU_SHARE", "PREEMPTED_MIN_MS", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS",
-           "preempted", "cpu_shares", "busy_stretches", "contention", "record_machine_load", "watch_runs"]
+__all__ = ["PREEMPTED_CPU_SHARE", "PREEMPTED_MIN_MS", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS", "MachineLoad",
+           "preempted", "cpu_shares", "busy_stretches", "contention", "machine_load", "record_machine_load",
+           "watch_runs"]
 
 #: A span that got less than this share of its wall time as CPU was preempted: ready to
 #: run, but without a core.  Host ``wait`` spans block on purpose and are never judged;
@@ -33,6 +36,22 @@ PREEMPTED_MIN_MS = 0.2
 BUSY_RUN_CPU_SHARE = 0.85
 #: ... or when other programs used more than this many CPUs of the machine during it.
 BUSY_OTHERS_CPUS = 0.25
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """The machine around one run (``meta.annotations["machine_load"]``): its CPUs, the run's
+    wall time, and how many CPUs other programs used meanwhile (None: not judged)."""
+
+    cpus: int
+    wall_s: float
+    others_cpus: float | None
+
+
+def machine_load(timeline: Timeline) -> MachineLoad | None:
+    """The load measured around the timeline's run; None when it was not measured."""
+    raw = timeline.meta.annotations.get("machine_load")
+    return None if raw is None else from_json_object(MachineLoad, raw, "timeline meta['annotations']['machine_load']")
 
 
 def preempted(span: Span, threshold: float = PREEMPTED_CPU_SHARE) -> bool:
@@ -64,14 +83,15 @@ def busy_stretches(timeline: Timeline, start_ms: float | None = None, end_ms: fl
 
 def contention(timeline: Timeline) -> dict:
     """The run's meter: CPU shares, time the machine took from each lane, other programs'
-    CPUs (``meta["machine_load"]``, None when not measured) and ``busy``: True, False, or
+    CPUs (:func:`machine_load`, None when not measured) and ``busy``: True, False, or
     None when no CPU times were recorded (CUDA, hand-made timelines) -- unknown, not quiet."""
     shares = cpu_shares(timeline)
     lost = {lane: sum(s.duration_ms - s.cpu_ms for s in timeline.spans if s.lane == lane and preempted(s))
             for lane in LANES}
     busy_ms = timeline.device_busy_ms()
     known = [v for v in shares.values() if v is not None]
-    others = timeline.meta.get("machine_load", {}).get("others_cpus")
+    load = machine_load(timeline)
+    others = None if load is None else load.others_cpus
     busy = None
     if known:
         busy = min(known) < BUSY_RUN_CPU_SHARE or (others is not None and others > BUSY_OTHERS_CPUS)
@@ -81,8 +101,8 @@ def contention(timeline: Timeline) -> dict:
 
 
 def record_machine_load(timeline: Timeline, start: tuple | None, device_cpu_s: float | None = None) -> None:
-    """Write into ``meta["machine_load"]`` how many CPUs other programs used since ``start``
-    (a :func:`cpu_snapshot` taken when the run began).  Ours is this process's CPU plus the
+    """Annotate the timeline with its :class:`MachineLoad`: how many CPUs other programs used
+    since ``start`` (a :func:`cpu_snapshot` taken when the run began).  Ours is this process's CPU plus the
     device spans' (or ``device_cpu_s``); runs under 0.2 s are not judged: /proc/stat counts
     in 10 ms ticks."""
     end = None if start is None else cpu_snapshot()
@@ -92,8 +112,9 @@ def record_machine_load(timeline: Timeline, start: tuple | None, device_cpu_s: f
     if device_cpu_s is None:
         device_cpu_s = sum(s.cpu_ms or 0.0 for s in timeline.spans if s.lane == "device") / 1e3
     others = max(0.0, end[0] - start[0] - (end[1] - start[1] + device_cpu_s))
-    timeline.meta["machine_load"] = dict(cpus=end[2], wall_s=round(wall_s, 4),
-                                         others_cpus=round(others / wall_s, 3) if wall_s >= 0.2 else None)
+    load = MachineLoad(cpus=end[2], wall_s=round(wall_s, 4),
+                       others_cpus=round(others / wall_s, 3) if wall_s >= 0.2 else None)
+    timeline.meta.annotations["machine_load"] = asdict(load)
 
 
 class _MachineWatch:

@@ -191,8 +191,8 @@ def _listed(values: dict, fmt: str, lowest: bool) -> str:
 def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
-    ``runs`` maps a label to a run's stats (a dict with the contention meter's keys, or a ``Timeline``),
-    to a :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A
+    ``runs`` maps a label to a run's contention meter (a dict, e.g. the bench's), to a
+    :class:`~toy_engine.timeline.Timeline`, or to a ``(timeline, stats)`` pair.  A
     run is busy when its device process or its host loop got less than
     ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held the core it was
     ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs is a warning by
@@ -209,9 +209,7 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     low = {"device": {}, "host": {}}
     others = {}
     for label, run in runs.items():
-        if isinstance(run, tuple):
-            timeline, stats = run
-            run = stats if stats and stats.get("device_cpu_share") is not None else timeline
+        run = run[0] if isinstance(run, tuple) else run
         stats = contention(run) if isinstance(run, Timeline) else run
         for lane in low:
             share = stats.get(f"{lane}_cpu_share")

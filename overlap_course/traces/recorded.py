@@ -11,12 +11,14 @@ never parsed back out of its name.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from toy_engine.runinfo import TimelineMeta, from_json_object
 from toy_engine.timeline import Timeline
 
-__all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "trace_name", "device_kind", "available_traces", "load_trace",
-           "recorded_runs", "recorded_label"]
+__all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "Recording", "recording", "trace_name", "device_kind",
+           "available_traces", "load_trace", "recorded_runs", "recorded_label"]
 
 TRACES_DIR = Path(__file__).parent
 
@@ -24,6 +26,32 @@ TRACES_DIR = Path(__file__).parent
 #: (03b, 04 and 05 benchmark 8 requests x 48 new tokens at batch 8), so that a RECORDED row
 #: beside a live one compares like with like.
 RECORDED_WORKLOAD = dict(requests=8, max_new_tokens=48, batch_size=8)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """How, where, when and at which commit a shipped trace was recorded
+    (``meta.annotations["recorded"]``, written by ``scripts/record_traces.py``)."""
+
+    command: str
+    date: str  # ISO 8601, UTC
+    commit: str | None  # "+dirty" when tracked files differed from it
+    machine: dict  # node, platform, python, CPUs, load average, torch (and the GPU)
+    torch: str
+    model: str
+    prompts: str  # the function that made the prompts
+    race_check: bool
+    kept: str  # which of the runs was kept, and why
+    nice: int
+    tokens_per_s_all_runs: list[float]
+    device_cpu_share_all_runs: list[float | None]
+    contention: dict  # the kept run's contention meter
+
+
+def recording(timeline: Timeline) -> Recording | None:
+    """How the trace was recorded; None for a live run."""
+    raw = timeline.meta.annotations.get("recorded")
+    return None if raw is None else from_json_object(Recording, raw, "timeline meta['annotations']['recorded']")
 
 
 def device_kind(device_name: str | None) -> str:
@@ -47,8 +75,8 @@ def load_trace(name: str) -> Timeline:
     """A shipped, recorded timeline by name, e.g. ``load_trace("cpu_zos")`` or
     ``load_trace("cpu_serial_overhead2ms")``.
 
-    ``meta["recorded"]`` says how, where, when and at which commit it was recorded (and its
-    contention meter), ``meta["stats"]`` carries the run's stats.
+    :func:`recording` says how, where, when and at which commit it was recorded (and its
+    contention meter), ``meta.stats`` carries the run's stats.
     """
     path = TRACES_DIR / f"{name}.json"
     if not path.is_file():
@@ -64,13 +92,12 @@ def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device
     The trace with the nearest recorded host overhead is used (its ``meta`` says which);
     an empty dict when none with that many drafts is shipped.
     """
-    metas = {path: json.loads(path.read_text(encoding="utf-8")).get("meta", {})
+    metas = {path: from_json_object(TimelineMeta, json.loads(path.read_text(encoding="utf-8"))["meta"], path.name)
              for path in sorted(TRACES_DIR.glob("*.json"))}
     recorded = {}
     for mode in modes:
-        candidates = {float(meta.get("host_overhead_ms") or 0.0): path for path, meta in metas.items()
-                      if meta.get("mode") == mode and device_kind(meta.get("device")) == device
-                      and (meta.get("num_draft_tokens") or 0) == drafts}
+        candidates = {meta.host_overhead_ms: path for path, meta in metas.items()
+                      if meta.mode == mode and device_kind(meta.device) == device and meta.num_draft_tokens == drafts}
         if candidates:
             nearest = min(candidates, key=lambda h: (abs(h - host_overhead_ms), h))
             recorded[mode] = Timeline.from_json(candidates[nearest])
@@ -79,11 +106,12 @@ def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device
 
 def recorded_label(timeline: Timeline) -> str:
     """'<machine> (CPUs, load), <date> UTC, commit <sha>': where a shipped trace comes from."""
-    rec = timeline.meta.get("recorded", {})
-    where = rec.get("machine", {})
+    rec = recording(timeline)
+    if rec is None:
+        raise ValueError("this timeline is a live run, not a recorded trace (figures.load_trace(name) loads one)")
+    where = rec.machine
     cpus = where.get("usable_cpus", where.get("cpus"))
     load = where.get("load_average")
     parts = [f"{where.get('node', '?')} ({cpus} CPUs" + (f", load {load[0]}" if load else "") + ")",
-             str(rec.get("date", "?"))[:16].replace("T", " ") + " UTC",
-             f"commit {str(rec.get('commit') or '?')[:10]}"]
+             rec.date[:16].replace("T", " ") + " UTC", f"commit {(rec.commit or '?')[:10]}"]
     return ", ".join(parts)

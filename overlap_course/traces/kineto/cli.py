@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         for mode, tl in runs.items():
             path = out if mode is None or len(runs) == 1 else _out_path(out, mode)
             export(tl, path)
-            report[str(path)] = {"mode": tl.meta.get("mode"),
+            report[str(path)] = {"mode": tl.meta.mode,
                                  "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
                                  "summary_device_idle_fraction": summary(path)["device_idle_fraction"]}
         print(json.dumps(report, indent=2))

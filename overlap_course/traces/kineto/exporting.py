@@ -15,7 +15,7 @@ import gzip
 import json
 from pathlib import Path
 
-from toy_engine.timeline import PROCESS_STAGES, Span, Timeline
+from toy_engine.timeline import PROCESS_STAGES, Span, Timeline, owner_name
 
 __all__ = ["DEFAULT_STREAM", "export", "kineto_events"]
 
@@ -113,8 +113,10 @@ def _add_host_spans(out: _Events, host: list[Span]) -> None:
     """Host spans: the course's stages, as user annotations."""
     for h in host:
         args = {"round": h.round}
-        if h.owner:
-            args["owner"] = h.owner
+        if h.owner is not None:
+            args["owner"] = owner_name(h.owner)
+        if h.label:
+            args["label"] = h.label
         if h.cpu_ms is not None:
             args["cpu_ms"] = round(h.cpu_ms, 4)
         out.complete("user_annotation", h.stage, HOST_PID, HOST_TID, out.us(h.start_ms), out.us(h.end_ms), args)
@@ -187,7 +189,7 @@ def _add_token_flows(out: _Events, host: list[Span], device: list[Span], stream:
 
 def _add_names(out: _Events, timeline: Timeline, stream: int) -> None:
     """Process and thread names and order (Perfetto and chrome://tracing show these)."""
-    on_cpu = str(timeline.meta.get("device", "")).startswith("cpu")
+    on_cpu = (timeline.meta.device or "").startswith("cpu")
     t_meta = out.us(min(s.start_ms for s in timeline.spans))
     for pid, tid, kind, value in (
             (HOST_PID, 0, "process_name", {"name": "python (toy_engine host loop)"}),
@@ -241,16 +243,16 @@ def export(timeline: Timeline, path=None, *, name: str | None = None, stream: in
     """
     events = kineto_events(timeline, stream)
     meta = timeline.meta
-    device = str(meta.get("device", "device"))
+    device = meta.device or "device"
     trace = {
         "schemaVersion": 1,
         "deviceProperties": [{"id": 0, "name": f"toy_engine {device}" + (" (CPU stand-in process)"
                                                                         if device.startswith("cpu") else "")}],
         "distributedInfo": {"rank": 0},
-        "traceName": name or (Path(path).name if path is not None else f"toy_engine_{meta.get('mode', 'run')}"),
+        "traceName": name or (Path(path).name if path is not None else f"toy_engine_{meta.mode or 'run'}"),
         "displayTimeUnit": "ms",
         "toy_engine": {
-            "mode": meta.get("mode"), "device": meta.get("device"),
+            "mode": meta.mode, "device": meta.device,
             "device_idle_fraction": timeline.device_idle_fraction(),
             "window": "first device span start to last device span end (Timeline.device_idle_fraction)",
             "origin_ns": timeline.origin_ns,

@@ -19,7 +19,7 @@ read from its source, so that the numbers can be checked against it):
   :func:`summary`.  Exports end with an empty step opened after the run (as a loop that
   calls ``prof.step()`` at the end of every pass would), so HTA's window of an export is the
   whole run: first device span start to last device span end, the same window as
-  ``engine.stats["device_idle_fraction"]`` (:meth:`Timeline.device_idle_fraction`).
+  ``engine.stats.device_idle_fraction`` (:meth:`Timeline.device_idle_fraction`).
 
 :func:`idle_after_syncs` charges each device gap to the blocking host call
 (``...Synchronize``) that returned inside it; :func:`side_by_side` tabulates traces with it.

@@ -7,7 +7,7 @@ import bisect
 import math
 import re
 
-from toy_engine.timeline import Timeline
+from toy_engine.timeline import Timeline, TimelineMeta
 
 from .idle import summary
 from .reading import DEVICE_CATS, Event, KinetoTrace, is_launch_call, is_sync_call
@@ -31,12 +31,12 @@ def to_timeline(source) -> Timeline:
     """A Kineto trace as a course :class:`Timeline`, for the course's views.
 
     Host lane: runtime / driver calls (stage ``launch`` for kernel launches and async copies,
-    ``wait`` for synchronize calls, else the call's name; ``owner`` is the call's name).
+    ``wait`` for synchronize calls, else the call's name; ``label`` is the call's name).
     Device lane: kernels / memcpys / memsets of every stream (stage ``kernel`` / ``memcpy`` /
-    ``memset``; ``owner`` says the stream and the kernel).  Rounds: one per
+    ``memset``; ``label`` says the stream and the kernel).  Rounds: one per
     ``ProfilerStep#N`` (round N), else one per top-level user annotation, else all round 0;
-    device work belongs to the round of the call that launched it.  ``meta["kineto"]`` keeps
-    the trace's name, device, streams and :func:`summary`.
+    device work belongs to the round of the call that launched it.  ``meta.annotations["kineto"]``
+    keeps the trace's name, device, streams and :func:`summary`.
     """
     trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
     if trace.steps:
@@ -61,18 +61,17 @@ def to_timeline(source) -> Timeline:
     props = trace.meta.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         dev_name = str(props[0].get("name", dev_name))
-    tl = Timeline(origin_ns=origin_ns, meta={
-        "mode": "imported", "device": dev_name,
+    tl = Timeline(origin_ns=origin_ns, meta=TimelineMeta(mode="imported", device=dev_name, annotations={
         "kineto": {"source": trace.source, "trace_name": trace.meta.get("traceName"),
                    "streams": sorted({e.stream for e in trace.device}),
                    "rounds_from": ("ProfilerStep" if trace.steps else
                                    "user annotations" if trace.annotations else "none (all round 0)"),
-                   "summary": summary(trace)}})
+                   "summary": summary(trace)}}))
     ms = lambda ts: (ts - t0) / 1000.0  # noqa: E731
     for e in trace.host:
-        tl.add("host", _host_stage(e.name), round_at(e.ts), ms(e.ts), ms(e.end), owner=e.name)
+        tl.add("host", _host_stage(e.name), round_at(e.ts), ms(e.ts), ms(e.end), label=e.name)
     for e in trace.device:
         launch = trace.launch_ts.get(e.correlation) if e.correlation is not None else None
         tl.add("device", DEVICE_CATS[e.cat], round_at(e.ts if launch is None else launch), ms(e.ts), ms(e.end),
-               owner=f"stream {e.stream}: {_short(e.name)}")
+               label=f"stream {e.stream}: {_short(e.name)}")
     return tl

@@ -1,0 +1,101 @@
+"""What a timeline says about its run: the engine's settings, the workload, the headline numbers.
+
+Plain data that a stored trace carries as JSON and reads back equal.  ``annotations`` belong
+to whoever stores a trace (the course: the machine's load, how a trace was recorded): the
+engine keeps them and never reads them.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+
+__all__ = ["RunStats", "TimelineMeta", "Workload", "from_json_object"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What ``generate`` was asked: how many prompts, how many new tokens each, how hot."""
+
+    requests: int
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """A run's headline numbers (``engine.stats``).  Per-round means are over the rounds with
+    spans (``Timeline.summary``); ``decode_...`` leaves the prefill rounds out."""
+
+    rounds: int
+    wall_ms: float  # the loop, start to end
+    device_busy_ms: float
+    device_idle_fraction: float
+    mean_host_ms_per_round: float
+    mean_device_ms_per_round: float
+    tokens: int
+    tokens_per_s: float
+    prefill_rounds: int
+    decode_rounds: int
+    decode_device_idle_fraction: float
+    draft_tokens_proposed: int
+    draft_tokens_accepted: int
+    mean_accepted_per_round: float  # per request and decode round, as speculative-decoding papers count
+    tokens_per_forward: float
+    discarded_outputs: int  # outputs of requests already finished (the extra round under ZOS)
+    launch_latency_ms: float | None = None  # median; None where the device does not measure it
+
+
+@dataclass
+class TimelineMeta:
+    """The run a timeline records: the engine's settings and workload, written when the run
+    starts; ``prefill_rounds`` and ``stats`` when it ends."""
+
+    mode: str | None = None  # "serial" or "zos"; "imported" for a profiler's trace
+    device: str | None = None
+    num_draft_tokens: int = 0
+    max_batch_size: int | None = None
+    host_overhead_ms: float = 0.0
+    workload: Workload | None = None
+    prefill_rounds: list[int] = field(default_factory=list)
+    stats: RunStats | None = None
+    annotations: dict = field(default_factory=dict)  # name -> JSON value, owned by the course
+
+
+_KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          dict: "an object", list: "a list"}
+
+
+def from_json_object(cls, raw, where: str):
+    """A ``cls`` dataclass from its parsed JSON object, refused with a sentence naming ``where``
+    and the field when a field is unknown, missing or of another type: code reading it would
+    otherwise fail later, far from the cause."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"{where} has unknown field(s) {unknown}; its fields are {list(known)}")
+    missing = [n for n, f in known.items() if n not in raw and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where} is missing field(s) {missing}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{name: _typed(value, hints[name], f"{where}[{name!r}]") for name, value in raw.items()})
+
+
+def _typed(value, kind, where: str):
+    """``value`` if it has the annotated type ``kind`` (a nested dataclass is built from its
+    object); an int is a number, a bool is not an integer."""
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    for option in options:
+        base = typing.get_origin(option) or option
+        if is_dataclass(option) and isinstance(value, dict):
+            return from_json_object(option, value, where)
+        if base is list and isinstance(value, list):
+            item = (typing.get_args(option) or (object,))[0]
+            return [_typed(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        if base is object or type(value) is base or (base is float and type(value) is int):
+            return value
+    wanted = " or ".join("an object" if is_dataclass(o) else _KINDS[typing.get_origin(o) or o] for o in options)
+    raise ValueError(f"{where} must be {wanted}, got {type(value).__name__}")
