@@ -393,7 +393,7 @@ def test_timeline_from_json_is_strict_and_says_what_it_read(tmp_path):
     assert te.Timeline.from_json(tmp_path / "bom.json").spans == tl.spans
     with pytest.raises(ValueError, match="unsupported timeline version True"):
         te.Timeline.from_json(text.replace('"version": 1', '"version": true'))
-    with pytest.raises(ValueError, match=r"span 0 has unknown field\(s\) \['colour'\]"):
+    with pytest.raises(ValueError, match=r"\['spans'\]\[0\] has unknown field\(s\) \['colour'\]"):
         te.Timeline.from_json(text.replace('"label": ""', '"label": "", "colour": "red"'))
     with pytest.raises(ValueError, match="cannot read timeline file 'no such file'.*read as a path"):
         te.Timeline.from_json("no such file")
@@ -613,22 +613,22 @@ def _recording(timeline):
     (lambda: te.Timeline.from_json("[" * 10**5 + "]" * 10**5), ValueError, r"nested too deeply"),
     # the engine's own fields, when the timeline is read
     (lambda: te.Timeline.from_json(_timeline_json('{"machine_load": {}}')), ValueError,
-     r"timeline JSON text: timeline meta has unknown field\(s\) \['machine_load'\]; its fields are .*'annotations'"),
+     r"timeline JSON text\['meta'\] has unknown field\(s\) \['machine_load'\]; its fields are .*'annotations'"),
     (lambda: te.Timeline.from_json(_timeline_json('{"stats": 1}')), ValueError,
-     r"meta\['stats'\] must be an object or null, got int"),
+     r"\['meta'\]\['stats'\] must be an object or null, got int"),
     (lambda: te.Timeline.from_json(_timeline_json(_stats_json(tokens_per_s="fast"))), ValueError,
-     r"meta\['stats'\]\['tokens_per_s'\] must be a number, got str"),
+     r"\['meta'\]\['stats'\]\['tokens_per_s'\] must be a number, got str"),
     (lambda: te.Timeline.from_json(_timeline_json('{"stats": {"tokens_per_s": 1.0}}')), ValueError,
-     r"meta\['stats'\] is missing field\(s\) \['rounds', 'wall_ms'"),
+     r"\['meta'\]\['stats'\] is missing field\(s\) \['rounds', 'wall_ms'"),
     (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": 3}')), ValueError,
-     r"meta\['prefill_rounds'\] must be a list, got int"),
+     r"\['meta'\]\['prefill_rounds'\] must be a list, got int"),
     (lambda: te.Timeline.from_json(_timeline_json('{"prefill_rounds": [true]}')), ValueError,
-     r"meta\['prefill_rounds'\]\[0\] must be an integer, got bool"),
+     r"\['meta'\]\['prefill_rounds'\]\[0\] must be an integer, got bool"),
     (lambda: te.Timeline.from_json(_timeline_json('{"workload": {"requests": 2, "max_new_tokens": "8", '
                                                   '"temperature": 0}}')), ValueError,
-     r"meta\['workload'\]\['max_new_tokens'\] must be an integer, got str"),
+     r"\['meta'\]\['workload'\]\['max_new_tokens'\] must be an integer, got str"),
     (lambda: te.Timeline.from_json(_timeline_json('{"annotations": [1]}')), ValueError,
-     r"meta\['annotations'\] must be an object, got list"),
+     r"\['meta'\]\['annotations'\] must be an object, got list"),
     (lambda: te.Timeline(meta={"mode": "zos"}), TypeError, r"Timeline meta must be a TimelineMeta, got dict"),
     # the course's annotations, when the course reads them
     (lambda: _machine_load(_annotated(machine_load=5)), ValueError,

@@ -10,7 +10,7 @@ pytest.importorskip("plotly")
 import toy_engine as te  # noqa: E402
 from overlap_course import figures  # noqa: E402
 from overlap_course.figures import layout, palette  # noqa: E402
-from overlap_course.figures.rounds import common_first_round, decode_rounds  # noqa: E402
+from overlap_course.figures.rounds import common_first_round, decode_rounds, round_window  # noqa: E402
 from overlap_course.traces.recorded import TRACES_DIR, recording  # noqa: E402
 from toy_engine.timeline import Span, Timeline, TimelineMeta  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_default_window_is_first_steady_decode_round():
 def test_stage_traces_colours_and_span_bars():
     tl = zos_timeline()
     fig = figures.timeline_figure(tl)  # rounds 2, 3, 4: from r1's delivery (19.2) to the flush of r3 (31.0)
-    assert tl.round_window(2, 4) == (19.2, 31.0)
+    assert round_window(tl, 2, 4) == (19.2, 31.0)
     # r2's schedule/prepare/launch_forward/upload ran before r1 was delivered: outside the window.
     window = [s for s in tl.spans if s.round in (2, 3, 4) and s.end_ms >= 19.2]
     spans = kind(fig, "span")
@@ -171,7 +171,7 @@ def test_shipped_traces_draw(name):
     assert (TRACES_DIR / f"{name}.json").stat().st_size < 200_000
     fig = figures.timeline_figure(tl)
     first = figures.default_first_round(tl)
-    t0, t1 = tl.round_window(first, first + 2)
+    t0, t1 = round_window(tl, first, first + 2)
     assert len(bars(fig)) == sum(first <= s.round < first + 3 and s.end_ms >= t0 and s.start_ms <= t1
                                  for s in tl.spans)
     assert len(arrows(fig)) >= 2
@@ -302,8 +302,8 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     assert len(common) >= 10
     longer = []
     for first in common:
-        f0, f1 = fast.round_window(first, first + 2)
-        s0, s1 = slow.round_window(first, first + 2)
+        f0, f1 = round_window(fast, first, first + 2)
+        s0, s1 = round_window(slow, first, first + 2)
         rounds = range(first, first + 3)
         slower_device = max(0.0, fast.device_busy_ms(rounds) - slow.device_busy_ms(rounds))
         assert f1 - f0 <= s1 - s0 + slower_device + 1e-6, (first, f1 - f0, s1 - s0, slower_device)
@@ -314,13 +314,13 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
     # one-round deferral and did so in 3 and 12 of 21.
     assert len(longer) <= len(common) // 5, f"the faster run drew the longer window from rounds {longer}"
     whole = sorted(set(decode_rounds(fast)) & set(decode_rounds(slow)))
-    f0, f1 = fast.round_window(whole[0], whole[-1])
-    s0, s1 = slow.round_window(whole[0], whole[-1])
+    f0, f1 = round_window(fast, whole[0], whole[-1])
+    s0, s1 = round_window(slow, whole[0], whole[-1])
     assert f1 - f0 <= s1 - s0, ("all common decode rounds", f1 - f0, s1 - s0)
     # The figure draws exactly those windows, on one axis whose range fits the longer.
     fig = figures.compare_figure({"serial": runs["serial"], "zos": runs["zos"]}, fallback=False)
     first = common_first_round([runs["serial"], runs["zos"]])
-    lengths = {m: tl.round_window(first, first + 2) for m, tl in runs.items()}
+    lengths = {m: round_window(tl, first, first + 2) for m, tl in runs.items()}
     titles = [a.text for a in fig.layout.annotations[:2]]
     for mode, title in zip(("serial", "zos"), titles):
         a, b = lengths[mode]
@@ -333,12 +333,29 @@ def test_aligned_window_of_the_faster_recorded_run_is_not_the_longer(overhead):
         assert end == pytest.approx(max(b - a for a, b in [lengths["serial" if ax == "y" else "zos"]]))
 
 
+def test_round_window_runs_from_delivery_to_delivery():
+    tl = Timeline(origin_ns=0)
+    tl.add("host", "schedule", 2, 0.0, 0.5)      # under round 1's forward (ZOS): not the start
+    tl.add("device", "upload", 2, 3.0, 3.2)
+    tl.add("device", "sample", 2, 6.0, 7.0)
+    tl.add("host", "postprocess", 2, 7.5, 8.0)
+    tl.add("host", "schedule", 3, 8.0, 8.2)
+    tl.add("device", "forward", 3, 8.5, 11.0)
+    tl.add("host", "flush", 3, 11.5, 12.0)
+    assert round_window(tl, 2, 2) == (3.0, 8.0)   # round 1 never processed here: round 2's first device work
+    assert round_window(tl, 2, 3) == (3.0, 12.0)
+    assert round_window(tl, 3, 3) == (8.0, 12.0)  # from round 2's postprocess (its tokens reach the requests)
+    only_host = Timeline(origin_ns=0)
+    only_host.add("host", "prepare", 0, 1.0, 2.0)
+    assert round_window(only_host, 0, 0) == (1.0, 2.0)
+
+
 def test_round_window_rejects_bad_ranges():
     tl = zos_timeline()
     with pytest.raises(ValueError, match="last_round"):
-        tl.round_window(3, 2)
+        round_window(tl, 3, 2)
     with pytest.raises(ValueError, match="rounds 7..9 have no spans"):
-        tl.round_window(7, 9)
+        round_window(tl, 7, 9)
 
 
 # ---------------------------------------------------------------------------- contention

@@ -7,6 +7,7 @@ engine keeps them and never reads them.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
@@ -69,22 +70,34 @@ _KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "
 
 def from_json_object(cls, raw, where: str):
     """A ``cls`` dataclass from its parsed JSON object, refused with a sentence naming ``where``
-    and the field when a field is unknown, missing or of another type: code reading it would
-    otherwise fail later, far from the cause."""
+    and the field when a field is unknown, missing, of another type or (the class's own
+    checks) of a wrong value: code reading it would otherwise fail later, far from the cause."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be an object, got {type(raw).__name__}")
-    known = {f.name: f for f in fields(cls)}
+    known, required = _fields(cls)
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"{where} has unknown field(s) {unknown}; its fields are {list(known)}")
-    missing = [n for n, f in known.items() if n not in raw and f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in raw]
     if missing:
         raise ValueError(f"{where} is missing field(s) {missing}")
+    values = {name: _typed(value, *known[name], f"{where}[{name!r}]") for name, value in raw.items()}
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where} is invalid: {exc}") from None
+
+
+@functools.cache
+def _fields(cls) -> tuple[dict, list]:
+    """Per field of ``cls`` its resolved annotation and what a wrong value is told (its
+    ``about``); the fields without a default."""
     hints = typing.get_type_hints(cls)
-    return cls(**{name: _typed(value, hints[name], f"{where}[{name!r}]") for name, value in raw.items()})
+    known = {f.name: (hints[f.name], f.metadata.get("about")) for f in fields(cls)}
+    return known, [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
 
 
-def _typed(value, kind, where: str):
+def _typed(value, kind, about: str | None, where: str):
     """``value`` if it has the annotated type ``kind`` (a nested dataclass is built from its
     object); an int is a number, a bool is not an integer."""
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
@@ -94,8 +107,8 @@ def _typed(value, kind, where: str):
             return from_json_object(option, value, where)
         if base is list and isinstance(value, list):
             item = (typing.get_args(option) or (object,))[0]
-            return [_typed(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+            return [_typed(v, item, None, f"{where}[{i}]") for i, v in enumerate(value)]
         if base is object or type(value) is base or (base is float and type(value) is int):
             return value
     wanted = " or ".join("an object" if is_dataclass(o) else _KINDS[typing.get_origin(o) or o] for o in options)
-    raise ValueError(f"{where} must be {wanted}, got {type(value).__name__}")
+    raise ValueError(f"{where} must be {wanted}{f' ({about})' if about else ''}, got {type(value).__name__}")

@@ -16,7 +16,7 @@ import json
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -56,7 +56,6 @@ PROCESS_STAGES = (Stage.POSTPROCESS, Stage.FLUSH)
 _STAGES = {stage.value: stage for stage in Stage}
 
 _VERSION = 1
-_SPAN_FIELDS = ("lane", "stage", "round", "start_ms", "end_ms")
 
 
 def _is_number(value) -> bool:
@@ -78,7 +77,7 @@ class Span:
     round: int
     start_ms: float
     end_ms: float
-    owner: int | None = None  # the round whose StepState owns this work's results (owner_name)
+    owner: int | None = field(default=None, metadata={"about": "the round that owns the results; text goes in label"})
     cpu_ms: float | None = None  # CPU time the work got (None: not measured): wall >> CPU means a busy machine
     label: str = ""  # what an imported span was (a call's name, "stream 7: kernel")
 
@@ -247,38 +246,10 @@ class Timeline:
             "mean_device_ms_per_round": device_total / n if n else 0.0,
         }
 
-    def round_window(self, first_round: int, last_round: int) -> tuple[float, float]:
-        """Time range of rounds ``first_round..last_round`` that is comparable across runs.
-
-        From the moment round ``first_round - 1``'s tokens reached the requests (the end of
-        its processing) to the moment round ``last_round``'s did: the time the engine took to
-        deliver these rounds, which is what throughput is made of, in any loop.  Serial and
-        ZOS deliver one round per pass, so equal widths mean equal time and the run with more
-        tokens per second draws the shorter window (other anchors made the faster run look
-        slower: docs/measurements/engine.md).  Where round ``first_round - 1`` was never
-        processed the window starts at its first device work; rounds without processing end
-        at their last device work.
-        """
-        if last_round < first_round:
-            raise ValueError(f"last_round ({last_round}) must be >= first_round ({first_round})")
-        spans = [s for s in self.spans if first_round <= s.round <= last_round]
-        if not spans:
-            rounds = self.rounds()
-            raise ValueError(f"rounds {first_round}..{last_round} have no spans in this timeline "
-                             f"(it has rounds {rounds[0] if rounds else None}..{rounds[-1] if rounds else None})")
-        delivered = [s.end_ms for s in self.spans
-                     if s.round == first_round - 1 and s.lane == "host" and s.stage in PROCESS_STAGES]
-        starts = [s.start_ms for s in spans if s.lane == "device"] or [s.start_ms for s in spans]
-        ends = ([s.end_ms for s in spans if s.lane == "host" and s.stage in PROCESS_STAGES]
-                or [s.end_ms for s in spans if s.lane == "device"] or [s.end_ms for s in spans])
-        t0, t1 = (max(delivered) if delivered else min(starts)), max(ends)
-        return t0, max(t0, t1)
-
     def to_json(self, path: str | Path | None = None) -> str:
         """JSON text (also written to ``path`` if given).  Floats are written with ``repr``,
         which round-trips exactly: spans read back compare equal."""
-        text = json.dumps({"version": _VERSION, "origin_ns": self.origin_ns, "meta": asdict(self.meta),
-                           "spans": [asdict(s) for s in self.spans]})
+        text = json.dumps(asdict(_Stored(_VERSION, self.origin_ns, self.meta, self.spans)))
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -292,12 +263,18 @@ class Timeline:
         raises ``ValueError`` saying which of the two it tried to read and what is wrong.
         """
         text, source = _json_text(text_or_path)
-        data = _timeline_object(text, source)
         try:
-            tl = cls(origin_ns=data["origin_ns"], meta=from_json_object(TimelineMeta, data["meta"], "timeline meta"))
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
-        tl.spans.extend(_span_from_json(i, raw) for i, raw in enumerate(data["spans"]))
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ValueError(f"{source} is nested too deeply to be a timeline") from None
+        version = data.get("version", _VERSION) if isinstance(data, dict) else _VERSION
+        if type(version) is not int or version != _VERSION:  # noqa: E721 - True == 1 must not pass
+            raise ValueError(f"unsupported timeline version {version!r} in {source} (expected {_VERSION})")
+        stored = from_json_object(_Stored, data, source)
+        tl = cls(origin_ns=stored.origin_ns, meta=stored.meta)
+        tl.spans.extend(stored.spans)
         return tl
 
     def __len__(self) -> int:
@@ -329,41 +306,11 @@ def _json_text(text_or_path) -> tuple[str, str]:
                          f"unless it starts with '{{'): {exc}") from exc
 
 
-def _timeline_object(text: str, source: str) -> dict:
-    """The parsed JSON, refused unless it has a timeline's fields with the right types."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source} is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise ValueError(f"{source} is nested too deeply to be a timeline") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{source} must be an object, got {type(data).__name__}")
-    for key in ("version", "origin_ns", "meta", "spans"):
-        if key not in data:
-            raise ValueError(f"{source} is missing field {key!r}")
-    version = data["version"]
-    if type(version) is not int or version != _VERSION:  # noqa: E721 - True == 1 must not pass
-        raise ValueError(f"unsupported timeline version {version!r} in {source} (expected {_VERSION})")
-    origin = data["origin_ns"]
-    if isinstance(origin, bool) or not isinstance(origin, int):
-        raise ValueError(f"timeline origin_ns must be an int, got {origin!r}")
-    if not isinstance(data["spans"], list):
-        raise ValueError("timeline spans must be a list")
-    return data
+@dataclass
+class _Stored:
+    """A timeline as its JSON holds it."""
 
-
-def _span_from_json(i: int, raw) -> Span:
-    known = {f.name for f in fields(Span)}
-    if not isinstance(raw, dict):
-        raise ValueError(f"span {i} must be an object, got {raw!r}")
-    missing = [k for k in _SPAN_FIELDS if k not in raw]
-    if missing:
-        raise ValueError(f"span {i} is missing field(s) {missing}")
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"span {i} has unknown field(s) {unknown}; a span has {sorted(known)}")
-    try:
-        return Span(**raw)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"span {i} is invalid: {exc}") from exc
+    version: int
+    origin_ns: int
+    meta: TimelineMeta
+    spans: list[Span]

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from overlap_course import figures
 from overlap_course.build import notebooks as course
-from overlap_course.figures.rounds import decode_rounds
+from overlap_course.figures.rounds import decode_rounds, round_window
 from overlap_course.traces import kineto
 from overlap_course.traces.recorded import load_trace, recorded_label, recording
 from toy_engine.timeline import Timeline
@@ -60,7 +60,7 @@ def load_runs() -> dict[str, Timeline]:
 
 def numbers(timeline: Timeline) -> dict:
     """What the handout states about one trace, computed from its spans."""
-    t0, t1 = timeline.round_window(FIRST_ROUND, FIRST_ROUND + NUM_ROUNDS - 1)
+    t0, t1 = round_window(timeline, FIRST_ROUND, FIRST_ROUND + NUM_ROUNDS - 1)
     decode = decode_rounds(timeline)
     forwards = [s.duration_ms for s in timeline.lane("device") if s.stage == "forward" and s.round in decode]
     launches = [s.duration_ms for s in timeline.lane("host") if s.stage == "launch_forward"]

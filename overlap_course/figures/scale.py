@@ -7,7 +7,7 @@ busy: wall time far above CPU time) hatched differently, and an arrow from each 
 ``sample`` end (its completion event) to the host's processing of that round.
 
 A window of rounds ``a..b`` runs from the moment round a-1's tokens reached the requests
-to the moment round b's did (:meth:`Timeline.round_window`), in every run, so that in a
+to the moment round b's did (:func:`rounds.round_window`), in every run, so that in a
 comparison equal widths mean equal time and the run with more tokens per second draws the
 shorter window (``docs/measurements/figures.md`` has why no other anchor is fair).
 """
@@ -28,7 +28,8 @@ from toy_engine.validate import check_int, shown
 
 from .layout import BAR_WIDTH, LANE_Y, apply_layout, cpu_text, heading, style_lanes
 from .palette import BUSY_COLOR, IDLE_COLOR, PATTERNS, in_stage_order, stage_color
-from .rounds import check_timeline, common_first_round, decode_rounds, default_first_round, window_spans
+from .rounds import (check_timeline, common_first_round, decode_rounds, default_first_round, round_window,
+                     window_spans)
 
 __all__ = ["timeline_figure", "compare_figure"]
 
@@ -50,7 +51,7 @@ def _links(spans: list[Span]) -> list[tuple[Span, Span]]:
 def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dict:
     """Everything a to-scale figure needs for one window, in ms relative to its start.
 
-    The time range is :meth:`Timeline.round_window`: from the delivery of the round before
+    The time range is :func:`rounds.round_window`: from the delivery of the round before
     the first to the delivery of the last.  Spans of the window's rounds are drawn clipped
     to it (under ZOS the first round's forward began before the round before it was
     delivered).  Idle gaps and machine-busy stretches are the timeline's, clipped to the range.
@@ -60,7 +61,7 @@ def _window(timeline: Timeline, first_round: int | None, num_rounds: int) -> dic
     last = first + num_rounds - 1
     owned = window_spans(timeline, first, num_rounds)
     if owned:
-        t0, t1 = timeline.round_window(first, last)
+        t0, t1 = round_window(timeline, first, last)
     else:
         t0 = t1 = 0.0
     inside = [s for s in owned if s.end_ms >= t0 and s.start_ms <= t1]
@@ -216,7 +217,7 @@ def timeline_figure(timeline: Timeline, first_round: int | None = None, num_roun
 
     ``first_round`` defaults to the first steady-state decode round (see
     :func:`~overlap_course.figures.rounds.default_first_round`).  Time is in ms from the
-    window's start, the delivery of the round before the first (:meth:`Timeline.round_window`).
+    window's start, the delivery of the round before the first (:func:`rounds.round_window`).
     ``context`` also draws, faded, other rounds' spans that ran inside the window (with ZOS,
     round N-1's wait and postprocess run during round N).
     """
@@ -294,7 +295,7 @@ def compare_figure(runs: dict, num_rounds: int = 3, first_round: int | None = No
     """One row per run (label -> Timeline, or label -> (Timeline, stats)), same rounds, same scale.
 
     Every row shows the same rounds, each from the delivery of the round before them to the
-    delivery of their last (:meth:`Timeline.round_window`), on one shared time axis: equal
+    delivery of their last (:func:`rounds.round_window`), on one shared time axis: equal
     widths are equal time, so the faster run has the shorter window.  Titles give the
     window's length and device idle, the run's decode-phase idle fraction, its device CPU
     share and, when stats are known (given, or the timeline's ``meta.stats``), tokens/s.
