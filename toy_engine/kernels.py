@@ -10,7 +10,7 @@ them only through ``ctx.store``.  Values that stay on the device between rounds 
   written as ``FROM_DEVICE`` and read from here; the host never waits to build a round.
 * ``accepted[row]``, ``drafts[row]``, ``history[row]`` -- speculative decoding: how many
   drafts the row's latest round accepted, the drafts proposed for its next round, and
-  the last few tokens the n-gram drafter looks at.
+  the last few tokens the n-gram drafter (drafter.py) looks at.
 
 No kernel calls ``.item()``/``.tolist()``: everything the host must know (batch sizes,
 ``max_q``) comes as launch arguments, so a CUDA stream never stalls on the host.
