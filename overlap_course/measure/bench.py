@@ -23,8 +23,8 @@ import json
 import statistics
 import sys
 
+from overlap_course.corpus import generate_corpus
 from overlap_course.traces.recorded import recorded_label, recorded_runs
-from toy_engine.data import generate_corpus
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.stats import ideal_ratio
