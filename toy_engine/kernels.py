@@ -5,7 +5,7 @@ through ``ctx.load`` and ``ctx.store``.  What stays on the device between rounds
 ``ctx.state``: ``last_tokens[row]``, each request's newest token (the *future-token map*: a
 decode input the host does not know yet is written as ``FROM_DEVICE`` and read from here, so
 the host never waits to build a round), and for speculative decoding ``accepted``, ``drafts``
-and the n-gram drafter's ``history`` per row (drafter.py).  No kernel calls ``.tolist()``: what the
+and the n-gram drafter's ``history`` per row (drafter.py).  No kernel calls ``.item()``/``.tolist()``: what the
 host must know (batch sizes, ``max_q``) comes as launch arguments, so a stream never stalls.
 """
 
