@@ -3,7 +3,7 @@
 The defaults reproduce ``toy_engine/checkpoints/tiny_gpt.pt`` in a few minutes on
 two CPU cores.  The choices, briefly:
 
-* **Data.** The synthetic stories of ``toy_engine.data`` (corpus seed 0, ~300k chars),
+* **Data.** The synthetic stories of ``overlap_course.corpus`` (seed 0, ~300k chars),
   each followed by EOS; the last 5% of the token stream is held out for validation.
 * **Windows of the full context length.** The model has absolute position
   embeddings and the engine serves sequences up to ``context_len`` (256) positions,
@@ -26,14 +26,16 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from toy_engine.data import ALPHABET, CharTokenizer, corpus_token_stream, generate_corpus, split_train_val
-from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT, save_checkpoint
+from overlap_course.corpus import corpus_token_stream, generate_corpus, split_train_val
+from toy_engine.data import ALPHABET, CharTokenizer
+from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT
 
 VAL_FRACTION = 0.05
 
@@ -43,6 +45,12 @@ def load_data(tokenizer: CharTokenizer | None = None):
     tokenizer = tokenizer or CharTokenizer()
     stream = torch.tensor(corpus_token_stream(generate_corpus(seed=0), tokenizer))
     return split_train_val(stream, VAL_FRACTION)
+
+
+def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
+    """What ``toy_engine.model.load_model`` reads; weights in float32 (half the size: the engine upcasts)."""
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    torch.save({"config": asdict(model.cfg), "alphabet": alphabet, "state_dict": state, "info": info}, path)
 
 
 @torch.no_grad()

@@ -60,7 +60,7 @@ def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
 def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
     v = checks.check_serial_loop(lambda engine: loops.zos_loop(engine))
     assert not v and v.category == "not_serial"
-    assert "round 1 (decode): its results were processed after round 2 was prepared" in v.message
+    assert "round 1 (decode, prompts [0, 1, 2]): its results were processed after round 2 was prepared" in v.message
 
 
 # ---- raw or wrong diagnoses, now lesson-level ------------------------------------------

@@ -21,7 +21,7 @@ def cuda_engines(shipped):
 
 def test_cuda_device_is_used_and_events_give_host_clock_times(cuda_engines):
     engine = cuda_engines["zos"]
-    from toy_engine.cuda_device import CudaDevice
+    from toy_engine.device import CudaDevice
 
     assert isinstance(engine.device, CudaDevice)
     engine.generate(["Once upon a time"], max_new_tokens=16)

@@ -1,18 +1,16 @@
-"""Tests for toy_engine.data: tokenizer, synthetic corpus, splitting."""
+"""Tests for the tokenizer (toy_engine.data), the training corpus and its splitting
+(overlap_course.corpus), and the drafter's table the engine ships, built from that corpus."""
 
 from collections import Counter, defaultdict
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toy_engine.data import (
-    ALPHABET,
-    CharTokenizer,
-    corpus_token_stream,
-    generate_corpus,
-    split_train_val,
-)
+from overlap_course.corpus import corpus_token_stream, generate_corpus, ngram_table_of_the_corpus, split_train_val
+from toy_engine.data import ALPHABET, CharTokenizer
+from toy_engine.drafter import NGRAM_TABLE, ngram_table
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +149,16 @@ def test_split_train_val():
         split_train_val(tokens, val_fraction=0.0)
     with pytest.raises(ValueError):
         split_train_val(tokens, val_fraction=1.0)
+
+
+# --- the drafter's shipped table ------------------------------------------
+
+def test_the_shipped_ngram_table_is_the_one_the_corpus_builds():
+    assert torch.equal(ngram_table(ALPHABET), ngram_table_of_the_corpus()), (
+        f"{NGRAM_TABLE} is not the table of overlap_course/corpus.py's corpus: rebuild it with "
+        f"`python -m overlap_course.corpus`")
+
+
+def test_the_shipped_ngram_table_refuses_another_alphabet():
+    with pytest.raises(ValueError, match="built for the alphabet .* use num_draft_tokens=0"):
+        ngram_table(ALPHABET + "~")

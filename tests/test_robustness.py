@@ -416,7 +416,7 @@ def test_stage_lists_match_what_the_engine_records(engines):
 def test_cuda_spans_query_each_event_once():
     """CudaDevice.spans partitions its launches with one query per event: an event that
     completes between two queries must not fall out of both lists (runs without a GPU)."""
-    from toy_engine.cuda_device import CudaDevice
+    from toy_engine.device import CudaDevice
 
     class EventThatCompletesNow:
         def __init__(self):

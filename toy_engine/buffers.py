@@ -1,15 +1,10 @@
-"""Host <-> device buffers: their names, the metadata layout and the output layout.
+"""Host <-> device buffers: everything both sides must agree on, in one place, so the host
+code that writes a round's inputs and reads its outputs cannot drift from the kernels.
 
-Everything both sides must agree on lives here, so the host code that writes a round's
-inputs and reads its outputs and the kernels that read and write them cannot drift apart:
-
-* per host buffer slot ``s`` (round N uses slot ``N % NUM_SLOTS``): ``meta{s}`` (one
-  flat int64 buffer of metadata, so a round needs one host-to-device copy),
-  ``temps{s}`` (per-request temperatures) and ``out{s}`` (what sampling writes back);
-* ``MetaLayout``: where each metadata field sits inside ``meta{s}``;
-* the output layout: ``tokens[B, 1 + k]`` then ``accepted[B]``, written by
-  ``kernels.sample`` through :func:`pack_outputs`, read by the host through
-  :func:`unpack_outputs`.
+Per host buffer slot ``s`` (round N uses slot ``N % num_slots``): ``meta{s}``, all of the
+round's metadata in one flat int64 buffer (``MetaLayout``), so a round needs one upload;
+``temps{s}``, per-request temperatures; ``out{s}``, what sampling writes back: ``tokens[B, 1 + k]``
+then ``accepted[B]`` (``pack_outputs`` on the device, ``unpack_outputs`` on the host).
 """
 
 from __future__ import annotations
@@ -38,11 +33,8 @@ def allowed_buffer(slot: int) -> str:
 
 @dataclass(frozen=True)
 class MetaLayout:
-    """Where each metadata field lives inside one flat int64 host buffer.
-
-    One buffer per round means one host-to-device copy per round.  Fields sized T hold
-    one value per packed token, fields sized B one per request.
-    """
+    """Where each metadata field lives inside one flat int64 host buffer: fields sized T hold
+    one value per packed token, fields sized B one per request."""
 
     max_tokens: int
     max_batch: int
@@ -76,7 +68,7 @@ def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int, mask_vocab
     for s in range(num_slots):
         specs[meta_buffer(s)] = ((layout.size,), torch.long)
         specs[temps_buffer(s)] = ((layout.max_batch,), torch.float64)
-        specs[out_buffer(s)] = ((layout.max_batch * (num_drafts + 2),), torch.long)
+        specs[out_buffer(s)] = ((outputs_size(layout.max_batch, num_drafts),), torch.long)
         if mask_vocab:
             specs[allowed_buffer(s)] = ((layout.max_batch, mask_vocab), torch.bool)
     return specs

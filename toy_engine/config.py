@@ -1,8 +1,9 @@
 """How an engine is built (``EngineConfig``), and the limits its values are checked against.
 
 Every value is checked when the config is created, so a mistake names its argument before
-any device process starts; the limits sit where a value stops making sense for the toy or
-would fail far from its cause (in the allocator, or after minutes of spinning).
+any device process starts.  Each limit sits where a value stops making sense for the toy, or
+would fail far from its cause (in the allocator, or after minutes of spinning); the sizes
+behind them are in docs/measurements/engine.md.
 """
 
 from __future__ import annotations
@@ -19,19 +20,11 @@ __all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size"]
 MODES = ("serial", "zos")
 DEVICES = ("auto", "cuda", "cpu")
 MAX_SLOTS = 8  # host buffer slots: overlap needs 2; more only cost memory
-MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise (~10 for this model)
+MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise
 MAX_HOST_OVERHEAD_MS = 1000.0
-# A decode round feeds 1 + k tokens per request and the shipped model's context is 256
-# tokens: more drafts than this only burn device time on tokens that are never accepted.
-MAX_DRAFT_TOKENS = 16
-# The KV cache is allocated whole when the engine starts (the shipped model in float64:
-# 8 KiB per token slot, so the default 128 x 16 slots take 16 MiB); refuse a size that
-# would take more than this rather than fail inside the allocator.
-MAX_KV_CACHE_BYTES = 4 * 2**30
-# Each batch row gets a slice of every round's metadata (~790 int64 for the shipped model:
-# tokens up to its 256-token context, positions, slots, block table), double-buffered on
-# host and device: 4096 rows take ~50 MiB, already far past what the toy's cache can run.
-MAX_BATCH_SIZE = 4096
+MAX_DRAFT_TOKENS = 16  # past this, drafts burn device time on tokens that are never accepted
+MAX_KV_CACHE_BYTES = 4 * 2**30  # the cache is allocated whole at start: refuse it here, not in the allocator
+MAX_BATCH_SIZE = 4096  # every row's metadata is allocated up front, double-buffered on host and device
 
 
 @dataclass

@@ -1,22 +1,13 @@
-"""A sampling constraint computed on the host from the tokens committed so far.
+"""A sampling constraint built on the host from the tokens committed so far.
 
-Structured-output engines turn a grammar into a mask of the tokens allowed next.  The
-mask depends on the text generated so far, so it can only be built once the previous
-round's tokens have reached the host -- that is, after the previous round's postprocess.
-The forward does not need the mask, the sampling does.  This is the dependency behind
-the order *current forward, previous postprocess, current sampling*: the forward is
-launched before the host processes round N-1, the sampling after it, with a mask that
-includes round N-1's token.
-
-The toy's constraint fits a character model: **title case** -- the first character after
-a space must be a capital letter.  It changes the text visibly ("Once Upon A Time"), and
-a mask built one token late shows it just as visibly: the capital lands on the second
-letter of a word ("Once uPon a tIme"), because the stale mask still sees the space.
-
-Speculative decoding is refused (creating the ``EngineConfig`` raises): the mask of draft
-position i depends on drafts 1..i-1, and the drafts live on the device, where the host
-cannot read them without a wait.  Engines that combine both advance the grammar over the
-drafts on the host, which needs the drafts there; the toy proposes them on the device.
+Like a structured-output grammar, its mask of allowed tokens depends on the text so far, so
+it exists only once the previous round's tokens reached the host (after its postprocess);
+only the sampling needs it, not the forward.  Hence the order *current forward, previous
+postprocess, current sampling*.  The toy's constraint is **title case** (after a space, only
+a capital): a mask built one token late shows at once, as a capital on a word's second
+letter ("Once uPon a tIme").  Speculative decoding is refused with it (``EngineConfig``): the
+mask of draft i depends on drafts 1..i-1, which live on the device (engines that combine both
+propose drafts on the host and advance the grammar over them there).
 """
 
 from __future__ import annotations
@@ -32,8 +23,6 @@ CONSTRAINTS = ("title_case",)
 
 class TitleCase:
     """After a space only capital letters are allowed; anywhere else, anything is."""
-
-    name = "title_case"
 
     def __init__(self, tokenizer: CharTokenizer):
         self.vocab_size = tokenizer.vocab_size

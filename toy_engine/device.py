@@ -1,21 +1,15 @@
 """Devices: where the model runs, asynchronously from the host.
 
-The engine talks to a device through five calls, the same ones a CUDA program uses:
+The engine talks to a device through the calls a CUDA program uses: ``launch`` queues a
+kernel on the device's single in-order stream and returns at once, ``record_event`` marks
+"everything launched so far", ``wait`` blocks the host until an event is reached (the only
+way to learn that work is done), ``host`` hands out a buffer the device reads or writes, and
+``spans`` says when each launch really ran (on the host's clock, in ns) and the CPU time it got
+(None where not measured), for the timeline.
 
-* ``launch(kernel, *args)`` queues work on the device's single in-order stream and
-  returns at once;
-* ``record_event()`` marks "everything launched so far";
-* ``wait(event)`` blocks the host until that point is reached (the only way to learn
-  that work is done);
-* ``host(name, mode)`` gives the host a buffer the device reads or writes;
-* ``spans()`` returns when each launch really started and ended on the device,
-  on the host's clock (ns), and the CPU time it got (ns; None where not measured),
-  for the timeline.
-
-This module is that interface.  The implementations: ``CudaDevice`` (cuda_device.py, a
-CUDA stream and its events) and ``ProcessDevice`` (process_device.py, the CPU stand-in: a
-device process fed through a pipe).  Whichever it is, ``Device`` checks every launch, host
-access and free of KV blocks with the race checker (races.py).
+Two implementations: ``CudaDevice`` (below, a CUDA stream) and ``ProcessDevice``
+(process_device.py, the CPU stand-in: a device process fed through a pipe).  Either way,
+``Device`` checks every launch, host access and free of KV blocks with the race checker.
 """
 
 from __future__ import annotations
@@ -31,10 +25,8 @@ from .record import RunRecord
 
 
 class DeviceError(RuntimeError):
-    """A kernel failed on the device, the device process died, or the link to it broke.
-
-    Sticky, like a CUDA error: every later wait raises it too; the engine starts a new
-    device (a fresh "context") when it recovers."""
+    """A kernel failed on the device, the device process died, or the link to it broke.  Sticky,
+    like a CUDA error: every later wait raises it, until the engine starts a new device."""
 
 
 @dataclass
@@ -161,14 +153,64 @@ class Device:
         return self.failure()
 
 
+class CudaDevice(Device):
+    """The device on a GPU: a ``torch.cuda.Stream``, with ``torch.cuda.Event`` as its events.
+    Each launch is bracketed by two timing events; device times are put on the host's clock
+    through a reference event recorded (and waited for) at start-up."""
+
+    name = "cuda"
+
+    def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True):
+        super().__init__(race_check)
+        dev = torch.device("cuda")
+        self.name = torch.cuda.get_device_name(dev)
+        self.buffers = {n: torch.zeros(*shape, dtype=dt).pin_memory() for n, (shape, dt) in buffer_specs.items()}
+        self.stream = torch.cuda.Stream(dev)
+        with torch.cuda.stream(self.stream):
+            self.ctx = DeviceContext.build(cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers, dev)
+        self._timed: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+        # Clock alignment: host time when a reference event is known to have completed.
+        self._ref = torch.cuda.Event(enable_timing=True)
+        self._ref.record(self.stream)
+        self._ref.synchronize()
+        self._ref_ns = time.perf_counter_ns()
+
+    def _launch(self, seq, kernel, args, round, stage, record_event):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(self.stream)
+        with torch.cuda.stream(self.stream):
+            kernel(self.ctx, *args)
+        end.record(self.stream)
+        self._timed.append((stage, round, start, end))
+        return self._record() if record_event else None
+
+    def _record(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        return ev
+
+    def _wait(self, event, timeout=None):
+        event.handle.synchronize()
+
+    def _to_ns(self, ev) -> int:
+        return self._ref_ns + int(self._ref.elapsed_time(ev) * 1e6)
+
+    def spans(self):
+        # Query each end event once: asking twice, an event completing in between would
+        # fall into neither list and its span would be lost.
+        done, running = [], []
+        for t in self._timed:
+            (done if t[3].query() else running).append(t)
+        self._timed = running
+        return [(name, rnd, self._to_ns(s), self._to_ns(e), None) for name, rnd, s, e in done]
+
+
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                 num_threads: int = 1) -> Device:
-    """``kind``: "auto" (CUDA if available, else the CPU stand-in), "cuda" or "cpu"."""
-    from .cuda_device import CudaDevice  # the implementations build on this module: imported once needed
-    from .process_device import ProcessDevice
+    """``kind`` (checked by ``EngineConfig``): "auto" (CUDA if there is one, else the CPU stand-in),
+    "cuda" or "cpu"."""
+    from .process_device import ProcessDevice  # it builds on this module: imported once needed
 
-    if kind not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"unknown device {kind!r}: use 'auto', 'cuda' or 'cpu'")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):

@@ -10,37 +10,25 @@ from the per-row ``history`` the sampling kernel keeps.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 
-from .data import CharTokenizer, corpus_token_stream, generate_corpus
-
 NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
+#: The shipped table: for every (NGRAM-1)-token context, the most frequent next token in the corpus
+#: the shipped model was trained on; stored like the model's weights, built by the course
+#: (``overlap_course/corpus.py``).
+NGRAM_TABLE = Path(__file__).parent / "checkpoints" / "ngram_table.pt"
 
 
 @functools.lru_cache(maxsize=4)
 def ngram_table(alphabet: str) -> torch.Tensor:
-    """The table of the corpus the shipped model was trained on (built once per alphabet)."""
-    tok = CharTokenizer(alphabet)
-    return build_ngram_table(torch.tensor(corpus_token_stream(generate_corpus(0), tok)), tok.vocab_size)
-
-
-def build_ngram_table(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Most frequent next token for every (NGRAM-1)-token context (a dense lookup table).
-
-    Contexts never seen in the corpus fall back to the bigram guess from their last
-    token.  Ties go to the larger token id, so the table is deterministic.
-    """
-    n = NGRAM - 1
-    key = torch.zeros(len(tokens) - n, dtype=torch.long)
-    for j in range(n):
-        key = key * vocab + tokens[j: len(tokens) - n + j]
-    pairs, counts = torch.unique(key * vocab + tokens[n:], return_counts=True)
-    score = counts * vocab + pairs % vocab  # the best next token has the highest score
-    best = torch.full((vocab**n,), -1, dtype=torch.long).scatter_reduce(0, pairs // vocab, score, "amax")
-    bigram = torch.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab).view(vocab, vocab)
-    fallback = bigram.argmax(1)[torch.arange(vocab**n) % vocab]
-    return torch.where(best >= 0, best % vocab, fallback)
+    """The shipped table, for a tokenizer of ``alphabet`` (loaded once)."""
+    saved = torch.load(NGRAM_TABLE, weights_only=True)
+    if alphabet != saved["alphabet"]:
+        raise ValueError(f"speculative decoding drafts from the shipped n-gram table, built for the alphabet "
+                         f"{saved['alphabet']!r}, not this tokenizer's {alphabet!r}: use num_draft_tokens=0")
+    return saved["table"].long()
 
 
 def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:

@@ -14,15 +14,10 @@ import threading
 
 
 class hold_sigint:
-    """Hold a SIGINT until the block ends, then replay it.
-
-    Python raises KeyboardInterrupt between any two bytecodes, also between reading a
-    message's header and its payload; the next read would then take payload bytes for
-    a header and the pipe stays out of step for good.  Only the main thread runs Python
-    signal handlers, so other threads need nothing.  Why the C module ``_signal`` and a
-    class: this is held around every launch, and the public ``signal`` functions (which
-    wrap results in enums) and a generator-based context manager cost several times more.
-    """
+    """Hold a SIGINT until the block ends, then replay it.  Python raises KeyboardInterrupt
+    between any two bytecodes, also between a message's header and its payload, which leaves the
+    pipe out of step for good.  Only the main thread runs signal handlers.  A class over the C
+    module ``_signal``: this runs around every launch, where ``signal``'s functions cost more."""
 
     def __enter__(self):
         self._previous = None

@@ -1,19 +1,12 @@
 """Device-side work: the functions the engine launches on the stream.
 
-Each kernel is ``kernel(ctx, *small_args)``: it runs on the device (in the device process
-on CPU, as CUDA work on a GPU), reads host buffers only through ``ctx.load`` and writes
-them only through ``ctx.store``.  Values that stay on the device between rounds live in
-``ctx.state``:
-
-* ``last_tokens[row]`` -- the newest token of each request: the *future-token map*.  A
-  decode input the host does not know yet (the previous round is still in flight) is
-  written as ``FROM_DEVICE`` and read from here; the host never waits to build a round.
-* ``accepted[row]``, ``drafts[row]``, ``history[row]`` -- speculative decoding: how many
-  drafts the row's latest round accepted, the drafts proposed for its next round, and
-  the last few tokens the n-gram drafter looks at.
-
-No kernel calls ``.item()``/``.tolist()``: everything the host must know (batch sizes,
-``max_q``) comes as launch arguments, so a CUDA stream never stalls on the host.
+A kernel is ``kernel(ctx, *small_args)``: it runs on the device and touches host buffers only
+through ``ctx.load`` and ``ctx.store``.  What stays on the device between rounds lives in
+``ctx.state``: ``last_tokens[row]``, each request's newest token (the *future-token map*: a
+decode input the host does not know yet is written as ``FROM_DEVICE`` and read from here, so
+the host never waits to build a round), and for speculative decoding ``accepted``, ``drafts``
+and the n-gram drafter's ``history`` per row (drafter.py).  No kernel calls ``.item()``/``.tolist()``: what the
+host must know (batch sizes, ``max_q``) comes as launch arguments, so a stream never stalls.
 """
 
 from __future__ import annotations
@@ -49,17 +42,10 @@ def upload_inputs(ctx, slot: int, T: int, B: int, NB: int) -> None:
 
 
 def correct_seqlens_qk(meta: dict, accepted: torch.Tensor, block_size: int) -> None:
-    """Fix this round's stale lengths from the previous round's accepted drafts.
-
-    The host built the round assuming each in-flight round adds exactly one token.  A
-    request whose previous round is still uncommitted (``pending``) really advanced by
-    ``1 + accepted``, so its key length and positions shift by ``accepted`` and its
-    KV slots are recomputed from the shifted positions.  Query lengths (and so
-    cu_seqlens_q) do not change: a decode request always feeds 1 + k tokens.
-
-    ``meta`` holds the round's device-side metadata (changed in place); ``accepted``
-    is indexed by row and was written by the previous round's sampling.
-    """
+    """Fix this round's stale lengths (``meta``, in place) from the previous round's ``accepted``
+    drafts (by row).  The host assumed each in-flight round adds one token; a ``pending`` request
+    really advanced by ``1 + accepted``, so its key length and positions shift by ``accepted`` and
+    its KV slots follow.  Query lengths do not change: a decode request always feeds 1 + k tokens."""
     delta = accepted[meta["rows"]] * meta["pending"]  # [B]
     owner, _ = token_layout(meta["seqlens_q"], len(meta["positions"]))  # per token: its request
     meta["seqlens_k"] += delta
@@ -93,12 +79,9 @@ def forward(ctx, max_q: int) -> None:
 
 
 def _uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Counter-based random numbers in (0, 1), a pure function of (seed, position, token).
-
-    Because the noise for "the token at position p of request r" never depends on what
-    else was in the batch or how many tokens a round produced, sampling with
-    temperature gives the same text in the serial, ZOS and speculative engines.
-    """
+    """Counter-based random numbers in (0, 1), a pure function of (seed, position, token):
+    the noise never depends on the batch or on how many tokens a round produced, so sampling
+    gives the same text in the serial, ZOS and speculative engines."""
     mask = 0xFFFFFFFF
     v = torch.arange(vocab, device=seeds.device)
     x = (seeds[..., None] * 0x9E3779B1 + positions[..., None] * 0x85EBCA77 + v * 0xC2B2AE3D) & mask
@@ -117,12 +100,9 @@ def pick_tokens(logits, temperature, seeds, positions) -> torch.Tensor:
 
 
 def sample(ctx, slot: int, is_prefill: bool, constrained: bool = False) -> None:
-    """Pick tokens, verify drafts, update the future-token map, write results for the host.
-
-    The output slot gets ``tokens[B, 1 + k]`` and ``accepted[B]`` (``buffers.pack_outputs``);
-    the host keeps ``tokens[b, : 1 + accepted[b]]``.  ``constrained``: tokens outside the
-    host's mask ``allowed{slot}[B, vocab]`` are never picked (constraint.py; only with k = 0).
-    """
+    """Pick tokens, verify drafts, update the future-token map, write ``tokens[B, 1 + k]`` and
+    ``accepted[B]`` for the host.  ``constrained``: tokens outside the host's mask
+    ``allowed{slot}`` are never picked (constraint.py)."""
     st, meta = ctx.state, ctx.state["inputs"]
     k = 0 if is_prefill else st["num_drafts"]
     q, rows = meta["seqlens_q"], meta["rows"]

@@ -1,22 +1,19 @@
 """A tiny GPT (nanoGPT-style) with two forwards: training and serving.
 
-``forward(idx)`` is the plain full-recompute forward used for training and as the
-reference.  ``forward_packed(batch, kv_cache)`` is what an inference engine runs: many
-requests packed into one flat token list, each with its own query length (new tokens
-this round) and key length (tokens already in its KV cache plus the new ones).  Keys and
-values live in a preallocated, paged KV cache addressed by *slots*; the batch says
-where each new token's K/V goes (``slot_mapping``) and which cache blocks hold each
-request's history (``block_tables``).
+``forward(idx)`` recomputes everything: training, and the reference.  ``forward_packed(batch,
+kv_cache)`` is what an inference engine runs: many requests packed into one flat token list,
+each with its own query length (new tokens) and key length (cached plus new), their keys and
+values in a preallocated, paged KV cache (``slot_mapping`` says where each new token's K/V
+goes, ``block_tables`` which blocks hold each request's history).
 
-The engine computes in float64: at this size it costs almost nothing, and it makes the
-greedy argmax independent of how requests happen to be batched, so the serial, ZOS and
-speculative engines can be compared token for token.
+The engine computes in float64: cheap at this size, and it makes the greedy argmax
+independent of batching, so the serial, ZOS and speculative engines agree token for token.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,10 +33,7 @@ class GPTConfig:
 
 @dataclass
 class PackedBatch:
-    """Metadata of one forward over a packed, variable-length batch of B requests.
-
-    T = sum(seqlens_q) tokens are packed back to back, request by request.
-    """
+    """Metadata of one forward over B requests, their T = sum(seqlens_q) tokens packed back to back."""
 
     input_ids: torch.Tensor     # [T] token ids
     positions: torch.Tensor     # [T] position of each token in its request
@@ -51,10 +45,8 @@ class PackedBatch:
 
 
 def token_layout(seqlens_q: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each packed token: the request it belongs to, and its offset inside that request.
-
-    ``num_tokens`` (= sum(seqlens_q)) comes from the host, so no device sync is needed.
-    """
+    """For each packed token: its request and its offset in it (``num_tokens`` = sum(seqlens_q)
+    comes from the host, so no device sync is needed)."""
     owner = torch.repeat_interleave(torch.arange(len(seqlens_q), device=seqlens_q.device), seqlens_q,
                                     output_size=num_tokens)
     offset = torch.arange(num_tokens, device=seqlens_q.device) - (torch.cumsum(seqlens_q, 0) - seqlens_q)[owner]
@@ -69,9 +61,8 @@ class Block(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        )
+        width = 4 * cfg.n_embd
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, width), nn.GELU(), nn.Linear(width, cfg.n_embd))
 
     def split_heads(self, x):
         q, k, v = self.qkv(self.ln_1(x)).split(x.shape[-1], dim=-1)
@@ -90,13 +81,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
     def forward_packed(self, x, batch: PackedBatch, kv_layer, block_size: int):
-        """Attention for packed tokens [T, C] against the paged KV cache of this layer.
-
-        kv_layer is [2, H, num_slots, D] (heads first, so the gathered keys are already
-        in the [H, B, L, D] layout the batched matmul wants: no transposed copies).  New
-        K/V are written first, then each request's history is gathered through its
-        block table and masked by position.
-        """
+        """Attention for packed tokens [T, C] against this layer's paged KV cache
+        ``kv_layer`` [2, H, num_slots, D] (heads first: gathered keys come out [H, B, L, D], as
+        the batched matmul wants).  New K/V are written first, then each request's history is
+        gathered through its block table and masked by position."""
         T, C = x.shape
         q, k, v = (t.transpose(0, 1) for t in self.split_heads(x))  # [H, T, D]
         kv_layer[0].index_copy_(1, batch.slot_mapping, k)
@@ -155,12 +143,9 @@ class TinyGPT(nn.Module):
 
     def new_kv_cache(self, num_blocks: int, block_size: int, device=None, dtype=None):
         """Preallocated cache [n_layer, 2, H, num_blocks * block_size, D]."""
-        cfg = self.cfg
-        p = self.tok_emb.weight
-        return torch.zeros(
-            cfg.n_layer, 2, cfg.n_head, num_blocks * block_size, cfg.n_embd // cfg.n_head,
-            device=device or p.device, dtype=dtype or p.dtype,
-        )
+        cfg, p = self.cfg, self.tok_emb.weight
+        return torch.zeros(cfg.n_layer, 2, cfg.n_head, num_blocks * block_size, cfg.n_embd // cfg.n_head,
+                           device=device or p.device, dtype=dtype or p.dtype)
 
     def forward_packed(self, batch: PackedBatch, kv_cache: torch.Tensor, block_size: int):
         """Logits [T, V] for a packed batch; reads and writes kv_cache in place."""
@@ -170,14 +155,9 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
-    """Weights are stored in float32 (half the size); the engine upcasts on load."""
-    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    torch.save({"config": asdict(model.cfg), "alphabet": alphabet, "state_dict": state, "info": info}, path)
-
-
 def load_model(path=None, dtype=torch.float64) -> tuple[TinyGPT, str]:
-    """Load a checkpoint (default: the shipped one). Returns (model in eval mode, alphabet)."""
+    """Load a checkpoint (default: the shipped one; ``overlap_course/train.py`` writes them, weights
+    in float32). Returns (model in eval mode, alphabet)."""
     path = Path(path or CHECKPOINT)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one with `python -m overlap_course.train`")

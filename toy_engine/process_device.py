@@ -1,17 +1,12 @@
 """The CPU stand-in for a CUDA stream: a device process fed through a pipe.
 
-A separate *device process* owns the model and the KV cache.  Host-visible buffers are
-shared-memory tensors sent to it once; each launch is a tiny message on a Pipe; the
-device process runs kernels in order and stamps their start and end with
-``time.perf_counter_ns`` (the same clock in every process on Linux).  A process and not a
-thread: a worker thread running eager PyTorch fights the host's Python for the GIL, and
-only a process behaves like a real accelerator on a 2-core machine (the prototype's
-numbers: docs/measurements/device.md).
-
-The host's end (``ProcessDevice``) and the device process's (``_device_main``) speak in
-whole messages: ``("setup", ...)``, ``("kernel", id, pickled)``, ``("launch", seq, kernel
-id, args, event id or None)``, ``("event", id)`` and ``("close",)`` go down;
-``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
+A separate *device process* owns the model and the KV cache; host-visible buffers are
+shared-memory tensors sent to it once, each launch is a small message, and it runs kernels
+in order, stamping them with ``time.perf_counter_ns`` (one clock for every process on Linux).
+A process, not a thread: a thread running eager PyTorch fights the host's Python for the GIL
+(docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``, ``("kernel", id,
+pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)`` and
+``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
 """
 
 from __future__ import annotations
@@ -38,15 +33,10 @@ from .process_start import mp_context, without_main_module
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
-# ------------------------------------------------------------- the device process
-
 def _device_main(conn, num_threads: int) -> None:
-    """The device process: run launches in order, report stamps at each event.
-
-    It ignores SIGINT (Jupyter's Interrupt signals the whole process group) and exits when
-    its parent dies.  It is not pinned to a core: the OS scheduler keeps the freedom to move
-    it away from other work (pinning measured no better: docs/measurements/device.md).
-    """
+    """The device process: run launches in order, report stamps at each event.  It ignores
+    SIGINT (Jupyter's Interrupt signals the whole process group), exits when its parent dies,
+    and is not pinned to a core (measured no better: docs/measurements/device.md)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
@@ -63,14 +53,13 @@ def _die_with_parent() -> None:
 
 @dataclass
 class _Stream:
-    """The device process's side of the stream: its kernels, their context, the stamps
-    not yet reported and the first error (sticky: after a failure nothing else runs)."""
+    """The device process's side of the stream: its kernels, their context, the stamps not
+    yet reported, (seq, start, end, CPU ns), and the first error (sticky: nothing runs after).
+    CPU time (of the whole process: torch's intra-op threads count too) beside wall time tells a
+    preempted kernel (the machine is busy) from a slow one."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
-    # (seq, start, end, CPU ns): process_time beside perf_counter tells a preempted
-    # kernel (wall >> CPU: the machine is busy) from a slow one; it counts torch's
-    # intra-op threads too, should device_threads be > 1.
     stamps: list[tuple[int, int, int, int]] = field(default_factory=list)
     error: str | None = None
 
@@ -114,26 +103,17 @@ def _serve(conn, stream: _Stream) -> None:
             stream.stamps = []
 
 
-# ---------------------------------------------------------------- the host's end
-
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "is still running but its pipe broke"
-    if code < 0:
-        try:
-            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"exited with code {code}"
+    signals = {s.value: s.name for s in signal.Signals}
+    return f"exited with code {code}" + (f" (killed by {signals[-code]})" if -code in signals else "")
 
 
 def _pipe_poller(conn):
-    """``readable(timeout_s) -> bool`` for the host's end of the pipe.
-
-    One poll object kept for the pipe: Connection.poll builds a selector per call, which
-    makes every wait slower (docs/measurements/device.md).  Windows has no select.poll
-    (and its pipes are not sockets): Connection.poll there.
-    """
+    """``readable(timeout_s) -> bool`` for the host's end of the pipe: one kept poll object, as
+    Connection.poll builds a selector per call (docs/measurements/device.md); Connection.poll
+    only on Windows, which has no select.poll."""
     if not hasattr(select, "poll"):
         return conn.poll
     poller = select.poll()
@@ -158,17 +138,11 @@ def _shutdown(proc, conn, link: dict) -> None:
 
 
 class ProcessDevice(Device):
-    """The CPU stand-in for a CUDA stream, as the host sees it.
-
-    Kernels, even those defined in a notebook, reach the device process by value through
-    cloudpickle; an exception in a kernel becomes a sticky ``DeviceError`` at the next
-    ``wait``, as a CUDA error would; the host blocks in ``poll``/``recv`` instead of
-    spinning.  The pipe is never left in the middle of a message: a SIGINT that
-    lands while a message is sent or received is held until the message is complete
-    (``hold_sigint``), and any other exception escaping halfway marks the link broken, so
-    it is never read out of step (the engine then starts a new device).  A dead device
-    process is a ``DeviceError`` naming its exit code.
-    """
+    """The CPU stand-in for a CUDA stream, as the host sees it.  Kernels, even a notebook's, reach
+    the device process by value (cloudpickle); an exception in one is a sticky ``DeviceError`` at
+    the next ``wait``, as a CUDA error would be.  The pipe is never left mid-message: a SIGINT is
+    held until the message is whole (``hold_sigint``), and any other exception escaping halfway
+    marks the link broken for good (the engine then starts a new device)."""
 
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
@@ -186,9 +160,7 @@ class ProcessDevice(Device):
             self._proc.start()
         child.close()
         self._readable = _pipe_poller(self._conn)
-        # ``link["ok"]`` is False while a message is half sent or half read, and stays
-        # False if an exception escaped there: the pipe is then out of step for good.
-        self._link = {"ok": True}
+        self._link = {"ok": True}  # False while a message is half sent or read, and for good if one broke
         self._failure: str | None = None
         self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
         self._kernel_ids: dict[object, int] = {}
@@ -232,24 +204,22 @@ class ProcessDevice(Device):
         return DeviceError(self._failure)
 
     def _send(self, msg) -> None:
-        """Send one message (callers hold SIGINT back around it)."""
-        self._check()
-        self._link["ok"] = False
-        try:
-            self._conn.send(msg)
-        except (OSError, ValueError) as exc:
-            raise self._lost(f"sending failed: {type(exc).__name__}") from None
-        self._link["ok"] = True
+        self._whole(lambda: self._conn.send(msg), "sending")
 
     def _recv(self):
+        return self._whole(self._conn.recv, "receiving")
+
+    def _whole(self, transfer, doing: str):
+        """One whole message through the pipe (callers hold SIGINT back around it): the link
+        stays marked broken if ``transfer`` does not finish."""
         self._check()
         self._link["ok"] = False
         try:
-            msg = self._conn.recv()
+            result = transfer()
         except (EOFError, OSError, ValueError) as exc:
-            raise self._lost(f"receiving failed: {type(exc).__name__}") from None
+            raise self._lost(f"{doing} failed: {type(exc).__name__}") from None
         self._link["ok"] = True
-        return msg
+        return result
 
     def _poll(self, deadline: float | None, what: str) -> bool:
         """Wait up to POLL_S for a message; nothing is read, so an interrupt here is harmless."""

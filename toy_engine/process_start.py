@@ -15,17 +15,11 @@ START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
 
 
 def start_method() -> str:
-    """How the device process is started: ``forkserver`` on Linux, ``spawn`` on Windows and macOS.
-
-    A forkserver that has already imported torch forks each device process, so an engine
-    starts several times faster than under spawn, which imports torch afresh in every
-    device process (timings: docs/measurements/device.md).  forkserver does not exist on
-    Windows, and on macOS Python itself defaults to spawn because forking a process that
-    loaded system libraries (Accelerate, libomp: what torch loads) can crash the child.
-    CI runs the device and engine tests under both.  ``TOY_ENGINE_START_METHOD=spawn``
-    (or ``forkserver``) overrides the choice; it is read at every engine start.  ``fork``
-    is refused: forking a process in which torch has already run threads can deadlock.
-    """
+    """How the device process is started: ``forkserver`` on Linux (it imports torch once, then forks
+    each device process: several times faster, docs/measurements/device.md), ``spawn`` on Windows (no
+    forkserver) and macOS (forking a process that loaded torch's system libraries can crash it).
+    ``TOY_ENGINE_START_METHOD`` (read at every start) overrides the choice; ``fork`` is refused:
+    forking a process in which torch has run threads can deadlock."""
     chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
     available = mp.get_all_start_methods()
     if not chosen:
@@ -49,13 +43,9 @@ def mp_context(preload: list[str]):
 
 @contextlib.contextmanager
 def without_main_module():
-    """Start children without re-running the user's ``__main__``.
-
-    spawn and forkserver children normally re-import the parent's main script (so a
-    script without an ``if __name__ == "__main__"`` guard would run again in the device
-    process, and under spawn start another engine there).  The device process never
-    needs it: kernels defined there arrive by value via cloudpickle.
-    """
+    """Start children without re-running the user's ``__main__``: spawn and forkserver children
+    re-import the parent's main script (a script without a ``__name__`` guard would start
+    another engine there); the device process never needs it, kernels arrive by value."""
     original = mp_spawn.get_preparation_data
 
     def preparation_data(name):

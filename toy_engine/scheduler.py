@@ -11,15 +11,14 @@ from .sequence import Request
 class BlockManager:
     """Hands out fixed-size KV-cache blocks.
 
-    A request reserves every block it can ever need when it is admitted, so a running
-    request never runs out of cache and nothing has to be preempted.  Freeing goes
-    through ``on_free(blocks, prompt, double)`` (the device: it records the free and may
-    refuse it, a race or a double free) before anything changes here.
+    A request reserves every block it can ever need when it is admitted, so a running request
+    never runs out of cache and nothing is preempted.  ``on_alloc(blocks)`` and ``on_free(blocks,
+    prompt, double)`` tell the device's race checker, which may refuse a free (a race, a double
+    free) before anything here changes.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, on_alloc=None, on_free=None):
+    def __init__(self, num_blocks: int, block_size: int, on_alloc, on_free):
         self.block_size = block_size
-        self.num_blocks = num_blocks
         self.free_ids = deque(range(num_blocks))
         self.on_alloc, self.on_free = on_alloc, on_free
 
@@ -31,16 +30,11 @@ class BlockManager:
 
     def allocate(self, n: int) -> list[int]:
         blocks = [self.free_ids.popleft() for _ in range(n)]
-        if self.on_alloc:
-            self.on_alloc(blocks)
+        self.on_alloc(blocks)
         return blocks
 
     def free(self, blocks: list[int], prompt: int) -> None:
-        double = sorted(set(blocks) & set(self.free_ids))
-        if self.on_free:
-            self.on_free(blocks, prompt, double)
-        elif double:
-            raise ValueError(f"KV blocks {double} of prompt {prompt} are already free")
+        self.on_free(blocks, prompt, sorted(set(blocks) & set(self.free_ids)))
         self.free_ids.extend(blocks)
 
 
@@ -55,13 +49,9 @@ class Plan:
 
 class Scheduler:
     """FIFO admission limited by batch size and KV capacity; prefill before decode.
-
-    ``num_draft_tokens`` sizes the speculative slack every request reserves (see
-    ``positions_needed``).
-    """
+    ``num_draft_tokens`` sizes the speculative slack every request reserves."""
 
     def __init__(self, max_batch_size: int, blocks: BlockManager, num_draft_tokens: int = 0):
-        self.max_batch_size = max_batch_size
         self.blocks = blocks
         self.num_draft_tokens = num_draft_tokens
         self.waiting: deque[Request] = deque()

@@ -24,15 +24,10 @@ class Completion:
 
 @dataclass
 class Request:
-    """One prompt's life in the engine.
-
-    Two lengths matter, and under ZOS they differ:
-
-    * ``output_ids`` -- tokens *committed*: processed by the host, visible to the user;
-    * ``num_inflight`` -- rounds launched for this request whose results the host has
-      not processed yet.  The host plans the next round as if each of them adds exactly
-      one token; the device corrects that guess when a round accepted drafts.
-    """
+    """One prompt's life in the engine.  Two lengths differ under ZOS: ``output_ids``, the tokens
+    *committed* (processed by the host, visible to the user), and ``num_inflight``, the rounds
+    launched whose results the host has not processed yet.  The host plans the next round as if
+    each adds one token; the device corrects that guess when a round accepted drafts."""
 
     id: int
     index: int  # position in the generate call's prompt list (messages name prompts by it)
@@ -55,10 +50,13 @@ class Request:
 
     @property
     def sampling_stream(self) -> int:
-        """Key of this request's own random stream: derived from the call's seed and the
-        request's index, so four copies of one prompt sample four different texts, and
-        serial, ZOS and speculative runs draw the same numbers."""
-        return sampling_stream(self.seed, self.index)
+        """Key of this request's own random stream, from the call's seed and the request's index
+        (SplitMix64: neighbouring ones give unrelated keys): four copies of one prompt sample four
+        different texts, and serial, ZOS and speculative runs draw the same numbers."""
+        x = (self.seed + (self.index + 1) * 0x9E3779B97F4A7C15) & _M64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        return (x ^ (x >> 31)) % SEED_LIMIT
 
     @property
     def planned_len(self) -> int:
@@ -90,15 +88,6 @@ class Request:
 
     def completion(self) -> Completion:
         return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
-
-
-def sampling_stream(seed: int, index: int) -> int:
-    """A 63-bit stream key for request ``index`` of a call with ``seed`` (SplitMix64:
-    neighbouring seeds and indexes give unrelated keys)."""
-    x = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return (x ^ (x >> 31)) % SEED_LIMIT
 
 
 def check_prompts(prompts) -> list[str]:

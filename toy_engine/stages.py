@@ -63,12 +63,9 @@ class RoundStages:
         return plan
 
     def prepare_inputs(self, plan: Plan) -> RoundInputs:
-        """Write the round's metadata into its host buffer slot and launch its upload.
-
-        A decode request whose previous round is still in flight (``pending``) does not
-        have its newest token on the host yet: its input is FROM_DEVICE, and its lengths
-        assume the in-flight round adds one token.
-        """
+        """Write the round's metadata into its host buffer slot and launch its upload.  A decode
+        request whose previous round is still in flight (``pending``) has no newest token on the
+        host yet: its input is FROM_DEVICE, its lengths assume that round adds one token."""
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)
@@ -131,10 +128,9 @@ class RoundStages:
         return StepState(inputs.plan, slot, sample_done)
 
     def process_outputs(self, step: StepState, stage: str = Stage.POSTPROCESS) -> None:
-        """Wait for the step's sample event, read its tokens, commit them to the requests,
-        and free the cache of requests that are finished and in no launched round.
-
-        A ``process_outputs`` plug-in given to ``generate`` does all of that instead."""
+        """Wait for the step's sample event, read its tokens, commit them to the requests, and free
+        the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
+        ``generate`` does all of that instead."""
         custom = self._run.process_outputs
         if custom is not None:
             with self.timeline.host_span(stage, step.plan.round, step.owner):

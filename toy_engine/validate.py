@@ -1,11 +1,9 @@
-"""Argument checks shared by ``EngineConfig`` and ``Engine.generate``.
+"""Argument checks shared by ``EngineConfig`` and ``Engine.generate``: every error names the
+argument, the value and what would be accepted.
 
-Every value is checked before anything runs, and every error names the argument, the
-value and what would be accepted.  Integers go through ``operator.index`` (so a NumPy
-integer is fine and 1.5 is not), booleans are refused where a number is meant (``True``
-is an ``int`` to Python, but ``max_new_tokens=True`` is a mistake), and floats must be
-finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature would
-compare false everywhere and silently run greedy).  Wrong types raise ``TypeError``,
+Integers go through ``operator.index`` (a NumPy integer is fine, 1.5 is not) and refuse bools
+(``max_new_tokens=True`` is a mistake); floats must be finite (an infinite ``host_overhead_ms``
+would spin forever, a NaN temperature silently run greedy).  Wrong types raise ``TypeError``,
 wrong values ``ValueError``.
 """
 

@@ -24,8 +24,8 @@ import statistics
 import sys
 from dataclasses import asdict
 
+from overlap_course.corpus import generate_corpus
 from overlap_course.traces.recorded import recorded_label, recorded_runs
-from toy_engine.data import generate_corpus
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 
