@@ -553,7 +553,7 @@ value("02b", "idle_whole_run_denominator", True,
 
 
 def _idle_decode_only(tl):
-    prefill = set(tl.meta.get("prefill_rounds", []))
+    prefill = set(tl.meta.prefill_rounds)
     rounds = [r for r in tl.rounds() if r not in prefill]
     return tl.device_idle_fraction(rounds)
 
@@ -601,12 +601,12 @@ def _idle_engine_stats_closure(tl):
     import gc
     for obj in gc.get_objects():
         if isinstance(obj, te.Engine) and obj.timeline is tl:
-            return obj.stats["device_idle_fraction"]
+            return obj.stats.device_idle_fraction
     return 0.0
 
 
 value("02b", "idle_reads_engine_stats", True,
-      "does not compute anything: finds the engine and returns engine.stats['device_idle_fraction']",
+      "does not compute anything: finds the engine and returns engine.stats.device_idle_fraction",
       _idle_engine_stats_closure)
 
 value("02b", "idle_rounded_2dp", True, "rounds the fraction to 2 decimals before returning",

@@ -643,6 +643,10 @@ def idle_nan(timeline):
     return float("nan")
 
 
+def idle_from_the_timelines_stats(timeline):  # a run's timeline carries its stats: nothing computed
+    return timeline.meta.stats.device_idle_fraction
+
+
 def serial_swallows_errors(engine):
     while engine.scheduler.has_work():
         try:
@@ -991,6 +995,8 @@ WRONG = [
            "idle / (first to last span of both lanes)"),
     Answer("02b", "first gap only", idle_over_first_gap, "wrong_value", "device_gaps()[0] only"),
     Answer("02b", "a formatted string", idle_as_text, "not_a_number", "returns '12.3%'"),
+    Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",
+           "returns timeline.meta.stats.device_idle_fraction"),
     Answer("03a", "no flush", make_zos(flush="drop"), "no_flush", "previous dropped when schedule() returns None"),
     Answer("03a", "break without flush", make_zos(flush="drop", on_none="break"), "no_flush",
            "break when schedule() returns None"),

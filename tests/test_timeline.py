@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toy_engine.runinfo import RunStats, Workload
+from toy_engine.stats import run_stats
 from toy_engine.timeline import (DEVICE_STAGES, HOST_STAGES, PROCESS_STAGES, Span, Stage, Timeline, TimelineMeta,
                                  owner_name)
 
@@ -131,21 +132,25 @@ def test_lane_rounds_len_repr():
     assert "spans=10" in repr(tl)
 
 
-def test_summary_handmade():
-    s = handmade().summary()
-    assert s["rounds"] == 3
-    assert s["wall_ms"] == 11.0  # -1 .. 10
-    assert s["device_busy_ms"] == 6.0
-    assert s["device_idle_fraction"] == pytest.approx(3 / 9)
-    assert s["mean_host_ms_per_round"] == pytest.approx((3.0 + 1.0 + 1.0) / 3)
-    assert s["mean_device_ms_per_round"] == pytest.approx((2.0 + 3.0 + 1.0) / 3)
+def test_run_stats_of_the_handmade_timeline():
+    counts = dict(tokens=12, request_decode_rounds=4, proposed=8, accepted=6, discarded=1)
+    s = run_stats(handmade(), counts, {0}, wall_s=0.012, launch_latencies_ms=[0.1, 0.3, 0.2])
+    assert (s.rounds, s.prefill_rounds, s.decode_rounds, s.tokens, s.discarded_outputs) == (3, 1, 2, 12, 1)
+    assert s.wall_ms == pytest.approx(12.0) and s.tokens_per_s == pytest.approx(1000.0)  # the loop's time
+    assert s.device_busy_ms == 6.0
+    assert s.device_idle_fraction == pytest.approx(3 / 9)
+    assert s.decode_device_idle_fraction == pytest.approx(3 / (3 + 4))  # rounds 1, 2: their gaps and work
+    assert s.mean_host_ms_per_round == pytest.approx((3.0 + 1.0 + 1.0) / 3)  # wait is not host work
+    assert s.mean_device_ms_per_round == pytest.approx((2.0 + 3.0 + 1.0) / 3)
+    assert (s.mean_accepted_per_round, s.tokens_per_forward, s.launch_latency_ms) == (1.5, 4.0, 0.2)
 
 
 def test_empty_timeline():
     tl = Timeline()
     assert tl.device_gaps() == [] and tl.device_busy_ms() == 0.0
     assert tl.device_idle_fraction() == 0.0
-    assert tl.summary()["rounds"] == 0 and tl.summary()["wall_ms"] == 0.0
+    s = run_stats(tl, dict(tokens=0, request_decode_rounds=0, proposed=0, accepted=0, discarded=0), set(), 0.0, [])
+    assert (s.rounds, s.mean_host_ms_per_round, s.tokens_per_s, s.launch_latency_ms) == (0, 0.0, 0.0, None)
 
 
 # -- JSON --------------------------------------------------------------------
@@ -266,10 +271,8 @@ def contended() -> Timeline:
     return tl
 
 
-def test_span_cpu_time_validation_and_share():
-    assert Span("device", "forward", 1, 0.0, 4.0, cpu_ms=1.0).cpu_share == 0.25
-    assert Span("device", "forward", 1, 0.0, 4.0).cpu_share is None
-    assert Span("device", "forward", 1, 0.0, 1.0, cpu_ms=1.2).cpu_share == 1.0  # clock granularity
+def test_span_cpu_time_validation():
+    assert Span("device", "forward", 1, 0.0, 4.0, cpu_ms=1).cpu_ms == 1.0
     for bad in (-1.0, float("nan"), True, "1"):
         with pytest.raises(ValueError, match="cpu_ms"):
             Span("device", "forward", 1, 0.0, 1.0, cpu_ms=bad)

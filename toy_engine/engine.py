@@ -1,14 +1,11 @@
-"""The engine: what it is built from, how a run goes, and how it stays usable.
+"""The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built
+from the stages of a round (``stages.py``), and keeps the engine usable whatever happens: an
+exception or an Interrupt anywhere in a run ends with the device drained (or replaced when it
+died), every request finished or aborted, and the next ``generate`` working.
 
-Read ``loops.py`` first (the loops), then ``stages.py`` (what each stage of a round does);
-this file runs a loop over prompts (``generate``) and keeps the engine usable whatever
-happens in between: an exception or an Interrupt anywhere in a run ends with the device
-drained (or replaced when it died), every request finished or aborted, and the next
-``generate`` working.
-
-Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per
-``generate`` call) the call's requests, plug-ins and counters, ``buffers`` the layout of
-everything exchanged with the device, the device its process and pipe.
+Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per call) the
+call's requests, plug-ins and counters, ``buffers`` the layout of everything exchanged with
+the device, the device its process and pipe.
 """
 
 from __future__ import annotations
@@ -86,8 +83,7 @@ class Engine(RoundStages):
 
     @property
     def requests(self) -> list[Request]:
-        """The current (or last) run's requests, in prompt order (a plug-in may change
-        this list: the run keeps its own)."""
+        """The current (or last) run's requests, in prompt order (the run keeps its own copy)."""
         return self._run.visible
 
     # ------------------------------------------------------------------ public API
@@ -98,19 +94,17 @@ class Engine(RoundStages):
         """Run prompts to completion; returns one Completion per prompt, in order.
 
         ``prompts``: a str or a list/tuple of str; ``stop``: None, a str or a list of str.
-        With ``temperature > 0`` each request samples from its own random stream, derived
-        from ``seed`` (default: the config's) and its index in ``prompts``: the same call
-        gives the same texts in every mode.  Plug-ins for this call (callables or None):
-        ``on_round(engine, round)`` runs before each round is scheduled (it may call
-        ``engine.abort``); ``loop(engine)`` replaces the mode's loop (loops.py);
+        With ``temperature > 0`` each request samples from its own stream, derived from
+        ``seed`` (default: the config's) and its index: the same call gives the same texts in
+        every mode.  Plug-ins for this call: ``on_round(engine, round)`` before each round is
+        scheduled (it may call ``engine.abort``); ``loop(engine)`` instead of the mode's loop;
         ``correction(meta, accepted, block_size)`` the device's seqlen correction;
-        ``process_outputs(engine, step)`` the engine's own processing of a launched step.
+        ``process_outputs(engine, step)`` the engine's processing of a launched step.
 
-        Bad input raises TypeError/ValueError naming the argument before anything runs; a
-        second call while one runs raises RuntimeError.  After any exception (an Interrupt
-        too) the device is drained, the run's requests end as ``"abort"`` and the engine is
-        ready for the next call; a device process that died raises DeviceError naming its
-        exit code, and a new one is started.
+        Bad input raises TypeError/ValueError before anything runs, a second call while one
+        runs RuntimeError.  After any exception or Interrupt the run's requests end as
+        ``"abort"`` and the engine is ready; a dead device process raises DeviceError (naming
+        its exit code) and is replaced.
         """
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
@@ -147,8 +141,8 @@ class Engine(RoundStages):
         self.scheduler.release_if_done(req)
 
     def close(self) -> None:
-        """Stop the device process and release its pipe and shared memory.  Dropping the
-        last reference to an engine does it too.  An Interrupt waits until it is done."""
+        """Stop the device process, its pipe and shared memory (dropping the last reference
+        to the engine does it too).  An Interrupt waits until it is done."""
         with hold_sigint():
             if not self._running.acquire(blocking=False):
                 raise RuntimeError("close() was called while generate is running on this engine; call it after "
@@ -201,9 +195,8 @@ class Engine(RoundStages):
         return self.completions
 
     def _ensure_ready(self) -> None:
-        """Before a run: a device that died while idle is replaced (with a warning; found by
-        a round trip, as the forkserver reports a death late), and a run whose recovery
-        was itself interrupted is recovered now."""
+        """Before a run: replace a device that died while idle (found by a round trip: the
+        forkserver reports a death late), finish a recovery that was itself interrupted."""
         failure = self.device.probe(RECOVER_TIMEOUT_S) if self.device is not None else "no device was started"
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
@@ -213,9 +206,8 @@ class Engine(RoundStages):
             self._recover()
 
     def _recover(self) -> None:
-        """After an exception: let the device finish (or give it up), forget the run's
-        state, and leave the engine ready.  Never blocks for more than RECOVER_TIMEOUT_S
-        (plus a device restart)."""
+        """After an exception: let the device finish (or give it up within RECOVER_TIMEOUT_S),
+        forget the run's state, and leave the engine ready."""
         try:
             if self.device.failure() is None:
                 self.device.synchronize(timeout=RECOVER_TIMEOUT_S)

@@ -1,9 +1,8 @@
 """The race checker: the course's compute-sanitizer.
 
-Every launch declares which host buffers it reads and writes and which KV-cache blocks it
-touches; the host may touch a buffer, or free KV blocks, only after waiting on an event
-that covers every unfinished launch using them.  Every way to break that rule is a
-``RaceError`` raised here, with fields a checker reads instead of parsing the message.
+Every launch declares the host buffers it reads and writes and the KV-cache blocks it
+touches; the host may touch a buffer, or free KV blocks, only after waiting on an event that
+covers every unfinished launch using them.  Breaking that rule raises a ``RaceError``.
 """
 
 from __future__ import annotations
@@ -12,16 +11,14 @@ from dataclasses import dataclass
 
 
 class RaceError(RuntimeError):
-    """The host touched state that unfinished device work still uses.
+    """The host touched state that unfinished device work still uses; the fields say what,
+    so a checker never parses the message.
 
-    ``kind``: ``"buffer"`` (the host touched a buffer a pending launch uses),
-    ``"free_in_use"`` (KV blocks freed while a pending launch uses them),
-    ``"launch_on_free"`` (a launch touches freed blocks) or ``"double_free"`` (blocks freed
-    that were free already: refused even with race checking off, since the pool would then
-    hand one block to two requests).  ``buffer``/``access`` (``"r"``/``"w"``) name the
-    buffer access, ``blocks`` the KV blocks, ``round``/``launch`` the conflicting launch's
-    round and stage, ``owner`` the round that owns the launch's results (buffer races),
-    ``prompt`` the index of the request whose blocks were freed.
+    ``kind``: ``"buffer"`` (a buffer a pending launch uses), ``"free_in_use"`` (KV blocks
+    freed while a pending launch uses them), ``"launch_on_free"`` (a launch on freed blocks)
+    or ``"double_free"`` (refused even with checking off: the pool would hand one block to
+    two requests).  ``round``/``launch``: the conflicting launch; ``owner``: the round that
+    owns its results; ``prompt``: the request whose blocks were freed.
     """
 
     KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
@@ -48,12 +45,9 @@ class PendingLaunch:
 
 
 class RaceChecker:
-    """Happens-before bookkeeping for host accesses, like compute-sanitizer's racecheck.
-
-    It does not look at the clock: an access is a race when no ``wait`` has ordered it
-    after the launch, even if the launch happened to be finished already.  That makes
-    every report deterministic.
-    """
+    """Happens-before bookkeeping for host accesses, like compute-sanitizer's racecheck: an
+    access is a race when no ``wait`` ordered it after the launch, even if the launch had
+    finished already (never the clock), so every report is deterministic."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -65,11 +59,10 @@ class RaceChecker:
             return
         for block in sorted(launch.blocks & self.free_blocks.keys()):
             freed_by = self.free_blocks[block]
-            raise RaceError(
-                f"launch '{launch.name}' of round {launch.round} touches KV block {block}, "
-                f"which is free (freed by prompt {freed_by}): its cache may already belong "
-                f"to another request",
-                kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block], prompt=freed_by)
+            raise RaceError(f"launch '{launch.name}' of round {launch.round} touches KV block {block}, which is free "
+                            f"(freed by prompt {freed_by}): its cache may already belong to another request",
+                            kind="launch_on_free", round=launch.round, launch=launch.name, blocks=[block],
+                            prompt=freed_by)
         self.pending.append(launch)
 
     def on_wait(self, seq: int) -> None:
@@ -82,11 +75,10 @@ class RaceChecker:
             if name in p.writes or (mode == "w" and name in p.reads):
                 verb = "read" if mode == "r" else "write"
                 use = "writes" if name in p.writes else "reads"
-                raise RaceError(
-                    f"race on buffer '{name}': host {verb} while launch '{p.name}' of round "
-                    f"{p.round} still {use} it; wait on an event recorded after that launch "
-                    f"(round {p.round}'s completion event) first",
-                    kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
+                raise RaceError(f"race on buffer '{name}': host {verb} while launch '{p.name}' of round {p.round} "
+                                f"still {use} it; wait on an event recorded after that launch (round {p.round}'s "
+                                f"completion event) first",
+                                kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
 
     def on_free(self, blocks, prompt: int, double=(), round: int = 0) -> None:
         """Request ``prompt`` (its index in the call) frees ``blocks`` (``double``: those
@@ -101,11 +93,11 @@ class RaceChecker:
         blocks = set(blocks)
         for p in self.pending:
             if p.blocks & blocks:
-                raise RaceError(
-                    f"KV blocks {sorted(p.blocks & blocks)} of prompt {prompt} freed while launch "
-                    f"'{p.name}' of round {p.round} may still use them; free a finished "
-                    f"request's cache only after waiting on round {p.round}'s event",
-                    kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks, prompt=prompt)
+                raise RaceError(f"KV blocks {sorted(p.blocks & blocks)} of prompt {prompt} freed while launch "
+                                f"'{p.name}' of round {p.round} may still use them; free a finished request's cache "
+                                f"only after waiting on round {p.round}'s event",
+                                kind="free_in_use", round=p.round, launch=p.name, blocks=p.blocks & blocks,
+                                prompt=prompt)
         self.free_blocks.update((b, prompt) for b in blocks)
 
     def on_alloc(self, blocks) -> None:
@@ -113,7 +105,6 @@ class RaceChecker:
             self.free_blocks.pop(b, None)
 
     def reset(self) -> None:
-        """Forget every launch and freed block (after a synchronize, when the engine
-        starts over with an empty cache)."""
+        """Forget every launch and freed block (after a synchronize: the cache starts over)."""
         self.pending.clear()
         self.free_blocks.clear()

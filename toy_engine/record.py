@@ -1,12 +1,10 @@
-"""What a run did, in the order it did it: the record the course's checks judge.
+"""What a run did, in order: the record the course's checks judge.
 
-The timeline says *when* things ran; this record says *what depended on what*.  Events
-are recorded where they happen (the device's launches and waits, the engine's commit,
-the block manager's free), so a loop that writes a stage out inline is recorded like one
-that calls the engine's method, and a refused free or commit stays on the record even if
-the caller swallows the error.  A launch is *outstanding* until the host has waited on an
-event at or after it: the host's knowledge, not the clock (the race checker's rule too),
-so a verdict built on the record is the same on a quiet and on a busy machine.
+The timeline says *when* things ran, this record *what depended on what*.  Events are
+recorded where they happen (device, commit, block manager), so a stage written out inline is
+recorded like the engine's method, and a refused free or commit stays on the record even if
+the error is swallowed.  A launch is *outstanding* until the host has waited on an event at
+or after it: the host's knowledge, not the clock, so verdicts do not depend on the machine.
 """
 
 from __future__ import annotations

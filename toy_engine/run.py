@@ -1,10 +1,6 @@
-"""A run's state: the ``Run`` of one ``generate`` call, the rounds in flight in it, and
-the check that the loop keeps making progress.
-
-``Engine.generate`` creates a fresh ``Run`` per call, so nothing of a previous (maybe
-interrupted) run leaks into the next; an engine that never ran holds an empty one, so a
-stage or a learner's loop can be tried on a fresh engine.
-"""
+"""A run's state: the ``Run`` of one ``generate`` call (a fresh one per call, so nothing of
+an interrupted run leaks into the next), the rounds in flight in it, and the check that the
+loop keeps making progress."""
 
 from __future__ import annotations
 
@@ -30,12 +26,9 @@ class RoundInputs:
 
 @dataclass
 class StepState:
-    """A launched round whose results the host has not processed yet.
-
-    It owns the round's output slot and the event that says the sample is done; nobody
-    may read the slot, reuse it or free the requests' KV blocks before waiting on it.
-    Its results are committed exactly once (``committed``).
-    """
+    """A launched round whose results the host has not processed yet: it owns the round's
+    output slot and the event that says the sample is done (nobody may read the slot, reuse
+    it or free the requests' KV blocks before waiting on it), and commits them once."""
 
     plan: Plan
     slot: int
@@ -49,15 +42,11 @@ class StepState:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress.
-
-    ``reason`` says why, as data a checker can branch on: ``"unprocessed_inflight"``
-    (launched rounds whose results were never processed: a deferred step dropped or
-    not flushed), ``"finished_kept_blocks"`` (finished requests still hold KV blocks
-    and rows, so waiting ones can never start) or ``"loop_returned_with_work"`` (the
-    loop stopped while the scheduler had work).  ``prompt_indexes`` are the requests'
-    positions in the ``generate`` call, ``request_ids`` their ids.
-    """
+    """The loop cannot make progress; ``reason`` says why, as data a checker can branch on:
+    ``"unprocessed_inflight"`` (a deferred step dropped or not flushed),
+    ``"finished_kept_blocks"`` (finished requests keep KV blocks and rows, so waiting ones can
+    never start) or ``"loop_returned_with_work"``.  ``prompt_indexes``: the requests' positions
+    in the call, ``request_ids`` their ids."""
 
     REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
 
@@ -82,9 +71,9 @@ class StepProcessedTwice(RuntimeError):
 
 @dataclass
 class Run:
-    """What one ``generate`` call owns: its requests, its plug-ins, its buffer slots and
-    its counters.  ``requests`` is its own copy, in prompt order: completions and recovery
-    read it, so a plug-in that changes ``engine.requests`` (``visible``) cannot lose one."""
+    """What one ``generate`` call owns: its requests (its own copy, in prompt order, so a
+    plug-in that changes ``engine.requests``, ``visible``, cannot lose one), plug-ins, buffer
+    slots and counters."""
 
     requests: tuple[Request, ...] = ()
     on_round: object = None
@@ -103,8 +92,8 @@ class Run:
         self.visible = list(self.requests)
 
     def end(self) -> None:
-        """Drop the plug-ins once the call returns: a closure over the engine kept here
-        would make engine -> run -> closure -> engine a reference cycle."""
+        """Drop the plug-ins once the call returns (a closure over the engine kept here would
+        be a reference cycle)."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
 
@@ -112,9 +101,8 @@ class Run:
         self.idle_schedule = False
 
     def note_idle_schedule(self, scheduler) -> None:
-        """A schedule found nothing to launch while work is left.  That is legal only
-        while launched results are outstanding, and only if the loop processes some of
-        them before asking again; otherwise the loop can never finish."""
+        """A schedule found nothing to launch while work is left: legal only while launched
+        results are outstanding, and once before the loop processes some of them."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
             raise stalled(scheduler)
         self.idle_schedule = True

@@ -1,9 +1,5 @@
-"""What a timeline says about its run: the engine's settings, the workload, the headline numbers.
-
-Plain data that a stored trace carries as JSON and reads back equal.  ``annotations`` belong
-to whoever stores a trace (the course: the machine's load, how a trace was recorded): the
-engine keeps them and never reads them.
-"""
+"""What a timeline says about its run: the engine's settings, the workload, the headline
+numbers; plain data a stored trace carries as JSON and reads back equal."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ class Workload:
 @dataclass(frozen=True)
 class RunStats:
     """A run's headline numbers (``engine.stats``).  Per-round means are over the rounds with
-    spans (``Timeline.summary``); ``decode_...`` leaves the prefill rounds out."""
+    spans (host time leaves waits out); ``decode_...`` leaves the prefill rounds out."""
 
     rounds: int
     wall_ms: float  # the loop, start to end
@@ -61,7 +57,7 @@ class TimelineMeta:
     workload: Workload | None = None
     prefill_rounds: list[int] = field(default_factory=list)
     stats: RunStats | None = None
-    annotations: dict = field(default_factory=dict)  # name -> JSON value, owned by the course
+    annotations: dict = field(default_factory=dict)  # name -> JSON value: the course's, never read here
 
 
 _KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",

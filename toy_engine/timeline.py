@@ -1,13 +1,10 @@
 """A recorded timeline of one engine run: spans of work on a host lane and a device lane.
 
-The idle gaps on the device lane are the overhead that overlapped ("zero-overhead")
-scheduling hides.  Times are float ms relative to ``Timeline.origin_ns``, a
-``perf_counter_ns`` stamp: that clock is shared by all processes, so the device process
-stamps its own work in ns (:meth:`Timeline.add_device_ns`).  A span's ``round`` is the
-round whose work it is, not the one during which it ran: under overlap round N-1's
-postprocess runs while round N is on the device, and that shows.  Plain Python: a saved
-timeline reloads without torch, and adding a span is one ``list.append`` (atomic under
-the GIL), so a recorder thread needs no lock.
+The device lane's idle gaps are the overhead that overlapped scheduling hides.  Times are ms
+relative to ``origin_ns``, a ``perf_counter_ns`` stamp (a clock all processes share).  A
+span's ``round`` is the round whose work it is, not the one during which it ran.  Plain
+Python: a saved timeline reloads without torch, and adding a span is one ``list.append``
+(atomic under the GIL), so a recorder thread needs no lock.
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ def owner_name(owner: int | None) -> str:
 
 @dataclass(frozen=True)
 class Span:
-    """One interval of work on one lane; ``start_ms``/``end_ms`` are relative to the owning
-    timeline's ``origin_ns``."""
+    """One interval of work on one lane."""
 
     lane: str
     stage: str  # a Stage for the engine's work; any other name for imported work ("kernel", a call)
@@ -113,17 +109,10 @@ class Span:
     def duration_ms(self) -> float:
         return self.end_ms - self.start_ms
 
-    @property
-    def cpu_share(self) -> float | None:
-        """CPU time / wall time (None when not measured or the span is empty)."""
-        if self.cpu_ms is None or self.duration_ms <= 0:
-            return None
-        return min(1.0, self.cpu_ms / self.duration_ms)
 
 
 def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Union of intervals as sorted, disjoint intervals (touching ones are joined), so that
-    "busy" means "the device was doing something": overlapping spans count once, and
+    """Union of intervals as sorted, disjoint intervals: overlapping spans count once, and
     back-to-back spans leave no gap."""
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
@@ -134,7 +123,7 @@ def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return merged
 
 
-def _union_ms(spans: Iterable[Span]) -> float:
+def union_ms(spans: Iterable[Span]) -> float:
     return sum(e - s for s, e in _merge((sp.start_ms, sp.end_ms) for sp in spans))
 
 
@@ -149,8 +138,7 @@ class Timeline:
         self.meta = TimelineMeta() if meta is None else meta
 
     def ns_to_ms(self, t_ns: int) -> float:
-        """A ``perf_counter_ns`` stamp as ms relative to ``origin_ns`` (subtracted as ints
-        first: exact, and the float stays small and precise)."""
+        """A ``perf_counter_ns`` stamp as ms since ``origin_ns`` (subtracted as ints: exact)."""
         return (t_ns - self.origin_ns) / 1e6
 
     def now_ms(self) -> float:
@@ -164,9 +152,8 @@ class Timeline:
 
     @contextmanager
     def host_span(self, stage: str, round: int, owner: int | None = None) -> Iterator[None]:
-        """Record a host span around the ``with`` block, with the host thread's CPU time
-        (``thread_time``: a notebook kernel's other threads are not the loop).  Recorded
-        even if the block raises: the device may have waited for that time too."""
+        """A host span around the ``with`` block with the thread's CPU time (a notebook's other
+        threads are not the loop), recorded even if the block raises."""
         start, cpu_start = self.now_ms(), time.thread_time_ns()
         try:
             yield
@@ -176,8 +163,7 @@ class Timeline:
 
     def add_device_ns(self, stage: str, round: int, start_ns: int, end_ns: int,
                       owner: int | None = None, cpu_ns: int | None = None) -> Span:
-        """Add a device span stamped in ``perf_counter_ns`` (same clock as the host),
-        with the CPU time the device process got during it, if measured."""
+        """A device span stamped in ``perf_counter_ns``, with the CPU time it got, if measured."""
         return self.add("device", stage, round, self.ns_to_ms(start_ns),
                         self.ns_to_ms(end_ns), owner, None if cpu_ns is None else cpu_ns / 1e6)
 
@@ -196,9 +182,8 @@ class Timeline:
         return [s for s in self.lane("device") if wanted is None or s.round in wanted]
 
     def device_gaps(self, start_ms: float | None = None, end_ms: float | None = None) -> list[tuple[float, float]]:
-        """Idle intervals between consecutive (merged) device spans, clipped to
-        ``start_ms``..``end_ms`` if given.  Time before the first or after the last device
-        span is start-up or tear-down, not overhead."""
+        """Idle intervals between (merged) device spans, clipped to ``start_ms``..``end_ms``:
+        before the first or after the last device span is start-up or tear-down."""
         merged = _merge((s.start_ms, s.end_ms) for s in self._device())
         lo = -math.inf if start_ms is None else start_ms
         hi = math.inf if end_ms is None else end_ms
@@ -211,13 +196,11 @@ class Timeline:
 
     def device_busy_ms(self, rounds: Iterable[int] | None = None) -> float:
         """Length of the union of device spans (optionally only of ``rounds``)."""
-        return _union_ms(self._device(rounds))
+        return union_ms(self._device(rounds))
 
     def device_idle_fraction(self, rounds: Iterable[int] | None = None) -> float:
-        """Share of the device's time spent waiting, idle / (idle + busy); 0.0 without device
-        spans.  With ``rounds`` each idle gap is charged to the round whose work ends it (the
-        device was waiting *for that round*), so prefill rounds in between do not pollute
-        the decode rounds' fraction."""
+        """idle / (idle + busy) of the device; with ``rounds`` a gap counts for the round whose
+        work ends it (the device waited *for that round*), so prefills do not pollute decode."""
         wanted = None if rounds is None else set(rounds)
         idle, reached = 0.0, None  # reached: end of all device work seen so far
         for span in self.lane("device"):
@@ -227,28 +210,8 @@ class Timeline:
         busy = self.device_busy_ms(rounds)
         return idle / (idle + busy) if idle + busy > 0 else 0.0
 
-    def summary(self) -> dict:
-        """Headline numbers for one run.  Per round, host time is the union of its host
-        spans but ``wait`` (waiting is not host *work*), device time the union of its device
-        spans; both are averaged over :meth:`rounds`.  ``wall_ms`` spans both lanes."""
-        rounds = self.rounds()
-        n = len(rounds)
-        host_total = sum(_union_ms(s for s in self.spans if s.lane == "host" and s.round == r
-                                   and s.stage != Stage.WAIT) for r in rounds)
-        device_total = sum(_union_ms(s for s in self.spans if s.lane == "device" and s.round == r) for r in rounds)
-        wall = max(s.end_ms for s in self.spans) - min(s.start_ms for s in self.spans) if self.spans else 0.0
-        return {
-            "rounds": n,
-            "wall_ms": wall,
-            "device_busy_ms": self.device_busy_ms(),
-            "device_idle_fraction": self.device_idle_fraction(),
-            "mean_host_ms_per_round": host_total / n if n else 0.0,
-            "mean_device_ms_per_round": device_total / n if n else 0.0,
-        }
-
     def to_json(self, path: str | Path | None = None) -> str:
-        """JSON text (also written to ``path`` if given).  Floats are written with ``repr``,
-        which round-trips exactly: spans read back compare equal."""
+        """JSON text (also written to ``path``); floats as ``repr``: they read back equal."""
         text = json.dumps(asdict(_Stored(_VERSION, self.origin_ns, self.meta, self.spans)))
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
@@ -256,12 +219,9 @@ class Timeline:
 
     @classmethod
     def from_json(cls, text_or_path: str | bytes | Path) -> "Timeline":
-        """Load from JSON text (``str`` or ``bytes``) or a file path (``str`` or ``Path``).
-
-        A ``str`` whose first non-blank character (after an optional byte-order mark) is
-        ``{`` or ``[`` is JSON text, any other non-empty ``str`` a path.  Malformed input
-        raises ``ValueError`` saying which of the two it tried to read and what is wrong.
-        """
+        """From JSON text (``str``/``bytes``) or a file (``str``/``Path``): a ``str`` starting
+        with ``{`` or ``[`` is text, any other a path.  Malformed input raises ``ValueError``
+        saying which it read and what is wrong."""
         text, source = _json_text(text_or_path)
         try:
             data = json.loads(text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from overlap_course.measure.contention import preempted
+from overlap_course.measure.contention import cpu_share, preempted
 from toy_engine.timeline import Span, Timeline
 
 LANE_Y = {"device": 0, "host": 1}  # numeric rows, so arrows can use data coordinates
@@ -18,7 +18,7 @@ def heading(timeline: Timeline, title: str | None) -> str:
 
 def cpu_text(span: Span) -> str:
     """The span's CPU share for its hover, and whether that means the machine was busy."""
-    share = span.cpu_share
+    share = cpu_share(span)
     if share is None:
         return "CPU share not measured"
     text = f"CPU {span.cpu_ms:.3f} ms = {share:.0%} of wall"

@@ -19,7 +19,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from overlap_course.measure.contention import busy_stretches, contention, cpu_shares
+from overlap_course.measure.contention import busy_stretches, contention, cpu_share, cpu_shares
 from overlap_course.measure.machine import busy_warning
 from overlap_course.traces.recorded import recorded_label, recorded_runs, recording
 from toy_engine.runinfo import RunStats
@@ -145,7 +145,7 @@ def _busy_trace(busy: list[tuple[float, float, Span]], t0: float, show_legend: b
         y=[LANE_Y[s.lane] for _, _, s in busy], base=[a - t0 for a, _, _ in busy], x=[b - a for a, b, _ in busy],
         width=BAR_WIDTH * 1.25,
         hovertext=[f"<b>machine busy</b>: {s.stage} r{s.round} took {s.duration_ms:.3f} ms of wall time "
-                   f"but got {s.cpu_ms:.3f} ms of CPU ({s.cpu_share:.0%}): the {s.lane} process was ready "
+                   f"but got {s.cpu_ms:.3f} ms of CPU ({cpu_share(s):.0%}): the {s.lane} process was ready "
                    f"but another process held the core" for _, _, s in busy],
         hovertemplate="%{hovertext}<extra></extra>",
         marker=dict(color=BUSY_COLOR, line=dict(color="rgba(0,0,0,0.6)", width=0.8),

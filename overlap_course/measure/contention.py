@@ -23,7 +23,7 @@ from toy_engine.timeline import LANES, Span, Timeline
 from .machine import cpu_snapshot
 
 __all__ = ["PREEMPTED_CPU_SHARE", "PREEMPTED_MIN_MS", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS", "MachineLoad",
-           "preempted", "cpu_shares", "busy_stretches", "contention", "machine_load", "record_machine_load",
+           "cpu_share", "preempted", "cpu_shares", "busy_stretches", "contention", "machine_load", "record_machine_load",
            "watch_runs"]
 
 #: A span that got less than this share of its wall time as CPU was preempted: ready to
@@ -54,9 +54,16 @@ def machine_load(timeline: Timeline) -> MachineLoad | None:
     return None if raw is None else from_json_object(MachineLoad, raw, "timeline meta['annotations']['machine_load']")
 
 
+def cpu_share(span: Span) -> float | None:
+    """The span's CPU time / wall time (None when not measured or the span is empty)."""
+    if span.cpu_ms is None or span.duration_ms <= 0:
+        return None
+    return min(1.0, span.cpu_ms / span.duration_ms)
+
+
 def preempted(span: Span, threshold: float = PREEMPTED_CPU_SHARE) -> bool:
     """Work that was ready but got no core for a good part of its wall time."""
-    share = span.cpu_share
+    share = cpu_share(span)
     return (span.stage != "wait" and share is not None and share < threshold
             and span.duration_ms >= PREEMPTED_MIN_MS)
 
