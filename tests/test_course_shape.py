@@ -70,6 +70,34 @@ def test_a_stored_notebook_leaves_its_practice_answers_open():
                         f"{rel}: a checked cell without an open `name = None  # your answer` stub: {cell.source[:80]!r}"
 
 
+_EXPLORER = re.compile(r"^(\w+)\s*=\s*(?:[\w.]+\.)?TimelineExplorer\(", re.M)
+
+
+def explorers_closed(cells: list) -> list[str]:
+    """Code cells that close an explorer a cell above created: after Run All it would be gone
+    (an empty output; issue 23), and nothing needs closing (it holds no engine between runs)."""
+    names, closing = set(), []
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "code":
+            if any(re.search(rf"\b{re.escape(n)}\.(?:widget\.)?close\(", cell.source) for n in names):
+                closing.append(f"cell {i}: {cell.source[:60]!r}")
+            names.update(_EXPLORER.findall(cell.source))
+    return closing
+
+
+def test_explorers_close_check_finds_a_closing_cell():
+    cells = [nbformat.v4.new_code_cell("ex = figures.TimelineExplorer()\nex"), nbformat.v4.new_code_cell("ex.run()"),
+             nbformat.v4.new_code_cell("zos.close()\nex.close()  # free the engine")]
+    assert explorers_closed(cells) == ["cell 2: 'zos.close()\\nex.close()  # free the engine'"]
+
+
+@pytest.mark.parametrize("rel", list(measure.COURSE))
+def test_no_cell_closes_the_explorer(rel):
+    """Notebook 05 keeps its capstone explorer after Run All."""
+    cells = nbformat.read(REPO / f"{rel}.ipynb", as_version=4).cells
+    assert not explorers_closed(cells), f"{rel}: {explorers_closed(cells)}"
+
+
 def test_time_lines_and_tables_are_the_recorded_measurements():
     changed = measure.updated_files(json.loads(measure.TIMES.read_text()))
     assert not changed, (f"{[str(p.relative_to(REPO)) for p in changed]} differ from {measure.TIMES.name}: run "
