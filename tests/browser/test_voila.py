@@ -34,8 +34,11 @@ ARTIFACTS = REPO / "artifacts" / "browser"
 START_TIMEOUT_S = 240  # Voilà runs the app notebook (one engine run) before it answers
 REDRAW_TIMEOUT_S = 90
 # From opening the page to its first drawn figure, once the preheated kernel is ready: measured
-# 4.0-5.4 s on a busy 2-core machine, 12-14.5 s without preheating (docs/measurements/explorer_app.md).
-FIRST_FIGURE_S = 8.0
+# 4.0-6.4 s on a busy 2-core machine (11 s once, at load average 6.5), 12-14.5 s from a kernel
+# started for the page (docs/measurements/explorer_app.md).  The bound is generous; the ratio to
+# a page that starts its own kernel (the pool bypassed) is what a loaded machine cannot blur.
+FIRST_FIGURE_S = 15.0
+WARM_OVER_COLD = 0.6
 
 # Mirrors `./run.sh explorer` (see run.sh): the same notebook, template and template path.
 VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--MappingKernelManager.cull_idle_timeout=600",
@@ -301,21 +304,30 @@ CONTROLS = {"slider": ["draft tokens", "batch size", "requests", "host overhead 
             "group": ["mode", "view"]}
 
 
-@pytest.mark.timeout(2 * START_TIMEOUT_S + 60)
+def _first_figure_s(page, url: str) -> float:
+    start = time.monotonic()
+    page.goto(url, wait_until="commit", timeout=START_TIMEOUT_S * 1000)
+    page.wait_for_selector(".js-plotly-plot g.point path", timeout=START_TIMEOUT_S * 1000)
+    return time.monotonic() - start
+
+
+@pytest.mark.timeout(3 * START_TIMEOUT_S + 60)
 def test_explorer_app_at_1280x720_fast_on_screen_titled_and_named(voila_app, chromium):
     """With the preheated kernel waiting, the first figure is drawn within FIRST_FIGURE_S of
-    opening the page; projected at 1280x720 it is all on screen without scrolling; the page's
-    title names the app and the course (not the notebook's file name); and Chromium's
+    opening the page, and well before a page that starts its own kernel draws it (``?theme=dark``:
+    Voila serves it from no pool); projected at 1280x720 it is all on screen without scrolling;
+    the page's title names the app and the course (not the notebook's file name); and Chromium's
     accessibility tree names every slider and button group (no bare "slider")."""
     _settled(voila_app["pid"])  # a room: the app was started before the page is opened
     context = chromium.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        start = time.monotonic()
-        page.goto(voila_app["base"] + "/", wait_until="commit", timeout=START_TIMEOUT_S * 1000)
-        page.wait_for_selector(".js-plotly-plot g.point path", timeout=START_TIMEOUT_S * 1000)
-        first_figure_s = time.monotonic() - start
-        print(f"first figure drawn {first_figure_s:.1f} s after the page was opened")
+        cold_s = _first_figure_s(page, voila_app["base"] + "/?theme=dark")
+        page.goto("about:blank")
+        _settled(voila_app["pid"])
+        first_figure_s = _first_figure_s(page, voila_app["base"] + "/")
+        print(f"first figure drawn {first_figure_s:.1f} s after the page was opened ({cold_s:.1f} s with a "
+              f"kernel started for the page)")
         _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
         box = page.locator(".js-plotly-plot").first.bounding_box()
         title = page.title()
@@ -329,8 +341,9 @@ def test_explorer_app_at_1280x720_fast_on_screen_titled_and_named(voila_app, chr
         page.goto("about:blank")
     finally:
         context.close()
-    assert first_figure_s <= FIRST_FIGURE_S, (f"the first figure took {first_figure_s:.1f} s (at most {FIRST_FIGURE_S} s: "
-                                              f"is the kernel pool (--preheat_kernel) configured?)")
+    assert first_figure_s <= min(FIRST_FIGURE_S, WARM_OVER_COLD * cold_s), (
+        f"the first figure took {first_figure_s:.1f} s, {cold_s:.1f} s with a kernel started for the page (at most "
+        f"{FIRST_FIGURE_S} s and {WARM_OVER_COLD:.0%} of that: is the kernel pool (--preheat_kernel) configured?)")
     assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720, f"the figure is not all on screen: {box}"
     assert "Overlap the Pipeline" in title and "explorer" in title.lower() and title != "explorer", title
     unnamed = re.findall(r"^\s*- (slider|combobox|group)\s*:?$", tree, re.M)
