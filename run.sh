@@ -96,10 +96,14 @@ case "${1:-}" in
         setup "$1"
         # The `course` template (apps/voila/templates) is Voila's lab template without CDN links; it
         # ends a page's kernel when the page goes.  Culling is the backstop: a kernel whose page
-        # vanished without a word (a crashed browser) ends after 10 idle minutes.
+        # vanished without a word (a crashed browser) ends after 10 idle minutes.  One kernel waits
+        # with the app already run (a preheated pool): a page draws its first figure in ~4 s
+        # instead of ~13 s (docs/measurements/explorer_app.md); overlap_course.explorer_app keeps
+        # culling off a kernel a page has just taken.
         JUPYTER_PATH="$PWD/apps${JUPYTER_PATH:+:$JUPYTER_PATH}" exec "$VENV/bin/voila" apps/explorer.ipynb \
             --template=course --no-browser --MappingKernelManager.cull_idle_timeout=600 \
-            --MappingKernelManager.cull_interval=60 "${@:2}"
+            --MappingKernelManager.cull_interval=60 --preheat_kernel=True --pool_size=1 \
+            --VoilaConfiguration.multi_kernel_manager_class=overlap_course.explorer_app.ExplorerKernelManager "${@:2}"
         ;;
     slides)
         setup "$1"

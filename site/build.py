@@ -1,6 +1,7 @@
 """Build the course website from the stored notebooks, offline, without running them.
 
     python site/build.py [--out build/site]      # or: ./run.sh site
+    python site/build.py --draw                  # redraw the stored images of the drawn pages
 
 Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/html``:
 
@@ -15,7 +16,12 @@ Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/ht
 * ``plotly.min.js`` from the installed plotly package, so no page asks a CDN; ``conf.py`` loads
   it only on pages that draw a figure;
 * each figure keeps the notebook's stored PNG, with alt text saying what it shows, for readers
-  without JavaScript (``_static/course.css`` shows the PNG until plotly.js has drawn).
+  without JavaScript (``_static/course.css`` shows the PNG until plotly.js has drawn);
+* the figures of pages that are not notebooks (:func:`drawn_figures`: "When does overlap pay?")
+  drawn here from their one source into ``_generated/``, which the page includes (``conf.py``
+  keeps the folder out of the documents), with the PNG stored in ``site/figures/`` (``--draw``
+  redraws it, with Chromium); the PNG names the figure it shows by a digest, and a stale one
+  fails the build.
 
 Warnings fail the build (``-W``): a broken cross-reference or toctree entry is an error.
 """
@@ -23,7 +29,10 @@ Warnings fail the build (``-W``): a broken cross-reference or toctree entry is a
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import html
+import json
 import re
 import shutil
 import subprocess
@@ -39,19 +48,27 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_DIRS = ("notebooks", "exercises")
 DOC_PAGES = ("instructor_guide.md", "real_engines.md")
+DIGEST_KEY = "figure-sha256"  # a drawn page's stored PNG: the digest of the figure it shows
 NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
 WIDGET_NOTE = ("<div class='admonition note'><p class='admonition-title'>Live widget</p><p>This output is an "
-               "interactive widget that needs a running kernel: run the notebook in Jupyter, or open the "
-               "explorer as an app (<code>./run.sh explorer</code>, see <a href='../explorer_app.html'>"
-               "the timeline explorer as an app</a>).</p></div>")
+               "interactive widget that needs a running kernel: run the notebook in Jupyter. Without one, the "
+               "timeline explorer runs as an app (<code>./run.sh explorer</code>, see <a href='../explorer_app.html'>"
+               "the timeline explorer as an app</a>) and the payoff widget's figure has a page of its own "
+               "(<a href='../overlap_pays.html'>when does overlap pay?</a>).</p></div>")
 
 
-def interactive_outputs(nb, name: str) -> int:
-    """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
+def live_html(fig: dict, div_id: str) -> str:
+    """A figure as a div and its ``Plotly.newPlot`` call, drawn by the page's plotly.js."""
     import plotly.io as pio
 
     from overlap_course.figures.config import plotly_config
 
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, validate=False, div_id=div_id,
+                       config=plotly_config(responsive=True))
+
+
+def interactive_outputs(nb, name: str) -> int:
+    """Give every Plotly output an HTML form drawn by the page's plotly.js; returns how many."""
     n = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -59,8 +76,7 @@ def interactive_outputs(nb, name: str) -> int:
             if PLOTLY_MIME in data:
                 # The HTML form replaces the JSON, which MyST-NB has no renderer for (it would warn).
                 fig = data.pop(PLOTLY_MIME)
-                live = pio.to_html(fig, include_plotlyjs=False, full_html=False, validate=False,
-                                   div_id=f"figure-{name}-{n}", config=plotly_config(responsive=True))
+                live = live_html(fig, f"figure-{name}-{n}")
                 png = data.pop("image/png", None)
                 data["text/html"] = figure_html(live, png, alt_text(fig)) if png else live
                 n += 1
@@ -95,6 +111,68 @@ def figure_html(live: str, png: str, alt: str) -> str:
             f'<div class="course-figure-live">{live}</div></div>')
 
 
+def drawn_figures() -> dict[str, dict]:
+    """The figures of the pages that are not notebooks, by page (``site/<page>.md``)."""
+    from overlap_course.figures.payoff import payoff_figure
+
+    return {"overlap_pays": payoff_figure().to_dict()}
+
+
+def figure_digest(fig: dict) -> str:
+    """A figure's content, hashed (Plotly's template left out, it is not ours)."""
+    layout = {k: v for k, v in fig.get("layout", {}).items() if k != "template"}
+    return hashlib.sha256(json.dumps({**fig, "layout": layout}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def stored_image(page: str, fig: dict) -> Path:
+    """The PNG stored for a drawn page's figure; missing, or drawn from another figure: a ValueError."""
+    from PIL import Image
+
+    png = SITE / "figures" / f"{page}.png"
+    redraw = "redraw it with `python site/build.py --draw` (needs Chromium)"
+    if not png.is_file():
+        raise ValueError(f"no stored image {png.relative_to(ROOT)} for site/{page}.md's figure: {redraw}")
+    if Image.open(png).text.get(DIGEST_KEY) != figure_digest(fig):
+        raise ValueError(f"{png.relative_to(ROOT)} shows an older version of site/{page}.md's figure: {redraw}")
+    return png
+
+
+def draw_stored_images() -> list[Path]:
+    """Draw each drawn page's PNG as the notebooks' static figures are drawn (kaleido, Chromium,
+    a 256-colour palette), with the figure's digest in a text chunk."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    from overlap_course.build.notebooks import render_images, shrink_png
+
+    figures = drawn_figures()
+    paths = []
+    for (page, fig), png in zip(figures.items(), render_images(list(figures.values()))):
+        info = PngImagePlugin.PngInfo()
+        info.add_text(DIGEST_KEY, figure_digest(fig))
+        path = SITE / "figures" / f"{page}.png"
+        path.parent.mkdir(exist_ok=True)
+        Image.open(io.BytesIO(shrink_png(png))).save(path, format="PNG", optimize=True, pnginfo=info)
+        paths.append(path)
+    return paths
+
+
+def draw_pages(src: Path) -> None:
+    """Write each drawn page's figure (live, with its stored PNG) and, for overlap_pays, the
+    published numbers into ``src/_generated/``, where the pages include them."""
+    from overlap_course.figures.payoff import published_text
+
+    out = src / "_generated"
+    out.mkdir()
+    for page, fig in drawn_figures().items():
+        png = stored_image(page, fig)
+        (out / f"{page}_figure.html").write_text(
+            figure_html(live_html(fig, f"figure-{page}"), base64.b64encode(png.read_bytes()).decode("ascii"),
+                        alt_text(fig)), encoding="utf-8")
+    (out / "overlap_pays_published.md").write_text(published_text("markdown"), encoding="utf-8")
+
+
 def drop_test_markers(nb) -> None:
     """Remove nbval's ``# NBVAL_...`` marker lines from the code shown: they are for the tests."""
     for cell in nb.cells:
@@ -116,7 +194,7 @@ def stage(out: Path) -> Path:
     """Lay out the Sphinx source folder under ``out/src`` (replacing an older one)."""
     src = out / "src"
     shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(SITE, src, ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build"))
+    shutil.copytree(SITE, src, ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build", "figures"))
     for name in DOC_PAGES:
         shutil.copy(ROOT / "docs" / name, src / name)
     import plotly
@@ -131,6 +209,7 @@ def stage(out: Path) -> Path:
             interactive_outputs(nb, f"{folder}-{path.stem}")
             drop_test_markers(nb)
             nbformat.write(nb, src / folder / path.name)
+    draw_pages(src)
     return src
 
 
@@ -147,7 +226,12 @@ def build(out: Path) -> Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="build the course website from the stored notebooks")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    p.add_argument("--draw", action="store_true",
+                   help="redraw the stored images of the pages build.py draws (site/figures/), then stop")
     a = p.parse_args(argv)
+    if a.draw:
+        print("site: drew " + ", ".join(str(path.relative_to(ROOT)) for path in draw_stored_images()))
+        return 0
     start = time.monotonic()
     try:
         html = build(a.out.resolve())

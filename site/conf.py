@@ -17,7 +17,8 @@ nb_execution_mode = "off"
 nb_merge_streams = True
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
-exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+# build.py writes the drawn pages' figures and tables there; the pages include them.
+exclude_patterns = ["_build", "_generated", "**.ipynb_checkpoints"]
 
 html_theme = "sphinx_book_theme"
 html_title = "Overlap the Pipeline"

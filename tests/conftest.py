@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 import toy_engine as te
@@ -42,6 +47,21 @@ def engine_pool(shipped):
         engine.close()
 
 
+@pytest.fixture
+def cpu_burners():
+    """One spinning process per usable core: the whole machine is busy while the test runs."""
+    n = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    time.sleep(0.3)  # let them get going
+    try:
+        yield n
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def built_handout(tmp_path_factory):
     """The "three rounds" handout built once per session: (HTML path, PDF path).
@@ -49,8 +69,6 @@ def built_handout(tmp_path_factory):
     Building needs Chromium (kaleido draws the figures, Chromium prints the PDF): without
     it the tests skip, unless REQUIRE_BROWSER_TEST=1 (CI) makes that a failure.
     """
-    import os
-
     from overlap_course.build import handout
 
     if not os.access("/usr/bin/chromium", os.X_OK) and not os.environ.get("BROWSER_PATH"):

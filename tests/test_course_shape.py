@@ -56,14 +56,46 @@ def test_never_ten_minutes_without_a_check():
 
 
 def test_a_stored_notebook_leaves_its_practice_answers_open():
-    """The course's stored run must not give the answers away: every `# your answer` stub is None."""
+    """The course's stored run must not give the answers away: every `# your answer` stub is None.
+    (A notebook may also demonstrate an exercise's checker: only its own checks hold answers.)"""
+    from overlap_course.progress import CATALOGUE
+
     for rel in measure.COURSE:
         if rel.startswith("notebooks/"):
+            own = CATALOGUE[Path(rel).name]
             for cell in nbformat.read(REPO / f"{rel}.ipynb", as_version=4).cells:
-                if cell.cell_type == "code" and "checks.check_" in cell.source:
+                if cell.cell_type == "code" and any(f"checks.{name}(" in cell.source for name in own):
                     stubs = re.findall(r"^(\w+)\s*=\s*(.+?)\s*#\s*your answer", cell.source, re.M)
                     assert stubs and all(value == "None" for _, value in stubs), \
                         f"{rel}: a checked cell without an open `name = None  # your answer` stub: {cell.source[:80]!r}"
+
+
+_EXPLORER = re.compile(r"^(\w+)\s*=\s*(?:[\w.]+\.)?TimelineExplorer\(", re.M)
+
+
+def explorers_closed(cells: list) -> list[str]:
+    """Code cells that close an explorer a cell above created: after Run All it would be gone
+    (an empty output; issue 23), and nothing needs closing (it holds no engine between runs)."""
+    names, closing = set(), []
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "code":
+            if any(re.search(rf"\b{re.escape(n)}\.(?:widget\.)?close\(", cell.source) for n in names):
+                closing.append(f"cell {i}: {cell.source[:60]!r}")
+            names.update(_EXPLORER.findall(cell.source))
+    return closing
+
+
+def test_explorers_close_check_finds_a_closing_cell():
+    cells = [nbformat.v4.new_code_cell("ex = figures.TimelineExplorer()\nex"), nbformat.v4.new_code_cell("ex.run()"),
+             nbformat.v4.new_code_cell("zos.close()\nex.close()  # free the engine")]
+    assert explorers_closed(cells) == ["cell 2: 'zos.close()\\nex.close()  # free the engine'"]
+
+
+@pytest.mark.parametrize("rel", list(measure.COURSE))
+def test_no_cell_closes_the_explorer(rel):
+    """Notebook 05 keeps its capstone explorer after Run All."""
+    cells = nbformat.read(REPO / f"{rel}.ipynb", as_version=4).cells
+    assert not explorers_closed(cells), f"{rel}: {explorers_closed(cells)}"
 
 
 def test_time_lines_and_tables_are_the_recorded_measurements():

@@ -1,9 +1,6 @@
 """Usable CPUs (affinity, cgroup quota), the busy verdict, and the burner test (issue 12)."""
 
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -95,21 +92,6 @@ def test_recorded_comparison_is_labelled():
 
 
 # ---------------------------------------------------------------------------- the burner test
-
-@pytest.fixture
-def cpu_burners():
-    """One spinning process per usable core: the whole machine is busy while the test runs."""
-    n = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2)
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    time.sleep(0.3)  # let them get going
-    try:
-        yield n
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(timeout=10)
-
 
 @pytest.mark.timeout(300)
 def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded_run(cpu_burners, shipped):

@@ -169,7 +169,7 @@ MUTATIONS = {
     "a PR loses its date": ("`vllm-project/vllm#27922`, merged, opened 2025-11-01", "`vllm-project/vllm#27922`, merged",
                             stage_problems),
     "a commit that was not read": ("vllm-project/vllm@00024d31", "vllm-project/vllm@deadbeef", reference_problems),
-    "a toy function renamed": ("`toy_engine/engine.py: Engine.launch_sample`",
+    "a toy function renamed": ("`toy_engine/stages.py: RoundStages.launch_sample`",
                                "`toy_engine/engine.py: Engine.launch_sampling`", reference_problems),
     "a support cell loses its date": ("(merged, opened 2024-11-19)", "(merged)", support_problems),
 }

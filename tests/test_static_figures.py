@@ -44,6 +44,14 @@ STORED = course.stored_notebooks(ROOT)
 WITH_FIGURES = [p for p in STORED if course.figure_outputs(nbformat.read(p, as_version=4))]
 
 
+def _widget_outputs(nb) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if course.WIDGET_MIME in o.get("data", {})]
+
+
+WITH_WIDGETS = [p for p in STORED if _widget_outputs(nbformat.read(p, as_version=4))]
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
@@ -64,19 +72,53 @@ def test_the_course_has_figures():
     assert len(WITH_FIGURES) >= 4, f"only {[_rel(p) for p in WITH_FIGURES]} hold Plotly figures"
 
 
+def _assert_drawn(output, what: str) -> None:
+    image = _png(output).convert("RGB")
+    assert image.width >= 600 and image.height >= 200, f"{what} is {image.size}"
+    # Drawn, not blank: many colours, and a good share of the pixels are not background.
+    colours = image.getcolors(1 << 16) or []
+    inked = sum(n for n, rgb in colours if min(rgb) < 235)
+    assert len(colours) >= 16, f"{what} has {len(colours)} colours: is it empty?"
+    assert inked > 0.05 * image.width * image.height, f"{what} is mostly blank"
+
+
 @pytest.mark.parametrize("path", WITH_FIGURES, ids=_rel)
 def test_every_figure_has_a_drawn_static_image(path):
     nb = nbformat.read(path, as_version=4)
     for i, output in enumerate(course.figure_outputs(nb)):
         assert "image/png" in output.data, (f"{_rel(path)}: figure {i} has no static image: run "
                                             f"`python -m overlap_course.build.notebooks images {_rel(path)}`")
-        image = _png(output).convert("RGB")
-        assert image.width >= 600 and image.height >= 200, f"{_rel(path)}: figure {i} is {image.size}"
-        # Drawn, not blank: many colours, and a good share of the pixels are not background.
-        colours = image.getcolors(1 << 16) or []
-        inked = sum(n for n, rgb in colours if min(rgb) < 235)
-        assert len(colours) >= 16, f"{_rel(path)}: figure {i} has {len(colours)} colours: is it empty?"
-        assert inked > 0.05 * image.width * image.height, f"{_rel(path)}: figure {i} is mostly blank"
+        _assert_drawn(output, f"{_rel(path)}: figure {i}")
+
+
+@pytest.mark.parametrize("path", WITH_WIDGETS, ids=_rel)
+def test_every_widget_output_has_a_static_image_of_its_figure(path):
+    """Stored without widget state, a widget draws only beside a live kernel: its output keeps a
+    PNG of its figure as the run left it (notebook 05's explorer after Run All), and its text
+    names it instead of ``VBox(children=...``."""
+    nb = nbformat.read(path, as_version=4)
+    for i, output in enumerate(_widget_outputs(nb)):
+        assert "image/png" in output.data, (f"{_rel(path)}: widget output {i} has no static image: run "
+                                            f"`python -m overlap_course.build.notebooks execute {_rel(path)}`")
+        _assert_drawn(output, f"{_rel(path)}: widget output {i}")
+        assert "VBox(" not in output.data["text/plain"], output.data["text/plain"]
+
+
+def test_execute_stores_an_image_of_a_widgets_figure_as_the_run_left_it(tmp_path):
+    """The build reads the explorer's figure from the run's widget state, after its last run."""
+    if not os.access("/usr/bin/chromium", os.X_OK) and not os.environ.get("BROWSER_PATH"):
+        _unavailable("no Chromium for kaleido")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from overlap_course import figures\n"
+                                  "explorer = figures.TimelineExplorer(num_requests=2, max_new_tokens=8)\nexplorer"),
+        nbformat.v4.new_code_cell("explorer.mode.value = 'serial'\nexplorer.run()\nexplorer.close()")])
+    nbformat.write(nb, tmp_path / "explorer.ipynb")
+    course.execute(tmp_path / "explorer.ipynb")
+    nb = nbformat.read(tmp_path / "explorer.ipynb", as_version=4)
+    assert "widgets" not in nb.metadata
+    (output,) = nb.cells[0].outputs
+    assert "image/png" in output.data and course.WIDGET_MIME in output.data
+    _assert_drawn(output, "the explorer's image")  # its last run, not the empty "press Run" figure
 
 
 @pytest.mark.parametrize("path", STORED, ids=_rel)
@@ -145,7 +187,7 @@ def chromium_page():
 @pytest.mark.parametrize("path", WITH_FIGURES, ids=_rel)
 def test_notebook_as_html_without_javascript_shows_every_figure(path, chromium_page, tmp_path):
     nb = nbformat.read(path, as_version=4)
-    figures = len(course.figure_outputs(nb))
+    figures = len(course.figure_outputs(nb)) + len(_widget_outputs(nb))
     html = _html_without_scripts(nb)
     assert "<script" not in html.lower()
     assert _figure_images(html) == figures, f"{_rel(path)}: {_figure_images(html)} images for {figures} figures"

@@ -224,18 +224,32 @@ def _alive(engine) -> bool:
     return proc is not None and proc.is_alive()
 
 
-def test_explorer_headless():
-    pytest.importorskip("ipywidgets")
+@pytest.fixture
+def run_engines(monkeypatch):
+    """Every engine that starts a run while the test runs (toy_engine's run observers)."""
+    seen = []
+    monkeypatch.setattr(te.engine, "RUN_OBSERVERS",
+                        [*te.engine.RUN_OBSERVERS, lambda engine, when: when == "start" and seen.append(engine)])
+    return seen
+
+
+def _small_explorer(**kw):
     tok = te.CharTokenizer()
     model = te.TinyGPT(te.GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_embd=32))
-    ex = figures.TimelineExplorer(mode="serial", num_requests=2, max_new_tokens=6, device="cpu",
-                              model=model, tokenizer=tok)
-    engines, widget = [], ex.figure
+    return figures.TimelineExplorer(num_requests=2, max_new_tokens=6, device="cpu", model=model, tokenizer=tok, **kw)
+
+
+def test_explorer_headless(run_engines):
+    """The widgets drive runs and both views in one FigureWidget; no run leaves its engine's
+    device process behind (notebook 05 keeps the explorer open beside its own engines)."""
+    pytest.importorskip("ipywidgets")
+    ex = _small_explorer(mode="serial")
+    widget = ex.figure
     try:
         assert len(ex.figure.data) == 0
         ex.mode.value, ex.batch_size.value, ex.num_requests.value = "zos", 2, 3
         stats = ex.run()
-        engines.append(ex.engine)
+        assert len(run_engines) == 1 and not _alive(run_engines[0])
         assert stats.tokens == 3 * 6 and ex.timeline.meta.mode == "zos"
         assert kind(ex.figure, "span") and "tokens/s" in ex.readout.value and "idle" in ex.readout.value
         first = figures.default_first_round(ex.timeline)
@@ -252,25 +266,60 @@ def test_explorer_headless():
         no_uid = lambda data: [{k: v for k, v in t.items() if k != "uid"} for t in data]  # noqa: E731
         assert no_uid(ex.figure.to_plotly_json()["data"]) == no_uid(before)
         assert ex.figure.layout.meta["view"] == "scale"
-
-        ex.run_button.click()  # same config: the engine is reused
-        assert ex.engine is engines[0] and _alive(engines[0])
+        assert len(run_engines) == 1  # moving the window or switching the view runs nothing
 
         ex.round_slider.value = 0  # moves the window, no run
         assert ex.figure.to_plotly_json()["data"] != before
         assert "round 0" in ex.figure.layout.title.text or "rounds 0" in ex.figure.layout.title.text
 
-        for change in (lambda: setattr(ex.drafts, "value", 2), lambda: setattr(ex.mode, "value", "serial")):
+        for change in (lambda: None, lambda: setattr(ex.drafts, "value", 2), lambda: setattr(ex.mode, "value", "serial")):
             change()
             ex.run_button.click()
-            engines.append(ex.engine)
-            assert engines[-1] is not engines[-2] and not _alive(engines[-2])
             assert "Error" not in ex.readout.value
+            assert not any(_alive(e) for e in run_engines), "a run left its engine's device process running"
+        assert len(set(map(id, run_engines))) == 4  # each run its own engine
         assert ex.timeline.meta.mode == "serial" and ex.timeline.meta.num_draft_tokens == 2
         assert ex.figure is widget  # redrawn in place, never replaced
     finally:
         ex.close()
-    assert ex.engine is None and not any(_alive(e) for e in engines)
+    assert ex.widget.comm is None and ex.figure.comm is None
+
+
+def test_explorer_busy_note_is_one_line_about_what_it_shows():
+    """A run the contention meter judged busy (here: other programs used 1.5 CPUs meanwhile) gets
+    the busy warning, one line at 1280x720 opening to its reasons, naming nothing the explorer
+    does not show (no RECORDED run, no code).  (The warning never fired before issue 23: it read
+    contention keys that engine.stats no longer has.)"""
+    pytest.importorskip("ipywidgets")
+    from overlap_course.measure import machine
+
+    ex = _small_explorer()
+    try:
+        ex.run()
+        ex.timeline.meta["machine_load"] = dict(cpus=2, wall_s=1.0, others_cpus=1.5)
+        ex._update_readout()
+        note = re.search(r"<details\b.*?</details>", ex.readout.value, re.S)
+        assert note, f"no busy note in {ex.readout.value!r}"
+        summary = re.search(r"<summary\b[^>]*>(.*?)</summary>", note.group(0), re.S).group(1)
+        assert "white-space:nowrap" in note.group(0) and len(re.sub(r"<[^>]+>", "", summary)) <= 90, summary
+        assert machine.BUSY_WARNING_PREFIX in summary and "1.50" in note.group(0)
+        for foreign in ("RECORDED", "load_trace", "<code>"):
+            assert foreign not in ex.readout.value, f"the note names {foreign!r}, which the explorer does not show"
+    finally:
+        ex.close()
+
+
+def test_explorer_stored_without_its_state_reads_as_text():
+    """A stored notebook has no widget state: its viewers fall back to text/plain, which names
+    the explorer instead of showing ``VBox(children=...``."""
+    pytest.importorskip("ipywidgets")
+    ex = _small_explorer()
+    try:
+        bundle = ex._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        assert bundle["text/plain"].startswith("Timeline explorer") and "VBox" not in bundle["text/plain"]
+    finally:
+        ex.close()
 
 
 # ---------------------------------------------------------------------------- aligned windows

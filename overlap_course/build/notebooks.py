@@ -22,7 +22,9 @@ an executed widget's state would embed all of plotly.js in every notebook.  Each
 figure output also carries a PNG of itself (``image/png`` beside the interactive
 ``application/vnd.plotly.v1+json``), so that viewers without JavaScript or without
 Plotly's renderer (a repository's notebook view, ``nbconvert --to html``) still show
-every timeline; nbval never compares ``image/png``, so the images cannot make it flaky.
+every timeline; nbval never compares ``image/png``, so the images cannot make it flaky.  A
+widget output holding a Plotly FigureWidget (notebook 05's explorer) gets a PNG of the figure
+as the run left it, read from the widget state before that is dropped.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
 # Quantized to a 256-colour palette: PNGs a few times smaller, colours kept (the measurements,
 # and why not median-cut or 64 colours: docs/measurements/figures.md).
 STATIC_COLORS = 256
@@ -133,6 +137,25 @@ def figure_outputs(nb) -> list:
             if PLOTLY_MIME in o.get("data", {})]
 
 
+def widget_figures(nb) -> list[tuple[dict, dict]]:
+    """(output, figure) for each widget output with a Plotly FigureWidget inside: the figure as the
+    executed notebook's widget state holds it (plotly's anywidget keeps ``_widget_data`` and
+    ``_widget_layout``); the first one found walking down from the output's widget."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
+    found = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            view = output.get("data", {}).get(WIDGET_MIME)
+            todo = [view["model_id"]] if view else []
+            while todo:
+                widget = state.get(todo.pop(0), {}).get("state", {})
+                if "_widget_data" in widget:
+                    found.append((output, {"data": widget["_widget_data"], "layout": widget["_widget_layout"]}))
+                    break
+                todo += [child.removeprefix("IPY_MODEL_") for child in widget.get("children", [])]
+    return found
+
+
 def _browser() -> str | None:
     """$BROWSER_PATH, else Debian's Chromium; None lets kaleido search (Chrome, Edge, ... on PATH)."""
     return os.environ.get("BROWSER_PATH") or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
@@ -179,25 +202,28 @@ def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
         return pool.submit(asyncio.run, _render_images(figures, fmt, (STATIC_WIDTH_PX, STATIC_HEIGHT_PX))).result()
 
 
-def add_static_images(nb) -> int:
-    """Store a PNG beside every Plotly figure output (replacing an older one); returns how many."""
-    outputs = figure_outputs(nb)
-    if outputs:
-        pngs = render_images([o.data[PLOTLY_MIME] for o in outputs])
-        for output, png in zip(outputs, pngs):
+def add_static_images(nb, widgets: list[tuple[dict, dict]] = ()) -> int:
+    """Store a PNG beside every Plotly figure output (replacing an older one), and beside each
+    widget output of ``widgets`` (:func:`widget_figures`); returns how many."""
+    pairs = [(o, o.data[PLOTLY_MIME]) for o in figure_outputs(nb)] + list(widgets)
+    if pairs:
+        pngs = render_images([figure for _, figure in pairs])
+        for (output, _), png in zip(pairs, pngs):
             output.data["image/png"] = base64.b64encode(shrink_png(png)).decode("ascii")
-    return len(outputs)
+    return len(pairs)
 
 
 def execute(path: Path, timeout: int = 600) -> None:
-    """Run a notebook in place (from its own folder); store outputs and static figures, not widget state."""
+    """Run a notebook in place (from its own folder); store outputs and static figures, not widget
+    state (it is read for the widgets' figures, then dropped)."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
+    widgets = widget_figures(nb)
     nb.metadata.pop("widgets", None)
-    add_static_images(nb)
+    add_static_images(nb, widgets)
     nbformat.write(nb, path)
 
 

@@ -11,9 +11,10 @@ import warnings
 
 import plotly.graph_objects as go
 
-from overlap_course.measure.contention import cpu_shares
-from overlap_course.measure.machine import busy_warning
-from overlap_course.traces.recorded import trace_name
+from overlap_course.measure.contention import contention
+from overlap_course.measure.machine import BUSY_WARNING_PREFIX, busy_warning
+from toy_engine.config import EngineConfig
+from toy_engine.engine import Engine
 from toy_engine.runinfo import RunStats
 from toy_engine.timeline import Timeline
 
@@ -25,16 +26,20 @@ from .scale import timeline_figure
 
 __all__ = ["TimelineExplorer"]
 
+#: What the explorer shows where its widget cannot be drawn.
+TEXT_FALLBACK = "Timeline explorer: a live widget; run the notebook, or open the app (./run.sh explorer), to use it"
+
 
 class TimelineExplorer:
     """Widgets that run the engine live and draw its timeline.
 
     Change the mode, drafts, batch size, requests or host overhead, press *Run*, and
     slide the window along the run; *view* switches between the to-scale timeline and
-    the order view of the same spans.  One engine (one device process) is kept while its
-    configuration is unchanged; it is closed when the configuration changes and by
-    :meth:`close`, so re-running many times leaks nothing.  Everything works headless:
-    ``explorer.run()`` is what the button does.
+    the order view of the same spans.  Each run starts an engine and closes it when done
+    (starting one costs ~0.2 s once the first has started the forkserver), so between runs
+    the explorer holds no device process: a notebook may start engines of its own beside it
+    (notebook 05's benchmark) and an app page left open costs only its kernel.  Everything
+    works headless: ``explorer.run()`` is what the button does.
     """
 
     def __init__(self, mode: str = "zos", num_requests: int = 8, max_new_tokens: int = 48,
@@ -44,8 +49,6 @@ class TimelineExplorer:
         self.max_new_tokens = max_new_tokens
         self.device_kind = device
         self._model, self._tokenizer = model, tokenizer
-        self.engine = None
-        self._engine_key = None
         self._quiet = False
         self.timeline: Timeline | None = None
         self.stats: RunStats | None = None
@@ -83,9 +86,7 @@ class TimelineExplorer:
 
     # -- engine -------------------------------------------------------------
 
-    def _config(self):
-        from toy_engine.config import EngineConfig
-
+    def _config(self) -> EngineConfig:
         return EngineConfig(mode=self.mode.value, device=self.device_kind, max_batch_size=self.batch_size.value,
                             num_draft_tokens=self.drafts.value, host_overhead_ms=float(self.host_overhead.value))
 
@@ -103,23 +104,6 @@ class TimelineExplorer:
                 self._model = TinyGPT(GPTConfig(vocab_size=self._tokenizer.vocab_size))
         return self._model, self._tokenizer
 
-    def _get_engine(self):
-        """The engine for the current controls: reused if unchanged, else replaced."""
-        from toy_engine.engine import Engine
-
-        config = self._config()
-        key = (config.mode, config.device, config.max_batch_size, config.num_draft_tokens, config.host_overhead_ms)
-        if self.engine is None or key != self._engine_key:
-            self._close_engine()
-            model, tokenizer = self._load_model()
-            self.engine, self._engine_key = Engine(config, model=model, tokenizer=tokenizer), key
-        return self.engine
-
-    def _close_engine(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine, self._engine_key = None, None
-
     def prompts(self) -> list[str]:
         """The fixed, mixed-length workload (the benchmark's), ``num_requests`` long."""
         from overlap_course.measure.bench import default_workload
@@ -127,9 +111,10 @@ class TimelineExplorer:
         return default_workload(self.num_requests.value)
 
     def run(self) -> RunStats:
-        """Run the engine once with the current controls, redraw; returns the stats."""
-        engine = self._get_engine()
-        engine.generate(self.prompts(), max_new_tokens=self.max_new_tokens)
+        """Run an engine once with the current controls (closed when done), redraw; returns the stats."""
+        model, tokenizer = self._load_model()
+        with Engine(self._config(), model=model, tokenizer=tokenizer) as engine:
+            engine.generate(self.prompts(), max_new_tokens=self.max_new_tokens)
         self.timeline, self.stats = engine.timeline, engine.stats
         rounds = self.timeline.rounds()
         self._quiet = True  # set the slider without one redraw per trait change
@@ -162,7 +147,7 @@ class TimelineExplorer:
 
     def _update_readout(self) -> None:
         s, m = self.stats, self.timeline.meta
-        share = cpu_shares(self.timeline)["device_cpu_share"]
+        share = contention(self.timeline)["device_cpu_share"]
         rows = [("mode", m.mode), ("device", m.device),
                 ("device idle (run)", f"{s.device_idle_fraction:.1%}"),
                 ("device idle (decode)", f"{s.decode_device_idle_fraction:.1%}"),
@@ -172,11 +157,8 @@ class TimelineExplorer:
         if share is not None:
             rows.append(("device CPU share", f"{share:.0%}"))
         cells = "".join(f"<td style='padding:0 12px'><b>{k}</b><br>{html.escape(str(v))}</td>" for k, v in rows)
-        warning = busy_warning({m.mode: self.timeline}, cuda=m.device != "cpu-process")
-        note = (f"<div style='color:#8a3b00;max-width:70em'><b>{html.escape(warning)}</b> "
-                f"(<code>figures.load_trace('{trace_name(m.mode, m.host_overhead_ms)}')</code> "
-                f"is the recorded one)</div>" if warning else "")
-        self.readout.value = f"<table><tr>{cells}</tr></table>{note}"
+        warning = busy_warning({m.mode: self.timeline}, cuda=m.device != "cpu-process", recorded=False)
+        self.readout.value = f"<table><tr>{cells}</tr></table>{_busy_note(warning) if warning else ''}"
 
     def _on_click(self, _button) -> None:
         self.run_button.disabled = True
@@ -194,15 +176,27 @@ class TimelineExplorer:
     # -- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the engine's device process and close the widgets."""
-        self._close_engine()
-        self.widget.close()
+        """Close every widget of the explorer (no engine outlives a run)."""
+        todo = [self.widget]
+        while todo:
+            widget = todo.pop()
+            todo += getattr(widget, "children", ())
+            widget.close()
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        """The widget; for a viewer without its state (a stored notebook) a sentence, not the
+        ``VBox(children=...`` of its repr (the notebook build stores an image of it beside)."""
         _sync_widget_state(self.figure)
-        display(self.widget)
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": TEXT_FALLBACK}
+
+
+def _busy_note(warning: str) -> str:
+    """The busy warning as one line that opens to the whole text: projected at 1280x720 the
+    full warning took six lines and pushed the figure off the screen."""
+    details = html.escape(warning.removeprefix(f"{BUSY_WARNING_PREFIX}. "))
+    return ("<details class='busy-note' style='color:#8a3b00'><summary style='cursor:pointer;white-space:nowrap'>"
+            f"<b>{BUSY_WARNING_PREFIX}</b>: these timings may not show what overlap buys (why?)</summary>"
+            f"<div style='max-width:70em'>{details}</div></details>")
 
 
 def _sync_widget_state(figure: go.FigureWidget) -> None:

@@ -188,7 +188,7 @@ def _listed(values: dict, fmt: str, lowest: bool) -> str:
     return f"{low:{fmt}}–{high:{fmt}} in {len(values)} runs (worst: {values[worst]:{fmt}} ({worst}))"
 
 
-def busy_warning(runs: dict, cuda: bool = False) -> str | None:
+def busy_warning(runs: dict, cuda: bool = False, recorded: bool = True) -> str | None:
     """A warning when live serial/ZOS numbers cannot be trusted on this machine, else None.
 
     ``runs`` maps a label to a run's contention meter (a dict, e.g. the bench's), to a
@@ -196,7 +196,9 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
     run is busy when its device process or its host loop got less than
     ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (another process held the core it was
     ready to run on); fewer than :data:`MIN_CPUS_FOR_OVERLAP` usable CPUs is a warning by
-    itself.  CUDA runs do not share the host's cores: never busy here.
+    itself.  CUDA runs do not share the host's cores: never busy here.  ``recorded``: the caller
+    shows RECORDED quiet-machine runs beside the live ones (the bench, ``compare_figure``), and
+    the warning points to them; the explorer shows none, and its warning does not.
     """
     from toy_engine.timeline import Timeline
 
@@ -233,7 +235,7 @@ def busy_warning(runs: dict, cuda: bool = False) -> str | None:
                        f"(load average {report['load_average']}).")
     if not report["overlap_can_show"]:
         reasons.append(report["meaning"][0].upper() + report["meaning"][1:] + ".")
+    advice = "Compare with the RECORDED quiet-machine run shown with them; close" if recorded else "Close"
     return (f"{BUSY_WARNING_PREFIX}. " + " ".join(reasons) +
             " Live serial/ZOS timings measured like this do not show what overlap buys; ZOS can even look "
-            "slower. Compare with the RECORDED quiet-machine run shown with them; close other notebooks or "
-            "programs and re-run for live numbers.")
+            f"slower. {advice} other notebooks or programs and re-run for live numbers.")

@@ -16,9 +16,8 @@ error output; at least one Plotly timeline drawn with host and device lanes; in 
 an order view (the same spans as labelled blocks in real order) drawn too; and, in the
 capstone, the explorer redraws when the mode is changed and *Run* pressed, again when the
 "first round" slider is moved with the keyboard, and again when its *view* is switched to
-the order view and back to scale.  The capstone's last cells close the
-explorer, so there the cells above the closing cell run first, the widgets are exercised,
-and the rest runs after.  A screenshot of each notebook goes to ``artifacts/browser/``.
+the order view and back to scale -- after Run All, as a learner finds it (no later cell
+closes it, issue 23).  A screenshot of each notebook goes to ``artifacts/browser/``.
 
 Needs ``bash scripts/install_browser.sh``.  Without Chromium or Playwright the test is
 skipped, unless ``REQUIRE_BROWSER_TEST=1`` (CI) turns the skip into a failure.
@@ -349,27 +348,6 @@ def _run_cells(page, rel: str, lo: int, hi: int, deadline: float) -> list[dict]:
                 pytrace=False)
 
 
-_EXPLORER = re.compile(r"^\s*(\w+)\s*=\s*(?:[\w.]+\.)?TimelineExplorer\(", re.M)
-
-
-def _explorer_close_cell(path: Path) -> int | None:
-    """Index of the first cell that closes the notebook's TimelineExplorer, if any.
-
-    The explorer's widgets are gone once it is closed, so the test runs the cells above
-    that one, exercises the widgets, and then runs the rest.
-    """
-    cells = json.loads(path.read_text())["cells"]
-    names: set[str] = set()
-    for i, cell in enumerate(cells):
-        if cell["cell_type"] != "code":
-            continue
-        src = "".join(cell["source"])
-        if any(re.search(rf"\b{re.escape(n)}\.(?:widget\.)?close\(", src) for n in names):
-            return i
-        names.update(_EXPLORER.findall(src))
-    return None
-
-
 def _assert_no_errors(rel: str, cells: list[dict]) -> None:
     bad = [f"cell {c['index']}: {'; '.join(c['errors'] + c['tracebacks'])[:800]}"
            for c in cells if (c["errors"] or c["tracebacks"]) and "raises-exception" not in c["tags"]]
@@ -508,10 +486,8 @@ def test_notebook_renders_in_jupyterlab(lab, browser_context, rel, has_explorer)
         _open_notebook(page, lab, rel)
         _clear_outputs(page, rel)
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        n = len(json.loads(path.read_text())["cells"])
-        split = _explorer_close_cell(path) if has_explorer else None
-        split = n if split is None else split
-        cells = _run_cells(page, rel, 0, split, deadline)
+        # Run All, then use the explorer: no later cell may have closed it (issue 23).
+        cells = _run_cells(page, rel, 0, len(json.loads(path.read_text())["cells"]), deadline)
         _assert_no_errors(rel, cells)
         has_order_view = rel.endswith("03a_zos_order.ipynb")  # its section 5 draws one
         plots = _wait_plots(page, rel, order_view=has_order_view)
@@ -524,8 +500,6 @@ def test_notebook_renders_in_jupyterlab(lab, browser_context, rel, has_explorer)
             shot = _screenshot(page, rel, "window.__browserTest.explorer(p).gd")
         else:
             shot = _screenshot(page, rel, "window.__browserTest.panel(p).node.querySelector('.js-plotly-plot')")
-        if split < n:  # the rest: the cells that close the explorer
-            _assert_no_errors(rel, _run_cells(page, rel, split, n, deadline + WIDGET_TIMEOUT_S))
     except BaseException:
         if shot is None:
             try:

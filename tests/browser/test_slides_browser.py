@@ -89,30 +89,13 @@ _MEASURE_JS = """async () => {
 }"""
 
 
-# Slides that are one notebook cell whose code and output together are taller than the slide
-# even scaled to 60 %: only splitting the cell in the notebook fixes them (the notebooks are
-# edited elsewhere; issue 23 names them).  They scroll inside the slide.  Listed by deck and the
-# start of their text; the test fails for any other slide too tall, and when one of these fits.
-KNOWN_TOO_TALL = {
-    ("03a_zos_order", "serial_src = textwrap.dedent("),  # serial_loop and zos_loop side by side
-    ("03a_zos_order", "processed = None  # your answ"),  # the answer cell and its check's report
-    ("03a_zos_order", "same_tokens = None  # your an"),
-    ("05_ownership", "def iterations(timeline):"),
-    ("05_ownership", "def process_with_early_free("),  # the early-free demonstration and its two lines of output
-}
-
-
-def _known(stem: str, text: str) -> tuple | None:
-    return next((k for k in KNOWN_TOO_TALL if k[0] == stem and text.startswith(k[1])), None)
-
-
 def _decks(tmp_path):
     return slides.build(None, tmp_path)
 
 
 def test_every_slide_of_every_deck_fits_1280x720(chromium, tmp_path):
     page = chromium.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-    too_big, wraps, titles, counts, still_known = [], [], [], {}, set()
+    too_big, wraps, titles, counts = [], [], [], {}
     try:
         for deck in _decks(tmp_path):
             page.goto(deck.as_uri())
@@ -129,12 +112,8 @@ def test_every_slide_of_every_deck_fits_1280x720(chromium, tmp_path):
                 if m["cfgWidth"] != WIDTH or m["cfgHeight"] != HEIGHT:
                     too_big.append(f"{stem}: slides are {m['cfgWidth']}x{m['cfgHeight']}, not {WIDTH}x{HEIGHT}")
                     break
-                known = _known(stem, m["text"])
                 if m["height"] > HEIGHT + 1 or m["width"] > WIDTH + 1:
-                    if known:
-                        still_known.add(known)
-                    else:
-                        too_big.append(f"{where}: {m['width']}x{m['height']} px")
+                    too_big.append(f"{where}: {m['width']}x{m['height']} px")
                 wraps += [f"{where}: {w}" for w in m["wraps"]]
             if stem == "03a_zos_order":
                 SCREENS.mkdir(exist_ok=True)
@@ -154,7 +133,4 @@ def test_every_slide_of_every_deck_fits_1280x720(chromium, tmp_path):
     if too_big:
         problems.append(f"{len(too_big)} of {sum(counts.values())} slides larger than {WIDTH}x{HEIGHT}:\n"
                         + "\n".join(too_big))
-    if KNOWN_TOO_TALL - still_known:
-        problems.append(f"these slides fit now: drop them from KNOWN_TOO_TALL: {sorted(KNOWN_TOO_TALL - still_known)}")
-    print(f"known too tall (single cells; the notebooks must split them): {sorted(still_known)}")
     assert not problems, "\n\n".join(problems)

@@ -7,6 +7,10 @@ react: switching the mode and pressing *Run* redraws the figure for the new mode
 the "first round" slider redraws it again, and, when the explorer has a view switch (an
 option naming the "order" view), choosing that view redraws it too.  No console error, no
 request off loopback.  A screenshot goes to ``artifacts/browser/voila_explorer.png``.
+
+Issue 23, the app in a room: no kernel outlives its page; with a preheated kernel waiting,
+the first figure is drawn within FIRST_FIGURE_S of opening the page; at 1280x720 the figure
+is on screen, the page titled, every control named, and the busy note one line.
 """
 
 from __future__ import annotations
@@ -29,10 +33,18 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"
 START_TIMEOUT_S = 240  # Voilà runs the app notebook (one engine run) before it answers
 REDRAW_TIMEOUT_S = 90
+# From opening the page to its first drawn figure, once the preheated kernel is ready: measured
+# 4.0-6.4 s on a busy 2-core machine (11 s once, at load average 6.5), 12-14.5 s from a kernel
+# started for the page (docs/measurements/explorer_app.md).  The bound is generous; the ratio to
+# a page that starts its own kernel (the pool bypassed) is what a loaded machine cannot blur.
+FIRST_FIGURE_S = 15.0
+WARM_OVER_COLD = 0.6
 
 # Mirrors `./run.sh explorer` (see run.sh): the same notebook, template and template path.
 VOILA_ARGS = ["apps/explorer.ipynb", "--template=course", "--no-browser", "--MappingKernelManager.cull_idle_timeout=600",
-              "--MappingKernelManager.cull_interval=60", "--Voila.ip=127.0.0.1"]
+              "--MappingKernelManager.cull_interval=60", "--preheat_kernel=True", "--pool_size=1",
+              "--VoilaConfiguration.multi_kernel_manager_class=overlap_course.explorer_app.ExplorerKernelManager",
+              "--Voila.ip=127.0.0.1"]
 
 
 def _view_switch_option() -> str | None:
@@ -207,15 +219,37 @@ def _app_processes(pid: int) -> list[str]:
     return out
 
 
-@pytest.mark.timeout(START_TIMEOUT_S * LEAK_VIEWS + SETTLE_S + 120)
+def _settled(pid: int, quiet_s: float = 3.0, timeout_s: float = START_TIMEOUT_S) -> list[str]:
+    """The server's processes once none of them works: the same processes, together using under
+    5 % of a CPU, for ``quiet_s`` (the preheated kernel has run the app and waits)."""
+    import psutil
+
+    def cpu(procs):
+        total = 0.0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                total += sum(proc.cpu_times()[:2])
+        return total
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        procs = descendants(pid)
+        used = cpu(procs)
+        time.sleep(quiet_s)
+        again = descendants(pid)
+        if ({p.pid for p in again} == {p.pid for p in procs} and cpu(again) - used < 0.05 * quiet_s) \
+                or time.monotonic() > deadline:
+            return _app_processes(pid)
+
+
+@pytest.mark.timeout(START_TIMEOUT_S * (LEAK_VIEWS + 2) + SETTLE_S + 120)
 def test_explorer_app_leaves_no_kernel_behind(voila_app, chromium):
-    """Open the app, wait for its first drawn run (kernel and device process running), leave the
-    page; N times.  Then the server's processes must return to what it had before.  (A plain
+    """Open the app, wait for its first drawn run (its kernel running), leave the page; N times.  Then the server's processes must return to what it had before.  (A plain
     page: Playwright's request routing, which the watched page uses, drops the requests a page
     sends as it unloads.)"""
     context = chromium.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
-    before = _app_processes(voila_app["pid"])
+    before = _settled(voila_app["pid"])
     for view in range(LEAK_VIEWS):
         page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
         _wait_state(page, f"view {view + 1}: the app's first run", timeout_s=START_TIMEOUT_S)
@@ -223,9 +257,8 @@ def test_explorer_app_leaves_no_kernel_behind(voila_app, chromium):
         assert len(during) > len(before), f"no kernel seen while the page is open: {during}"
         page.goto("about:blank")  # leave the page (pagehide, beforeunload)
     context.close()
-    deadline = time.monotonic() + SETTLE_S
-    while (now := _app_processes(voila_app["pid"])) and len(now) > len(before) and time.monotonic() < deadline:
-        time.sleep(1)
+    _wait_back_to(voila_app["pid"], before, SETTLE_S)
+    now = _settled(voila_app["pid"])  # and the pool's new kernel has finished heating
     assert len(now) <= len(before), (
         f"{len(now) - len(before)} process(es) left {SETTLE_S} s after {LEAK_VIEWS} page views were closed "
         f"(kernels and device processes):\n" + "\n".join(sorted(set(now) - set(before))) +
@@ -243,7 +276,9 @@ def _wait_back_to(pid: int, before: list[str], seconds: float) -> list[str]:
 def test_explorer_app_culls_a_kernel_whose_page_vanished(chromium, tmp_path):
     """The backstop: a page that goes without its shutdown request (a crashed browser; here the
     request is dropped) leaves a kernel that idle culling ends -- with run.sh's culling options,
-    the timeout shortened to 5 s for the test."""
+    the timeout shortened to 5 s for the test.  The page opens once the preheated kernel has
+    idled past that timeout: culling must not end it before the page connects (it did, with
+    Voila's own kernel manager: the page never drew its figure)."""
     args = [a if not a.startswith("--MappingKernelManager.cull_idle_timeout=") else
             "--MappingKernelManager.cull_idle_timeout=5" for a in VOILA_ARGS]
     args = [a if not a.startswith("--MappingKernelManager.cull_interval=") else
@@ -253,33 +288,96 @@ def test_explorer_app_culls_a_kernel_whose_page_vanished(chromium, tmp_path):
         context = chromium.new_context(viewport={"width": 1280, "height": 720})
         page = context.new_page()
         page.route("**/voila/api/shutdown/**", lambda route: route.abort())
-        before = _app_processes(app["pid"])
+        before = _settled(app["pid"])
+        time.sleep(6)  # the pool's kernel idles past the 5 s timeout before a page takes it
         page.goto(app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
         _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
         context.close()
-        now = _wait_back_to(app["pid"], before, 90)
+        _wait_back_to(app["pid"], before, 90)
+        now = _settled(app["pid"])
         assert len(now) <= len(before), ("a kernel whose page went without a shutdown was not culled:\n"
                                          + "\n".join(sorted(set(now) - set(before))))
 
 
-@pytest.mark.timeout(START_TIMEOUT_S + 60)
-def test_explorer_app_at_1280x720_figure_first_and_titled(voila_app, chromium):
-    """Projected at 1280x720 the whole first figure is on screen without scrolling, and the
-    page's title names the app and the course (not the notebook's file name)."""
+# The explorer's sliders and toggle-button groups, by description (TimelineExplorer's widgets).
+CONTROLS = {"slider": ["draft tokens", "batch size", "requests", "host overhead ms", "first round", "rounds shown"],
+            "group": ["mode", "view"]}
+
+
+def _first_figure_s(page, url: str) -> float:
+    start = time.monotonic()
+    page.goto(url, wait_until="commit", timeout=START_TIMEOUT_S * 1000)
+    page.wait_for_selector(".js-plotly-plot g.point path", timeout=START_TIMEOUT_S * 1000)
+    return time.monotonic() - start
+
+
+@pytest.mark.timeout(3 * START_TIMEOUT_S + 60)
+def test_explorer_app_at_1280x720_fast_on_screen_titled_and_named(voila_app, chromium):
+    """With the preheated kernel waiting, the first figure is drawn within FIRST_FIGURE_S of
+    opening the page, and well before a page that starts its own kernel draws it (``?theme=dark``:
+    Voila serves it from no pool); projected at 1280x720 it is all on screen without scrolling;
+    the page's title names the app and the course (not the notebook's file name); and Chromium's
+    accessibility tree names every slider and button group (no bare "slider")."""
+    _settled(voila_app["pid"])  # a room: the app was started before the page is opened
     context = chromium.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        start = time.monotonic()
-        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        cold_s = _first_figure_s(page, voila_app["base"] + "/?theme=dark")
+        page.goto("about:blank")
+        _settled(voila_app["pid"])
+        first_figure_s = _first_figure_s(page, voila_app["base"] + "/")
+        print(f"first figure drawn {first_figure_s:.1f} s after the page was opened ({cold_s:.1f} s with a "
+              f"kernel started for the page)")
         _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
-        print(f"first figure drawn {time.monotonic() - start:.1f} s after the page was opened")
         box = page.locator(".js-plotly-plot").first.bounding_box()
         title = page.title()
+        page.wait_for_timeout(500)  # the names are set on the next animation frame
+        tree = page.locator("body").aria_snapshot()
+        missing = [f"{role} {name!r}" for role, names in CONTROLS.items() for name in names
+                   if page.get_by_role(role, name=name, exact=True).count() != 1]
         SCREENS = REPO / "artifacts-screens"
         SCREENS.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENS / "explorer_app_1280x720.png"))
         page.goto("about:blank")
     finally:
         context.close()
+    assert first_figure_s <= min(FIRST_FIGURE_S, WARM_OVER_COLD * cold_s), (
+        f"the first figure took {first_figure_s:.1f} s, {cold_s:.1f} s with a kernel started for the page (at most "
+        f"{FIRST_FIGURE_S} s and {WARM_OVER_COLD:.0%} of that: is the kernel pool (--preheat_kernel) configured?)")
     assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720, f"the figure is not all on screen: {box}"
     assert "Overlap the Pipeline" in title and "explorer" in title.lower() and title != "explorer", title
+    unnamed = re.findall(r"^\s*- (slider|combobox|group)\s*:?$", tree, re.M)
+    assert not missing and not unnamed, (f"controls without their accessible name: {missing}; unnamed in the "
+                                         f"accessibility tree: {unnamed}\n{tree}")
+
+
+@pytest.mark.timeout(3 * START_TIMEOUT_S)
+def test_explorer_app_busy_note_is_one_line(voila_app, chromium, cpu_burners):
+    """Run on a machine kept busy: the warning is one line at 1280x720 that opens to its reasons,
+    and names only what the app shows (no RECORDED run, no code to type)."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    try:
+        page.goto(voila_app["base"] + "/", wait_until="domcontentloaded", timeout=START_TIMEOUT_S * 1000)
+        state = _wait_state(page, "the app's first run", timeout_s=START_TIMEOUT_S)
+        page.locator("button", has_text=re.compile(r"^\s*Run\s*$")).first.click()
+        _wait_state(page, "Run on a busy machine", state["key"], timeout_s=START_TIMEOUT_S)
+        note = page.locator(".busy-note").first
+        note.wait_for(timeout=10_000)
+        closed = note.bounding_box()
+        line = page.evaluate("(el) => parseFloat(getComputedStyle(el).lineHeight) || 20", note.element_handle())
+        summary = note.locator("summary").inner_text()
+        note.locator("summary").click()
+        opened = note.bounding_box()
+        text = note.inner_text()
+        SCREENS = REPO / "artifacts-screens"
+        SCREENS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENS / "explorer_app_busy_1280x720.png"), full_page=True)
+        page.goto("about:blank")
+    finally:
+        context.close()
+    print(f"busy note: {closed['height']:.0f} px closed (line height {line:.0f} px), {opened['height']:.0f} px opened")
+    assert closed["height"] <= 1.6 * line, f"the busy note takes {closed['height']:.0f} px, more than one line: {summary!r}"
+    assert opened["height"] > closed["height"] and "CPU" in text, f"the note does not open to its reasons: {text!r}"
+    for foreign in ("RECORDED", "load_trace", "figures."):
+        assert foreign not in text, f"the busy note names {foreign!r}, which the app does not show: {text!r}"
