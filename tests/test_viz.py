@@ -296,7 +296,7 @@ def test_explorer_busy_note_is_one_line_about_what_it_shows():
     ex = _small_explorer()
     try:
         ex.run()
-        ex.timeline.meta["machine_load"] = dict(cpus=2, wall_s=1.0, others_cpus=1.5)
+        ex.timeline.meta.annotations["machine_load"] = dict(cpus=2, wall_s=1.0, others_cpus=1.5)
         ex._update_readout()
         note = re.search(r"<details\b.*?</details>", ex.readout.value, re.S)
         assert note, f"no busy note in {ex.readout.value!r}"
