@@ -1082,20 +1082,21 @@ def test_round_gap_read_to_the_hovers_rounding_gets_a_close_hint():
 
 
 def _notebook_function(notebook, name):
-    """A function defined in a stored notebook's code cells (with the names it needs)."""
+    """A function defined in a stored notebook's code cells, with the functions the notebook
+    defines beside it (a cell may use a function an earlier cell defined)."""
     import json as _json
     from pathlib import Path
 
     cells = _json.loads((Path(__file__).resolve().parent.parent / "notebooks" / notebook).read_text())["cells"]
+    scope = {"te": te}
     for cell in cells:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and f"def {name}(" in src:
-            scope = {"te": te}
-            for block in src.split("\n\n\n"):
+        if cell["cell_type"] == "code":
+            for block in "".join(cell["source"]).split("\n\n\n"):
                 if block.startswith("def "):
                     exec(block, scope)  # noqa: S102 -- the course's own notebook code
-            return scope[name]
-    raise AssertionError(f"{notebook} defines no {name}: its claim is not demonstrated by a run")
+    if name not in scope:
+        raise AssertionError(f"{notebook} defines no {name}: its claim is not demonstrated by a run")
+    return scope[name]
 
 
 def test_05_early_free_claim_is_what_a_run_shows():
