@@ -252,6 +252,9 @@ def published_text(fmt: str = "markdown") -> str:
     return "\n".join(parts)
 
 
+TEXT_FALLBACK = "When does overlap pay? A live widget: run the notebook to move its sliders"
+
+
 class PayoffExplorer:
     """Sliders for a serial round's host and device ms, and speculation's drafts and acceptance,
     on :func:`payoff_figure`: the ideal, what a round yields, and where the learner's runs landed.
@@ -300,10 +303,10 @@ class PayoffExplorer:
             f"under it.<br>Tokens per request and round: {spec}; per request {1e3 * tokens / serial:.0f} tok/s "
             f"serial, {1e3 * tokens / overlapped:.0f} tok/s overlapped (acceptance scales both alike).")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        """The widget; for a viewer without its state (a stored notebook) a sentence, not the
+        ``VBox(children=...`` of its repr (the notebook build stores an image of it beside)."""
         from .explorer import _sync_widget_state
 
         _sync_widget_state(self.figure)
-        display(self.widget)
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": TEXT_FALLBACK}
