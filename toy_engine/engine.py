@@ -1,11 +1,9 @@
 """The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built
-from the stages of a round (``stages.py``), and keeps the engine usable whatever happens: an
-exception or an Interrupt anywhere in a run ends with the device drained (or replaced when it
-died), every request finished or aborted, and the next ``generate`` working.
+from the stages of a round (``stages.py``).  An exception or an Interrupt anywhere in a run ends
+with the device drained (or replaced when it died), every request finished or aborted.
 
 Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per call) the
-call's requests, plug-ins and counters, ``buffers`` the layout of everything exchanged with
-the device, the device its process and pipe.
+call's requests, plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
 """
 
 from __future__ import annotations
@@ -91,26 +89,23 @@ class Engine(RoundStages):
     def generate(self, prompts, max_new_tokens: int = 32, stop=None, temperature: float = 0.0,
                  seed: int | None = None, *, on_round=None, loop=None, correction=None,
                  process_outputs=None) -> list[Completion]:
-        """Run prompts to completion; returns one Completion per prompt, in order.
+        """Run prompts (a str or a list/tuple of str) to completion; one Completion per prompt, in order.
 
-        ``prompts``: a str or a list/tuple of str; ``stop``: None, a str or a list of str.
-        With ``temperature > 0`` each request samples from its own stream, derived from
-        ``seed`` (default: the config's) and its index: the same call gives the same texts in
-        every mode.  Plug-ins for this call: ``on_round(engine, round)`` before each round is
-        scheduled (it may call ``engine.abort``); ``loop(engine)`` instead of the mode's loop;
-        ``correction(meta, accepted, block_size)`` the device's seqlen correction;
-        ``process_outputs(engine, step)`` the engine's processing of a launched step.
+        ``stop``: None, a str or a list of str.  With ``temperature > 0`` each request samples from its
+        own stream, from ``seed`` (default: the config's) and its index: the same texts in every mode.
+        Plug-ins for this call: ``on_round(engine, round)`` before each round is scheduled (it may call
+        ``engine.abort``); ``loop(engine)`` instead of the mode's loop; ``correction(meta, accepted,
+        block_size)`` the device's seqlen correction; ``process_outputs(engine, step)`` the processing.
 
-        Bad input raises TypeError/ValueError before anything runs, a second call while one
-        runs RuntimeError.  After any exception or Interrupt the run's requests end as
-        ``"abort"`` and the engine is ready; a dead device process raises DeviceError (naming
-        its exit code) and is replaced.
+        Bad input raises TypeError/ValueError before anything runs, a second call while one runs
+        RuntimeError.  After any exception or Interrupt the run's requests end as ``"abort"`` and the
+        engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced.
         """
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
                                "create a new Engine")
-        plugins = dict(on_round=on_round, loop=loop, correction=correction, process_outputs=process_outputs)
-        for name, plugin in plugins.items():
+        for name, plugin in dict(on_round=on_round, loop=loop, correction=correction,
+                                 process_outputs=process_outputs).items():
             check_callable(name, plugin)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs, self._slots())
@@ -133,16 +128,14 @@ class Engine(RoundStages):
         if req is None:
             raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
                              f"{[r.id for r in self._run.requests]})")
-        if req.finished:
-            return
-        req.finish_reason = "abort"
-        if req in self.scheduler.waiting:
-            self.scheduler.waiting.remove(req)
-        self.scheduler.release_if_done(req)
+        if not req.finished:
+            req.finish_reason = "abort"
+            if req in self.scheduler.waiting:
+                self.scheduler.waiting.remove(req)
+            self.scheduler.release_if_done(req)
 
     def close(self) -> None:
-        """Stop the device process, its pipe and shared memory (dropping the last reference
-        to the engine does it too).  An Interrupt waits until it is done."""
+        """Stop the device process, its pipe and shared memory (as dropping the engine does)."""
         with hold_sigint():
             if not self._running.acquire(blocking=False):
                 raise RuntimeError("close() was called while generate is running on this engine; call it after "
@@ -195,8 +188,7 @@ class Engine(RoundStages):
         return self.completions
 
     def _ensure_ready(self) -> None:
-        """Before a run: replace a device that died while idle (found by a round trip: the
-        forkserver reports a death late), finish a recovery that was itself interrupted."""
+        """Before a run: replace a device that died while idle, finish an interrupted recovery."""
         failure = self.device.probe(RECOVER_TIMEOUT_S) if self.device is not None else "no device was started"
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
@@ -206,8 +198,7 @@ class Engine(RoundStages):
             self._recover()
 
     def _recover(self) -> None:
-        """After an exception: let the device finish (or give it up within RECOVER_TIMEOUT_S),
-        forget the run's state, and leave the engine ready."""
+        """After an exception: let the device finish (or give it up), forget the run, be ready."""
         try:
             if self.device.failure() is None:
                 self.device.synchronize(timeout=RECOVER_TIMEOUT_S)
@@ -248,8 +239,7 @@ class Engine(RoundStages):
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
-        races = self.device.races
-        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc,
+        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, self.device.races.on_alloc,
                                                         self.device.free_blocks), c.num_draft_tokens)
 
     def _slots(self) -> int:

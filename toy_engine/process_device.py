@@ -1,12 +1,11 @@
 """The CPU stand-in for a CUDA stream: a device process fed through a pipe.
 
-A separate *device process* owns the model and the KV cache; host-visible buffers are
-shared-memory tensors sent to it once, each launch is a small message, and it runs kernels
-in order, stamping them with ``time.perf_counter_ns`` (one clock for every process on Linux).
-A process, not a thread: a thread running eager PyTorch fights the host's Python for the GIL
-(docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``, ``("kernel", id,
-pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)`` and
-``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
+A *device process* owns the model and the KV cache; host buffers are shared-memory tensors
+sent once, each launch is a small message, and kernels run in order, stamped with
+``time.perf_counter_ns``.  A process, not a thread: a thread running eager PyTorch fights the
+host's Python for the GIL (docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``,
+``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)``
+and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
 def _device_main(conn, num_threads: int) -> None:
-    """The device process: run launches in order, report stamps at each event.  It ignores
-    SIGINT (Jupyter's Interrupt signals the whole process group), exits when its parent dies,
-    and is not pinned to a core (measured no better: docs/measurements/device.md)."""
+    """Run launches in order, report stamps at each event; ignore SIGINT (Jupyter's Interrupt
+    signals the whole process group).  Not pinned to a core: no better (docs/measurements/device.md)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
@@ -53,10 +51,9 @@ def _die_with_parent() -> None:
 
 @dataclass
 class _Stream:
-    """The device process's side of the stream: its kernels, their context, the stamps not
-    yet reported, (seq, start, end, CPU ns), and the first error (sticky: nothing runs after).
-    CPU time (of the whole process: torch's intra-op threads count too) beside wall time tells a
-    preempted kernel (the machine is busy) from a slow one."""
+    """The device process's side of the stream: kernels, context, unreported stamps (seq, start,
+    end, CPU ns: the process's CPU time beside wall time tells a preempted kernel from a slow one)
+    and the first error (sticky: nothing runs after)."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
@@ -111,9 +108,8 @@ def _exit_description(code: int | None) -> str:
 
 
 def _pipe_poller(conn):
-    """``readable(timeout_s) -> bool`` for the host's end of the pipe: one kept poll object, as
-    Connection.poll builds a selector per call (docs/measurements/device.md); Connection.poll
-    only on Windows, which has no select.poll."""
+    """``readable(timeout_s) -> bool`` for the host's end: one kept poll object (Connection.poll builds
+    a selector per call, docs/measurements/device.md), except on Windows, which has no select.poll."""
     if not hasattr(select, "poll"):
         return conn.poll
     poller = select.poll()
@@ -138,11 +134,9 @@ def _shutdown(proc, conn, link: dict) -> None:
 
 
 class ProcessDevice(Device):
-    """The CPU stand-in for a CUDA stream, as the host sees it.  Kernels, even a notebook's, reach
-    the device process by value (cloudpickle); an exception in one is a sticky ``DeviceError`` at
-    the next ``wait``, as a CUDA error would be.  The pipe is never left mid-message: a SIGINT is
-    held until the message is whole (``hold_sigint``), and any other exception escaping halfway
-    marks the link broken for good (the engine then starts a new device)."""
+    """The CPU stand-in for a CUDA stream, as the host sees it.  Kernels, even a notebook's, travel
+    by value (cloudpickle); an exception in one is a sticky ``DeviceError`` at the next ``wait``.
+    A SIGINT waits until a message is whole; any other exception halfway breaks the link for good."""
 
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
@@ -185,8 +179,7 @@ class ProcessDevice(Device):
         return self._flagged()
 
     def _flagged(self) -> str | None:
-        """What is already known to be wrong (no system call: this runs on every message;
-        a dead process shows up as a broken pipe, or in ``_poll``'s liveness check)."""
+        """What is already known to be wrong, without a system call (this runs on every message)."""
         if self._failure is None and not self._link["ok"]:
             self._failure = ("a message to or from the device process was interrupted halfway, so the pipe "
                              "is out of step")
@@ -210,8 +203,7 @@ class ProcessDevice(Device):
         return self._whole(self._conn.recv, "receiving")
 
     def _whole(self, transfer, doing: str):
-        """One whole message through the pipe (callers hold SIGINT back around it): the link
-        stays marked broken if ``transfer`` does not finish."""
+        """One message through the pipe (callers hold SIGINT): the link stays broken if it does not finish."""
         self._check()
         self._link["ok"] = False
         try:
@@ -298,9 +290,8 @@ class ProcessDevice(Device):
         return [ns / 1e6 for ns in self._latencies_ns]
 
     def probe(self, timeout: float) -> str | None:
-        """A round trip to the device process: the forkserver reports its death late
-        (docs/measurements/device.md), so a device killed just before a call still looks
-        alive to ``failure()``; one that cannot answer is dead."""
+        """A round trip: the forkserver reports a death late (docs/measurements/device.md), so a
+        device killed just before a call still looks alive to ``failure()``."""
         if self.failure() is None:
             try:
                 self.synchronize(timeout)

@@ -86,16 +86,14 @@ def from_json_object(cls, raw, where: str):
 
 @functools.cache
 def _fields(cls) -> tuple[dict, list]:
-    """Per field of ``cls`` its resolved annotation and what a wrong value is told (its
-    ``about``); the fields without a default."""
+    """Per field of ``cls`` its annotation and ``about``; the fields without a default."""
     hints = typing.get_type_hints(cls)
     known = {f.name: (hints[f.name], f.metadata.get("about")) for f in fields(cls)}
     return known, [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
 
 
 def _typed(value, kind, about: str | None, where: str):
-    """``value`` if it has the annotated type ``kind`` (a nested dataclass is built from its
-    object); an int is a number, a bool is not an integer."""
+    """``value`` if it has type ``kind`` (a dataclass is built); an int is a number, a bool no integer."""
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
     for option in options:
         base = typing.get_origin(option) or option

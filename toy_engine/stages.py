@@ -1,8 +1,6 @@
 """The stages of a round, as a loop calls them: ``engine.schedule()``, ``engine.prepare_inputs(plan)``,
 ``engine.launch_forward(inputs)``, ``engine.launch_sample(inputs)``, ``engine.process_outputs(step)``.
-
-Each stage does one step of a round and records it (its host span, its launches, its
-commits); the loops (loops.py) only choose the order.
+Each records itself (host span, launches, commits); the loops (loops.py) only choose the order.
 """
 
 from __future__ import annotations
@@ -113,8 +111,7 @@ class RoundStages:
                                blocks=inputs.blocks)
 
     def launch_sample(self, inputs: RoundInputs) -> StepState:
-        """With a constraint, the mask is built here, from the tokens committed *now*:
-        in the ZOS order round N-1 has just been processed, so the mask includes its token."""
+        """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
@@ -150,8 +147,7 @@ class RoundStages:
         return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
-        """Hand a step's tokens to its requests; returns them.  A request that already
-        finished in an earlier round is in this step only as the extra round: discarded."""
+        """Hand a step's tokens to its requests (a finished one's are the extra round: discarded)."""
         plan, run = step.plan, self._run
         self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed)
         if step.committed:
