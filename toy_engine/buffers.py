@@ -5,8 +5,6 @@ int64 buffer (``MetaLayout``: one upload per round); ``temps{s}``, temperatures;
 sampling writes back: ``tokens[B, 1 + k]`` then ``accepted[B]`` (``pack_outputs``/``unpack_outputs``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -5,8 +5,6 @@ where a value stops making sense for the toy, or would fail far from its cause (
 or after minutes of spinning); the sizes behind them are in docs/measurements/engine.md.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -28,8 +26,7 @@ MAX_BATCH_SIZE = 4096  # every row's metadata is allocated up front, double-buff
 
 @dataclass
 class EngineConfig:
-    """How an engine is built.  Checked when created, and frozen: buffers and cache are sized from
-    it; make a new engine with ``dataclasses.replace(config, field=value)``."""
+    """Checked when created, and frozen (buffers and cache are sized from it): use ``dataclasses.replace``."""
 
     mode: str = "serial"            # "serial" or "zos"
     device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"

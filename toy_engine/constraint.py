@@ -7,8 +7,6 @@ a mask built one token late shows as a capital on a word's second letter ("Once 
 Speculative decoding is refused with it: draft i's mask depends on drafts 1..i-1, on the device.
 """
 
-from __future__ import annotations
-
 import string
 
 import torch

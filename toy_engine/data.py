@@ -2,8 +2,6 @@
 keep the vocabulary tiny and make the drafter a lookup table; the training text is the course's
 (``overlap_course/corpus.py``)."""
 
-from __future__ import annotations
-
 import operator
 from collections.abc import Iterable
 
@@ -13,8 +11,7 @@ ALPHABET: str = "\n !',-.:?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 class CharTokenizer:
-    """Ids ``0..len(alphabet)-1`` are the alphabet's characters in order, ``len(alphabet)`` is EOS
-    (it ends training documents and finishes requests)."""
+    """Ids ``0..len(alphabet)-1`` are the characters in order, ``len(alphabet)`` is EOS (ends a document)."""
 
     def __init__(self, alphabet: str = ALPHABET) -> None:
         if len(set(alphabet)) != len(alphabet):

@@ -124,8 +124,7 @@ class Device:
             raise
         return self.buffers[name]
 
-    # implemented by subclasses
-    buffers: dict
+    buffers: dict  # the rest is the subclasses'
 
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
@@ -143,8 +142,7 @@ class Device:
 
 
 class CudaDevice(Device):
-    """A ``torch.cuda.Stream``; each launch is bracketed by two timing events, put on the host's
-    clock through a reference event waited for at start-up."""
+    """A ``torch.cuda.Stream``; launches are timed by event pairs, aligned to a reference event."""
 
     name = "cuda"
 
@@ -192,7 +190,6 @@ def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_
                 num_threads: int = 1) -> Device:
     """``kind``: "auto" (CUDA if there is one, else the CPU stand-in), "cuda" or "cpu"."""
     from .process_device import ProcessDevice  # it builds on this module: imported once needed
-
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):

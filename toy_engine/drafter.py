@@ -5,8 +5,6 @@ one forward and keeps the longest prefix it agrees with (``kernels.sample``).  D
 the most frequent next character after the last NGRAM - 1, chained k times, looked up on the device.
 """
 
-from __future__ import annotations
-
 import functools
 from pathlib import Path
 

@@ -6,8 +6,6 @@ Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one
 call's requests, plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
 """
 
-from __future__ import annotations
-
 import copy
 import threading
 import time
@@ -34,21 +32,17 @@ from .validate import check_callable, check_float, check_int, check_seed, shown
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 
-# Host buffers are double-buffered: round N uses slot N % 2.  An engine allocates NUM_SLOTS
-# slots when it is built; each run reads it once and may use fewer (notebook 05's race).
+# Host buffer slots: round N uses slot N % 2; read at build and per run (fewer: notebook 05's race).
 NUM_SLOTS = 2
-# How long a recovering engine waits for queued device work before giving the device up:
-# about a thousand rounds of the shipped model (docs/measurements/engine.md).
+# How long a recovery waits for queued device work: ~1000 rounds (docs/measurements/engine.md).
 RECOVER_TIMEOUT_S = 10.0
-#: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its
-#: timeline and stats are final ("end"); the course measures the machine around runs
-#: with one.  An observer must not raise.
+#: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its timeline
+#: and stats are final ("end"): the course measures the machine around runs.  Must not raise.
 RUN_OBSERVERS: list = []
 
 
 class Engine(RoundStages):
-    """An inference engine over one model: the stages of a round (``RoundStages``), and
-    ``generate``, which runs prompts through the mode's loop or a plugged-in one."""
+    """An inference engine: the stages of a round (``RoundStages``) and ``generate``, which runs them."""
 
     def __init__(self, config: EngineConfig | None = None, model=None, tokenizer: CharTokenizer | None = None):
         config = EngineConfig() if config is None else config

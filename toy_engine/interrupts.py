@@ -3,8 +3,6 @@ The engine holds it around its lock and a run's bookkeeping, the CPU stand-in ar
 message (cost and the failure it prevents: docs/measurements/device.md).
 """
 
-from __future__ import annotations
-
 import _signal
 import contextlib
 import signal

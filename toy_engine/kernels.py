@@ -7,8 +7,6 @@ build a round) and, for speculative decoding, ``accepted``, ``drafts`` and the d
 No kernel calls ``.item()``: what the host must know (``max_q``) comes as arguments: no stall.
 """
 
-from __future__ import annotations
-
 import torch
 
 from . import drafter
@@ -77,8 +75,7 @@ def forward(ctx, max_q: int) -> None:
 
 
 def _uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Counter-based random numbers in (0, 1) from (seed, position, token), never from the batch:
-    sampling gives the same text in the serial, ZOS and speculative engines."""
+    """Random numbers in (0, 1) from (seed, position, token), never the batch: every engine agrees."""
     mask = 0xFFFFFFFF
     v = torch.arange(vocab, device=seeds.device)
     x = (seeds[..., None] * 0x9E3779B1 + positions[..., None] * 0x85EBCA77 + v * 0xC2B2AE3D) & mask

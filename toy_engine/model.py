@@ -7,8 +7,6 @@ token's K/V goes; ``block_tables``: which blocks hold each request's history).  
 in float64: the greedy argmax is then independent of batching, so all engines agree token for token.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from pathlib import Path

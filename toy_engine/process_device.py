@@ -8,8 +8,6 @@ host's Python for the GIL (docs/measurements/device.md).  Messages, always whole
 and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
 """
 
-from __future__ import annotations
-
 import multiprocessing as mp
 import os
 import select
@@ -27,8 +25,7 @@ from .device import Device, DeviceContext, DeviceError
 from .interrupts import hold_sigint
 from .process_start import mp_context, without_main_module
 
-# What a forkserver imports once for every device process it forks: torch, this module
-# (the device process's main) and the kernels the engine launches.
+# What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
@@ -43,17 +40,15 @@ def _device_main(conn, num_threads: int) -> None:
 
 
 def _die_with_parent() -> None:
-    # The parent's sentinel (a pipe on POSIX, a process handle on Windows) becomes ready
-    # when it exits; os.kill(pid, 0) is no probe on Windows (it sends CTRL_C_EVENT).
+    # The parent's sentinel is ready once it exits; os.kill(pid, 0) on Windows sends CTRL_C_EVENT.
     mp.parent_process().join()
     os._exit(0)
 
 
 @dataclass
 class _Stream:
-    """The device process's side of the stream: kernels, context, unreported stamps (seq, start,
-    end, CPU ns: the process's CPU time beside wall time tells a preempted kernel from a slow one)
-    and the first error (sticky: nothing runs after)."""
+    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU
+    beside wall time tells a preempted kernel from a slow one) and the first error (sticky)."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
@@ -222,9 +217,8 @@ class ProcessDevice(Device):
                 return True
         except (OSError, ValueError) as exc:
             raise self._lost(f"polling failed: {type(exc).__name__}") from None
-        failure = self.failure()  # quiet for a while: is it still alive?
-        if failure:
-            raise DeviceError(failure)
+        self.failure()  # quiet for a while: is it still alive?
+        self._check()
         if deadline is not None and time.monotonic() >= deadline:
             self._failure = f"the device process did not answer within the time allowed to {what}"
             raise DeviceError(self._failure)

@@ -3,8 +3,6 @@
 Whichever method, the child never re-runs the learner's ``__main__`` (``without_main_module``).
 """
 
-from __future__ import annotations
-
 import contextlib
 import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
@@ -15,10 +13,9 @@ START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
 
 
 def start_method() -> str:
-    """``forkserver`` on Linux (it imports torch once, then forks: several times faster,
-    docs/measurements/device.md), else ``spawn`` (no forkserver on Windows; on macOS forking after
-    torch's system libraries loaded can crash).  ``TOY_ENGINE_START_METHOD`` overrides it; ``fork``
-    is refused: forking a process in which torch has run threads can deadlock."""
+    """``forkserver`` on Linux (torch imported once: several times faster, docs/measurements/device.md),
+    else ``spawn`` (Windows has no forkserver; on macOS it can crash).  ``TOY_ENGINE_START_METHOD``
+    overrides it; ``fork`` is refused: forking after torch has run threads can deadlock."""
     chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
     available = mp.get_all_start_methods()
     if not chosen:

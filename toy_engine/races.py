@@ -5,17 +5,14 @@ touches; the host may touch a buffer, or free KV blocks, only after waiting on a
 covers every unfinished launch using them.  Breaking that rule raises a ``RaceError``.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 
 class RaceError(RuntimeError):
-    """The host touched state that unfinished device work still uses; the fields say what (a checker
-    never parses the message).  ``kind``: ``"buffer"``, ``"free_in_use"`` (KV blocks freed while a
-    pending launch uses them), ``"launch_on_free"`` or ``"double_free"`` (refused even with checking
-    off: one block would go to two requests).  ``round``/``launch``: the conflicting launch; ``owner``:
-    the round owning its results; ``prompt``: the request whose blocks were freed."""
+    """The host touched state unfinished device work still uses; the fields say what (never parse the
+    message).  ``kind``: ``"buffer"``, ``"free_in_use"``, ``"launch_on_free"`` or ``"double_free"``
+    (refused even with checking off).  ``round``/``launch``: the conflicting launch; ``owner``: the
+    round owning its results; ``prompt``: the request whose blocks were freed."""
 
     KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
 

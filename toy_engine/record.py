@@ -6,8 +6,6 @@ engine's, a refused free or commit stays even if the error is swallowed.  A laun
 until the host waited on an event at or after it (not the clock: verdicts do not depend on the machine).
 """
 
-from __future__ import annotations
-
 import time
 from dataclasses import dataclass
 
@@ -59,9 +57,8 @@ class Commit:
 
 @dataclass(frozen=True)
 class Free:
-    """KV blocks given back by request ``prompt`` (its index in the call).  ``in_use``:
-    (round, stage) of outstanding launches that touch them; ``double``: blocks that were
-    free already; ``refused``: the free raised (a race or a double free), nothing was freed."""
+    """KV blocks given back by request ``prompt``.  ``in_use``: (round, stage) of outstanding launches
+    on them; ``double``: blocks free already; ``refused``: the free raised, nothing was freed."""
 
     prompt: int
     blocks: tuple

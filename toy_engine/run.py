@@ -2,8 +2,6 @@
 an interrupted run leaks into the next), the rounds in flight in it, and the check that the
 loop keeps making progress."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 from . import kernels
@@ -42,10 +40,9 @@ class StepState:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress; ``reason`` says why, as data a checker can branch on:
-    ``"unprocessed_inflight"`` (a deferred step dropped or not flushed), ``"finished_kept_blocks"``
-    (finished requests keep their blocks and rows) or ``"loop_returned_with_work"``.
-    ``prompt_indexes``: the requests' positions in the call, ``request_ids`` their ids."""
+    """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a deferred
+    step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep blocks and rows) or
+    ``"loop_returned_with_work"``.  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
 
     REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
 
@@ -69,9 +66,8 @@ class StepProcessedTwice(RuntimeError):
 
 @dataclass
 class Run:
-    """What one ``generate`` call owns: its requests (its own copy, in prompt order, so a
-    plug-in that changes ``engine.requests``, ``visible``, cannot lose one), plug-ins, buffer
-    slots and counters."""
+    """What one ``generate`` call owns: its requests (in prompt order; a plug-in that changes
+    ``engine.requests``, ``visible``, cannot lose one), plug-ins, buffer slots and counters."""
 
     requests: tuple[Request, ...] = ()
     on_round: object = None
@@ -92,9 +88,6 @@ class Run:
         """Drop the plug-ins once the call returns (a closure over the engine here is a cycle)."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
-
-    def note_processed(self) -> None:
-        self.idle_schedule = False
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""

@@ -1,7 +1,5 @@
 """Continuous batching: which requests run in the next round, and where their KV lives."""
 
-from __future__ import annotations
-
 from collections import deque
 from dataclasses import dataclass
 

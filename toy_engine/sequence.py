@@ -1,8 +1,6 @@
 """Requests and their results, as the host's request layer sees them, and the checks
 that turn a ``generate`` call's arguments into requests."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,10 +22,9 @@ class Completion:
 
 @dataclass
 class Request:
-    """One prompt's life in the engine.  Two lengths differ under ZOS: ``output_ids``, the tokens
-    *committed* (processed by the host, visible to the user), and ``num_inflight``, the rounds
-    launched whose results the host has not processed yet.  The host plans the next round as if
-    each adds one token; the device corrects that guess when a round accepted drafts."""
+    """One prompt's life in the engine.  Under ZOS ``output_ids`` (tokens *committed*, visible) and
+    ``num_inflight`` (rounds launched, not yet processed) differ; the host plans as if each in-flight
+    round adds one token, and the device corrects that guess when a round accepted drafts."""
 
     id: int
     index: int  # position in the generate call's prompt list (messages name prompts by it)

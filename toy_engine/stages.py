@@ -3,8 +3,6 @@
 Each records itself (host span, launches, commits); the loops (loops.py) only choose the order.
 """
 
-from __future__ import annotations
-
 import time
 
 from . import buffers, kernels
@@ -22,8 +20,7 @@ from .timeline import Stage, Timeline
 
 
 class RoundStages:
-    """The stages of a round, as methods of ``Engine`` (engine.py): they work on what the
-    engine built and owns, declared here."""
+    """The stages of a round, as methods of ``Engine``; what they use of it is declared here."""
 
     config: EngineConfig
     tokenizer: CharTokenizer
@@ -153,7 +150,7 @@ class RoundStages:
         if step.committed:
             raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
-        run.note_processed()
+        run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         counts = run.counts
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         for req, kept in zip(plan.requests, buffers.unpack_outputs(out, len(plan.requests), k)):

@@ -1,7 +1,5 @@
 """A run's headline numbers (``engine.stats``), computed from its timeline and counters."""
 
-from __future__ import annotations
-
 import statistics
 
 from .runinfo import RunStats

@@ -5,8 +5,6 @@ The device lane's idle gaps are the overhead overlapped scheduling hides.  Times
 work it is.  Plain Python: it reloads without torch, and adding a span is one (atomic) ``list.append``.
 """
 
-from __future__ import annotations
-
 import json
 import math
 import time
@@ -48,7 +46,6 @@ DEVICE_STAGES = (Stage.UPLOAD, Stage.CORRECT, Stage.FORWARD, Stage.SAMPLE)
 #: Host stages that consume a round's results (they wait for its sample event first).
 PROCESS_STAGES = (Stage.POSTPROCESS, Stage.FLUSH)
 _STAGES = {stage.value: stage for stage in Stage}
-
 _VERSION = 1
 
 

@@ -4,8 +4,6 @@ Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refus
 finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
 
-from __future__ import annotations
-
 import math
 import numbers
 import operator
