@@ -1,9 +1,7 @@
-"""The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built
-from the stages of a round (``stages.py``).  An exception or an Interrupt anywhere in a run ends
-with the device drained (or replaced when it died), every request finished or aborted.
-
-Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per call) the
-call's requests, plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
+"""The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built from the
+stages of a round (``stages.py``); any exception or Interrupt ends with the device drained (or replaced).
+Who owns what: the scheduler owns rows and KV blocks, the ``Run`` (one per call) the call's requests,
+plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
 """
 
 import copy
@@ -90,11 +88,9 @@ class Engine(RoundStages):
         Plug-ins for this call: ``on_round(engine, round)`` before each round is scheduled (it may call
         ``engine.abort``); ``loop(engine)`` instead of the mode's loop; ``correction(meta, accepted,
         block_size)`` the device's seqlen correction; ``process_outputs(engine, step)`` the processing.
-
         Bad input raises TypeError/ValueError before anything runs, a second call while one runs
         RuntimeError.  After any exception or Interrupt the run's requests end as ``"abort"`` and the
-        engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced.
-        """
+        engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced."""
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
                                "create a new Engine")

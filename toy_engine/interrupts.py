@@ -10,9 +10,8 @@ import threading
 
 
 class hold_sigint:
-    """Hold a SIGINT until the block ends, then replay it: a KeyboardInterrupt between a message's
-    header and payload leaves the pipe out of step for good.  Main thread only (it runs handlers).
-    A class over the C module ``_signal``: it runs around every launch, where ``signal`` costs more."""
+    """Hold a SIGINT until the block ends, then replay it (one between a message's header and payload
+    breaks the pipe for good); main thread only.  Over ``_signal``: ``signal`` costs more per launch."""
 
     def __enter__(self):
         self._previous = None

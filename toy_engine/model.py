@@ -75,9 +75,8 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
     def forward_packed(self, x, batch: PackedBatch, kv_layer, block_size: int):
-        """Attention for packed tokens [T, C] against the paged ``kv_layer`` [2, H, num_slots, D] (heads
-        first: gathered keys come out [H, B, L, D] for the batched matmul).  New K/V are written first,
-        then each request's history is gathered through its block table and masked by position."""
+        """Attention for packed tokens [T, C] against the paged ``kv_layer`` [2, H, num_slots, D]: new
+        K/V written first, each request's history gathered by its block table, masked by position."""
         T, C = x.shape
         q, k, v = (t.transpose(0, 1) for t in self.split_heads(x))  # [H, T, D]
         kv_layer[0].index_copy_(1, batch.slot_mapping, k)

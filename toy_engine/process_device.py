@@ -30,8 +30,7 @@ _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
 def _device_main(conn, num_threads: int) -> None:
-    """Run launches in order, report stamps at each event; ignore SIGINT (Jupyter's Interrupt
-    signals the whole process group).  Not pinned to a core: no better (docs/measurements/device.md)."""
+    """Run launches in order, report stamps at events; ignore SIGINT (Jupyter signals the whole group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
@@ -129,9 +128,8 @@ def _shutdown(proc, conn, link: dict) -> None:
 
 
 class ProcessDevice(Device):
-    """The CPU stand-in for a CUDA stream, as the host sees it.  Kernels, even a notebook's, travel
-    by value (cloudpickle); an exception in one is a sticky ``DeviceError`` at the next ``wait``.
-    A SIGINT waits until a message is whole; any other exception halfway breaks the link for good."""
+    """The CPU stand-in, host side.  Kernels travel by value (cloudpickle); one that raises is a sticky
+    ``DeviceError`` at the next ``wait``; an exception (not a held SIGINT) mid-message breaks the link."""
 
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
@@ -284,8 +282,7 @@ class ProcessDevice(Device):
         return [ns / 1e6 for ns in self._latencies_ns]
 
     def probe(self, timeout: float) -> str | None:
-        """A round trip: the forkserver reports a death late (docs/measurements/device.md), so a
-        device killed just before a call still looks alive to ``failure()``."""
+        """A round trip: the forkserver reports a death late (docs/measurements/device.md)."""
         if self.failure() is None:
             try:
                 self.synchronize(timeout)

@@ -38,8 +38,7 @@ def mp_context(preload: list[str]):
 
 @contextlib.contextmanager
 def without_main_module():
-    """Start children without re-importing the user's main script (one without a ``__name__`` guard
-    would start another engine there); kernels reach the device process by value."""
+    """Start children without re-importing the user's main script (unguarded, it starts an engine)."""
     original = mp_spawn.get_preparation_data
 
     def preparation_data(name):

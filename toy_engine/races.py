@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 
 class RaceError(RuntimeError):
-    """The host touched state unfinished device work still uses; the fields say what (never parse the
-    message).  ``kind``: ``"buffer"``, ``"free_in_use"``, ``"launch_on_free"`` or ``"double_free"``
-    (refused even with checking off).  ``round``/``launch``: the conflicting launch; ``owner``: the
-    round owning its results; ``prompt``: the request whose blocks were freed."""
+    """The host touched state unfinished device work uses.  ``kind``: ``"buffer"``, ``"free_in_use"``,
+    ``"launch_on_free"`` or ``"double_free"`` (refused even with checking off); ``round``/``launch``: the
+    conflicting launch, ``owner`` the round owning its results, ``prompt`` whose blocks were freed."""
 
     KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
 

@@ -7,9 +7,8 @@ from .sequence import Request
 
 
 class BlockManager:
-    """Hands out fixed-size KV-cache blocks.  A request reserves every block it can ever need when
-    admitted, so nothing is preempted.  ``on_alloc(blocks)`` and ``on_free(blocks, prompt, double)``
-    tell the race checker, which may refuse a free before anything here changes."""
+    """Fixed-size KV-cache blocks; a request reserves all it can need when admitted (no preemption).
+    ``on_alloc``/``on_free`` tell the race checker, which may refuse a free before anything changes."""
 
     def __init__(self, num_blocks: int, block_size: int, on_alloc, on_free):
         self.block_size = block_size

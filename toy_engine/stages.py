@@ -58,9 +58,8 @@ class RoundStages:
         return plan
 
     def prepare_inputs(self, plan: Plan) -> RoundInputs:
-        """Write the round's metadata into its host buffer slot and launch its upload.  A decode
-        request whose previous round is still in flight (``pending``) has no newest token on the
-        host yet: its input is FROM_DEVICE, its lengths assume that round adds one token."""
+        """Write the round's metadata into its slot and launch its upload.  A ``pending`` request (its
+        last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)

@@ -1,8 +1,7 @@
 """A recorded timeline of one engine run: spans of work on a host lane and a device lane.
 
-The device lane's idle gaps are the overhead overlapped scheduling hides.  Times are ms since
-``origin_ns`` (``perf_counter_ns``, shared by all processes); a span's ``round`` is the round whose
-work it is.  Plain Python: it reloads without torch, and adding a span is one (atomic) ``list.append``.
+The device lane's idle gaps are the overhead overlapped scheduling hides.  Times: ms since ``origin_ns``
+(``perf_counter_ns``).  Plain Python: reloads without torch; a span is one (atomic) append, no lock.
 """
 
 import json
