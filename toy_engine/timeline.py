@@ -59,7 +59,7 @@ def owner_name(owner: int | None) -> str:
 
 @dataclass(frozen=True)
 class Span:
-    """One interval of work on one lane."""
+    """One interval of work on one lane; ``round`` is the round whose work it is, not the one it ran in."""
 
     lane: str
     stage: str  # a Stage for the engine's work; any other name for imported work ("kernel", a call)
