@@ -124,7 +124,7 @@ class Device:
             raise
         return self.buffers[name]
 
-    buffers: dict  # the rest is the subclasses'
+    buffers: dict  # subclasses set it and implement what follows
 
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
