@@ -1,13 +1,9 @@
-"""Host <-> device buffers: everything both sides must agree on, in one place, so the host
-code that writes a round's inputs and reads its outputs cannot drift from the kernels.
+"""Host <-> device buffers, in one place, so the host code cannot drift from the kernels.
 
-Per host buffer slot ``s`` (round N uses slot ``N % num_slots``): ``meta{s}``, all of the
-round's metadata in one flat int64 buffer (``MetaLayout``), so a round needs one upload;
-``temps{s}``, per-request temperatures; ``out{s}``, what sampling writes back: ``tokens[B, 1 + k]``
-then ``accepted[B]`` (``pack_outputs`` on the device, ``unpack_outputs`` on the host).
+Per slot ``s`` (round N uses slot ``N % num_slots``): ``meta{s}``, the round's metadata in one flat
+int64 buffer (``MetaLayout``: one upload per round); ``temps{s}``, temperatures; ``out{s}``, what
+sampling writes back: ``tokens[B, 1 + k]`` then ``accepted[B]`` (``pack_outputs``/``unpack_outputs``).
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -33,8 +29,7 @@ def allowed_buffer(slot: int) -> str:
 
 @dataclass(frozen=True)
 class MetaLayout:
-    """Where each metadata field lives inside one flat int64 host buffer: fields sized T hold
-    one value per packed token, fields sized B one per request."""
+    """Where each metadata field lives in one flat int64 buffer (per packed token, or per request)."""
 
     max_tokens: int
     max_batch: int
@@ -62,8 +57,7 @@ class MetaLayout:
 
 
 def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int, mask_vocab: int = 0) -> dict:
-    """Shape and dtype of every host buffer, for the device to allocate once
-    (``mask_vocab`` > 0 adds the constraint's mask buffers)."""
+    """Shape and dtype of every host buffer (``mask_vocab`` > 0 adds the constraint's masks)."""
     specs = {}
     for s in range(num_slots):
         specs[meta_buffer(s)] = ((layout.size,), torch.long)
@@ -76,8 +70,7 @@ def buffer_specs(layout: MetaLayout, num_slots: int, num_drafts: int, mask_vocab
 
 def write_inputs(device, layout: MetaLayout, slot: int, columns: dict, temperatures: list[float],
                  num_blocks: int) -> None:
-    """Write one round's metadata columns and temperatures into slot ``slot``
-    (through ``device.host``, so the race checker sees the writes)."""
+    """Write a round's metadata and temperatures into ``slot`` (``device.host``: race-checked)."""
     B = len(temperatures)
     views = layout.views(device.host(meta_buffer(slot), "w"), len(columns["input_ids"]), B, num_blocks)
     for name, values in columns.items():

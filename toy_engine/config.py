@@ -1,12 +1,9 @@
 """How an engine is built (``EngineConfig``), and the limits its values are checked against.
 
-Every value is checked when the config is created, so a mistake names its argument before
-any device process starts.  Each limit sits where a value stops making sense for the toy, or
-would fail far from its cause (in the allocator, or after minutes of spinning); the sizes
-behind them are in docs/measurements/engine.md.
+Values are checked when the config is created, before any device process starts.  Each limit sits
+where a value stops making sense for the toy, or would fail far from its cause (in the allocator,
+or after minutes of spinning); the sizes behind them are in docs/measurements/engine.md.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import os
@@ -29,9 +26,7 @@ MAX_BATCH_SIZE = 4096  # every row's metadata is allocated up front, double-buff
 
 @dataclass
 class EngineConfig:
-    """How an engine is built.  Checked when created, and frozen: the device's buffers
-    and cache were sized from it, so changing it under a running engine would corrupt
-    them; make a new engine with ``dataclasses.replace(config, field=value)``."""
+    """Checked when created, and frozen (buffers and cache are sized from it): use ``dataclasses.replace``."""
 
     mode: str = "serial"            # "serial" or "zos"
     device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"

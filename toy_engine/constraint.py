@@ -1,16 +1,11 @@
 """A sampling constraint built on the host from the tokens committed so far.
 
-Like a structured-output grammar, its mask of allowed tokens depends on the text so far, so
-it exists only once the previous round's tokens reached the host (after its postprocess);
-only the sampling needs it, not the forward.  Hence the order *current forward, previous
-postprocess, current sampling*.  The toy's constraint is **title case** (after a space, only
-a capital): a mask built one token late shows at once, as a capital on a word's second
-letter ("Once uPon a tIme").  Speculative decoding is refused with it (``EngineConfig``): the
-mask of draft i depends on drafts 1..i-1, which live on the device (engines that combine both
-propose drafts on the host and advance the grammar over them there).
+Like a structured-output grammar, its mask depends on the text so far, so it exists only once the
+previous round's tokens reached the host; only sampling needs it.  Hence the order *current forward,
+previous postprocess, current sampling*.  The toy's is **title case** (after a space, only a capital):
+a mask built one token late shows as a capital on a word's second letter ("Once uPon a tIme").
+Speculative decoding is refused with it: draft i's mask depends on drafts 1..i-1, on the device.
 """
-
-from __future__ import annotations
 
 import string
 

@@ -1,11 +1,6 @@
-"""The character tokenizer, and the alphabet the shipped model was trained on.
-
-Character tokens keep the vocabulary tiny (small embedding and output layers) and make the
-drafter a lookup table.  The training text, seeded synthetic stories, is the course's
-(``overlap_course/corpus.py``): the engine only reads and writes text.
-"""
-
-from __future__ import annotations
+"""The character tokenizer, and the alphabet the shipped model was trained on.  Character tokens
+keep the vocabulary tiny and make the drafter a lookup table; the training text is the course's
+(``overlap_course/corpus.py``)."""
 
 import operator
 from collections.abc import Iterable
@@ -16,9 +11,7 @@ ALPHABET: str = "\n !',-.:?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 class CharTokenizer:
-    """Maps each character of an alphabet to one token id, plus an EOS id: ids
-    ``0..len(alphabet)-1`` are the characters in order, ``len(alphabet)`` is end-of-sequence
-    (it ends training documents and finishes requests)."""
+    """Ids ``0..len(alphabet)-1`` are the characters in order, ``len(alphabet)`` is EOS (ends a document)."""
 
     def __init__(self, alphabet: str = ALPHABET) -> None:
         if len(set(alphabet)) != len(alphabet):
@@ -29,8 +22,7 @@ class CharTokenizer:
         self._char_to_id = {ch: i for i, ch in enumerate(alphabet)}
 
     def encode(self, text: str) -> list[int]:
-        """The token ids of ``text`` (no EOS added).  An unknown character is an error, not
-        dropped, and the message names them all (the first 20): the prompt is fixed in one go."""
+        """The ids of ``text`` (no EOS); unknown characters are an error naming them all (up to 20)."""
         lookup = self._char_to_id
         try:
             return [lookup[ch] for ch in text]
@@ -42,8 +34,7 @@ class CharTokenizer:
                              f"the tokenizer knows only: {self.alphabet!r}") from None
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids`` (any integer-like ids); EOS decodes to nothing, so a finished
-        request's whole output decodes without special-casing its last token."""
+        """The text of ``ids``; EOS decodes to nothing (a finished request's output decodes whole)."""
         chars = []
         for raw in ids:
             i = operator.index(raw)

@@ -1,15 +1,11 @@
 """Devices: where the model runs, asynchronously from the host.
 
-The engine talks to a device through the calls a CUDA program uses: ``launch`` queues a
-kernel on the device's single in-order stream and returns at once, ``record_event`` marks
-"everything launched so far", ``wait`` blocks the host until an event is reached (the only
-way to learn that work is done), ``host`` hands out a buffer the device reads or writes, and
-``spans`` says when each launch really ran (on the host's clock, in ns) and the CPU time it got
-(None where not measured), for the timeline.
-
-Two implementations: ``CudaDevice`` (below, a CUDA stream) and ``ProcessDevice``
-(process_device.py, the CPU stand-in: a device process fed through a pipe).  Either way,
-``Device`` checks every launch, host access and free of KV blocks with the race checker.
+The engine uses the calls a CUDA program uses: ``launch`` queues a kernel on one in-order
+stream and returns at once, ``record_event`` marks "everything launched so far", ``wait``
+blocks until an event is reached (the only way to learn that work is done), ``host`` hands out
+a buffer, ``spans`` says when each launch really ran (host clock, ns) and its CPU time, if measured.
+``CudaDevice`` (below) and ``ProcessDevice`` (process_device.py, the CPU stand-in) implement
+the stream; ``Device`` checks every launch, host access and free with the race checker.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ from .record import RunRecord
 
 
 class DeviceError(RuntimeError):
-    """A kernel failed on the device, the device process died, or the link to it broke.  Sticky,
-    like a CUDA error: every later wait raises it, until the engine starts a new device."""
+    """A kernel failed, the device process died, or its link broke; sticky, like a CUDA error."""
 
 
 @dataclass
@@ -86,13 +81,9 @@ class Device:
 
     def launch(self, kernel, *args, round: int, stage: str | None = None, reads=(), writes=(),
                blocks=(), record_event: bool = False, owner: int | None = None) -> Event | None:
-        """Queue ``kernel(ctx, *args)`` on the stream; returns before it runs.
-
-        ``reads``/``writes`` name the host buffers it uses, ``blocks`` the KV-cache blocks
-        it touches; ``stage`` is its name on the timeline; ``owner`` the round owning its results.
-        ``record_event=True`` also records an event right after it and returns it (one
-        message instead of two).
-        """
+        """Queue ``kernel(ctx, *args)``; returns before it runs.  ``reads``/``writes`` name the host
+        buffers it uses, ``blocks`` the KV blocks; ``stage`` names it on the timeline, ``owner`` is the
+        round owning its results; ``record_event=True`` also returns an event (one message, not two)."""
         self._seq += 1
         stage = stage or kernel.__name__
         self._last_round, self._last_stage = round, stage
@@ -106,16 +97,14 @@ class Device:
         return Event(self._seq, self._last_round, self._record(), self._last_stage)
 
     def wait(self, event: Event, timeout: float | None = None) -> None:
-        """Block until every launch before ``event`` has finished (DeviceError after
-        ``timeout`` seconds, if given)."""
+        """Block until every launch before ``event`` has finished (DeviceError after ``timeout`` s)."""
         start = time.perf_counter_ns()
         self._wait(event, timeout)
         self.run_record.wait(event.seq, event.round, event.stage, start, time.perf_counter_ns())
         self.races.on_wait(event.seq)
 
     def free_blocks(self, blocks, prompt: int, double=()) -> None:
-        """Request ``prompt`` frees ``blocks`` (``double``: those already free).  Recorded
-        whatever happens; a double free is refused always, a free in use when race checking is on."""
+        """Request ``prompt`` frees ``blocks`` (``double``: already free); recorded even when refused."""
         try:
             self.races.on_free(blocks, prompt, double, self._last_round)
         except RaceError:
@@ -135,8 +124,7 @@ class Device:
             raise
         return self.buffers[name]
 
-    # implemented by subclasses
-    buffers: dict
+    buffers: dict  # subclasses set it and implement what follows
 
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
@@ -154,9 +142,7 @@ class Device:
 
 
 class CudaDevice(Device):
-    """The device on a GPU: a ``torch.cuda.Stream``, with ``torch.cuda.Event`` as its events.
-    Each launch is bracketed by two timing events; device times are put on the host's clock
-    through a reference event recorded (and waited for) at start-up."""
+    """A ``torch.cuda.Stream``; launches are timed by event pairs, aligned to a reference event."""
 
     name = "cuda"
 
@@ -169,8 +155,7 @@ class CudaDevice(Device):
         with torch.cuda.stream(self.stream):
             self.ctx = DeviceContext.build(cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers, dev)
         self._timed: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
-        # Clock alignment: host time when a reference event is known to have completed.
-        self._ref = torch.cuda.Event(enable_timing=True)
+        self._ref = torch.cuda.Event(enable_timing=True)  # aligns clocks: host time once it completed
         self._ref.record(self.stream)
         self._ref.synchronize()
         self._ref_ns = time.perf_counter_ns()
@@ -185,9 +170,7 @@ class CudaDevice(Device):
         return self._record() if record_event else None
 
     def _record(self):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record(self.stream)
-        return ev
+        return self.stream.record_event(torch.cuda.Event(enable_timing=True))
 
     def _wait(self, event, timeout=None):
         event.handle.synchronize()
@@ -196,9 +179,7 @@ class CudaDevice(Device):
         return self._ref_ns + int(self._ref.elapsed_time(ev) * 1e6)
 
     def spans(self):
-        # Query each end event once: asking twice, an event completing in between would
-        # fall into neither list and its span would be lost.
-        done, running = [], []
+        done, running = [], []  # query each end event once: one completing in between would be lost
         for t in self._timed:
             (done if t[3].query() else running).append(t)
         self._timed = running
@@ -207,10 +188,8 @@ class CudaDevice(Device):
 
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                 num_threads: int = 1) -> Device:
-    """``kind`` (checked by ``EngineConfig``): "auto" (CUDA if there is one, else the CPU stand-in),
-    "cuda" or "cpu"."""
+    """``kind``: "auto" (CUDA if there is one, else the CPU stand-in), "cuda" or "cpu"."""
     from .process_device import ProcessDevice  # it builds on this module: imported once needed
-
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):

@@ -1,13 +1,9 @@
 """The draft model of speculative decoding: an n-gram table over the training corpus.
 
-A decode round feeds each request its newest token plus k drafts; the target model checks
-all of them in one forward and keeps the longest prefix it agrees with (``kernels.sample``).
-Drafts must be cheap, so the toy looks them up: the most frequent next character after
-the last NGRAM - 1, chained k times.  Everything here runs on the device, between rounds,
-from the per-row ``history`` the sampling kernel keeps.
+A decode round feeds each request its newest token plus k drafts; the target model checks them in
+one forward and keeps the longest prefix it agrees with (``kernels.sample``).  Drafts must be cheap:
+the most frequent next character after the last NGRAM - 1, chained k times, looked up on the device.
 """
-
-from __future__ import annotations
 
 import functools
 from pathlib import Path
@@ -15,9 +11,8 @@ from pathlib import Path
 import torch
 
 NGRAM = 4  # the drafter predicts a token from the NGRAM - 1 tokens before it
-#: The shipped table: for every (NGRAM-1)-token context, the most frequent next token in the corpus
-#: the shipped model was trained on; stored like the model's weights, built by the course
-#: (``overlap_course/corpus.py``).
+#: For every (NGRAM-1)-token context, the most frequent next token in the shipped model's corpus;
+#: built by the course (``overlap_course/corpus.py``).
 NGRAM_TABLE = Path(__file__).parent / "checkpoints" / "ngram_table.pt"
 
 
@@ -45,8 +40,7 @@ def propose_drafts(table: torch.Tensor, history: torch.Tensor, k: int) -> torch.
 
 
 def prefill_history(input_ids: torch.Tensor, seqlens_q: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
-    """The drafter's context after a prefill: the prompt's last tokens, then the newest
-    token (a prompt shorter than the context repeats its first token on the left)."""
+    """The context after a prefill: the prompt's last tokens (a short one repeats its first), the newest."""
     n = NGRAM - 1
     last = torch.cumsum(seqlens_q, 0) - 1  # each prompt's last packed token
     first = last - seqlens_q + 1
@@ -56,7 +50,6 @@ def prefill_history(input_ids: torch.Tensor, seqlens_q: torch.Tensor, newest: to
 
 
 def decode_history(history: torch.Tensor, targets: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-    """The drafter's context after a decode round: the last NGRAM-1 tokens once the round's
-    ``1 + accepted`` kept tokens (of ``targets[B, 1 + k]``) are appended."""
+    """The context after a decode round: the last NGRAM-1 tokens once ``1 + accepted`` are kept."""
     seq = torch.cat([history, targets], dim=1)  # [B, NGRAM - 1 + 1 + k]
     return seq.gather(1, accepted[:, None] + 1 + torch.arange(NGRAM - 1, device=history.device))

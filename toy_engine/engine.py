@@ -1,14 +1,8 @@
-"""The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built
-from the stages of a round (``stages.py``), and keeps the engine usable whatever happens: an
-exception or an Interrupt anywhere in a run ends with the device drained (or replaced when it
-died), every request finished or aborted, and the next ``generate`` working.
-
-Who owns what: the scheduler owns requests' rows and KV blocks, the ``Run`` (one per call) the
-call's requests, plug-ins and counters, ``buffers`` the layout of everything exchanged with
-the device, the device its process and pipe.
+"""The engine: ``generate`` runs prompts through a loop (``loops.py``, read it first) built from the
+stages of a round (``stages.py``); any exception or Interrupt ends with the device drained (or replaced).
+Who owns what: the scheduler owns rows and KV blocks, the ``Run`` (one per call) the call's requests,
+plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
 """
-
-from __future__ import annotations
 
 import copy
 import threading
@@ -36,21 +30,17 @@ from .validate import check_callable, check_float, check_int, check_seed, shown
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 
-# Host buffers are double-buffered: round N uses slot N % 2.  An engine allocates NUM_SLOTS
-# slots when it is built; each run reads it once and may use fewer (notebook 05's race).
+# Host buffer slots: round N uses slot N % 2; read at build and per run (fewer: notebook 05's race).
 NUM_SLOTS = 2
-# How long a recovering engine waits for queued device work before giving the device up:
-# about a thousand rounds of the shipped model (docs/measurements/engine.md).
+# How long a recovery waits for queued device work: ~1000 rounds (docs/measurements/engine.md).
 RECOVER_TIMEOUT_S = 10.0
-#: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its
-#: timeline and stats are final ("end"); the course measures the machine around runs
-#: with one.  An observer must not raise.
+#: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its timeline
+#: and stats are final ("end"): the course measures the machine around runs.  Must not raise.
 RUN_OBSERVERS: list = []
 
 
 class Engine(RoundStages):
-    """An inference engine over one model: the stages of a round (``RoundStages``), and
-    ``generate``, which runs prompts through the mode's loop or a plugged-in one."""
+    """An inference engine: the stages of a round (``RoundStages``) and ``generate``, which runs them."""
 
     def __init__(self, config: EngineConfig | None = None, model=None, tokenizer: CharTokenizer | None = None):
         config = EngineConfig() if config is None else config
@@ -91,26 +81,21 @@ class Engine(RoundStages):
     def generate(self, prompts, max_new_tokens: int = 32, stop=None, temperature: float = 0.0,
                  seed: int | None = None, *, on_round=None, loop=None, correction=None,
                  process_outputs=None) -> list[Completion]:
-        """Run prompts to completion; returns one Completion per prompt, in order.
+        """Run prompts (a str or a list/tuple of str) to completion; one Completion per prompt, in order.
 
-        ``prompts``: a str or a list/tuple of str; ``stop``: None, a str or a list of str.
-        With ``temperature > 0`` each request samples from its own stream, derived from
-        ``seed`` (default: the config's) and its index: the same call gives the same texts in
-        every mode.  Plug-ins for this call: ``on_round(engine, round)`` before each round is
-        scheduled (it may call ``engine.abort``); ``loop(engine)`` instead of the mode's loop;
-        ``correction(meta, accepted, block_size)`` the device's seqlen correction;
-        ``process_outputs(engine, step)`` the engine's processing of a launched step.
-
-        Bad input raises TypeError/ValueError before anything runs, a second call while one
-        runs RuntimeError.  After any exception or Interrupt the run's requests end as
-        ``"abort"`` and the engine is ready; a dead device process raises DeviceError (naming
-        its exit code) and is replaced.
-        """
+        ``stop``: None, a str or a list of str.  With ``temperature > 0`` each request samples from its
+        own stream, from ``seed`` (default: the config's) and its index: the same texts in every mode.
+        Plug-ins for this call: ``on_round(engine, round)`` before each round is scheduled (it may call
+        ``engine.abort``); ``loop(engine)`` instead of the mode's loop; ``correction(meta, accepted,
+        block_size)`` the device's seqlen correction; ``process_outputs(engine, step)`` the processing.
+        Bad input raises TypeError/ValueError before anything runs, a second call while one runs
+        RuntimeError.  After any exception or Interrupt the run's requests end as ``"abort"`` and the
+        engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced."""
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
                                "create a new Engine")
-        plugins = dict(on_round=on_round, loop=loop, correction=correction, process_outputs=process_outputs)
-        for name, plugin in plugins.items():
+        for name, plugin in dict(on_round=on_round, loop=loop, correction=correction,
+                                 process_outputs=process_outputs).items():
             check_callable(name, plugin)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs, self._slots())
@@ -133,16 +118,14 @@ class Engine(RoundStages):
         if req is None:
             raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
                              f"{[r.id for r in self._run.requests]})")
-        if req.finished:
-            return
-        req.finish_reason = "abort"
-        if req in self.scheduler.waiting:
-            self.scheduler.waiting.remove(req)
-        self.scheduler.release_if_done(req)
+        if not req.finished:
+            req.finish_reason = "abort"
+            if req in self.scheduler.waiting:
+                self.scheduler.waiting.remove(req)
+            self.scheduler.release_if_done(req)
 
     def close(self) -> None:
-        """Stop the device process, its pipe and shared memory (dropping the last reference
-        to the engine does it too).  An Interrupt waits until it is done."""
+        """Stop the device process, its pipe and shared memory (as dropping the engine does)."""
         with hold_sigint():
             if not self._running.acquire(blocking=False):
                 raise RuntimeError("close() was called while generate is running on this engine; call it after "
@@ -195,8 +178,7 @@ class Engine(RoundStages):
         return self.completions
 
     def _ensure_ready(self) -> None:
-        """Before a run: replace a device that died while idle (found by a round trip: the
-        forkserver reports a death late), finish a recovery that was itself interrupted."""
+        """Before a run: replace a device that died while idle, finish an interrupted recovery."""
         failure = self.device.probe(RECOVER_TIMEOUT_S) if self.device is not None else "no device was started"
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
@@ -206,8 +188,7 @@ class Engine(RoundStages):
             self._recover()
 
     def _recover(self) -> None:
-        """After an exception: let the device finish (or give it up within RECOVER_TIMEOUT_S),
-        forget the run's state, and leave the engine ready."""
+        """After an exception: let the device finish (or give it up), forget the run, be ready."""
         try:
             if self.device.failure() is None:
                 self.device.synchronize(timeout=RECOVER_TIMEOUT_S)
@@ -248,8 +229,7 @@ class Engine(RoundStages):
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
-        races = self.device.races
-        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, races.on_alloc,
+        return Scheduler(c.max_batch_size, BlockManager(c.num_kv_blocks, c.block_size, self.device.races.on_alloc,
                                                         self.device.free_blocks), c.num_draft_tokens)
 
     def _slots(self) -> int:

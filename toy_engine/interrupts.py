@@ -1,11 +1,7 @@
 """Interrupt-safe sections: a SIGINT (Ctrl-C, Jupyter's Interrupt) waits until a block ends.
-
-The engine holds it while it takes and gives back its lock and while it books a run; the
-CPU stand-in holds it around every message on its pipe.  How often and how cheaply this
-runs, and the failure it prevents, are measured in docs/measurements/device.md.
+The engine holds it around its lock and a run's bookkeeping, the CPU stand-in around every pipe
+message (cost and the failure it prevents: docs/measurements/device.md).
 """
-
-from __future__ import annotations
 
 import _signal
 import contextlib
@@ -14,10 +10,8 @@ import threading
 
 
 class hold_sigint:
-    """Hold a SIGINT until the block ends, then replay it.  Python raises KeyboardInterrupt
-    between any two bytecodes, also between a message's header and its payload, which leaves the
-    pipe out of step for good.  Only the main thread runs signal handlers.  A class over the C
-    module ``_signal``: this runs around every launch, where ``signal``'s functions cost more."""
+    """Hold a SIGINT until the block ends, then replay it (one between a message's header and payload
+    breaks the pipe for good); main thread only.  Over ``_signal``: ``signal`` costs more per launch."""
 
     def __enter__(self):
         self._previous = None
@@ -39,8 +33,7 @@ class hold_sigint:
 
     @contextlib.contextmanager
     def let_through(self):
-        """Inside the held block, deliver SIGINT as usual (one held so far is delivered
-        first): the engine holds it while it takes and gives back its lock, not while it runs."""
+        """Inside the held block, deliver SIGINT as usual (one held so far first)."""
         if self._previous is None:
             yield
             return

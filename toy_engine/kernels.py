@@ -1,15 +1,11 @@
 """Device-side work: the functions the engine launches on the stream.
 
-A kernel is ``kernel(ctx, *small_args)``: it runs on the device and touches host buffers only
-through ``ctx.load`` and ``ctx.store``.  What stays on the device between rounds lives in
-``ctx.state``: ``last_tokens[row]``, each request's newest token (the *future-token map*: a
-decode input the host does not know yet is written as ``FROM_DEVICE`` and read from here, so
-the host never waits to build a round), and for speculative decoding ``accepted``, ``drafts``
-and the n-gram drafter's ``history`` per row (drafter.py).  No kernel calls ``.item()``/``.tolist()``: what the
-host must know (batch sizes, ``max_q``) comes as launch arguments, so a stream never stalls.
+A kernel is ``kernel(ctx, *small_args)``; it touches host buffers only through ``ctx.load``/``ctx.store``.
+``ctx.state`` keeps, between rounds, ``last_tokens[row]`` (the *future-token map*: a decode input the
+host does not know yet is written as ``FROM_DEVICE`` and read from here, so the host never waits to
+build a round) and, for speculative decoding, ``accepted``, ``drafts`` and the drafter's ``history``.
+No kernel calls ``.item()``: what the host must know (``max_q``) comes as arguments: no stall.
 """
-
-from __future__ import annotations
 
 import torch
 
@@ -79,9 +75,7 @@ def forward(ctx, max_q: int) -> None:
 
 
 def _uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Counter-based random numbers in (0, 1), a pure function of (seed, position, token):
-    the noise never depends on the batch or on how many tokens a round produced, so sampling
-    gives the same text in the serial, ZOS and speculative engines."""
+    """Random numbers in (0, 1) from (seed, position, token), never the batch: every engine agrees."""
     mask = 0xFFFFFFFF
     v = torch.arange(vocab, device=seeds.device)
     x = (seeds[..., None] * 0x9E3779B1 + positions[..., None] * 0x85EBCA77 + v * 0xC2B2AE3D) & mask
@@ -101,8 +95,7 @@ def pick_tokens(logits, temperature, seeds, positions) -> torch.Tensor:
 
 def sample(ctx, slot: int, is_prefill: bool, constrained: bool = False) -> None:
     """Pick tokens, verify drafts, update the future-token map, write ``tokens[B, 1 + k]`` and
-    ``accepted[B]`` for the host.  ``constrained``: tokens outside the host's mask
-    ``allowed{slot}`` are never picked (constraint.py)."""
+    ``accepted[B]``; ``constrained``: only tokens in the host's mask ``allowed{slot}`` are picked."""
     st, meta = ctx.state, ctx.state["inputs"]
     k = 0 if is_prefill else st["num_drafts"]
     q, rows = meta["seqlens_q"], meta["rows"]

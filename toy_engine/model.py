@@ -1,16 +1,11 @@
 """A tiny GPT (nanoGPT-style) with two forwards: training and serving.
 
-``forward(idx)`` recomputes everything: training, and the reference.  ``forward_packed(batch,
-kv_cache)`` is what an inference engine runs: many requests packed into one flat token list,
-each with its own query length (new tokens) and key length (cached plus new), their keys and
-values in a preallocated, paged KV cache (``slot_mapping`` says where each new token's K/V
-goes, ``block_tables`` which blocks hold each request's history).
-
-The engine computes in float64: cheap at this size, and it makes the greedy argmax
-independent of batching, so the serial, ZOS and speculative engines agree token for token.
+``forward(idx)`` recomputes everything (training, the reference).  ``forward_packed(batch, kv_cache)``
+is what an engine runs: requests packed into one flat token list, each with its query length (new
+tokens) and key length (cached plus new), K/V in a paged cache (``slot_mapping``: where each new
+token's K/V goes; ``block_tables``: which blocks hold each request's history).  The engine computes
+in float64: the greedy argmax is then independent of batching, so all engines agree token for token.
 """
-
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass
@@ -45,8 +40,7 @@ class PackedBatch:
 
 
 def token_layout(seqlens_q: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each packed token: its request and its offset in it (``num_tokens`` = sum(seqlens_q)
-    comes from the host, so no device sync is needed)."""
+    """For each packed token: its request and its offset in it (``num_tokens`` from the host: no sync)."""
     owner = torch.repeat_interleave(torch.arange(len(seqlens_q), device=seqlens_q.device), seqlens_q,
                                     output_size=num_tokens)
     offset = torch.arange(num_tokens, device=seqlens_q.device) - (torch.cumsum(seqlens_q, 0) - seqlens_q)[owner]
@@ -81,10 +75,8 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
     def forward_packed(self, x, batch: PackedBatch, kv_layer, block_size: int):
-        """Attention for packed tokens [T, C] against this layer's paged KV cache
-        ``kv_layer`` [2, H, num_slots, D] (heads first: gathered keys come out [H, B, L, D], as
-        the batched matmul wants).  New K/V are written first, then each request's history is
-        gathered through its block table and masked by position."""
+        """Attention for packed tokens [T, C] against the paged ``kv_layer`` [2, H, num_slots, D]: new
+        K/V written first, each request's history gathered by its block table, masked by position."""
         T, C = x.shape
         q, k, v = (t.transpose(0, 1) for t in self.split_heads(x))  # [H, T, D]
         kv_layer[0].index_copy_(1, batch.slot_mapping, k)
@@ -156,8 +148,7 @@ class TinyGPT(nn.Module):
 
 
 def load_model(path=None, dtype=torch.float64) -> tuple[TinyGPT, str]:
-    """Load a checkpoint (default: the shipped one; ``overlap_course/train.py`` writes them, weights
-    in float32). Returns (model in eval mode, alphabet)."""
+    """(model in eval mode, alphabet) from a checkpoint (default: the shipped one; the course trains them)."""
     path = Path(path or CHECKPOINT)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one with `python -m overlap_course.train`")

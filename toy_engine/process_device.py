@@ -1,15 +1,12 @@
 """The CPU stand-in for a CUDA stream: a device process fed through a pipe.
 
-A separate *device process* owns the model and the KV cache; host-visible buffers are
-shared-memory tensors sent to it once, each launch is a small message, and it runs kernels
-in order, stamping them with ``time.perf_counter_ns`` (one clock for every process on Linux).
-A process, not a thread: a thread running eager PyTorch fights the host's Python for the GIL
-(docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``, ``("kernel", id,
-pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)`` and
-``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
+A *device process* owns the model and the KV cache; host buffers are shared-memory tensors
+sent once, each launch is a small message, and kernels run in order, stamped with
+``time.perf_counter_ns``.  A process, not a thread: a thread running eager PyTorch fights the
+host's Python for the GIL (docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``,
+``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)``
+and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
 """
-
-from __future__ import annotations
 
 import multiprocessing as mp
 import os
@@ -28,15 +25,12 @@ from .device import Device, DeviceContext, DeviceError
 from .interrupts import hold_sigint
 from .process_start import mp_context, without_main_module
 
-# What a forkserver imports once for every device process it forks: torch, this module
-# (the device process's main) and the kernels the engine launches.
+# What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
 def _device_main(conn, num_threads: int) -> None:
-    """The device process: run launches in order, report stamps at each event.  It ignores
-    SIGINT (Jupyter's Interrupt signals the whole process group), exits when its parent dies,
-    and is not pinned to a core (measured no better: docs/measurements/device.md)."""
+    """Run launches in order, report stamps at events; ignore SIGINT (Jupyter signals the whole group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
@@ -45,18 +39,15 @@ def _device_main(conn, num_threads: int) -> None:
 
 
 def _die_with_parent() -> None:
-    # The parent's sentinel (a pipe on POSIX, a process handle on Windows) becomes ready
-    # when it exits; os.kill(pid, 0) is no probe on Windows (it sends CTRL_C_EVENT).
+    # The parent's sentinel is ready once it exits; os.kill(pid, 0) on Windows sends CTRL_C_EVENT.
     mp.parent_process().join()
     os._exit(0)
 
 
 @dataclass
 class _Stream:
-    """The device process's side of the stream: its kernels, their context, the stamps not
-    yet reported, (seq, start, end, CPU ns), and the first error (sticky: nothing runs after).
-    CPU time (of the whole process: torch's intra-op threads count too) beside wall time tells a
-    preempted kernel (the machine is busy) from a slow one."""
+    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU
+    beside wall time tells a preempted kernel from a slow one) and the first error (sticky)."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
@@ -111,9 +102,8 @@ def _exit_description(code: int | None) -> str:
 
 
 def _pipe_poller(conn):
-    """``readable(timeout_s) -> bool`` for the host's end of the pipe: one kept poll object, as
-    Connection.poll builds a selector per call (docs/measurements/device.md); Connection.poll
-    only on Windows, which has no select.poll."""
+    """``readable(timeout_s) -> bool`` for the host's end: one kept poll object (Connection.poll builds
+    a selector per call, docs/measurements/device.md), except on Windows, which has no select.poll."""
     if not hasattr(select, "poll"):
         return conn.poll
     poller = select.poll()
@@ -138,11 +128,8 @@ def _shutdown(proc, conn, link: dict) -> None:
 
 
 class ProcessDevice(Device):
-    """The CPU stand-in for a CUDA stream, as the host sees it.  Kernels, even a notebook's, reach
-    the device process by value (cloudpickle); an exception in one is a sticky ``DeviceError`` at
-    the next ``wait``, as a CUDA error would be.  The pipe is never left mid-message: a SIGINT is
-    held until the message is whole (``hold_sigint``), and any other exception escaping halfway
-    marks the link broken for good (the engine then starts a new device)."""
+    """The CPU stand-in, host side.  Kernels travel by value (cloudpickle); one that raises is a sticky
+    ``DeviceError`` at the next ``wait``; an exception (not a held SIGINT) mid-message breaks the link."""
 
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
@@ -185,8 +172,7 @@ class ProcessDevice(Device):
         return self._flagged()
 
     def _flagged(self) -> str | None:
-        """What is already known to be wrong (no system call: this runs on every message;
-        a dead process shows up as a broken pipe, or in ``_poll``'s liveness check)."""
+        """What is already known to be wrong, without a system call (this runs on every message)."""
         if self._failure is None and not self._link["ok"]:
             self._failure = ("a message to or from the device process was interrupted halfway, so the pipe "
                              "is out of step")
@@ -210,8 +196,7 @@ class ProcessDevice(Device):
         return self._whole(self._conn.recv, "receiving")
 
     def _whole(self, transfer, doing: str):
-        """One whole message through the pipe (callers hold SIGINT back around it): the link
-        stays marked broken if ``transfer`` does not finish."""
+        """One message through the pipe (callers hold SIGINT): the link stays broken if it does not finish."""
         self._check()
         self._link["ok"] = False
         try:
@@ -230,9 +215,8 @@ class ProcessDevice(Device):
                 return True
         except (OSError, ValueError) as exc:
             raise self._lost(f"polling failed: {type(exc).__name__}") from None
-        failure = self.failure()  # quiet for a while: is it still alive?
-        if failure:
-            raise DeviceError(failure)
+        self.failure()  # quiet for a while: is it still alive?
+        self._check()
         if deadline is not None and time.monotonic() >= deadline:
             self._failure = f"the device process did not answer within the time allowed to {what}"
             raise DeviceError(self._failure)
@@ -298,9 +282,7 @@ class ProcessDevice(Device):
         return [ns / 1e6 for ns in self._latencies_ns]
 
     def probe(self, timeout: float) -> str | None:
-        """A round trip to the device process: the forkserver reports its death late
-        (docs/measurements/device.md), so a device killed just before a call still looks
-        alive to ``failure()``; one that cannot answer is dead."""
+        """A round trip: the forkserver reports a death late (docs/measurements/device.md)."""
         if self.failure() is None:
             try:
                 self.synchronize(timeout)

@@ -3,8 +3,6 @@
 Whichever method, the child never re-runs the learner's ``__main__`` (``without_main_module``).
 """
 
-from __future__ import annotations
-
 import contextlib
 import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
@@ -15,11 +13,9 @@ START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
 
 
 def start_method() -> str:
-    """How the device process is started: ``forkserver`` on Linux (it imports torch once, then forks
-    each device process: several times faster, docs/measurements/device.md), ``spawn`` on Windows (no
-    forkserver) and macOS (forking a process that loaded torch's system libraries can crash it).
-    ``TOY_ENGINE_START_METHOD`` (read at every start) overrides the choice; ``fork`` is refused:
-    forking a process in which torch has run threads can deadlock."""
+    """``forkserver`` on Linux (torch imported once: several times faster, docs/measurements/device.md),
+    else ``spawn`` (Windows has no forkserver; on macOS it can crash).  ``TOY_ENGINE_START_METHOD``
+    overrides it; ``fork`` is refused: forking after torch has run threads can deadlock."""
     chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
     available = mp.get_all_start_methods()
     if not chosen:
@@ -33,8 +29,7 @@ def start_method() -> str:
 
 
 def mp_context(preload: list[str]):
-    """The multiprocessing context of the chosen start method.  A forkserver imports the
-    modules ``preload`` names when it starts, so each process it forks has them already."""
+    """The chosen start method's context; a forkserver imports ``preload`` once for all its children."""
     ctx = mp.get_context(start_method())
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(preload)
@@ -43,9 +38,7 @@ def mp_context(preload: list[str]):
 
 @contextlib.contextmanager
 def without_main_module():
-    """Start children without re-running the user's ``__main__``: spawn and forkserver children
-    re-import the parent's main script (a script without a ``__name__`` guard would start
-    another engine there); the device process never needs it, kernels arrive by value."""
+    """Start children without re-importing the user's main script (unguarded, it starts an engine)."""
     original = mp_spawn.get_preparation_data
 
     def preparation_data(name):

@@ -5,21 +5,13 @@ touches; the host may touch a buffer, or free KV blocks, only after waiting on a
 covers every unfinished launch using them.  Breaking that rule raises a ``RaceError``.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 
 class RaceError(RuntimeError):
-    """The host touched state that unfinished device work still uses; the fields say what,
-    so a checker never parses the message.
-
-    ``kind``: ``"buffer"`` (a buffer a pending launch uses), ``"free_in_use"`` (KV blocks
-    freed while a pending launch uses them), ``"launch_on_free"`` (a launch on freed blocks)
-    or ``"double_free"`` (refused even with checking off: the pool would hand one block to
-    two requests).  ``round``/``launch``: the conflicting launch; ``owner``: the round that
-    owns its results; ``prompt``: the request whose blocks were freed.
-    """
+    """The host touched state unfinished device work uses.  ``kind``: ``"buffer"``, ``"free_in_use"``,
+    ``"launch_on_free"`` or ``"double_free"`` (refused even with checking off); ``round``/``launch``: the
+    conflicting launch, ``owner`` the round owning its results, ``prompt`` whose blocks were freed."""
 
     KINDS = ("buffer", "free_in_use", "launch_on_free", "double_free")
 
@@ -45,9 +37,8 @@ class PendingLaunch:
 
 
 class RaceChecker:
-    """Happens-before bookkeeping for host accesses, like compute-sanitizer's racecheck: an
-    access is a race when no ``wait`` ordered it after the launch, even if the launch had
-    finished already (never the clock), so every report is deterministic."""
+    """Happens-before bookkeeping, like compute-sanitizer's racecheck: an access is a race when no
+    ``wait`` ordered it after the launch, even if it had finished (never the clock: deterministic)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -81,8 +72,7 @@ class RaceChecker:
                                 kind="buffer", round=p.round, launch=p.name, buffer=name, access=mode, owner=p.owner)
 
     def on_free(self, blocks, prompt: int, double=(), round: int = 0) -> None:
-        """Request ``prompt`` (its index in the call) frees ``blocks`` (``double``: those
-        already free) during ``round``."""
+        """Request ``prompt`` frees ``blocks`` (``double``: those already free) during ``round``."""
         if double:
             raise RaceError(f"KV blocks {sorted(double)} of prompt {prompt} are freed a second time: they are "
                             f"already free, and freeing them again would let two requests share them. "

@@ -1,13 +1,10 @@
 """What a run did, in order: the record the course's checks judge.
 
-The timeline says *when* things ran, this record *what depended on what*.  Events are
-recorded where they happen (device, commit, block manager), so a stage written out inline is
-recorded like the engine's method, and a refused free or commit stays on the record even if
-the error is swallowed.  A launch is *outstanding* until the host has waited on an event at
-or after it: the host's knowledge, not the clock, so verdicts do not depend on the machine.
+The timeline says *when* things ran, this record *what depended on what*.  Events are recorded
+where they happen (device, commit, block manager): a stage written out inline is recorded like the
+engine's, a refused free or commit stays even if the error is swallowed.  A launch is *outstanding*
+until the host waited on an event at or after it (not the clock: verdicts do not depend on the machine).
 """
-
-from __future__ import annotations
 
 import time
 from dataclasses import dataclass
@@ -15,8 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Launch:
-    """Work enqueued on the stream.  ``waited_upto``: the last launch the host had waited
-    for when this one was enqueued (everything after it was still outstanding)."""
+    """Work enqueued on the stream; ``waited_upto``: the last launch waited for when it was enqueued."""
 
     seq: int
     round: int
@@ -51,8 +47,7 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Commit:
-    """A round's tokens handed to its requests (``prompts``: their indexes in the
-    call); ``refused`` when the round had been committed already."""
+    """A round's tokens handed to its requests (``prompts``); ``refused``: it was committed already."""
 
     round: int
     prompts: tuple
@@ -62,9 +57,8 @@ class Commit:
 
 @dataclass(frozen=True)
 class Free:
-    """KV blocks given back by request ``prompt`` (its index in the call).  ``in_use``:
-    (round, stage) of outstanding launches that touch them; ``double``: blocks that were
-    free already; ``refused``: the free raised (a race or a double free), nothing was freed."""
+    """KV blocks given back by request ``prompt``.  ``in_use``: (round, stage) of outstanding launches
+    on them; ``double``: blocks free already; ``refused``: the free raised, nothing was freed."""
 
     prompt: int
     blocks: tuple
@@ -76,8 +70,7 @@ class Free:
 
 @dataclass(frozen=True)
 class Refused:
-    """A host access to a buffer that the race checker refused (``buffer``, ``access``
-    "r"/"w"): round ``round``'s ``launch`` still used it.  Kept even if the error was caught."""
+    """A host access (``access`` "r"/"w") the race checker refused: ``round``'s ``launch`` used it."""
 
     buffer: str
     access: str

@@ -2,8 +2,6 @@
 an interrupted run leaks into the next), the rounds in flight in it, and the check that the
 loop keeps making progress."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 from . import kernels
@@ -42,11 +40,9 @@ class StepState:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress; ``reason`` says why, as data a checker can branch on:
-    ``"unprocessed_inflight"`` (a deferred step dropped or not flushed),
-    ``"finished_kept_blocks"`` (finished requests keep KV blocks and rows, so waiting ones can
-    never start) or ``"loop_returned_with_work"``.  ``prompt_indexes``: the requests' positions
-    in the call, ``request_ids`` their ids."""
+    """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a deferred
+    step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep blocks and rows) or
+    ``"loop_returned_with_work"``.  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
 
     REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
 
@@ -59,8 +55,7 @@ class EngineStalled(RuntimeError):
 
 
 class StepProcessedTwice(RuntimeError):
-    """A launched round's results were handed to the requests a second time.  ``round``
-    is the step's round, ``prompt_indexes`` the prompts in it."""
+    """A launched round's results were handed out a second time (``round``, ``prompt_indexes``)."""
 
     def __init__(self, round: int, requests=()):
         super().__init__(f"round {round}'s step was already processed: process each StepState exactly once "
@@ -71,17 +66,15 @@ class StepProcessedTwice(RuntimeError):
 
 @dataclass
 class Run:
-    """What one ``generate`` call owns: its requests (its own copy, in prompt order, so a
-    plug-in that changes ``engine.requests``, ``visible``, cannot lose one), plug-ins, buffer
-    slots and counters."""
+    """What one ``generate`` call owns: its requests (in prompt order; a plug-in that changes
+    ``engine.requests``, ``visible``, cannot lose one), plug-ins, buffer slots and counters."""
 
     requests: tuple[Request, ...] = ()
     on_round: object = None
     correction: object = kernels.correct_seqlens_qk
     process_outputs: object = None
     num_slots: int = 2  # host buffer slots: round N uses slot N % num_slots
-    # per request and round: tokens committed, decode rounds, drafts proposed/accepted,
-    # outputs of already-finished requests thrown away (the extra round under ZOS)
+    # per request and round; discarded: outputs of already-finished requests (the extra round under ZOS)
     counts: dict = field(default_factory=lambda: dict(tokens=0, request_decode_rounds=0, proposed=0,
                                                       accepted=0, discarded=0))
     prefill_rounds: set = field(default_factory=set)
@@ -92,17 +85,12 @@ class Run:
         self.visible = list(self.requests)
 
     def end(self) -> None:
-        """Drop the plug-ins once the call returns (a closure over the engine kept here would
-        be a reference cycle)."""
+        """Drop the plug-ins once the call returns (a closure over the engine here is a cycle)."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
 
-    def note_processed(self) -> None:
-        self.idle_schedule = False
-
     def note_idle_schedule(self, scheduler) -> None:
-        """A schedule found nothing to launch while work is left: legal only while launched
-        results are outstanding, and once before the loop processes some of them."""
+        """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
             raise stalled(scheduler)
         self.idle_schedule = True

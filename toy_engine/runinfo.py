@@ -1,8 +1,6 @@
 """What a timeline says about its run: the engine's settings, the workload, the headline
 numbers; plain data a stored trace carries as JSON and reads back equal."""
 
-from __future__ import annotations
-
 import functools
 import types
 import typing
@@ -22,8 +20,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class RunStats:
-    """A run's headline numbers (``engine.stats``).  Per-round means are over the rounds with
-    spans (host time leaves waits out); ``decode_...`` leaves the prefill rounds out."""
+    """A run's headline numbers (``engine.stats``).  Per-round means are over the rounds with spans
+    (host time leaves waits out); ``decode_...`` leaves the prefill rounds out."""
 
     rounds: int
     wall_ms: float  # the loop, start to end
@@ -46,8 +44,7 @@ class RunStats:
 
 @dataclass
 class TimelineMeta:
-    """The run a timeline records: the engine's settings and workload, written when the run
-    starts; ``prefill_rounds`` and ``stats`` when it ends."""
+    """The run a timeline records: settings and workload at its start, rounds and stats at its end."""
 
     mode: str | None = None  # "serial" or "zos"; "imported" for a profiler's trace
     device: str | None = None
@@ -65,9 +62,8 @@ _KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "
 
 
 def from_json_object(cls, raw, where: str):
-    """A ``cls`` dataclass from its parsed JSON object, refused with a sentence naming ``where``
-    and the field when a field is unknown, missing, of another type or (the class's own
-    checks) of a wrong value: code reading it would otherwise fail later, far from the cause."""
+    """A ``cls`` from its parsed JSON object, refused with a sentence naming ``where`` and the field
+    when one is unknown, missing, or wrong: code reading it would fail later, far from the cause."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be an object, got {type(raw).__name__}")
     known, required = _fields(cls)
@@ -86,16 +82,14 @@ def from_json_object(cls, raw, where: str):
 
 @functools.cache
 def _fields(cls) -> tuple[dict, list]:
-    """Per field of ``cls`` its resolved annotation and what a wrong value is told (its
-    ``about``); the fields without a default."""
+    """Per field of ``cls`` its annotation and ``about``; the fields without a default."""
     hints = typing.get_type_hints(cls)
     known = {f.name: (hints[f.name], f.metadata.get("about")) for f in fields(cls)}
     return known, [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
 
 
 def _typed(value, kind, about: str | None, where: str):
-    """``value`` if it has the annotated type ``kind`` (a nested dataclass is built from its
-    object); an int is a number, a bool is not an integer."""
+    """``value`` if it has type ``kind`` (a dataclass is built); an int is a number, a bool no integer."""
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
     for option in options:
         base = typing.get_origin(option) or option

@@ -1,7 +1,5 @@
 """Continuous batching: which requests run in the next round, and where their KV lives."""
 
-from __future__ import annotations
-
 from collections import deque
 from dataclasses import dataclass
 
@@ -9,13 +7,8 @@ from .sequence import Request
 
 
 class BlockManager:
-    """Hands out fixed-size KV-cache blocks.
-
-    A request reserves every block it can ever need when it is admitted, so a running request
-    never runs out of cache and nothing is preempted.  ``on_alloc(blocks)`` and ``on_free(blocks,
-    prompt, double)`` tell the device's race checker, which may refuse a free (a race, a double
-    free) before anything here changes.
-    """
+    """Fixed-size KV-cache blocks; a request reserves all it can need when admitted (no preemption).
+    ``on_alloc``/``on_free`` tell the race checker, which may refuse a free before anything changes."""
 
     def __init__(self, num_blocks: int, block_size: int, on_alloc, on_free):
         self.block_size = block_size
@@ -48,8 +41,7 @@ class Plan:
 
 
 class Scheduler:
-    """FIFO admission limited by batch size and KV capacity; prefill before decode.
-    ``num_draft_tokens`` sizes the speculative slack every request reserves."""
+    """FIFO admission limited by batch size and KV capacity; prefill before decode."""
 
     def __init__(self, max_batch_size: int, blocks: BlockManager, num_draft_tokens: int = 0):
         self.blocks = blocks
@@ -60,8 +52,7 @@ class Scheduler:
         self.round = 0
 
     def positions_needed(self, req: Request) -> int:
-        """Cache positions a request may touch: prompt, new tokens, and room for the
-        drafts of an in-flight round plus the next one."""
+        """Cache positions a request may touch: prompt, new tokens, drafts of two rounds."""
         return len(req.prompt_ids) + req.max_new_tokens + 2 * self.num_draft_tokens
 
     def add(self, request: Request) -> None:

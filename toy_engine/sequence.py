@@ -1,8 +1,6 @@
 """Requests and their results, as the host's request layer sees them, and the checks
 that turn a ``generate`` call's arguments into requests."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,10 +22,9 @@ class Completion:
 
 @dataclass
 class Request:
-    """One prompt's life in the engine.  Two lengths differ under ZOS: ``output_ids``, the tokens
-    *committed* (processed by the host, visible to the user), and ``num_inflight``, the rounds
-    launched whose results the host has not processed yet.  The host plans the next round as if
-    each adds one token; the device corrects that guess when a round accepted drafts."""
+    """One prompt's life in the engine.  Under ZOS ``output_ids`` (tokens *committed*, visible) and
+    ``num_inflight`` (rounds launched, not yet processed) differ; the host plans as if each in-flight
+    round adds one token, and the device corrects that guess when a round accepted drafts."""
 
     id: int
     index: int  # position in the generate call's prompt list (messages name prompts by it)
@@ -50,9 +47,8 @@ class Request:
 
     @property
     def sampling_stream(self) -> int:
-        """Key of this request's own random stream, from the call's seed and the request's index
-        (SplitMix64: neighbouring ones give unrelated keys): four copies of one prompt sample four
-        different texts, and serial, ZOS and speculative runs draw the same numbers."""
+        """Key of this request's random stream from the seed and its index (SplitMix64): copies of one
+        prompt sample different texts; serial, ZOS and speculative runs draw the same numbers."""
         x = (self.seed + (self.index + 1) * 0x9E3779B97F4A7C15) & _M64
         x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -68,8 +64,7 @@ class Request:
         return not self.finished and len(self.output_ids) + self.num_inflight < self.max_new_tokens
 
     def commit(self, token_ids, eos_id: int, decode) -> None:
-        """Append sampled tokens one by one, stopping exactly at EOS, a stop string or
-        the length limit; nothing after the stop is ever kept."""
+        """Append sampled tokens, stopping exactly at EOS, a stop string or the length limit."""
         for tok in token_ids:
             if tok == eos_id:
                 self.finish_reason = "eos"

@@ -1,11 +1,7 @@
 """The stages of a round, as a loop calls them: ``engine.schedule()``, ``engine.prepare_inputs(plan)``,
 ``engine.launch_forward(inputs)``, ``engine.launch_sample(inputs)``, ``engine.process_outputs(step)``.
-
-Each stage does one step of a round and records it (its host span, its launches, its
-commits); the loops (loops.py) only choose the order.
+Each records itself (host span, launches, commits); the loops (loops.py) only choose the order.
 """
-
-from __future__ import annotations
 
 import time
 
@@ -24,8 +20,7 @@ from .timeline import Stage, Timeline
 
 
 class RoundStages:
-    """The stages of a round, as methods of ``Engine`` (engine.py): they work on what the
-    engine built and owns, declared here."""
+    """The stages of a round, as methods of ``Engine``; what they use of it is declared here."""
 
     config: EngineConfig
     tokenizer: CharTokenizer
@@ -63,9 +58,8 @@ class RoundStages:
         return plan
 
     def prepare_inputs(self, plan: Plan) -> RoundInputs:
-        """Write the round's metadata into its host buffer slot and launch its upload.  A decode
-        request whose previous round is still in flight (``pending``) has no newest token on the
-        host yet: its input is FROM_DEVICE, its lengths assume that round adds one token."""
+        """Write the round's metadata into its slot and launch its upload.  A ``pending`` request (its
+        last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)
@@ -113,8 +107,7 @@ class RoundStages:
                                blocks=inputs.blocks)
 
     def launch_sample(self, inputs: RoundInputs) -> StepState:
-        """With a constraint, the mask is built here, from the tokens committed *now*:
-        in the ZOS order round N-1 has just been processed, so the mask includes its token."""
+        """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
@@ -150,14 +143,13 @@ class RoundStages:
         return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
-        """Hand a step's tokens to its requests; returns them.  A request that already
-        finished in an earlier round is in this step only as the extra round: discarded."""
+        """Hand a step's tokens to its requests (a finished one's are the extra round: discarded)."""
         plan, run = step.plan, self._run
         self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed)
         if step.committed:
             raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
-        run.note_processed()
+        run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         counts = run.counts
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         for req, kept in zip(plan.requests, buffers.unpack_outputs(out, len(plan.requests), k)):

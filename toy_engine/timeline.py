@@ -1,13 +1,8 @@
 """A recorded timeline of one engine run: spans of work on a host lane and a device lane.
 
-The device lane's idle gaps are the overhead that overlapped scheduling hides.  Times are ms
-relative to ``origin_ns``, a ``perf_counter_ns`` stamp (a clock all processes share).  A
-span's ``round`` is the round whose work it is, not the one during which it ran.  Plain
-Python: a saved timeline reloads without torch, and adding a span is one ``list.append``
-(atomic under the GIL), so a recorder thread needs no lock.
+The device lane's idle gaps are the overhead overlapped scheduling hides.  Times: ms since ``origin_ns``
+(``perf_counter_ns``).  Plain Python: reloads without torch; a span is one (atomic) append, no lock.
 """
-
-from __future__ import annotations
 
 import json
 import math
@@ -27,8 +22,7 @@ LANES = ("host", "device")
 
 
 class Stage(StrEnum):
-    """The stages the engine records.  A member equals its string, so traces stored as
-    JSON and comparisons like ``span.stage == "forward"`` keep working."""
+    """The stages the engine records; a member equals its string (JSON, ``span.stage == "forward"``)."""
 
     SCHEDULE = "schedule"
     OVERHEAD = "overhead"  # deliberate extra host work (EngineConfig.host_overhead_ms)
@@ -51,7 +45,6 @@ DEVICE_STAGES = (Stage.UPLOAD, Stage.CORRECT, Stage.FORWARD, Stage.SAMPLE)
 #: Host stages that consume a round's results (they wait for its sample event first).
 PROCESS_STAGES = (Stage.POSTPROCESS, Stage.FLUSH)
 _STAGES = {stage.value: stage for stage in Stage}
-
 _VERSION = 1
 
 
@@ -66,7 +59,7 @@ def owner_name(owner: int | None) -> str:
 
 @dataclass(frozen=True)
 class Span:
-    """One interval of work on one lane."""
+    """One interval of work on one lane; ``round`` is the round whose work it is, not the one it ran in."""
 
     lane: str
     stage: str  # a Stage for the engine's work; any other name for imported work ("kernel", a call)
@@ -110,10 +103,8 @@ class Span:
         return self.end_ms - self.start_ms
 
 
-
 def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Union of intervals as sorted, disjoint intervals: overlapping spans count once, and
-    back-to-back spans leave no gap."""
+    """Union of intervals as sorted, disjoint intervals: overlaps count once, back-to-back leaves no gap."""
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -152,8 +143,7 @@ class Timeline:
 
     @contextmanager
     def host_span(self, stage: str, round: int, owner: int | None = None) -> Iterator[None]:
-        """A host span around the ``with`` block with the thread's CPU time (a notebook's other
-        threads are not the loop), recorded even if the block raises."""
+        """A host span around the ``with`` block with the thread's CPU time, recorded even if it raises."""
         start, cpu_start = self.now_ms(), time.thread_time_ns()
         try:
             yield
@@ -182,8 +172,7 @@ class Timeline:
         return [s for s in self.lane("device") if wanted is None or s.round in wanted]
 
     def device_gaps(self, start_ms: float | None = None, end_ms: float | None = None) -> list[tuple[float, float]]:
-        """Idle intervals between (merged) device spans, clipped to ``start_ms``..``end_ms``:
-        before the first or after the last device span is start-up or tear-down."""
+        """Idle intervals between (merged) device spans, clipped to ``start_ms``..``end_ms``."""
         merged = _merge((s.start_ms, s.end_ms) for s in self._device())
         lo = -math.inf if start_ms is None else start_ms
         hi = math.inf if end_ms is None else end_ms
@@ -199,8 +188,7 @@ class Timeline:
         return union_ms(self._device(rounds))
 
     def device_idle_fraction(self, rounds: Iterable[int] | None = None) -> float:
-        """idle / (idle + busy) of the device; with ``rounds`` a gap counts for the round whose
-        work ends it (the device waited *for that round*), so prefills do not pollute decode."""
+        """idle / (idle + busy); with ``rounds`` a gap counts for the round whose work ends it."""
         wanted = None if rounds is None else set(rounds)
         idle, reached = 0.0, None  # reached: end of all device work seen so far
         for span in self.lane("device"):
@@ -219,9 +207,8 @@ class Timeline:
 
     @classmethod
     def from_json(cls, text_or_path: str | bytes | Path) -> "Timeline":
-        """From JSON text (``str``/``bytes``) or a file (``str``/``Path``): a ``str`` starting
-        with ``{`` or ``[`` is text, any other a path.  Malformed input raises ``ValueError``
-        saying which it read and what is wrong."""
+        """From JSON text (``str``/``bytes``) or a file (``str``/``Path``; a ``str`` starting with ``{``
+        or ``[`` is text); malformed input raises ``ValueError`` saying what it read and what is wrong."""
         text, source = _json_text(text_or_path)
         try:
             data = json.loads(text)

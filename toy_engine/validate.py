@@ -1,13 +1,8 @@
 """Argument checks shared by ``EngineConfig`` and ``Engine.generate``: every error names the
-argument, the value and what would be accepted.
-
-Integers go through ``operator.index`` (a NumPy integer is fine, 1.5 is not) and refuse bools
-(``max_new_tokens=True`` is a mistake); floats must be finite (an infinite ``host_overhead_ms``
-would spin forever, a NaN temperature silently run greedy).  Wrong types raise ``TypeError``,
-wrong values ``ValueError``.
+argument, the value and what would be accepted (wrong types raise ``TypeError``, values ``ValueError``).
+Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refuse bools; floats must be
+finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
-
-from __future__ import annotations
 
 import math
 import numbers
@@ -18,8 +13,7 @@ SHOWN_CHARS = 80  # how much of a rejected value a message repeats
 
 
 def shown(value) -> str:
-    """``repr(value)``, cut to SHOWN_CHARS: a message must stay readable whatever it echoes
-    (a 10**5000 has no repr at all: Python refuses ints of more than 4300 digits)."""
+    """``repr(value)``, cut to SHOWN_CHARS (a 10**5000 has no repr: Python refuses over 4300 digits)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
         return f"{'-' if value < 0 else ''}an integer of {len(format(value, 'x')) * 4} bits"
     text = repr(value)
