@@ -184,10 +184,7 @@ class TimelineExplorer:
             widget.close()
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
-        """The widget; for a viewer without its state (a stored notebook) a sentence, not the
-        ``VBox(children=...`` of its repr (the notebook build stores an image of it beside)."""
-        _sync_widget_state(self.figure)
-        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": TEXT_FALLBACK}
+        return widget_mimebundle(self.widget, self.figure, TEXT_FALLBACK, **kwargs)
 
 
 def _busy_note(warning: str) -> str:
@@ -197,6 +194,14 @@ def _busy_note(warning: str) -> str:
     return ("<details class='busy-note' style='color:#8a3b00'><summary style='cursor:pointer;white-space:nowrap'>"
             f"<b>{BUSY_WARNING_PREFIX}</b>: these timings may not show what overlap buys (why?)</summary>"
             f"<div style='max-width:70em'>{details}</div></details>")
+
+
+def widget_mimebundle(widget, figure: go.FigureWidget, text: str, **kwargs) -> dict:
+    """A course widget's display: the widget with its figure's state synced; for a viewer without
+    the state (a stored notebook) ``text``, not the ``VBox(children=...`` of its repr (the notebook
+    build stores an image of the figure beside)."""
+    _sync_widget_state(figure)
+    return {**widget._repr_mimebundle_(**kwargs), "text/plain": text}
 
 
 def _sync_widget_state(figure: go.FigureWidget) -> None:

@@ -304,9 +304,6 @@ class PayoffExplorer:
             f"serial, {1e3 * tokens / overlapped:.0f} tok/s overlapped (acceptance scales both alike).")
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
-        """The widget; for a viewer without its state (a stored notebook) a sentence, not the
-        ``VBox(children=...`` of its repr (the notebook build stores an image of it beside)."""
-        from .explorer import _sync_widget_state
+        from .explorer import widget_mimebundle
 
-        _sync_widget_state(self.figure)
-        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": TEXT_FALLBACK}
+        return widget_mimebundle(self.widget, self.figure, TEXT_FALLBACK, **kwargs)
