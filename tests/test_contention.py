@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from overlap_course.measure import contention as cmod
-from overlap_course.measure.contention import (busy_stretches, contention, cpu_share, cpu_shares, preempted,
-                                               record_machine_load)
+from overlap_course.measure.contention import (busy_stretches, contention, cpu_share, cpu_shares, late_ms,
+                                               preempted, record_machine_load)
 from toy_engine.runinfo import RunStats
 from toy_engine.timeline import Span, Timeline
 
@@ -77,3 +77,33 @@ def test_machine_load_measures_what_other_programs_used(monkeypatch):
     hand = Timeline(origin_ns=0)  # no snapshot at the start: nothing measured
     record_machine_load(hand, None)
     assert cmod.machine_load(hand) is None and "machine_load" not in hand.meta.annotations
+
+
+def paced(late_forward_ms: float = 0.0) -> Timeline:
+    """A paced round: device spans last their time model (the forward ``late_forward_ms`` longer), their
+    CPU time is the real compute (well under it), the host loop kept its core."""
+    tl = Timeline(origin_ns=0)
+    tl.add("device", "upload", 1, 0.0, 0.15, cpu_ms=0.1, paced_ms=0.15)
+    tl.add("device", "forward", 1, 0.15, 10.15 + late_forward_ms, cpu_ms=5.0, paced_ms=10.0)
+    tl.add("device", "sample", 1, 10.15 + late_forward_ms, 10.95 + late_forward_ms, cpu_ms=0.5, paced_ms=0.8)
+    tl.add("host", "overhead", 2, 0.2, 2.2, cpu_ms=2.0)
+    return tl
+
+
+def test_a_paced_run_is_judged_by_how_late_its_kernels_end():
+    """A paced span's CPU share is low by design (it sleeps out its time model): not busy.  One that ends
+    late (its compute did not fit) is, like a preempted one."""
+    on_time = contention(paced())
+    assert on_time["paced"] is True and on_time["device_cpu_share"] is None and on_time["busy"] is False
+    assert on_time["device_late_fraction"] == 0.0 and on_time["host_cpu_share"] == pytest.approx(1.0)
+    assert busy_stretches(paced()) == [] and not any(preempted(s) for s in paced().spans)
+    late = paced(late_forward_ms=2.0)
+    c = contention(late)
+    assert c["device_late_fraction"] == pytest.approx(2.0 / 10.95) and c["busy"] is True
+    assert [s.stage for _, _, s in busy_stretches(late)] == ["forward"]
+    assert late_ms(late.lane("device")[1]) == pytest.approx(2.0)
+    small = paced(late_forward_ms=0.1)  # a sleep's overshoot: neither late nor busy
+    assert not preempted(small.lane("device")[1]) and contention(small)["busy"] is False
+    assert contention(Timeline.from_json(late.to_json()))["device_late_fraction"] == c["device_late_fraction"]
+    unpaced = contention(contended())
+    assert unpaced["paced"] is False and unpaced["device_late_fraction"] is None

@@ -6,7 +6,9 @@ import pytest
 
 from overlap_course.measure import bench
 from overlap_course.measure import machine
-from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE
+from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, PACED_LATE_SHARE
+from toy_engine import device as engine_device
+from toy_engine.process_device import ProcessDevice
 from toy_engine.timeline import Timeline
 
 
@@ -36,34 +38,40 @@ def test_cgroup_v1_quota(tmp_path):
 
 def test_usable_cpus_is_the_smaller_of_mask_and_quota(monkeypatch):
     monkeypatch.setattr(machine, "_load_average", lambda: 1.0)  # this kernel only
-    monkeypatch.setattr(machine, "_affinity", lambda: 4)
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 4)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 1.0)
     assert machine.usable_cpus() == 1.0
     report = machine.machine_report()
     assert report["affinity"] == 4 and report["cgroup_quota"] == 1.0 and report["usable"] == 1.0
-    assert report["allowed"] == 1.0 and report["live_overlap"] is False
-    assert report["overlap_can_show"] is False and "take turns" in report["meaning"]
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
-    assert machine.usable_cpus() == 4.0 and machine.machine_report()["overlap_can_show"] is True
+    # one CPU: device="auto" paces the stand-in, which overlaps on one core
+    assert report["allowed"] == 1.0 and report["stand_in"] == "paced" and report["needed"] == 1.0
+    assert report["live_overlap"] is True and report["overlap_can_show"] is True and "PACED" in report["meaning"]
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 0.5)  # half a CPU: not even paced
+    report = machine.machine_report()
+    assert report["overlap_can_show"] is False and "even the paced stand-in needs 1" in report["meaning"]
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: None)
+    report = machine.machine_report()
+    assert machine.usable_cpus() == 4.0 and report["overlap_can_show"] is True and report["stand_in"] == "cpu"
     monkeypatch.setattr(machine, "_load_average", lambda: 3.5)  # others keep 2.5 CPUs busy
     report = machine.machine_report()
     assert report["usable"] == 1.5 and not report["live_overlap"] and report["overlap_can_show"]
     assert "other programs keep about 2.5" in report["meaning"] and machine.usable_cpus() == 4.0
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 8.0)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 8.0)
     assert machine.usable_cpus() == 4.0
 
 
 def test_this_machine_report_is_consistent():
     report = machine.machine_report()
     assert 0 <= report["usable"] <= report["allowed"] <= report["affinity"] <= (os.cpu_count() or 1)
-    assert report["overlap_can_show"] == (report["allowed"] >= machine.MIN_CPUS_FOR_OVERLAP)
-    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert report["stand_in"] == ("paced" if report["allowed"] < machine.MIN_CPUS_FOR_OVERLAP else "cpu")
+    assert report["overlap_can_show"] == (report["allowed"] >= report["needed"])
+    assert report["live_overlap"] == (report["usable"] >= report["needed"])
     assert machine.usable_cpus() == report["allowed"]
 
 
 def test_busy_warning_from_stats_and_timelines(monkeypatch):
-    monkeypatch.setattr(machine, "_affinity", lambda: 2)
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: None)
     quiet = {"device_cpu_share": 0.97, "host_cpu_share": 0.95}
     busy = {"device_cpu_share": BUSY_RUN_CPU_SHARE - 0.2}
     assert machine.busy_warning({"serial": quiet, "zos": quiet}) is None
@@ -81,8 +89,29 @@ def test_busy_warning_from_stats_and_timelines(monkeypatch):
     many = {f"zos run {i}": {"device_cpu_share": 0.5 + 0.02 * i} for i in range(12)}
     summary = machine.busy_warning(many)
     assert "50%–72% in 12 runs (worst: 50% (zos run 0))" in summary and "zos run 5" not in summary
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 1.0)
     assert "Only 1 usable CPU" in machine.busy_warning({"serial": quiet})
+
+
+def test_busy_warning_judges_a_paced_run_by_its_late_kernels(monkeypatch):
+    """On one CPU a paced run is not a warning by itself; its device kernels ending late are (their compute
+    did not fit the time model); an unpaced run there still is."""
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 1)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: None)
+    on_time = {"paced": True, "device_cpu_share": None, "host_cpu_share": 0.97, "device_late_fraction": 0.01}
+    late = dict(on_time, device_late_fraction=PACED_LATE_SHARE + 0.1)
+    assert machine.busy_warning({"serial": on_time, "zos": on_time}) is None
+    text = machine.busy_warning({"serial": on_time, "zos": late})
+    assert "PACED device's kernels ended 15% (zos)" in text and "Only 1" not in text
+    assert "Only 1 usable CPU" in machine.busy_warning({"serial": on_time, "zos": {"host_cpu_share": 0.97}})
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 0.5)  # too little even paced
+    assert "even the paced stand-in needs 1" in machine.busy_warning({"zos": on_time})
+
+
+def test_pacing_text_names_the_model():
+    text = machine.pacing_text(ProcessDevice.PACED_MS)
+    forward, per_token = ProcessDevice.PACED_MS["forward"]
+    assert text.startswith("PACED") and f"forward {forward:g} ms + {per_token:g} ms per packed token" in text
 
 
 def test_recorded_comparison_is_labelled():

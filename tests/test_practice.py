@@ -717,21 +717,23 @@ def test_machine_report_fields_notebook_00_reads():
     report = machine.machine_report()
     assert set(report) >= {"affinity", "cgroup_quota", "load_average", "usable", "live_overlap"}
     assert 0 <= report["usable"] <= report["affinity"]
-    assert report["live_overlap"] == (report["usable"] >= 2)
+    assert report["live_overlap"] == (report["usable"] >= report["needed"])
     assert isinstance(machine.usable_cpus(), float)
 
 
 def test_machine_report_counts_other_load(monkeypatch):
     from overlap_course.measure import machine
-    monkeypatch.setattr(machine, "_affinity", lambda: 2)
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    from toy_engine import device as engine_device
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: None)
     monkeypatch.setattr(machine, "_load_average", lambda: 1.0)   # our own kernel only
     assert machine.machine_report()["usable"] == 2.0 and machine.machine_report()["live_overlap"]
     monkeypatch.setattr(machine, "_load_average", lambda: 2.5)   # someone else uses 1.5 cores
     assert machine.machine_report()["usable"] == 0.5 and not machine.machine_report()["live_overlap"]
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: 1.0)   # a 1-CPU hub container
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 1.0)   # a 1-CPU hub container: paced
     monkeypatch.setattr(machine, "_load_average", lambda: 0.2)
-    assert machine.machine_report()["usable"] == 1.0 and not machine.machine_report()["live_overlap"]
+    report = machine.machine_report()
+    assert report["usable"] == 1.0 and report["stand_in"] == "paced" and report["live_overlap"]
 
 
 # ---- 05: ownership and lifetime -----------------------------------------------------------

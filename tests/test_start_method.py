@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from toy_engine import process_start
+from toy_engine import process_device
 from toy_engine.model import GPTConfig, TinyGPT
 from toy_engine.process_device import ProcessDevice
 
@@ -23,18 +23,18 @@ TINY = dict(vocab_size=10, context_len=16, n_layer=1, n_head=1, n_embd=8)
 
 
 def test_automatic_choice_and_override(monkeypatch):
-    monkeypatch.delenv(process_start.START_METHOD_ENV, raising=False)
+    monkeypatch.delenv(process_device.START_METHOD_ENV, raising=False)
     expected = "spawn" if sys.platform in ("win32", "darwin") else "forkserver"
-    assert process_start.start_method() == expected
-    monkeypatch.setenv(process_start.START_METHOD_ENV, " Spawn ")
-    assert process_start.start_method() == "spawn"
+    assert process_device.start_method() == expected
+    monkeypatch.setenv(process_device.START_METHOD_ENV, " Spawn ")
+    assert process_device.start_method() == "spawn"
 
 
 @pytest.mark.parametrize("value", ["fork", "threads", "forkserve"])
 def test_a_wrong_start_method_is_refused_with_the_fix(monkeypatch, value):
-    monkeypatch.setenv(process_start.START_METHOD_ENV, value)
+    monkeypatch.setenv(process_device.START_METHOD_ENV, value)
     with pytest.raises(ValueError, match=rf"TOY_ENGINE_START_METHOD='{value}'.*one of \['forkserver', 'spawn'\]"):
-        process_start.start_method()
+        process_device.start_method()
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -42,7 +42,7 @@ def test_the_device_process_is_started_by_the_chosen_method(monkeypatch, method)
     """Not just the setting: the running device process's command line shows its origin."""
     import psutil
 
-    monkeypatch.setenv(process_start.START_METHOD_ENV, method)
+    monkeypatch.setenv(process_device.START_METHOD_ENV, method)
     dev = ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
                         buffer_specs={"out": ((4,), torch.long)})
     try:
@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from toy_engine.model import GPTConfig, TinyGPT
     from toy_engine.process_device import ProcessDevice
-    from toy_engine.process_start import start_method
+    from toy_engine.process_device import start_method
 
     def triple(ctx, x):
         ctx.store("out", torch.tensor([3 * x]))
@@ -111,16 +111,11 @@ def test_a_learners_script_runs_once_and_its_device_process_ends_with_it(tmp_pat
     pytest.fail(f"device process {child_pid} ({method}) outlived its parent by 10 s")
 
 
-def test_the_host_waits_without_select_poll_as_on_windows(monkeypatch):
-    """Windows has no select.poll: the host's waits fall back to Connection.poll."""
-    import select
-
-    monkeypatch.delattr(select, "poll")
+def test_a_wait_longer_than_one_poll_interval_polls_again():
+    """The host waits with Connection.poll (what Windows has too), POLL_S at a time."""
     dev = ProcessDevice(TinyGPT(GPTConfig(**TINY)), num_kv_blocks=4, block_size=4,
                         buffer_specs={"out": ((4,), torch.long)})
     try:
-        assert not hasattr(select, "poll") and dev._readable == dev._conn.poll
-
         def store_five(ctx):
             time.sleep(0.6)  # longer than one POLL_S: the wait polls more than once
             ctx.store("out", torch.full((4,), 5))

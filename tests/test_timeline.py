@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toy_engine.runinfo import RunStats, Workload
-from toy_engine.stats import run_stats
+from toy_engine.timeline import run_stats
 from toy_engine.timeline import (DEVICE_STAGES, HOST_STAGES, PROCESS_STAGES, Span, Stage, Timeline, TimelineMeta,
                                  owner_name)
 

@@ -446,9 +446,10 @@ def test_palette_colour_blind_safe_and_patterns_distinct():
 
 def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monkeypatch):
     from overlap_course.measure import machine
+    from toy_engine import device as engine_device
 
-    monkeypatch.setattr(machine, "_affinity", lambda: 2)
-    monkeypatch.setattr(machine, "_cgroup_quota", lambda: None)
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: None)
     runs = {"serial": busy_timeline(0.5, "serial"), "zos": busy_timeline(0.5)}
     fig = figures.compare_figure(runs)
     out = capsys.readouterr().out
@@ -464,7 +465,7 @@ def test_busy_comparison_prints_warning_and_adds_the_recorded_rows(capsys, monke
     quiet = figures.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
     assert not capsys.readouterr().out and len([a for a in quiet.layout.annotations if "RECORDED" in (a.text or "")]) == 0
     # One usable CPU: the warning comes whatever the shares say.
-    monkeypatch.setattr(machine, "_affinity", lambda: 1)
+    monkeypatch.setattr(engine_device, "affinity_cpus", lambda: 1)
     figures.compare_figure({"serial": busy_timeline(0.97, "serial"), "zos": busy_timeline(0.97)})
     assert "Only 1 usable CPU" in capsys.readouterr().out
 

@@ -15,7 +15,7 @@ from .validate import check_bool, check_choice, check_float, check_int, check_se
 __all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size"]
 
 MODES = ("serial", "zos")
-DEVICES = ("auto", "cuda", "cpu")
+DEVICES = ("auto", "cuda", "cpu", "paced")
 MAX_SLOTS = 8  # host buffer slots: overlap needs 2; more only cost memory
 MAX_TEMPERATURE = 100.0  # far beyond where sampling is already uniform noise
 MAX_HOST_OVERHEAD_MS = 1000.0
@@ -29,7 +29,7 @@ class EngineConfig:
     """Checked when created, and frozen (buffers and cache are sized from it): use ``dataclasses.replace``."""
 
     mode: str = "serial"            # "serial" or "zos"
-    device: str = "auto"            # "auto" (CUDA if present, else the CPU stand-in), "cuda", "cpu"
+    device: str = "auto"            # "auto" (CUDA, else the CPU stand-in: paced on 1 CPU), "cuda", "cpu", "paced"
     max_batch_size: int = 8
     num_kv_blocks: int = 128
     block_size: int = 16

@@ -10,8 +10,11 @@ the stream; ``Device`` checks every launch, host access and free with the race c
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import cloudpickle
 import torch
@@ -129,7 +132,7 @@ class Device:
     def _launch(self, seq, kernel, args, round, stage, record_event): raise NotImplementedError
     def _record(self): raise NotImplementedError
     def _wait(self, event, timeout): raise NotImplementedError
-    def spans(self) -> list[tuple[str, int, int, int, int | None]]: raise NotImplementedError
+    def spans(self, paced: bool = False) -> list[tuple]: raise NotImplementedError
     def close(self) -> None: pass
 
     def failure(self) -> str | None:
@@ -137,7 +140,13 @@ class Device:
         return None
 
     def probe(self, timeout: float) -> str | None:
-        """``failure()``, after asking the device itself (within ``timeout`` s) where that tells more."""
+        """``failure()`` after a round trip within ``timeout`` s: the forkserver reports a death late
+        (docs/measurements/device.md)."""
+        if self.failure() is None:
+            try:
+                self.synchronize(timeout)
+            except DeviceError:
+                pass  # failure() now says why
         return self.failure()
 
 
@@ -178,20 +187,53 @@ class CudaDevice(Device):
     def _to_ns(self, ev) -> int:
         return self._ref_ns + int(self._ref.elapsed_time(ev) * 1e6)
 
-    def spans(self):
+    def spans(self, paced: bool = False):
         done, running = [], []  # query each end event once: one completing in between would be lost
         for t in self._timed:
             (done if t[3].query() else running).append(t)
         self._timed = running
-        return [(name, rnd, self._to_ns(s), self._to_ns(e), None) for name, rnd, s, e in done]
+        return [(name, rnd, self._to_ns(s), self._to_ns(e), None) + (None,) * paced for name, rnd, s, e in done]
 
 
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                 num_threads: int = 1) -> Device:
-    """``kind``: "auto" (CUDA if there is one, else the CPU stand-in), "cuda" or "cpu"."""
+    """``kind``: "auto" (CUDA if there is one, else the CPU stand-in, paced with too few usable CPUs), "cuda",
+    "cpu" (the stand-in) or "paced" (the stand-in on its time model: ``ProcessDevice.PACED_MS``)."""
     from .process_device import ProcessDevice  # it builds on this module: imported once needed
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
         return CudaDevice(model, num_kv_blocks, block_size, buffer_specs, race_check)
-    return ProcessDevice(model, num_kv_blocks, block_size, buffer_specs, race_check, num_threads)
+    paced = kind == "paced" or (kind == "auto" and usable_cpus() < ProcessDevice.PACED_BELOW_CPUS)
+    return ProcessDevice(model, num_kv_blocks, block_size, buffer_specs, race_check, num_threads,
+                         ProcessDevice.PACED_MS if paced else None)
+
+
+def usable_cpus() -> float:
+    """CPUs this process can really use: its cores, capped by a cgroup quota (1 in a hub's 1-CPU container)."""
+    quota = cgroup_cpu_quota()
+    return float(affinity_cpus() if quota is None else min(affinity_cpus(), quota))
+
+
+def affinity_cpus() -> int:
+    """The cores this process may run on (``taskset``, a container's cpuset; macOS, Windows: all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cgroup_cpu_quota(cgroups: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None) -> float | None:
+    """CPUs' worth of time per period the cgroup and its ancestors allow (the smallest; v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` in the cpu controller's tree), None without one.  Arguments: tests."""
+    own = Path("/proc/self/cgroup")
+    text = (own.read_text() if own.exists() else "") if proc_cgroup is None else proc_cgroup
+    quotas = []
+    for _, controllers, path in (line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2):
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        files = ("cpu.cfs_quota_us", "cpu.cfs_period_us") if controllers else ("cpu.max",)  # v1 else v2
+        rel = Path(path.lstrip("/"))
+        for directory in (cgroups / controllers / p for p in (rel, *rel.parents)):
+            with contextlib.suppress(OSError):  # no such file here
+                quota, _, period = " ".join((directory / f).read_text().strip() for f in files).partition(" ")
+                if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:  # not "max", "-1"
+                    quotas.append(int(quota) / int(period))
+    return min(quotas, default=None)

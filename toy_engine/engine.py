@@ -24,8 +24,7 @@ from .scheduler import BlockManager, Scheduler
 from .sequence import Completion, Request, check_prompts, check_stop
 from .stages import RoundStages
 from .runinfo import RunStats, TimelineMeta, Workload
-from .stats import run_stats
-from .timeline import Stage, Timeline
+from .timeline import Stage, Timeline, run_stats
 from .validate import check_callable, check_float, check_int, check_seed, shown
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
@@ -62,7 +61,6 @@ class Engine(RoundStages):
         self._running = threading.Lock()  # one generate at a time
         self._closed = False
         self._clean = True  # False from a run's start until it ended or was recovered
-        self.device = None
         self.record = RunRecord()  # what the current (or last) run did: launches, waits, commits, frees
         self._start_device()
         self.timeline = Timeline(meta=self._meta(()))
@@ -132,8 +130,7 @@ class Engine(RoundStages):
                                    "generate returns")
             try:
                 self._closed = True
-                if self.device is not None:
-                    self.device.close()
+                self.device.close()
             finally:
                 self._running.release()
 
@@ -179,7 +176,7 @@ class Engine(RoundStages):
 
     def _ensure_ready(self) -> None:
         """Before a run: replace a device that died while idle, finish an interrupted recovery."""
-        failure = self.device.probe(RECOVER_TIMEOUT_S) if self.device is not None else "no device was started"
+        failure = self.device.probe(RECOVER_TIMEOUT_S)
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
                           RuntimeWarning, stacklevel=3)
@@ -222,8 +219,7 @@ class Engine(RoundStages):
         self.scheduler = self._new_scheduler()
 
     def _restart_device(self) -> None:
-        if self.device is not None:
-            self.device.close()
+        self.device.close()
         self._start_device()
         self._clean = True
 
@@ -271,12 +267,13 @@ class Engine(RoundStages):
         c = self.config
         workload = Workload(len(requests), requests[0].max_new_tokens, requests[0].temperature) if requests else None
         return TimelineMeta(mode=c.mode, device=self.device.name, num_draft_tokens=c.num_draft_tokens,
-                            max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms, workload=workload)
+                            max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms, workload=workload,
+                            pacing=getattr(self.device, "pacing", None))
 
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run
-        for stage, rnd, start_ns, end_ns, cpu_ns in self.device.spans():
-            tl.add_device_ns(stage, rnd, start_ns, end_ns, owner=rnd if stage == Stage.SAMPLE else None, cpu_ns=cpu_ns)
+        for stage, rnd, start_ns, end_ns, cpu_ns, paced_ns in self.device.spans(paced=True):
+            tl.add_device_ns(stage, rnd, start_ns, end_ns, rnd if stage == Stage.SAMPLE else None, cpu_ns, paced_ns)
         tl.meta.prefill_rounds = sorted(run.prefill_rounds)
         latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
         self.stats = tl.meta.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)

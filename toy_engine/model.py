@@ -74,31 +74,21 @@ class Block(nn.Module):
         x = x + self.proj(y)
         return x + self.mlp(self.ln_2(x))
 
-    def forward_packed(self, x, batch: PackedBatch, kv_layer, block_size: int):
-        """Attention for packed tokens [T, C] against the paged ``kv_layer`` [2, H, num_slots, D]: new
-        K/V written first, each request's history gathered by its block table, masked by position."""
+    def forward_packed(self, x, batch: PackedBatch, kv_layer, keys_at, grid, visible):
+        """Attention for packed tokens [T, C] against the paged ``kv_layer`` [2, H, num_slots, D]: new K/V written
+        first, each request's history gathered from its slots ``keys_at`` [B, L], queries padded into a [B, max_q]
+        grid (``grid``: each token's place there), masked by position (``visible`` [B, max_q, L])."""
         T, C = x.shape
         q, k, v = (t.transpose(0, 1) for t in self.split_heads(x))  # [H, T, D]
         kv_layer[0].index_copy_(1, batch.slot_mapping, k)
         kv_layer[1].index_copy_(1, batch.slot_mapping, v)
-
-        B, NB = batch.block_tables.shape
-        key_pos = torch.arange(NB * block_size, device=x.device)  # [L]
-        key_slots = batch.block_tables[:, key_pos // block_size] * block_size + key_pos % block_size
-        keys = kv_layer[0].index_select(1, key_slots.view(-1)).view(-1, B, NB * block_size, q.shape[2])
-        values = kv_layer[1].index_select(1, key_slots.view(-1)).view_as(keys)  # [H, B, L, D]
-
-        # Scatter packed queries into a padded [B, max_q] grid (index arithmetic only).
-        owner, offset = token_layout(batch.seqlens_q, T)
-        grid_idx = owner * batch.max_q + offset
-        q_pad = q.new_zeros(q.shape[0], B * batch.max_q, q.shape[2]).index_copy_(1, grid_idx, q)
-        pos_pad = batch.positions.new_zeros(B * batch.max_q).index_copy_(0, grid_idx, batch.positions)
-        q_pad = q_pad.view(q.shape[0], B, batch.max_q, q.shape[2])  # [H, B, max_q, D]
-
-        att = (q_pad @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [H, B, max_q, L]
-        visible = key_pos.view(1, 1, -1) <= pos_pad.view(B, batch.max_q, 1)  # causal by position
+        H, D, (B, L) = q.shape[0], q.shape[2], keys_at.shape
+        keys = kv_layer[0].index_select(1, keys_at.view(-1)).view(H, B, L, D)
+        values = kv_layer[1].index_select(1, keys_at.view(-1)).view_as(keys)  # [H, B, L, D]
+        q_pad = q.new_zeros(H, B * batch.max_q, D).index_copy_(1, grid, q).view(H, B, batch.max_q, D)
+        att = (q_pad @ keys.transpose(-2, -1)) / math.sqrt(D)  # [H, B, max_q, L]
         att = att.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-        y = (att @ values).view(q.shape[0], B * batch.max_q, q.shape[2])[:, grid_idx]  # [H, T, D]
+        y = (att @ values).view(H, B * batch.max_q, D)[:, grid]  # [H, T, D]
         x = x + self.proj(y.transpose(0, 1).reshape(T, C))
         return x + self.mlp(self.ln_2(x))
 
@@ -140,10 +130,18 @@ class TinyGPT(nn.Module):
                            device=device or p.device, dtype=dtype or p.dtype)
 
     def forward_packed(self, batch: PackedBatch, kv_cache: torch.Tensor, block_size: int):
-        """Logits [T, V] for a packed batch; reads and writes kv_cache in place."""
+        """Logits [T, V] for a packed batch; reads and writes kv_cache in place.  Which cache slots each request
+        attends to and where its queries go (index arithmetic only) is worked out once, for every layer."""
+        B, NB = batch.block_tables.shape
+        key_pos = torch.arange(NB * block_size, device=batch.positions.device)  # [L]
+        keys_at = batch.block_tables[:, key_pos // block_size] * block_size + key_pos % block_size  # [B, L]
+        owner, offset = token_layout(batch.seqlens_q, len(batch.input_ids))
+        grid = owner * batch.max_q + offset
+        pos_pad = batch.positions.new_zeros(B * batch.max_q).index_copy_(0, grid, batch.positions)
+        visible = key_pos.view(1, 1, -1) <= pos_pad.view(B, batch.max_q, 1)  # causal by position
         x = self.tok_emb(batch.input_ids) + self.pos_emb(batch.positions)
         for layer, block in enumerate(self.blocks):
-            x = block.forward_packed(x, batch, kv_cache[layer], block_size)
+            x = block.forward_packed(x, batch, kv_cache[layer], keys_at, grid, visible)
         return self.head(self.ln_f(x))
 
 

@@ -4,14 +4,17 @@ A *device process* owns the model and the KV cache; host buffers are shared-memo
 sent once, each launch is a small message, and kernels run in order, stamped with
 ``time.perf_counter_ns``.  A process, not a thread: a thread running eager PyTorch fights the
 host's Python for the GIL (docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``,
-``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None)``, ``("event", id)``
-and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.
+``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None, send time)``, ``("event",
+id)`` and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.  The
+process starts by ``forkserver`` or ``spawn``, never ``fork``, and never re-runs the learner's ``__main__``.
 """
 
+import contextlib
 import multiprocessing as mp
+import multiprocessing.spawn as mp_spawn
 import os
-import select
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -23,19 +26,57 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pick
 
 from .device import Device, DeviceContext, DeviceError
 from .interrupts import hold_sigint
-from .process_start import mp_context, without_main_module
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
 
 
-def _device_main(conn, num_threads: int) -> None:
+START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
+
+
+def start_method() -> str:
+    """``forkserver`` on Linux (torch imported once: several times faster, docs/measurements/device.md),
+    else ``spawn`` (Windows has no forkserver; on macOS it can crash).  ``TOY_ENGINE_START_METHOD``
+    overrides it; ``fork`` is refused: forking after torch has run threads can deadlock."""
+    chosen = os.environ.get(START_METHOD_ENV, "").strip().lower()
+    available = mp.get_all_start_methods()
+    if not chosen:
+        return "forkserver" if sys.platform != "darwin" and "forkserver" in available else "spawn"
+    usable = [m for m in ("forkserver", "spawn") if m in available]
+    if chosen not in usable:
+        why = " (fork after torch has run can deadlock)" if chosen == "fork" else ""
+        raise ValueError(f"{START_METHOD_ENV}={chosen!r} is not a start method the device process can "
+                         f"use here{why}; set it to one of {usable}, or unset it for the automatic choice")
+    return chosen
+
+
+@contextlib.contextmanager
+def without_main_module():
+    """Start children without re-importing the user's main script (unguarded, it starts an engine)."""
+    original = mp_spawn.get_preparation_data
+
+    def preparation_data(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = preparation_data
+    try:
+        yield
+    finally:
+        mp_spawn.get_preparation_data = original
+
+
+def _device_main(conn, num_threads: int, pace: dict | None) -> None:
     """Run launches in order, report stamps at events; ignore SIGINT (Jupyter signals the whole group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(num_threads)
+    if pace and hasattr(os, "nice"):  # like a GPU's, a paced kernel's compute never holds up the host
+        os.nice(19)
     with torch.inference_mode():
-        _serve(conn, _Stream())
+        _serve(conn, _Stream(pace=pace))
 
 
 def _die_with_parent() -> None:
@@ -46,23 +87,33 @@ def _die_with_parent() -> None:
 
 @dataclass
 class _Stream:
-    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU
-    beside wall time tells a preempted kernel from a slow one) and the first error (sticky)."""
+    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU beside
+    wall time tells a preempted kernel from a slow one; paced ns or None) and the first error (sticky).  Paced
+    (``PACED_MS``), a kernel starts once launched and its predecessor ended, ends when the model says (or its
+    compute, if later), and an event is answered no earlier (sleeping): a virtual device clock."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
-    stamps: list[tuple[int, int, int, int]] = field(default_factory=list)
+    stamps: list[tuple[int, int, int, int, int | None]] = field(default_factory=list)
     error: str | None = None
+    pace: dict | None = None
+    clock: int = 0  # where the last kernel ends (perf_counter_ns); paced, it can be ahead of time
 
-    def run(self, seq: int, kid: int, args) -> None:
+    def run(self, seq: int, kid: int, args, sent: int) -> None:
         if self.error is not None:
             return
-        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        kernel, start, cpu = self.kernels[kid], time.perf_counter_ns(), time.process_time_ns()
         try:
-            self.kernels[kid](self.ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
+            kernel(self.ctx, *(cloudpickle.loads(args) if isinstance(args, bytes) else args))
         except BaseException as exc:  # noqa: BLE001 - reported to the host
-            self.error = f"{type(exc).__name__}: {exc} (in kernel '{self.kernels[kid].__name__}', launch {seq})"
-        self.stamps.append((seq, start, time.perf_counter_ns(), time.process_time_ns() - cpu))
+            self.error = f"{type(exc).__name__}: {exc} (in kernel '{kernel.__name__}', launch {seq})"
+        end, cpu, paced = time.perf_counter_ns(), time.process_time_ns() - cpu, None
+        model = None if self.pace is None or self.error else self.pace.get(kernel.__name__)
+        if model is not None:  # ms + ms per packed token; it starts once launched and its predecessor ended
+            paced = round((model[0] + model[1] * len(self.ctx.state["inputs"]["input_ids"])) * 1e6)
+            start = max(sent, self.clock)
+        end = self.clock = max(end, start + (paced or 0))
+        self.stamps.append((seq, start, end, cpu, paced))
 
 
 def _serve(conn, stream: _Stream) -> None:
@@ -74,8 +125,8 @@ def _serve(conn, stream: _Stream) -> None:
             return
         kind, event_id = msg[0], None
         if kind == "launch":
-            _, seq, kid, args, event_id = msg
-            stream.run(seq, kid, args)
+            _, seq, kid, args, event_id, sent = msg
+            stream.run(seq, kid, args, sent)
         elif kind == "event":
             event_id = msg[1]
         elif kind == "kernel":
@@ -86,7 +137,8 @@ def _serve(conn, stream: _Stream) -> None:
             conn.send(("ready", os.getpid()))
         elif kind == "close":
             return
-        if event_id is not None:  # everything before the event is done: report it
+        if event_id is not None:  # everything before the event is done (paced: by the clock too): report it
+            time.sleep(max(0, stream.clock - time.perf_counter_ns()) / 1e9)
             try:
                 conn.send(("event", event_id, stream.stamps, stream.error))
             except OSError:  # the host is gone or closed its end
@@ -99,16 +151,6 @@ def _exit_description(code: int | None) -> str:
         return "is still running but its pipe broke"
     signals = {s.value: s.name for s in signal.Signals}
     return f"exited with code {code}" + (f" (killed by {signals[-code]})" if -code in signals else "")
-
-
-def _pipe_poller(conn):
-    """``readable(timeout_s) -> bool`` for the host's end: one kept poll object (Connection.poll builds
-    a selector per call, docs/measurements/device.md), except on Windows, which has no select.poll."""
-    if not hasattr(select, "poll"):
-        return conn.poll
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN)
-    return lambda timeout_s: bool(poller.poll(int(timeout_s * 1000)))
 
 
 def _shutdown(proc, conn, link: dict) -> None:
@@ -134,33 +176,43 @@ class ProcessDevice(Device):
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
     START_TIMEOUT_S = 120.0  # first start of the forkserver imports torch: slow on a busy machine
+    #: Paced, a kernel the time model names ends no earlier than (ms, + ms per packed token) after it starts;
+    #: ``device="auto"`` paces below PACED_BELOW_CPUS usable CPUs.  Calibration: docs/measurements/device.md.
+    PACED_MS = {"forward": [9.5, 0.08], "sample": [0.8, 0.0], "upload_inputs": [0.15, 0.0], "correct": [0.15, 0.0]}
+    PACED_BELOW_CPUS = 2
 
     def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
-                 num_threads: int = 1):
+                 num_threads: int = 1, pace: dict | None = None):
         super().__init__(race_check)
+        self.pacing = pace  # the time model (PACED_MS) of a paced stand-in, else None
         self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
-        ctx = mp_context(_FORKSERVER_PRELOAD)
+        ctx = mp.get_context(start_method())
+        if ctx.get_start_method() == "forkserver":
+            ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_device_main, args=(child, num_threads),
+        self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace),
                                  daemon=True, name="toy-engine-device")
         with without_main_module():
             self._proc.start()
         child.close()
-        self._readable = _pipe_poller(self._conn)
         self._link = {"ok": True}  # False while a message is half sent or read, and for good if one broke
         self._failure: str | None = None
         self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
         self._done_upto = 0  # events complete in order: every id <= this one is done
-        self._stamps: list[tuple[str, int, int, int, int]] = []  # (stage, round, start, end, CPU ns)
+        self._stamps: list[tuple] = []  # (stage, round, start, end, CPU ns, paced ns or None)
         self._latencies_ns: list[int] = []
         self._last_end_ns = 0
         self._events = 0
         self._error: str | None = None
         with hold_sigint():
             self._send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))
-        msg = self._recv_within(self.START_TIMEOUT_S, "start")
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while not self._poll(deadline, "start"):
+            pass
+        with hold_sigint():
+            msg = self._recv()
         assert msg[0] == "ready", msg
         self.pid = msg[1]
 
@@ -211,7 +263,7 @@ class ProcessDevice(Device):
         self._check()
         wait_s = self.POLL_S if deadline is None else max(0.0, min(self.POLL_S, deadline - time.monotonic()))
         try:
-            if self._readable(wait_s):  # readable, or hung up: recv tells which
+            if self._conn.poll(wait_s):  # readable, or hung up: recv tells which
                 return True
         except (OSError, ValueError) as exc:
             raise self._lost(f"polling failed: {type(exc).__name__}") from None
@@ -221,13 +273,6 @@ class ProcessDevice(Device):
             self._failure = f"the device process did not answer within the time allowed to {what}"
             raise DeviceError(self._failure)
         return False
-
-    def _recv_within(self, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while not self._poll(deadline, what):
-            pass
-        with hold_sigint():
-            return self._recv()
 
     # -- the stream ------------------------------------------------------------------
 
@@ -242,7 +287,7 @@ class ProcessDevice(Device):
             if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
                 args = cloudpickle.dumps(args)
             event_id = self._events + 1 if record_event else None
-            self._send(("launch", seq, kid, args, event_id))
+            self._send(("launch", seq, kid, args, event_id, self._sent_ns[seq][0]))
             if record_event:
                 self._events = event_id
         return event_id
@@ -258,12 +303,12 @@ class ProcessDevice(Device):
         with hold_sigint():
             _, ev_id, stamps, error = self._recv()
             self._done_upto = max(self._done_upto, ev_id)
-            for seq, start, end, cpu in stamps:
+            for seq, start, end, cpu, paced in stamps:
                 sent, name, rnd = self._sent_ns.pop(seq)
-                if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency
+                if sent >= self._last_end_ns:  # the device was idle: start - send is pure latency (paced: 0)
                     self._latencies_ns.append(start - sent)
                 self._last_end_ns = end
-                self._stamps.append((name, rnd, start, end, cpu))
+                self._stamps.append((name, rnd, start, end, cpu, paced))
             self._error = self._error or error
 
     def _wait(self, event, timeout: float | None = None):
@@ -274,21 +319,12 @@ class ProcessDevice(Device):
         if self._error:
             raise DeviceError(self._error)
 
-    def spans(self):
+    def spans(self, paced: bool = False):
         out, self._stamps = self._stamps, []
-        return out
+        return out if paced else [stamp[:5] for stamp in out]
 
     def launch_latencies_ms(self) -> list[float]:
         return [ns / 1e6 for ns in self._latencies_ns]
-
-    def probe(self, timeout: float) -> str | None:
-        """A round trip: the forkserver reports a death late (docs/measurements/device.md)."""
-        if self.failure() is None:
-            try:
-                self.synchronize(timeout)
-            except DeviceError:
-                pass  # failure() now says why
-        return self.failure()
 
     def close(self) -> None:
         """Stop the device process and release its pipe and shared memory now."""

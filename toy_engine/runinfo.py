@@ -52,6 +52,7 @@ class TimelineMeta:
     max_batch_size: int | None = None
     host_overhead_ms: float = 0.0
     workload: Workload | None = None
+    pacing: dict | None = None  # a paced stand-in's time model (ms) and why it was chosen; None: not paced
     prefill_rounds: list[int] = field(default_factory=list)
     stats: RunStats | None = None
     annotations: dict = field(default_factory=dict)  # name -> JSON value: the course's, never read here

@@ -1,4 +1,4 @@
-"""A recorded timeline of one engine run: spans of work on a host lane and a device lane.
+"""A recorded timeline of one engine run: spans of work on a host lane and a device lane (and ``run_stats``).
 
 The device lane's idle gaps are the overhead overlapped scheduling hides.  Times: ms since ``origin_ns``
 (``perf_counter_ns``).  Plain Python: reloads without torch; a span is one (atomic) append, no lock.
@@ -6,6 +6,7 @@ The device lane's idle gaps are the overhead overlapped scheduling hides.  Times
 
 import json
 import math
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -13,10 +14,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .runinfo import TimelineMeta, from_json_object
+from .runinfo import RunStats, TimelineMeta, from_json_object
 
-__all__ = ["Span", "Stage", "Timeline", "TimelineMeta", "owner_name", "LANES", "HOST_STAGES", "DEVICE_STAGES",
-           "PROCESS_STAGES"]
+__all__ = ["Span", "Stage", "Timeline", "TimelineMeta", "owner_name", "run_stats", "LANES", "HOST_STAGES",
+           "DEVICE_STAGES", "PROCESS_STAGES"]
 
 LANES = ("host", "device")
 
@@ -69,6 +70,7 @@ class Span:
     owner: int | None = field(default=None, metadata={"about": "the round that owns the results; text goes in label"})
     cpu_ms: float | None = None  # CPU time the work got (None: not measured): wall >> CPU means a busy machine
     label: str = ""  # what an imported span was (a call's name, "stream 7: kernel")
+    paced_ms: float | None = None  # the paced stand-in's time model for it: it ends no earlier (None: not paced)
 
     def __post_init__(self) -> None:
         if self.lane not in LANES:
@@ -85,15 +87,14 @@ class Span:
         if not isinstance(self.label, str):
             raise ValueError(f"Span label must be a string, got {self.label!r} ({where})")
         where += f", round {self.round}"
-        for name in ("start_ms", "end_ms"):
+        for name, optional in (("start_ms", False), ("end_ms", False), ("cpu_ms", True), ("paced_ms", True)):
             value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value):
-                raise ValueError(f"Span {name} must be a finite number, got {value!r} ({where})")
+            if optional and value is None:
+                continue
+            if not _is_number(value) or not math.isfinite(value) or (optional and value < 0):
+                kind = "None or a finite number >= 0" if optional else "a finite number"
+                raise ValueError(f"Span {name} must be {kind}, got {value!r} ({where})")
             object.__setattr__(self, name, float(value))  # an int becomes a float: equal after a JSON round trip
-        if self.cpu_ms is not None:
-            if not _is_number(self.cpu_ms) or not math.isfinite(self.cpu_ms) or self.cpu_ms < 0:
-                raise ValueError(f"Span cpu_ms must be None or a finite number >= 0, got {self.cpu_ms!r} ({where})")
-            object.__setattr__(self, "cpu_ms", float(self.cpu_ms))
         if self.end_ms < self.start_ms:
             raise ValueError(f"Span {str(self.stage)!r} of round {self.round} ends before it starts: "
                              f"start_ms={self.start_ms!r}, end_ms={self.end_ms!r}")
@@ -135,9 +136,9 @@ class Timeline:
     def now_ms(self) -> float:
         return self.ns_to_ms(time.perf_counter_ns())
 
-    def add(self, lane: str, stage: str, round: int, start_ms: float, end_ms: float,
-            owner: int | None = None, cpu_ms: float | None = None, label: str = "") -> Span:
-        span = Span(lane, stage, round, start_ms, end_ms, owner, cpu_ms, label)
+    def add(self, lane: str, stage: str, round: int, start_ms: float, end_ms: float, owner: int | None = None,
+            cpu_ms: float | None = None, label: str = "", paced_ms: float | None = None) -> Span:
+        span = Span(lane, stage, round, start_ms, end_ms, owner, cpu_ms, label, paced_ms)
         self.spans.append(span)
         return span
 
@@ -152,10 +153,10 @@ class Timeline:
             self.add("host", stage, round, start, self.now_ms(), owner, cpu)
 
     def add_device_ns(self, stage: str, round: int, start_ns: int, end_ns: int,
-                      owner: int | None = None, cpu_ns: int | None = None) -> Span:
-        """A device span stamped in ``perf_counter_ns``, with the CPU time it got, if measured."""
-        return self.add("device", stage, round, self.ns_to_ms(start_ns),
-                        self.ns_to_ms(end_ns), owner, None if cpu_ns is None else cpu_ns / 1e6)
+                      owner: int | None = None, cpu_ns: int | None = None, paced_ns: int | None = None) -> Span:
+        """A device span stamped in ``perf_counter_ns``, with the CPU time it got and its paced time, if any."""
+        return self.add("device", stage, round, self.ns_to_ms(start_ns), self.ns_to_ms(end_ns), owner,
+                        None if cpu_ns is None else cpu_ns / 1e6, paced_ms=None if paced_ns is None else paced_ns / 1e6)
 
     def lane(self, lane: str) -> list[Span]:
         """Spans of one lane, sorted by start (then end)."""
@@ -230,6 +231,33 @@ class Timeline:
     def __repr__(self) -> str:
         return (f"Timeline(spans={len(self.spans)}, rounds={len(self.rounds())}, "
                 f"origin_ns={self.origin_ns}, meta={self.meta!r})")
+
+
+def run_stats(timeline: Timeline, counts: dict, prefill_rounds: set, wall_s: float,
+              launch_latencies_ms: list[float]) -> RunStats:
+    """From the run's per-request tallies (``counts``) and which rounds were prefills."""
+    rounds = timeline.rounds()
+    forwards = sorted({s.round for s in timeline.spans if s.stage == Stage.FORWARD})
+    decode = [r for r in forwards if r not in prefill_rounds]
+
+    def per_round(lane: str) -> float:  # the union of a round's work (waiting is not work), averaged
+        work = (union_ms(s for s in timeline.spans if s.lane == lane and s.round == r and s.stage != Stage.WAIT)
+                for r in rounds)
+        return sum(work) / len(rounds) if rounds else 0.0
+
+    c = counts
+    return RunStats(
+        rounds=len(rounds), wall_ms=wall_s * 1e3,
+        device_busy_ms=timeline.device_busy_ms(), device_idle_fraction=timeline.device_idle_fraction(),
+        mean_host_ms_per_round=per_round("host"), mean_device_ms_per_round=per_round("device"),
+        tokens=c["tokens"], tokens_per_s=c["tokens"] / wall_s if wall_s > 0 else 0.0,
+        prefill_rounds=len(forwards) - len(decode), decode_rounds=len(decode),
+        decode_device_idle_fraction=timeline.device_idle_fraction(decode) if decode else 0.0,
+        draft_tokens_proposed=c["proposed"], draft_tokens_accepted=c["accepted"],
+        mean_accepted_per_round=c["accepted"] / c["request_decode_rounds"] if c["request_decode_rounds"] else 0.0,
+        tokens_per_forward=c["tokens"] / len(forwards) if forwards else 0.0, discarded_outputs=c["discarded"],
+        launch_latency_ms=statistics.median(launch_latencies_ms) if launch_latencies_ms else None,
+    )
 
 
 def _json_text(text_or_path) -> tuple[str, str]:

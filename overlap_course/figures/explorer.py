@@ -147,15 +147,17 @@ class TimelineExplorer:
 
     def _update_readout(self) -> None:
         s, m = self.stats, self.timeline.meta
-        share = contention(self.timeline)["device_cpu_share"]
-        rows = [("mode", m.mode), ("device", m.device),
+        meter = contention(self.timeline)
+        rows = [("mode", m.mode), ("device", f"{m.device} (PACED)" if m.pacing else m.device),
                 ("device idle (run)", f"{s.device_idle_fraction:.1%}"),
                 ("device idle (decode)", f"{s.decode_device_idle_fraction:.1%}"),
                 ("tokens/s", f"{s.tokens_per_s:.0f}"), ("rounds", s.rounds), ("wall ms", f"{s.wall_ms:.1f}")]
         if m.num_draft_tokens:
             rows.append(("accepted drafts / round", f"{s.mean_accepted_per_round:.2f}"))
-        if share is not None:
-            rows.append(("device CPU share", f"{share:.0%}"))
+        if meter["device_late_fraction"] is not None:
+            rows.append(("paced device late", f"{meter['device_late_fraction']:.1%}"))
+        elif meter["device_cpu_share"] is not None:
+            rows.append(("device CPU share", f"{meter['device_cpu_share']:.0%}"))
         cells = "".join(f"<td style='padding:0 12px'><b>{k}</b><br>{html.escape(str(v))}</td>" for k, v in rows)
         warning = busy_warning({m.mode: self.timeline}, cuda=m.device != "cpu-process", recorded=False)
         self.readout.value = f"<table><tr>{cells}</tr></table>{_busy_note(warning) if warning else ''}"

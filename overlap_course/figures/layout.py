@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from overlap_course.measure.contention import cpu_share, preempted
+from overlap_course.measure.contention import cpu_share, late_ms, preempted
 from toy_engine.timeline import Span, Timeline
 
 LANE_Y = {"device": 0, "host": 1}  # numeric rows, so arrows can use data coordinates
@@ -12,12 +12,20 @@ BAR_WIDTH = 0.6
 
 
 def heading(timeline: Timeline, title: str | None) -> str:
-    """``title``, else the run's mode and device ("zos · cpu-process")."""
-    return title or " · ".join(x for x in (timeline.meta.mode, timeline.meta.device) if x) or "timeline"
+    """``title``, else the run's mode and device ("zos · cpu-process", "zos · cpu-process · PACED")."""
+    paced = "PACED" if timeline.meta.pacing else None
+    return title or " · ".join(x for x in (timeline.meta.mode, timeline.meta.device, paced) if x) or "timeline"
 
 
 def cpu_text(span: Span) -> str:
-    """The span's CPU share for its hover, and whether that means the machine was busy."""
+    """The span's CPU share for its hover, and whether that means the machine was busy; for a paced span,
+    its time model's duration beside the CPU time its real compute got, and whether it ended late."""
+    if span.paced_ms is not None:
+        text = (f"PACED: the time model gives {span.paced_ms:.3f} ms; the real compute got "
+                f"{span.cpu_ms or 0.0:.3f} ms of CPU")
+        if preempted(span):
+            text += f" — <b>{late_ms(span):.3f} ms late: its compute did not fit, the machine was busy</b>"
+        return text
     share = cpu_share(span)
     if share is None:
         return "CPU share not measured"

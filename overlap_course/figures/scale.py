@@ -19,7 +19,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from overlap_course.measure.contention import busy_stretches, contention, cpu_share, cpu_shares
+from overlap_course.measure.contention import busy_stretches, contention, cpu_share, late_ms
 from overlap_course.measure.machine import busy_warning
 from overlap_course.traces.recorded import recorded_label, recorded_runs, recording
 from toy_engine.runinfo import RunStats
@@ -139,14 +139,22 @@ def _idle_trace(gaps: list[tuple[float, float]], t0: float, show_legend: bool) -
         meta=dict(kind="idle"))
 
 
+def _busy_hover(s: Span) -> str:
+    if s.paced_ms is not None:
+        return (f"<b>machine busy</b>: PACED {s.stage} r{s.round} ended {late_ms(s):.3f} ms after its time model's "
+                f"{s.paced_ms:.3f} ms: its compute ({s.cpu_ms or 0.0:.3f} ms of CPU) did not fit, another process "
+                f"held the core")
+    return (f"<b>machine busy</b>: {s.stage} r{s.round} took {s.duration_ms:.3f} ms of wall time but got "
+            f"{s.cpu_ms:.3f} ms of CPU ({cpu_share(s):.0%}): the {s.lane} process was ready but another process "
+            f"held the core")
+
+
 def _busy_trace(busy: list[tuple[float, float, Span]], t0: float, show_legend: bool) -> go.Bar:
     return go.Bar(
         name="machine busy (preempted)", legendgroup="busy", showlegend=show_legend, orientation="h",
         y=[LANE_Y[s.lane] for _, _, s in busy], base=[a - t0 for a, _, _ in busy], x=[b - a for a, b, _ in busy],
         width=BAR_WIDTH * 1.25,
-        hovertext=[f"<b>machine busy</b>: {s.stage} r{s.round} took {s.duration_ms:.3f} ms of wall time "
-                   f"but got {s.cpu_ms:.3f} ms of CPU ({cpu_share(s):.0%}): the {s.lane} process was ready "
-                   f"but another process held the core" for _, _, s in busy],
+        hovertext=[_busy_hover(s) for _, _, s in busy],
         hovertemplate="%{hovertext}<extra></extra>",
         marker=dict(color=BUSY_COLOR, line=dict(color="rgba(0,0,0,0.6)", width=0.8),
                     pattern=dict(shape=PATTERNS["busy"], fgcolor="rgba(0,0,0,0.75)", size=5, solidity=0.35)),
@@ -263,7 +271,7 @@ def _recorded_fallback(rows: list[tuple[str, Timeline, RunStats | None]]) -> tup
     """(the busy warning, RECORDED quiet-machine rows) when a live run was busy; else (None, [])."""
     live = {label: tl for label, tl, _ in rows if recording(tl) is None}
     devices = {tl.meta.device for tl in live.values()}
-    if not live or all(cpu_shares(tl)["device_cpu_share"] is None for tl in live.values()):
+    if not live or all(contention(tl)["busy"] is None for tl in live.values()):
         return None, []
     warning = busy_warning(live, cuda=devices.isdisjoint({"cpu-process", None}))
     if not warning:
@@ -280,9 +288,11 @@ def _recorded_fallback(rows: list[tuple[str, Timeline, RunStats | None]]) -> tup
 
 def _row_title(label: str, win: dict, timeline: Timeline, stats: RunStats | None) -> str:
     parts = [_window_title(win), f"run decode idle {_run_idle(timeline, stats):.1%}"]
-    share = cpu_shares(timeline)["device_cpu_share"]
-    if share is not None:
-        parts.append(f"device CPU share {share:.0%}" + (" (BUSY)" if contention(timeline)["busy"] else ""))
+    meter = contention(timeline)
+    if meter["device_late_fraction"] is not None:
+        parts.append(f"PACED device, {meter['device_late_fraction']:.1%} late" + (" (BUSY)" if meter["busy"] else ""))
+    elif meter["device_cpu_share"] is not None:
+        parts.append(f"device CPU share {meter['device_cpu_share']:.0%}" + (" (BUSY)" if meter["busy"] else ""))
     if stats is not None:
         parts.append(f"{stats.tokens_per_s:.0f} tok/s")
     # the run's name on one line, its numbers on the next: on one line a RECORDED row's

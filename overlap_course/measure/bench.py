@@ -9,11 +9,17 @@ modes alike.  Per mode the median run is reported.  The *ideal* ZOS speed-up com
 from the serial run's own per-round host and device times: overlapping them perfectly
 turns ``host + device`` into ``max(host, device)``.
 
-On the CPU stand-in the "device" is a process that needs a core of its own, so a busy
+On the unpaced CPU stand-in the "device" is a process that needs a core of its own, so a busy
 machine can shrink or even invert the measured gain.  Every run therefore carries the
 contention meter (:mod:`overlap_course.measure.contention`); when a run was busy,
-or fewer than 2 CPUs are usable, the table says so and prints the comparison recorded on
+or too few CPUs are usable, the table says so and prints the comparison recorded on
 a quiet machine (``overlap_course/traces``), labelled with where, when and at which commit.
+
+With fewer than 2 usable CPUs ``device="auto"`` picks the *paced* stand-in (its kernels last
+what a time model says, sleeping out what their compute left): the table and the JSON say PACED
+with the model's numbers and why it was chosen, the device's measured compute CPU per round
+beside its paced time, and the best ratio one core allows, ``(h + P) / max(P, h + c)`` (host
+CPU h, paced device time P, device compute c per round: both must fit a paced round).
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ COLUMNS = [
     ("decode_device_idle_fraction", "dev idle (decode)", "{:.3f}"),
     ("mean_host_ms_per_round", "host ms/round", "{:.2f}"),
     ("mean_device_ms_per_round", "dev ms/round", "{:.2f}"),
+    ("host_cpu_ms_per_round", "host CPU ms/round", "{:.2f}"),
+    ("device_cpu_ms_per_round", "dev CPU ms/round", "{:.2f}"),
     ("mean_accepted_per_round", "acc/round", "{:.2f}"),
     ("device_cpu_share", "dev CPU share", "{:.2f}"),
+    ("device_late_fraction", "paced dev late", "{:.1%}"),
     ("equal_to_serial", "= serial", "{}"),
 ]
 
@@ -82,6 +91,20 @@ def ideal_ratio(host_ms: float, device_ms: float) -> float:
     return (host_ms + device_ms) / max(host_ms, device_ms)
 
 
+def one_core_ratio(host_cpu_ms: float, paced_ms: float, device_cpu_ms: float) -> float:
+    """The best a paced run on one core can do: the host's CPU and the device's compute of a round
+    must both fit one paced round, (h + P) / max(P, h + c)."""
+    return (host_cpu_ms + paced_ms) / max(paced_ms, host_cpu_ms + device_cpu_ms)
+
+
+def cpu_per_round(timeline) -> dict:
+    """The CPU time host work (waits left out) and device kernels really got, per round."""
+    rounds = len(timeline.rounds()) or 1
+    return {f"{lane}_cpu_ms_per_round": sum(s.cpu_ms or 0.0 for s in timeline.spans
+                                            if s.lane == lane and s.stage != "wait") / rounds
+            for lane in ("host", "device")}
+
+
 def _median(runs: list[dict]) -> dict:
     """Per statistic, the median over the runs.  A measurement a run could not make (others_cpus
     of a run under 0.2 s) is None: the median is over the runs that made it."""
@@ -89,8 +112,8 @@ def _median(runs: list[dict]) -> dict:
     return {k: statistics.median([r[k] for r in runs if isinstance(r.get(k), (int, float))]) for k in keys}
 
 
-def _ratios(m: dict) -> dict:
-    """ZOS against serial (and with speculation), measured and ideal."""
+def _ratios(m: dict, paced: bool = False) -> dict:
+    """ZOS against serial (and with speculation), measured and ideal (paced: the one-core bound too)."""
     out = {}
     for fast, slow in (("zos", "serial"), ("zos+spec", "serial+spec")):
         if fast in m and slow in m:
@@ -100,6 +123,10 @@ def _ratios(m: dict) -> dict:
                 throughput_ratio=ratio, ideal_ratio=ideal, ratio_over_ideal=ratio / ideal,
                 decode_idle_ratio=(m[fast]["decode_device_idle_fraction"] / m[slow]["decode_device_idle_fraction"]
                                    if m[slow]["decode_device_idle_fraction"] else 0.0))
+            if paced:
+                out[f"{fast} / {slow}"]["one_core_ratio"] = one_core_ratio(
+                    m[slow]["host_cpu_ms_per_round"], m[slow]["mean_device_ms_per_round"],
+                    m[slow]["device_cpu_ms_per_round"])
     return out
 
 
@@ -125,21 +152,28 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
             for mode, engine in engines.items():
                 outs = engine.generate(prompts, **kw)
                 meter = {k: v for k, v in contention(engine.timeline).items() if k != "busy"}
-                runs[mode].append(dict(asdict(engine.stats), **meter))  # as a dict: medians per key, JSON
-                outputs[mode] = [c.token_ids for c in outs]
+                runs[mode].append(dict(asdict(engine.stats), **meter, **cpu_per_round(engine.timeline)))
+                outputs[mode] = [c.token_ids for c in outs]  # (a run as a dict: medians per key, JSON)
         device_name = next(iter(engines.values())).device.name
+        pacing = getattr(next(iter(engines.values())).device, "pacing", None)
     finally:
         for engine in engines.values():
             engine.close()
 
     reference = outputs.get("serial")
+    report = machine.machine_report()
     result = {"workload": dict(num_requests=num_requests, max_new_tokens=max_new_tokens,
                                max_batch_size=max_batch_size, host_overhead_ms=host_overhead_ms,
                                num_draft_tokens=num_draft_tokens, repeats=repeats, temperature=temperature),
-              "device": device_name, "machine": machine.machine_report(),
+              "device": device_name, "paced": pacing is not None, "pacing": pacing,
+              "paced_because": None if pacing is None else (
+                  f"chosen by device={device!r}" if device == "paced" else
+                  f"chosen by device={device!r}: {report['allowed']:g} usable CPU(s), fewer than "
+                  f"{machine.MIN_CPUS_FOR_OVERLAP}, and no GPU"),
+              "machine": report,
               "modes": {mode: dict(_median(runs[mode]), equal_to_serial=reference is None or outputs[mode] == reference)
                         for mode in modes}}
-    result.update(_ratios(result["modes"]))
+    result.update(_ratios(result["modes"], pacing is not None))
     # Judged on every run, not the medians: one busy repeat is enough to distrust a ratio.
     result["busy_warning"] = machine.busy_warning(
         {f"{mode}, run {i + 1}": stats for mode in modes for i, stats in enumerate(runs[mode])},
@@ -158,15 +192,20 @@ def format_table(result: dict) -> str:
     lines = [f"device: {result['device']}; {w['num_requests']} requests x {w['max_new_tokens']} new tokens, "
              f"batch {w['max_batch_size']}, host overhead {w['host_overhead_ms']} ms/round, "
              f"{w['repeats']} repeats (medians)", ""]
+    if result.get("pacing"):
+        lines[1:1] = [f"{machine.pacing_text(result['pacing'])}; {result['paced_because']}."]
     header = f"{'mode':<12}" + "".join(f"{title:>19}" for _, title, _ in COLUMNS)
     lines += [header, "-" * len(header)]
     for mode, stats in result["modes"].items():
-        lines.append(f"{mode:<12}" + "".join(f"{fmt.format(stats.get(key, '')):>19}" for key, _, fmt in COLUMNS))
+        cells = ("-" if stats.get(key) is None else fmt.format(stats[key]) for key, _, fmt in COLUMNS)
+        lines.append(f"{mode:<12}" + "".join(f"{cell:>19}" for cell in cells))
     for key, value in result.items():
         if " / " in key:
             lines.append("")
+            one_core = (f"; on one core at most x{value['one_core_ratio']:.2f} = (h + P) / max(P, h + c)"
+                        if "one_core_ratio" in value else "")
             lines.append(f"{key}: throughput x{value['throughput_ratio']:.2f} (ideal x{value['ideal_ratio']:.2f}, "
-                         f"{value['ratio_over_ideal']:.0%} of ideal); decode idle fraction "
+                         f"{value['ratio_over_ideal']:.0%} of ideal{one_core}); decode idle fraction "
                          f"x{value['decode_idle_ratio']:.2f} of the slower mode's")
     if result.get("busy_warning"):
         lines += ["", result["busy_warning"], result.get("recorded", "")]
@@ -186,7 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--host-overhead-ms", type=float, default=0.0,
                    help="extra, labelled host work per round (teaching knob)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "paced", "cuda"],
+                   help="auto: CUDA if there is one, else the CPU stand-in (paced below 2 usable CPUs)")
     a = p.parse_args(argv)
     result = run_bench(tuple(a.modes.split(",")), a.num_draft_tokens, a.repeats, a.requests, a.max_new_tokens,
                        a.batch_size, a.host_overhead_ms, a.device, a.temperature)

@@ -8,6 +8,11 @@ was idle".  A snapshot of the machine's CPU counters taken around each run
 (:func:`watch_runs`, installed when ``overlap_course.measure`` is imported) adds the one
 kind of contention a process's own CPU time cannot see: other programs sharing caches and
 memory bandwidth.  The thresholds' measurements are in ``docs/measurements/contention.md``.
+
+A *paced* run (``device="paced"``, or ``"auto"`` with fewer than 2 usable CPUs) is judged
+differently: its device spans last as long as the stand-in's time model says (``Span.paced_ms``),
+sleeping out whatever the real compute left, so their CPU share is low by design.  What
+spoils such a run is a kernel whose compute did not fit its paced time: the span ends *late*.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from toy_engine.timeline import LANES, Span, Timeline
 
 from .machine import cpu_snapshot
 
-__all__ = ["PREEMPTED_CPU_SHARE", "PREEMPTED_MIN_MS", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS", "MachineLoad",
-           "cpu_share", "preempted", "cpu_shares", "busy_stretches", "contention", "machine_load", "record_machine_load",
-           "watch_runs"]
+__all__ = ["PREEMPTED_CPU_SHARE", "PREEMPTED_MIN_MS", "BUSY_RUN_CPU_SHARE", "BUSY_OTHERS_CPUS", "PACED_LATE_SHARE",
+           "MachineLoad", "cpu_share", "late_ms", "preempted", "cpu_shares", "busy_stretches", "contention",
+           "machine_load", "record_machine_load", "watch_runs"]
 
 #: A span that got less than this share of its wall time as CPU was preempted: ready to
 #: run, but without a core.  Host ``wait`` spans block on purpose and are never judged;
@@ -36,6 +41,10 @@ PREEMPTED_MIN_MS = 0.2
 BUSY_RUN_CPU_SHARE = 0.85
 #: ... or when other programs used more than this many CPUs of the machine during it.
 BUSY_OTHERS_CPUS = 0.25
+#: A paced span is late when it ended more than this share of its paced time (and at least
+#: ``PREEMPTED_MIN_MS``) after the model said; a paced run is busy when its device spans ended,
+#: all together, more than this share of their paced time late.
+PACED_LATE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,16 @@ def cpu_share(span: Span) -> float | None:
     return min(1.0, span.cpu_ms / span.duration_ms)
 
 
+def late_ms(span: Span) -> float | None:
+    """How much later than its time model a paced span ended (None: not paced)."""
+    return None if span.paced_ms is None else max(0.0, span.duration_ms - span.paced_ms)
+
+
 def preempted(span: Span, threshold: float = PREEMPTED_CPU_SHARE) -> bool:
-    """Work that was ready but got no core for a good part of its wall time."""
+    """Work that was ready but got no core for a good part of its wall time; for a paced span,
+    one that ended late (its compute did not fit its paced time)."""
+    if span.paced_ms is not None:
+        return late_ms(span) > max(PREEMPTED_MIN_MS, PACED_LATE_SHARE * span.paced_ms)
     share = cpu_share(span)
     return (span.stage != "wait" and share is not None and share < threshold
             and span.duration_ms >= PREEMPTED_MIN_MS)
@@ -70,10 +87,11 @@ def preempted(span: Span, threshold: float = PREEMPTED_CPU_SHARE) -> bool:
 
 def cpu_shares(timeline: Timeline) -> dict:
     """CPU time / wall time of device spans and of host work (``wait`` excluded: it blocks
-    by design).  A share is None when no span of that lane carries ``cpu_ms``."""
+    by design; paced spans too: they sleep by design).  None when no such span carries ``cpu_ms``."""
     out = {}
     for lane in LANES:
-        spans = [s for s in timeline.spans if s.lane == lane and s.cpu_ms is not None and s.stage != "wait"]
+        spans = [s for s in timeline.spans
+                 if s.lane == lane and s.cpu_ms is not None and s.stage != "wait" and s.paced_ms is None]
         wall = sum(s.duration_ms for s in spans)
         out[f"{lane}_cpu_share"] = min(1.0, sum(s.cpu_ms for s in spans) / wall) if wall > 0 else None
     return {"device_cpu_share": out["device_cpu_share"], "host_cpu_share": out["host_cpu_share"]}
@@ -90,19 +108,24 @@ def busy_stretches(timeline: Timeline, start_ms: float | None = None, end_ms: fl
 
 def contention(timeline: Timeline) -> dict:
     """The run's meter: CPU shares, time the machine took from each lane, other programs'
-    CPUs (:func:`machine_load`, None when not measured) and ``busy``: True, False, or
-    None when no CPU times were recorded (CUDA, hand-made timelines) -- unknown, not quiet."""
+    CPUs (:func:`machine_load`, None when not measured), for a paced run how late its device
+    spans ended (``device_late_fraction``: of their paced time; None when not paced) and ``busy``:
+    True, False, or None when no CPU times were recorded (CUDA, hand-made timelines) -- unknown, not quiet."""
     shares = cpu_shares(timeline)
-    lost = {lane: sum(s.duration_ms - s.cpu_ms for s in timeline.spans if s.lane == lane and preempted(s))
-            for lane in LANES}
+    lost = {lane: sum(s.duration_ms - s.cpu_ms for s in timeline.spans
+                      if s.lane == lane and s.paced_ms is None and preempted(s)) for lane in LANES}
+    paced = [s for s in timeline.spans if s.paced_ms is not None]
+    model_ms = sum(s.paced_ms for s in paced)
+    late = sum(late_ms(s) for s in paced) / model_ms if model_ms > 0 else None
     busy_ms = timeline.device_busy_ms()
     known = [v for v in shares.values() if v is not None]
     load = machine_load(timeline)
     others = None if load is None else load.others_cpus
     busy = None
-    if known:
-        busy = min(known) < BUSY_RUN_CPU_SHARE or (others is not None and others > BUSY_OTHERS_CPUS)
-    return dict(shares, device_preempted_ms=lost["device"],
+    if known or late is not None:
+        busy = (min(known, default=1.0) < BUSY_RUN_CPU_SHARE or (late or 0.0) > PACED_LATE_SHARE
+                or (others is not None and others > BUSY_OTHERS_CPUS))
+    return dict(shares, paced=bool(paced), device_late_fraction=late, device_preempted_ms=lost["device"],
                 device_preempted_fraction=lost["device"] / busy_ms if busy_ms > 0 else 0.0,
                 host_preempted_ms=lost["host"], others_cpus=others, busy=busy)
 
