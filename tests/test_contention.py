@@ -107,3 +107,15 @@ def test_a_paced_run_is_judged_by_how_late_its_kernels_end():
     assert contention(Timeline.from_json(late.to_json()))["device_late_fraction"] == c["device_late_fraction"]
     unpaced = contention(contended())
     assert unpaced["paced"] is False and unpaced["device_late_fraction"] is None
+
+
+def test_other_programs_alone_do_not_make_a_paced_run_busy():
+    """On a hub the other learners' work fills the machine: a paced run whose kernels ended on time and
+    whose host kept its core is not busy (reported, not judged); an unpaced one is."""
+    loaded = paced()
+    loaded.meta.annotations["machine_load"] = {"cpus": 32, "wall_s": 1.0, "others_cpus": 20.0}
+    c = contention(loaded)
+    assert c["others_cpus"] == 20.0 and c["busy"] is False
+    unpaced = contended()
+    unpaced.meta.annotations["machine_load"] = {"cpus": 32, "wall_s": 1.0, "others_cpus": 20.0}
+    assert contention(unpaced)["busy"] is True

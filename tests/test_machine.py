@@ -101,6 +101,7 @@ def test_busy_warning_judges_a_paced_run_by_its_late_kernels(monkeypatch):
     on_time = {"paced": True, "device_cpu_share": None, "host_cpu_share": 0.97, "device_late_fraction": 0.01}
     late = dict(on_time, device_late_fraction=PACED_LATE_SHARE + 0.1)
     assert machine.busy_warning({"serial": on_time, "zos": on_time}) is None
+    assert machine.busy_warning({"zos": dict(on_time, others_cpus=3.0)}) is None  # a hub's other learners
     text = machine.busy_warning({"serial": on_time, "zos": late})
     assert "PACED device's kernels ended 15% (zos)" in text and "Only 1" not in text
     assert "Only 1 usable CPU" in machine.busy_warning({"serial": on_time, "zos": {"host_cpu_share": 0.97}})

@@ -47,7 +47,7 @@ def test_pinned_to_one_cpu_the_engine_paces_the_stand_in_and_says_so():
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["paced"] and out["pacing"] == ProcessDevice.PACED_MS and out["equal"] == [True, True]
     assert "1 usable CPU(s), fewer than 2" in out["because"]
-    assert "PACED stand-in, time model forward" in out["table"] and "on one core at most x" in out["table"]
+    assert "PACED stand-in, time model upload" in out["table"] and "on one core at most x" in out["table"]
     assert out["auto_meta"] == ProcessDevice.PACED_MS and all(out["auto_paced_spans"])
     assert out["cpu_meta"] is None and not any(out["cpu_paced_spans"])
     assert out["auto"] == out["cpu"]  # paced or not, on one core: the same tokens
@@ -59,7 +59,8 @@ def test_paced_kernels_end_no_earlier_than_the_model_and_events_wait_for_them(sh
     with te.Engine(config, model=model, tokenizer=te.CharTokenizer(alphabet)) as engine:
         paced_tokens = [c.token_ids for c in engine.generate(PROMPTS, max_new_tokens=10)]
         tl = engine.timeline
-    assert tl.meta.pacing == ProcessDevice.PACED_MS and engine.stats.launch_latency_ms == 0.0  # by the model
+    latency = ProcessDevice.PACED_MS["launch"][0]  # a kernel that finds the device idle starts this late
+    assert tl.meta.pacing == ProcessDevice.PACED_MS and engine.stats.launch_latency_ms == pytest.approx(latency)
     device = tl.lane("device")
     assert device and all(s.paced_ms is not None for s in device)
     for span in device:  # the virtual device clock: never earlier than the model, one kernel after another

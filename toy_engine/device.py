@@ -140,8 +140,7 @@ class Device:
         return None
 
     def probe(self, timeout: float) -> str | None:
-        """``failure()`` after a round trip within ``timeout`` s: the forkserver reports a death late
-        (docs/measurements/device.md)."""
+        """``failure()`` after a round trip within ``timeout`` s (the forkserver reports a death late)."""
         if self.failure() is None:
             try:
                 self.synchronize(timeout)

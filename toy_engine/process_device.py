@@ -87,10 +87,9 @@ def _die_with_parent() -> None:
 
 @dataclass
 class _Stream:
-    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU beside
-    wall time tells a preempted kernel from a slow one; paced ns or None) and the first error (sticky).  Paced
-    (``PACED_MS``), a kernel starts once launched and its predecessor ended, ends when the model says (or its
-    compute, if later), and an event is answered no earlier (sleeping): a virtual device clock."""
+    """The device process's side: kernels, context, unreported stamps (seq, start, end, CPU ns: CPU beside wall
+    time tells a preempted kernel from a slow one; paced ns or None), the first error (sticky).  Paced, it keeps a
+    virtual clock: a kernel ends when ``ProcessDevice.PACED_MS`` says (or its compute, if later), on the clock."""
 
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
@@ -109,17 +108,23 @@ class _Stream:
             self.error = f"{type(exc).__name__}: {exc} (in kernel '{kernel.__name__}', launch {seq})"
         end, cpu, paced = time.perf_counter_ns(), time.process_time_ns() - cpu, None
         model = None if self.pace is None or self.error else self.pace.get(kernel.__name__)
-        if model is not None:  # ms + ms per packed token; it starts once launched and its predecessor ended
+        if model is not None:  # ms + ms per packed token, from its launch (+ latency) or its predecessor's end
             paced = round((model[0] + model[1] * len(self.ctx.state["inputs"]["input_ids"])) * 1e6)
-            start = max(sent, self.clock)
+            start = max(sent + round(self.pace["launch"][0] * 1e6), self.clock)
         end = self.clock = max(end, start + (paced or 0))
         self.stamps.append((seq, start, end, cpu, paced))
 
 
 def _serve(conn, stream: _Stream) -> None:
-    """Handle the host's messages in order until it closes the stream or goes away."""
+    """Handle the host's messages in order until it closes the stream or goes away.  An event is answered once
+    everything before it is done and, paced, its time has come; meanwhile the next launches already run."""
+    due = []  # events to answer, in order: (when, event id, the stamps and the error before it)
     while True:
         try:
+            while due and due[0][0] <= time.perf_counter_ns():
+                conn.send(("event", *due.pop(0)[1:]))
+            if due and not conn.poll((due[0][0] - time.perf_counter_ns()) / 1e9):
+                continue
             msg = conn.recv()
         except Exception:  # noqa: BLE001 - host gone or link broken: nothing left to serve
             return
@@ -137,12 +142,8 @@ def _serve(conn, stream: _Stream) -> None:
             conn.send(("ready", os.getpid()))
         elif kind == "close":
             return
-        if event_id is not None:  # everything before the event is done (paced: by the clock too): report it
-            time.sleep(max(0, stream.clock - time.perf_counter_ns()) / 1e9)
-            try:
-                conn.send(("event", event_id, stream.stamps, stream.error))
-            except OSError:  # the host is gone or closed its end
-                return
+        if event_id is not None:
+            due.append((stream.clock, event_id, stream.stamps, stream.error))
             stream.stamps = []
 
 
@@ -176,9 +177,11 @@ class ProcessDevice(Device):
     name = "cpu-process"
     POLL_S = 0.5        # how often a waiting host checks that the device process is alive
     START_TIMEOUT_S = 120.0  # first start of the forkserver imports torch: slow on a busy machine
-    #: Paced, a kernel the time model names ends no earlier than (ms, + ms per packed token) after it starts;
-    #: ``device="auto"`` paces below PACED_BELOW_CPUS usable CPUs.  Calibration: docs/measurements/device.md.
-    PACED_MS = {"forward": [9.5, 0.08], "sample": [0.8, 0.0], "upload_inputs": [0.15, 0.0], "correct": [0.15, 0.0]}
+    #: Paced, a kernel starts ``launch`` ms after its launch at the earliest and ends no earlier than (ms + ms per
+    #: packed token) after it starts; ``device="auto"`` paces below PACED_BELOW_CPUS usable CPUs.  Calibration and
+    #: measurements: docs/measurements/device.md.
+    PACED_MS = {"launch": [0.3, 0.0], "upload_inputs": [0.15, 0.0], "correct": [0.15, 0.0], "forward": [9.5, 0.1],
+                "sample": [0.8, 0.0]}
     PACED_BELOW_CPUS = 2
 
     def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
@@ -203,8 +206,7 @@ class ProcessDevice(Device):
         self._done_upto = 0  # events complete in order: every id <= this one is done
         self._stamps: list[tuple] = []  # (stage, round, start, end, CPU ns, paced ns or None)
         self._latencies_ns: list[int] = []
-        self._last_end_ns = 0
-        self._events = 0
+        self._last_end_ns = self._events = 0  # the last device span's end; the last event id
         self._error: str | None = None
         with hold_sigint():
             self._send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))

@@ -13,6 +13,8 @@ A *paced* run (``device="paced"``, or ``"auto"`` with fewer than 2 usable CPUs) 
 differently: its device spans last as long as the stand-in's time model says (``Span.paced_ms``),
 sleeping out whatever the real compute left, so their CPU share is low by design.  What
 spoils such a run is a kernel whose compute did not fit its paced time: the span ends *late*.
+Other programs' CPU use (the other learners on a hub's machine) is reported but does not make a
+paced run busy by itself: if their load slowed it, its kernels ended late or its host lost its core.
 """
 
 from __future__ import annotations
@@ -122,9 +124,9 @@ def contention(timeline: Timeline) -> dict:
     load = machine_load(timeline)
     others = None if load is None else load.others_cpus
     busy = None
-    if known or late is not None:
+    if known or late is not None:  # paced: its late kernels say whether others' work spoiled it
         busy = (min(known, default=1.0) < BUSY_RUN_CPU_SHARE or (late or 0.0) > PACED_LATE_SHARE
-                or (others is not None and others > BUSY_OTHERS_CPUS))
+                or (late is None and others is not None and others > BUSY_OTHERS_CPUS))
     return dict(shares, paced=bool(paced), device_late_fraction=late, device_preempted_ms=lost["device"],
                 device_preempted_fraction=lost["device"] / busy_ms if busy_ms > 0 else 0.0,
                 host_preempted_ms=lost["host"], others_cpus=others, busy=busy)

@@ -103,10 +103,10 @@ def machine_report() -> dict:
 def pacing_text(pacing: dict) -> str:
     """A paced stand-in's time model as a learner reads it (``meta.pacing``, ``ProcessDevice.PACED_MS``)."""
     parts = [f"{kernel.removesuffix('_inputs')} {ms:g} ms" + (f" + {per_token:g} ms per packed token" * bool(per_token))
-             for kernel, (ms, per_token) in pacing.items()]
-    return (f"PACED stand-in, time model {', '.join(parts)}: each kernel's span lasts what the model says (the "
-            f"device sleeps out what its real compute left; a GPU does not use the host's core), its CPU time is "
-            f"the real compute")
+             for kernel, (ms, per_token) in pacing.items() if kernel != "launch"]
+    return (f"PACED stand-in, time model {', '.join(parts)}, each starting {pacing['launch'][0]:g} ms after its "
+            f"launch at the earliest: a kernel's span lasts what the model says (the device sleeps out what its real "
+            f"compute left; a GPU does not use the host's core), its CPU time is the real compute")
 
 
 def _listed(values: dict, fmt: str, lowest: bool) -> str:
@@ -151,7 +151,7 @@ def busy_warning(runs: dict, cuda: bool = False, recorded: bool = True) -> str |
                 low[lane][label] = share
         if (stats.get("device_late_fraction") or 0.0) > PACED_LATE_SHARE:
             late[label] = stats["device_late_fraction"]
-        if (stats.get("others_cpus") or 0.0) > BUSY_OTHERS_CPUS:
+        if not stats.get("paced") and (stats.get("others_cpus") or 0.0) > BUSY_OTHERS_CPUS:  # paced: late says
             others[label] = stats["others_cpus"]
     too_few = report["allowed"] < (MIN_CPUS_FOR_OVERLAP if unpaced else PACED_MIN_CPUS)
     if not low["device"] and not low["host"] and not late and not others and not too_few:
@@ -166,7 +166,8 @@ def busy_warning(runs: dict, cuda: bool = False, recorded: bool = True) -> str |
     if late:
         reasons.append(f"The PACED device's kernels ended {_listed(late, '.0%', lowest=False)} of their paced "
                        f"time late (a quiet run: under {PACED_LATE_SHARE:.0%}): their compute did not fit the "
-                       f"time model, because other programs held the core (load average {report['load_average']}).")
+                       f"time model, because other programs held the core (load average {report['load_average']}) "
+                       f"or a CPU quota under {PACED_MIN_CPUS:g} throttled it.")
     if others:
         listed = _listed(others, ".2f", lowest=False)
         reasons.append(f"Other programs used {listed} of the machine's {report['cpu_count']} CPUs meanwhile "
