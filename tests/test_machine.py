@@ -103,7 +103,7 @@ def test_busy_warning_judges_a_paced_run_by_its_late_kernels(monkeypatch):
     assert machine.busy_warning({"serial": on_time, "zos": on_time}) is None
     assert machine.busy_warning({"zos": dict(on_time, others_cpus=3.0)}) is None  # a hub's other learners
     text = machine.busy_warning({"serial": on_time, "zos": late})
-    assert "PACED device's kernels ended 15% (zos)" in text and "Only 1" not in text
+    assert "PACED device's kernels ended 20% (zos)" in text and "Only 1" not in text
     assert "Only 1 usable CPU" in machine.busy_warning({"serial": on_time, "zos": {"host_cpu_share": 0.97}})
     monkeypatch.setattr(engine_device, "cgroup_cpu_quota", lambda: 0.5)  # too little even paced
     assert "even the paced stand-in needs 1" in machine.busy_warning({"zos": on_time})

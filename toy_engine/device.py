@@ -196,8 +196,7 @@ class CudaDevice(Device):
 
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                 num_threads: int = 1) -> Device:
-    """``kind``: "auto" (CUDA if there is one, else the CPU stand-in, paced with too few usable CPUs), "cuda",
-    "cpu" (the stand-in) or "paced" (the stand-in on its time model: ``ProcessDevice.PACED_MS``)."""
+    """``kind``: "auto" (CUDA, else the CPU stand-in: paced below 2 usable CPUs), "cuda", "cpu" or "paced"."""
     from .process_device import ProcessDevice  # it builds on this module: imported once needed
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")

@@ -1,12 +1,11 @@
-"""The CPU stand-in for a CUDA stream: a device process fed through a pipe.
+"""The CPU stand-in for a CUDA stream: a device process (started by ``forkserver`` or ``spawn``, never ``fork``,
+never re-running the learner's ``__main__``) fed through a pipe.
 
-A *device process* owns the model and the KV cache; host buffers are shared-memory tensors
-sent once, each launch is a small message, and kernels run in order, stamped with
-``time.perf_counter_ns``.  A process, not a thread: a thread running eager PyTorch fights the
-host's Python for the GIL (docs/measurements/device.md).  Messages, always whole: ``("setup", ...)``,
-``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None, send time)``, ``("event",
-id)`` and ``("close",)`` go down; ``("ready", pid)`` and ``("event", id, stamps, error)`` come back.  The
-process starts by ``forkserver`` or ``spawn``, never ``fork``, and never re-runs the learner's ``__main__``.
+A *device process* owns the model and the KV cache; host buffers are shared-memory tensors sent once, each launch
+is a small message, and kernels run in order, stamped with ``time.perf_counter_ns``.  A process, not a thread: a
+thread running eager PyTorch fights the host's Python for the GIL (docs/measurements/device.md).  Messages, always
+whole: ``("setup", ...)``, ``("kernel", id, pickled)``, ``("launch", seq, kernel id, args, event id or None, send
+time)``, ``("event", id)`` and ``("close",)`` go down; ``("ready", pid)``, ``("event", id, stamps, error)`` come back.
 """
 
 import contextlib
@@ -110,7 +109,8 @@ class _Stream:
         model = None if self.pace is None or self.error else self.pace.get(kernel.__name__)
         if model is not None:  # ms + ms per packed token, from its launch (+ latency) or its predecessor's end
             paced = round((model[0] + model[1] * len(self.ctx.state["inputs"]["input_ids"])) * 1e6)
-            start = max(sent + round(self.pace["launch"][0] * 1e6), self.clock)
+            start = sent + round(self.pace["launch"][0] * 1e6)
+        start = max(start, self.clock)  # in order on the clock, which a paced stream runs ahead of time
         end = self.clock = max(end, start + (paced or 0))
         self.stamps.append((seq, start, end, cpu, paced))
 
@@ -123,7 +123,8 @@ def _serve(conn, stream: _Stream) -> None:
         try:
             while due and due[0][0] <= time.perf_counter_ns():
                 conn.send(("event", *due.pop(0)[1:]))
-            if due and not conn.poll((due[0][0] - time.perf_counter_ns()) / 1e9):
+            if due and not conn.poll():  # nothing to run ahead: sleep till the event is due (poll waits whole ms)
+                time.sleep(max(0, due[0][0] - time.perf_counter_ns()) / 1e9)
                 continue
             msg = conn.recv()
         except Exception:  # noqa: BLE001 - host gone or link broken: nothing left to serve

@@ -46,7 +46,7 @@ BUSY_OTHERS_CPUS = 0.25
 #: A paced span is late when it ended more than this share of its paced time (and at least
 #: ``PREEMPTED_MIN_MS``) after the model said; a paced run is busy when its device spans ended,
 #: all together, more than this share of their paced time late.
-PACED_LATE_SHARE = 0.05
+PACED_LATE_SHARE = 0.10
 
 
 @dataclass(frozen=True)
