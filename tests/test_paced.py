@@ -71,6 +71,12 @@ def test_paced_kernels_end_no_earlier_than_the_model_and_events_wait_for_them(sh
     sample_end = {s.round: s.end_ms for s in device if s.stage == "sample"}
     waits = [s for s in tl.lane("host") if s.stage == "wait"]
     assert waits and all(w.end_ms >= sample_end[w.owner] for w in waits)  # its event: after the paced end
+    pytest.importorskip("plotly")
+    from overlap_course import figures
+
+    fig = figures.timeline_figure(tl)  # the figure says so too, span by span
+    hovers = [h for trace in fig.data for h in (trace.hovertext or ())]
+    assert "PACED" in fig.layout.title.text and any("PACED: the time model gives" in h for h in hovers)
     unpaced = dataclasses.replace(config, device="cpu")
     with te.Engine(unpaced, model=model, tokenizer=te.CharTokenizer(alphabet)) as engine:
         assert [c.token_ids for c in engine.generate(PROMPTS, max_new_tokens=10)] == paced_tokens
