@@ -391,6 +391,13 @@ def commit_eos_last_only(req, tokens, eos_id, decode):
         req.finish_reason = "eos"
 
 
+def commit_never_finishes(req, tokens, eos_id, decode):
+    room = req.max_new_tokens - len(req.output_ids)
+    kept = [t for t in tokens if t != eos_id][:room]
+    req.output_ids += kept
+    req.text += decode(kept)
+
+
 def commit_calls_itself(req, tokens, eos_id, decode):
     req.commit(tokens[:1], eos_id, decode)
 
@@ -430,6 +437,7 @@ WRONG = [
     Fix("4", "stop string kept", commit_keeps_stop, "kept_stop"),
     Fix("4", "EOS only as the run's last token", commit_eos_last_only, "past_eos"),
     Fix("4", "calls req.commit", commit_calls_itself, "calls_itself"),
+    Fix("4", "never finishes a request", commit_never_finishes, "stalled"),
 ]
 
 RIGHT = [

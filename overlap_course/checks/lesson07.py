@@ -150,10 +150,10 @@ def check_abort_in_flight(answer, err) -> Verdict:
         return fails("setup", "pass the RaceError of the ZOS run with the shipped abort (the cell above)")
     zos, serial = got
     if (zos, serial) == ({err.round}, set()):
-        return passes(f"({{{err.round}}}, set()): under ZOS round {err.round} went in before the host processed "
-                      f"round {err.round - 1}, so when the abort arrives round {err.round}'s forward may still "
-                      f"write the prompt's KV blocks; the serial loop processes each round before the next "
-                      f"schedule, so nothing is in flight and a free at once is safe there")
+        return passes(f"({{{err.round}}}, set()): under ZOS round {err.round} is processed only in round "
+                      f"{err.round + 1}'s pass, after round {err.round + 1}'s forward is launched, so when the abort "
+                      f"arrives round {err.round}'s forward may still write the prompt's KV blocks; the serial loop "
+                      f"processes each round before the next schedule: nothing is in flight, a free is safe there")
     if serial:
         return fails("serial_discards_nothing", "the serial loop waits for and processes every round before it "
                                                 "schedules the next: at an abort nothing is in flight")
@@ -345,6 +345,9 @@ def check_commit(commit) -> Verdict:
         except RecursionError:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
+        except EngineStalled as err:
+            return fails("stalled", f"prompts {err.prompt_indexes} reached their limit but never finished: set "
+                                    f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
         except Exception as err:  # noqa: BLE001
             return fails("raised", f"your commit raised {type(err).__name__}: {err}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
