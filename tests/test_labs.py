@@ -113,3 +113,13 @@ def test_the_notebooks_learner_cells_start_from_the_shipped_bugs():
     for fn in (shipped.wants_more, shipped.abort, shipped.ring_slots, shipped.commit):
         source = inspect.getsource(fn).rstrip("\n")
         assert any(c.startswith(source) and f"({fn.__name__})" in c for c in cells), fn.__name__
+
+
+def test_the_plugins_refuse_bad_input_naming_it():
+    for call, error, words in ((lambda: plugins.keep_in_flight(0), ValueError, "depth must be at least 1"),
+                               (lambda: plugins.per_request(commit=3), TypeError, "commit must be a function"),
+                               (lambda: plugins.aborts(None, [(1, 0)]), TypeError, "abort must be a function")):
+        with pytest.raises(error, match=words):
+            call()
+    with pytest.raises(ValueError, match="prompt index 7 is not in this run, which has prompts 0 to 3"):
+        pool.engine().generate(PROMPTS, max_new_tokens=4, on_round=plugins.aborts(shipped.abort, [(1, 7)]))

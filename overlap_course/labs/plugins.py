@@ -12,12 +12,16 @@ import functools
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
+from toy_engine.validate import check_int, shown
 
 
 def per_request(**methods):
     """An ``on_round`` plug-in giving each request of the run ``methods`` in place of its own:
     with ``commit=f`` the engine's ``commit_outputs`` calls ``f(req, tokens, eos_id, decode)``, with
     ``wants_more=f`` its scheduler asks ``f(req)`` whether to plan the request again."""
+    for name, method in methods.items():
+        _callable(name, method)
+
     def on_round(engine, round):
         if round == 0:
             for req in engine.requests:
@@ -29,6 +33,7 @@ def per_request(**methods):
 def aborts(abort, at):
     """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
+    _callable("abort", abort)
     done, ids = set(), []
 
     def on_round(engine, round):
@@ -37,6 +42,9 @@ def aborts(abort, at):
         for when, index in at:
             if when == round and (when, index) not in done:
                 done.add((when, index))
+                if not 0 <= index < len(ids):
+                    raise ValueError(f"aborts: prompt index {index} is not in this run, which has prompts 0 to "
+                                     f"{len(ids) - 1}")
                 abort(engine, ids[index])
     return on_round
 
@@ -45,6 +53,8 @@ def keep_in_flight(depth: int):
     """The ZOS loop holding up to ``depth`` decode steps instead of one: round N's forward goes in
     before round N - depth is processed (a deeper pipeline; without drafts, whose correction
     covers one round in flight)."""
+    depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
+
     def loop(engine):
         held = collections.deque()
         while engine.scheduler.has_work():
@@ -85,3 +95,8 @@ def ring_engine() -> Engine:
         engine = Engine(EngineConfig(mode="zos", max_batch_size=3))
     atexit.register(engine.close)
     return engine
+
+
+def _callable(name: str, value) -> None:
+    if not callable(value):
+        raise TypeError(f"{name} must be a function, got {type(value).__name__} {shown(value)}")
