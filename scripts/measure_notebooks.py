@@ -229,8 +229,9 @@ def guide_table(times: dict, shapes: dict, minutes: dict) -> str:
     rows.append(f"| **all**{' (optional notebooks aside)' if OPTIONAL else ''} | | | | | | | "
                 f"**{total / 60:.1f} h** ({total} min) |")
     if OPTIONAL:
-        rows.append(f"| **with the optional notebooks** | | | | | | | **{sum(minutes.values()) / 60:.1f} h** "
-                    f"({sum(minutes.values())} min) |")
+        untimed = ", ".join(Path(rel).name.split("_")[0] for rel in COURSE if rel in UNTIMED)
+        rows.append(f"| **with the optional notebooks**{f' ({untimed}: not yet measured)' if untimed else ''} "
+                    f"| | | | | | | **{sum(minutes.values()) / 60:.1f} h** ({sum(minutes.values())} min) |")
     return "\n".join(rows)
 
 
