@@ -97,7 +97,6 @@ def check_wants_more(wants_more) -> Verdict:
                   f"processes it), and the same tokens")
 
 
-
 def _extra_step(calls, engine, rounds: int, discarded: int) -> Verdict:
     late = next((c for c in calls if c[5] and (c[4] or c[2] + c[3] >= MAX_NEW)), None)
     cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {discarded}), "
@@ -326,9 +325,8 @@ def check_overshoot(answer, engine) -> Verdict:
         return fails("off_by_one", f"the round was planned while the request was short of its limit, so its "
                                    f"first token is within it: at most {k} past it")
     if got < k:
-        return fails("too_few" if got else "nothing_lost", f"a round may accept all {k} drafts plus its bonus "
-                                                           f"token, each kept by the shipped commit (this run "
-                                                           f"kept up to {seen} too many)")
+        return fails("too_few", f"a round may accept all {k} drafts plus its bonus token, each kept by the "
+                                f"shipped commit (this run kept up to {seen} too many)")
     return fails("too_many", f"a round brings at most 1 + {k} tokens: the overshoot is bounded by one round")
 
 
