@@ -1,4 +1,4 @@
-"""The four bugs, each as the engine cited in notebook 07 shipped it, written for the toy.
+"""The four bugs, in the shape the engines cited in notebook 07 shipped them, written for the toy.
 
 Each is right in the situation its authors had in mind (one round at a time, a loop holding one
 step, one token per round) and wrong in the one overlap or speculation adds; notebook 07's learner
