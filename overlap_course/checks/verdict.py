@@ -58,6 +58,10 @@ CATEGORIES = frozenset({
     # 06: real traces
     "idle_time_not_share", "share_over_one", "pytorch_call", "launch_call", "not_blocking", "other_sync",
     "not_in_trace",
+    # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
+    "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
+    "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
+    "stopped_early",
 })
 
 
