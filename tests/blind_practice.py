@@ -849,7 +849,7 @@ _add("06_real_traces", "check_idle_sync", ARGS_06_REAL, "checks.check_idle_sync(
 ])
 
 # ---- 06 · check_idle_sync on the learner's own serial export
-_add("06_real_traces", "check_idle_sync", ARGS_06_MINE, "checks.check_idle_sync(answer, exported['serial'])", [
+_add("06_real_traces", "check_idle_sync", ARGS_06_MINE, "checks.check_idle_sync(answer, exported['serial'], name='culprit_mine')", [
     ("the_a100_answer", "cudaStreamSynchronize", True, "copies the A100's culprit", N),
     ("engine_stage", "wait", True, "the engine's own name for the wait", N),
     ("engine_method", "process_outputs", True, "the method that waits", N),

@@ -30,7 +30,7 @@ def test_the_lesson_checks_the_real_file_and_the_learners_export():
     calls = [line for src in _code(nb) for line in src.splitlines() if "checks.check_" in line]
     assert calls == ["checks.check_idle_share(idle_share, REAL)",
                      "checks.check_idle_sync(culprit, REAL)",
-                     'checks.check_idle_sync(culprit_mine, exported["serial"])']
+                     'checks.check_idle_sync(culprit_mine, exported["serial"], name="culprit_mine")']
     code = "\n".join(_code(nb))
     assert 'REAL = "a100_event_sync"' in code and "kineto.export(runs[mode], exported[mode])" in code
     # busy machine: the comparison falls back to the runs recorded on a quiet machine
