@@ -167,8 +167,8 @@ def ring_slots(depth):  # the reference
     return depth + 1
 
 
-def ring_slots_table(depth):
-    return {1: 2, 2: 3, 3: 4}[depth]
+def ring_slots_table(depth):  # every depth a ring of at most MAX_SLOTS (8) can hold
+    return {1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 7, 7: 8}[depth]
 
 
 def ring_slots_numpy(depth):
@@ -449,7 +449,7 @@ RIGHT = [
     Fix("2", "the engine's own", abort_engines_own),
     Fix("2", "scanning the queues", abort_inline),
     Fix("3", "the reference", ring_slots),
-    Fix("3", "a table", ring_slots_table),
+    Fix("3", "a table of every depth", ring_slots_table),
     Fix("3", "a NumPy integer", ring_slots_numpy),
     Fix("4", "the reference", commit),
     Fix("4", "the engine's own", commit_engines_own),

@@ -79,8 +79,8 @@ def test_lab3_a_ring_smaller_than_the_rounds_held_races_and_a_larger_one_does_no
     assert te.engine.NUM_SLOTS == 2  # the ring is put back
     err = three_on_three.value
     assert checks.check_ring_race((1, 4), err, ring=3).passed
-    for answer, category in (((1, 3), "wrong_slot"), ((2, 5), "not_launched_yet"), ((0, 3), "earlier_round"),
-                             ("1, 4", "shape")):
+    for answer, category in (((1, 3), "wrong_slot"), ((4, 1), "order"), ((2, 5), "not_launched_yet"),
+                             ((0, 3), "earlier_round"), ("1, 4", "shape")):
         rejects(checks.check_ring_race(answer, err, ring=3), category)
 
 
@@ -100,6 +100,14 @@ def test_lab4_the_shipped_commit_misses_stops_and_limits_inside_a_multi_token_st
         rejects(checks.check_overshoot(answer, spec), category)
 
 
+def test_lab3_every_depth_the_check_may_draw_races_one_slot_short_and_not_on_its_ring():
+    """check_ring_slots draws one depth from 4 to MAX_SLOTS - 1: each must tell depth + 1 from depth."""
+    from overlap_course.checks import lab_runs
+    for depth in range(lab_runs.DEPTHS[-1] + 1, te.config.MAX_SLOTS):
+        assert lab_runs.ring_run(depth, depth + 1) == lab_runs.ring_reference(), depth
+        assert isinstance(lab_runs.ring_run(depth, depth), te.RaceError), depth
+
+
 @pytest.mark.parametrize("junk", JUNK, ids=repr)
 def test_no_prediction_check_raises_on_junk(junk):
     for verdict in (checks.check_wasted_round(junk, pool.engine()), checks.check_abort_in_flight(junk, None),
@@ -113,6 +121,19 @@ def test_the_notebooks_learner_cells_start_from_the_shipped_bugs():
     for fn in (shipped.wants_more, shipped.abort, shipped.ring_slots, shipped.commit):
         source = inspect.getsource(fn).rstrip("\n")
         assert any(c.startswith(source) and f"({fn.__name__})" in c for c in cells), fn.__name__
+
+
+def test_the_notebook_states_the_runs_the_fix_checks_make():
+    """What a fix cell says its check runs follows the checks' own constants."""
+    from overlap_course.checks import lab_runs
+    text = " ".join(c.source.replace("\n", " ") for c in nbformat.read(NOTEBOOK, as_version=4).cells
+                    if c.cell_type == "markdown")
+    limits = {r.max_new for r in lab_runs.POLICY_RUNS} - {lab_runs.POLICY_RUNS[0].max_new}
+    assert all(f"a limit of {n}" in text for n in limits), limits
+    assert {r.held for r in lab_runs.POLICY_RUNS} == {0, 1, 2} and "`plugins.keep_in_flight(2)` on a ring of 3" in text
+    depths = lab_runs.DEPTHS
+    assert f"depths {depths[0]} to {depths[-1]} and one drawn at random from {depths[-1] + 1} to " \
+           f"{te.config.MAX_SLOTS - 1}" in text
 
 
 def test_the_plugins_refuse_bad_input_naming_it():
