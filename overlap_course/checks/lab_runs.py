@@ -167,7 +167,7 @@ def recover(engine) -> str:
 
 def deeper_depth() -> int:
     """Lab 3: a depth past DEPTHS, drawn per check, so that only a rule for every depth passes."""
-    return random.randint(DEPTHS[-1] + 1, MAX_SLOTS - 1)
+    return random.SystemRandom().randint(DEPTHS[-1] + 1, MAX_SLOTS - 1)  # a seed set in a cell cannot fix it
 
 
 @functools.lru_cache(maxsize=1)
