@@ -56,6 +56,11 @@ def wants_more_idle_only(req):
     return not req.finished and req.num_inflight == 0 and len(req.output_ids) < req.max_new_tokens
 
 
+def wants_more_caps_in_flight_at_two(req):
+    """Counts the rounds in flight, but at most two: a loop holding three plans one round too many."""
+    return not req.finished and len(req.output_ids) + min(req.num_inflight, 2) < req.max_new_tokens
+
+
 def wants_more_one_short(req):
     return not req.finished and len(req.output_ids) + req.num_inflight < req.max_new_tokens - 1
 
@@ -409,6 +414,7 @@ WRONG = [
     Fix("1", "no finished check", wants_more_no_finished_check, "finished_scheduled"),
     Fix("1", "only when nothing is in flight", wants_more_idle_only, "serializes"),
     Fix("1", "one short", wants_more_one_short, "stalled"),
+    Fix("1", "rounds in flight capped at two", wants_more_caps_in_flight_at_two, "extra_step"),
     Fix("1", "planned_len counts the prompt", wants_more_planned_len, "stalled"),
     Fix("1", "asks req.wants_more()", wants_more_asks_itself, "calls_itself"),
     Fix("2", "the notebook's shipped version", shipped.abort, "free_in_use"),

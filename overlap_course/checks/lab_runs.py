@@ -32,8 +32,8 @@ class PolicyRun:
 
 
 # lab 1: the notebook's run, a stop string, a limit reached right after the prefill, a larger limit
-# under the serial loop, two rounds in flight: a policy that assumes one of them fails another
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",)), PolicyRun(2), PolicyRun(15, held=0), PolicyRun(12, held=2))
+# under the serial loop, three rounds in flight: a policy that assumes one (or caps them at two) fails another
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",)), PolicyRun(2), PolicyRun(15, held=0), PolicyRun(12, held=3))
 ABORT_PROMPTS, MAX_NEW = [*pool.PROMPTS, "A little cat"], 12
 # lab 2, (round, prompt) of each abort: waiting; in flight; the same again; just prefilled; finished by its stop
 ABORTS = ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))
