@@ -52,23 +52,26 @@ ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (overlap_
 # tests/test_progress.py keeps this equal to the check calls in notebooks/ and source/.
 CATALOGUE: dict[str, tuple[str, ...]] = {
     "00_start_here": ("check_done_after_wait", "check_race", "check_race_fixed"),
-    "01_tiny_gpt": ("check_slot", "check_decode_lengths"),
+    "01_tiny_gpt": ("check_slot", "check_slot:second_slot", "check_decode_lengths"),
     "02_serial_engine": ("check_largest_host_stage", "check_round_gap", "check_overhead_gap"),
     "02_serial_loop": ("check_serial_loop", "check_idle_fraction"),
     "03a_zos_order": ("check_processed_under", "check_swapped_order", "check_tokens_lost"),
     "03b_zos_measured": ("check_future_inputs", "check_ideal_ratio"),
     "03_zos_loop": ("check_zos_loop", "check_three_rounds"),
-    "04_stale_lengths": ("check_true_key_length", "check_corrected_slots"),
+    "04_stale_lengths": ("check_true_key_length", "check_true_key_length:second_seqlens_k", "check_corrected_slots",
+                         "check_corrected_slots:second_slots"),
     "04_seqlen_correction": ("check_correction", "check_metadata_answer"),
     "05_ownership": ("check_uncommitted_rounds", "check_discarded", "check_race_report",
                      "check_discarded:discarded_by_abort"),
     "05_lifetime": ("check_process_outputs",),
-    "06_real_traces": ("check_idle_share", "check_idle_sync"),  # optional chapter
+    "06_real_traces": ("check_idle_share", "check_idle_sync", "check_idle_sync:culprit_mine"),  # optional chapter
+    "07_bugs_that_shipped": ("check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort",
+                             "check_ring_race", "check_ring_slots", "check_overshoot", "check_commit"),  # optional
 }
 # The course's order (notebook, then its exercise), for the views.
 ORDER = ("00_start_here", "01_tiny_gpt", "02_serial_engine", "02_serial_loop", "03a_zos_order",
          "03b_zos_measured", "03_zos_loop", "04_stale_lengths", "04_seqlen_correction", "05_ownership",
-         "05_lifetime", "06_real_traces")
+         "05_lifetime", "06_real_traces", "07_bugs_that_shipped")
 # Verdicts that mean "not answered yet": the stub still in place.  They are recorded, but a
 # check with only these is "not reached", not "tried".
 UNANSWERED = frozenset({"unanswered", "not_implemented"})

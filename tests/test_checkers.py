@@ -220,3 +220,29 @@ def test_inline_processing_in_serial_order_is_not_called_deferred():
 def test_the_serial_loop_that_synchronizes_gets_no_advice_about_flushing():
     v = checks.check_serial_loop(mistakes.serial_synchronizes_instead)
     assert not v and "flush" not in v.message and "process_outputs(step)" in v.message
+
+
+_SWALLOWING_LOOPS = """
+import sys
+from overlap_course.checks import harness, sandbox
+sandbox.TIME_LIMIT_S = 0.02
+def swallows_everything():
+    while True:
+        try:
+            len("a")
+        except BaseException:
+            pass
+for _ in range(20):
+    verdict = harness._time_limited(swallows_everything, (), {})
+    assert verdict.category == "time_limit", verdict
+print("stopped 20 of 20")
+"""
+
+
+def test_a_time_up_that_fires_inside_the_trace_function_still_stops_the_code():
+    """A TimeUp can fire at the trace function's own entry, which turns tracing off for good: before the
+    watchdog, 3 of 3 runs of such a loop hung within 5 tries.  In a child process, so a hang fails here."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _SWALLOWING_LOOPS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "stopped 20 of 20" in done.stdout, done.stderr[-2000:]

@@ -30,19 +30,20 @@ def rejects(verdict, category, *phrases):
 
 # ---- 00: which kernels are finished when wait(event 1) returns ------------------------
 
-@pytest.mark.parametrize("answer", [{0, 1}, [1, 0], (0, 1), {np.int64(0), 1}])
+@pytest.mark.parametrize("answer", [{0, 1}, [1, 0], (0, 1), {np.int64(0), 1}, range(2), [0.0, 1.0]])
 def test_done_after_wait_accepts(answer):
     assert checks.check_done_after_wait(answer).passed
 
 
 @pytest.mark.parametrize("answer, category, phrase", [
-    ({1}, "misses_earlier_kernel", "kernel 0 is finished too"),
-    (1, "misses_earlier_kernel", "kernel 0 is finished too"),
-    ({0}, "misses_earlier_kernel", "kernel 1 is finished too"),
+    ({1}, "misses_earlier_kernel", "a kernel is missing"),
+    (1, "shape", "does not say whether you mean kernel 1 or how many"),   # a bare number: an item or a count?
+    (2, "shape", "does not say whether you mean kernel 2 or how many"),
+    ({0}, "misses_earlier_kernel", "a kernel is missing"),
     ({0, 1, 2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
     ({2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
     ({1, 2}, "includes_later_kernel", "kernel 2 was launched after event 1"),
-    (set(), "misses_earlier_kernel", "kernel 0 is finished too"),
+    (set(), "misses_earlier_kernel", "a kernel is missing"),
     ({0, 1, 3}, "no_such_kernel", "there is no kernel 3"),
     (["a"], "shape", "write a set of whole kernel numbers"),
     ({0, 1.9}, "shape", "write a set of whole kernel numbers"),
@@ -173,7 +174,7 @@ def test_slot_position_equal_to_identity_mapping():
 PROMPT_LENGTHS = [9, 7, 3]
 
 
-@pytest.mark.parametrize("q, k", [([1, 1, 1], [10, 8, 4]), ((1, 1, 1), torch.tensor([10, 8, 4])),
+@pytest.mark.parametrize("q, k", [([1, 1, 1], [10, 8, 4]), ((1, 1, 1), torch.tensor([10, 8, 4])), ([1.0, 1, 1], [10.0, 8, 4]),
                                   (torch.ones(3, dtype=torch.long), [10, 8, 4])])
 def test_decode_lengths_accept(q, k):
     assert checks.check_decode_lengths(q, k, PROMPT_LENGTHS).passed
@@ -185,9 +186,9 @@ def test_decode_lengths_accept(q, k):
     ([1, 1, 1], [9, 7, 3], "key_misses_new_token", "counts this round's token"),
     ([1, 1, 1], [1, 1, 1], "key_only_new_token", "whole past"),
     ([1, 1, 1], [11, 9, 5], "key_one_too_many", "one too many"),
-    ([1, 1, 1], [10, 8, 5], "wrong", "prompt length + 1"),
+    ([1, 1, 1], [10, 8, 5], "wrong", "its own cached past plus this round's token"),
     ([1, 1], [10, 8], "shape", "there are 3 requests"),
-    ([1.0, 1, 1], [10, 8, 4], "shape", "whole numbers"),
+    ([1.5, 1, 1], [10, 8, 4], "shape", "whole numbers"),
     (1, 10, "shape", "whole numbers"),
 ])
 def test_decode_lengths_reject(q, k, category, phrase):
@@ -291,11 +292,13 @@ def test_largest_host_stage():
     tl = synthetic_timeline()  # prepare 0.15 ms per round is the largest
     assert checks.check_largest_host_stage("prepare", tl).passed
     assert checks.check_largest_host_stage(" prepare ", tl).passed
+    assert checks.check_largest_host_stage("Prepare", tl).passed
     rejects(checks.check_largest_host_stage("wait", tl), "wait_is_not_work", "waiting is the host doing nothing")
-    rejects(checks.check_largest_host_stage("launch_forward", tl), "launch_only_queues", "only queues work",
-            "'prepare'")
-    rejects(checks.check_largest_host_stage("postprocess", tl), "wrong", "'prepare' used the most")
-    rejects(checks.check_largest_host_stage("schedule", tl), "wrong", "'prepare' used the most")
+    rejects(checks.check_largest_host_stage("launch_forward", tl), "launch_only_queues", "only queues work")
+    rejects(checks.check_largest_host_stage("postprocess", tl), "wrong", "is not the stage with the most CPU")
+    rejects(checks.check_largest_host_stage("schedule", tl), "wrong", "is not the stage with the most CPU")
+    for other in ("wait", "launch_forward", "postprocess", "schedule"):  # a wrong try is not told the answer
+        assert "prepare" not in checks.check_largest_host_stage(other, tl).message
     rejects(checks.check_largest_host_stage("forward", tl), "device_stage", "device stage")
     rejects(checks.check_largest_host_stage("flush", tl), "not_a_stage", "not a host stage of this run")
     rejects(checks.check_largest_host_stage(["prepare"], tl), "shape", "as a string")
@@ -321,7 +324,7 @@ def test_largest_host_stage_asks_for_cpu_time_so_contention_cannot_flip_it():
     v = checks.check_largest_host_stage("prepare", tl)
     assert v.passed, v
     assert "CPU" in v.message and "launch_forward" in v.message
-    rejects(checks.check_largest_host_stage("launch_forward", tl), "launch_only_queues", "only queues work", "CPU",
+    rejects(checks.check_largest_host_stage("launch_forward", tl), "wall_time", "by wall-clock time", "CPU time",
             "waiting for a core")
     cpu, wall = checks.host_cpu_ms_per_round(tl), checks.host_ms_per_round(tl)
     assert max(cpu, key=cpu.get) == "prepare" and max(wall, key=wall.get) == "launch_forward"
@@ -342,8 +345,10 @@ def test_overhead_gap_accepts(answer):
 
 
 @pytest.mark.parametrize("answer, category, phrase", [
-    (0, "hidden_by_device", "cannot hide it"), (2.5, "partly_hidden", "not a part"),
-    (10, "more_than_overhead", "not more"), (-5, "negative", "cannot shorten"), (1, "partly_hidden", "not a part"),
+    (0, "hidden_by_device", "cannot hide it"), (2.5, "partly_hidden", "any part of it hidden"),
+    (10, "more_than_overhead", "more than the work added"), (-5, "negative", "cannot shorten"),
+    (1, "partly_hidden", "any part of it hidden"), (5.5, "new_gap", "that is the new gap"),  # the old gap added
+    (0.005, "seconds", "in seconds"),
     ("5", "shape", "a number"), (math.nan, "junk", "a finite number"), (math.inf, "junk", "a finite number")])
 def test_overhead_gap_rejects(answer, category, phrase):
     rejects(checks.check_overhead_gap(answer), category, phrase)
@@ -359,13 +364,15 @@ def test_true_key_length():
     rejects(checks.check_true_key_length(28, 27, 4), "plus_one", "number of accepted drafts")
     rejects(checks.check_true_key_length(23, 27, 4), "subtracted", "too short, not too long")
     rejects(checks.check_true_key_length(30, 27, 4), "wrong", "is not it")
-    rejects(checks.check_true_key_length(31.0, 27, 4), "shape", "whole number")
+    assert checks.check_true_key_length(31.0, 27, 4).passed  # a whole number written as a float is that number
+    rejects(checks.check_true_key_length(31.5, 27, 4), "shape", "whole number")
 
 
 WORKED = dict(positions=[10, 11, 12], table=[6, 0, 8, 5], accepted=2, block_size=4)
 
 
-@pytest.mark.parametrize("answer", [[20, 21, 22], (20, 21, 22), torch.tensor([20, 21, 22])])
+@pytest.mark.parametrize("answer", [[20, 21, 22], (20, 21, 22), torch.tensor([20, 21, 22]), range(20, 23),
+                                    [20.0, 21, 22]])
 def test_corrected_slots_accept(answer):
     assert checks.check_corrected_slots(answer, **WORKED).passed
 
@@ -386,7 +393,7 @@ def test_corrected_slots_match_the_engines_correction():
     ([35, 20, 21], "shifted_by_one", "shifted by 1"),
     ([20, 21], "shape", "give 3 slots"),
     ([20, 21, 23], "wrong", "is not it"),
-    ([20.0, 21, 22], "shape", "whole numbers"),
+    ([20.5, 21, 22], "shape", "whole numbers"),
 ])
 def test_corrected_slots_reject(answer, category, phrase):
     rejects(checks.check_corrected_slots(answer, **WORKED), category, phrase)
@@ -438,7 +445,8 @@ def zos_log_run(engine_pool):
     return engine.timeline
 
 
-@pytest.mark.parametrize("answer", [2, np.int64(2), torch.tensor(2), "StepState(round=2)", " StepState(round=2) "])
+@pytest.mark.parametrize("answer", [2, np.int64(2), torch.tensor(2), "StepState(round=2)", " StepState(round=2) ",
+                                    2.0, torch.tensor(2.0)])
 def test_processed_under_accepts(answer):
     assert checks.check_processed_under(answer, synthetic_zos_timeline(), round=3).passed
 
@@ -449,10 +457,12 @@ def test_processed_under_accepts(answer):
     (4, "not_launched_yet", "not even launched"),
     (1, "earlier_round", "earlier pass"),
     (0, "earlier_round", "earlier pass"),
-    (2.0, "shape", "one whole number"),
+    (2.5, "shape", "one whole number"),
     ("2", "shape", "not '2'"),
     ("round 2", "shape", "not 'round 2'"),
-    (torch.tensor(2.0), "shape", "one whole number"),
+    (torch.tensor(2.5), "shape", "one whole number"),
+    (-1, "no_such_round", "there is no round -1"),
+    ("StepState(round=-1)", "no_such_round", "there is no round -1"),
 ])
 def test_processed_under_rejects(answer, category, phrase):
     rejects(checks.check_processed_under(answer, synthetic_zos_timeline(), round=3), category, phrase)
@@ -487,7 +497,7 @@ def completions(lengths):
 
 
 @pytest.mark.parametrize("answer", [1, np.int64(1), [1, 1], (1, 1), torch.tensor([1, 1]), torch.tensor(1),
-                                    np.array([1, 1]), np.ones(2, dtype=np.int32)])
+                                    np.array([1, 1]), np.ones(2, dtype=np.int32), 1.0, [1.0, 1.0]])
 def test_tokens_lost_accepts(answer):
     assert checks.check_tokens_lost(answer, completions([20, 20]), completions([19, 19])).passed
 
@@ -503,7 +513,7 @@ def test_tokens_lost_accepts(answer):
     (-1, "negative", "cannot gain tokens"),
     ([1, 1, 1], "shape", "give one number, or a list of 2"),
     ([1, 0], "wrong", "is not it"),
-    (1.0, "shape", "whole number"),
+    (1.5, "shape", "whole number"),
     ("1", "shape", "whole number"),
 ])
 def test_tokens_lost_rejects(answer, category, phrase):
@@ -519,7 +529,7 @@ def test_tokens_lost_uses_the_runs_numbers():
 # ---- 03a: does the swapped order keep the serial tokens? ---------------------------------
 
 @pytest.mark.parametrize("answer", [(True, False), [True, False], (np.bool_(True), np.bool_(False)),
-                                    (torch.tensor(True), torch.tensor(False))])
+                                    (torch.tensor(True), torch.tensor(False)), (1, 0), [np.int64(1), 0]])
 def test_swapped_order_accepts(answer):
     assert checks.check_swapped_order(answer, True, False).passed
 
@@ -528,7 +538,7 @@ def test_swapped_order_accepts(answer):
     ((True, True), "constraint_unaffected", "mask is one token late"),
     ((False, False), "plain_changes", "reads only what is on the device"),
     ((False, True), "plain_changes", "reads only what is on the device"),
-    ((1, 0), "shape", "True/False"),
+    ((2, 0), "shape", "True/False"),
     (("True", "False"), "shape", "True/False"),
     ([True], "shape", "True/False"),
     ((True, False, False), "shape", "True/False"),
@@ -545,7 +555,10 @@ def test_swapped_order_follows_the_measurement():
     # a set iterates as (False, True) whatever the learner meant: it must not pass where that is the truth
     rejects(checks.check_swapped_order({False, True}, False, True), "shape", "a set has no order")
     assert checks.check_swapped_order((True, True), True, True).passed
-    rejects(checks.check_swapped_order((True, False), True, True), "against_measurement", "happened to match")
+    rejects(checks.check_swapped_order((True, False), True, True), "against_measurement",
+            "disagrees with your second value")
+    rejects(checks.check_swapped_order((True, False), False, False), "against_measurement",
+            "disagrees with your first value")
 
 
 # ---- 03b: FROM_DEVICE placeholders and pending flags ---------------------------------------
@@ -563,6 +576,7 @@ MIXED = {"input_ids": [-1, 7, -1], "pending": [1, 0, 1]}  # request 1 was just p
     (np.array([-1, -1, -1]).tolist(), torch.tensor([True, True, True])),
     (np.full(3, kernels.FROM_DEVICE), np.ones(3, dtype=int)),
     (np.array([-1, -1, -1]), np.array([True, True, True])),
+    ([-1.0, -1.0, -1.0], np.full(3, 1.0)),
 ])
 def test_future_inputs_accepts(ids, pending):
     assert checks.check_future_inputs(ids, pending, ZOS_ROUND_2, SERIAL_ROUND_2).passed
@@ -579,8 +593,8 @@ def test_future_inputs_accepts(ids, pending):
     ([-1, -1], [1, 1], "shape", "give 3 input ids"),
     ([-1, -1, -1], [1, 1, 1, 1], "shape", "give 3 input ids"),
     ("-1, -1, -1", [1, 1, 1], "shape", "lists of whole numbers"),
-    ([-1.0, -1.0, -1.0], [1, 1, 1], "shape", "lists of whole numbers"),
-    (np.full(3, -1.0), [1, 1, 1], "shape", "lists of whole numbers"),
+    ([-1.5, -1.0, -1.0], [1, 1, 1], "shape", "lists of whole numbers"),
+    (np.full(3, -1.5), [1, 1, 1], "shape", "lists of whole numbers"),
     (np.full((1, 3), -1), [1, 1, 1], "shape", "lists of whole numbers"),
 ])
 def test_future_inputs_rejects(ids, pending, category, phrase):
@@ -641,13 +655,14 @@ def test_ideal_ratio_accepts(answer):
     (10.0, "divides_by_smaller", "divide by the larger"),
     (0.9, "upside_down", "upside down"),
     (9.0, "device_over_host", "device over host"),
-    (0.5 / 4.5, "host_over_device", "host over device"),
+    (0.5 / 4.5, "gain", "the ratio minus 1"),  # here also host / device: the message names both
     (5.0, "serial_round_time", "serial round's time"),
     (1 / 0.85, "from_idle_fraction", "idle fraction"),
     (5.5 / 4.6, "zos_times", "ZOS run's times"),
     (1776 / 1500, "measured_speedup", "measured speed-up"),
     (1.3, "wrong", "is not it"),
     (1.0, "wrong", "is not it"),
+    (1.25, "wrong", "mean_host_ms_per_round"),
     (-1.11, "wrong", "is not it"),
     (2, "wrong", "is not it"),
     ("1.11", "shape", "as a number"),
@@ -663,7 +678,9 @@ def test_ideal_ratio_rejects(answer, category, phrase):
 def test_ideal_ratio_when_the_host_is_the_bottleneck():
     stats = _stats(4.0, 2.0, 0.15, 1500.0)
     assert "host" in checks.check_ideal_ratio(1.5, stats).message
-    rejects(checks.check_ideal_ratio(3.0, stats), "divides_by_smaller", "divide by the larger")
+    rejects(checks.check_ideal_ratio(3.0, stats), "divides_by_smaller", "divide by the larger")  # (h + d) / d
+    rejects(checks.check_ideal_ratio(2.0, stats), "host_over_device", "host over device")
+    rejects(checks.check_ideal_ratio(0.5, stats), "gain", "the ratio minus 1")
 
 
 def test_ideal_ratio_matches_the_bench_formula():
@@ -768,7 +785,8 @@ def launches(engine_pool):
 
 
 @pytest.mark.parametrize("answer", [{3, 4}, [4, 3], (3, 4), frozenset({3, 4}), range(3, 5),
-                                    torch.tensor([3, 4]), {np.int64(3), 4}, np.array([3, 4])])
+                                    torch.tensor([3, 4]), {np.int64(3), 4}, np.array([3, 4]), [3.0, 4],
+                                    {"StepState(round=3)", 4}])
 def test_uncommitted_accepts(answer, launches):
     assert checks.check_uncommitted_rounds(answer, launches["zos"], round=4).passed
 
@@ -778,9 +796,9 @@ def test_uncommitted_judges_the_record(launches):
     for r in range(2, 6):
         assert checks.check_uncommitted_rounds({r - 1, r}, launches["zos"], round=r).passed
         assert checks.check_uncommitted_rounds({r}, launches["serial"], round=r).passed
-        assert checks.check_uncommitted_rounds(r, launches["serial"], round=r).passed
+        assert checks.check_uncommitted_rounds([r], launches["serial"], round=r).passed
         rejects(checks.check_uncommitted_rounds({r}, launches["zos"], round=r), "misses_in_flight",
-                "still in flight too")
+                "a launched round is missing")
         rejects(checks.check_uncommitted_rounds({r - 1, r}, launches["serial"], round=r), "already_processed",
                 "already processed")
     # round 1 follows the prefill, which was processed at once: only round 1 is in flight
@@ -790,19 +808,19 @@ def test_uncommitted_judges_the_record(launches):
 
 
 @pytest.mark.parametrize("answer, category, phrase", [
-    ({4}, "misses_in_flight", "round 3 is still in flight too"),      # the serial answer
-    (4, "misses_in_flight", "round 3 is still in flight too"),
+    ({4}, "misses_in_flight", "a launched round is missing"),         # the serial answer
+    (4, "shape", "does not say whether you mean round 4 or how many"),
     ({3}, "misses_current_round", "round 4 itself counts"),           # only the one whose token is on the device
-    (2, "misses_current_round", "round 4 itself counts"),             # a count, not rounds
+    (2, "shape", "does not say whether you mean round 2 or how many"),  # a count, not rounds
     (set(), "misses_current_round", "round 4 itself counts"),
     ({2, 3}, "misses_current_round", "round 4 itself counts"),
     ({2, 3, 4}, "already_processed", "round 2 is already processed"),  # one round too many
     ({0, 1, 2, 3, 4}, "already_processed", "already processed"),       # every launched round
-    ({1, 4}, "misses_in_flight", "round 3 is still in flight"),
+    ({1, 4}, "misses_in_flight", "a launched round is missing"),
     ({3, 4, 5}, "not_launched_yet", "round 5 was not launched yet"),
     ({5}, "not_launched_yet", "round 5 was not launched yet"),
-    ({-1, 4}, "not_launched_yet", "round -1 was not launched yet"),
-    ([3.0, 4], "shape", "whole round numbers"),
+    ({-1, 4}, "no_such_round", "there is no round -1"),
+    ([3.5, 4], "shape", "whole round numbers"),
     ("3, 4", "shape", "whole round numbers"),
 ])
 def test_uncommitted_rejects(answer, category, phrase, launches):
@@ -834,11 +852,11 @@ DISCARD_SCENARIOS = {
                                   [(0, "missed_abort_round", "an abort takes effect at once"),
                                    (2, "too_many", "too many"), (4, "too_many", "too many")]),
     "zos, abort before round 1": ("zos", dict(max_new_tokens=24, on_round=abort_before(1)), 0,
-                                  [(1, "nothing_discarded", "no launched round held"),
-                                   (2, "nothing_discarded", "no launched round held")]),
+                                  [(1, "nothing_discarded", "which launched round could still hold"),
+                                   (2, "nothing_discarded", "which launched round could still hold")]),
     "zos, length only": ("zos", dict(max_new_tokens=24), 0,
                          [(4, "nothing_discarded", "length limit is counted in advance"),
-                          (1, "nothing_discarded", "no launched round held")]),
+                          (1, "nothing_discarded", "which launched round could still hold")]),
 }
 
 
@@ -852,9 +870,12 @@ def test_discarded_judges_the_run(scenario, engine_pool):
         assert checks.check_discarded(right, engine).passed, right
     for value, category, phrase in wrong:
         rejects(checks.check_discarded(value, engine), category, phrase)
-    for value, category, phrase in [(-1, "negative", "cannot be negative"), (float(want), "shape", "whole number"),
+    assert checks.check_discarded(float(want), engine).passed  # a whole number written as a float
+    for value, category, phrase in [(-1, "negative", "cannot be negative"), (want + 0.5, "shape", "whole number"),
                                     (str(want), "shape", "whole number")]:
         rejects(checks.check_discarded(value, engine), category, phrase)
+    for value, _, _ in wrong:  # a wrong try is told where to look, not the count
+        assert f"discarded {want}" not in checks.check_discarded(value, engine).message
 
 
 def test_length_limit_extra_step_only_with_drafts(engine_pool):
@@ -897,7 +918,8 @@ def single_buffer_race(engine_pool):
 
 
 @pytest.mark.parametrize("answer", [("meta0", 1), ["meta0", 1], (" 'meta0' ", 1), {"buffer": "meta0", "round": 1},
-                                    ("meta0", np.int64(1)), ("Meta0", 1), ("META0 ", 1), ("meta0", torch.tensor(1))])
+                                    ("meta0", np.int64(1)), ("Meta0", 1), ("META0 ", 1), ("meta0", torch.tensor(1)),
+                                    ("meta0", 1.0), ("meta0", "StepState(round=1)"), ("meta0", torch.tensor(1.0))])
 def test_race_report_accepts(answer, single_buffer_race):
     err = single_buffer_race
     assert (err.buffer, err.round) == ("meta0", 1), "the run's race changed: update the corpus"
@@ -908,24 +930,25 @@ def test_race_report_accepts(answer, single_buffer_race):
 @pytest.mark.parametrize("answer, category, phrase", [
     (("meta0", 2), "writing_round", "round 2 is the round whose prepare writes meta0"),  # the writer, not the launch
     (("meta0", 0), "earlier_round", "round 0 was waited for"),                           # the prefill
-    (("meta1", 1), "wrong_slot", "every round uses slot 0"),                             # two-slot thinking
-    (("meta1", 2), "wrong_slot", "every round uses slot 0"),
+    (("meta1", 1), "wrong_slot", "which slot does every round use"),                     # two-slot thinking
+    (("meta1", 2), "wrong_slot", "which slot does every round use"),
     (("out0", 1), "wrong_buffer", "only after waiting"),                                 # the output slot
     (("out0", 2), "wrong_buffer", "only after waiting"),
     (("out1", 1), "wrong_buffer", "only after waiting"),
-    (("temps0", 1), "wrong_buffer", "prepare writes meta0 before temps"),
-    (("upload", 1), "wrong_buffer", "the buffers are meta0, temps0 and out0"),  # the launch's stage, not a buffer
+    (("temps0", 1), "wrong_buffer", "which buffer does prepare write first"),
+    (("upload", 1), "wrong_buffer", "which buffer does prepare write first"),  # the launch's stage, not a buffer
     (("meta0", 5), "wrong", "is not it"),
     (("meta0", 3), "wrong", "is not it"),
     ("meta0", "shape", "a pair"),
     (("meta0", 1, "upload"), "shape", "a pair"),
     (("meta0", "1"), "shape", "round as a whole number"),
     ((1, "meta0"), "shape", "round as a whole number"),
-    (("meta0", 1.0), "shape", "round as a whole number"),
+    (("meta0", 1.5), "shape", "round as a whole number"),
+    (("meta0", -1), "no_such_round", "there is no round -1"),
     ({"buffer": "meta0"}, "shape", "round as a whole number"),
     ({}, "shape", "not {}"),
-    (("Meta1", 1), "wrong_slot", "every round uses slot 0"),
-    (("meta0", torch.tensor(1.0)), "shape", "round as a whole number"),
+    (("Meta1", 1), "wrong_slot", "which slot does every round use"),
+    (("meta0", torch.tensor(1.5)), "shape", "round as a whole number"),
 ])
 def test_race_report_rejects(answer, category, phrase, single_buffer_race):
     rejects(checks.check_race_report(answer, single_buffer_race), category, phrase)
@@ -984,7 +1007,6 @@ def number_checks():
     """Each check that asks for one number: (check, its right answer)."""
     tl = synthetic_timeline()
     return {
-        "done_after_wait": (lambda a: checks.check_done_after_wait(a, waited=0), 0),
         "slot": (lambda a: checks.check_slot(a, TABLE, POS, BS), 30),
         "round_gap": (lambda a: checks.check_round_gap(a, tl, 2), gap_before(tl, 2)),
         "overhead": (lambda a: checks.check_overhead_gap(a), 5.0),
@@ -992,7 +1014,6 @@ def number_checks():
         "tokens_lost": (lambda a: checks.check_tokens_lost(a, completions([20, 20]), completions([19, 19])), 1),
         "ideal_ratio": (lambda a: checks.check_ideal_ratio(a, SERIAL_STATS, ZOS_STATS), 1.11),
         "true_k": (lambda a: checks.check_true_key_length(a, 27, 4), 31),
-        "uncommitted": (lambda a: checks.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1), 1),
         "discarded": (lambda a: checks.check_discarded(a, _fake_run(1)), 1),
     }
 
@@ -1009,6 +1030,16 @@ def test_every_number_check_reads_every_form_of_one_number(name):
     for form in _forms(right):
         v = check(form)
         assert v.passed, (name, form, v.message)
+
+
+def test_a_set_question_reads_every_collection_and_refuses_a_bare_number():
+    # where a set is asked, [x], (x,), tensor([x]) and np.array([x]) are one-item sets; x alone could be a count
+    for check, x in ((lambda a: checks.check_done_after_wait(a, waited=0), 0),
+                     (lambda a: checks.check_uncommitted_rounds(a, ONE_ROUND_LAUNCHES, round=1), 1)):
+        for form in _forms(x):
+            v = check(form)
+            collection = getattr(form, "ndim", None) == 1 or isinstance(form, (list, tuple))
+            assert v.passed if collection else v.category == "shape" and "how many" in v.message, (form, v)
 
 
 def test_a_one_element_list_is_refused_with_the_same_reason_as_the_number():

@@ -105,6 +105,9 @@ def _stub_calls() -> dict:
         "check_uncommitted_rounds": (None, None, 1), "check_discarded": (None, None),
         "check_race_report": (None, None), "check_process_outputs": (_not_written,),
         "check_idle_share": (None, None), "check_idle_sync": (None, None),
+        "check_wasted_round": (None, None), "check_wants_more": (_not_written,),
+        "check_abort_in_flight": (None, None), "check_abort": (_not_written,), "check_ring_race": (None, None, 3),
+        "check_ring_slots": (_not_written,), "check_overshoot": (None, None), "check_commit": (_not_written,),
     }
 
 

@@ -30,7 +30,7 @@ def test_the_lesson_checks_the_real_file_and_the_learners_export():
     calls = [line for src in _code(nb) for line in src.splitlines() if "checks.check_" in line]
     assert calls == ["checks.check_idle_share(idle_share, REAL)",
                      "checks.check_idle_sync(culprit, REAL)",
-                     'checks.check_idle_sync(culprit_mine, exported["serial"])']
+                     'checks.check_idle_sync(culprit_mine, exported["serial"], name="culprit_mine")']
     code = "\n".join(_code(nb))
     assert 'REAL = "a100_event_sync"' in code and "kineto.export(runs[mode], exported[mode])" in code
     # busy machine: the comparison falls back to the runs recorded on a quiet machine
@@ -80,7 +80,8 @@ def test_the_lesson_is_listed_as_optional_and_kept_out_of_the_course_total():
     import json
 
     times = json.loads(measure.TIMES.read_text())
-    minutes = {r: measure.learner_minutes(r, measure.shape(r), times["runs"][r]) for r in measure.COURSE}
+    minutes = {r: measure.learner_minutes(r, measure.shape(r), times["runs"][r]) for r in measure.COURSE
+               if r not in measure.UNTIMED}  # no learner minutes yet: out of every total
     assert minutes[rel] <= 20  # the budget for the lesson
     core = sum(m for r, m in minutes.items() if r not in measure.OPTIONAL)
     readme = (REPO / "README.md").read_text()

@@ -535,6 +535,10 @@ def test_order_view_columns_are_passes_and_mark_prefill():
     # the hand-made run's last pass schedules nothing and flushes round 3
     assert heads == ["<b>round 0 · prefill</b>", "<b>round 1</b>", "<b>round 2</b>", "<b>round 3</b>",
                      "<b>end: nothing<br>left to launch</b>"]
+    # That pass's schedule planned nothing: labelled so, not as a second schedule of a round.
+    schedule = next(t for t in kind(fig, "order") if t.name == "schedule")
+    assert list(schedule.text) == ["schedule r0", "schedule r1", "schedule r2", "schedule r3", "schedule: none"]
+    assert "finds nothing left to launch" in schedule.hovertext[-1]
     blocks = order_blocks(fig)
     hosts = sorted((b for b in blocks if b[0] == "host"), key=lambda b: b[3])
     # The ZOS order: r2's forward is launched before r1 is processed, and r1's postprocess

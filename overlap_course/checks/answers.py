@@ -2,11 +2,16 @@
 
 Where a number is asked, it may come as a plain int or float, a NumPy scalar, a 0-d or
 one-element tensor or array, or a list/tuple holding one number: `[37]`, `tensor([37])`,
-`torch.tensor(37)` and `np.int64(37)` all mean 37.  Where a list is asked (one value per
-request), a list, tuple or 1-d tensor/array is a list.  Junk -- a number no question here can
-have (10**400, 1e300), nan, inf, a list far longer than any answer -- raises :class:`Junk`,
-whose message is the verdict; and no message quotes more than a short excerpt of an answer
-(:func:`show`).
+`torch.tensor(37)`, `np.int64(37)` and `37.0` all mean 37 (a whole number written as a float is
+that number).  Where a list is asked (one value per request), a list, tuple, range or 1-d
+tensor/array is a list; where a set is asked, any of those or a set, but not one bare number (it
+cannot say whether it means "item 2" or "two items").  A pair is any two-item list or tuple; a
+yes/no flag is a bool or 0/1.  Names (stages, buffers, steps, calls) are read without case, spaces
+or quotes (:func:`name`); a round may be written as its owner, ``"StepState(round=3)"``
+(:func:`round_number`); a share may be written as a percentage string, ``"79%"`` (:func:`share`).
+Junk -- a number no question here can have (10**400, 1e300), nan, inf, a list far longer than any
+answer -- raises :class:`Junk`, whose message is the verdict; and no message quotes more than a
+short excerpt of an answer (:func:`show`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import re
 import reprlib
 
 import torch
@@ -89,7 +95,9 @@ def number(x, whole: bool = False) -> int | float | None:
         raise Junk(f"write a finite number, not {show(x)}")
     if abs(value) > LIMIT:
         raise _far(x)
-    return None if whole else value
+    if whole:
+        return int(value) if value.is_integer() else None
+    return value
 
 
 def whole(x) -> int | None:
@@ -137,22 +145,35 @@ def _as_list(x):
     return x
 
 
-def int_list(x) -> list[int] | None:
-    """``x`` as a list of ints (a list, tuple or 1-d tensor/array of integers), else None."""
+def _item(v, rounds: bool = False) -> int | None:
+    """One item of a list or set as an int (a whole float counts; with ``rounds``, so does a
+    round's owner, ``"StepState(round=3)"``), else None."""
+    if rounds and isinstance(v, str):
+        return round_number(v)
+    v = scalar(v)
+    return None if isinstance(v, bool) or not isinstance(v, numbers.Real) else whole(v)
+
+
+def _sequence(x, kinds=(list, tuple)) -> list | None:
+    """A list, tuple, range or 1-d tensor/array (or another of ``kinds``) as a list, else None."""
+    if isinstance(x, range) and max(abs(x.start), abs(x.stop)) > LIMIT:
+        raise _far(x.stop if abs(x.stop) > LIMIT else x.start)
     x = _as_list(x)
-    if not isinstance(x, (list, tuple)):
+    if not isinstance(x, (range, *kinds)):
         return None
     if len(x) > MAX_ITEMS:
-        raise Junk(f"that is a list of {len(x)} values: this question's answer has a few")
-    values = []
-    for v in x:
-        v = scalar(v)
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            return None
-        if abs(int(v)) > LIMIT:
-            raise _far(v)
-        values.append(int(v))
-    return values
+        raise Junk(f"that is {len(x)} values: this question's answer has a few")
+    return list(x)
+
+
+def int_list(x, rounds: bool = False, kinds=(list, tuple)) -> list[int] | None:
+    """``x`` as a list of ints (a list, tuple, range or 1-d tensor/array of whole numbers, or
+    another of ``kinds``), else None."""
+    values = _sequence(x, kinds)
+    if values is None:
+        return None
+    values = [_item(v, rounds) for v in values]
+    return None if None in values else values
 
 
 def flag_list(x) -> list[int] | None:
@@ -163,45 +184,69 @@ def flag_list(x) -> list[int] | None:
     return int_list(x)
 
 
-def int_set(x) -> set[int] | None:
-    """``x`` as a set of ints (one number however wrapped, or a set/list/tuple/range/1-d
-    tensor of them), else None."""
-    if isinstance(x, (str, bytes)):
-        return None
-    one = whole(x) if not isinstance(x, (set, frozenset, range)) else None
-    if one is not None:
-        return {one}
-    if isinstance(x, range):
-        if max(abs(x.start), abs(x.stop)) > LIMIT:
-            raise _far(x.stop if abs(x.stop) > LIMIT else x.start)
-        x = list(x)
-    if isinstance(x, (set, frozenset)):
-        if len(x) > MAX_ITEMS:
-            raise Junk(f"that is a set of {len(x)} values: this question's answer has a few")
-        x = list(x)
-    values = int_list(x)
+def bare_number(x) -> bool:
+    """One number with no collection around it (5, ``np.int64(5)``, a 0-d tensor): where a set is
+    asked, it cannot say whether it means an item or a count."""
+    x = x if getattr(x, "ndim", 0) else scalar(x)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def int_set(x, rounds: bool = False) -> set[int] | None:
+    """``x`` as a set of ints (a set, list, tuple, range or 1-d tensor/array of whole numbers),
+    else None -- also for one bare number, which does not say whether it means an item or a count."""
+    values = int_list(x, rounds, kinds=(list, tuple, set, frozenset))
     return None if values is None else set(values)
 
 
 def bool_pair(x) -> tuple[bool, bool] | None:
-    """``x`` as a pair of booleans (Python, NumPy or one-element bool tensors), else None.
-    A set is never a pair: it has no order, so it cannot say which answer is which."""
+    """``x`` as a pair of yes/no flags (Python or NumPy bools, one-element tensors, or 0 and 1),
+    else None.  A set is never a pair: it has no order, so it cannot say which answer is which."""
     if isinstance(x, (dict, set, frozenset, str, bytes)):
         return None
     try:
-        items = list(itertools.islice(iter(x), 3))
+        pair = list(itertools.islice(iter(x), 3))
     except TypeError:
         return None
-    if len(items) != 2:
+    if len(pair) != 2:
         return None
     out = []
-    for item in items:
-        if isinstance(item, torch.Tensor) and item.numel() == 1 and item.dtype == torch.bool:
-            item = item.item()
+    for item in pair:
+        item = scalar(item)
         if type(item).__name__ not in ("bool", "bool_"):
-            return None
+            item = whole(item) if isinstance(item, numbers.Real) else None
+            if item not in (0, 1):
+                return None
         out.append(bool(item))
     return out[0], out[1]
+
+
+def name(x) -> str | None:
+    """A name (a stage, buffer, step or call) as every check compares it: lower case, without
+    surrounding spaces or quotes; None if ``x`` is not a string."""
+    return x.strip().strip("'\"`").strip().lower() if isinstance(x, str) else None
+
+
+_OWNER = re.compile(r"\s*StepState\(\s*round\s*=\s*(-?\d{1,12})\s*\)\s*", re.IGNORECASE)
+
+
+def round_number(x) -> int | None:
+    """A round: a whole number, or the round's owner as the engine names it, ``"StepState(round=3)"``."""
+    if isinstance(x, str):
+        found = _OWNER.fullmatch(x)
+        return int(found.group(1)) if found else None
+    return whole(x)
+
+
+def share(x) -> float | None:
+    """A share: one number, or a percentage string, ``"79%"``, read as the fraction 0.79."""
+    if not isinstance(x, str):
+        return number(x)
+    text = x.strip()
+    try:
+        value = float(text[:-1]) if text.endswith("%") and len(text) < 40 else None
+    except ValueError:
+        return None
+    return None if value is None else number(value) / 100
 
 
 def items(answer, shape: str) -> list | Verdict:

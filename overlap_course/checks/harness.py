@@ -61,17 +61,20 @@ def exercise_check(*warm):
 
 def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
-    previous, stopped = sys.gettrace(), None
+    previous, stopped, stop = sys.gettrace(), None, lambda: None
     try:
-        sandbox.start_time_limit(limit)
+        stop = sandbox.start_time_limit(limit)
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:
         stopped = exc
     finally:
-        try:
-            sandbox.absorb_time_up()
-        except sandbox.TimeUp:
-            pass
+        ended = False
+        while not ended:
+            try:
+                sandbox.end_time_limit(stop)
+                ended = True
+            except sandbox.TimeUp:
+                pass
         sys.settrace(previous)
     if isinstance(stopped, SystemExit):
         return fails("raised",

@@ -32,6 +32,7 @@ class _Observed:
         object.__setattr__(self, "plans", {})
         object.__setattr__(self, "edits", [])
         object.__setattr__(self, "schedules", 0)
+        object.__setattr__(self, "done_at", None)
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
@@ -40,6 +41,8 @@ class _Observed:
         plan = self._engine.schedule()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
+        elif self.done_at is None and not self._engine.scheduler.has_work():
+            object.__setattr__(self, "done_at", max(self.plans, default=0))  # asked for a round after the end
         return plan
 
     def __getattr__(self, name):
@@ -53,6 +56,11 @@ class _Observed:
 class _Spinning(BaseException):
     """Stops a learner's loop that keeps going: a BaseException, so that an ``except
     Exception`` in the loop cannot swallow it."""
+
+
+class _PastTheEnd(Exception):
+    """A learner's loop went on with the None that ``schedule()`` returned after every request had
+    finished: ``args`` (last round, the error it hit)."""
 
 
 class _EngineEdited(AttributeError):
@@ -73,27 +81,30 @@ def _spinning(calls: int) -> Verdict:
                  f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
 
 
-def run_loop(loop, **config):
-    """Run a learner's loop on the pool's PROMPTS: (engine, its HostLog, outputs or None,
-    the exception that stopped it or None)."""
+def run_loop(loop, second: bool = False, **config):
+    """Run a learner's loop on the pool's PROMPTS (``second``: exercise 02's second run, with a
+    stop string): (engine, its HostLog, outputs or None, the exception that stopped it or None)."""
     engine = pool.engine(**config)
     observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
         view = _Observed(real_engine)
-        observed["plans"], observed["edits"] = view.plans, view.edits
+        observed["view"] = view
         loop(view)
 
     try:
-        outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, loop=watched)
+        outs = engine.generate(pool.PROMPTS, loop=watched, **pool.run_args(second))
         err = None
     except (Exception, _Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
     finally:
         pool.forget_edits(engine, attributes)
-    if observed.get("edits"):
-        err = _EngineEdited(observed["edits"][0])
-    return engine, HostLog(engine, observed.get("plans", {})), outs, err
+    view = observed.get("view")
+    if view is not None and view.edits:
+        err = _EngineEdited(view.edits[0])
+    elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
+        err = _PastTheEnd(view.done_at, err)
+    return engine, HostLog(engine, view.plans if view else {}), outs, err
 
 
 def _stopped_by_checker(err) -> Verdict | None:
@@ -102,6 +113,13 @@ def _stopped_by_checker(err) -> Verdict | None:
         return _edited(err.args)
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
+    if isinstance(err, _PastTheEnd):
+        last, cause = err.args
+        return fails("none_plan",
+                     f"after round {last} every request had finished, so `engine.schedule()` returned None, and "
+                     f"your loop went on with it ({type(cause).__name__}: {cause}). A request can end early, at a "
+                     f"stop string or EOS, so neither a number of rounds nor a number of tokens says when the work "
+                     f"is done: loop while `engine.scheduler.has_work()`")
     return None
 
 

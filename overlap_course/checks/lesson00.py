@@ -12,7 +12,7 @@ import torch
 
 from toy_engine.races import RaceError
 
-from .answers import int_set, show
+from .answers import bare_number, int_set, name, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -30,6 +30,9 @@ def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verd
         return unanswered("set `finished` to the set of kernel numbers, e.g. {0, 2}")
     if isinstance(answer, (str, bytes)):
         return fails("shape", f"write a set of kernel numbers such as {{0, 2}}, not the string {show(answer)}")
+    if bare_number(answer):
+        return fails("shape", f"write the set of kernel numbers that are finished, such as {{0, 2}}: one number, "
+                              f"{show(answer)}, does not say whether you mean kernel {show(answer)} or how many")
     got = int_set(answer)
     if got is None:
         return fails("shape", f"write a set of whole kernel numbers such as {{0, 2}}, not {show(answer)}")
@@ -43,11 +46,10 @@ def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verd
         return fails("includes_later_kernel",
                      f"kernel {later[0]} was launched after event {waited} was recorded: that event "
                      f"says nothing about it, it may still be queued or running")
-    earlier = sorted(want - got)
-    if earlier:
+    if want - got:
         return fails("misses_earlier_kernel",
-                     f"kernel {earlier[0]} is finished too: it was queued before event {waited}, "
-                     f"and a stream runs its work in order, so the event covers everything before it")
+                     f"a kernel is missing: event {waited} covers more than the kernel just before it. A stream "
+                     f"runs its work in order, so which kernels must have finished before the event was reached?")
     return passes(f"kernels {sorted(want)}: an event covers everything queued before it on the stream, "
                   f"and nothing after it")
 
@@ -57,15 +59,15 @@ def _write_answer(ctx, value):
     ctx.store("out0", torch.tensor([value], device=ctx.device))
 
 
-def _parse_order(order, name: str) -> list[str] | Verdict:
+def _parse_order(order, variable: str) -> list[str] | Verdict:
     """The learner's order as a list of step names, or the Verdict on why it is not one."""
     if order is None:
-        return unanswered(f"set `{name}` to a list of steps")
+        return unanswered(f"set `{variable}` to a list of steps")
     if isinstance(order, str) or not isinstance(order, (list, tuple)):
         return fails("shape", f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {show(order)}")
     if len(order) > 4 * len(_STEPS):
         return fails("shape", f"that order has {len(order)} steps: the question needs four or five")
-    steps = [s.strip().lower() if isinstance(s, str) else s for s in order]
+    steps = [name(s) if isinstance(s, str) else s for s in order]
     bad = [s for s in steps if s not in _STEPS]
     if bad:
         return fails("shape", f"{show(bad[0])} is not a step: use only {', '.join(repr(s) for s in _STEPS)}")
@@ -130,7 +132,7 @@ def _why_racy(steps: list[str]) -> str:
 
 
 def _race_check_off(device) -> Verdict | None:
-    if not all(hasattr(device, name) for name in ("launch", "record_event", "wait", "host")):
+    if not all(hasattr(device, attr) for attr in ("launch", "record_event", "wait", "host")):
         return fails("setup", f"pass the engine's device (engine.device), not {type(device).__name__}")
     if not getattr(getattr(device, "races", None), "enabled", False):
         return fails("setup", "this device runs without the race checker (race_check=False): start the "
@@ -138,10 +140,10 @@ def _race_check_off(device) -> Verdict | None:
     return None
 
 
-def _try_order(order, device, name: str) -> Verdict | tuple[list[str], str | None, int | None, int]:
+def _try_order(order, device, variable: str) -> Verdict | tuple[list[str], str | None, int | None, int]:
     """The learner's order run on the device: (steps, race report, last read, kernel's value),
     or the Verdict that stops it first (unanswered, malformed, not a race-checked device)."""
-    steps = _parse_order(order, name)
+    steps = _parse_order(order, variable)
     if isinstance(steps, Verdict):
         return steps
     off = _race_check_off(device)

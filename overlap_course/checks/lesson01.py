@@ -12,9 +12,10 @@ __all__ = ["check_slot", "check_decode_lengths"]
 
 
 @notebook_check
-def check_slot(answer, table, pos: int, block_size: int) -> Verdict:
-    """Your turn (01): the KV-cache slot of position ``pos`` of a request with block table ``table``."""
-    answer = one_number(answer, "set `slot` to a number", "a slot is one whole number", whole=True)
+def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> Verdict:
+    """Your turn (01): the KV-cache slot of position ``pos`` of a request with block table ``table``
+    (``name``: the answer's variable, for the unanswered message; a second request is a second question)."""
+    answer = one_number(answer, f"set `{name}` to a number", "a slot is one whole number", whole=True)
     if isinstance(answer, Verdict):
         return answer
     table = [int(b) for b in table]
@@ -71,7 +72,7 @@ def check_decode_lengths(seqlens_q, seqlens_k, prompt_lengths) -> Verdict:
             return fails("prefill_lengths", "seqlens_q: those are the prefill's query lengths. In a decode round "
                                             "each request feeds only its newest token")
         return fails("query_not_one", f"seqlens_q is {q}: in a decode round every request feeds exactly one "
-                                      f"token, its newest, so its query length is 1")
+                                      f"token, its newest")
     if k != want_k:
         if k == prompts:
             return fails("key_misses_new_token", "seqlens_k: the key length counts this round's token too (the "
@@ -81,8 +82,8 @@ def check_decode_lengths(seqlens_q, seqlens_k, prompt_lengths) -> Verdict:
                                                "read from the KV cache, not only to itself")
         if k == [p + 2 for p in prompts]:
             return fails("key_one_too_many", "seqlens_k: one too many. The prefill fed the prompt and produced "
-                                             "one token; this round feeds that token: prompt + 1 tokens in all")
-        return fails("wrong", f"seqlens_k is {k}: it is the cached past plus this round's token, "
-                              f"prompt length + 1 for each request")
+                                             "one token, and this round feeds that token: count them again")
+        return fails("wrong", f"seqlens_k is {k}: each request's key length is its own cached past plus this "
+                              f"round's token")
     return passes(f"seqlens_q {want_q}, seqlens_k {want_k}: one new token per request, attending to its "
                   f"prompt in the cache plus itself")

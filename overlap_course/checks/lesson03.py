@@ -15,11 +15,11 @@ from toy_engine.kernels import FROM_DEVICE
 from toy_engine.runinfo import RunStats
 
 from . import pool
-from .answers import bool_pair, flag_list, int_list, items, one_number, show, whole
+from .answers import bool_pair, flag_list, int_list, items, one_number, round_number, show, whole
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
 from .learner_code import loop_verdict, run_loop
-from .verdict import Verdict, fails, not_implemented, passes, unanswered
+from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_processed_under", "check_swapped_order", "check_tokens_lost", "check_future_inputs",
            "check_ideal_ratio", "check_zos_loop", "expected_three_rounds", "check_three_rounds"]
@@ -45,16 +45,12 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
     results does the host wait on and postprocess before it launches that round's sample?"""
     if answer is None:
         return unanswered("set `processed` to a round number")
-    if isinstance(answer, str):
-        text = answer.strip()
-        inner = text[len("StepState(round="):-1] if text.startswith("StepState(round=") and text.endswith(")") else ""
-        if not inner.isdigit() or len(inner) > 12:
-            return fails("shape", f"write the round as a number (or as its owner, \"StepState(round=N)\"), "
-                                  f"not {show(answer)}")
-        answer = int(inner)
-    got = whole(answer)
+    got = round_number(answer)
     if got is None:
-        return fails("shape", f"write the round as one whole number, not {show(answer)}")
+        return fails("shape", f"write the round as one whole number (or as its owner, \"StepState(round=N)\"), "
+                              f"not {show(answer)}")
+    if got < 0:
+        return no_such_round(got)
     processed = rounds_processed_in_pass(timeline, round)
     launched = sorted({s.round for s in timeline.lane("host") if s.stage == "launch_forward"})
     if round not in launched:  # e.g. the run above was interrupted, or the engine ran something else since
@@ -81,7 +77,7 @@ def check_processed_under(answer, timeline, round: int) -> Verdict:
     if got < want:
         return fails("earlier_round",
                      f"round {got} was processed in an earlier pass: ZOS defers a decode step by one round "
-                     f"only, so `previous` holds round {want}")
+                     f"only. Which round's StepState does `previous` hold when round {round} is launched?")
     return fails("wrong", f"round {got} is not it: the host processes the step kept in `previous`, the round "
                           f"launched one pass earlier")
 
@@ -122,10 +118,10 @@ def check_tokens_lost(answer, reference, without_flush) -> Verdict:
         return fails("tokens_kept", "that is how many tokens the requests kept; the question asks how many they lost")
     if all(g > w for g, w in zip(got, want)):
         return fails("more_than_one_step",
-                     f"ZOS defers one decode step at a time (`previous` holds one StepState), and each "
-                     f"decode step adds one token per request: each lost {want}")
-    return fails("wrong", f"{got} is not it: compare the two runs above, token counts {total} with the flush and "
-                          f"{[len(g.token_ids) for g in without_flush]} without")
+                     "ZOS defers one decode step at a time (`previous` holds one StepState): how many tokens "
+                     "does one decode step add to a request?")
+    return fails("wrong", f"{got} is not it: compare each request's token count in the two runs the cell printed, "
+                          f"with the flush and without")
 
 
 @notebook_check
@@ -153,13 +149,11 @@ def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verd
             return fails("plain_changes",
                          "without a constraint the sample reads only what is on the device (the logits); "
                          "when the host processes round N does not change what the device samples")
-        return fails("against_measurement",
-                     f"this run measured {want}: without a constraint the swapped order did change the "
-                     f"tokens; look at the demo's output")
+        return fails("against_measurement", "this run's measurement disagrees with your first value: look at the "
+                                            "demo's output without a constraint")
     if want[1]:
-        return fails("against_measurement",
-                     f"this run measured {want}: the constrained text happened to match; look at the "
-                     f"demo's output")
+        return fails("against_measurement", "this run's measurement disagrees with your second value: look at the "
+                                            "demo's title_case output")
     return fails("constraint_unaffected",
                  "with title_case, launch_sample builds the mask from the tokens committed so far; "
                  "swapped, round N is not committed yet, so the mask is one token late and the capital "
@@ -234,20 +228,21 @@ def check_ideal_ratio(answer, serial_stats: RunStats, zos_stats: RunStats | None
         if close(value):
             return fails(category, f"{answer:.3g}: {why}")
     if abs(answer / 100 - want) <= 0.006:
-        return fails("percentage",
-                     f"{answer:.3g} is a percentage: write the ratio itself, x{want:.2f} (as in 1.25, not 125)")
+        return fails("percentage", f"{answer:.3g} is a percentage: write the ratio itself (as in 1.25, not 125)")
     if any(abs(answer - one_decimal) < 1e-9 for one_decimal in (round(want, 1), math.floor(want * 10) / 10)):
-        return fails("one_decimal",
-                     f"{answer:.3g} is x{want:.3f} cut to one decimal: that hides the part this question is "
-                     f"about, give two decimals")
-    return fails("wrong", f"{answer:.3g} is not it: serial_stats gives host {host:.3f} ms and device {dev:.3f} ms per "
-                          f"round; compute (host + device) / max(host, device)")
+        return fails("one_decimal", f"{answer:.3g} is the ratio cut to one decimal: that hides the part this "
+                                    f"question is about, give two decimals")
+    return fails("wrong", f"{answer:.3g} is not it: read serial_stats.mean_host_ms_per_round and "
+                          f".mean_device_ms_per_round, then compute (host + device) / max(host, device)")
 
 
 def _ratio_mistakes(serial_stats: RunStats, zos_stats: RunStats | None) -> list[tuple[float, str, str]]:
     """What the classic wrong ratios give on these runs: (value, category, why)."""
     host, dev = serial_stats.mean_host_ms_per_round, serial_stats.mean_device_ms_per_round
     mistakes = [
+        (ideal_ratio(host, dev) - 1, "gain", "that is the gain, the ratio minus 1 (which is also min(host, device) / "
+                                             "max(host, device)): the question asks for the ratio itself, a serial "
+                                             "round's time over an overlapped one's"),
         ((host + dev) / min(host, dev), "divides_by_smaller",
          "divide by the larger of the two: overlap leaves the longer lane's time"),
         (max(host, dev) / (host + dev), "upside_down",

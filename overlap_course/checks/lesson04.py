@@ -23,10 +23,11 @@ __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "che
 
 
 @notebook_check
-def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict:
+def check_true_key_length(answer, host_seqlens_k: int, accepted: int, name: str = "true_seqlens_k") -> Verdict:
     """Predict (04): the host planned ``host_seqlens_k`` for a request whose in-flight
-    round accepted ``accepted`` drafts; what is the real key length?"""
-    answer = one_number(answer, "set `true_seqlens_k` to a number", "a key length is one whole number", whole=True)
+    round accepted ``accepted`` drafts; what is the real key length?  (``name``: the answer's
+    variable; the notebook's second request, with another accepted count, is a second question.)"""
+    answer = one_number(answer, f"set `{name}` to a number", "a key length is one whole number", whole=True)
     if isinstance(answer, Verdict):
         return answer
     want = host_seqlens_k + accepted
@@ -49,11 +50,12 @@ def check_true_key_length(answer, host_seqlens_k: int, accepted: int) -> Verdict
 
 
 @notebook_check
-def check_corrected_slots(answer, positions, table, accepted: int, block_size: int) -> Verdict:
+def check_corrected_slots(answer, positions, table, accepted: int, block_size: int, name: str = "new_slots") -> Verdict:
     """Your turn (04): the corrected slot_mapping of one request whose stale positions are
-    ``positions`` and whose in-flight round accepted ``accepted`` drafts."""
+    ``positions`` and whose in-flight round accepted ``accepted`` drafts.  (``name``: the answer's
+    variable; the notebook's second request, whose positions cross a block boundary, is a second question.)"""
     if answer is None:
-        return unanswered("set `new_slots` to a list of slots, one per fed token")
+        return unanswered(f"set `{name}` to a list of slots, one per fed token")
     got = int_list(answer)
     if got is None:
         return fails("shape", "write the slots as a list of whole numbers, one per fed token")

@@ -11,11 +11,11 @@ from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled, StepProcessedTwice
 
 from . import pool
-from .answers import int_set, one_number, show, whole
+from .answers import bare_number, int_set, name, one_number, round_number, show
 from .harness import exercise_check, notebook_check
 from .host_order import overlap_lost
 from .learner_code import StepWatch, engine_frames
-from .verdict import Verdict, fails, not_implemented, passes, unanswered
+from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_uncommitted_rounds", "check_discarded", "check_race_report", "check_process_outputs"]
 
@@ -30,9 +30,14 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
     the rounds in flight are the newest ``in flight`` rounds up to ``round``."""
     if answer is None:
         return unanswered("set `uncommitted` to the set of round numbers, e.g. {1, 2}")
-    got = int_set(answer)
+    if bare_number(answer):
+        return fails("shape", f"write the set of round numbers, such as {{2, 5}}: one number, {show(answer)}, does "
+                              f"not say whether you mean round {show(answer)} or how many rounds")
+    got = int_set(answer, rounds=True)
     if got is None:
         return fails("shape", f"write a set of whole round numbers such as {{2, 5}}, not {show(answer)}")
+    if min(got, default=0) < 0:
+        return no_such_round(min(got))
     rows = {}
     try:
         for row in launches:
@@ -52,7 +57,7 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
         return passes(f"{shown}: round {round} was just launched, and round {round - 1}'s token is on the "
                       f"device, in StepState(round={round - 1})'s output slot, until the host processes it "
                       f"after this launch. The request holds {committed} committed tokens")
-    unknown = sorted(r for r in got if r < 0 or r > round)
+    unknown = sorted(r for r in got if r > round)
     if unknown:
         return fails("not_launched_yet",
                      f"round {unknown[0]} was not launched yet when round {round}'s forward was: only "
@@ -61,18 +66,16 @@ def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
         return fails("misses_current_round",
                      f"round {round} itself counts: its forward was just launched, so none of its tokens "
                      f"can be committed yet")
-    missing = sorted(want - got)
-    if missing:
+    if want - got:
         return fails("misses_in_flight",
-                     f"round {missing[0]} is still in flight too: under ZOS the host processes round "
-                     f"{missing[0]} only after launching round {round}'s forward, so its token waits on "
-                     f"the device in StepState(round={missing[0]})'s slot; the request holds {committed} "
-                     f"tokens at this moment")
+                     f"a launched round is missing: under ZOS the host processes a decode round only after "
+                     f"launching the next round's forward, so its token waits on the device in its StepState's "
+                     f"output slot. The request holds {committed} committed tokens at this moment")
     extra = sorted(got - want)
     return fails("already_processed",
                  f"round {extra[-1]} is already processed: its token is among the {committed} the request "
                  f"holds (the host waited for it {'before' if in_flight == 1 else 'one iteration before'} "
-                 f"this launch). In flight now: {len(want)} round(s)")
+                 f"this launch)")
 
 
 @notebook_check
@@ -107,22 +110,21 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
         return fails("negative", "a count cannot be negative")
     if want > 0 and answer == 0 and reasons.count("abort") and early == reasons.count("abort"):
         return fails("missed_abort_round",
-                     f"an abort takes effect at once, but under ZOS a round with the request in it was "
-                     f"already launched and not yet processed: its output comes back and is discarded. "
-                     f"The run discarded {want}; {ended}")
+                     f"an abort takes effect at once, but under ZOS was a round with the request in it already "
+                     f"launched and not yet processed? Its output would come back to a finished request; {ended}")
     if want > 0 and answer == 0:
         return fails("missed_extra_step",
-                     f"under ZOS the host learns that a request finished only when it processes that "
-                     f"round, after the next round was launched with the request in it: that round's "
-                     f"output comes back and is discarded. The run discarded {want}; {ended}")
+                     f"under ZOS the host learns that a request finished only when it processes that round, after "
+                     f"the next round was launched: was the request in it? Count the outputs that came back for "
+                     f"finished requests; {ended}")
     if want == 0 and mode == "serial":
         return fails("serial_discards_nothing",
-                     f"the serial host waits for and processes each round before launching the next: a "
-                     f"finished request is never in a launched round, so nothing is discarded; {ended}")
+                     f"the serial host waits for and processes each round before launching the next: can a "
+                     f"finished request be in a launched round? {ended}")
     if want == 0:
         return fails("nothing_discarded",
-                     f"no launched round held a request when it finished (a prefill round is processed "
-                     f"at once; a length limit is counted in advance). Nothing was discarded; {ended}")
+                     f"a prefill round is processed at once, and a length limit is counted in advance: which "
+                     f"launched round could still hold a request when it finished? {ended}")
     if answer > want and not drafts:
         return fails("too_many", f"too many: without drafts a request that ends by stop, EOS or abort is in at most "
                                  f"one launched round the host did not know about, and a length limit never causes "
@@ -135,11 +137,11 @@ def _race_answer(answer) -> tuple[tuple[str, int] | None, str | None]:
     pair = (answer.get("buffer"), answer.get("round")) if isinstance(answer, dict) else answer
     if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
         return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {show(answer)}"
-    buffer, round = pair[0], whole(pair[1])
-    if not isinstance(buffer, str) or round is None:
+    buffer, round = name(pair[0]), round_number(pair[1])
+    if buffer is None or round is None:
         return None, f"write the buffer's name as a string and the round as a whole number, e.g. (\"out1\", 3), " \
                      f"not {show(answer)}"
-    return (buffer.strip().strip("'\"").lower(), round), None
+    return (buffer, round), None
 
 
 @notebook_check
@@ -157,27 +159,25 @@ def check_race_report(answer, err) -> Verdict:
     buffer, round = parsed
     want_buffer, want_round, launch = err.buffer, err.round, err.launch
     kind = want_buffer.rstrip("0123456789")
-    slot = want_buffer[len(kind):]
+    if round < 0:
+        return no_such_round(round)
     if (buffer, round) == (want_buffer, want_round):
         return passes(f"{want_buffer} and round {want_round}: round {want_round + 1}'s prepare writes the "
                       f"one metadata slot while round {want_round}'s {launch}, the step the loop still holds "
                       f"as `previous`, may not have read it yet. The checker: {err}")
     if buffer.rstrip("0123456789") == kind and buffer != want_buffer:
-        return fails("wrong_slot", f"with NUM_SLOTS = 1 every round uses slot {slot}: the buffer is {want_buffer}, not "
-                                   f"{buffer}")
+        return fails("wrong_slot", f"{show(buffer)}: with NUM_SLOTS = 1, which slot does every round use?")
     if buffer != want_buffer:
         if buffer.startswith("out"):
-            why = (f"the host reads an output slot only after waiting on its round's event; the first unordered "
-                   f"access is the next round's prepare writing {want_buffer}")
-        elif buffer.startswith("temps"):
-            why = f"prepare writes {want_buffer} before temps, so the checker stops at {want_buffer}"
+            why = ("the host reads an output slot only after waiting on its round's event: which buffer does the "
+                   "next round's prepare write before anyone waited?")
         else:
-            why = f"the buffers are meta{slot}, temps{slot} and out{slot}; prepare writes {want_buffer} first"
+            why = "which buffer does prepare write first? The race checker stops at the first unordered access"
         return fails("wrong_buffer", f"{show(buffer)}: {why}")
     if round == want_round + 1:
         return fails("writing_round",
-                     f"round {round} is the round whose prepare writes {want_buffer}; the report names "
-                     f"the launch that still reads it: round {want_round}'s {launch}, not waited for yet")
+                     f"round {round} is the round whose prepare writes {buffer}; the report names the launch that "
+                     f"still reads it, one the host has not waited for yet")
     if round < want_round:
         return fails("earlier_round", f"round {round} was waited for before the host touched {want_buffer} again (the "
                                       f"prefill is processed at once, and ZOS waits on round N-1 in iteration N): the "

@@ -9,7 +9,8 @@ import re
 
 from overlap_course.traces import kineto
 
-from .answers import one_number, show
+from . import answers
+from .answers import share, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -35,65 +36,70 @@ def _trace_figures(trace, what):
 def check_idle_share(answer, trace) -> Verdict:
     """Predict (06): the share of the trace's device span (first to last event on a GPU stream)
     in which no device work runs -- HTA's idle, :func:`overlap_course.traces.kineto.summary`'s
-    ``device_idle_fraction``.  A fraction (0.8) or a percentage (80); within 10 points passes,
-    since it is read off a figure."""
-    if isinstance(answer, str):
-        return fails("shape", f"write the share as a number (0.5, or 50 for 50 %), not the string {show(answer)}")
-    answer = one_number(answer, "set `idle_share` to a number, e.g. 0.5 or 50 (%)",
-                        "write the share as a finite number (0.5, or 50 for 50 %)")
-    if isinstance(answer, Verdict):
-        return answer
+    ``device_idle_fraction``.  A fraction (0.8), a percentage (80) or a percentage string ("80%");
+    within 10 points passes, since it is read off a figure, unless the answer sits on a known
+    wrong measurement (the busy share, or idle over the whole trace instead of the device span)."""
+    if answer is None:
+        return unanswered("set `idle_share` to a number, e.g. 0.5 or 50 (%)")
+    answer = share(answer)
+    if answer is None:
+        return fails("shape", "write the share as a number (0.5, or 50 for 50 %, or \"50%\")")
     measured = _trace_figures(trace, "the idle share")
     if isinstance(measured, Verdict):
         return measured
-    _, s = measured
+    parsed, s = measured
     idle, span, busy_us, idle_us = (s["device_idle_fraction"], s["device_span_us"], s["device_busy_us"],
                                     s["device_idle_us"])
-    numbers = (f"measured: the device is idle {idle_us:.0f} of the {span:.0f} us from its first to its last "
-               f"event, {idle:.1%} (busy {busy_us:.0f} us)")
+    look = "Read the device row between its first and its last event: how much of it has no bar?"
     if answer < 0:
-        return fails("negative", f"a share cannot be negative; {numbers}")
+        return fails("negative", f"a share cannot be negative. {look}")
     if answer > 100:
         if abs(answer - idle_us) <= 0.05 * idle_us:
-            return fails("idle_time_not_share",
-                         f"{answer:g}: that is the idle time in microseconds, not a share; {numbers}")
-        return fails("share_over_one", f"{answer:g}: a share is at most 1 (or 100 %); {numbers}")
-    share, as_percent = (answer / 100, True) if answer > 1 else (answer, False)
-    written = f"{answer:g} %" if as_percent else f"{answer:g}"
+            return fails("idle_time_not_share", f"{answer:g}: that is the idle time in microseconds, not a share")
+        return fails("share_over_one", f"{answer:g}: a share is at most 1 (or 100 %). {look}")
+    fraction, written = (answer / 100, f"{answer:g} %") if answer > 1 else (answer, f"{answer:g}")
     if answer > 1 and busy_us > 0 and abs(answer - idle_us / busy_us) <= 0.05 * idle_us / busy_us:
-        return fails("idle_over_busy",
-                     f"{answer:g}: that is idle over busy ({idle_us:.0f} / {busy_us:.0f}); the share is "
-                     f"idle over the whole span; {numbers}")
-    if abs(share - idle) <= IDLE_SHARE_TOLERANCE:
+        return fails("idle_over_busy", f"{answer:g}: that is idle over busy; the share is idle over the whole span")
+    everything = parsed.host + parsed.on_stream
+    whole = max(e.end for e in everything) - min(e.ts for e in everything)
+    for value, category, why in ((1 - idle, "busy_fraction", "the busy share: the question asks how much of the span "
+                                                              "the device is idle"),
+                                 (1 - busy_us / whole, "whole_trace", "the idle share of the whole trace, from the "
+                                  "first host call on: the question's span runs from the first to the last event on "
+                                  "the device row")):
+        if abs(fraction - value) <= 0.01 < abs(fraction - idle):
+            return fails(category, f"{written} is {why}")
+    if abs(fraction - idle) <= IDLE_SHARE_TOLERANCE:
         kernels_only = s["kernels_only_idle_fraction"]
         extra = (f" (counting only kernels, copies and memsets as busy, not the stream's sync interval: "
                  f"{kernels_only:.1%})" if abs(kernels_only - idle) >= 0.001 else "")
         most = ". Most of the span the GPU has nothing queued" if idle > 0.5 else ""
-        return passes(f"{written} is close: {numbers}{extra}{most}")
-    if abs(share - (1 - idle)) <= IDLE_SHARE_TOLERANCE / 2 and abs(share - idle) > IDLE_SHARE_TOLERANCE:
-        return fails("busy_fraction", f"{written} is the busy share: the question asks how much of the span the device "
-                                      f"is idle; {numbers}")
-    direction = "more" if share < idle else "less"
+        return passes(f"{written} is close: measured, the device is idle {idle_us:.0f} of the {span:.0f} us from its "
+                      f"first to its last event, {idle:.1%} (busy {busy_us:.0f} us){extra}{most}")
+    if abs(fraction - (1 - idle)) <= IDLE_SHARE_TOLERANCE / 2:
+        return fails("busy_fraction", f"{written} is close to the busy share: the question asks how much of the span "
+                                      f"the device is idle")
     return fails("wrong", f"{written} is more than {100 * IDLE_SHARE_TOLERANCE:.0f} points off: the device is idle "
-                          f"{direction} than that; {numbers}. Look at how little of the device row the bars cover")
+                          f"{'more' if fraction < idle else 'less'} than that. {look}")
 
 
 def _call_name(answer: str) -> str:
-    name = answer.strip().strip("'\"`").strip()
+    call = answers.name(answer)
     for suffix in _CALL_SUFFIX:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name.lower()
+        if call.endswith(suffix):
+            call = call[: -len(suffix)]
+    return call
 
 
 @notebook_check
-def check_idle_sync(answer, trace) -> Verdict:
+def check_idle_sync(answer, trace, name: str = "culprit") -> Verdict:
     """Your turn (06): name the host call after which the device sat idle longest -- the
     blocking ``...Synchronize`` call charged with the most idle time by
     :func:`overlap_course.traces.kineto.idle_after_syncs` (the gaps in which it returned).  Judged on the
-    trace given: the real A100 file, or the learner's own exported run."""
+    trace given: the real A100 file, or the learner's own exported run (``name``: the answer's
+    variable in the notebook, for the unanswered message)."""
     if answer is None:
-        return unanswered("set `culprit` to the host call's name, as a string")
+        return unanswered(f"set `{name}` to the host call's name, as a string")
     if not isinstance(answer, str) or not answer.strip():
         return fails("shape", f"write the call's name as a string, e.g. \"cudaLaunchKernel\", not {show(answer)}")
     measured = _trace_figures(trace, "which sync left the device idle")
@@ -139,5 +145,5 @@ def check_idle_sync(answer, trace) -> Verdict:
                "after the last device event")
         return fails("other_sync", f"{host_names[got]}: {why}. The most idle after one call, {want_us:.0f} of the "
                                    f"{total:.0f} us, follows a different sync")
-    listed = ", ".join(idle["syncs"])
-    return fails("not_in_trace", f"{show(answer.strip())} is not a call of this trace; its host syncs are: {listed}")
+    return fails("not_in_trace", f"{show(answer.strip())} is not a call of this trace: look on its host lane for the "
+                                 f"calls named ...Synchronize (kineto.host_syncs(trace) lists them)")

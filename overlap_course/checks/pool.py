@@ -21,6 +21,9 @@ from toy_engine.model import load_model
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24
+# Exercise 02's second run: its requests end at a stop string at different rounds (after 2 to 9
+# tokens), one by the length limit of 16, in 19 rounds: a loop that counts rounds or tokens fails it.
+SECOND_RUN = {"max_new_tokens": 16, "stop": "a"}
 DRAFTS = 3  # the ZOS checker's speculative run: stale lengths show only with drafts
 CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order shows in the text
 
@@ -93,11 +96,18 @@ def shadowing(shared: Engine, attributes: set[str]) -> list[str]:
     return sorted(n for n in set(vars(shared)) - attributes if hasattr(type(shared), n))
 
 
-@functools.lru_cache(maxsize=2)
-def reference(constraint: str | None = None) -> list[list[int]]:
-    """The serial loop's tokens for PROMPTS (greedy, optionally constrained), computed once."""
+def run_args(second: bool = False) -> dict:
+    """``generate``'s arguments for a checker's run of PROMPTS: the main one, or exercise 02's second."""
+    return dict(SECOND_RUN) if second else {"max_new_tokens": MAX_NEW_TOKENS}
+
+
+@functools.lru_cache(maxsize=3)
+def reference(constraint: str | None = None, *, second: bool = False) -> list[list[int]]:
+    """The serial loop's tokens for PROMPTS (greedy, optionally constrained, or the second
+    run's stop strings), computed once (call it as ``reference()`` for the plain run: the cache
+    keys on how it is called)."""
     shared = engine(**({"constraint": constraint} if constraint else {}))
-    outs = shared.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS, loop=loops.serial_loop)
+    outs = shared.generate(PROMPTS, loop=loops.serial_loop, **run_args(second))
     return [c.token_ids for c in outs]
 
 

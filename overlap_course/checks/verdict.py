@@ -15,8 +15,8 @@ PASSED = "passed"
 CATEGORIES = frozenset({
     PASSED,
     # any check: the stub is still in place, the answer has the wrong form or is junk, the check
-    # was given the wrong run or object, or a wrong answer with no more specific diagnosis
-    "unanswered", "not_implemented", "shape", "junk", "setup", "wrong",
+    # was given the wrong run or object, a round below 0, or a wrong answer with no more specific diagnosis
+    "unanswered", "not_implemented", "shape", "junk", "setup", "no_such_round", "wrong",
     # any exercise checker: what the learner's code did to the check itself
     "raised", "time_limit", "edits_engine", "spins", "stalled", "race", "device_error", "wrong_tokens",
     # a learner's loop (exercises 02 and 03), read from the host's order of stages
@@ -36,13 +36,13 @@ CATEGORIES = frozenset({
     "from_sample_start", "too_few_digits", "wait_is_not_work", "device_stage", "not_a_stage",
     "launch_only_queues", "hidden_by_device", "negative", "partly_hidden", "more_than_overhead",
     "not_a_number", "percentage", "busy_fraction", "idle_over_busy", "idle_ms", "wall_denominator",
-    "wrong_value", "not_from_timeline",
+    "wrong_value", "not_from_timeline", "wall_time", "new_gap",
     # 03: the ZOS order, the future-token map, the ideal; exercise 03's three rounds
     "serial_order", "not_launched_yet", "earlier_round", "nothing_lost", "all_lost", "tokens_kept",
     "more_than_one_step", "plain_changes", "constraint_unaffected", "against_measurement", "serial_ids",
     "host_knows_token", "placeholder_for_known", "pending_unset", "pending_inverted", "divides_by_smaller",
     "upside_down", "device_over_host", "host_over_device", "serial_round_time", "from_idle_fraction",
-    "zos_times", "measured_speedup", "one_decimal", "includes_prefill", "sample_before_postprocess",
+    "zos_times", "measured_speedup", "one_decimal", "gain", "includes_prefill", "sample_before_postprocess",
     "flush_before_sample", "flush_mid_run", "forward_before_sample", "order", "length",
     # 04: stale lengths, and exercise 04's correction and its fields
     "stale", "off_by_one", "plus_one", "subtracted", "slots_shifted", "positions_not_slots", "shifted_by_one",
@@ -56,8 +56,12 @@ CATEGORIES = frozenset({
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
     "kept_blocks", "calls_itself",
     # 06: real traces
-    "idle_time_not_share", "share_over_one", "pytorch_call", "launch_call", "not_blocking", "other_sync",
+    "idle_time_not_share", "share_over_one", "whole_trace", "pytorch_call", "launch_call", "not_blocking", "other_sync",
     "not_in_trace",
+    # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
+    "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
+    "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
+    "stopped_early",
 })
 
 
@@ -85,6 +89,11 @@ def passes(message: str) -> Verdict:
 
 def fails(category: str, message: str) -> Verdict:
     return Verdict(False, message, category)
+
+
+def no_such_round(rnd: int) -> Verdict:
+    """A round number below 0: every question that asks for a round says the same."""
+    return fails("no_such_round", f"there is no round {rnd}: a run's rounds are numbered from 0, its first prefill")
 
 
 def unanswered(what: str) -> Verdict:

@@ -161,9 +161,17 @@ def issued_order(timeline: Timeline, rounds=None) -> list[tuple[str, int]]:
             if s.stage in _ISSUED and (keep is None or s.round in keep)]
 
 
+def _plans_nothing(block: dict, column: dict) -> bool:
+    """A schedule in a pass that launches nothing found no round to plan: its span keeps the last
+    round's number (the engine's choice), which must not read as that round planned twice."""
+    return block["span"].stage == "schedule" and column["launches"] is None
+
+
 def _order_hover(block: dict, column: dict) -> str:
     s = block["span"]
     label, does = _ORDER_LABELS.get(s.stage, (s.stage, "works for round {r}"))
+    if _plans_nothing(block, column):
+        does = "finds nothing left to launch (the span keeps the number of round {r}, the last one launched)"
     where = (f"in the loop pass that launches round {column['launches']}" if column["launches"] is not None
              else "in the last loop pass (nothing left to launch)")
     owner = s.round if s.owner is None and s.stage in ("sample", "launch_sample") else s.owner
@@ -185,7 +193,8 @@ def _stage_blocks(stage: str, blocks: list[dict], columns: list[dict]) -> go.Bar
         name=stage, legendgroup=stage, orientation="h",
         y=[ORDER_Y[b["span"].lane] for b in blocks], base=[b["x0"] + 0.04 for b in blocks],
         x=[b["x1"] - b["x0"] - 0.08 for b in blocks], width=0.78,
-        text=[f"{label} r{b['span'].round}" for b in blocks], textposition="inside",
+        text=[f"{label}: none" if _plans_nothing(b, columns[b["column"]]) else f"{label} r{b['span'].round}"
+              for b in blocks], textposition="inside",
         insidetextanchor="middle", textangle=-90, textfont=dict(size=11),
         hovertext=[_order_hover(b, columns[b["column"]]) for b in blocks],
         hovertemplate="%{hovertext}<extra></extra>",

@@ -1,0 +1,288 @@
+"""Lesson 07 (notebook 07_bugs_that_shipped, optional): overlap bugs that real engines shipped,
+brought back through the toy's plug-in points (``overlap_course.labs``).  A lab's prediction is
+judged against the buggy run itself; the learner's fix runs on the shared engines, race checker
+on, and is judged by what the run did: its tokens against the engine's own serial outputs, its
+discarded rounds and flushes, the frees and race reports of its record.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from overlap_course.labs import plugins
+from toy_engine.config import MAX_SLOTS
+from toy_engine.races import RaceError
+from toy_engine.run import EngineStalled
+
+from . import lab_mistakes as mistakes
+from . import lab_runs as runs
+from . import pool
+from .answers import int_set, items, show, whole
+from .harness import exercise_check, notebook_check
+from .lab_runs import DEPTHS
+from .verdict import Verdict, fails, not_implemented, passes, unanswered
+
+__all__ = ["check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort", "check_ring_race",
+           "check_ring_slots", "check_overshoot", "check_commit"]
+
+
+def _pair(answer, name: str, what: str, read) -> tuple | Verdict:
+    """The answer ``name``: two items, each read by ``read`` (None when it cannot be)."""
+    if answer is None:
+        return unanswered(f"set `{name}` to {what}")
+    if isinstance(answer, (str, bytes, set, frozenset, dict)):
+        return fails("shape", f"write {what}, not {show(answer)}")
+    got = items(answer, what)
+    if isinstance(got, Verdict):
+        return got
+    pair = tuple(read(x) for x in got)
+    if len(pair) != 2 or any(x is None for x in pair):
+        return fails("shape", f"write {what}, not {show(answer)}")
+    return pair
+
+
+# ------------------------------------------------------------------ lab 1: the extra step
+
+@notebook_check
+def check_wasted_round(answer, engine, prompt: int = 0) -> Verdict:
+    """Predict (07, lab 1): when the shipped policy scheduled ``prompt``'s last round in ``engine``'s
+    last run, how many tokens had it committed, and how many of its rounds were in flight?"""
+    got = _pair(answer, "wasted_at", "a pair (tokens committed, rounds in flight), e.g. (5, 2)", whole)
+    if isinstance(got, Verdict):
+        return got
+    try:
+        out, wasted, rounds = engine.completions[prompt], engine.stats.discarded_outputs, engine.stats.rounds
+        last, committed, in_flight = runs.at_last_schedule(engine.record.events, prompt)
+        plain = not engine.config.num_draft_tokens
+    except (AttributeError, IndexError, TypeError, ValueError, StopIteration):
+        return fails("setup", "pass the engine whose last run used the shipped policy (run the cell above first)")
+    if not (wasted and plain and out.finish_reason == "length"):
+        return fails("setup", "this engine's last run discarded nothing: pass the ZOS engine right after its run "
+                              "with the shipped `wants_more`, no drafts")
+    want = (committed, in_flight)
+    if got == want:
+        return passes(f"{want}: when round {last} was planned, prompt {prompt} held {committed} of its "
+                      f"{len(out.token_ids)} tokens and round {last - 1}, in flight, was about to bring the last "
+                      f"one. The shipped policy counts only committed tokens, so round {last} went in for "
+                      f"nothing: {wasted} outputs discarded, {rounds} rounds")
+    look = (f"count prompt {prompt}'s rounds in the record: those processed before round {last} was planned "
+            f"(each committed its token), and those launched and not yet processed")
+    if got[1] == 0:
+        return fails("misses_in_flight", f"under ZOS a round is planned before the previous round's results reach "
+                                         f"the host: {look}")
+    if got[0] >= len(out.token_ids):
+        return fails("already_processed", f"prompt {prompt} had not committed all its {len(out.token_ids)} tokens "
+                                          f"when round {last} was planned: {look}")
+    return fails("wrong", f"{got} is not it: {look}")
+
+
+@exercise_check(pool.engine, plugins.ring_engine, lambda: [runs.own_run(run) for run in runs.POLICY_RUNS])
+def check_wants_more(wants_more) -> Verdict:
+    """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that differ
+    in limit, stop strings and rounds in flight (runs.POLICY_RUNS), against the engine's own policy:
+    no round may go in for a request the rounds in flight already finish, and none may be missing."""
+    for run in runs.POLICY_RUNS:
+        ids, rounds, discarded, flushes = runs.own_run(run)
+        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * rounds)
+        if isinstance(got, Exception):
+            return mistakes.policy_error(got, calls, run)
+        if [c.token_ids for c in got] != ids:
+            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], ids)}")
+        if engine.stats.discarded_outputs > discarded:
+            return mistakes.extra_step(calls, engine, rounds, discarded, run)
+        if runs.flushes(engine) > flushes:
+            return fails("serializes", f"{run}: your policy declined rounds the engine's own plans, so the loop "
+                                       f"ran out of rounds to launch and waited for the device: {runs.flushes(engine)} "
+                                       f"flushes instead of {flushes}, the overlap lost there. Count the rounds in "
+                                       f"flight instead of waiting for them")
+    return passes(f"no round went in for a request the rounds in flight already finish, and none was missing, in "
+                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop "
+                  f"is known only once processed), and the same tokens")
+
+
+# ------------------------------------------------------------------ lab 2: an abort in flight
+
+def _round_set(x):
+    return set() if isinstance(x, dict) and not x else int_set(x)
+
+
+@notebook_check
+def check_abort_in_flight(answer, err) -> Verdict:
+    """Predict (07, lab 2): which rounds holding the aborted prompt were launched and not processed
+    when the abort came, (under ZOS, under serial)?  ``err``: the shipped abort's RaceError."""
+    got = _pair(answer, "in_flight", "a pair of sets of round numbers (under ZOS, under serial), e.g. ({2}, {3})",
+                _round_set)
+    if isinstance(got, Verdict):
+        return got
+    if not isinstance(err, RaceError) or err.kind != "free_in_use":
+        return fails("setup", "pass the RaceError of the ZOS run with the shipped abort (the cell above)")
+    zos, serial = got
+    if (zos, serial) == ({err.round}, set()):
+        return passes(f"({{{err.round}}}, set()): under ZOS round {err.round} is processed only in round "
+                      f"{err.round + 1}'s pass, after round {err.round + 1}'s forward is launched, so when the abort "
+                      f"arrives round {err.round}'s forward may still write the prompt's KV blocks; the serial loop "
+                      f"processes each round before the next schedule: nothing is in flight, a free is safe there")
+    if serial:
+        return fails("serial_discards_nothing", "the serial loop waits for and processes every round before it "
+                                                "schedules the next: at an abort nothing is in flight")
+    if zos and max(zos) > err.round:
+        return fails("not_launched_yet", f"round {max(zos)} was not launched yet: the abort came just before "
+                                         f"round {err.round + 1} was scheduled")
+    look = f"which rounds holding prompt {err.prompt} had been launched, and which of them processed, by then?"
+    if err.round not in zos:
+        return fails("misses_in_flight", f"under ZOS a round's results are processed after the next round is "
+                                         f"launched: {look}")
+    return fails("already_processed", f"round {min(zos)} was processed already (in round {min(zos) + 1}'s pass): "
+                                      f"{look}")
+
+
+@exercise_check(pool.engine, runs.abort_reference)
+def check_abort(abort) -> Verdict:
+    """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of a ZOS run (a waiting request,
+    one in flight, the same again, one just prefilled, one finished by its stop), against the engine's
+    own ``Engine.abort``, and each call watched: whether it waited for the device."""
+    engine, (want, discarded), calls = pool.engine(), runs.abort_reference(), []
+    try:
+        outs, err = runs.abort_run(abort, calls), None
+    except NotImplementedError:
+        return not_implemented("`abort`")
+    except Exception as exc:  # noqa: BLE001 - judged below
+        outs, err = None, exc
+    verdict = mistakes.freed_wrongly(engine.record)
+    if verdict is None:
+        verdict = mistakes.waited(calls)
+    if verdict is None and err is not None:
+        verdict = mistakes.abort_error(err)
+    if verdict is None:
+        got = [(c.token_ids, c.finish_reason) for c in outs]
+        verdict = mistakes.abort_outcome(got, want, engine, discarded, calls)
+    if verdict is None:
+        verdict = passes("each aborted request stopped at once and kept what it had; its cache went back when no "
+                         "launched round could touch it, once; a waiting one never started, and a finished one "
+                         "kept its reason")
+    verdict.message += runs.recover(engine)
+    return verdict
+
+
+# ------------------------------------------------------------------ lab 3: the ring of host slots
+
+@notebook_check
+def check_ring_race(answer, err, ring: int) -> Verdict:
+    """Predict (07, lab 3): with a ring of ``ring`` slots too small for the loop's depth, which round's
+    upload does the race report name, and the prepare of which round collides with it?"""
+    got = _pair(answer, "race_at", "a pair (the round the report names, the round being prepared), e.g. (2, 5)",
+                whole)
+    if isinstance(got, Verdict):
+        return got
+    if not isinstance(err, RaceError) or err.kind != "buffer":
+        return fails("setup", "pass the RaceError of the run above (a ring too small for its depth)")
+    want = (err.round, err.round + ring)
+    if got == want:
+        return passes(f"{want}: round {want[1]} writes slot {want[1]} % {ring} = {want[1] % ring}, the slot of "
+                      f"round {want[0]}, whose step the loop still holds: its upload was never waited for. "
+                      f"The checker: {err}")
+    named, prepared = got
+    if prepared <= named:
+        return fails("order", f"the round being prepared comes after the round whose upload the report names: "
+                              f"write (that earlier round, the round being prepared)")
+    if (prepared - named) % ring:
+        return fails("wrong_slot", f"round {prepared} writes slot {prepared % ring}, round {named} slot "
+                                   f"{named % ring}: no collision there. Which slot does each round write, and "
+                                   f"which rounds does the loop still hold when it prepares the next?")
+    if named < want[0]:
+        return fails("earlier_round", f"round {named}'s upload was no longer held when round {prepared} was "
+                                      f"prepared (a prefill round is processed at once): the report names a round "
+                                      f"whose step the loop still held")
+    return fails("not_launched_yet", f"rounds {named} and {prepared} do share a slot, but an earlier pair collides "
+                                     f"first, and the run stops at its first race")
+
+
+@exercise_check(runs.ring_reference)
+def check_ring_slots(ring_slots) -> Verdict:
+    """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds; DEPTHS and
+    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller."""
+    sizes, depths = [], (*DEPTHS, runs.deeper_depth())
+    for depth in depths:
+        try:
+            slots = ring_slots(depth)
+        except NotImplementedError:
+            return not_implemented("`ring_slots`")
+        except Exception as err:  # noqa: BLE001
+            return fails("raised", f"ring_slots({depth}) raised {type(err).__name__}: {err}")
+        if isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or not 1 <= slots <= MAX_SLOTS:
+            return fails("shape", f"ring_slots({depth}) returned {show(slots)}: return a whole number of slots "
+                                  f"from 1 to the engine's limit, {MAX_SLOTS}")
+        slots = int(slots)
+        got = runs.ring_run(depth, slots)
+        if isinstance(got, RaceError):
+            return fails("race", f"a loop holding {depth} round(s) on a ring of {slots}: preparing round "
+                                 f"{got.round + slots} writes `{got.buffer}` while round {got.round}'s upload, a "
+                                 f"step the loop still holds, may read it (the race checker: {got})")
+        if got != runs.ring_reference():
+            return fails("wrong_tokens", f"depth {depth}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
+        if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1), RaceError):
+            return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs a loop "
+                                     f"holding {depth} round(s) race-free: each slot is host and device memory "
+                                     f"(metadata, temperatures, outputs)")
+        sizes.append(slots)
+    return passes(f"depths {list(depths)} need rings of {sizes}: every held round keeps its slot until it is "
+                  f"waited for, and the round being prepared needs one more")
+
+
+# ------------------------------------------------------------------ lab 4: a stop inside a run
+
+@notebook_check
+def check_overshoot(answer, engine) -> Verdict:
+    """Predict (07, lab 4): with the shipped commit and k drafts, at most how many tokens past
+    ``max_new_tokens`` can a request keep?  ``engine``: the ZOS + speculation engine just run."""
+    if answer is None:
+        return unanswered("set `overshoot` to a whole number of tokens")
+    got = whole(answer)
+    if got is None:
+        return fails("shape", f"write one whole number of tokens, not {show(answer)}")
+    try:
+        k, limit = engine.config.num_draft_tokens, engine.requests[0].max_new_tokens
+        seen = max(len(c.token_ids) - limit for c in engine.completions)
+    except (AttributeError, IndexError, ValueError):
+        return fails("setup", "pass the speculative engine whose last run used the shipped commit")
+    if not k:
+        return fails("setup", "this engine has no drafts: pass the speculative one")
+    if got == k:
+        return passes(f"{k}: a round brings 1 + {k} tokens at most, and a request is planned only while it is "
+                      f"short of its limit, so at least one of them is within it; the shipped commit keeps all. "
+                      f"This run kept up to {seen} too many")
+    look = f"how many tokens can one round bring with {k} drafts, and how many of them can lie past the limit?"
+    if got == k + 1:
+        return fails("off_by_one", f"that counts the whole round past the limit, but the round was planned while "
+                                   f"the request was still short of it: {look}")
+    if got < k:
+        return fails("too_few", f"a run can keep more than that (this one kept up to {seen} too many): {look}")
+    return fails("too_many", f"a request at its limit is never planned again, so only one round's run crosses "
+                             f"it: {look}")
+
+
+@exercise_check(runs.spec_engine, lambda: [runs.commit_reference(i) for i in range(len(runs.COMMIT_RUNS))])
+def check_commit(commit) -> Verdict:
+    """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
+    each round's accepted run, on ZOS + speculation runs against the serial run's outputs."""
+    engine = runs.spec_engine()
+    for index, (_, max_new, stop) in enumerate(runs.COMMIT_RUNS):
+        try:
+            outs = runs.commit_run(index, commit)
+        except NotImplementedError:
+            return not_implemented("`commit`")
+        except RecursionError:
+            return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
+                                         "it called itself until Python gave up. Append to the request's fields")
+        except EngineStalled as err:
+            return fails("stalled", f"prompts {err.prompt_indexes} reached their limit but never finished: set "
+                                    f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+        except Exception as err:  # noqa: BLE001
+            return fails("raised", f"your commit raised {type(err).__name__}: {err}")
+        for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
+            verdict = mistakes.commit_mistake(i, (c.token_ids, c.text, c.finish_reason), ref, max_new, stop, engine)
+            if verdict is not None:
+                return verdict
+    return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the length limit "
+                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, and the text matches the "
+                  f"tokens")

@@ -1,0 +1,102 @@
+"""How a lab puts a learner's function into a run, through the engine's own plug-in points
+(``on_round``, ``loop``, and ``te.engine.NUM_SLOTS``, the ring of host slots read per run): the
+engine's code calls the learner's function where it would call its own."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import functools
+
+import toy_engine.engine as engine_module
+from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.engine import Engine
+from toy_engine.validate import check_int, shown
+
+
+def per_request(**methods):
+    """An ``on_round`` plug-in giving each request of the run ``methods`` in place of its own:
+    with ``commit=f`` the engine's ``commit_outputs`` calls ``f(req, tokens, eos_id, decode)``, with
+    ``wants_more=f`` its scheduler asks ``f(req)`` whether to plan the request again."""
+    for name, method in methods.items():
+        _callable(name, method)
+
+    def on_round(engine, round):
+        if round == 0:
+            for req in engine.requests:
+                for name, method in methods.items():
+                    setattr(req, name, functools.partial(method, req))
+    return on_round
+
+
+def aborts(abort, at):
+    """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
+    index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
+    _callable("abort", abort)
+    done, ids = set(), []
+
+    def on_round(engine, round):
+        if not ids:
+            ids.extend(r.id for r in engine.requests)
+        for when, index in at:
+            if when == round and (when, index) not in done:
+                done.add((when, index))
+                if not 0 <= index < len(ids):
+                    raise ValueError(f"aborts: prompt index {index} is not in this run, which has prompts 0 to "
+                                     f"{len(ids) - 1}")
+                abort(engine, ids[index])
+    return on_round
+
+
+def keep_in_flight(depth: int):
+    """The ZOS loop holding up to ``depth`` decode steps instead of one: round N's forward goes in
+    before round N - depth is processed (a deeper pipeline; without drafts, whose correction
+    covers one round in flight)."""
+    depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
+
+    def loop(engine):
+        held = collections.deque()
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:  # nothing to launch: process the oldest held step now
+                if held:
+                    engine.flush(held.popleft())
+                continue
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_forward(inputs)
+            if len(held) == depth:
+                engine.process_outputs(held.popleft())
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+            else:
+                held.append(current)
+    loop.__name__ = loop.__qualname__ = f"keep_{depth}_in_flight"
+    return loop
+
+
+@contextlib.contextmanager
+def ring(slots: int):
+    """Runs started inside use a ring of ``slots`` host slots (round N writes slot N % slots)."""
+    before = engine_module.NUM_SLOTS
+    engine_module.NUM_SLOTS = slots
+    try:
+        yield
+    finally:
+        engine_module.NUM_SLOTS = before
+
+
+@functools.lru_cache(maxsize=1)
+def ring_engine() -> Engine:
+    """A ZOS engine (batches of 3, race checker on) built with MAX_SLOTS host slots, so that a run
+    may use any ring up to that; closed when Python exits."""
+    with ring(MAX_SLOTS):
+        engine = Engine(EngineConfig(mode="zos", max_batch_size=3))
+    atexit.register(engine.close)
+    return engine
+
+
+def _callable(name: str, value) -> None:
+    if not callable(value):
+        raise TypeError(f"{name} must be a function, got {type(value).__name__} {shown(value)}")
