@@ -32,12 +32,17 @@ stamp() {
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
-        if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-            echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python 3.11" \
-                 "(the version it is tested on). Install it, then e.g. PYTHON=python3.11 ./run.sh $1" >&2
+        # pyproject.toml's requires-python (>=3.11); tests/test_run_sh.py keeps the two equal.
+        if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; then
+            echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python" \
+                 "3.11 or newer (3.11 to 3.14). Pick one with PYTHON, e.g. PYTHON=python3.13 ./run.sh $1" >&2
             exit 2
         fi
+        echo "run.sh: setting up $VENV with $(command -v "$PY") ($("$PY" -V 2>&1))" >&2
         "$PY" -m venv "$VENV"
+    elif [ -n "${PYTHON:-}" ] && [ "$("$PY" -V 2>&1)" != "$("$VENV/bin/python" -V 2>&1)" ]; then
+        echo "run.sh: $VENV already holds $("$VENV/bin/python" -V 2>&1), not PYTHON=$PYTHON's" \
+             "$("$PY" -V 2>&1 || echo "(not found)"); using $VENV (rm -rf $VENV to switch)" >&2
     fi
     local want
     want=$(stamp)
