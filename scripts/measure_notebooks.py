@@ -38,6 +38,8 @@ from pathlib import Path
 import nbformat
 import psutil
 
+from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID
+
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
 TIMES = REPO / "docs" / "learner_times.json"
@@ -166,9 +168,11 @@ def checked_cells(rel: str) -> list[int]:
 
 
 def shape(rel: str) -> dict:
-    """Cells, markdown words and checked cells (see :func:`checked_cells`)."""
+    """Cells, markdown words and checked cells (see :func:`checked_cells`).  The course setup cell
+    (overlap_course/build/setup_cell.py) is not counted: it is not the lesson, and where the
+    course is installed it does nothing."""
     nb = nbformat.read(REPO / f"{rel}.ipynb", as_version=4)
-    return {"cells": len(nb.cells),
+    return {"cells": sum(c.get("id") != SETUP_CELL_ID for c in nb.cells),
             "words": prose_words(nb),
             "checks": len(checked_cells(rel))}
 

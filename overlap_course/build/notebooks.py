@@ -41,6 +41,8 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.build import setup_cell
+
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
@@ -111,6 +113,7 @@ def check(root: Path = ROOT) -> list[str]:
             elif _sources(nbformat.read(path, as_version=4)) != _sources(render(source_nb, keep)):
                 problems.append(f"{path.relative_to(root)} is out of date with {src.relative_to(root)}: "
                                 f"run `python -m overlap_course.build.notebooks build`")
+    problems += setup_cell.problems(root)
     for path in stored_notebooks(root):
         nb = nbformat.read(path, as_version=4)
         if "widgets" in nb.metadata:
