@@ -32,7 +32,7 @@ stamp() {
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
-        # pyproject.toml's requires-python (>=3.11); tests/test_run_sh.py keeps the two equal.
+        # pyproject.toml's requires-python (>=3.11); tests/test_packaging.py keeps the two equal.
         if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; then
             echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python" \
                  "3.11 or newer (3.11 to 3.14). Pick one with PYTHON, e.g. PYTHON=python3.13 ./run.sh $1" >&2

@@ -14,7 +14,7 @@
 # Why not the repo's .venv: LocalProcessSpawner starts each learner's server as the learner's
 # own Unix user, who must be able to execute the interpreter.  A venv made from a Python under
 # /root (pyenv; CI's .venv) is not executable by them, so the venv is made from a system Python
-# 3.11 (Debian's /usr/bin/python3 by default; TOY_HUB_PYTHON overrides).
+# 3.11 or newer (Debian's /usr/bin/python3 by default; TOY_HUB_PYTHON overrides).
 #
 # Idempotent; the course package is reinstalled from this checkout on every run (15 s), so the
 # hub serves the code under test.  Also needs Debian's chromium + playwright in the test's
@@ -43,14 +43,14 @@ if [ ! -x "$PY" ] && [ "$PY" = /usr/bin/python3 ]; then
     echo "install_hub: installing Debian's python3"
     apt_install python3 python3-venv
 fi
-if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-    echo "install_hub: $PY is $("$PY" -V 2>&1 || echo missing); the course declares and tests Python 3.11" \
-         "(set TOY_HUB_PYTHON to a 3.11 interpreter every user can execute)" >&2
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; then
+    echo "install_hub: $PY is $("$PY" -V 2>&1 || echo missing); the course needs Python 3.11 or newer" \
+         "(set TOY_HUB_PYTHON to such an interpreter every user can execute)" >&2
     exit 1
 fi
 if ! runuser -u nobody -- "$PY" -c pass 2>/dev/null; then
     echo "install_hub: $PY cannot be executed by other users (is it under /root?);" \
-         "set TOY_HUB_PYTHON to a Python 3.11 outside private home directories" >&2
+         "set TOY_HUB_PYTHON to a Python 3.11 or newer outside private home directories" >&2
     exit 1
 fi
 if [ ! -x "$PREFIX/venv/bin/python" ]; then

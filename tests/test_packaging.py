@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH_FLOOR = {
     "Tensor.scatter_reduce(dim, index, src, 'amax') in overlap_course/corpus.py": "1.12",
     "torch.load(..., weights_only=True) in model.py": "1.13",
-    "a wheel for Python 3.11, the only Python declared": "2.0",
+    "a wheel for Python 3.11, the oldest Python declared (pip picks a torch with a wheel for "
+    "a newer one: 3.14's since torch 2.9)": "2.0",
     "a build against NumPy 2 (numpy>=2 is a dependency; older builds warn at import and cannot "
     "exchange arrays with it)": "2.3",
 }

@@ -1,6 +1,6 @@
 """The course without a clone: a notebook opened alone, and a plain (not editable) install.
 
-One fresh virtual environment, outside the repository, with torch (from
+One fresh virtual environment (its pip upgraded), outside the repository, with torch (from
 ``scripts/install_torch.sh``: on Python 3.11 here the CPU wheel on disk, no download) and only
 what runs a notebook (nbval, nbclient, ipykernel) -- a hosted runtime's situation:
 
@@ -76,7 +76,9 @@ def runtime(tmp_path_factory):
     proc = _run(["git", "clone", "-q", ROOT, clone], tmp)
     assert proc.returncode == 0, proc.stderr
     venv = tmp / "venv"
-    proc = _run([sys.executable, "-m", "venv", venv], tmp)
+    # --upgrade-deps: a current pip, as hosted runtimes have (pip before 24 rejects the setup
+    # cell's "toy_engine[course] @ git+file:///..." requirement as an invalid URL).
+    proc = _run([sys.executable, "-m", "venv", "--upgrade-deps", venv], tmp)
     if proc.returncode:
         _unavailable(f"python -m venv failed: {proc.stderr[-500:]}")
     python = venv / "bin" / "python"
