@@ -68,5 +68,6 @@ def test_a_failed_install_names_the_source_and_the_fix(tmp_path):
         pytest.skip(f"{base} imports toy_engine: no interpreter without the course here")
     assert proc.returncode != 0
     assert f"installing the course from {missing}" in proc.stdout, proc.stdout
+    assert "ERROR" in proc.stdout, f"pip's own error is not shown in the cell:\n{proc.stdout}"
     assert "RuntimeError: pip could not install the course" in proc.stderr, proc.stderr[-2000:]
     assert setup_cell.ENV_VAR in proc.stderr.splitlines()[-1], proc.stderr[-2000:]

@@ -44,7 +44,10 @@ if not all(importlib.util.find_spec(name) for name in ("toy_engine", "overlap_co
         COURSE_SOURCE = "file://" + os.path.abspath(COURSE_SOURCE)
     print(f"installing the course from {{COURSE_SOURCE}} (torch is kept if present) ...")
     course = f"toy_engine[course] @ {{COURSE_SOURCE}}"
-    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", course]).returncode != 0:
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", course],
+                         capture_output=True, text=True)  # shown here, not in the server's log
+    if pip.returncode != 0:
+        print(pip.stdout[-3000:], pip.stderr[-3000:], sep="\\n")
         raise RuntimeError(f"pip could not install the course from {{COURSE_SOURCE}}; set "
                            "{env_var} to a copy you can reach (a git URL or a folder)")
     importlib.invalidate_caches()
