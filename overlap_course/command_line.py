@@ -41,7 +41,8 @@ def whole_number(minimum: int, maximum: int | None = None):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, got {text[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, "
+                                             f"got {text[:40]!r}") from None
         if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text[:40]}")
         return value
@@ -58,8 +59,8 @@ def finite_number(minimum: float, maximum: float):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, got {text[:40]!r}") from None
         if not math.isfinite(value) or not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be a finite number from {minimum:g} to {maximum:g}, "
-                                             f"got {text[:40]}")
+            raise argparse.ArgumentTypeError(f"must be a finite number from {minimum:g} to "
+                                             f"{maximum:g}, got {text[:40]}")
         return value
 
     return parse
@@ -78,6 +79,6 @@ def exit_quietly_on_broken_pipe() -> None:
     reader took what it wanted."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is not a real file (captured in-process): nothing to flush
+    except (OSError, ValueError):  # stdout is no real file (captured in-process): nothing to flush
         pass
     raise SystemExit(0)

@@ -139,7 +139,7 @@ def _number(value, what: str) -> float:
     """A finite time in microseconds, within +-MAX_TIME_US (a 400-digit int is refused here,
     not met as an OverflowError later)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number of microseconds, got {str(value)[:40]!r}")
+        raise ValueError(f"{what} must be a finite number of microseconds, got {str(value)[:40]!r}")
     if not -MAX_TIME_US <= value <= MAX_TIME_US:  # NaN and infinities fail this too
         shown = (f"{value:.3g}" if isinstance(value, float)
                  else f"an integer of {value.bit_length()} bits")
