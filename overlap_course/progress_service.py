@@ -63,7 +63,7 @@ class Store:
         check = self.db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             self.db.close()
-            raise sqlite3.DatabaseError(f"damaged: {check}")
+            raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
