@@ -13,23 +13,28 @@ import math
 import os
 import sys
 
-__all__ = ["Parser", "fail", "whole_number", "finite_number", "emit", "exit_quietly_on_broken_pipe"]
+__all__ = ["Parser", "fail", "one_line", "whole_number", "finite_number", "emit", "exit_quietly_on_broken_pipe"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
+
+
+def one_line(text) -> str:
+    """``text`` on one line: a line break it quotes (from an argument, a file name) written as
+    ``\\n``."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n")
 
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line (its subcommands' too)."""
 
     def error(self, message: str):
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
-def fail(prog: str, message: str) -> int:
+def fail(prog: str, message) -> int:
     """Say what is wrong in one line on stderr; the exit status of bad input."""
-    first = " ".join(str(message).split())  # one line, whatever the message held
-    print(f"{prog}: error: {first}", file=sys.stderr)
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
     return USAGE_ERROR
 
 

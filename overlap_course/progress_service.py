@@ -107,8 +107,8 @@ def open_store(path: str) -> Store:
             raise ValueError(f"the database {path!r} is not a readable SQLite file ({err}) and "
                              f"cannot be moved aside ({move.strerror}): move it away by hand, "
                              f"then start again") from None
-        print(f"course-progress: {path} is not a readable SQLite database ({err}); moved it to "
-              f"{aside} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
+        print(f"course-progress: {path!r} is not a readable SQLite database ({err}); moved it to "
+              f"{aside!r} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
         return Store(path)
 
 
@@ -418,11 +418,20 @@ PROG = "python -m overlap_course.progress_service"
 DEFAULT_URL = "http://127.0.0.1:10101"
 
 
+def _refuse(message) -> int:
+    """One line on stderr (a line break in what it quotes written as \\n), and status 2.  As
+    ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file,
+    progress.py and safe_json.py."""
+    text = str(message).replace("\r", "\\r").replace("\n", "\\n")
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+    return 2
+
+
 class _Parser(argparse.ArgumentParser):
     """Errors in one line (argparse prints its usage first); the hub's log shows the last line."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(_refuse(f"{message} (see --help)"))
 
 
 def listen_address(url: str) -> tuple[str, int]:
@@ -441,9 +450,8 @@ def listen_address(url: str) -> tuple[str, int]:
 def serve(store: Store, a: argparse.Namespace, host: str, port: int) -> int:
     """Serve the room until the hub stops the service (SIGINT)."""
     if HubOAuth is None:
-        print(f"{PROG}: error: the service runs in a JupyterHub environment: install jupyterhub "
-              f"(4 to 6) where it runs", file=sys.stderr)
-        return 2
+        return _refuse("the service runs in a JupyterHub environment: install jupyterhub (4 to 6) "
+                       "where it runs")
     service = ProgressService(store, a.instructors, a.guide_file, a.guide_url)
     # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 saying so.
     service.make_app().listen(port, host, max_body_size=2 * 2**20)
@@ -467,8 +475,7 @@ def main(argv=None) -> int:
         host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
         store = open_store(a.db)
     except ValueError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        return _refuse(err)
     return serve(store, a, host, port)
 
 

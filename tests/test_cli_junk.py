@@ -54,6 +54,10 @@ class File:
     content: bytes = b""
     name: str = "junk.json"
 
+    def __repr__(self) -> str:  # a failing example's report: not 100 kB of database
+        return f"File({self.kind!r}, {self.content[:40]!r}{'...' if len(self.content) > 40 else ''}, " \
+               f"{len(self.content)} bytes, name={self.name!r})"
+
     def make(self, folder: Path) -> str:
         path = folder / f"{len(list(folder.iterdir()))}_{self.name}"
         if self.kind == "file":
@@ -151,11 +155,11 @@ class Command:
     start an engine, a server or a grader; ``env``: a strategy of environment variables to set;
     ``notes``: lines it may print on stderr when it succeeds (a note such as "moved aside")."""
     name: str
-    main: Callable[[list[str]], int | None]
-    argv: st.SearchStrategy
-    claims_json: Callable[[list[str]], bool]
-    stand_ins: tuple = ()
-    env: st.SearchStrategy = field(default_factory=lambda: st.just({}))
+    main: Callable[[list[str]], int | None] = field(repr=False)
+    argv: st.SearchStrategy = field(repr=False)
+    claims_json: Callable[[list[str]], bool] = field(repr=False)
+    stand_ins: tuple = field(default=(), repr=False)
+    env: st.SearchStrategy = field(default_factory=lambda: st.just({}), repr=False)
     notes: int = 0
 
 
@@ -246,7 +250,7 @@ SERVICE_ARGV = st.builds(lambda db, extra: ["--db", db, *extra], _DB_FILE,
                                                    "--guide-file"]), max_size=2) | st.lists(_TOKEN, max_size=1))
 SERVICE_ENV = st.fixed_dictionaries({}, optional={"JUPYTERHUB_SERVICE_URL": st.sampled_from(
     ["http://127.0.0.1:10101", "http://hub:port/", "10101", "http://[::1]:8000", "ftp://x:1", "http://h:99999",
-     "", "http://:0"]) | st.text(max_size=12)})
+     "", "http://:0"]) | st.text(max_size=12).filter(lambda t: "\x00" not in t)})  # no NUL in os.environ
 
 COMMANDS = [
     Command("trace summary", kineto.main, SUMMARY_ARGV, lambda argv: argv[:1] == ["summary"]),
