@@ -123,6 +123,23 @@ _CONTENT = st.one_of(
 )
 
 
+_STORED = json.loads((TRACES_DIR / "cpu_zos.json").read_text())
+
+
+def _stored_with(where: tuple, value) -> bytes:
+    """The shipped ZOS run with one field (top level, or ``("spans", i, field)``) set to ``value``."""
+    data = json.loads(json.dumps(_STORED))
+    target = data if len(where) == 1 else data["spans"][where[1] % len(data["spans"])]
+    target[where[-1]] = value
+    return _dumped(data)
+
+
+# A stored course timeline with one field junk: export's STORED argument.
+_TIMELINE = st.builds(_stored_with, st.sampled_from(
+    [("origin_ns",), ("version",), ("spans", 0, "start_ms"), ("spans", 3, "end_ms"), ("spans", 7, "round"),
+     ("spans", 9, "cpu_ms"), ("spans", 2, "owner"), ("spans", 5, "lane"), ("spans", 4, "stage")]), _SCALARS)
+
+
 def _maybe_gzip(data: bytes, how: int) -> bytes:
     if how == 1:
         return gzip.compress(data)
@@ -194,7 +211,8 @@ SUMMARY_ARGV = st.one_of(
 EXPORT_ARGV = st.builds(
     lambda out, stored, flags: ["export", out, *stored, *flags],
     _OUTPUT_FILE | _TOKEN,
-    st.lists(_INPUT_FILE | st.sampled_from(["cpu_zos", "cpu_serial_spec4", "no_such_run"]), max_size=1),
+    st.lists(_INPUT_FILE | st.builds(File, st.just("file"), _TIMELINE)
+             | st.sampled_from(["cpu_zos", "cpu_serial_spec4", "no_such_run"]), max_size=1),
     _FLAG_VALUES,
 )
 

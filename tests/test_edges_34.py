@@ -143,6 +143,29 @@ def test_export_where_nothing_can_be_written_is_one_line(capsys):
                       "cannot write '/proc/no_such_dir/trace.json'", "choose a path")
 
 
+def _stored_zos(tmp_path, change) -> Path:
+    from overlap_course.traces.recorded import TRACES_DIR
+    data = json.loads((TRACES_DIR / "cpu_zos.json").read_text())
+    change(data)
+    path = tmp_path / "stored.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.update(origin_ns=10**400), "origin_ns is not a clock reading"),
+    (lambda d: d["spans"][3].update(end_ms=1e308), "spans reach inf us"),
+    (lambda d: d["spans"][3].update(start_ms=-1e17), "beyond the 1e+18 us a trace may hold"),
+])
+def test_export_of_a_stored_run_whose_times_overflow_writes_nothing(tmp_path, capsys, change, says):
+    """Found beside case 3: an OverflowError traceback, or a file with Infinity that the
+    course's own reader then refused, naming the output instead of the input."""
+    out = tmp_path / "out.json"
+    _one_line_refusal(_run(kineto.main, ["export", str(out), str(_stored_zos(tmp_path, change))],
+                           capsys), says)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--prompts", "0"], "argument --prompts"), (["--host-overhead-ms", "nan"], "--host-overhead-ms"),
     (["--max-new-tokens", "1e3"], "whole number"), (["--device", "tpu"], "invalid choice")])
