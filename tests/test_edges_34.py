@@ -156,6 +156,7 @@ def _stored_zos(tmp_path, change) -> Path:
     (lambda d: d.update(origin_ns=10**400), "origin_ns is not a clock reading"),
     (lambda d: d["spans"][3].update(end_ms=1e308), "spans reach inf us"),
     (lambda d: d["spans"][3].update(start_ms=-1e17), "beyond the 1e+18 us a trace may hold"),
+    (lambda d: d["spans"][3].update(end_ms=10**400), "end_ms must be a finite number, got an integer"),
 ])
 def test_export_of_a_stored_run_whose_times_overflow_writes_nothing(tmp_path, capsys, change, says):
     """Found beside case 3: an OverflowError traceback, or a file with Infinity that the
