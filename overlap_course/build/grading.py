@@ -443,8 +443,12 @@ def _mark(value) -> tuple:
 def _compare(before: dict, after: dict) -> list[str]:
     """Names replaced or removed, and names added to a course module that shadow a builtin."""
     changed = [key for key, mark in before.items() if after.get(key) != mark]
-    shadow = [key for key in after.keys() - before.keys() if key.startswith(_OURS)
-              and key.rpartition(".")[2] in vars(builtins)]
+    shadow = []
+    for key in after.keys() - before.keys():
+        module, _, attr = key.rpartition(".")
+        if (f"sys.modules[{module!r}]" in before and module.startswith(_OURS)
+                and attr in vars(builtins) and not attr.startswith("__")):
+            shadow.append(key)
     return changed + sorted(shadow)
 
 
