@@ -187,6 +187,7 @@ def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
     """Give every graded cell of an executed submission the judge's outputs: a line that
     says it passed, or a ``CheckNotPassed`` error (nbgrader scores a cell with an error 0)."""
     changed = _changed_files(pristine) if pristine is not None else []
+    private = _private_folders(Path.cwd())
     for index, cell in enumerate(nb.cells):
         check = cell.metadata.get("nbgrader", {}).get("grade_id")
         if cell.cell_type != "code" or check not in GRADED_CALLS:
@@ -198,7 +199,7 @@ def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
                 f"written them: reinstall the course and grade again, with submissions unable "
                 f"to write the environment")
         else:
-            passed, message = judge(check, _code_before(nb, index))
+            passed, message = judge(check, _code_before(nb, index), private)
         cell.outputs = [_outcome(check, passed, message)]
 
 
@@ -223,19 +224,27 @@ def graded_arguments(check: str) -> list[str]:
     return [name.strip() for name in inside.split(",")]
 
 
-def judge(check: str, cells: list[str]) -> tuple[bool, str]:
+def _private_folders(course: Path) -> list[str]:
+    """Folders the judge's code may not read: the solutions, and the nbgrader course it grades
+    in (other submissions, the gradebook) unless that folder holds the installation itself."""
+    folders = [ROOT / "solutions", ROOT / "source", course.resolve()]
+    needed = (ROOT, Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve())
+    return [str(f) for f in folders if not any(n.is_relative_to(f) for n in needed)]
+
+
+def judge(check: str, cells: list[str], private: list[str] = ()) -> tuple[bool, str]:
     """(passed, message) for ``check`` on the answers ``cells`` define, from fresh processes.
 
     A check of values reads them in one process (the learner's cells run there) and judges them
     in another that runs no line of the submission; a check of code runs the cells and the
     check in one process that verifies afterwards that nothing the checker uses was replaced."""
     names = graded_arguments(check)
-    request = {"check": check, "names": names, "cells": cells}
+    request = {"check": check, "names": names, "cells": cells, "private": list(private)}
     if set(names) <= VALUE_ANSWERS:
         answers = _run_judge("answers", request)
         if "values" not in answers:
             return False, answers["message"]
-        request = {"check": check, "names": names, "values": answers["values"]}
+        request = {"check": check, "names": names, "values": answers["values"], "private": []}
     report = _run_judge("check", request)
     return report["passed"] is True, report["message"]
 
@@ -316,6 +325,7 @@ def judge_main(argv: list[str]) -> None:
                              f"not from {root}")
     request = json.loads(Path(ask).read_text(encoding="utf-8"))
     write = _reporter(answer)
+    sys.addaudithook(_refuse_reading(request["private"]))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -330,6 +340,22 @@ def judge_main(argv: list[str]) -> None:
             write({"passed": False, "message": args})
             return
     write(_verdict(check, args, before, threads, checks.Verdict))
+
+
+def _refuse_reading(private: list[str]):
+    """An audit hook (it cannot be removed) that refuses to open notebooks, symlinks and the
+    private folders: the submission's cells cannot exec the solution's cell from disk."""
+    folders = [Path(f) for f in private]
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "os.symlink" or event == "os.link":
+            raise PermissionError("the judge refuses new links")
+        if event != "open" or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        path = Path(os.path.realpath(os.fsdecode(args[0])))
+        if path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders):
+            raise PermissionError(f"the judge does not let a submission read {path}")
+    return hook
 
 
 def _reporter(path: str):
