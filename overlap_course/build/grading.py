@@ -150,20 +150,19 @@ def autograde_preprocessors() -> list:
     ``SaveAutoGrades`` reads the graded cells' outputs).  Called by the course's
     ``nbgrader_config.py`` when nbgrader starts, before any submission runs: the digest of the
     installed course taken here is what every later judge is checked against."""
-    from nbconvert.preprocessors import Preprocessor
     from nbgrader.converters import Autograde
-    from nbgrader.preprocessors import Execute
+    from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
     pristine = installed_digest()
 
-    class JudgeInFreshProcess(Preprocessor):
+    class JudgeInFreshProcess(NbGraderPreprocessor):  # enabled, unlike nbconvert's
         """Overwrites each graded cell's outputs with a fresh process's verdict."""
 
         def preprocess(self, nb, resources):
             judge_notebook(nb, pristine)
             return nb, resources
 
-    steps = list(Autograde.class_traits()["autograde_preprocessors"].default_value)
+    steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     steps.insert(steps.index(Execute) + 1, JudgeInFreshProcess)
     return steps
 
