@@ -131,12 +131,20 @@ def check(root: Path = ROOT) -> list[str]:
 
 
 def course(dest: Path, root: Path = ROOT, assignments=None) -> Path:
-    """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config."""
+    """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config.
+    Raises ValueError, naming the problem, for an unknown exercise or a DEST that is a file."""
+    sources = {path.stem: path for path in sorted((root / "source").glob("*.ipynb"))}
+    unknown = [name for name in assignments or () if name not in sources]
+    if unknown:
+        raise ValueError(f"no exercise named {', '.join(map(repr, unknown))}; the exercises are "
+                         f"{', '.join(sources)}")
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"DEST {str(dest)!r} is a file: give a folder (new or existing)")
     dest.mkdir(parents=True, exist_ok=True)
-    for path in sorted((root / "source").glob("*.ipynb")):
-        if assignments and path.stem not in assignments:
+    for name, path in sources.items():
+        if assignments and name not in assignments:
             continue
-        folder = dest / "source" / path.stem
+        folder = dest / "source" / name
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, folder / path.name)
     (dest / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
@@ -536,7 +544,12 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="fail if source/*.ipynb lack their nbgrader metadata")
     a = p.parse_args(argv)
     if a.cmd == "course":
-        print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+        try:
+            print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+        except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
+            why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
+            print(f"grading course: {why}", file=sys.stderr)
+            return 2
     elif a.cmd == "annotate":
         for path in sorted((ROOT / "source").glob("*.ipynb")):
             print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
