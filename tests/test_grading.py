@@ -273,8 +273,8 @@ def test_a_submission_cannot_grade_itself(tmp_path):
             judged = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade")
                       for o in c.outputs]
             assert len(judged) == 2 and all(  # the judge's outputs, not the kernel's
-                "judged in a fresh process" in o.get("text", "") or o.get("ename") == "CheckNotPassed"
-                for o in judged), (student, judged)
+                "judged in a fresh process" in o.get("text", "")
+                or o.get("ename") == "CheckNotPassed" for o in judged), (student, judged)
             control = "".join(o.get("text", "") for o in graded.cells[-1].outputs)
             assert ("KERNEL PASSES True True" in control) == (fooled or student == "right"), (
                 student, control, graded.cells[-1].outputs)

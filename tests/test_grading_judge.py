@@ -42,7 +42,10 @@ def test_values_cross_as_plain_data_only():
         def __eq__(self, other):
             return True
 
-    for odd in (Everything(), {"seqlens_k": object()}, [[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]):
+    deep = [1]
+    for _ in range(30):
+        deep = [deep]
+    for odd in (Everything(), {"seqlens_k": object()}, deep):
         with pytest.raises(ValueError):
             grading._encode(odd)
 

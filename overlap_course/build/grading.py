@@ -58,7 +58,8 @@ c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 from overlap_course.build.grading import autograde_preprocessors
 c.Autograde.autograde_preprocessors = autograde_preprocessors()
 c.Execute.timeout = 300          # a checker runs the engine: several seconds on a busy machine
-c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}
+c.ClearSolutions.code_stub = {
+    "python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}
 '''
 
 
@@ -178,7 +179,8 @@ def autograde_preprocessors() -> list:
 def installed_digest() -> dict[str, str]:
     """SHA-256 of every file the judge trusts: the course's and the toy's modules, and the
     start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
-    files = [*sorted((ROOT / "overlap_course").rglob("*.py")), *sorted((ROOT / "toy_engine").rglob("*.py"))]
+    files = [path for package in ("overlap_course", "toy_engine")
+             for path in sorted((ROOT / package).rglob("*.py"))]
     for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
         folder = Path(where)
         files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))
@@ -187,7 +189,8 @@ def installed_digest() -> dict[str, str]:
 
 def _changed_files(pristine: dict[str, str]) -> list[str]:
     now = installed_digest()
-    return sorted(set(now) ^ set(pristine) | {f for f in now if f in pristine and now[f] != pristine[f]})
+    edited = {f for f in now if f in pristine and now[f] != pristine[f]}
+    return sorted(set(now) ^ set(pristine) | edited)
 
 
 def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
@@ -415,7 +418,8 @@ def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | st
             return _missing(name, notes)
         value = space[name]
         if name in CONTEXT_TYPES and type(value) is not getattr(toy_engine, CONTEXT_TYPES[name]):
-            return f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, not a {type(value).__name__}"
+            return (f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, "
+                    f"not a {type(value).__name__}")
         if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
             return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
         args.append(value)
