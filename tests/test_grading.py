@@ -161,7 +161,7 @@ def correct_seqlens_qk(meta, accepted, block_size):
     meta["seqlens_k"] += accepted[meta["rows"]] * meta["pending"]  # positions and slots left stale
 """
 WRONG_METADATA = 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'
-# Each cheat: (wrong answers, a cell the learner adds above the first graded cell, whether the
+# Each cheat: (wrong answers, a cell the learner adds above each graded cell, whether the
 # learner's own kernel is fooled -- its checks pass the wrong answers, shown by a control cell).
 CHEATS = {
     "environment": (("correction", "metadata"), 'import os\nos.environ["OVERLAP_GRADING"] = "0"\n',
@@ -186,7 +186,8 @@ sys.modules["overlap_course.checks"] = overlap_course.checks = checks = fake
 """, True),
     "patched_builtins": (("metadata",), """\
 import builtins
-_set = builtins.set
+_set = getattr(builtins, "_real_set", builtins.set)
+builtins._real_set = _set
 builtins.set = lambda *a: _set({"seqlens_k", "positions", "slot_mapping", "input_ids"}) if (
     a and isinstance(a[0], list) and "seqlens_q" in a[0]) else _set(*a)
 """, True),
@@ -235,9 +236,9 @@ def _cheater(released, wrong: tuple[str, ...], cheat: str | None, patching: bool
             cell.source = PATCHING_CORRECTION if patching else WRONG_CORRECTION
         if grade_id == "answer_needs_correction" and "metadata" in wrong:
             cell.source = WRONG_METADATA
-    first = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade"))
-    if cheat:
-        nb.cells.insert(first, nbformat.v4.new_code_cell(cheat))
+    graded = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade")]
+    for index in reversed(graded if cheat else []):  # again after the answers below the first
+        nb.cells.insert(index, nbformat.v4.new_code_cell(cheat))
     nb.cells.append(nbformat.v4.new_code_cell(CONTROL))
     return nb
 
