@@ -224,6 +224,8 @@ def correct_seqlens_qk(meta, accepted, block_size):
     from overlap_course.checks.verdict import passes
     L.fails = lambda *a, **k: passes("ok")  # the checker's next verdict on it passes
 """
+# A right answer judged beside a checker the submission's cells changed is not trusted either.
+TAMPERS_WITH_THE_CODE_JUDGE = {"patched_builtins"}
 CONTROL = ('print("KERNEL PASSES", bool(checks.check_correction(correct_seqlens_qk)), '
            'bool(checks.check_metadata_answer(needs_correction)))\n')
 
@@ -266,7 +268,8 @@ def test_a_submission_cannot_grade_itself(tmp_path):
             patching = student == "function_patches_when_called"
             scores = {cell: gb.find_grade(cell, EX04, EX04, student).score
                       for cell in ("check_correction", "check_metadata_answer")}
-            want = {"check_correction": 0 if "correction" in wrong or patching else 4,
+            untrusted = patching or student in TAMPERS_WITH_THE_CODE_JUDGE
+            want = {"check_correction": 0 if "correction" in wrong or untrusted else 4,
                     "check_metadata_answer": 0 if "metadata" in wrong else 2}
             assert scores == want, (student, scores)
             graded = nbformat.read(home / "autograded" / student / EX04 / f"{EX04}.ipynb",
