@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from overlap_course.build import notebooks as course
+from overlap_course import progress
 from overlap_course.build import grading
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def test_the_shipped_notebooks_carry_no_nbgrader_metadata():
 
 def _nbgrader(course_dir: Path, *args: str) -> str:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    env.pop(grading.GRADING_ENV, None)  # the config alone must switch grading on in the kernels
+    env.pop(progress.ENV_GRADING, None)  # the grade must not depend on the grader's environment
     done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"nbgrader {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -150,3 +151,134 @@ def test_a_learners_lab_set_up_by_run_sh_loads_no_nbgrader_menus():
                             text=True).stderr + ""
     enabled = [line for line in listed.splitlines() if "nbgrader.server_extensions" in line and "enabled" in line]
     assert not enabled, enabled
+
+
+# ------------------------------------------------------------------ a submission that grades itself
+
+EX04 = "04_seqlen_correction"
+WRONG_CORRECTION = """\
+def correct_seqlens_qk(meta, accepted, block_size):
+    meta["seqlens_k"] += accepted[meta["rows"]] * meta["pending"]  # positions and slots left stale
+"""
+WRONG_METADATA = 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'
+# Each cheat: (wrong answers, a cell the learner adds above each graded cell, whether the
+# learner's own kernel is fooled -- its checks pass the wrong answers, shown by a control cell).
+CHEATS = {
+    "environment": (("correction", "metadata"), 'import os\nos.environ["OVERLAP_GRADING"] = "0"\n',
+                    False),
+    "replaced_checks": (("correction", "metadata"), """\
+from overlap_course.checks.verdict import passes
+checks.check_correction = lambda *a, **k: passes("ok")
+checks.check_metadata_answer = lambda *a, **k: passes("ok")
+""", True),
+    "patched_verdict": (("correction", "metadata"), """\
+from overlap_course.checks import verdict as V
+V.Verdict.__post_init__ = lambda self: None
+V.Verdict.passed = property(lambda self: True, lambda self, value: None)
+""", True),
+    "fake_sys_modules": (("correction", "metadata"), """\
+import sys, types
+import overlap_course
+from overlap_course.checks.verdict import passes
+fake = types.ModuleType("overlap_course.checks")
+fake.check_correction = fake.check_metadata_answer = lambda *a, **k: passes("ok")
+sys.modules["overlap_course.checks"] = overlap_course.checks = checks = fake
+""", True),
+    "patched_builtins": (("metadata",), """\
+import builtins
+_set = getattr(builtins, "_real_set", builtins.set)
+builtins._real_set = _set
+builtins.set = lambda *a: _set({"seqlens_k", "positions", "slot_mapping", "input_ids"}) if (
+    a and isinstance(a[0], list) and "seqlens_q" in a[0]) else _set(*a)
+""", True),
+    "patched_checker_helpers": (("correction",), """\
+import overlap_course.checks.lesson04 as L
+L._judge_case = lambda *a, **k: None
+L._stays_on_device = lambda *a, **k: None
+L.pool.compare = lambda *a, **k: ""
+""", True),
+    "function_patches_when_called": (("metadata",), None, True),  # its correction does it
+    "files_and_solution": (("correction", "metadata"), """\
+import json, os, pathlib
+import overlap_course
+here = pathlib.Path("04_seqlen_correction.ipynb")
+for name in os.listdir("."):
+    if name != here.name:
+        os.remove(name)  # whatever lay next to the notebook
+solutions = [pathlib.Path("../../../source/04_seqlen_correction/04_seqlen_correction.ipynb"),
+             pathlib.Path(overlap_course.__file__).parents[1] / "solutions" / here.name]
+for path in solutions:
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except OSError:
+        continue
+    for cell in cells:
+        if "BEGIN SOLUTION" in "".join(cell["source"]):
+            exec("".join(cell["source"]))  # the solution's answers, read at grading time
+    here.write_text(path.read_text())  # the notebook itself rewritten as the solution
+""", True),
+}
+PATCHING_CORRECTION = """\
+def correct_seqlens_qk(meta, accepted, block_size):
+    import overlap_course.checks.lesson04 as L
+    from overlap_course.checks.verdict import passes
+    L.fails = lambda *a, **k: passes("ok")  # the checker's next verdict on it passes
+"""
+# A right answer judged beside a checker the submission's cells changed is not trusted either.
+TAMPERS_WITH_THE_CODE_JUDGE = {"patched_builtins"}
+CONTROL = ('print("KERNEL PASSES", bool(checks.check_correction(correct_seqlens_qk)), '
+           'bool(checks.check_metadata_answer(needs_correction)))\n')
+
+
+def _cheater(released, wrong: tuple[str, ...], cheat: str | None, patching: bool):
+    nb = _submission(released, ROOT / "solutions" / f"{EX04}.ipynb", None)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id == "answer_correct_seqlens_qk" and (patching or "correction" in wrong):
+            cell.source = PATCHING_CORRECTION if patching else WRONG_CORRECTION
+        if grade_id == "answer_needs_correction" and "metadata" in wrong:
+            cell.source = WRONG_METADATA
+    graded = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade")]
+    for index in reversed(graded if cheat else []):  # again after the answers below the first
+        nb.cells.insert(index, nbformat.v4.new_code_cell(cheat))
+    nb.cells.append(nbformat.v4.new_code_cell(CONTROL))
+    return nb
+
+
+@pytest.mark.timeout(1500)
+def test_a_submission_cannot_grade_itself(tmp_path):
+    """Real nbgrader autograde of exercise 04: each cheat fools the learner's own kernel (its
+    control cell says the wrong answers pass) and still scores 0 on every wrong answer."""
+    pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra: pip install -e '.[dev]'")
+    from nbgrader.api import Gradebook
+
+    home = grading.course(tmp_path / "course", assignments=[EX04])
+    _nbgrader(home, "generate_assignment", EX04, "--force")
+    released = nbformat.read(home / "release" / EX04 / f"{EX04}.ipynb", as_version=4)
+    students = {"right": ((), None, False), **CHEATS}
+    for student, (wrong, cheat, _) in students.items():
+        folder = home / "submitted" / student / EX04
+        folder.mkdir(parents=True)
+        patching = student == "function_patches_when_called"
+        nbformat.write(_cheater(released, wrong, cheat, patching), folder / f"{EX04}.ipynb")
+        (folder / "notes.txt").write_text("a file next to the notebook\n")
+    _nbgrader(home, "autograde", EX04, "--force")
+    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
+        for student, (wrong, _, fooled) in students.items():
+            patching = student == "function_patches_when_called"
+            scores = {cell: gb.find_grade(cell, EX04, EX04, student).score
+                      for cell in ("check_correction", "check_metadata_answer")}
+            untrusted = patching or student in TAMPERS_WITH_THE_CODE_JUDGE
+            want = {"check_correction": 0 if "correction" in wrong or untrusted else 4,
+                    "check_metadata_answer": 0 if "metadata" in wrong else 2}
+            assert scores == want, (student, scores)
+            graded = nbformat.read(home / "autograded" / student / EX04 / f"{EX04}.ipynb",
+                                   as_version=4)
+            judged = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade")
+                      for o in c.outputs]
+            assert len(judged) == 2 and all(  # the judge's outputs, not the kernel's
+                "judged in a fresh process" in o.get("text", "")
+                or o.get("ename") == "CheckNotPassed" for o in judged), (student, judged)
+            control = "".join(o.get("text", "") for o in graded.cells[-1].outputs)
+            assert ("KERNEL PASSES True True" in control) == (fooled or student == "right"), (
+                student, control, graded.cells[-1].outputs)

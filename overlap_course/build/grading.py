@@ -1,39 +1,28 @@
-"""The exercises as an nbgrader course: the same sources, graded by the course's own checkers.
-
-``source/*.ipynb`` carry nbgrader's cell metadata (schema 3) beside their ``### BEGIN
-SOLUTION`` markers: each cell with a marked answer is a *solution* cell, and each exercise's
-checker cell (``checks.check_...(...)``) is a locked *autograded test* worth
-:data:`POINTS` points.  The shipped ``exercises/`` and ``solutions/`` do not change
-(``course.py`` drops the metadata when it renders them), so self-paced learners see nothing of
-this.  An instructor who grades with nbgrader::
-
-    python -m overlap_course.build.grading course COURSE_DIR     # nbgrader's layout + nbgrader_config.py
-    cd COURSE_DIR
-    nbgrader generate_assignment 02_serial_loop        # release/: the learner's version
-    # ... collect submissions into submitted/<student>/02_serial_loop/ ...
-    nbgrader autograde 02_serial_loop                  # runs the checkers, grades each check
-
-How a checker grades: nbgrader gives an autograded test cell no points when it raises.  A
-checker never raises for a learner's mistake (the notebook must run top to bottom for
-learners), so the course's ``nbgrader_config.py`` starts every grading kernel with
-``OVERLAP_GRADING=1``, under which a verdict that did not pass raises
-``progress.CheckNotPassed`` (with the checker's message) -- see ``progress.record``.
-Without it every check would get full points, so :func:`course` always writes that config.
-"""
+"""The exercises as an nbgrader course (docstring: TODO)."""
 
 from __future__ import annotations
 
 import argparse
+import builtins
+import hashlib
+import json
+import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import sysconfig
+import tempfile
+import threading
+import types
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
-GRADING_ENV = "OVERLAP_GRADING"
+JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
 # Points per check: the exercise's graded checker cells, by the check each calls.
 POINTS = {
     "02_serial_loop": {"check_serial_loop": 3, "check_idle_fraction": 2},
@@ -52,18 +41,26 @@ GRADED_CALLS = {
     "check_metadata_answer": "checks.check_metadata_answer(needs_correction)",
     "check_process_outputs": "checks.check_process_outputs(process_outputs)",
 }
+# Answers that are values, not code: the judge reads them out of the learner's cells in one
+# process and checks them in another, so no line of the submission runs beside that checker.
+VALUE_ANSWERS = {"order", "needs_correction"}
+# Arguments of a graded call that are not the learner's answer, and the toy class each must be.
+CONTEXT_TYPES = {"engine": "Engine"}
 
 NBGRADER_CONFIG = '''\
 # nbgrader configuration for "Overlap the Pipeline" (written by `python -m overlap_course.build.grading course`).
 c = get_config()  # noqa
 c.CourseDirectory.course_id = "overlap-the-pipeline"
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
-# The checkers' verdicts raise under grading, so a check that did not pass scores 0 (see
-# overlap_course/build/grading.py); without this line every check would get full points.
-c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=['import os; os.environ[\\\\'{env}\\\\'] = \\\\'1\\\\'']"]
+# The grade of each check comes from a judge in a fresh process that the submission's kernel
+# cannot reach (overlap_course/build/grading.py): without this line nbgrader would grade by
+# what the learner's own kernel printed, which the learner's cells control.
+from overlap_course.build.grading import autograde_preprocessors
+c.Autograde.autograde_preprocessors = autograde_preprocessors()
 c.Execute.timeout = 300          # a checker runs the engine: several seconds on a busy machine
-c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}}
-'''.format(env=GRADING_ENV)
+c.ClearSolutions.code_stub = {
+    "python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}
+'''
 
 
 def _is_solution(source: str) -> bool:
@@ -135,16 +132,410 @@ def check(root: Path = ROOT) -> list[str]:
 
 
 def course(dest: Path, root: Path = ROOT, assignments=None) -> Path:
-    """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config."""
+    """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config.
+    Raises ValueError, naming the problem, for an unknown exercise or a DEST that is a file."""
+    sources = {path.stem: path for path in sorted((root / "source").glob("*.ipynb"))}
+    unknown = [name for name in assignments or () if name not in sources]
+    if unknown:
+        raise ValueError(f"no exercise named {', '.join(map(repr, unknown))}; the exercises are "
+                         f"{', '.join(sources)}")
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"DEST {str(dest)!r} is a file: give a folder (new or existing)")
     dest.mkdir(parents=True, exist_ok=True)
-    for path in sorted((root / "source").glob("*.ipynb")):
-        if assignments and path.stem not in assignments:
+    for name, path in sources.items():
+        if assignments and name not in assignments:
             continue
-        folder = dest / "source" / path.stem
+        folder = dest / "source" / name
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, folder / path.name)
     (dest / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
     return dest
+
+
+# ------------------------------------------------------------------ the judge (grader's side)
+
+def autograde_preprocessors() -> list:
+    """nbgrader's own autograde steps, with the judge right after the kernel has run (and before
+    ``SaveAutoGrades`` reads the graded cells' outputs).  Called by the course's
+    ``nbgrader_config.py`` when nbgrader starts, before any submission runs: the digest of the
+    installed course taken here is what every later judge is checked against."""
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+
+    pristine = installed_digest()
+
+    class JudgeInFreshProcess(NbGraderPreprocessor):  # enabled, unlike nbconvert's
+        """Overwrites each graded cell's outputs with a fresh process's verdict."""
+
+        def preprocess(self, nb, resources):
+            judge_notebook(nb, pristine)
+            return nb, resources
+
+    steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
+    steps.insert(steps.index(Execute) + 1, JudgeInFreshProcess)
+    return steps
+
+
+def installed_digest() -> dict[str, str]:
+    """SHA-256 of every file the judge trusts: the course's and the toy's modules, and the
+    start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
+    files = [path for package in ("overlap_course", "toy_engine")
+             for path in sorted((ROOT / package).rglob("*.py"))]
+    for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
+        folder = Path(where)
+        files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def _changed_files(pristine: dict[str, str]) -> list[str]:
+    now = installed_digest()
+    edited = {f for f in now if f in pristine and now[f] != pristine[f]}
+    return sorted(set(now) ^ set(pristine) | edited)
+
+
+def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
+    """Give every graded cell of an executed submission the judge's outputs: a line that
+    says it passed, or a ``CheckNotPassed`` error (nbgrader scores a cell with an error 0)."""
+    changed = _changed_files(pristine) if pristine is not None else []
+    private = _private_folders(Path.cwd())
+    for index, cell in enumerate(nb.cells):
+        check = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or check not in GRADED_CALLS:
+            continue
+        if changed:
+            passed, message = False, (
+                f"not graded: {len(changed)} installed file(s) the grader trusts changed since "
+                f"nbgrader started ({', '.join(changed[:3])}); an earlier submission may have "
+                f"written them: reinstall the course and grade again, with submissions unable "
+                f"to write the environment")
+        else:
+            passed, message = judge(check, _code_before(nb, index), private)
+        cell.outputs = [_outcome(check, passed, message)]
+
+
+def _code_before(nb, index: int) -> list[str]:
+    """The submission's code cells above a graded cell, other graded cells left out."""
+    return [c.source for c in nb.cells[:index] if c.cell_type == "code"
+            and c.metadata.get("nbgrader", {}).get("grade_id") not in GRADED_CALLS]
+
+
+def _outcome(check: str, passed: bool, message: str):
+    if passed:
+        return nbformat.v4.new_output("stream", name="stdout",
+                                      text=f"PASSED (judged in a fresh process): {message}\n")
+    text = f"{check}: {message}"
+    return nbformat.v4.new_output("error", ename="CheckNotPassed", evalue=text,
+                                  traceback=[f"CheckNotPassed: {text}"])
+
+
+def graded_arguments(check: str) -> list[str]:
+    """The names a graded call passes its check: ``check_idle_fraction(idle_fraction, engine)``."""
+    inside = GRADED_CALLS[check].partition("(")[2].rstrip(")")
+    return [name.strip() for name in inside.split(",")]
+
+
+def _private_folders(course: Path) -> list[str]:
+    """Folders the judge's code may not read: the solutions, and the nbgrader course it grades
+    in (other submissions, the gradebook) unless that folder holds the installation itself."""
+    folders = [ROOT / "solutions", ROOT / "source", course.resolve()]
+    needed = (ROOT, Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve())
+    return [str(f) for f in folders if not any(n.is_relative_to(f) for n in needed)]
+
+
+def judge(check: str, cells: list[str], private: list[str] = ()) -> tuple[bool, str]:
+    """(passed, message) for ``check`` on the answers ``cells`` define, from fresh processes.
+
+    A check of values reads them in one process (the learner's cells run there) and judges them
+    in another that runs no line of the submission; a check of code runs the cells and the
+    check in one process that verifies afterwards that nothing the checker uses was replaced."""
+    names = graded_arguments(check)
+    request = {"check": check, "names": names, "cells": cells, "private": list(private)}
+    if set(names) <= VALUE_ANSWERS:
+        answers = _run_judge("answers", request)
+        if "values" not in answers:
+            return False, answers["message"]
+        request = {"check": check, "names": names, "values": answers["values"], "private": []}
+    report = _run_judge("check", request)
+    return report["passed"] is True, report["message"]
+
+
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from overlap_course.build import grading; "
+         "grading.judge_main(sys.argv[1:])")
+
+
+def _run_judge(mode: str, request: dict) -> dict:
+    """One judge process: ``python -I`` (no user site, no ``PYTHONPATH``, no current folder on
+    the path), in an empty temporary folder, with an environment of its own; its report is
+    trusted only in the shape it must have, and a process that gives none fails the check."""
+    with tempfile.TemporaryDirectory(prefix="overlap-judge-") as tmp:
+        ask, answer = Path(tmp, "request.json"), Path(tmp, "report.json")
+        ask.write_text(json.dumps(request), encoding="utf-8")
+        env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
+               "LANG": "C.UTF-8"}
+        cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode, str(ask), str(answer)]
+        judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        try:
+            _, err = judge.communicate(timeout=JUDGE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"passed": False, "message": f"the judge stopped your code after "
+                                                f"{JUDGE_TIMEOUT_S} s without a verdict"}
+        finally:
+            _end_group(judge)
+        return _read_report(answer, mode, judge.returncode, err)
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    """The judge and whatever it started (the engine's device process, a learner's child)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _read_report(path: Path, mode: str, code: int, err: bytes) -> dict:
+    try:
+        if path.stat().st_size > _MAX_REPORT_BYTES:
+            raise ValueError("too large")
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # a report the submission's code wrote itself
+        report = None
+    if isinstance(report, dict) and code == 0 and _well_formed(report, mode):
+        return report
+    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+    return {"passed": False, "message": f"the judge ended (exit {code}) without a verdict: "
+                                        f"{tail[0][:300]}"}
+
+
+_MAX_REPORT_BYTES = 4_000_000
+
+
+def _well_formed(report: dict, mode: str) -> bool:
+    if mode == "answers" and "values" in report:
+        return isinstance(report["values"], list)
+    message_ok = isinstance(report.get("message"), str)
+    return message_ok and (mode == "answers" or isinstance(report.get("passed"), bool))
+
+
+# ------------------------------------------------------------------ the judge (its process)
+
+def judge_main(argv: list[str]) -> None:
+    """Entry of a judge process: ``ROOT MODE REQUEST REPORT``.  The course is imported from
+    ROOT before any line of the submission runs, and its state is fingerprinted then."""
+    root, mode, ask, answer = argv
+    import overlap_course
+    import toy_engine
+    from overlap_course import checks
+
+    for package in (overlap_course, toy_engine):
+        if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
+            raise SystemExit(f"the judge imported {package.__name__} from {package.__file__}, "
+                             f"not from {root}")
+    request = json.loads(Path(ask).read_text(encoding="utf-8"))
+    write = _reporter(answer)
+    sys.addaudithook(_refuse_reading(request["private"]))
+    check, names = getattr(checks, request["check"]), request["names"]
+    if mode == "answers":
+        write(_read_values(request["cells"], names))
+        return
+    before = _fingerprint()
+    threads = set(threading.enumerate())
+    if "values" in request:
+        args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
+    else:
+        args = _code_arguments(request["cells"], names, toy_engine)
+        if isinstance(args, str):
+            write({"passed": False, "message": args})
+            return
+    write(_verdict(check, args, before, threads, checks.Verdict))
+
+
+def _refuse_reading(private: list[str]):
+    """An audit hook (it cannot be removed) that refuses to open notebooks, symlinks and the
+    private folders: the submission's cells cannot exec the solution's cell from disk."""
+    folders = [Path(f) for f in private]
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "os.symlink" or event == "os.link":
+            raise PermissionError("the judge refuses new links")
+        if event != "open" or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        path = Path(os.path.realpath(os.fsdecode(args[0])))
+        if path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders):
+            raise PermissionError(f"the judge does not let a submission read {path}")
+    return hook
+
+
+def _reporter(path: str):
+    """Writes the report with functions bound now, before the submission can replace any."""
+    dumps, opener = json.dumps, builtins.open
+
+    def write(report: dict) -> None:
+        with opener(path, "w", encoding="utf-8") as f:
+            f.write(dumps(report))
+    return write
+
+
+def _run_cells(cells: list[str]) -> tuple[dict, list[str]]:
+    """The submission's cells in order, as its kernel ran them: a cell that raises is noted
+    and the next one runs (nbgrader runs notebooks with errors allowed)."""
+    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
+    notes = []
+    for number, source in enumerate(cells, 1):
+        try:
+            exec(compile(source, f"<submission cell {number}>", "exec"), space)  # noqa: S102
+        except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
+            notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
+    return space, notes
+
+
+def _missing(name: str, notes: list[str]) -> str:
+    why = f" ({notes[-1]})" if notes else ""
+    return f"`{name}` is not defined by your notebook's cells above the check{why}"
+
+
+def _read_values(cells: list[str], names: list[str]) -> dict:
+    space, notes = _run_cells(cells)
+    values = []
+    for name in names:
+        if name not in space:
+            return {"message": _missing(name, notes)}
+        try:
+            values.append(_encode(space[name]))
+        except ValueError as err:
+            return {"message": f"`{name}`: {err}"}
+    return {"values": values}
+
+
+def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | str:
+    """The graded call's arguments from the submission's cells, or why they cannot be judged."""
+    space, notes = _run_cells(cells)
+    args = []
+    for name in names:
+        if name not in space:
+            return _missing(name, notes)
+        value = space[name]
+        if name in CONTEXT_TYPES and type(value) is not getattr(toy_engine, CONTEXT_TYPES[name]):
+            return (f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, "
+                    f"not a {type(value).__name__}")
+        if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
+            return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
+        args.append(value)
+    return args
+
+
+def _verdict(check, args: list, before: dict, threads: set, verdict_type) -> dict:
+    """The check's verdict, kept only if the check's world is as it was when the judge began."""
+    try:
+        verdict = check(*args)
+    except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
+        return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
+                                            f"was changed or your code stopped it"}
+    changed = _compare(before, _fingerprint())
+    left = [t.name for t in threading.enumerate() if t not in threads and _from_submission(t)]
+    hooks = [name for name, hook in (("sys.settrace", sys.gettrace()),
+                                     ("sys.setprofile", sys.getprofile())) if hook is not None]
+    if changed or left or hooks:
+        what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + hooks
+        return {"passed": False, "message": f"your code changed what the checker runs on "
+                                            f"({', '.join(what)}): graded as not passed"}
+    if type(verdict) is not verdict_type or type(verdict.message) is not str:
+        return {"passed": False, "message": "the check returned something that is not its verdict"}
+    return {"passed": verdict.passed is True, "message": verdict.message}
+
+
+# Modules whose state the checker depends on: ours whole, the others' functions and classes.
+_OURS = ("overlap_course", "toy_engine")
+_THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
+           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy")
+
+
+def _fingerprint() -> dict[str, tuple]:
+    """What the checker reads, by identity: every module of the course and the toy (each name
+    in it, each class's attributes), and the functions of the modules it calls."""
+    marks = {}
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        ours = top in _OURS
+        if not ours and name not in _THEIRS:
+            continue
+        marks[f"sys.modules[{name!r}]"] = (id(module),)
+        for attr, value in list(vars(module).items()):
+            if ours or callable(value):
+                marks[f"{name}.{attr}"] = _mark(value)
+            if isinstance(value, type) and (ours or attr == "Tensor"):
+                marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
+                    (key, _mark(item)) for key, item in vars(value).items()
+                    if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
+    return marks
+
+
+def _mark(value) -> tuple:
+    return (id(value), *(id(getattr(value, a, None)) for a in ("__code__", "__defaults__",
+                                                               "__kwdefaults__", "__func__")))
+
+
+def _compare(before: dict, after: dict) -> list[str]:
+    """Names replaced or removed, and names added to a course module that shadow a builtin."""
+    changed = [key for key, mark in before.items() if after.get(key) != mark]
+    shadow = []
+    for key in after.keys() - before.keys():
+        module, _, attr = key.rpartition(".")
+        if (f"sys.modules[{module!r}]" in before and module.startswith(_OURS)
+                and attr in vars(builtins) and not attr.startswith("__")):
+            shadow.append(key)
+    return changed + sorted(shadow)
+
+
+def _from_submission(thread: threading.Thread) -> bool:
+    code = getattr(getattr(thread, "_target", None), "__code__", None)
+    code = code or getattr(type(thread).run, "__code__", None)
+    return code is not None and code.co_filename.startswith("<submission")
+
+
+# A value answer crosses between the judge's processes as tagged JSON of exact builtin types:
+# no pickle (whose loading runs code), no object whose __eq__ or __iter__ the learner wrote.
+_TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str", list: "list",
+         tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
+_MAX_ITEMS = 10_000
+_MAX_DEPTH = 20
+
+
+def _encode(value, depth: int = 0, budget: list | None = None):
+    budget = [0] if budget is None else budget
+    budget[0] += 1
+    tag = _TAGS.get(type(value))
+    if tag is None:
+        raise ValueError(f"a {type(value).__name__} is not a plain Python value: write it with "
+                         f"sets, lists, tuples, dicts, strings and numbers")
+    if depth > _MAX_DEPTH or budget[0] > _MAX_ITEMS:
+        raise ValueError(f"more than {_MAX_DEPTH} levels or {_MAX_ITEMS} items: not an answer")
+    if tag == "dict":
+        return [tag, [[_encode(k, depth + 1, budget), _encode(v, depth + 1, budget)]
+                      for k, v in value.items()]]
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return [tag, [_encode(item, depth + 1, budget) for item in value]]
+    if tag == "int":
+        return [tag, str(value)]  # any size, without JSON's number limits
+    if tag == "float":
+        return [tag, value.hex()]
+    return [tag, value]
+
+
+def _decode(node):
+    tag, payload = node[0], node[1] if len(node) > 1 else None
+    if tag == "dict":
+        return {_decode(k): _decode(v) for k, v in payload}
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](
+            _decode(item) for item in payload)
+    if tag == "int":
+        return int(payload)
+    if tag == "float":
+        return float.fromhex(payload)
+    return payload
 
 
 def main(argv=None) -> int:
@@ -157,7 +548,12 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="fail if source/*.ipynb lack their nbgrader metadata")
     a = p.parse_args(argv)
     if a.cmd == "course":
-        print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+        try:
+            print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+        except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
+            why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
+            print(f"grading course: {why}", file=sys.stderr)
+            return 2
     elif a.cmd == "annotate":
         for path in sorted((ROOT / "source").glob("*.ipynb")):
             print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
