@@ -72,6 +72,12 @@ def before_sample_prefill_only(engine, plan, held):
     return len(held) if plan.is_prefill else 0
 
 
+def before_sample_no_constraint(engine, plan, held):
+    """Switches the constraint off instead of waiting for its tokens."""
+    engine.constraint = None
+    return 0
+
+
 def before_sample_unwritten(engine, plan, held):
     raise NotImplementedError
 
@@ -110,6 +116,11 @@ def key_id_mod(req, b):
     return req.id % 3
 
 
+def key_prefill_place(req, b):
+    """The row, except in the prefill round: the request's first drafts land under another key."""
+    return b if not req.output_ids else req.row
+
+
 def key_zero(req, b):
     return 0
 
@@ -130,12 +141,14 @@ WRONG = [
     Fix("5", "a bool instead of a count", before_sample_bool, "shape"),
     Fix("5", "only before a prefill's sample", before_sample_prefill_only, "wrong_tokens"),
     Fix("5", "still the stub", before_sample_unwritten, "not_implemented"),
+    Fix("5", "switches the constraint off", before_sample_no_constraint, "edits_engine"),
     Fix("5", "more than it holds", before_sample_too_many, "shape"),
     Fix("6", "the shipped bug: the batch place", lambda req, b: b, "leaked_tokens"),
     Fix("6", "the prompt's index, past the rows", key_index, "shape"),
     Fix("6", "the prompt's index modulo the rows", key_index_mod, "leaked_tokens"),
     Fix("6", "the request id modulo the rows", key_id_mod, "leaked_tokens"),
     Fix("6", "every request under key 0", key_zero, "leaked_tokens"),
+    Fix("6", "the batch place in the prefill round only", key_prefill_place, "drafts_lost"),
     Fix("6", "a float key", key_float, "shape"),
     Fix("6", "still the stub", key_unwritten, "not_implemented"),
 ]

@@ -28,9 +28,10 @@ QUEUE_NEW = 16
 QUEUE_RUNS = ((True, 2), (True, 3), (False, 2), (False, 3))
 LEAK_PROMPTS = (*pool.PROMPTS, "A little cat")
 # lab 6: (prompts, limit, stop strings, drafts): requests leaving the batch at different rounds
-# and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed too
+# and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed too (a key
+# that differs between a request's prefill and its decodes loses its drafts: only acceptance shows it)
 KEY_RUNS = ((LEAK_PROMPTS, 16, (" the",), 0), (LEAK_PROMPTS, 16, (" was", "."), 0),
-            (LEAK_PROMPTS, 16, ("a",), 0), (tuple(pool.PROMPTS), 24, (), pool.DRAFTS))
+            (LEAK_PROMPTS, 16, ("a",), 0), (LEAK_PROMPTS, 24, (), pool.DRAFTS))
 
 
 def first_stray_capital(text: str) -> int | None:
@@ -130,7 +131,14 @@ def queue_depths(depth: int) -> list[int]:
     return in_flight_at_samples(plugins.ring_engine().record.events)
 
 
+@functools.lru_cache(maxsize=1)
+def _title_constraint():
+    """The title-case engine's own constraint, kept to put it back if a learner's code replaced it."""
+    return plugins_2026.title_ring_engine().constraint
+
+
 def _warm_queue():
+    _title_constraint()
     for constrained in (True, False):
         queue_serial(constrained)
     for depth in {d for _, d in QUEUE_RUNS}:
@@ -158,6 +166,17 @@ def check_before_sample(before_sample) -> Verdict:
     """Lab 5's fix: ``before_sample(engine, plan, held)`` in queues holding 2 and 3 steps, with and
     without the title-case constraint: the constrained runs must give the serial run's tokens, and
     the others keep the queue as deep as the shipped one (no step processed early)."""
+    verdict = _queue_verdict(before_sample)
+    title = plugins_2026.title_ring_engine()
+    if title.constraint is not _title_constraint():
+        title.constraint = _title_constraint()
+        return fails("edits_engine", "your code replaced the engine's `constraint` while the check ran (put back "
+                                     "now): the sampler's mask is the engine's; decide only how many held steps "
+                                     "to process")
+    return verdict
+
+
+def _queue_verdict(before_sample) -> Verdict:
     for constrained, depth in QUEUE_RUNS:
         what = f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
         try:
