@@ -59,12 +59,13 @@ COURSE = {
     "exercises/05_lifetime": 10,
     "notebooks/06_real_traces": 0,
     "notebooks/07_bugs_that_shipped": 0,
+    "notebooks/07b_bugs_of_2026": 0,
 }
 #: Listed in the tables and tracks, but not part of "the whole course" total: an optional chapter.
-OPTIONAL = {"notebooks/06_real_traces", "notebooks/07_bugs_that_shipped"}
+OPTIONAL = {"notebooks/06_real_traces", "notebooks/07_bugs_that_shipped", "notebooks/07b_bugs_of_2026"}
 #: Run time measured, learner minutes not: no learner has tried them yet, and a formula would have
 #: to guess the minutes of writing their fixes.  Shown as "not yet measured", left out of the totals.
-UNTIMED = {"notebooks/07_bugs_that_shipped"}
+UNTIMED = {"notebooks/07_bugs_that_shipped", "notebooks/07b_bugs_of_2026"}
 MINUTES_PER_CHECK = 2  # answering one checked cell: our estimate
 CHECK_CALL = re.compile(r"\bchecks\.check_\w+\(")
 ANSWER_STUB = re.compile(r"^\w+\s*=\s*None\s*#\s*your answer", re.M)

@@ -89,25 +89,46 @@ def test_every_published_point_has_a_reference_a_date_and_a_workload(point):
     for field in ("measured", "workload", "drawn_at", "not_the_toy"):
         assert len(getattr(point, field).split()) >= 5, f"{point.engine}: {field} says too little"
     low, high = point.speedup
-    assert 1 < low <= high <= 2 and 0 < point.host_share[0] <= point.host_share[1] <= 0.5
+    if point.counter:  # no gain: drawn at x1, the device-bound end
+        assert (low, high) == (1.0, 1.0) and point.host_share == (0.0, 0.0)
+    else:
+        assert 1 < low <= high <= 2 and 0 < point.host_share[0] <= point.host_share[1] <= 0.5
+    assert point.url in payoff._LABELS, f"{point.engine}: no label place and colour in payoff._LABELS"
+
+
+def _by(number: str) -> payoff.Published:
+    """The published point whose URL ends in ``number`` (its PR, issue or blog path)."""
+    return next(p for p in payoff.PUBLISHED if p.url.rstrip("/").endswith(number))
 
 
 def test_published_points_sit_where_their_sources_put_them():
-    by = {p.engine.split(",")[0].split()[0]: p for p in payoff.PUBLISHED}
-    hf, sglang, vllm = by["Hugging"], by["SGLang"], by["vLLM"]
+    hf, sglang, vllm = _by("continuous_async"), _by("sglang-v0-4"), _by("23569")
     # Hugging Face: 300.6 s -> 234.5 s, GPU idle 24.0% of the synchronous run; their ceiling 300 -> 228 s.
     assert hf.speedup == (pytest.approx(1.2819, abs=1e-4),) * 2 and hf.host_share == (0.24, 0.24)
     assert payoff.ideal_ratio(0.24, 0.76) == pytest.approx(300 / 228, abs=2e-3)
     assert payoff.ideal_ratio(0.24, 0.76) > hf.speedup[0]  # measured short of the ceiling: under the curve
     assert sglang.speedup == (1.1, 1.1) and vllm.speedup == (1.05, 1.10) and vllm.expected and not sglang.expected
-    for p in (sglang, vllm):  # implied: on the curve by construction
-        assert p.drawn_at.startswith("implied")
-        for share, speedup in zip(p.host_share, p.speedup):
-            assert payoff.ideal_ratio(share, 1 - share) == pytest.approx(speedup)
+    # The numbers each PR or issue printed (issue 36): before -> after, or the share measured.
+    assert _by("12128").speedup[0] == pytest.approx(159.71 / 140.52)  # about 13%
+    assert _by("15591").speedup[0] == pytest.approx(1.1455, abs=1e-4)  # +14.5%
+    assert _by("20547").speedup[0] == pytest.approx(1.2758, abs=1e-4)  # +27.6% on B200
+    assert _by("32618").speedup[0] == pytest.approx(1.308)  # +30.8%, PP 4
+    llama = _by("7456")
+    assert llama.ceiling and llama.host_share == (0.10, 0.15) and llama.drawn_at.startswith("measured")
+    assert [payoff.ideal_ratio(c, 1 - c) for c in llama.host_share] == pytest.approx(list(llama.speedup))
+    assert llama.speedup[1] == pytest.approx(1.18, abs=0.005)  # the issue's "at best x1.18"
+    h800 = _by("23005")
+    assert h800.counter and h800.speedup == (1.0, 1.0) and "H800" in h800.workload
+    for p in payoff.PUBLISHED:
+        if p.drawn_at.startswith("implied"):  # on the curve by construction
+            for share, speedup in zip(p.host_share, p.speedup):
+                assert payoff.ideal_ratio(share, 1 - share) == pytest.approx(speedup)
     fig = payoff.payoff_figure()
     for p in payoff.PUBLISHED:
         trace = next(t for t in fig.data if t.name.startswith(p.engine))
         assert list(trace.x) == pytest.approx([100 * s for s in p.host_share]) and list(trace.y) == list(p.speedup)
+    names = " ".join(t.name for t in fig.data)
+    assert "at most x1.11–1.18" in names and "x1 (no gain)" in names
 
 
 def test_the_learner_points_land_where_the_bench_says():

@@ -108,6 +108,8 @@ def _stub_calls() -> dict:
         "check_wasted_round": (None, None), "check_wants_more": (_not_written,),
         "check_abort_in_flight": (None, None), "check_abort": (_not_written,), "check_ring_race": (None, None, 3),
         "check_ring_slots": (_not_written,), "check_overshoot": (None, None), "check_commit": (_not_written,),
+        "check_stale_mask": (None, None), "check_before_sample": (_not_written,),
+        "check_token_leak": (None, None), "check_future_key": (_not_written,),
     }
 
 

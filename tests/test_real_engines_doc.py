@@ -31,6 +31,10 @@ SUPPORT = "What each engine runs together with overlap"
 SUPPORT_HEADER = ["engine", "overlap on by default", "with speculative decoding",
                   "with structured output (grammar)", "with pipeline parallelism"]
 SOURCES = "Sources read"
+# Tables whose rows are PRs and issues, each cited with its state and date (issue 36's update)
+TRACKER_TABLES = {"Other engines that overlap": ["engine", "what it overlaps", "reference"],
+                  "Overlap bugs of 2025–2026": ["engine", "reference", "what went wrong", "in the toy"]}
+STATE = re.compile(r"^`?\s*\((merged|closed|open)\b")
 
 CODE_REF = re.compile(r"`(?P<repo>[\w.-]+/[\w.-]+)@(?P<sha>[0-9a-f]{8}) (?P<path>[\w./-]+): (?P<name>[^`]+)`")
 TRACKER_REF = re.compile(r"`(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)`")
@@ -148,12 +152,37 @@ def support_problems(text: str) -> list[str]:
     return problems
 
 
+def tracker_table_problems(text: str) -> list[str]:
+    """Each row of the tracker tables cites a PR or issue, every one with its state and date."""
+    found, problems = sections(text), []
+    for title, header in TRACKER_TABLES.items():
+        rows = table(found.get(title, ""))
+        if not rows or rows[0] != header:
+            problems.append(f"{title}: no table with the header {header}")
+            continue
+        if len(rows) < 3:
+            problems.append(f"{title}: fewer than two rows")
+        for row in rows[1:]:
+            cells = " | ".join(row)
+            refs = list(TRACKER_REF.finditer(cells))
+            if not refs:
+                problems.append(f"{title} / {row[0]}: cites no PR or issue")
+            problems += [f"{title} / {row[0]}: {ref} without its date" for ref in undated_trackers(cells)]
+            problems += [f"{title} / {row[0]}: {m.group(0)} without its state (merged, closed, open)"
+                         for m in refs if not STATE.match(cells[m.end():])]
+    return problems
+
+
 def test_every_stage_says_where_in_each_engine_with_a_reference():
     assert stage_problems(DOC.read_text()) == []
 
 
 def test_the_support_table_is_dated_and_referenced():
     assert support_problems(DOC.read_text()) == []
+
+
+def test_the_tables_of_other_engines_and_bugs_cite_dated_prs_with_their_state():
+    assert tracker_table_problems(DOC.read_text()) == []
 
 
 def test_every_reference_names_a_file_read_at_a_commit_or_a_toy_name_that_exists():
@@ -172,6 +201,11 @@ MUTATIONS = {
     "a toy function renamed": ("`toy_engine/stages.py: RoundStages.launch_sample`",
                                "`toy_engine/engine.py: Engine.launch_sampling`", reference_problems),
     "a support cell loses its date": ("(merged, opened 2024-11-19)", "(merged)", support_problems),
+    "a bug loses its state": ("`NVIDIA/TensorRT-LLM#16280` (closed, opened 2026-07-12)",
+                              "`NVIDIA/TensorRT-LLM#16280` (opened 2026-07-12)", tracker_table_problems),
+    "a bug loses its date": ("`sgl-project/sglang#24745` (closed, opened 2026-05-09) |",
+                             "`sgl-project/sglang#24745` (closed) |", tracker_table_problems),
+    "a table of bugs disappears": ("## Overlap bugs of 2025–2026", "## Bugs", tracker_table_problems),
 }
 
 

@@ -12,7 +12,7 @@ restoring what a cell patched).
 
 import overlap_course.measure  # noqa: F401  (the contention meter watches the runs checks make)
 
-from . import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07
+from . import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07, lesson07b
 from .lesson00 import *  # noqa: F401,F403
 from .lesson01 import *  # noqa: F401,F403
 from .lesson02 import *  # noqa: F401,F403
@@ -21,8 +21,10 @@ from .lesson04 import *  # noqa: F401,F403
 from .lesson05 import *  # noqa: F401,F403
 from .lesson06 import *  # noqa: F401,F403
 from .lesson07 import *  # noqa: F401,F403
+from .lesson07b import *  # noqa: F401,F403
 from .pool import close_engines
 from .verdict import Verdict
 
 __all__ = ["Verdict", "close_engines", *(name for lesson in (lesson00, lesson01, lesson02, lesson03, lesson04,
-                                                            lesson05, lesson06, lesson07) for name in lesson.__all__)]
+                                                            lesson05, lesson06, lesson07, lesson07b)
+                                          for name in lesson.__all__)]

@@ -66,10 +66,18 @@ class Published:
     url: str
     date: str                         # published (ISO)
     expected: bool = False            # a forecast in the source, not a measurement
+    ceiling: bool = False             # the most the source's measured host share allows, not a speed-up
+    counter: bool = False             # a run where overlap bought nothing: drawn at x1
 
 
 _SGLANG, _VLLM = 1.1, (1.05, 1.10)
 _HF_SYNC_S, _HF_ASYNC_S, _HF_IDLE = 300.6, 234.5, 0.240
+# SGLang's spec v2 (overlap with speculation) against spec v1, as each PR measured it
+_SPEC_FA3 = 159.71 / 140.52           # tokens/s of one request, DeepSeek-R1 (#12128)
+_SPEC_QWEN_NEXT = 16373 / 14293       # total token throughput, Qwen3-Next-80B-A3B (#15591)
+_SPEC_DFLASH = 12360.49 / 9688.26     # tokens/s, Qwen3-8B with a DFlash drafter on B200 (#20547)
+_VLLM_PP = 1.308                      # end-to-end throughput, async scheduling + PP=4 (#32618)
+_LLAMA_CPU = (0.10, 0.15)             # CPU share of each token's critical path, A100/H100 (#7456)
 
 PUBLISHED = (
     Published(
@@ -124,6 +132,95 @@ PUBLISHED = (
         reference="vllm-project/vllm PR #23569, \"[Perf][V1] Fully overlap model execution\"",
         url="https://github.com/vllm-project/vllm/pull/23569",
         date="2025-08-25", expected=True),
+    Published(
+        engine="SGLang spec v2 on FA3 (DeepSeek-R1)",
+        speedup=(_SPEC_FA3,) * 2,
+        host_share=(implied_host_share(_SPEC_FA3),) * 2,
+        drawn_at="implied: the PR gives no host share; drawn where the ideal equals its gain",
+        measured="decode speed of one request (sglang.test.send_one, 512 tokens) with EAGLE drafts, spec "
+                 "v1 against the overlapped spec v2: 140.52 to 159.71 tokens/s, same acceptance length "
+                 "(2.296); the PR calls it about 13% and names slow kernels as what was left",
+        workload="DeepSeek-R1 on 8 GPUs (TP 8), FA3 MLA attention, the default for DeepSeek on Hopper",
+        not_the_toy="one request at a time on a 671B model across 8 GPUs, with a draft model's forwards in "
+                    "each round: host work per round includes the drafter's scheduling",
+        reference="sgl-project/sglang PR #12128, \"Support overlap-spec-v2 with fa3 attention backend\" "
+                  "(closed)",
+        url="https://github.com/sgl-project/sglang/pull/12128",
+        date="2025-10-25"),
+    Published(
+        engine="SGLang spec v2 (Qwen3-Next-80B-A3B)",
+        speedup=(_SPEC_QWEN_NEXT,) * 2,
+        host_share=(implied_host_share(_SPEC_QWEN_NEXT),) * 2,
+        drawn_at="implied: the PR gives no host share; drawn where the ideal equals its gain",
+        measured="total token throughput of a serving benchmark, spec v1 against spec v2 (NEXTN drafts, 3 "
+                 "steps, 4 draft tokens): 14,293 to 16,373 tokens/s, +14.5%",
+        workload="Qwen3-Next-80B-A3B-Instruct, TP 4; sglang.bench_serving with generated shared prefixes: "
+                 "512 prompts in 32 groups, 2,048-token system prompts, 256 output tokens, 10 requests/s "
+                 "(the GPU is not named)",
+        not_the_toy="a served workload with prefills and a prefix cache, at a fixed arrival rate: part of "
+                    "the gain is shorter queues, not only hidden host work",
+        reference="sgl-project/sglang PR #15591, \"Add Spec V2 for Qwen 3 next\" (closed)",
+        url="https://github.com/sgl-project/sglang/pull/15591",
+        date="2025-12-22"),
+    Published(
+        engine="SGLang spec v2 with DFlash (B200)",
+        speedup=(_SPEC_DFLASH,) * 2,
+        host_share=(implied_host_share(_SPEC_DFLASH),) * 2,
+        drawn_at="implied: the PR gives no host share; drawn where the ideal equals its gain",
+        measured="throughput of a GSM8K sweep, spec v1 against spec v2 (overlap scheduling) with a DFlash "
+                 "block drafter: 9,688.26 to 12,360.49 tokens/s, +27.6%",
+        workload="Qwen3-8B on one B200 (TP 1), 32 concurrent requests, up to 2,048 new tokens, greedy",
+        not_the_toy="an 8B model on one B200: each forward is short, so the host's share, and what "
+                    "overlap can hide, is large; the drafter's work is part of each round",
+        reference="sgl-project/sglang PR #20547, \"Add spec v2 (overlap scheduling) to DFlash speculative "
+                  "decoding support\" (closed)",
+        url="https://github.com/sgl-project/sglang/pull/20547",
+        date="2026-03-13"),
+    Published(
+        engine="vLLM async scheduling with pipeline parallelism",
+        speedup=(_VLLM_PP,) * 2,
+        host_share=(implied_host_share(_VLLM_PP),) * 2,
+        drawn_at="implied: the PR gives no host share; drawn where the ideal equals its gain",
+        measured="end-to-end throughput with async scheduling against without it, both with 4 pipeline "
+                 "stages: +30.8%, and 31.8% lower time per output token",
+        workload="Qwen3-30B-A3B-Thinking-2507-FP8, PP 4, at most 128 sequences; vllm bench serve, 128 "
+                 "random prompts of 2 input and 512 output tokens (the GPUs are not named)",
+        not_the_toy="four pipeline stages on four GPUs: without async scheduling each step also waits for "
+                    "the last stage's tokens to come back, a wait a one-device toy does not have",
+        reference="vllm-project/vllm PR #32618, \"Fully support for async scheduling + PP\"",
+        url="https://github.com/vllm-project/vllm/pull/32618",
+        date="2026-01-19"),
+    Published(
+        engine="llama.cpp, CPU work per token",
+        speedup=tuple(1 / (1 - c) for c in _LLAMA_CPU),
+        host_share=_LLAMA_CPU,
+        drawn_at="measured: the CPU's share of each token's critical path, 10-15%; drawn at the most "
+                 "overlap could give there",
+        measured="a timing breakdown of each token's critical path: executing the CUDA graph takes about "
+                 "85-90% of it, CPU work (preparing the GGML graph among it) the remaining "
+                 "10-15%; so hiding all CPU work gives at most x1.11-1.18",
+        workload="Llama 2 7B and 13B, Q4_K_M, one sequence, on A100 and H100",
+        not_the_toy="a ceiling from a profile, not a measured overlap; one sequence at a time, where the "
+                    "GPU's share is large",
+        reference="ggml-org/llama.cpp issue #7456, \"Optimisation of per-token CPU activities for GPU "
+                  "inference\" (closed)",
+        url="https://github.com/ggml-org/llama.cpp/issues/7456",
+        date="2024-05-22", ceiling=True),
+    Published(
+        engine="SGLang spec v2 on H800, no gain",
+        speedup=(1.0, 1.0),
+        host_share=(0.0, 0.0),
+        drawn_at="implied: no gain means no host work was left to hide, the device-bound end",
+        measured="a user's port of spec v2's full overlap: the trace shows the overlap, but the time per "
+                 "output token stays at about 14.3 ms before and after",
+        workload="Qwen3.5-122B (hybrid linear attention) with NEXTN drafts, TP 4 + DP 4, the decode side "
+                 "of a prefill/decode split, on H800",
+        not_the_toy="the trace shows the overlap, so the host work it hid was not what bounded a step; "
+                    "the comment does not say what did (a split deployment across 16 GPUs)",
+        reference="sgl-project/sglang issue #23005, \"Speculative Decoding Development Roadmap (2026 "
+                  "Q2)\", comment of 2026-05-08",
+        url="https://github.com/sgl-project/sglang/issues/23005",
+        date="2026-05-08", counter=True),
 )
 
 
@@ -184,10 +281,8 @@ def payoff_figure(points=(), sliders: tuple[float, float] | None = None) -> go.F
         fig.add_vrect(x0=x0, x1=x1, fillcolor=colour, line_width=0, layer="below")
         fig.add_annotation(x=(x0 + x1) / 2, y=2.08, text=text, showarrow=False, font=dict(size=11, color="#555"))
     # Widest first, so that a point drawn on top of a range stays visible (SGLang's x1.1 is vLLM's upper end).
-    labels = {"SGLang": ((40, -95), "#2ca02c"), "Hugging Face": ((90, -45), "#9467bd"),
-              "vLLM": ((25, -140), "#d62728")}  # label offsets (px) and colour, by engine
     for p in sorted(PUBLISHED, key=lambda p: p.speedup[0] - p.speedup[1]):
-        (dx, dy), colour = next(v for k, v in labels.items() if p.engine.startswith(k))
+        (label_x, label_y), colour = _LABELS[p.url]
         implied = p.drawn_at.startswith("implied")
         share = [100 * s for s in p.host_share]
         text = _speedup_text(p)
@@ -196,7 +291,8 @@ def payoff_figure(points=(), sliders: tuple[float, float] | None = None) -> go.F
             line=dict(color=colour, width=6), hovertemplate=f"{html.escape(p.engine)}<br>%{{y:.2f}}x<extra></extra>",
             marker=dict(size=16 if p.speedup[0] == p.speedup[1] else 10, color="white" if implied else colour,
                         line=dict(color=colour, width=2.5), symbol="circle" if implied else "square")))
-        fig.add_annotation(x=share[0], y=p.speedup[0], ax=dx, ay=dy, text=f"{p.engine.split(',')[0]} {text}",
+        fig.add_annotation(x=share[0], y=p.speedup[0], ax=label_x, ay=label_y, axref="x", ayref="y",
+                           text=f"{_short(p)} {text}",
                            font=dict(size=11, color=colour), arrowcolor=colour, bgcolor="rgba(255,255,255,0.8)")
     for p in points:
         name = f"{p.label}: x{p.speedup:.2f} (ideal x{p.ideal:.2f}){', busy machine' if p.busy else ''}"
@@ -210,15 +306,35 @@ def payoff_figure(points=(), sliders: tuple[float, float] | None = None) -> go.F
         _place_sliders(fig, *sliders)
     top = max([2.15] + [p.speedup + 0.1 for p in points])
     fig.update_layout(
-        template="plotly_white", height=520 + 20 * (len(points) + bool(sliders)), margin=dict(t=95, b=40, l=60, r=20),
+        template="plotly_white", height=640 + 20 * (len(points) + bool(sliders)), margin=dict(t=95, b=40, l=60, r=20),
         title=dict(text="When does overlap pay? The ideal speed-up against the host's share of a serial round<br>"
                         "<sup>ideal = (h + d) / max(h, d) = 1 / max(s, 1 − s), s = h / (h + d), h and d the host and "
                         "device ms of a serial round.<br>With k drafts at acceptance a a round yields 1 + a·k tokens "
                         "per request for the same h and d: the ratio does not change</sup>", x=0.01),
-        xaxis=dict(title="host share of a serial round, s (%)", range=[0, 100], ticksuffix="%"),
+        xaxis=dict(title="host share of a serial round, s (%)", range=[-2, 100], ticksuffix="%"),
         yaxis=dict(title="speed-up (x, serial time / overlapped)", range=[0.95, top]),
         legend=dict(orientation="h", yanchor="top", y=-0.14, x=0, font=dict(size=11)))
     return fig
+
+
+# Where each published point's label sits (host share in %, speed-up) and its colour, by its source:
+# the left group stacked above the curve, the rest below it on the right.
+_LABELS = {
+    "https://github.com/vllm-project/vllm/pull/23569": ((27, 1.98), "#d62728"),
+    "https://lmsys.org/blog/2024-12-04-sglang-v0-4/": ((27, 1.895), "#2ca02c"),
+    "https://github.com/sgl-project/sglang/pull/12128": ((27, 1.81), "#17a2b8"),
+    "https://github.com/sgl-project/sglang/pull/15591": ((27, 1.725), "#006d5b"),
+    "https://github.com/sgl-project/sglang/pull/20547": ((30, 1.64), "#8c564b"),
+    "https://github.com/vllm-project/vllm/pull/32618": ((44, 1.39), "#e377c2"),
+    "https://huggingface.co/blog/continuous_async": ((41, 1.29), "#9467bd"),
+    "https://github.com/ggml-org/llama.cpp/issues/7456": ((42, 1.06), "#7f7f7f"),
+    "https://github.com/sgl-project/sglang/issues/23005": ((72, 1.12), "#bcbd22"),
+}
+
+
+def _short(p: Published) -> str:
+    """The label on the figure: the engine's name up to its first comma."""
+    return p.engine.split(",")[0]
 
 
 def _place_sliders(fig, host_ms: float, device_ms: float) -> None:
@@ -227,9 +343,12 @@ def _place_sliders(fig, host_ms: float, device_ms: float) -> None:
 
 
 def _speedup_text(p: Published) -> str:
-    """x1.1, x1.28, x1.05–1.1 expected: the speed-up to the precision its source gives."""
-    return "x" + "–".join(dict.fromkeys(f"{s:.2f}".rstrip("0").rstrip(".") for s in p.speedup)) + (
-        " expected" if p.expected else "")
+    """x1.1, x1.28, x1.05–1.1 expected, at most x1.11–1.18, x1 (no gain): the speed-up to the
+    precision its source gives, and what kind of number it is."""
+    text = "x" + "–".join(dict.fromkeys(f"{s:.2f}".rstrip("0").rstrip(".") for s in p.speedup))
+    if p.ceiling:
+        return f"at most {text}"
+    return text + (" expected" if p.expected else " (no gain)" if p.counter else "")
 
 
 def _fields(p: Published) -> list[tuple[str, str]]:

@@ -7,6 +7,6 @@ learner's function goes into a run (a request's method, aborts before chosen rou
 holds more rounds in flight, a ring of host slots of a chosen size).
 """
 
-from . import plugins, shipped
+from . import plugins, plugins_2026, shipped, shipped_2026
 
-__all__ = ["plugins", "shipped"]
+__all__ = ["plugins", "plugins_2026", "shipped", "shipped_2026"]

@@ -1,0 +1,300 @@
+"""Lesson 07b (notebook 07b_bugs_of_2026, optional): two overlap bugs of 2025-2026, brought back
+through the loops of ``overlap_course.labs.plugins_2026``.  A prediction is judged against the
+buggy run itself; a fix runs on its own workloads, race checker on, and is judged by what the
+runs did: their tokens against the serial run's, the rounds still in flight at each sample (read
+from the run's record), and the drafts the device accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from overlap_course.labs import plugins, plugins_2026
+from toy_engine import loops
+from toy_engine.device import DeviceError
+from toy_engine.races import RaceError
+from toy_engine.record import Commit, Launch
+from toy_engine.run import StepProcessedTwice
+
+from . import pool
+from .answers import items, show, whole
+from .harness import exercise_check, notebook_check
+from .verdict import Verdict, fails, not_implemented, passes, unanswered
+
+__all__ = ["check_stale_mask", "check_before_sample", "check_token_leak", "check_future_key"]
+
+QUEUE_NEW = 16
+# lab 5: (title case on?, steps the queue holds): the constraint at two depths, and without it
+QUEUE_RUNS = ((True, 2), (True, 3), (False, 2), (False, 3))
+LEAK_PROMPTS = (*pool.PROMPTS, "A little cat")
+# lab 6: (prompts, limit, stop strings, drafts): requests leaving the batch at different rounds
+# and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed too (a key
+# that differs between a request's prefill and its decodes loses its drafts: only acceptance shows it)
+KEY_RUNS = ((LEAK_PROMPTS, 16, (" the",), 0), (LEAK_PROMPTS, 16, (" was", "."), 0),
+            (LEAK_PROMPTS, 16, ("a",), 0), (LEAK_PROMPTS, 24, (), pool.DRAFTS))
+
+
+def first_stray_capital(text: str) -> int | None:
+    """Index of the first capital letter that no space precedes (title case broken), or None."""
+    return next((j for j in range(1, len(text)) if text[j].isupper() and text[j - 1] != " "), None)
+
+
+def in_flight_at_samples(events) -> list[int]:
+    """For each sample launched, in order: the rounds whose sample went in before it and whose
+    tokens were not committed yet (the steps a batch queue still held)."""
+    sampled, counts = set(), []
+    for e in events:
+        if isinstance(e, Launch) and e.stage == "sample":
+            counts.append(len(sampled))
+            sampled.add(e.round)
+        elif isinstance(e, Commit) and not e.refused:
+            sampled.discard(e.round)
+    return counts
+
+
+def leaks(events) -> list[tuple[int, int, int]]:
+    """(round, reader, owner) where a request whose previous round was still in flight took the
+    token another request left under the key of its batch place (the key of the shipped map)."""
+    plans = {e.round: e.prompts for e in events if isinstance(e, Commit) and not e.refused}
+    first = {}
+    for r in sorted(plans):
+        for p in plans[r]:
+            first.setdefault(p, r)
+    found = []
+    for r in sorted(plans):
+        before = plans.get(r - 1, ())
+        decode_before = any(first[p] < r - 1 for p in before)  # a prefill round admits new prompts only
+        for b, p in enumerate(plans[r]):
+            if decode_before and p in before and before[b] != p:
+                found.append((r, p, before[b]))
+    return found
+
+
+# ------------------------------------------------------------------ lab 5: a sampler a step behind
+
+@notebook_check
+def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
+    """Predict (07b, lab 5): at which character of ``prompt``'s text does the shipped batch queue
+    put its first capital letter that no space precedes?  ``engine``: the title-case engine
+    right after that run."""
+    if answer is None:
+        return unanswered("set `stray_at` to the index of a character in prompt 0's text")
+    got = whole(answer)
+    if got is None:
+        return fails("shape", f"write one whole number, a character's index in the text, not {show(answer)}")
+    try:
+        text = engine.completions[prompt].text
+        constrained = engine.constraint is not None
+    except (AttributeError, IndexError, TypeError):
+        return fails("setup", "pass the title-case engine right after its run with the shipped queue")
+    want = first_stray_capital(text)
+    if not constrained or want is None:
+        return fails("setup", "this engine's last run kept title case: pass the title-case engine right after "
+                              "the shipped queue's run (the cell above)")
+    space = text.rfind(" ", 0, want - 1)
+    if got == want:
+        return passes(f"{want}: when round N's sample goes in, round N - 1 is still held, so its mask is built "
+                      f"from round N - 2's token, one token late. The letter after the space at {space} was "
+                      f"sampled unmasked, and the space forced a capital one token later, at {want} "
+                      f"({text[:want + 1]!r})")
+    if got == space + 1:
+        return fails("at_the_space", f"index {got} is where title case wants the capital; the mask that "
+                                     f"should force it was built from an older token. Which token had the host "
+                                     f"committed when that sample went in?")
+    if got == want + 1:
+        return fails("one_step_late", f"that is a mask two tokens late. The queue processes its oldest step "
+                                      f"once it is full, before the sample: at round N's sample, round N - 2's "
+                                      f"token is on the host and only round N - 1's is missing")
+    return fails("wrong", f"{got} is not it: find the first space in prompt {prompt}'s text and count how many "
+                          f"tokens late the mask is when the queue holds two steps")
+
+
+def _queue_engine(constrained: bool):
+    return plugins_2026.title_ring_engine() if constrained else plugins.ring_engine()
+
+
+def _queue_generate(constrained: bool, loop):
+    return _queue_engine(constrained).generate(pool.PROMPTS, max_new_tokens=QUEUE_NEW, loop=loop)
+
+
+@functools.lru_cache(maxsize=2)
+def queue_serial(constrained: bool) -> list[list[int]]:
+    """Lab 5: the serial loop's tokens (nothing in flight: every mask is built from the newest)."""
+    return [c.token_ids for c in _queue_generate(constrained, loops.serial_loop)]
+
+
+@functools.lru_cache(maxsize=4)
+def queue_depths(depth: int) -> list[int]:
+    """Lab 5: the steps still held at each sample of the shipped queue, no constraint (full depth)."""
+    with plugins.ring(depth + 1):
+        _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0))
+    return in_flight_at_samples(plugins.ring_engine().record.events)
+
+
+@functools.lru_cache(maxsize=1)
+def _title_constraint():
+    """The title-case engine's own constraint, kept to put it back if a learner's code replaced it."""
+    return plugins_2026.title_ring_engine().constraint
+
+
+def _warm_queue():
+    _title_constraint()
+    for constrained in (True, False):
+        queue_serial(constrained)
+    for depth in {d for _, d in QUEUE_RUNS}:
+        queue_depths(depth)
+
+
+def _run_error(err: Exception, what: str) -> Verdict:
+    """A run that raised: the plug-in's own refusal, the race checker, the device, or the code."""
+    if isinstance(err, NotImplementedError):
+        return not_implemented(what)
+    if isinstance(err, plugins_2026.BadAnswer):
+        return fails("shape", str(err))
+    if isinstance(err, StepProcessedTwice):
+        return fails("processed_twice", f"a held step was processed twice ({err}): return how many to process "
+                                        f"and let the loop do it")
+    if isinstance(err, RaceError):
+        return fails("race", f"the race checker stopped the run: {err}")
+    if isinstance(err, DeviceError):
+        return fails("device_error", f"the device failed: {err}")
+    return fails("raised", f"your code raised {type(err).__name__}: {err}")
+
+
+@exercise_check(plugins.ring_engine, plugins_2026.title_ring_engine, _warm_queue)
+def check_before_sample(before_sample) -> Verdict:
+    """Lab 5's fix: ``before_sample(engine, plan, held)`` in queues holding 2 and 3 steps, with and
+    without the title-case constraint: the constrained runs must give the serial run's tokens, and
+    the others keep the queue as deep as the shipped one (no step processed early)."""
+    verdict = _queue_verdict(before_sample)
+    title = plugins_2026.title_ring_engine()
+    if title.constraint is not _title_constraint():
+        title.constraint = _title_constraint()
+        return fails("edits_engine", "your code replaced the engine's `constraint` while the check ran (put back "
+                                     "now): the sampler's mask is the engine's; decide only how many held steps "
+                                     "to process")
+    return verdict
+
+
+def _queue_verdict(before_sample) -> Verdict:
+    for constrained, depth in QUEUE_RUNS:
+        what = f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
+        try:
+            with plugins.ring(depth + 1):
+                outs = _queue_generate(constrained, plugins_2026.batch_queue(depth, before_sample))
+        except Exception as err:  # noqa: BLE001 - judged below
+            return _run_error(err, "`before_sample`")
+        got, want = [c.token_ids for c in outs], queue_serial(constrained)
+        if got != want:
+            return fails("wrong_tokens", f"{what}: {pool.compare(got, want)} (title case broken: a mask was "
+                                         f"built before the token it depends on reached the host)")
+        held = in_flight_at_samples(_queue_engine(constrained).record.events)
+        if not constrained and held != queue_depths(depth):
+            at = next(i for i, (a, b) in enumerate(zip(held, queue_depths(depth))) if a != b)
+            return fails("waits_without_need", f"{what}: at sample {at} the queue held {held[at]} step(s), the "
+                                               f"shipped queue {queue_depths(depth)[at]}: with no constraint the "
+                                               f"sampler reads nothing the host holds, so processing a step early "
+                                               f"only makes the host wait and the queue shallower")
+    return passes("with title case every mask was built from the request's newest token, as in the serial run; "
+                  "without it the queue stayed as deep as it was built: the host waits only for what the "
+                  "sampler reads")
+
+
+# ------------------------------------------------------------------ lab 6: whose token is it?
+
+def _leak_answer(answer) -> tuple | Verdict:
+    what = "a pair (round, {reader prompt: prompt whose token it took, ...}), e.g. (4, {2: 1})"
+    if answer is None:
+        return unanswered(f"set `leak` to {what}")
+    if isinstance(answer, (str, bytes, set, frozenset, dict)):
+        return fails("shape", f"write {what}, not {show(answer)}")
+    got = items(answer, what)
+    if isinstance(got, Verdict):
+        return got
+    if len(got) != 2 or whole(got[0]) is None or not isinstance(got[1], dict):
+        return fails("shape", f"write {what}, not {show(answer)}")
+    pairs = {whole(k): whole(v) for k, v in list(got[1].items())[:16]}
+    if not pairs or None in pairs or None in pairs.values():
+        return fails("shape", f"write {what}: the dict maps prompt numbers to prompt numbers")
+    return whole(got[0]), pairs
+
+
+@notebook_check
+def check_token_leak(answer, engine) -> Verdict:
+    """Predict (07b, lab 6): in the first round where a request took another's token from the
+    shipped map (keyed by batch place), which requests took whose?  ``engine``: right after it."""
+    got = _leak_answer(answer)
+    if isinstance(got, Verdict):
+        return got
+    try:
+        found = leaks(engine.record.events)
+    except AttributeError:
+        return fails("setup", "pass the engine right after the run with the shipped key")
+    if not found:
+        return fails("setup", "this engine's last run took no token from another request: pass the engine right "
+                              "after the shipped key's run (the cell above)")
+    first = found[0][0]
+    want = {p: q for r, p, q in found if r == first}
+    round_, pairs = got
+    if (round_, pairs) == (first, want):
+        return passes(f"({first}, {want}): round {first} is the first whose batch lost a request while the round "
+                      f"before was still in flight; each request behind the gap moved up a place, and its "
+                      f"newest token, still on the device, was read under its new place: the token the request "
+                      f"that sat there left")
+    if round_ != first:
+        return fails("wrong_round", f"round {round_} is not the first: look for the first decode round whose batch "
+                                    f"differs from the round before it while that round was still in flight")
+    if set(pairs) != set(want):
+        return fails("wrong_reader", f"in round {first}, which requests sit at a place another request held in "
+                                     f"round {first - 1}?")
+    return fails("wrong_owner", f"right requests, wrong owners: under the shipped map a request reads the key of "
+                                f"its place in round {first}; who sat at that place in round {first - 1}?")
+
+
+def _key_engine(drafts: int):
+    return pool.engine(num_draft_tokens=drafts) if drafts else pool.engine()
+
+
+def _key_generate(index: int, loop=None):
+    prompts, limit, stop, drafts = KEY_RUNS[index]
+    return _key_engine(drafts).generate(list(prompts), max_new_tokens=limit, stop=list(stop), loop=loop)
+
+
+@functools.lru_cache(maxsize=len(KEY_RUNS))
+def key_reference(index: int) -> tuple[list[list[int]], int]:
+    """Lab 6: the engine's own ZOS run: (token ids, drafts accepted)."""
+    outs = _key_generate(index)
+    return [c.token_ids for c in outs], _key_engine(KEY_RUNS[index][3]).stats.draft_tokens_accepted
+
+
+def _warm_keys():
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for index in range(len(KEY_RUNS)):
+        key_reference(index)
+
+
+@exercise_check(_warm_keys)
+def check_future_key(key) -> Verdict:
+    """Lab 6's fix: ``key(req, b)``, under which the device keeps each request's newest token,
+    drafts and accepted count, on runs where requests leave the batch, one joins mid-run, and
+    drafts are on: the engine's own tokens and accepted drafts."""
+    for index, (prompts, limit, stop, drafts) in enumerate(KEY_RUNS):
+        what = (f"{len(prompts)} prompts on 3 rows, limit {limit}" + (f", stop {list(stop)}" if stop else "")
+                + (f", {drafts} drafts" if drafts else ""))
+        try:
+            outs = _key_generate(index, plugins_2026.future_key(key))
+        except Exception as err:  # noqa: BLE001 - judged below
+            return _run_error(err, "`key`")
+        want, accepted = key_reference(index)
+        got = [c.token_ids for c in outs]
+        if got != want:
+            return fails("leaked_tokens", f"{what}: {pool.compare(got, want)}: a request read a newest token, "
+                                          f"draft or accepted count another request had left under its key")
+        if _key_engine(drafts).stats.draft_tokens_accepted != accepted:
+            return fails("drafts_lost", f"{what}: the tokens are right (the target model checks every draft) but "
+                                        f"{_key_engine(drafts).stats.draft_tokens_accepted} drafts were accepted, the "
+                                        f"engine's own run {accepted}: requests proposed from another request's "
+                                        f"history")
+    return passes("every request found its own newest token, drafts and accepted count under its key, whoever "
+                  "left or joined the batch: a key must stay the same for a request's whole life and differ "
+                  "from every other live request's")

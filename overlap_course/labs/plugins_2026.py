@@ -1,0 +1,131 @@
+"""How notebook 07b's labs put a learner's function into a run: two loops, each the ZOS loop with
+one decision handed to the learner (the engine's own stages do the rest).
+
+* ``batch_queue(depth, before_sample)``: a loop holding up to ``depth`` decode steps, like vLLM's
+  batch queue; just before round N's sample it asks ``before_sample(engine, plan, held)`` how many
+  of the oldest held steps to process first.
+* ``future_key(key)``: the ZOS loop in which the device keeps each request's newest token, drafts
+  and accepted count under ``key(req, b)`` (``b``: its place in the round's batch) instead of its
+  batch row.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import numbers
+
+from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.engine import Engine
+from toy_engine.validate import check_int, shown
+
+from .plugins import ring
+
+
+class BadAnswer(ValueError):
+    """The learner's function returned something its loop cannot use; the message says what."""
+
+
+def batch_queue(depth: int, before_sample):
+    """A loop holding up to ``depth`` decode steps: round N's forward goes in, round N - depth is
+    processed once the queue is full, then ``before_sample(engine, plan, held)`` (``held``: the
+    steps still unprocessed, oldest first, as a tuple) says how many of the oldest to process
+    before round N's sample is launched.  Run it on a ring of at least ``depth + 1`` slots."""
+    depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
+    _callable("before_sample", before_sample)
+
+    def loop(engine):
+        held = collections.deque()
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:  # nothing to launch: process the oldest held step now
+                if held:
+                    engine.flush(held.popleft())
+                continue
+            inputs = engine.prepare_inputs(plan)
+            engine.launch_forward(inputs)
+            if len(held) == depth:
+                engine.process_outputs(held.popleft())
+            for _ in range(_count(before_sample(engine, plan, tuple(held)), len(held))):
+                engine.process_outputs(held.popleft())
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+            else:
+                held.append(current)
+    loop.__name__ = loop.__qualname__ = f"batch_queue_{depth}"
+    return loop
+
+
+def _count(n, held: int) -> int:
+    """``before_sample``'s answer, checked: a whole number of held steps, 0 to ``held``."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= held:
+        raise BadAnswer(f"before_sample returned {shown(n)}: return how many of the {held} held step(s) "
+                         f"to process before this sample, a whole number from 0 to {held}")
+    return int(n)
+
+
+def future_key(key):
+    """The ZOS loop, with the device keeping each request's newest token (the future-token map),
+    its drafts and accepted count under ``key(req, b)`` rather than ``req.row``: the round's
+    metadata carries the key in the row field, and the scheduler keeps its own rows."""
+    _callable("key", key)
+
+    def loop(engine):
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                previous = engine.flush(previous)
+                continue
+            inputs = _prepare_keyed(engine, plan, key)
+            if previous is not None:
+                engine.correct_on_device(inputs)
+            engine.launch_forward(inputs)
+            if previous is not None:
+                engine.process_outputs(previous)
+            current = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(current)
+                previous = None
+            else:
+                previous = current
+    loop.__name__ = loop.__qualname__ = "future_key_loop"
+    return loop
+
+
+def _prepare_keyed(engine, plan, key):
+    """``engine.prepare_inputs(plan)`` with each request's row replaced by its key meanwhile."""
+    rows = engine.config.max_batch_size
+    keys = []
+    for b, req in enumerate(plan.requests):
+        k = key(req, b)
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < rows:
+            raise BadAnswer(f"key returned {shown(k)} for prompt {req.index} (place {b} in round "
+                             f"{plan.round}'s batch): the device keeps {rows} rows, so return a whole "
+                             f"number from 0 to {rows - 1}")
+        keys.append(int(k))
+    own = [req.row for req in plan.requests]
+    try:
+        for req, k in zip(plan.requests, keys):
+            req.row = k
+        return engine.prepare_inputs(plan)
+    finally:
+        for req, row in zip(plan.requests, own):
+            req.row = row
+
+
+@functools.lru_cache(maxsize=1)
+def title_ring_engine() -> Engine:
+    """A ZOS engine with the title-case constraint (batches of 3, race checker on), built with
+    MAX_SLOTS host slots so that a deeper queue can run on it; closed when Python exits."""
+    with ring(MAX_SLOTS):
+        engine = Engine(EngineConfig(mode="zos", max_batch_size=3, constraint="title_case"))
+    atexit.register(engine.close)
+    return engine
+
+
+def _callable(name: str, value) -> None:
+    if not callable(value):
+        raise TypeError(f"{name} must be a function, got {type(value).__name__} {shown(value)}")
