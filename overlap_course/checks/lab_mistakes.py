@@ -14,22 +14,23 @@ from .answers import show
 from .verdict import Verdict, fails, not_implemented
 
 
-def extra_step(calls, engine, rounds: int, discarded: int, run) -> Verdict:
+def extra_step(calls, engine, own, run) -> Verdict:
     """Lab 1: more outputs discarded than the engine's own policy: the first round planned for a request
     already finished, or one its rounds in flight already finish."""
     late = next((c for c in calls if c[5] and (c[4] or c[2] + c[3] >= run.max_new)), None)
-    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {discarded}), "
-            f"{engine.stats.rounds} rounds instead of {rounds}")
+    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {own.discarded}), "
+            f"{engine.stats.rounds} rounds instead of {own.rounds}")
     if late and late[4]:
-        return fails("finished_scheduled", f"{run}: prompt {late[1]} had finished before round {late[0]}, yet your "
-                                           f"policy planned it again: {cost}. Never plan a finished request")
-    where = (f"before round {late[0]} prompt {late[1]} had {late[2]} tokens committed and {late[3]} round(s) in "
-             f"flight, enough for its {run.max_new}, yet your policy planned it again" if late else
-             "your policy planned rounds whose outputs came back for finished requests")
+        return fails("finished_scheduled", f"{run}: {runs.who(run.prompts, late[1])} had ended "
+                                           f"{own.endings[late[1]]} before round {late[0]}, yet your policy "
+                                           f"planned it again: {cost}. Never plan a finished request")
+    where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens committed and "
+             f"{late[3]} round(s) in flight, enough for its {run.max_new}, yet your policy planned it again"
+             if late else "your policy planned rounds whose outputs came back for finished requests")
     return fails("extra_step", f"{run}: {where}: {cost}")
 
 
-def policy_error(err: Exception, calls, run) -> Verdict:
+def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
     """Lab 1: a run that ended in an error: the policy's own, or a stall it caused (named by its last
     refusal), or a runaway the check stopped."""
     if isinstance(err, NotImplementedError):
@@ -39,17 +40,21 @@ def policy_error(err: Exception, calls, run) -> Verdict:
                                      "function: it called itself until Python gave up. Compute the answer from "
                                      "the request's fields")
     if isinstance(err, runs.Runaway):
-        done = [c for c in calls if c[4] and c[5]]
-        who = f"prompt {done[0][1]} had finished before round {done[0][0]}" if done else "a finished request"
-        return fails("finished_scheduled", f"{run}: {who}, and your policy kept planning it: past round "
-                                           f"{err.args[0]} the check stopped the run. Never plan a finished "
-                                           f"request again")
+        done = next((c for c in calls if c[4] and c[5]), None)
+        who = (f"{runs.who(run.prompts, done[1])} ended {own.endings[done[1]]}, and before round {done[0]} your "
+               f"policy planned it again, and again" if done else "your policy kept planning finished requests")
+        return fails("finished_scheduled", f"{run}: {who}: the check stopped the run at round {err.args[0]} (the "
+                                           f"engine's own run takes {own.rounds} rounds). A request ends on EOS, "
+                                           f"a stop string or its limit: never plan a finished one again")
     if isinstance(err, EngineStalled):
         left = [c for c in calls if c[1] in err.prompt_indexes]
-        detail = (f"before round {left[-1][0]} your policy declined prompt {left[-1][1]} with {left[-1][2]} of its "
-                  f"{run.max_new} tokens and {left[-1][3]} round(s) in flight" if left else
-                  f"your policy declined prompts {err.prompt_indexes} before they reached their limit")
-        return fails("stalled", f"{run}: {detail}: it can never finish ({err.reason})")
+        i = left[-1][1] if left else err.prompt_indexes[0]
+        has = len(engine.requests[i].output_ids) if i < len(engine.requests) else 0
+        detail = (f"before round {left[-1][0]} your policy declined {runs.who(run.prompts, i)} with {left[-1][2]} "
+                  f"of its {run.max_new} tokens and {left[-1][3]} round(s) in flight" if left else
+                  f"your policy declined {runs.who(run.prompts, i)} before it reached its limit")
+        return fails("stalled", f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
+                                f"it can never finish ({err.reason})")
     return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
 
 
@@ -125,13 +130,38 @@ def abort_outcome(got, want, engine, discarded: int, calls) -> Verdict | None:
     return None
 
 
-def commit_mistake(i: int, got, ref, max_new: int, stop, engine) -> Verdict | None:
-    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake named."""
+def commit_never_ended(err, engine, run, endings) -> Verdict:
+    """Lab 4: a run that stalled or ran on: the first request left unfinished, how it should have
+    ended and where it stopped."""
+    reqs = [r for r in engine.requests if not r.finished or r.finish_reason == "abort"]
+    if isinstance(err, EngineStalled) and err.prompt_indexes:
+        reqs = [r for r in engine.requests if r.index in err.prompt_indexes] or reqs
+    req = next((r for r in reqs if endings[r.index].kind != runs.ABORT), reqs[0]) if reqs else None
+    if req is None:
+        return fails("stalled", f"{run}: the run could not go on ({err})")
+    has, want = len(req.output_ids), endings[req.index]
+    where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with {has} "
+             f"token(s), unfinished")
+    if isinstance(err, runs.Runaway):
+        return fails("stalled", f"{where}, and the check stopped the run at round {err.args[0]}: your commit "
+                                f"kept it from reaching its end. Set `req.finish_reason` where a request ends")
+    if has >= run.max_new and want.kind == runs.AT_ROUND_END:
+        return fails("stalled", f"{where}: its limit's token was the last of a round's run, and your commit "
+                                f"did not end the request there, so no round plans it again and it can never "
+                                f"finish. Check the limit after each token: `len(req.output_ids) >= "
+                                f"req.max_new_tokens`")
+    return fails("stalled", f"{where}: no round plans it again, and it can never finish. Set "
+                            f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+
+
+def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
+    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake named;
+    ``ending``: how the run's request ends with the engine's own commit."""
     (ids, text, reason), (ref_ids, ref_text, ref_reason) = got, ref
-    tok = engine.tokenizer
+    tok, max_new, stop = engine.tokenizer, run.max_new, run.stop
     if (ids, text, reason) == ref:
         return None
-    who = f"prompt {i} (limit {max_new}, stop strings {list(stop)})"
+    who = f"{run}: {runs.who(run.prompts, i)}, which ends {ending}"
     if tok.eos_id in ids:
         return fails("eos_kept", f"{who}: its tokens hold the EOS id {tok.eos_id}: EOS ends a request, it is not "
                                  f"one of its tokens")
@@ -157,6 +187,11 @@ def commit_mistake(i: int, got, ref, max_new: int, stop, engine) -> Verdict | No
                      f"{who}: the serial run ends at {show(ref_text)} (stop); yours {show(text)}: "
                      + ("the stop string stays in the text: cut it off" if kept else
                         "the stop string was completed inside a round's run, or across two, and missed"))
+    if reason == "stop" and ref_reason == "length" and ref_ids[: len(ids)] == ids:
+        return fails("stop_past_limit", f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a "
+                                        f"stop string completed only by a token past the limit, in the limit's "
+                                        f"own run, ended it. One token at a time, the limit's token ends it "
+                                        f"first: check the limit after each token, not after the run")
     if ref_ids[: len(ids)] == ids:
         return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")

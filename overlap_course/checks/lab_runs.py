@@ -13,35 +13,144 @@ from toy_engine import loops
 from toy_engine.config import MAX_SLOTS
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
+from toy_engine.sequence import Request
 
 from . import pool
+
+# How a request of a lab's run ends (the engine's own code, on that run): the endings each lab's
+# runs must hold, with drafts and without, so that a fix wrong for one of them cannot pass.
+EOS, STOP, AT_ROUND_END, INSIDE_STEP, ABORT = ("eos", "stop", "limit at a round's end",
+                                               "limit inside a speculative step", "abort")
+ENDINGS = (EOS, STOP, AT_ROUND_END, INSIDE_STEP, ABORT)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one request of a run ended under the engine's own code: ``kind`` (one of ENDINGS) with
+    ``tokens`` kept, and the round whose results ended it (None for an abort between rounds)."""
+
+    kind: str
+    tokens: int
+    round: int | None = None
+
+    def __str__(self) -> str:
+        at = f" (round {self.round}'s results)" if self.round is not None else ""
+        return {EOS: f"on EOS after {self.tokens} tokens{at}",
+                STOP: f"on a stop string after {self.tokens} tokens{at}",
+                AT_ROUND_END: f"on its limit, {self.tokens} tokens, the last of a round's run{at}",
+                INSIDE_STEP: f"on its limit, {self.tokens} tokens, inside a round's accepted run{at}",
+                ABORT: f"by its abort, with {self.tokens} tokens"}[self.kind]
+
+
+class EndingSpy:
+    """A ``commit`` plug-in that commits as the engine does and notes, per prompt, the round that
+    finished it: how many tokens that round brought and how many of them were kept."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.last = engine, {}
+
+    def __call__(self, req, tokens, eos_id: int, decode) -> None:
+        before = len(req.output_ids)
+        Request.commit(req, tokens, eos_id, decode)
+        if req.finished:
+            events = self.engine.record.events  # the round being committed: the last Commit recorded
+            rnd = next(e.round for e in reversed(events) if isinstance(e, Commit))
+            self.last[req.index] = (rnd, len(tokens), len(req.output_ids) - before)
+
+    def endings(self, completions) -> tuple[Ending, ...]:
+        return tuple(self._ending(i, c) for i, c in enumerate(completions))
+
+    def _ending(self, i: int, c) -> Ending:
+        if c.finish_reason == "abort" or i not in self.last:
+            return Ending(ABORT, len(c.token_ids))
+        rnd, brought, kept = self.last[i]
+        if c.finish_reason != "length":
+            return Ending(EOS if c.finish_reason == "eos" else STOP, len(c.token_ids), rnd)
+        return Ending(AT_ROUND_END if kept == brought else INSIDE_STEP, len(c.token_ids), rnd)
+
+
+def spied(engine, on_round=None):
+    """(an ``on_round`` that also installs an EndingSpy as each request's commit, the spy)."""
+    spy, install = EndingSpy(engine), None
+
+    def both(engine, round):
+        nonlocal install
+        if install is None:
+            install = plugins.per_request(commit=spy)
+        install(engine, round)
+        if on_round is not None:
+            on_round(engine, round)
+    return both, spy
+
+
+def kinds(endings, drafts: int) -> set[tuple[str, bool]]:
+    """The (ending, with drafts) pairs a run's endings hold."""
+    return {(e.kind, bool(drafts)) for e in endings}
+
+
+# Prompts whose stories end (EOS) within a dozen tokens with the shipped model: after 11, 8, 12.
+STORY_ENDS = ("nd they all lived happily ", " all lived happily eve", "so they lived happily")
+
+
+def who(prompts, i: int) -> str:
+    """A prompt named by its index and its text, as a lab's messages name it."""
+    return f"prompt {i} ({prompts[i]!r})" if 0 <= i < len(prompts) else f"prompt {i}"
 
 
 @dataclass(frozen=True)
 class PolicyRun:
     """Lab 1: one run a policy is judged on.  ``held``: the rounds its loop keeps in flight (0 the
-    serial loop, 1 ZOS, more ``plugins.keep_in_flight`` on a ring one slot larger)."""
+    serial loop, 1 ZOS, more ``plugins.keep_in_flight`` on a ring one slot larger); ``drafts``:
+    the speculative engine's draft tokens (0: none)."""
 
     max_new: int
     stop: tuple = ()
     held: int = 1
+    prompts: tuple = tuple(pool.PROMPTS)
+    drafts: int = 0
 
     def __str__(self) -> str:
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
-        return f"{loop}, limit {self.max_new}" + (f", stop strings {list(self.stop)}" if self.stop else "")
+        return (loop + (f" with {self.drafts} drafts" if self.drafts else "") + f", limit {self.max_new}"
+                + (f", stop strings {list(self.stop)}" if self.stop else "")
+                + ("" if self.prompts == tuple(pool.PROMPTS) else f", prompts {list(self.prompts)}"))
 
 
-# lab 1: the notebook's run, a stop string, a limit reached right after the prefill, a larger limit
-# under the serial loop, three rounds in flight: a policy that assumes one (or caps them at two) fails another
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",)), PolicyRun(2), PolicyRun(15, held=0), PolicyRun(12, held=3))
+# lab 1: the notebook's run; stop strings and stories that end (EOS); a limit reached right after the
+# prefill; a larger limit under the serial loop; three rounds in flight (a policy that assumes one, or
+# caps them at two, fails there); drafts, whose runs end on the limit inside a round's accepted run
+_ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING), PolicyRun(2), PolicyRun(15, held=0),
+               PolicyRun(12, held=3), PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
 ABORT_PROMPTS, MAX_NEW = [*pool.PROMPTS, "A little cat"], 12
 # lab 2, (round, prompt) of each abort: waiting; in flight; the same again; just prefilled; finished by its stop
 ABORTS = ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))
 DEPTHS = (1, 2, 3)  # lab 3: rounds a loop keeps in flight, and one more drawn per check (deeper_depth)
 RING_NEW = MAX_SLOTS + 1  # a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races
-# lab 4: stops inside a run and across two, limits inside a run; EOS inside a run, a stop on the limit's token
-COMMIT_RUNS = ((tuple(pool.PROMPTS), 30, (" was", ".")),
-               (("nd they all lived happily ", " all lived happily eve", "One day, the little"), 28, (" the",)))
+
+
+@dataclass(frozen=True)
+class CommitRun:
+    """Lab 4: one ZOS run a commit is judged on (``drafts``: the engine's draft tokens, 0 for none)."""
+
+    prompts: tuple
+    max_new: int
+    stop: tuple
+    drafts: int = pool.DRAFTS
+
+    def __str__(self) -> str:
+        return (f"ZOS {f'with {self.drafts} drafts' if self.drafts else 'without drafts'}, limit "
+                f"{self.max_new}, stop strings {list(self.stop)}")
+
+
+# lab 4, with 3 drafts: stops inside a run and across two, limits inside a run and at a run's end;
+# EOS inside a run, a stop on the limit's token; a stop string that a token past the limit, in the
+# limit's own run, would complete (prompt 0: serial 12 tokens and "length"). Without drafts: one token
+# a round, so every limit falls at a round's end; stops and stories that end
+COMMIT_RUNS = (CommitRun(tuple(pool.PROMPTS), 30, (" was", ".")),
+               CommitRun((*STORY_ENDS[:2], "One day, the little"), 28, (" the",)),
+               CommitRun(tuple(pool.PROMPTS), 12, (" a",)),
+               CommitRun((*pool.PROMPTS[:2], *STORY_ENDS), 12, (" the",), drafts=0))
 
 
 def flushes(engine) -> int:
@@ -49,26 +158,55 @@ def flushes(engine) -> int:
 
 
 def policy_engine(run: PolicyRun):
-    """Lab 1: the pool's plain engine, or the ring engine (more host slots) for a deeper loop."""
-    return pool.engine() if run.held < 2 else plugins.ring_engine()
+    """Lab 1: the pool's engine with the run's drafts, or the ring engine (more host slots) for a
+    deeper loop."""
+    if run.held >= 2:
+        return plugins.ring_engine()
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
 def _policy_generate(run: PolicyRun, on_round=None):
     loop = loops.serial_loop if run.held == 0 else None if run.held == 1 else plugins.keep_in_flight(run.held)
     with plugins.ring(max(2, run.held + 1)):
-        return policy_engine(run).generate(pool.PROMPTS, max_new_tokens=run.max_new, stop=list(run.stop),
+        return policy_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
                                            on_round=on_round, loop=loop)
 
 
+@dataclass(frozen=True)
+class OwnRun:
+    """Lab 1: the engine's own policy on a run: its tokens, rounds, discarded outputs, flushes, and
+    how each request ended."""
+
+    ids: list
+    rounds: int
+    discarded: int
+    flushes: int
+    endings: tuple
+
+
 @functools.lru_cache(maxsize=len(POLICY_RUNS))
-def own_run(run: PolicyRun):
-    """Lab 1: the engine's own policy under ``run``: (token ids, rounds, discarded outputs, flushes)."""
-    outs, engine = _policy_generate(run), policy_engine(run)
-    return [c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine)
+def own_run(run: PolicyRun) -> OwnRun:
+    """Lab 1: the engine's own policy under ``run``."""
+    engine = policy_engine(run)
+    on_round, spy = spied(engine)
+    outs = _policy_generate(run, on_round)
+    return OwnRun([c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine),
+                  spy.endings(outs))
 
 
 class Runaway(Exception):
-    """A policy kept scheduling far past the engine's own number of rounds."""
+    """A run kept scheduling far past the engine's own number of rounds (``args``: the round)."""
+
+
+def capped(on_round, cap: int):
+    """``on_round`` that raises Runaway past round ``cap``: a run whose requests never end is a
+    verdict, not a hang."""
+    def bounded(engine, round):
+        if round > cap:
+            raise Runaway(round)
+        if on_round is not None:
+            on_round(engine, round)
+    return bounded
 
 
 def policy_run(policy, run: PolicyRun, cap: int):
@@ -83,14 +221,8 @@ def policy_run(policy, run: PolicyRun, cap: int):
                       bool(wanted)))
         return wanted
 
-    install = plugins.per_request(wants_more=spy)
-
-    def on_round(engine, round):
-        if round > cap:
-            raise Runaway(round)
-        install(engine, round)
     try:
-        return engine, _policy_generate(run, on_round), calls
+        return engine, _policy_generate(run, capped(plugins.per_request(wants_more=spy), cap)), calls
     except Exception as err:  # noqa: BLE001 - judged by the caller
         return engine, err, calls
 
@@ -194,15 +326,32 @@ def spec_engine():
     return pool.engine(num_draft_tokens=pool.DRAFTS)
 
 
-def commit_run(index: int, commit=None, loop=None):
-    """Lab 4: COMMIT_RUNS[index] on ZOS + speculation, with ``commit`` for each request's own."""
-    prompts, max_new, stop = COMMIT_RUNS[index]
-    on_round = plugins.per_request(commit=commit) if commit else None
-    return spec_engine().generate(list(prompts), max_new_tokens=max_new, stop=list(stop), on_round=on_round,
-                                  loop=loop)
+def commit_engine(run: CommitRun):
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-@functools.lru_cache(maxsize=2)
+def commit_run(index: int, commit=None, loop=None, cap: int | None = None, on_round=None):
+    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own;
+    past round ``cap`` it raises Runaway."""
+    run = COMMIT_RUNS[index]
+    if commit is not None:
+        on_round = plugins.per_request(commit=commit)
+    if cap is not None:
+        on_round = capped(on_round, cap)
+    return commit_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+                                       on_round=on_round, loop=loop)
+
+
+@functools.lru_cache(maxsize=len(COMMIT_RUNS))
 def commit_reference(index: int):
     """Lab 4: the serial run's (token ids, text, finish reason) per prompt."""
     return [(c.token_ids, c.text, c.finish_reason) for c in commit_run(index, loop=loops.serial_loop)]
+
+
+@functools.lru_cache(maxsize=len(COMMIT_RUNS))
+def commit_endings(index: int) -> tuple[tuple[Ending, ...], int]:
+    """Lab 4: how each request of the ZOS run ends with the engine's own commit, and its rounds."""
+    engine = commit_engine(COMMIT_RUNS[index])
+    on_round, spy = spied(engine)
+    outs = commit_run(index, on_round=on_round)
+    return spy.endings(outs), engine.stats.rounds

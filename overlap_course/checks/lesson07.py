@@ -76,28 +76,35 @@ def check_wasted_round(answer, engine, prompt: int = 0) -> Verdict:
     return fails("wrong", f"{got} is not it: {look}")
 
 
-@exercise_check(pool.engine, plugins.ring_engine, lambda: [runs.own_run(run) for run in runs.POLICY_RUNS])
+def _warm_policy_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for run in runs.POLICY_RUNS:
+        runs.own_run(run)
+
+
+@exercise_check(plugins.ring_engine, _warm_policy_runs)
 def check_wants_more(wants_more) -> Verdict:
     """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that differ
-    in limit, stop strings and rounds in flight (runs.POLICY_RUNS), against the engine's own policy:
-    no round may go in for a request the rounds in flight already finish, and none may be missing."""
+    in limit, stop strings, stories that end, drafts and rounds in flight (runs.POLICY_RUNS), against
+    the engine's own policy: no round may go in for a request the rounds in flight already finish,
+    and none may be missing."""
     for run in runs.POLICY_RUNS:
-        ids, rounds, discarded, flushes = runs.own_run(run)
-        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * rounds)
+        own = runs.own_run(run)
+        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * own.rounds)
         if isinstance(got, Exception):
-            return mistakes.policy_error(got, calls, run)
-        if [c.token_ids for c in got] != ids:
-            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], ids)}")
-        if engine.stats.discarded_outputs > discarded:
-            return mistakes.extra_step(calls, engine, rounds, discarded, run)
-        if runs.flushes(engine) > flushes:
+            return mistakes.policy_error(got, calls, run, own, engine)
+        if [c.token_ids for c in got] != own.ids:
+            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], own.ids)}")
+        if engine.stats.discarded_outputs > own.discarded:
+            return mistakes.extra_step(calls, engine, own, run)
+        if runs.flushes(engine) > own.flushes:
             return fails("serializes", f"{run}: your policy declined rounds the engine's own plans, so the loop "
                                        f"ran out of rounds to launch and waited for the device: {runs.flushes(engine)} "
-                                       f"flushes instead of {flushes}, the overlap lost there. Count the rounds in "
-                                       f"flight instead of waiting for them")
+                                       f"flushes instead of {own.flushes}, the overlap lost there. Count the rounds "
+                                       f"in flight instead of waiting for them")
     return passes(f"no round went in for a request the rounds in flight already finish, and none was missing, in "
-                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop "
-                  f"is known only once processed), and the same tokens")
+                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop, "
+                  f"an EOS or a draft's acceptance is known only once processed), and the same tokens")
 
 
 # ------------------------------------------------------------------ lab 2: an abort in flight
@@ -261,28 +268,36 @@ def check_overshoot(answer, engine) -> Verdict:
                              f"it: {look}")
 
 
-@exercise_check(runs.spec_engine, lambda: [runs.commit_reference(i) for i in range(len(runs.COMMIT_RUNS))])
+def _warm_commit_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for i in range(len(runs.COMMIT_RUNS)):
+        runs.commit_reference(i)
+        runs.commit_endings(i)
+
+
+@exercise_check(_warm_commit_runs)
 def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
-    each round's accepted run, on ZOS + speculation runs against the serial run's outputs."""
-    engine = runs.spec_engine()
-    for index, (_, max_new, stop) in enumerate(runs.COMMIT_RUNS):
+    each round's accepted run, on ZOS runs with and without drafts against the serial run's outputs."""
+    for index, run in enumerate(runs.COMMIT_RUNS):
+        endings, rounds = runs.commit_endings(index)
+        engine = runs.commit_engine(run)
         try:
-            outs = runs.commit_run(index, commit)
+            outs = runs.commit_run(index, commit, cap=3 * rounds)
         except NotImplementedError:
             return not_implemented("`commit`")
         except RecursionError:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
-        except EngineStalled as err:
-            return fails("stalled", f"prompts {err.prompt_indexes} reached their limit but never finished: set "
-                                    f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+        except (EngineStalled, runs.Runaway) as err:
+            return mistakes.commit_never_ended(err, engine, run, endings)
         except Exception as err:  # noqa: BLE001
             return fails("raised", f"your commit raised {type(err).__name__}: {err}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
-            verdict = mistakes.commit_mistake(i, (c.token_ids, c.text, c.finish_reason), ref, max_new, stop, engine)
+            got = (c.token_ids, c.text, c.finish_reason)
+            verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)
             if verdict is not None:
                 return verdict
     return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the length limit "
-                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, and the text matches the "
-                  f"tokens")
+                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, a limit at a round's end "
+                  f"(one token a round, without drafts) ends it, and the text matches the tokens")
