@@ -58,75 +58,90 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
     return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
 
 
-def waited(calls) -> Verdict | None:
+def waited(calls, run) -> Verdict | None:
     """Lab 2: an abort that waits for the device gives up the overlap at every abort."""
     call = next((c for c in calls if c.waits), None)
     if call is None:
         return None
-    return fails("serializes", f"your abort of prompt {call.prompt} before round {call.round} waited for the device "
-                               f"({call.waits} wait(s)): each abort then stalls the host until the device is idle, "
-                               f"and the overlap is lost. Mark the request aborted and let the round in flight free "
-                               f"it when it is processed")
+    return fails("serializes", f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round "
+                               f"{call.round} waited for the device ({call.waits} wait(s)): each abort then stalls "
+                               f"the host until the device is idle, and the overlap is lost. Mark the request "
+                               f"aborted and let the round in flight free it when it is processed")
 
 
-def freed_wrongly(record) -> Verdict | None:
+def freed_wrongly(record, run) -> Verdict | None:
     """Lab 2: a free the race checker saw under a launched round, or a second free, from the record
     (there even when the learner's code swallowed the RaceError)."""
     for free in record.of(Free):
         if free.in_use:
             rnd, stage = free.in_use[0]
-            return fails("free_in_use", f"your abort freed prompt {free.prompt}'s KV blocks {list(free.blocks)} "
-                                        f"while round {rnd}'s `{stage}`, launched and not processed, may still "
-                                        f"write them. Mark it aborted now, free it when `num_inflight == 0`")
+            return fails("free_in_use", f"{run}: your abort freed {runs.who(run.prompts, free.prompt)}'s KV blocks "
+                                        f"{list(free.blocks)} while round {rnd}'s `{stage}`, launched and not "
+                                        f"processed, may still write them. Mark it aborted now, free it when "
+                                        f"`num_inflight == 0`")
         if free.double:
-            return fails("double_free", f"prompt {free.prompt}'s KV blocks {list(free.double)} were freed a second "
-                                        f"time: a pool that takes a block back twice hands it to two requests")
+            return fails("double_free", f"{run}: {runs.who(run.prompts, free.prompt)}'s KV blocks "
+                                        f"{list(free.double)} were freed a second time: a pool that takes a block "
+                                        f"back twice hands it to two requests")
     return None
 
 
-def abort_error(err: Exception) -> Verdict:
-    """Lab 2: a run that ended in an error no free explains."""
+def abort_error(err: Exception, run, ref, engine) -> Verdict:
+    """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the first
+    request left, how it should have ended and where it stopped."""
+    if isinstance(err, (EngineStalled, runs.Runaway)):
+        left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
+        left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
+        req = left[0] if left else None
+        where = (f"{runs.who(run.prompts, req.index)} should have ended {ref.endings[req.index]}; it stopped with "
+                 f"{len(req.output_ids)} token(s)" if req else "a request could not end")
     if isinstance(err, EngineStalled) and err.reason == "finished_kept_blocks":
-        return fails("kept_blocks", f"prompts {err.prompt_indexes} were aborted with no round in flight and "
-                                    f"nobody freed them: only processing a round frees its requests, and an "
-                                    f"aborted request is never scheduled again. Free it at once when "
-                                    f"`num_inflight == 0`")
+        return fails("kept_blocks", f"{run}: {where}, aborted with no round in flight, and nobody freed it: only "
+                                    f"processing a round frees its requests, and an aborted request is never "
+                                    f"scheduled again. Free it at once when `num_inflight == 0`")
     if isinstance(err, EngineStalled):
-        return fails("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+        return fails("stalled", f"{run}: {where}: the engine could not go on ({err.reason}): {err}")
+    if isinstance(err, runs.Runaway):
+        return fails("still_running", f"{run}: {where}, and rounds kept going in for it: the check stopped the "
+                                      f"run at round {err.args[0]} (the engine's own run takes {ref.rounds}). An "
+                                      f"aborted request is finished: set its `finish_reason` to \"abort\"")
     return fails("raised", f"your abort raised {type(err).__name__}: {err}")
 
 
-def abort_outcome(got, want, engine, discarded: int, calls) -> Verdict | None:
-    """Lab 2: a run that ended: its pool, each request against the engine's own abort, then what the
-    record says of the aborted waiting requests and the discarded outputs."""
+def abort_outcome(got, ref, engine, calls, run) -> Verdict | None:
+    """Lab 2: a run that ended: its pool, the aborted waiting requests (one admitted shifts every later
+    round), each request against the engine's own abort, then the discarded outputs."""
     lost = runs.lost_blocks(engine)
     if lost:
-        return fails("kept_blocks", f"after the run {lost} KV blocks never came back to the pool: an aborted "
-                                    f"request left `running` without its blocks being freed")
-    for i, ((ids, reason), (ref_ids, ref_reason)) in enumerate(zip(got, want)):
-        if reason == "abort" and ref_reason != "abort":
-            return fails("overwrote_finish", f"prompt {i} had finished ({ref_reason}) before its abort arrived; "
-                                             f"your abort replaced the reason by \"abort\". Leave a finished "
-                                             f"request alone")
-        if len(ids) > len(ref_ids) and ref_reason == "abort":
-            return fails("still_running", f"prompt {i} was aborted but went on to {len(ids)} tokens "
-                                          f"({reason}): set its `finish_reason` to \"abort\" so that no round "
-                                          f"plans it again")
-        if ids == ref_ids and reason != ref_reason:
-            return fails("wrong_reason", f"prompt {i} stopped where the engine's own abort stops it, but finished "
-                                         f"as {reason!r}: an aborted request's reason is \"abort\"")
-        if ids != ref_ids:
-            return fails("wrong_tokens", f"prompt {i}: {len(ids)} tokens, the engine's own abort keeps "
-                                         f"{len(ref_ids)}")
+        return fails("kept_blocks", f"{run}: after the run {lost} KV blocks never came back to the pool: an "
+                                    f"aborted request left `running` without its blocks being freed")
     started = next((c for c in calls if c.waiting and runs.admitted_after(engine.record.events, c.prompt, c.round)),
                    None)
     if started:
-        return fails("aborted_scheduled", f"prompt {started.prompt} was aborted while waiting (before round "
-                                          f"{started.round}), yet a later round admitted and prefilled it for "
-                                          f"nothing: take it out of `engine.scheduler.waiting`")
-    if engine.stats.discarded_outputs > discarded:
-        return fails("wrong", f"{engine.stats.discarded_outputs} outputs discarded, the engine's own abort: "
-                              f"{discarded}: rounds went in for requests already aborted")
+        return fails("aborted_scheduled", f"{run}: {runs.who(run.prompts, started.prompt)} was aborted while "
+                                          f"waiting (before round {started.round}), yet a later round admitted and "
+                                          f"prefilled it for nothing: take it out of `engine.scheduler.waiting`")
+    for i, ((ids, reason), (ref_ids, ref_reason)) in enumerate(zip(got, ref.outs)):
+        who = f"{run}: {runs.who(run.prompts, i)}"
+        if reason == "abort" and ref_reason != "abort":
+            return fails("overwrote_finish", f"{who} had ended {ref.endings[i]} before its abort arrived; your "
+                                             f"abort replaced the reason by \"abort\". Leave a finished request "
+                                             f"alone")
+        if len(ids) > len(ref_ids) and ref_reason == "abort":
+            return fails("still_running", f"{who} was aborted with {len(ref_ids)} tokens but went on to {len(ids)} "
+                                          f"({reason}): set its `finish_reason` to \"abort\" so that no round "
+                                          f"plans it again")
+        if ids == ref_ids and reason != ref_reason:
+            return fails("wrong_reason", f"{who} stopped where the engine's own abort stops it, but finished as "
+                                         f"{reason!r}: an aborted request's reason is \"abort\"" if ref_reason ==
+                                         "abort" else f"{who} should have ended {ref.endings[i]}, but finished "
+                                         f"as {reason!r}")
+        if ids != ref_ids:
+            return fails("wrong_tokens", f"{who}: {len(ids)} tokens ({reason}), where it should have ended "
+                                         f"{ref.endings[i]}")
+    if engine.stats.discarded_outputs > ref.discarded:
+        return fails("wrong", f"{run}: {engine.stats.discarded_outputs} outputs discarded, the engine's own abort: "
+                              f"{ref.discarded}: rounds went in for requests already aborted")
     return None
 
 

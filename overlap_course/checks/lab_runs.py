@@ -57,6 +57,16 @@ class EndingSpy:
             rnd = next(e.round for e in reversed(events) if isinstance(e, Commit))
             self.last[req.index] = (rnd, len(tokens), len(req.output_ids) - before)
 
+    def wrap(self, on_round=None):
+        """An ``on_round`` that makes this spy each request's commit, then calls ``on_round``."""
+        install = plugins.per_request(commit=self)
+
+        def both(engine, round):
+            install(engine, round)
+            if on_round is not None:
+                on_round(engine, round)
+        return both
+
     def endings(self, completions) -> tuple[Ending, ...]:
         return tuple(self._ending(i, c) for i, c in enumerate(completions))
 
@@ -71,16 +81,8 @@ class EndingSpy:
 
 def spied(engine, on_round=None):
     """(an ``on_round`` that also installs an EndingSpy as each request's commit, the spy)."""
-    spy, install = EndingSpy(engine), None
-
-    def both(engine, round):
-        nonlocal install
-        if install is None:
-            install = plugins.per_request(commit=spy)
-        install(engine, round)
-        if on_round is not None:
-            on_round(engine, round)
-    return both, spy
+    spy = EndingSpy(engine)
+    return spy.wrap(on_round), spy
 
 
 def kinds(endings, drafts: int) -> set[tuple[str, bool]]:
@@ -122,9 +124,30 @@ class PolicyRun:
 _ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
 POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING), PolicyRun(2), PolicyRun(15, held=0),
                PolicyRun(12, held=3), PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
-ABORT_PROMPTS, MAX_NEW = [*pool.PROMPTS, "A little cat"], 12
-# lab 2, (round, prompt) of each abort: waiting; in flight; the same again; just prefilled; finished by its stop
-ABORTS = ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))
+
+
+@dataclass(frozen=True)
+class AbortRun:
+    """Lab 2: one ZOS run with aborts, ``(round, prompt)`` each, made just before that round is
+    scheduled (``drafts``: the engine's draft tokens, 0 for none)."""
+
+    prompts: tuple
+    aborts: tuple
+    max_new: int = 12
+    stop: tuple = (" the",)
+    drafts: int = 0
+
+    def __str__(self) -> str:
+        return (f"ZOS {f'with {self.drafts} drafts' if self.drafts else 'without drafts'}, limit "
+                f"{self.max_new}, stop strings {list(self.stop)}, aborts (round, prompt) {list(self.aborts)}")
+
+
+# lab 2. Without drafts: a waiting request; one in flight; the same again; one just prefilled; one its
+# stop string finished, a round still in flight; a story that ends (EOS) after the aborts. With drafts:
+# a waiting one; one EOS finished, its extra round in flight; one in flight; one its limit finished
+ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]), ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))),
+              AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0], "A little cat",
+                        "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)), drafts=pool.DRAFTS))
 DEPTHS = (1, 2, 3)  # lab 3: rounds a loop keeps in flight, and one more drawn per check (deeper_depth)
 RING_NEW = MAX_SLOTS + 1  # a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races
 
@@ -252,9 +275,14 @@ class AbortCall:
     waits: int = 0
 
 
-def abort_run(abort, calls: list | None = None):
-    """Lab 2: the abort workload with ``abort(engine, request_id)`` called per ABORTS; the completions.
-    Each call is noted in ``calls`` (AbortCall)."""
+def abort_engine(run: AbortRun):
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
+
+
+def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None,
+              spy: EndingSpy | None = None):
+    """Lab 2: ``run`` with ``abort(engine, request_id)`` called per its aborts; the completions.
+    Each call is noted in ``calls`` (AbortCall); past round ``cap`` it raises Runaway."""
     calls = [] if calls is None else calls
 
     def watched(engine, request_id):
@@ -266,8 +294,13 @@ def abort_run(abort, calls: list | None = None):
         calls.append(call)
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
-    return pool.engine().generate(ABORT_PROMPTS, max_new_tokens=MAX_NEW, stop=[" the"],
-                                  on_round=plugins.aborts(watched, ABORTS))
+    on_round = plugins.aborts(watched, run.aborts)
+    if spy is not None:
+        on_round = spy.wrap(on_round)
+    if cap is not None:
+        on_round = capped(on_round, cap)
+    return abort_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+                                      on_round=on_round)
 
 
 def admitted_after(events, prompt: int, round: int) -> bool:
@@ -275,11 +308,26 @@ def admitted_after(events, prompt: int, round: int) -> bool:
     return any(isinstance(e, Commit) and e.round >= round and prompt in e.prompts for e in events)
 
 
-@functools.lru_cache(maxsize=1)
-def abort_reference():
-    """Lab 2: the engine's own aborts: ((token ids, finish reason) per prompt, discarded outputs)."""
-    outs = abort_run(lambda engine, request_id: engine.abort(request_id))
-    return [(c.token_ids, c.finish_reason) for c in outs], pool.engine().stats.discarded_outputs
+@dataclass(frozen=True)
+class AbortReference:
+    """Lab 2: the engine's own aborts on a run: (token ids, finish reason) per prompt, discarded
+    outputs, rounds, and how each request ended."""
+
+    outs: list
+    discarded: int
+    rounds: int
+    endings: tuple
+
+
+@functools.lru_cache(maxsize=len(ABORT_RUNS))
+def abort_reference(index: int) -> AbortReference:
+    """Lab 2: the engine's own ``Engine.abort`` on ABORT_RUNS[index]."""
+    run = ABORT_RUNS[index]
+    engine = abort_engine(run)
+    spy = EndingSpy(engine)
+    outs = abort_run(lambda engine, request_id: engine.abort(request_id), run, spy=spy)
+    return AbortReference([(c.token_ids, c.finish_reason) for c in outs], engine.stats.discarded_outputs,
+                          engine.stats.rounds, spy.endings(outs))
 
 
 def lost_blocks(engine) -> int:

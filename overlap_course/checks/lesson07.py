@@ -143,31 +143,46 @@ def check_abort_in_flight(answer, err) -> Verdict:
                                       f"{look}")
 
 
-@exercise_check(pool.engine, runs.abort_reference)
+def _warm_abort_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for i in range(len(runs.ABORT_RUNS)):
+        runs.abort_reference(i)
+
+
+@exercise_check(_warm_abort_runs)
 def check_abort(abort) -> Verdict:
-    """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of a ZOS run (a waiting request,
-    one in flight, the same again, one just prefilled, one finished by its stop), against the engine's
-    own ``Engine.abort``, and each call watched: whether it waited for the device."""
-    engine, (want, discarded), calls = pool.engine(), runs.abort_reference(), []
+    """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of ZOS runs with and without
+    drafts (a waiting request, one in flight, the same again, one just prefilled, one finished by its
+    stop, one by EOS), against the engine's own ``Engine.abort``, and each call watched: whether it
+    waited for the device."""
+    for index, run in enumerate(runs.ABORT_RUNS):
+        verdict = _abort_verdict(abort, index, run)
+        if verdict is not None:
+            return verdict
+    return passes("each aborted request stopped at once and kept what it had; its cache went back when no "
+                  "launched round could touch it, once; a waiting one never started, and a finished one "
+                  "kept its reason (stop or EOS), with drafts and without")
+
+
+def _abort_verdict(abort, index: int, run) -> Verdict | None:
+    """Lab 2: one run's verdict, or None when it shows no mistake."""
+    engine, ref, calls = runs.abort_engine(run), runs.abort_reference(index), []
     try:
-        outs, err = runs.abort_run(abort, calls), None
+        outs, err = runs.abort_run(abort, run, calls, cap=3 * ref.rounds), None
     except NotImplementedError:
         return not_implemented("`abort`")
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
-    verdict = mistakes.freed_wrongly(engine.record)
+    verdict = mistakes.freed_wrongly(engine.record, run)
     if verdict is None:
-        verdict = mistakes.waited(calls)
+        verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
-        verdict = mistakes.abort_error(err)
+        verdict = mistakes.abort_error(err, run, ref, engine)
     if verdict is None:
         got = [(c.token_ids, c.finish_reason) for c in outs]
-        verdict = mistakes.abort_outcome(got, want, engine, discarded, calls)
-    if verdict is None:
-        verdict = passes("each aborted request stopped at once and kept what it had; its cache went back when no "
-                         "launched round could touch it, once; a waiting one never started, and a finished one "
-                         "kept its reason")
-    verdict.message += runs.recover(engine)
+        verdict = mistakes.abort_outcome(got, ref, engine, calls, run)
+    if verdict is not None:
+        verdict.message += runs.recover(engine)
     return verdict
 
 
