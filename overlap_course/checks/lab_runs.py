@@ -4,13 +4,15 @@ learner's are compared with, and the learner's runs with the lab's plug-in in pl
 
 from __future__ import annotations
 
+import atexit
 import functools
 import random
 from dataclasses import dataclass
 
 from overlap_course.labs import plugins
 from toy_engine import loops
-from toy_engine.config import MAX_SLOTS
+from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.engine import Engine
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 from toy_engine.sequence import Request
@@ -149,7 +151,11 @@ ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]), ((1, 4), 
               AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0], "A little cat",
                         "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)), drafts=pool.DRAFTS))
 DEPTHS = (1, 2, 3)  # lab 3: rounds a loop keeps in flight, and one more drawn per check (deeper_depth)
-RING_NEW = MAX_SLOTS + 1  # a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races
+# a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races; with drafts
+# the limit falls inside a round's accepted run
+RING_NEW = MAX_SLOTS + 4
+# lab 3's prompts: one ends on its stop string, one on EOS, one on the limit
+RING_PROMPTS, RING_STOP = (STORY_ENDS[1], "There was a fox", "One day, the little", "Once upon a time"), ("re",)
 
 
 @dataclass(frozen=True)
@@ -351,23 +357,55 @@ def deeper_depth() -> int:
 
 
 @functools.lru_cache(maxsize=1)
+def _spec_ring_engine() -> Engine:
+    """Lab 3 with drafts: the ring engine's twin with the pool's drafts; closed when Python exits."""
+    with plugins.ring(MAX_SLOTS):
+        engine = Engine(EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=pool.DRAFTS))
+    atexit.register(engine.close)
+    return engine
+
+
+def ring_engine(drafts: int = 0) -> Engine:
+    return _spec_ring_engine() if drafts else plugins.ring_engine()
+
+
+def _ring_generate(depth: int, drafts: int = 0, on_round=None, loop=None):
+    """Lab 3's prompts under a loop holding ``depth`` rounds: with drafts only the ZOS loop (one
+    round held), whose correction covers the drafts; ``plugins.keep_in_flight`` has none."""
+    if loop is None and not drafts:
+        loop = plugins.keep_in_flight(depth)
+    return ring_engine(drafts).generate(list(RING_PROMPTS), max_new_tokens=RING_NEW, stop=list(RING_STOP),
+                                        on_round=on_round, loop=loop)
+
+
+@functools.lru_cache(maxsize=1)
 def ring_reference():
     """Lab 3: the serial loop's tokens on the ring engine."""
-    outs = plugins.ring_engine().generate(pool.PROMPTS[:3], max_new_tokens=RING_NEW, loop=loops.serial_loop)
-    return [c.token_ids for c in outs]
+    return [c.token_ids for c in _ring_generate(1, loop=loops.serial_loop)]
 
 
 @functools.lru_cache(maxsize=4 * MAX_SLOTS)
-def ring_run(depth: int, slots: int):
+def ring_run(depth: int, slots: int, drafts: int = 0):
     """Lab 3: tokens of a loop holding ``depth`` rounds on a ring of ``slots``, or its RaceError.
-    Kept per (depth, slots): no learner code runs in it, and the race checker ignores the clock."""
+    Kept per (depth, slots, drafts): no learner code runs in it, and the race checker ignores the
+    clock."""
     with plugins.ring(slots):
         try:
-            outs = plugins.ring_engine().generate(pool.PROMPTS[:3], max_new_tokens=RING_NEW,
-                                                  loop=plugins.keep_in_flight(depth))
+            outs = _ring_generate(depth, drafts)
         except RaceError as err:
             return err
     return [c.token_ids for c in outs]
+
+
+@functools.lru_cache(maxsize=2)
+def ring_endings(drafts: int = 0) -> tuple[Ending, ...]:
+    """Lab 3: how each request of a ring run ends (a loop holding the most of DEPTHS, or ZOS with
+    drafts, on a ring large enough)."""
+    depth = 1 if drafts else DEPTHS[-1]
+    on_round, spy = spied(ring_engine(drafts))
+    with plugins.ring(depth + 1):
+        outs = _ring_generate(depth, drafts, on_round)
+    return spy.endings(outs)
 
 
 def spec_engine():

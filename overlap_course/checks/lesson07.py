@@ -219,10 +219,16 @@ def check_ring_race(answer, err, ring: int) -> Verdict:
                                      f"first, and the run stops at its first race")
 
 
-@exercise_check(runs.ring_reference)
+def _warm_ring_runs() -> None:
+    runs.ring_reference()
+    runs.ring_engine(pool.DRAFTS)
+
+
+@exercise_check(_warm_ring_runs)
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds; DEPTHS and
-    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller."""
+    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller;
+    depth 1 also with drafts (the ZOS loop)."""
     sizes, depths = [], (*DEPTHS, runs.deeper_depth())
     for depth in depths:
         try:
@@ -235,20 +241,31 @@ def check_ring_slots(ring_slots) -> Verdict:
             return fails("shape", f"ring_slots({depth}) returned {show(slots)}: return a whole number of slots "
                                   f"from 1 to the engine's limit, {MAX_SLOTS}")
         slots = int(slots)
-        got = runs.ring_run(depth, slots)
-        if isinstance(got, RaceError):
-            return fails("race", f"a loop holding {depth} round(s) on a ring of {slots}: preparing round "
-                                 f"{got.round + slots} writes `{got.buffer}` while round {got.round}'s upload, a "
-                                 f"step the loop still holds, may read it (the race checker: {got})")
-        if got != runs.ring_reference():
-            return fails("wrong_tokens", f"depth {depth}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
-        if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1), RaceError):
-            return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs a loop "
-                                     f"holding {depth} round(s) race-free: each slot is host and device memory "
-                                     f"(metadata, temperatures, outputs)")
+        for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
+            verdict = _ring_verdict(depth, slots, drafts)
+            if verdict is not None:
+                return verdict
         sizes.append(slots)
-    return passes(f"depths {list(depths)} need rings of {sizes}: every held round keeps its slot until it is "
-                  f"waited for, and the round being prepared needs one more")
+    return passes(f"depths {list(depths)} need rings of {sizes} (depth 1 with drafts too): every held round "
+                  f"keeps its slot until it is waited for, and the round being prepared needs one more")
+
+
+def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:
+    """Lab 3: a ring of ``slots`` for a loop holding ``depth`` rounds: a race, other tokens, or a
+    ring one slot smaller that would do."""
+    loop = f"a loop holding {depth} round(s)" + (f" (ZOS with {drafts} drafts)" if drafts else "")
+    got = runs.ring_run(depth, slots, drafts)
+    if isinstance(got, RaceError):
+        return fails("race", f"{loop} on a ring of {slots}: preparing round {got.round + slots} writes "
+                             f"`{got.buffer}` while round {got.round}'s upload, a step the loop still holds, may "
+                             f"read it (the race checker: {got})")
+    if got != runs.ring_reference():
+        return fails("wrong_tokens", f"{loop}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
+    if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1, drafts), RaceError):
+        return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs {loop} "
+                                 f"race-free: each slot is host and device memory (metadata, temperatures, "
+                                 f"outputs)")
+    return None
 
 
 # ------------------------------------------------------------------ lab 4: a stop inside a run
