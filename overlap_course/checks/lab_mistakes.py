@@ -99,6 +99,9 @@ def abort_error(err: Exception, run, ref, engine) -> Verdict:
         return fails("kept_blocks", f"{run}: {where}, aborted with no round in flight, and nobody freed it: only "
                                     f"processing a round frees its requests, and an aborted request is never "
                                     f"scheduled again. Free it at once when `num_inflight == 0`")
+    if isinstance(err, EngineStalled) and err.reason == "loop_returned_with_work":
+        return fails("stalled", f"{run}: {where}, unfinished, and no round plans it again, so the run cannot "
+                                f"end: an aborted request is finished, with the reason \"abort\" ({err})")
     if isinstance(err, EngineStalled):
         return fails("stalled", f"{run}: {where}: the engine could not go on ({err.reason}): {err}")
     if isinstance(err, runs.Runaway):

@@ -124,8 +124,10 @@ class PolicyRun:
 # prefill; a larger limit under the serial loop; three rounds in flight (a policy that assumes one, or
 # caps them at two, fails there); drafts, whose runs end on the limit inside a round's accepted run
 _ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING), PolicyRun(2), PolicyRun(15, held=0),
-               PolicyRun(12, held=3), PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
+_ONE_BATCH = tuple(pool.PROMPTS[:3])
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING), PolicyRun(2),
+               PolicyRun(15, held=0, prompts=_ONE_BATCH), PolicyRun(12, held=3, prompts=_ONE_BATCH),
+               PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
 
 
 @dataclass(frozen=True)
