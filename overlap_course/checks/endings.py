@@ -102,3 +102,26 @@ def observe():
         yield seen
     finally:
         engine_module.RUN_OBSERVERS.remove(observer)
+
+
+def _by(completion, max_new: int) -> str:
+    """How a reference completion ended, in words."""
+    return {"eos": "on EOS (its story ended)", "stop": "at a stop string",
+            "length": f"at the limit of {max_new} new tokens"}.get(completion.finish_reason, "by an abort")
+
+
+def stopped_at(requests, reference, indexes) -> str:
+    """For prompts ``indexes`` of a run that did not finish: how each should have ended (the
+    ``reference`` completions) and where it stopped (``requests``: the run's, after it ended)."""
+    parts = []
+    for i in list(indexes)[:3]:
+        req, ref = requests[i], reference[i]
+        should = f"should end {_by(ref, req.max_new_tokens)} after {len(ref.token_ids)} tokens"
+        if req.finish_reason == ref.finish_reason and req.output_ids == ref.token_ids:
+            where = "it did, but was never released"
+        elif not req.output_ids:
+            where = "it stopped before its first token (it never got a batch row)"
+        else:
+            where = f"it stopped after {len(req.output_ids)}"
+        parts.append(f"prompt {i} ({req.prompt!r}) {should}; {where}")
+    return "; ".join(parts)
