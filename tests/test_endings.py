@@ -5,9 +5,17 @@ checker is run on a right answer and the endings of all its runs are collected a
 import pytest
 
 from overlap_course import checks
-from overlap_course.checks import endings
+from overlap_course.checks import endings, lab_runs
 
+import labs_corpus
 import mistakes
+
+
+def _ring_slots_uncached():
+    """check_ring_slots keeps its ring runs per (depth, slots): start afresh, so that they run here."""
+    lab_runs.ring_run.cache_clear()
+    return checks.check_ring_slots(labs_corpus.ring_slots)
+
 
 # checker name -> a call of it on a right answer (lesson 07's checkers are added here too)
 RIGHT = {
@@ -16,6 +24,10 @@ RIGHT = {
     "check_correction": lambda: checks.check_correction(mistakes.correction),
     "check_process_outputs": lambda: checks.check_process_outputs(mistakes.process),
     "check_three_rounds": lambda: checks.check_three_rounds(mistakes.THREE_ROUNDS),
+    "check_wants_more": lambda: checks.check_wants_more(labs_corpus.wants_more),
+    "check_abort": lambda: checks.check_abort(labs_corpus.abort),
+    "check_ring_slots": _ring_slots_uncached,
+    "check_commit": lambda: checks.check_commit(labs_corpus.commit),
 }
 
 

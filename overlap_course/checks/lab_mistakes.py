@@ -10,6 +10,7 @@ from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
+from .endings import ABORT, LIMIT_AT_ROUND_END
 from .answers import show
 from .verdict import Verdict, fails, not_implemented
 
@@ -154,7 +155,7 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     reqs = [r for r in engine.requests if not r.finished or r.finish_reason == "abort"]
     if isinstance(err, EngineStalled) and err.prompt_indexes:
         reqs = [r for r in engine.requests if r.index in err.prompt_indexes] or reqs
-    req = next((r for r in reqs if endings[r.index].kind != runs.ABORT), reqs[0]) if reqs else None
+    req = next((r for r in reqs if endings[r.index].how != ABORT), reqs[0]) if reqs else None
     if req is None:
         return fails("stalled", f"{run}: the run could not go on ({err})")
     has, want = len(req.output_ids), endings[req.index]
@@ -163,7 +164,7 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     if isinstance(err, runs.Runaway):
         return fails("stalled", f"{where}, and the check stopped the run at round {err.args[0]}: your commit "
                                 f"kept it from reaching its end. Set `req.finish_reason` where a request ends")
-    if has >= run.max_new and want.kind == runs.AT_ROUND_END:
+    if has >= run.max_new and want.how == LIMIT_AT_ROUND_END:
         return fails("stalled", f"{where}: its limit's token was the last of a round's run, and your commit "
                                 f"did not end the request there, so no round plans it again and it can never "
                                 f"finish. Check the limit after each token: `len(req.output_ids) >= "

@@ -15,81 +15,31 @@ from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
-from toy_engine.sequence import Request
 
-from . import pool
+from . import endings, pool
 
-# How a request of a lab's run ends (the engine's own code, on that run): the endings each lab's
-# runs must hold, with drafts and without, so that a fix wrong for one of them cannot pass.
-EOS, STOP, AT_ROUND_END, INSIDE_STEP, ABORT = ("eos", "stop", "limit at a round's end",
-                                               "limit inside a speculative step", "abort")
-ENDINGS = (EOS, STOP, AT_ROUND_END, INSIDE_STEP, ABORT)
 
 
 @dataclass(frozen=True)
-class Ending:
-    """How one request of a run ended under the engine's own code: ``kind`` (one of ENDINGS) with
-    ``tokens`` kept, and the round whose results ended it (None for an abort between rounds)."""
+class Ended:
+    """How one request of a lab's reference run ended (``how``: one of ``endings.HOW``, read from the
+    run by ``endings.run_endings``), with the tokens it kept: what a lab's messages say it should do."""
 
-    kind: str
+    how: str
     tokens: int
-    round: int | None = None
 
     def __str__(self) -> str:
-        at = f" (round {self.round}'s results)" if self.round is not None else ""
-        return {EOS: f"on EOS after {self.tokens} tokens{at}",
-                STOP: f"on a stop string after {self.tokens} tokens{at}",
-                AT_ROUND_END: f"on its limit, {self.tokens} tokens, the last of a round's run{at}",
-                INSIDE_STEP: f"on its limit, {self.tokens} tokens, inside a round's accepted run{at}",
-                ABORT: f"by its abort, with {self.tokens} tokens"}[self.kind]
+        return {endings.EOS: f"on EOS after {self.tokens} tokens",
+                endings.STOP: f"on a stop string after {self.tokens} tokens",
+                endings.LIMIT_AT_ROUND_END: f"on its limit, {self.tokens} tokens, the last of a round's run",
+                endings.LIMIT_IN_SPEC_STEP: f"on its limit, {self.tokens} tokens, inside a round's accepted run",
+                endings.ABORT: f"by its abort, with {self.tokens} tokens"}[self.how]
 
 
-class EndingSpy:
-    """A ``commit`` plug-in that commits as the engine does and notes, per prompt, the round that
-    finished it: how many tokens that round brought and how many of them were kept."""
-
-    def __init__(self, engine) -> None:
-        self.engine, self.last = engine, {}
-
-    def __call__(self, req, tokens, eos_id: int, decode) -> None:
-        before = len(req.output_ids)
-        Request.commit(req, tokens, eos_id, decode)
-        if req.finished:
-            events = self.engine.record.events  # the round being committed: the last Commit recorded
-            rnd = next(e.round for e in reversed(events) if isinstance(e, Commit))
-            self.last[req.index] = (rnd, len(tokens), len(req.output_ids) - before)
-
-    def wrap(self, on_round=None):
-        """An ``on_round`` that makes this spy each request's commit, then calls ``on_round``."""
-        install = plugins.per_request(commit=self)
-
-        def both(engine, round):
-            install(engine, round)
-            if on_round is not None:
-                on_round(engine, round)
-        return both
-
-    def endings(self, completions) -> tuple[Ending, ...]:
-        return tuple(self._ending(i, c) for i, c in enumerate(completions))
-
-    def _ending(self, i: int, c) -> Ending:
-        if c.finish_reason == "abort" or i not in self.last:
-            return Ending(ABORT, len(c.token_ids))
-        rnd, brought, kept = self.last[i]
-        if c.finish_reason != "length":
-            return Ending(EOS if c.finish_reason == "eos" else STOP, len(c.token_ids), rnd)
-        return Ending(AT_ROUND_END if kept == brought else INSIDE_STEP, len(c.token_ids), rnd)
-
-
-def spied(engine, on_round=None):
-    """(an ``on_round`` that also installs an EndingSpy as each request's commit, the spy)."""
-    spy = EndingSpy(engine)
-    return spy.wrap(on_round), spy
-
-
-def kinds(endings, drafts: int) -> set[tuple[str, bool]]:
-    """The (ending, with drafts) pairs a run's endings hold."""
-    return {(e.kind, bool(drafts)) for e in endings}
+def ended(engine, completions) -> tuple[Ended, ...]:
+    """How each request of ``engine``'s last run (``completions``) ended."""
+    hows = {i: e.how for i, e in endings.run_endings(engine)}
+    return tuple(Ended(hows.get(i, endings.ABORT), len(c.token_ids)) for i, c in enumerate(completions))
 
 
 # Prompts whose stories end (EOS) within a dozen tokens with the shipped model: after 11, 8, 12.
@@ -219,10 +169,9 @@ class OwnRun:
 def own_run(run: PolicyRun) -> OwnRun:
     """Lab 1: the engine's own policy under ``run``."""
     engine = policy_engine(run)
-    on_round, spy = spied(engine)
-    outs = _policy_generate(run, on_round)
+    outs = _policy_generate(run)
     return OwnRun([c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine),
-                  spy.endings(outs))
+                  ended(engine, outs))
 
 
 class Runaway(Exception):
@@ -287,8 +236,7 @@ def abort_engine(run: AbortRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None,
-              spy: EndingSpy | None = None):
+def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None):
     """Lab 2: ``run`` with ``abort(engine, request_id)`` called per its aborts; the completions.
     Each call is noted in ``calls`` (AbortCall); past round ``cap`` it raises Runaway."""
     calls = [] if calls is None else calls
@@ -303,8 +251,6 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
     on_round = plugins.aborts(watched, run.aborts)
-    if spy is not None:
-        on_round = spy.wrap(on_round)
     if cap is not None:
         on_round = capped(on_round, cap)
     return abort_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
@@ -332,10 +278,9 @@ def abort_reference(index: int) -> AbortReference:
     """Lab 2: the engine's own ``Engine.abort`` on ABORT_RUNS[index]."""
     run = ABORT_RUNS[index]
     engine = abort_engine(run)
-    spy = EndingSpy(engine)
-    outs = abort_run(lambda engine, request_id: engine.abort(request_id), run, spy=spy)
+    outs = abort_run(lambda engine, request_id: engine.abort(request_id), run)
     return AbortReference([(c.token_ids, c.finish_reason) for c in outs], engine.stats.discarded_outputs,
-                          engine.stats.rounds, spy.endings(outs))
+                          engine.stats.rounds, ended(engine, outs))
 
 
 def lost_blocks(engine) -> int:
@@ -399,17 +344,6 @@ def ring_run(depth: int, slots: int, drafts: int = 0):
     return [c.token_ids for c in outs]
 
 
-@functools.lru_cache(maxsize=2)
-def ring_endings(drafts: int = 0) -> tuple[Ending, ...]:
-    """Lab 3: how each request of a ring run ends (a loop holding the most of DEPTHS, or ZOS with
-    drafts, on a ring large enough)."""
-    depth = 1 if drafts else DEPTHS[-1]
-    on_round, spy = spied(ring_engine(drafts))
-    with plugins.ring(depth + 1):
-        outs = _ring_generate(depth, drafts, on_round)
-    return spy.endings(outs)
-
-
 def spec_engine():
     return pool.engine(num_draft_tokens=pool.DRAFTS)
 
@@ -418,10 +352,10 @@ def commit_engine(run: CommitRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def commit_run(index: int, commit=None, loop=None, cap: int | None = None, on_round=None):
+def commit_run(index: int, commit=None, loop=None, cap: int | None = None):
     """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own;
     past round ``cap`` it raises Runaway."""
-    run = COMMIT_RUNS[index]
+    run, on_round = COMMIT_RUNS[index], None
     if commit is not None:
         on_round = plugins.per_request(commit=commit)
     if cap is not None:
@@ -437,9 +371,8 @@ def commit_reference(index: int):
 
 
 @functools.lru_cache(maxsize=len(COMMIT_RUNS))
-def commit_endings(index: int) -> tuple[tuple[Ending, ...], int]:
+def commit_endings(index: int) -> tuple[tuple[Ended, ...], int]:
     """Lab 4: how each request of the ZOS run ends with the engine's own commit, and its rounds."""
     engine = commit_engine(COMMIT_RUNS[index])
-    on_round, spy = spied(engine)
-    outs = commit_run(index, on_round=on_round)
-    return spy.endings(outs), engine.stats.rounds
+    outs = commit_run(index)
+    return ended(engine, outs), engine.stats.rounds
