@@ -86,6 +86,12 @@ def wants_more_stop_or_length_finished(req):
         len(req.output_ids) + req.num_inflight < req.max_new_tokens
 
 
+def wants_more_abort_not_finished(req):
+    """Counts stop, EOS and the limit as finished, but plans an aborted request again."""
+    return req.finish_reason not in ("stop", "eos", "length") and \
+        len(req.output_ids) + req.num_inflight < req.max_new_tokens
+
+
 def wants_more_all_drafts_accepted(req):
     """Assumes every round in flight brings 1 + 3 tokens: declines rounds the request still needs."""
     return not req.finished and len(req.output_ids) + 4 * req.num_inflight < req.max_new_tokens
@@ -764,6 +770,7 @@ WRONG = [
     Fix("1", "only a stop counts as finished", wants_more_stop_only_finished, "finished_scheduled"),
     Fix("1", "stop and length count as finished, EOS not", wants_more_stop_or_length_finished,
         "finished_scheduled"),
+    Fix("1", "an abort is not finished", wants_more_abort_not_finished, "finished_scheduled"),
     Fix("1", "every draft accepted", wants_more_all_drafts_accepted, "serializes"),
     Fix("1", "one round in flight at most", wants_more_one_in_flight_at_most, "extra_step"),
     Fix("1", "always one round in flight", wants_more_assumes_one_in_flight, "stalled"),

@@ -62,20 +62,23 @@ class PolicyRun:
     held: int = 1
     prompts: tuple = tuple(pool.PROMPTS)
     drafts: int = 0
+    aborts: tuple = ()  # (round, prompt): the engine's own abort just before that round is scheduled
 
     def __str__(self) -> str:
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
         return (loop + (f" with {self.drafts} drafts" if self.drafts else "") + f", limit {self.max_new}"
                 + (f", stop strings {list(self.stop)}" if self.stop else "")
+                + (f", aborts (round, prompt) {list(self.aborts)}" if self.aborts else "")
                 + ("" if self.prompts == tuple(pool.PROMPTS) else f", prompts {list(self.prompts)}"))
 
 
-# lab 1: the notebook's run; stop strings and stories that end (EOS); a limit reached right after the
-# prefill; a larger limit under the serial loop; three rounds in flight (a policy that assumes one, or
-# caps them at two, fails there); drafts, whose runs end on the limit inside a round's accepted run
+# lab 1: the notebook's run; stop strings, stories that end (EOS) and an abort (prompt 1, a round in
+# flight); a limit reached right after the prefill; a larger limit under the serial loop; three rounds
+# in flight (a policy that assumes one, or caps them at two, fails there); drafts, whose runs end on
+# the limit inside a round's accepted run
 _ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
 _ONE_BATCH = tuple(pool.PROMPTS[:3])
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING), PolicyRun(2),
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING, aborts=((5, 1),)), PolicyRun(2),
                PolicyRun(15, held=0, prompts=_ONE_BATCH), PolicyRun(12, held=3, prompts=_ONE_BATCH),
                PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
 
@@ -148,9 +151,20 @@ def policy_engine(run: PolicyRun):
 
 def _policy_generate(run: PolicyRun, on_round=None):
     loop = loops.serial_loop if run.held == 0 else None if run.held == 1 else plugins.keep_in_flight(run.held)
+    if run.aborts:
+        on_round = _then(on_round, plugins.aborts(lambda engine, request_id: engine.abort(request_id), run.aborts))
     with plugins.ring(max(2, run.held + 1)):
         return policy_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
                                            on_round=on_round, loop=loop)
+
+
+def _then(first, second):
+    """An ``on_round`` calling ``first`` (if any), then ``second``."""
+    def both(engine, round):
+        if first is not None:
+            first(engine, round)
+        second(engine, round)
+    return both
 
 
 @dataclass(frozen=True)
