@@ -280,6 +280,17 @@ def abort_by_the_limit(engine, request_id):
         req.finish_reason = "abort"
 
 
+def abort_id_as_position(engine, request_id):
+    """Takes the id for a position in engine.requests: ids keep counting across runs."""
+    req = engine.requests[request_id % len(engine.requests)]
+    if req.finished:
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    engine.scheduler.release_if_done(req)
+
+
 def abort_reason_is_none(engine, request_id):
     req = _find(engine, request_id)
     if req.finish_reason is not None:
@@ -788,6 +799,7 @@ WRONG = [
     Fix("2", "frees under one round in flight", abort_frees_under_one_round, "free_in_use"),
     Fix("2", "frees a finished request at once", abort_frees_finished_at_once, "free_in_use"),
     Fix("2", "lowers the limit instead", abort_by_the_limit, "stalled"),
+    Fix("2", "the id taken for a position", abort_id_as_position, "wrong_request"),
     Fix("3", "the notebook's shipped version", shipped.ring_slots, "race"),
     Fix("3", "one slot per round in flight", ring_slots_depth, "race"),
     Fix("3", "at least two", ring_slots_at_least_two, "race"),

@@ -23,7 +23,7 @@ def extra_step(calls, engine, own, run) -> Verdict:
             f"{engine.stats.rounds} rounds instead of {own.rounds}")
     if late and late[4]:
         return fails("finished_scheduled", f"{run}: {runs.who(run.prompts, late[1])} had ended "
-                                           f"{own.endings[late[1]]} before round {late[0]}, yet your policy "
+                                           f"{own.endings[late[1]]}, before round {late[0]}, yet your policy "
                                            f"planned it again: {cost}. Never plan a finished request")
     where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens committed and "
              f"{late[3]} round(s) in flight, enough for its {run.max_new}, yet your policy planned it again"
@@ -68,6 +68,27 @@ def waited(calls, run) -> Verdict | None:
                                f"{call.round} waited for the device ({call.waits} wait(s)): each abort then stalls "
                                f"the host until the device is idle, and the overlap is lost. Mark the request "
                                f"aborted and let the round in flight free it when it is processed")
+
+
+def aborted_another(calls, run) -> Verdict | None:
+    """Lab 2: an abort that stopped a request other than the one its id names, or that left every
+    request it was given as it was (it never found them)."""
+    call = next((c for c in calls if c.others), None)
+    judged = [c for c in calls if c.untouched is not None]
+    if call is None and judged and all(c.untouched for c in judged):
+        call = judged[0]
+    if call is None:
+        return None
+    if not call.others:
+        return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
+                                      f"{call.round}, your abort left it as it was: unfinished, still "
+                                      f"{'waiting' if call.waiting else 'running'}. Did it find the request? Look "
+                                      f"it up by its id (`r.id == request_id` in `engine.requests`): ids keep "
+                                      f"counting across `generate` calls")
+    return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
+                                  f"{call.round}, your abort stopped {runs.who(run.prompts, call.others[0])}: "
+                                  f"find the request by its id (`r.id == request_id`); ids keep counting across "
+                                  f"`generate` calls, so an id is not a position in `engine.requests`")
 
 
 def freed_wrongly(record, run) -> Verdict | None:

@@ -238,12 +238,16 @@ def _prompt_rounds(events, prompt: int) -> list[int]:
 @dataclass
 class AbortCall:
     """Lab 2: one call of an abort: before ``round`` was scheduled, to ``prompt``, ``waiting`` then or
-    not, and the device waits the call made (``waits``)."""
+    not, the device waits the call made (``waits``), the other prompts it aborted (``others``), and
+    whether it left the request as it was (``untouched``: unfinished, in the same queue; None for a
+    request finished before the call)."""
 
     round: int
     prompt: int
     waiting: bool
     waits: int = 0
+    others: tuple = ()
+    untouched: bool | None = None
 
 
 def abort_engine(run: AbortRun):
@@ -262,8 +266,13 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         events = engine.record.events
         call, before = AbortCall(engine.scheduler.round, req.index, req in engine.scheduler.waiting), len(events)
         calls.append(call)
+        unfinished = [r for r in engine.requests if r is not req and not r.finished]
+        queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
+        call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
+        if not queued[0]:
+            call.untouched = queued == (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
     on_round = plugins.aborts(watched, run.aborts)
     if cap is not None:
         on_round = capped(on_round, cap)

@@ -175,6 +175,8 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
         outs, err = None, exc
     verdict = mistakes.freed_wrongly(engine.record, run)
     if verdict is None:
+        verdict = mistakes.aborted_another(calls, run)
+    if verdict is None:
         verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
         verdict = mistakes.abort_error(err, run, ref, engine)

@@ -62,7 +62,7 @@ CATEGORIES = frozenset({
     # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
     "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
-    "stopped_early", "stop_past_limit",
+    "stopped_early", "stop_past_limit", "wrong_request",
 })
 
 
