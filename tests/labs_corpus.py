@@ -281,8 +281,11 @@ def abort_by_the_limit(engine, request_id):
 
 
 def abort_id_as_position(engine, request_id):
-    """Takes the id for a position in engine.requests: ids keep counting across runs."""
-    req = engine.requests[request_id % len(engine.requests)]
+    """Takes the id for a position in engine.requests: ids keep counting across runs (the check's
+    reference runs first on the same engine, so no id of the checked run is a position)."""
+    if request_id >= len(engine.requests):
+        return
+    req = engine.requests[request_id]
     if req.finished:
         return
     req.finish_reason = "abort"
