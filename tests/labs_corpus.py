@@ -73,6 +73,62 @@ def wants_more_asks_itself(req):
     return req.wants_more() and req.num_inflight < 2
 
 
+# lab 1, ways a request ends: EOS, a stop string, the limit (at a round's end; inside a round's run
+# with drafts)
+
+def wants_more_stop_only_finished(req):
+    """Counts only a stop as finished: an EOS-finished request is planned round after round."""
+    return req.finish_reason != "stop" and len(req.output_ids) + req.num_inflight < req.max_new_tokens
+
+
+def wants_more_stop_or_length_finished(req):
+    return req.finish_reason not in ("stop", "length") and \
+        len(req.output_ids) + req.num_inflight < req.max_new_tokens
+
+
+def wants_more_abort_not_finished(req):
+    """Counts stop, EOS and the limit as finished, but plans an aborted request again."""
+    return req.finish_reason not in ("stop", "eos", "length") and \
+        len(req.output_ids) + req.num_inflight < req.max_new_tokens
+
+
+def wants_more_all_drafts_accepted(req):
+    """Assumes every round in flight brings 1 + 3 tokens: declines rounds the request still needs."""
+    return not req.finished and len(req.output_ids) + 4 * req.num_inflight < req.max_new_tokens
+
+
+def wants_more_one_in_flight_at_most(req):
+    return not req.finished and len(req.output_ids) + min(req.num_inflight, 1) < req.max_new_tokens
+
+
+def wants_more_assumes_one_in_flight(req):
+    return not req.finished and len(req.output_ids) + 1 < req.max_new_tokens
+
+
+def wants_more_text_length(req):
+    """Counts characters of the text (one per token here), but not the rounds in flight."""
+    return not req.finished and len(req.text) < req.max_new_tokens
+
+
+def wants_more_reason_none(req):
+    return req.finish_reason is None and req.max_new_tokens > len(req.output_ids) + req.num_inflight
+
+
+def wants_more_negated(req):
+    return not (req.finished or len(req.output_ids) + req.num_inflight >= req.max_new_tokens)
+
+
+def wants_more_every_reason_listed(req):
+    done = req.finish_reason in ("stop", "eos", "length", "abort")
+    return not done and req.max_new_tokens - req.num_inflight - len(req.output_ids) > 0
+
+
+def wants_more_room_left(req):
+    room = max(0, req.max_new_tokens - len(req.output_ids) - req.num_inflight)
+    return bool(room) and not req.finished
+
+
+
 # ---------------------------------------------------------------- lab 2: abort(engine, request_id)
 
 def _find(engine, request_id):
@@ -164,6 +220,103 @@ def abort_as_stop(engine, request_id):
         if req in engine.scheduler.waiting:
             engine.scheduler.waiting.remove(req)
         engine.scheduler.release_if_done(req)
+
+
+# lab 2, finished requests of every kind: EOS, stop, limit; with drafts and without
+
+def abort_keeps_only_stop_and_length(engine, request_id):
+    """Leaves stop- and limit-finished requests alone, but overwrites an EOS-finished one."""
+    req = _find(engine, request_id)
+    if req.finish_reason in ("stop", "length"):
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    engine.scheduler.release_if_done(req)
+
+
+def abort_keeps_only_stop_and_eos(engine, request_id):
+    req = _find(engine, request_id)
+    if req.finish_reason in ("stop", "eos"):
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    engine.scheduler.release_if_done(req)
+
+
+def abort_frees_under_one_round(engine, request_id):
+    """Thinks one round in flight is harmless: frees under it."""
+    req = _find(engine, request_id)
+    if req.finished:
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    elif req.num_inflight <= 1:
+        engine.scheduler.free(req)
+
+
+def abort_frees_finished_at_once(engine, request_id):
+    """Leaves a finished request's reason alone, but frees its blocks at once, under its extra round."""
+    req = _find(engine, request_id)
+    if req.finished:
+        engine.scheduler.free(req)
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    engine.scheduler.release_if_done(req)
+
+
+def abort_by_the_limit(engine, request_id):
+    """Ends the request by lowering its limit to what it has: it finishes as "length"."""
+    req = _find(engine, request_id)
+    if req.finished:
+        return
+    req.max_new_tokens = len(req.output_ids)
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+        req.finish_reason = "abort"
+
+
+def abort_id_as_position(engine, request_id):
+    """Takes the id for a position in engine.requests: ids keep counting across runs (the check's
+    reference runs first on the same engine, so no id of the checked run is a position)."""
+    if request_id >= len(engine.requests):
+        return
+    req = engine.requests[request_id]
+    if req.finished:
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    engine.scheduler.release_if_done(req)
+
+
+def abort_reason_is_none(engine, request_id):
+    req = _find(engine, request_id)
+    if req.finish_reason is not None:
+        return
+    req.finish_reason = "abort"
+    if req in engine.scheduler.waiting:
+        engine.scheduler.waiting.remove(req)
+    if req.num_inflight == 0:
+        engine.scheduler.free(req)
+
+
+def abort_scans_running(engine, request_id):
+    """Looks the request up in the scheduler's queues, not in engine.requests."""
+    waiting = [r for r in engine.scheduler.waiting if r.id == request_id]
+    running = [r for r in engine.scheduler.running if r.id == request_id]
+    for req in waiting:
+        req.finish_reason = "abort"
+        engine.scheduler.waiting.remove(req)
+    for req in running:
+        if req.finish_reason is None:
+            req.finish_reason = "abort"
+        engine.scheduler.release_if_done(req)
+
 
 
 # ---------------------------------------------------------------- lab 3: ring_slots(depth)
@@ -403,6 +556,217 @@ def commit_never_finishes(req, tokens, eos_id, decode):
     req.text += decode(kept)
 
 
+# lab 4, every ending with drafts and without: the limit at a round's end, inside a round's run,
+# a stop past the limit in the limit's own run, EOS
+
+def commit_limit_strictly_past(req, tokens, eos_id, decode):
+    """`>` at the limit, the extra token dropped: a run that ends exactly on the limit never ends."""
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        if len(req.output_ids) > req.max_new_tokens:
+            req.output_ids.pop()
+            req.text = decode(req.output_ids)
+            req.finish_reason = "length"
+            return
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+
+
+def commit_limit_strictly_past_kept(req, tokens, eos_id, decode):
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) > req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_limit_trimmed_after_run(req, tokens, eos_id, decode):
+    """Stops per token, the limit once after the run (trimmed to it): a stop completed past the limit
+    in the limit's own run wins."""
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+    if len(req.output_ids) >= req.max_new_tokens:
+        del req.output_ids[req.max_new_tokens:]
+        req.text = decode(req.output_ids)
+        req.finish_reason = "length"
+
+
+def commit_eos_skipped(req, tokens, eos_id, decode):
+    """Drops EOS like padding and goes on with the run's other tokens."""
+    for tok in tokens:
+        if tok == eos_id:
+            continue
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_eos_as_stop(req, tokens, eos_id, decode):
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "stop"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_limit_one_early(req, tokens, eos_id, decode):
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) + 1 >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_eos_unfinished(req, tokens, eos_id, decode):
+    """Stops at EOS but never says so: the request is planned again and goes on after it."""
+    for tok in tokens:
+        if tok == eos_id:
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_trim_first_stop_once(req, tokens, eos_id, decode):
+    """Cuts the run at the limit and at EOS, but looks for a stop string once, at the end."""
+    run = tokens[: tokens.index(eos_id)] if eos_id in tokens else list(tokens)
+    run = run[: req.max_new_tokens - len(req.output_ids)]
+    req.output_ids += run
+    req.text += decode(run)
+    for s in req.stop:
+        if req.text.endswith(s):
+            req.text = req.text[: -len(s)]
+            del req.output_ids[len(req.output_ids) - len(s):]
+            req.finish_reason = "stop"
+            return
+    if len(run) < len(tokens) and tokens[len(run)] == eos_id:
+        req.finish_reason = "eos"
+    elif len(req.output_ids) >= req.max_new_tokens:
+        req.finish_reason = "length"
+
+
+def commit_limit_equal(req, tokens, eos_id, decode):
+    """`==` at the limit: one token at a time, the count reaches it exactly."""
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+        if len(req.output_ids) == req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_counts_text(req, tokens, eos_id, decode):
+    """Counts the text's characters (one per token, EOS never in the text)."""
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        hit = next((s for s in req.stop if s in req.text), None)
+        if hit:
+            req.text = req.text[: req.text.index(hit)]
+            req.output_ids = req.output_ids[: len(req.text)]
+            req.finish_reason = "stop"
+            return
+        if len(req.text) >= req.max_new_tokens:
+            req.finish_reason = "length"
+            return
+
+
+def commit_trim_first_then_per_token(req, tokens, eos_id, decode):
+    """Cuts the run at the limit first, then looks at each kept token."""
+    room = req.max_new_tokens - len(req.output_ids)
+    for tok in tokens[:room]:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            return
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+        for s in req.stop:
+            if req.text.endswith(s):
+                req.text = req.text[: -len(s)]
+                del req.output_ids[len(req.output_ids) - len(s):]
+                req.finish_reason = "stop"
+                return
+    if len(req.output_ids) >= req.max_new_tokens:
+        req.finish_reason = "length"
+
+
+
 def commit_calls_itself(req, tokens, eos_id, decode):
     req.commit(tokens[:1], eos_id, decode)
 
@@ -417,6 +781,14 @@ WRONG = [
     Fix("1", "rounds in flight capped at two", wants_more_caps_in_flight_at_two, "extra_step"),
     Fix("1", "planned_len counts the prompt", wants_more_planned_len, "stalled"),
     Fix("1", "asks req.wants_more()", wants_more_asks_itself, "calls_itself"),
+    Fix("1", "only a stop counts as finished", wants_more_stop_only_finished, "finished_scheduled"),
+    Fix("1", "stop and length count as finished, EOS not", wants_more_stop_or_length_finished,
+        "finished_scheduled"),
+    Fix("1", "an abort is not finished", wants_more_abort_not_finished, "finished_scheduled"),
+    Fix("1", "every draft accepted", wants_more_all_drafts_accepted, "serializes"),
+    Fix("1", "one round in flight at most", wants_more_one_in_flight_at_most, "extra_step"),
+    Fix("1", "always one round in flight", wants_more_assumes_one_in_flight, "stalled"),
+    Fix("1", "the text's length", wants_more_text_length, "extra_step"),
     Fix("2", "the notebook's shipped version", shipped.abort, "free_in_use"),
     Fix("2", "never frees", abort_never_frees, "kept_blocks"),
     Fix("2", "leaves it waiting", abort_keeps_waiting, "aborted_scheduled"),
@@ -425,6 +797,12 @@ WRONG = [
     Fix("2", "frees the blocks, then the request", abort_frees_twice, "double_free"),
     Fix("2", "drops it from running", abort_drops_from_running, "kept_blocks"),
     Fix("2", "finishes it as a stop", abort_as_stop, "wrong_reason"),
+    Fix("2", "leaves stop and length alone, not EOS", abort_keeps_only_stop_and_length, "overwrote_finish"),
+    Fix("2", "leaves stop and EOS alone, not the limit", abort_keeps_only_stop_and_eos, "overwrote_finish"),
+    Fix("2", "frees under one round in flight", abort_frees_under_one_round, "free_in_use"),
+    Fix("2", "frees a finished request at once", abort_frees_finished_at_once, "free_in_use"),
+    Fix("2", "lowers the limit instead", abort_by_the_limit, "stalled"),
+    Fix("2", "the id taken for a position", abort_id_as_position, "wrong_request"),
     Fix("3", "the notebook's shipped version", shipped.ring_slots, "race"),
     Fix("3", "one slot per round in flight", ring_slots_depth, "race"),
     Fix("3", "at least two", ring_slots_at_least_two, "race"),
@@ -442,6 +820,14 @@ WRONG = [
     Fix("4", "text trimmed, tokens not", commit_trims_text_only, "text_mismatch"),
     Fix("4", "stop string kept", commit_keeps_stop, "kept_stop"),
     Fix("4", "EOS only as the run's last token", commit_eos_last_only, "past_eos"),
+    Fix("4", "`>` at the limit, the extra token dropped", commit_limit_strictly_past, "stalled"),
+    Fix("4", "`>` at the limit", commit_limit_strictly_past_kept, "past_limit"),
+    Fix("4", "limit trimmed once after the run", commit_limit_trimmed_after_run, "stop_past_limit"),
+    Fix("4", "EOS skipped", commit_eos_skipped, "past_eos"),
+    Fix("4", "EOS finishes as a stop", commit_eos_as_stop, "wrong_reason"),
+    Fix("4", "limit one token early", commit_limit_one_early, "stopped_early"),
+    Fix("4", "EOS never marked", commit_eos_unfinished, "past_eos"),
+    Fix("4", "cut at the limit, stop looked for once", commit_trim_first_stop_once, "missed_stop"),
     Fix("4", "calls req.commit", commit_calls_itself, "calls_itself"),
     Fix("4", "never finishes a request", commit_never_finishes, "stalled"),
 ]
@@ -461,4 +847,13 @@ RIGHT = [
     Fix("4", "the engine's own", commit_engines_own),
     Fix("4", "the shipped one, a token at a time", commit_shipped_per_token),
     Fix("4", "cut first, append once", commit_cut_first),
+    Fix("1", "reason is None", wants_more_reason_none),
+    Fix("1", "negated", wants_more_negated),
+    Fix("1", "every reason listed", wants_more_every_reason_listed),
+    Fix("1", "room left", wants_more_room_left),
+    Fix("2", "reason is None, frees when nothing is in flight", abort_reason_is_none),
+    Fix("2", "from the scheduler's queues", abort_scans_running),
+    Fix("4", "`==` at the limit", commit_limit_equal),
+    Fix("4", "counts the text, finds stops with `in`", commit_counts_text),
+    Fix("4", "cut at the limit first, then per token", commit_trim_first_then_per_token),
 ]

@@ -47,12 +47,14 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Commit:
-    """A round's tokens handed to its requests (``prompts``); ``refused``: it was committed already."""
+    """A round's tokens handed to its requests (``prompts``); ``refused``: it was committed already.
+    ``offered``: how many tokens the round sampled for each of them (1 + its accepted drafts)."""
 
     round: int
     prompts: tuple
     refused: bool
     t_ns: int
+    offered: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,8 @@ class RunRecord:
     def schedule(self, round: int | None) -> None:
         self.events.append(Schedule(round, time.perf_counter_ns()))
 
-    def commit(self, round: int, prompts, refused: bool = False) -> None:
-        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns()))
+    def commit(self, round: int, prompts, refused: bool = False, offered=()) -> None:
+        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns(), tuple(offered)))
 
     def free(self, prompt: int, blocks, double=(), refused: bool = False) -> None:
         in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))

@@ -145,14 +145,16 @@ class RoundStages:
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests (a finished one's are the extra round: discarded)."""
         plan, run = step.plan, self._run
-        self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed)
+        k = 0 if plan.is_prefill else self.config.num_draft_tokens
+        sampled = buffers.unpack_outputs(out, len(plan.requests), k)
+        self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed,
+                           offered=[len(kept) for kept in sampled])
         if step.committed:
             raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         counts = run.counts
-        k = 0 if plan.is_prefill else self.config.num_draft_tokens
-        for req, kept in zip(plan.requests, buffers.unpack_outputs(out, len(plan.requests), k)):
+        for req, kept in zip(plan.requests, sampled):
             req.num_inflight -= 1
             if req.finished:
                 counts["discarded"] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 from toy_engine.engine import Engine
 from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
 
+from . import endings
 from .pool import CONSTRAINT, MAX_NEW_TOKENS, PROMPTS
 from .verdict import Verdict, fails
 
@@ -45,6 +46,14 @@ class HostLog:
         self.prefill = set(timeline.meta.prefill_rounds)
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
+        self.requests = engine._run.requests  # the run's, in prompt order, as they ended
+        self.reference = None  # the serial completions of the same workload, where the checker has them
+
+    def stopped_at(self, indexes) -> str:
+        """How prompts ``indexes`` should have ended and where they stopped (" ..." or "")."""
+        if self.reference is None or not indexes:
+            return ""
+        return f" ({endings.stopped_at(self.requests, self.reference, indexes)})"
 
     def pos(self, stage: str, rnd: int) -> list[int]:
         return [i for i, e in enumerate(self.events) if e == (stage, rnd)]

@@ -10,26 +10,28 @@ from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
+from .endings import ABORT, LIMIT_AT_ROUND_END
 from .answers import show
 from .verdict import Verdict, fails, not_implemented
 
 
-def extra_step(calls, engine, rounds: int, discarded: int, run) -> Verdict:
+def extra_step(calls, engine, own, run) -> Verdict:
     """Lab 1: more outputs discarded than the engine's own policy: the first round planned for a request
     already finished, or one its rounds in flight already finish."""
     late = next((c for c in calls if c[5] and (c[4] or c[2] + c[3] >= run.max_new)), None)
-    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {discarded}), "
-            f"{engine.stats.rounds} rounds instead of {rounds}")
+    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {own.discarded}), "
+            f"{engine.stats.rounds} rounds instead of {own.rounds}")
     if late and late[4]:
-        return fails("finished_scheduled", f"{run}: prompt {late[1]} had finished before round {late[0]}, yet your "
-                                           f"policy planned it again: {cost}. Never plan a finished request")
-    where = (f"before round {late[0]} prompt {late[1]} had {late[2]} tokens committed and {late[3]} round(s) in "
-             f"flight, enough for its {run.max_new}, yet your policy planned it again" if late else
-             "your policy planned rounds whose outputs came back for finished requests")
+        return fails("finished_scheduled", f"{run}: {runs.who(run.prompts, late[1])} had ended "
+                                           f"{own.endings[late[1]]}, before round {late[0]}, yet your policy "
+                                           f"planned it again: {cost}. Never plan a finished request")
+    where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens committed and "
+             f"{late[3]} round(s) in flight, enough for its {run.max_new}, yet your policy planned it again"
+             if late else "your policy planned rounds whose outputs came back for finished requests")
     return fails("extra_step", f"{run}: {where}: {cost}")
 
 
-def policy_error(err: Exception, calls, run) -> Verdict:
+def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
     """Lab 1: a run that ended in an error: the policy's own, or a stall it caused (named by its last
     refusal), or a runaway the check stopped."""
     if isinstance(err, NotImplementedError):
@@ -39,99 +41,167 @@ def policy_error(err: Exception, calls, run) -> Verdict:
                                      "function: it called itself until Python gave up. Compute the answer from "
                                      "the request's fields")
     if isinstance(err, runs.Runaway):
-        done = [c for c in calls if c[4] and c[5]]
-        who = f"prompt {done[0][1]} had finished before round {done[0][0]}" if done else "a finished request"
-        return fails("finished_scheduled", f"{run}: {who}, and your policy kept planning it: past round "
-                                           f"{err.args[0]} the check stopped the run. Never plan a finished "
-                                           f"request again")
+        done = next((c for c in calls if c[4] and c[5]), None)
+        who = (f"{runs.who(run.prompts, done[1])} ended {own.endings[done[1]]}, and before round {done[0]} your "
+               f"policy planned it again, and again" if done else "your policy kept planning finished requests")
+        return fails("finished_scheduled", f"{run}: {who}: the check stopped the run at round {err.args[0]} (the "
+                                           f"engine's own run takes {own.rounds} rounds). A request ends on EOS, "
+                                           f"a stop string or its limit: never plan a finished one again")
     if isinstance(err, EngineStalled):
         left = [c for c in calls if c[1] in err.prompt_indexes]
-        detail = (f"before round {left[-1][0]} your policy declined prompt {left[-1][1]} with {left[-1][2]} of its "
-                  f"{run.max_new} tokens and {left[-1][3]} round(s) in flight" if left else
-                  f"your policy declined prompts {err.prompt_indexes} before they reached their limit")
-        return fails("stalled", f"{run}: {detail}: it can never finish ({err.reason})")
+        i = left[-1][1] if left else err.prompt_indexes[0]
+        has = len(engine.requests[i].output_ids) if i < len(engine.requests) else 0
+        detail = (f"before round {left[-1][0]} your policy declined {runs.who(run.prompts, i)} with {left[-1][2]} "
+                  f"of its {run.max_new} tokens and {left[-1][3]} round(s) in flight" if left else
+                  f"your policy declined {runs.who(run.prompts, i)} before it reached its limit")
+        return fails("stalled", f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
+                                f"it can never finish ({err.reason})")
     return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
 
 
-def waited(calls) -> Verdict | None:
+def waited(calls, run) -> Verdict | None:
     """Lab 2: an abort that waits for the device gives up the overlap at every abort."""
     call = next((c for c in calls if c.waits), None)
     if call is None:
         return None
-    return fails("serializes", f"your abort of prompt {call.prompt} before round {call.round} waited for the device "
-                               f"({call.waits} wait(s)): each abort then stalls the host until the device is idle, "
-                               f"and the overlap is lost. Mark the request aborted and let the round in flight free "
-                               f"it when it is processed")
+    return fails("serializes", f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round "
+                               f"{call.round} waited for the device ({call.waits} wait(s)): each abort then stalls "
+                               f"the host until the device is idle, and the overlap is lost. Mark the request "
+                               f"aborted and let the round in flight free it when it is processed")
 
 
-def freed_wrongly(record) -> Verdict | None:
+def aborted_another(calls, run) -> Verdict | None:
+    """Lab 2: an abort that stopped a request other than the one its id names, or that left every
+    request it was given as it was (it never found them)."""
+    call = next((c for c in calls if c.others), None)
+    judged = [c for c in calls if c.untouched is not None]
+    if call is None and judged and all(c.untouched for c in judged):
+        call = judged[0]
+    if call is None:
+        return None
+    if not call.others:
+        return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
+                                      f"{call.round}, your abort left it as it was: unfinished, still "
+                                      f"{'waiting' if call.waiting else 'running'}. Did it find the request? Look "
+                                      f"it up by its id (`r.id == request_id` in `engine.requests`): ids keep "
+                                      f"counting across `generate` calls")
+    return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
+                                  f"{call.round}, your abort stopped {runs.who(run.prompts, call.others[0])}: "
+                                  f"find the request by its id (`r.id == request_id`); ids keep counting across "
+                                  f"`generate` calls, so an id is not a position in `engine.requests`")
+
+
+def freed_wrongly(record, run) -> Verdict | None:
     """Lab 2: a free the race checker saw under a launched round, or a second free, from the record
     (there even when the learner's code swallowed the RaceError)."""
     for free in record.of(Free):
         if free.in_use:
             rnd, stage = free.in_use[0]
-            return fails("free_in_use", f"your abort freed prompt {free.prompt}'s KV blocks {list(free.blocks)} "
-                                        f"while round {rnd}'s `{stage}`, launched and not processed, may still "
-                                        f"write them. Mark it aborted now, free it when `num_inflight == 0`")
+            return fails("free_in_use", f"{run}: your abort freed {runs.who(run.prompts, free.prompt)}'s KV blocks "
+                                        f"{list(free.blocks)} while round {rnd}'s `{stage}`, launched and not "
+                                        f"processed, may still write them. Mark it aborted now, free it when "
+                                        f"`num_inflight == 0`")
         if free.double:
-            return fails("double_free", f"prompt {free.prompt}'s KV blocks {list(free.double)} were freed a second "
-                                        f"time: a pool that takes a block back twice hands it to two requests")
+            return fails("double_free", f"{run}: {runs.who(run.prompts, free.prompt)}'s KV blocks "
+                                        f"{list(free.double)} were freed a second time: a pool that takes a block "
+                                        f"back twice hands it to two requests")
     return None
 
 
-def abort_error(err: Exception) -> Verdict:
-    """Lab 2: a run that ended in an error no free explains."""
+def abort_error(err: Exception, run, ref, engine) -> Verdict:
+    """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the first
+    request left, how it should have ended and where it stopped."""
+    if isinstance(err, (EngineStalled, runs.Runaway)):
+        left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
+        left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
+        req = left[0] if left else None
+        where = (f"{runs.who(run.prompts, req.index)} should have ended {ref.endings[req.index]}; it stopped with "
+                 f"{len(req.output_ids)} token(s)" if req else "a request could not end")
     if isinstance(err, EngineStalled) and err.reason == "finished_kept_blocks":
-        return fails("kept_blocks", f"prompts {err.prompt_indexes} were aborted with no round in flight and "
-                                    f"nobody freed them: only processing a round frees its requests, and an "
-                                    f"aborted request is never scheduled again. Free it at once when "
-                                    f"`num_inflight == 0`")
+        return fails("kept_blocks", f"{run}: {where}, aborted with no round in flight, and nobody freed it: only "
+                                    f"processing a round frees its requests, and an aborted request is never "
+                                    f"scheduled again. Free it at once when `num_inflight == 0`")
+    if isinstance(err, EngineStalled) and err.reason == "loop_returned_with_work":
+        return fails("stalled", f"{run}: {where}, unfinished, and no round plans it again, so the run cannot "
+                                f"end: an aborted request is finished, with the reason \"abort\" ({err})")
     if isinstance(err, EngineStalled):
-        return fails("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes}): {err}")
+        return fails("stalled", f"{run}: {where}: the engine could not go on ({err.reason}): {err}")
+    if isinstance(err, runs.Runaway):
+        return fails("still_running", f"{run}: {where}, and rounds kept going in for it: the check stopped the "
+                                      f"run at round {err.args[0]} (the engine's own run takes {ref.rounds}). An "
+                                      f"aborted request is finished: set its `finish_reason` to \"abort\"")
     return fails("raised", f"your abort raised {type(err).__name__}: {err}")
 
 
-def abort_outcome(got, want, engine, discarded: int, calls) -> Verdict | None:
-    """Lab 2: a run that ended: its pool, each request against the engine's own abort, then what the
-    record says of the aborted waiting requests and the discarded outputs."""
+def abort_outcome(got, ref, engine, calls, run) -> Verdict | None:
+    """Lab 2: a run that ended: its pool, the aborted waiting requests (one admitted shifts every later
+    round), each request against the engine's own abort, then the discarded outputs."""
     lost = runs.lost_blocks(engine)
     if lost:
-        return fails("kept_blocks", f"after the run {lost} KV blocks never came back to the pool: an aborted "
-                                    f"request left `running` without its blocks being freed")
-    for i, ((ids, reason), (ref_ids, ref_reason)) in enumerate(zip(got, want)):
-        if reason == "abort" and ref_reason != "abort":
-            return fails("overwrote_finish", f"prompt {i} had finished ({ref_reason}) before its abort arrived; "
-                                             f"your abort replaced the reason by \"abort\". Leave a finished "
-                                             f"request alone")
-        if len(ids) > len(ref_ids) and ref_reason == "abort":
-            return fails("still_running", f"prompt {i} was aborted but went on to {len(ids)} tokens "
-                                          f"({reason}): set its `finish_reason` to \"abort\" so that no round "
-                                          f"plans it again")
-        if ids == ref_ids and reason != ref_reason:
-            return fails("wrong_reason", f"prompt {i} stopped where the engine's own abort stops it, but finished "
-                                         f"as {reason!r}: an aborted request's reason is \"abort\"")
-        if ids != ref_ids:
-            return fails("wrong_tokens", f"prompt {i}: {len(ids)} tokens, the engine's own abort keeps "
-                                         f"{len(ref_ids)}")
+        return fails("kept_blocks", f"{run}: after the run {lost} KV blocks never came back to the pool: an "
+                                    f"aborted request left `running` without its blocks being freed")
     started = next((c for c in calls if c.waiting and runs.admitted_after(engine.record.events, c.prompt, c.round)),
                    None)
     if started:
-        return fails("aborted_scheduled", f"prompt {started.prompt} was aborted while waiting (before round "
-                                          f"{started.round}), yet a later round admitted and prefilled it for "
-                                          f"nothing: take it out of `engine.scheduler.waiting`")
-    if engine.stats.discarded_outputs > discarded:
-        return fails("wrong", f"{engine.stats.discarded_outputs} outputs discarded, the engine's own abort: "
-                              f"{discarded}: rounds went in for requests already aborted")
+        return fails("aborted_scheduled", f"{run}: {runs.who(run.prompts, started.prompt)} was aborted while "
+                                          f"waiting (before round {started.round}), yet a later round admitted and "
+                                          f"prefilled it for nothing: take it out of `engine.scheduler.waiting`")
+    for i, ((ids, reason), (ref_ids, ref_reason)) in enumerate(zip(got, ref.outs)):
+        who = f"{run}: {runs.who(run.prompts, i)}"
+        if reason == "abort" and ref_reason != "abort":
+            return fails("overwrote_finish", f"{who} had ended {ref.endings[i]} before its abort arrived; your "
+                                             f"abort replaced the reason by \"abort\". Leave a finished request "
+                                             f"alone")
+        if len(ids) > len(ref_ids) and ref_reason == "abort":
+            return fails("still_running", f"{who} was aborted with {len(ref_ids)} tokens but went on to {len(ids)} "
+                                          f"({reason}): set its `finish_reason` to \"abort\" so that no round "
+                                          f"plans it again")
+        if ids == ref_ids and reason != ref_reason:
+            return fails("wrong_reason", f"{who} stopped where the engine's own abort stops it, but finished as "
+                                         f"{reason!r}: an aborted request's reason is \"abort\"" if ref_reason ==
+                                         "abort" else f"{who} should have ended {ref.endings[i]}, but finished "
+                                         f"as {reason!r}")
+        if ids != ref_ids:
+            return fails("wrong_tokens", f"{who}: {len(ids)} tokens ({reason}), where it should have ended "
+                                         f"{ref.endings[i]}")
+    if engine.stats.discarded_outputs > ref.discarded:
+        return fails("wrong", f"{run}: {engine.stats.discarded_outputs} outputs discarded, the engine's own abort: "
+                              f"{ref.discarded}: rounds went in for requests already aborted")
     return None
 
 
-def commit_mistake(i: int, got, ref, max_new: int, stop, engine) -> Verdict | None:
-    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake named."""
+def commit_never_ended(err, engine, run, endings) -> Verdict:
+    """Lab 4: a run that stalled or ran on: the first request left unfinished, how it should have
+    ended and where it stopped."""
+    reqs = [r for r in engine.requests if not r.finished or r.finish_reason == "abort"]
+    if isinstance(err, EngineStalled) and err.prompt_indexes:
+        reqs = [r for r in engine.requests if r.index in err.prompt_indexes] or reqs
+    req = next((r for r in reqs if endings[r.index].how != ABORT), reqs[0]) if reqs else None
+    if req is None:
+        return fails("stalled", f"{run}: the run could not go on ({err})")
+    has, want = len(req.output_ids), endings[req.index]
+    where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with {has} "
+             f"token(s), unfinished")
+    if isinstance(err, runs.Runaway):
+        return fails("stalled", f"{where}, and the check stopped the run at round {err.args[0]}: your commit "
+                                f"kept it from reaching its end. Set `req.finish_reason` where a request ends")
+    if has >= run.max_new and want.how == LIMIT_AT_ROUND_END:
+        return fails("stalled", f"{where}: its limit's token was the last of a round's run, and your commit "
+                                f"did not end the request there, so no round plans it again and it can never "
+                                f"finish. Check the limit after each token: `len(req.output_ids) >= "
+                                f"req.max_new_tokens`")
+    return fails("stalled", f"{where}: no round plans it again, and it can never finish. Set "
+                            f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+
+
+def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
+    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake named;
+    ``ending``: how the run's request ends with the engine's own commit."""
     (ids, text, reason), (ref_ids, ref_text, ref_reason) = got, ref
-    tok = engine.tokenizer
+    tok, max_new, stop = engine.tokenizer, run.max_new, run.stop
     if (ids, text, reason) == ref:
         return None
-    who = f"prompt {i} (limit {max_new}, stop strings {list(stop)})"
+    who = f"{run}: {runs.who(run.prompts, i)}, which ends {ending}"
     if tok.eos_id in ids:
         return fails("eos_kept", f"{who}: its tokens hold the EOS id {tok.eos_id}: EOS ends a request, it is not "
                                  f"one of its tokens")
@@ -157,6 +227,11 @@ def commit_mistake(i: int, got, ref, max_new: int, stop, engine) -> Verdict | No
                      f"{who}: the serial run ends at {show(ref_text)} (stop); yours {show(text)}: "
                      + ("the stop string stays in the text: cut it off" if kept else
                         "the stop string was completed inside a round's run, or across two, and missed"))
+    if reason == "stop" and ref_reason == "length" and ref_ids[: len(ids)] == ids:
+        return fails("stop_past_limit", f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a "
+                                        f"stop string completed only by a token past the limit, in the limit's "
+                                        f"own run, ended it. One token at a time, the limit's token ends it "
+                                        f"first: check the limit after each token, not after the run")
     if ref_ids[: len(ids)] == ids:
         return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")

@@ -4,44 +4,137 @@ learner's are compared with, and the learner's runs with the lab's plug-in in pl
 
 from __future__ import annotations
 
+import atexit
 import functools
 import random
 from dataclasses import dataclass
 
 from overlap_course.labs import plugins
 from toy_engine import loops
-from toy_engine.config import MAX_SLOTS
+from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.engine import Engine
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 
-from . import pool
+from . import endings, pool
+
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How one request of a lab's reference run ended (``how``: one of ``endings.HOW``, read from the
+    run by ``endings.run_endings``), with the tokens it kept: what a lab's messages say it should do."""
+
+    how: str
+    tokens: int
+
+    def __str__(self) -> str:
+        return {endings.EOS: f"on EOS after {self.tokens} tokens",
+                endings.STOP: f"on a stop string after {self.tokens} tokens",
+                endings.LIMIT_AT_ROUND_END: f"on its limit, {self.tokens} tokens, the last of a round's run",
+                endings.LIMIT_IN_SPEC_STEP: f"on its limit, {self.tokens} tokens, inside a round's accepted run",
+                endings.ABORT: f"by its abort, with {self.tokens} tokens"}[self.how]
+
+
+def ended(engine, completions) -> tuple[Ended, ...]:
+    """How each request of ``engine``'s last run (``completions``) ended."""
+    hows = {i: e.how for i, e in endings.run_endings(engine)}
+    return tuple(Ended(hows.get(i, endings.ABORT), len(c.token_ids)) for i, c in enumerate(completions))
+
+
+# Prompts whose stories end (EOS) within a dozen tokens with the shipped model: after 11, 8, 12.
+STORY_ENDS = ("nd they all lived happily ", " all lived happily eve", "so they lived happily")
+
+
+def who(prompts, i: int) -> str:
+    """A prompt named by its index and its text, as a lab's messages name it."""
+    return f"prompt {i} ({prompts[i]!r})" if 0 <= i < len(prompts) else f"prompt {i}"
 
 
 @dataclass(frozen=True)
 class PolicyRun:
     """Lab 1: one run a policy is judged on.  ``held``: the rounds its loop keeps in flight (0 the
-    serial loop, 1 ZOS, more ``plugins.keep_in_flight`` on a ring one slot larger)."""
+    serial loop, 1 ZOS, more ``plugins.keep_in_flight`` on a ring one slot larger); ``drafts``:
+    the speculative engine's draft tokens (0: none)."""
 
     max_new: int
     stop: tuple = ()
     held: int = 1
+    prompts: tuple = tuple(pool.PROMPTS)
+    drafts: int = 0
+    aborts: tuple = ()  # (round, prompt): the engine's own abort just before that round is scheduled
 
     def __str__(self) -> str:
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
-        return f"{loop}, limit {self.max_new}" + (f", stop strings {list(self.stop)}" if self.stop else "")
+        return (loop + (f" with {self.drafts} drafts" if self.drafts else "") + f", limit {self.max_new}"
+                + (f", stop strings {list(self.stop)}" if self.stop else "")
+                + (f", aborts (round, prompt) {list(self.aborts)}" if self.aborts else "")
+                + ("" if self.prompts == tuple(pool.PROMPTS) else f", prompts {list(self.prompts)}"))
 
 
-# lab 1: the notebook's run, a stop string, a limit reached right after the prefill, a larger limit
-# under the serial loop, three rounds in flight: a policy that assumes one (or caps them at two) fails another
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",)), PolicyRun(2), PolicyRun(15, held=0), PolicyRun(12, held=3))
-ABORT_PROMPTS, MAX_NEW = [*pool.PROMPTS, "A little cat"], 12
-# lab 2, (round, prompt) of each abort: waiting; in flight; the same again; just prefilled; finished by its stop
-ABORTS = ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))
+# lab 1: the notebook's run; stop strings, stories that end (EOS) and an abort (prompt 1, a round in
+# flight); a limit reached right after the prefill; a larger limit under the serial loop; three rounds
+# in flight (a policy that assumes one, or caps them at two, fails there); drafts, whose runs end on
+# the limit inside a round's accepted run
+_ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
+_ONE_BATCH = tuple(pool.PROMPTS[:3])
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING, aborts=((5, 1),)), PolicyRun(2),
+               PolicyRun(15, held=0, prompts=_ONE_BATCH), PolicyRun(12, held=3, prompts=_ONE_BATCH),
+               PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
+
+
+@dataclass(frozen=True)
+class AbortRun:
+    """Lab 2: one ZOS run with aborts, ``(round, prompt)`` each, made just before that round is
+    scheduled (``drafts``: the engine's draft tokens, 0 for none)."""
+
+    prompts: tuple
+    aborts: tuple
+    max_new: int = 12
+    stop: tuple = (" the",)
+    drafts: int = 0
+
+    def __str__(self) -> str:
+        return (f"ZOS {f'with {self.drafts} drafts' if self.drafts else 'without drafts'}, limit "
+                f"{self.max_new}, stop strings {list(self.stop)}, aborts (round, prompt) {list(self.aborts)}")
+
+
+# lab 2. Without drafts: a waiting request; one in flight; the same again; one just prefilled; one its
+# stop string finished, a round still in flight; a story that ends (EOS) after the aborts. With drafts:
+# a waiting one; one EOS finished, its extra round in flight; one in flight; one its limit finished
+ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]), ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))),
+              AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0], "A little cat",
+                        "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)), drafts=pool.DRAFTS))
 DEPTHS = (1, 2, 3)  # lab 3: rounds a loop keeps in flight, and one more drawn per check (deeper_depth)
-RING_NEW = MAX_SLOTS + 1  # a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races
-# lab 4: stops inside a run and across two, limits inside a run; EOS inside a run, a stop on the limit's token
-COMMIT_RUNS = ((tuple(pool.PROMPTS), 30, (" was", ".")),
-               (("nd they all lived happily ", " all lived happily eve", "One day, the little"), 28, (" the",)))
+# a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races; with drafts
+# the limit falls inside a round's accepted run
+RING_NEW = MAX_SLOTS + 4
+# lab 3's prompts: one ends on its stop string, one on EOS, one on the limit
+RING_PROMPTS, RING_STOP = (STORY_ENDS[1], "There was a fox", "One day, the little", "Once upon a time"), ("re",)
+
+
+@dataclass(frozen=True)
+class CommitRun:
+    """Lab 4: one ZOS run a commit is judged on (``drafts``: the engine's draft tokens, 0 for none)."""
+
+    prompts: tuple
+    max_new: int
+    stop: tuple
+    drafts: int = pool.DRAFTS
+
+    def __str__(self) -> str:
+        return (f"ZOS {f'with {self.drafts} drafts' if self.drafts else 'without drafts'}, limit "
+                f"{self.max_new}, stop strings {list(self.stop)}")
+
+
+# lab 4, with 3 drafts: stops inside a run and across two, limits inside a run and at a run's end;
+# EOS inside a run, a stop on the limit's token; a stop string that a token past the limit, in the
+# limit's own run, would complete (prompt 0: serial 12 tokens and "length"). Without drafts: one token
+# a round, so every limit falls at a round's end; stops and stories that end
+COMMIT_RUNS = (CommitRun(tuple(pool.PROMPTS), 30, (" was", ".")),
+               CommitRun((*STORY_ENDS[:2], "One day, the little"), 28, (" the",)),
+               CommitRun(tuple(pool.PROMPTS), 12, (" a",)),
+               CommitRun((*pool.PROMPTS[:2], *STORY_ENDS), 12, (" the",), drafts=0))
 
 
 def flushes(engine) -> int:
@@ -49,26 +142,65 @@ def flushes(engine) -> int:
 
 
 def policy_engine(run: PolicyRun):
-    """Lab 1: the pool's plain engine, or the ring engine (more host slots) for a deeper loop."""
-    return pool.engine() if run.held < 2 else plugins.ring_engine()
+    """Lab 1: the pool's engine with the run's drafts, or the ring engine (more host slots) for a
+    deeper loop."""
+    if run.held >= 2:
+        return plugins.ring_engine()
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
 def _policy_generate(run: PolicyRun, on_round=None):
     loop = loops.serial_loop if run.held == 0 else None if run.held == 1 else plugins.keep_in_flight(run.held)
+    if run.aborts:
+        on_round = _then(on_round, plugins.aborts(lambda engine, request_id: engine.abort(request_id), run.aborts))
     with plugins.ring(max(2, run.held + 1)):
-        return policy_engine(run).generate(pool.PROMPTS, max_new_tokens=run.max_new, stop=list(run.stop),
+        return policy_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
                                            on_round=on_round, loop=loop)
 
 
+def _then(first, second):
+    """An ``on_round`` calling ``first`` (if any), then ``second``."""
+    def both(engine, round):
+        if first is not None:
+            first(engine, round)
+        second(engine, round)
+    return both
+
+
+@dataclass(frozen=True)
+class OwnRun:
+    """Lab 1: the engine's own policy on a run: its tokens, rounds, discarded outputs, flushes, and
+    how each request ended."""
+
+    ids: list
+    rounds: int
+    discarded: int
+    flushes: int
+    endings: tuple
+
+
 @functools.lru_cache(maxsize=len(POLICY_RUNS))
-def own_run(run: PolicyRun):
-    """Lab 1: the engine's own policy under ``run``: (token ids, rounds, discarded outputs, flushes)."""
-    outs, engine = _policy_generate(run), policy_engine(run)
-    return [c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine)
+def own_run(run: PolicyRun) -> OwnRun:
+    """Lab 1: the engine's own policy under ``run``."""
+    engine = policy_engine(run)
+    outs = _policy_generate(run)
+    return OwnRun([c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine),
+                  ended(engine, outs))
 
 
 class Runaway(Exception):
-    """A policy kept scheduling far past the engine's own number of rounds."""
+    """A run kept scheduling far past the engine's own number of rounds (``args``: the round)."""
+
+
+def capped(on_round, cap: int):
+    """``on_round`` that raises Runaway past round ``cap``: a run whose requests never end is a
+    verdict, not a hang."""
+    def bounded(engine, round):
+        if round > cap:
+            raise Runaway(round)
+        if on_round is not None:
+            on_round(engine, round)
+    return bounded
 
 
 def policy_run(policy, run: PolicyRun, cap: int):
@@ -83,14 +215,8 @@ def policy_run(policy, run: PolicyRun, cap: int):
                       bool(wanted)))
         return wanted
 
-    install = plugins.per_request(wants_more=spy)
-
-    def on_round(engine, round):
-        if round > cap:
-            raise Runaway(round)
-        install(engine, round)
     try:
-        return engine, _policy_generate(run, on_round), calls
+        return engine, _policy_generate(run, capped(plugins.per_request(wants_more=spy), cap)), calls
     except Exception as err:  # noqa: BLE001 - judged by the caller
         return engine, err, calls
 
@@ -112,17 +238,25 @@ def _prompt_rounds(events, prompt: int) -> list[int]:
 @dataclass
 class AbortCall:
     """Lab 2: one call of an abort: before ``round`` was scheduled, to ``prompt``, ``waiting`` then or
-    not, and the device waits the call made (``waits``)."""
+    not, the device waits the call made (``waits``), the other prompts it aborted (``others``), and
+    whether it left the request as it was (``untouched``: unfinished, in the same queue; None for a
+    request finished before the call)."""
 
     round: int
     prompt: int
     waiting: bool
     waits: int = 0
+    others: tuple = ()
+    untouched: bool | None = None
 
 
-def abort_run(abort, calls: list | None = None):
-    """Lab 2: the abort workload with ``abort(engine, request_id)`` called per ABORTS; the completions.
-    Each call is noted in ``calls`` (AbortCall)."""
+def abort_engine(run: AbortRun):
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
+
+
+def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None):
+    """Lab 2: ``run`` with ``abort(engine, request_id)`` called per its aborts; the completions.
+    Each call is noted in ``calls`` (AbortCall); past round ``cap`` it raises Runaway."""
     calls = [] if calls is None else calls
 
     def watched(engine, request_id):
@@ -132,10 +266,18 @@ def abort_run(abort, calls: list | None = None):
         events = engine.record.events
         call, before = AbortCall(engine.scheduler.round, req.index, req in engine.scheduler.waiting), len(events)
         calls.append(call)
+        unfinished = [r for r in engine.requests if r is not req and not r.finished]
+        queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
-    return pool.engine().generate(ABORT_PROMPTS, max_new_tokens=MAX_NEW, stop=[" the"],
-                                  on_round=plugins.aborts(watched, ABORTS))
+        call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
+        if not queued[0]:
+            call.untouched = queued == (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
+    on_round = plugins.aborts(watched, run.aborts)
+    if cap is not None:
+        on_round = capped(on_round, cap)
+    return abort_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+                                      on_round=on_round)
 
 
 def admitted_after(events, prompt: int, round: int) -> bool:
@@ -143,11 +285,25 @@ def admitted_after(events, prompt: int, round: int) -> bool:
     return any(isinstance(e, Commit) and e.round >= round and prompt in e.prompts for e in events)
 
 
-@functools.lru_cache(maxsize=1)
-def abort_reference():
-    """Lab 2: the engine's own aborts: ((token ids, finish reason) per prompt, discarded outputs)."""
-    outs = abort_run(lambda engine, request_id: engine.abort(request_id))
-    return [(c.token_ids, c.finish_reason) for c in outs], pool.engine().stats.discarded_outputs
+@dataclass(frozen=True)
+class AbortReference:
+    """Lab 2: the engine's own aborts on a run: (token ids, finish reason) per prompt, discarded
+    outputs, rounds, and how each request ended."""
+
+    outs: list
+    discarded: int
+    rounds: int
+    endings: tuple
+
+
+@functools.lru_cache(maxsize=len(ABORT_RUNS))
+def abort_reference(index: int) -> AbortReference:
+    """Lab 2: the engine's own ``Engine.abort`` on ABORT_RUNS[index]."""
+    run = ABORT_RUNS[index]
+    engine = abort_engine(run)
+    outs = abort_run(lambda engine, request_id: engine.abort(request_id), run)
+    return AbortReference([(c.token_ids, c.finish_reason) for c in outs], engine.stats.discarded_outputs,
+                          engine.stats.rounds, ended(engine, outs))
 
 
 def lost_blocks(engine) -> int:
@@ -171,20 +327,41 @@ def deeper_depth() -> int:
 
 
 @functools.lru_cache(maxsize=1)
+def _spec_ring_engine() -> Engine:
+    """Lab 3 with drafts: the ring engine's twin with the pool's drafts; closed when Python exits."""
+    with plugins.ring(MAX_SLOTS):
+        engine = Engine(EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=pool.DRAFTS))
+    atexit.register(engine.close)
+    return engine
+
+
+def ring_engine(drafts: int = 0) -> Engine:
+    return _spec_ring_engine() if drafts else plugins.ring_engine()
+
+
+def _ring_generate(depth: int, drafts: int = 0, on_round=None, loop=None):
+    """Lab 3's prompts under a loop holding ``depth`` rounds: with drafts only the ZOS loop (one
+    round held), whose correction covers the drafts; ``plugins.keep_in_flight`` has none."""
+    if loop is None and not drafts:
+        loop = plugins.keep_in_flight(depth)
+    return ring_engine(drafts).generate(list(RING_PROMPTS), max_new_tokens=RING_NEW, stop=list(RING_STOP),
+                                        on_round=on_round, loop=loop)
+
+
+@functools.lru_cache(maxsize=1)
 def ring_reference():
     """Lab 3: the serial loop's tokens on the ring engine."""
-    outs = plugins.ring_engine().generate(pool.PROMPTS[:3], max_new_tokens=RING_NEW, loop=loops.serial_loop)
-    return [c.token_ids for c in outs]
+    return [c.token_ids for c in _ring_generate(1, loop=loops.serial_loop)]
 
 
 @functools.lru_cache(maxsize=4 * MAX_SLOTS)
-def ring_run(depth: int, slots: int):
+def ring_run(depth: int, slots: int, drafts: int = 0):
     """Lab 3: tokens of a loop holding ``depth`` rounds on a ring of ``slots``, or its RaceError.
-    Kept per (depth, slots): no learner code runs in it, and the race checker ignores the clock."""
+    Kept per (depth, slots, drafts): no learner code runs in it, and the race checker ignores the
+    clock."""
     with plugins.ring(slots):
         try:
-            outs = plugins.ring_engine().generate(pool.PROMPTS[:3], max_new_tokens=RING_NEW,
-                                                  loop=plugins.keep_in_flight(depth))
+            outs = _ring_generate(depth, drafts)
         except RaceError as err:
             return err
     return [c.token_ids for c in outs]
@@ -194,15 +371,31 @@ def spec_engine():
     return pool.engine(num_draft_tokens=pool.DRAFTS)
 
 
-def commit_run(index: int, commit=None, loop=None):
-    """Lab 4: COMMIT_RUNS[index] on ZOS + speculation, with ``commit`` for each request's own."""
-    prompts, max_new, stop = COMMIT_RUNS[index]
-    on_round = plugins.per_request(commit=commit) if commit else None
-    return spec_engine().generate(list(prompts), max_new_tokens=max_new, stop=list(stop), on_round=on_round,
-                                  loop=loop)
+def commit_engine(run: CommitRun):
+    return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-@functools.lru_cache(maxsize=2)
+def commit_run(index: int, commit=None, loop=None, cap: int | None = None):
+    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own;
+    past round ``cap`` it raises Runaway."""
+    run, on_round = COMMIT_RUNS[index], None
+    if commit is not None:
+        on_round = plugins.per_request(commit=commit)
+    if cap is not None:
+        on_round = capped(on_round, cap)
+    return commit_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+                                       on_round=on_round, loop=loop)
+
+
+@functools.lru_cache(maxsize=len(COMMIT_RUNS))
 def commit_reference(index: int):
     """Lab 4: the serial run's (token ids, text, finish reason) per prompt."""
     return [(c.token_ids, c.text, c.finish_reason) for c in commit_run(index, loop=loops.serial_loop)]
+
+
+@functools.lru_cache(maxsize=len(COMMIT_RUNS))
+def commit_endings(index: int) -> tuple[tuple[Ended, ...], int]:
+    """Lab 4: how each request of the ZOS run ends with the engine's own commit, and its rounds."""
+    engine = commit_engine(COMMIT_RUNS[index])
+    outs = commit_run(index)
+    return ended(engine, outs), engine.stats.rounds

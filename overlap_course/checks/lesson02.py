@@ -209,15 +209,23 @@ def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
 
 # ------------------------------------------------------------------ exercise 02
 
-@exercise_check(pool.engine, pool.reference, lambda: pool.reference(second=True))
+# exercise 02's runs: (second, endings, engine config)
+_SERIAL_RUNS = ((False, False, {}), (True, False, {}), (False, True, {}),
+                (False, True, {"num_draft_tokens": pool.DRAFTS}))
+
+
+@exercise_check(lambda: pool.start({}, {"num_draft_tokens": pool.DRAFTS}), pool.reference,
+                lambda: pool.reference(second=True), pool.endings_reference)
 def check_serial_loop(loop) -> Verdict:
-    """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods.  Two runs: the
-    main one, where every request ends by length, and a second whose requests end at a stop
-    string at different rounds (so a loop that counts rounds or tokens fails)."""
+    """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods.  Four runs: the
+    main one, where every request ends by length; a second whose requests end at a stop string
+    at different rounds (so a loop that counts rounds or tokens fails); the endings run, whose
+    requests end every way (EOS, stop, limit), without drafts and with them."""
     runs = []
-    for second in (False, True):
-        engine, log, outs, err = run_loop(loop, second=second)
-        verdict = _serial_run_verdict(log, outs, err, second)
+    for second, endings, config in _SERIAL_RUNS:
+        engine, log, outs, err = run_loop(loop, second=second, endings=endings, **config)
+        verdict = _serial_run_verdict(log, outs, err, second, config.get("num_draft_tokens", 0) if endings
+                                      else None)
         if verdict is not None:
             return verdict
         runs.append(engine.stats.rounds)
@@ -225,13 +233,15 @@ def check_serial_loop(loop) -> Verdict:
     if any(stage == "flush" for stage, _ in log.events):
         note = (" (your loop processes each step with `engine.flush`, so the timeline names that work `flush`, "
                 "ZOS's name for processing a last step, where the engine's serial loop records `postprocess`)")
-    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, {runs[0]} rounds, and a "
-                  f"second run whose prompts end at a stop string, {runs[1]} rounds; every step processed before "
-                  f"the next round{note}")
+    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, {runs[0]} rounds, a "
+                  f"second run whose prompts end at a stop string, {runs[1]} rounds, and runs whose requests "
+                  f"end on EOS, a stop string and the limit ({runs[2]} rounds, {runs[3]} with drafts); every "
+                  f"step processed before the next round{note}")
 
 
-def _serial_run_verdict(log, outs, err, second: bool) -> Verdict | None:
-    """What one run of a learner's serial loop got wrong, or None (``second``: the stop-string run)."""
+def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Verdict | None:
+    """What one run of a learner's serial loop got wrong, or None (``second``: the stop-string run;
+    ``drafts``: None, or the endings run's drafts per round)."""
     verdict = loop_verdict(log, err, "serial", serial_order)
     extra = [w for w in log.waits if w.stage != "sample"]
     if verdict is None and extra:
@@ -243,10 +253,14 @@ def _serial_run_verdict(log, outs, err, second: bool) -> Verdict | None:
                         f"next stage. The serial loop waits once per round, inside `process_outputs`, on the "
                         f"step's `sample_done`")
     reference = pool.reference(second=True) if second else pool.reference()
+    if drafts is not None:
+        reference = [c.token_ids for c in pool.endings_reference()]
     diff = pool.compare([c.token_ids for c in outs], reference) if verdict is None else None
     if diff:
         verdict = fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
                                         f"process that step before the next round")
+    if verdict is not None and drafts is not None:
+        verdict.message = f"{pool.endings_label(drafts)}: {verdict.message}"
     if verdict is not None and second:
         verdict.message = (f"in the second run (prompts that end at the stop string {pool.SECOND_RUN['stop']!r}, "
                            f"at most {pool.SECOND_RUN['max_new_tokens']} new tokens): {verdict.message}")

@@ -272,7 +272,7 @@ def _ratio_mistakes(serial_stats: RunStats, zos_stats: RunStats | None) -> list[
 # ------------------------------------------------------------------ exercise 03
 
 @exercise_check(lambda: pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {}),
-                lambda: pool.reference(pool.CONSTRAINT), pool.reference)
+                lambda: pool.reference(pool.CONSTRAINT), pool.reference, pool.endings_reference)
 def check_zos_loop(loop) -> Verdict:
     """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included.
 
@@ -280,6 +280,9 @@ def check_zos_loop(loop) -> Verdict:
     previous round's committed token, so the order matters for the text), and greedy
     with 3 drafts per round (lengths are stale unless corrected on the device).  Both
     must equal the serial engine; the first run's host lane must show the ZOS order.
+    Then the endings run, without drafts and with them: requests that end on EOS, at a stop
+    string and at the limit, so a finished request's step (the extra step) must be processed
+    and the request freed.
     """
     pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {})
     engine, log, outs, err = run_loop(loop, constraint=pool.CONSTRAINT)
@@ -302,9 +305,29 @@ def check_zos_loop(loop) -> Verdict:
         return fails("correction" if why else "wrong_tokens",
                      f"with speculative decoding ({pool.DRAFTS} drafts per round) {diff} compared with plain greedy "
                      f"decoding: {why or 'process every step exactly once, in round order'}")
+    for drafts in (0, pool.DRAFTS):
+        verdict = _endings_run(loop, drafts)
+        if verdict is not None:
+            verdict.message = f"{pool.endings_label(drafts)}: {verdict.message}"
+            return verdict
     return passes(f"ZOS loop matches the serial tokens with the `{pool.CONSTRAINT}` constraint and with "
                   f"{pool.DRAFTS} drafts per round; {deferred(log)} decode steps were processed under the next "
                   f"round's forward, before its sample, and the last one was flushed")
+
+
+def _endings_run(loop, drafts: int) -> Verdict | None:
+    """The learner's loop on the endings run; what went wrong, or None."""
+    config = {"num_draft_tokens": drafts} if drafts else {}
+    engine, log, outs, err = run_loop(loop, endings=True, **config)
+    verdict = loop_verdict(log, err, "zos", zos_overlapped)
+    if verdict is not None:
+        return verdict
+    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    if diff:
+        why = correction_mistake(engine, log) if drafts else ""
+        return fails("correction" if why else "wrong_tokens",
+                     f"{diff}: {why or 'process every step exactly once, in round order'}")
+    return None
 
 
 def expected_three_rounds() -> list[tuple[str, int]]:

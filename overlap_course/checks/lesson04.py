@@ -259,7 +259,8 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
     return None
 
 
-@exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference)
+@exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
+                pool.endings_reference)
 def check_correction(correct_seqlens_qk) -> Verdict:
     """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
 
@@ -299,6 +300,14 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     diff = pool.compare([c.token_ids for c in outs], pool.reference())
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
+    try:  # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
+        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk, **pool.ENDINGS_RUN)
+    except Exception as err:  # noqa: BLE001
+        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed on the device: "
+                                     f"{type(err).__name__}: {err}")
+    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    if diff:
+        return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your correction: {diff}")
     return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
                   f"decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted per "
                   f"request-round")

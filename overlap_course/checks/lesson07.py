@@ -76,28 +76,35 @@ def check_wasted_round(answer, engine, prompt: int = 0) -> Verdict:
     return fails("wrong", f"{got} is not it: {look}")
 
 
-@exercise_check(pool.engine, plugins.ring_engine, lambda: [runs.own_run(run) for run in runs.POLICY_RUNS])
+def _warm_policy_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for run in runs.POLICY_RUNS:
+        runs.own_run(run)
+
+
+@exercise_check(plugins.ring_engine, _warm_policy_runs)
 def check_wants_more(wants_more) -> Verdict:
     """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that differ
-    in limit, stop strings and rounds in flight (runs.POLICY_RUNS), against the engine's own policy:
-    no round may go in for a request the rounds in flight already finish, and none may be missing."""
+    in limit, stop strings, stories that end, drafts and rounds in flight (runs.POLICY_RUNS), against
+    the engine's own policy: no round may go in for a request the rounds in flight already finish,
+    and none may be missing."""
     for run in runs.POLICY_RUNS:
-        ids, rounds, discarded, flushes = runs.own_run(run)
-        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * rounds)
+        own = runs.own_run(run)
+        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * own.rounds)
         if isinstance(got, Exception):
-            return mistakes.policy_error(got, calls, run)
-        if [c.token_ids for c in got] != ids:
-            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], ids)}")
-        if engine.stats.discarded_outputs > discarded:
-            return mistakes.extra_step(calls, engine, rounds, discarded, run)
-        if runs.flushes(engine) > flushes:
+            return mistakes.policy_error(got, calls, run, own, engine)
+        if [c.token_ids for c in got] != own.ids:
+            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], own.ids)}")
+        if engine.stats.discarded_outputs > own.discarded:
+            return mistakes.extra_step(calls, engine, own, run)
+        if runs.flushes(engine) > own.flushes:
             return fails("serializes", f"{run}: your policy declined rounds the engine's own plans, so the loop "
                                        f"ran out of rounds to launch and waited for the device: {runs.flushes(engine)} "
-                                       f"flushes instead of {flushes}, the overlap lost there. Count the rounds in "
-                                       f"flight instead of waiting for them")
+                                       f"flushes instead of {own.flushes}, the overlap lost there. Count the rounds "
+                                       f"in flight instead of waiting for them")
     return passes(f"no round went in for a request the rounds in flight already finish, and none was missing, in "
-                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop "
-                  f"is known only once processed), and the same tokens")
+                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop, "
+                  f"an EOS or a draft's acceptance is known only once processed), and the same tokens")
 
 
 # ------------------------------------------------------------------ lab 2: an abort in flight
@@ -136,31 +143,48 @@ def check_abort_in_flight(answer, err) -> Verdict:
                                       f"{look}")
 
 
-@exercise_check(pool.engine, runs.abort_reference)
+def _warm_abort_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for i in range(len(runs.ABORT_RUNS)):
+        runs.abort_reference(i)
+
+
+@exercise_check(_warm_abort_runs)
 def check_abort(abort) -> Verdict:
-    """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of a ZOS run (a waiting request,
-    one in flight, the same again, one just prefilled, one finished by its stop), against the engine's
-    own ``Engine.abort``, and each call watched: whether it waited for the device."""
-    engine, (want, discarded), calls = pool.engine(), runs.abort_reference(), []
+    """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of ZOS runs with and without
+    drafts (a waiting request, one in flight, the same again, one just prefilled, one finished by its
+    stop, one by EOS), against the engine's own ``Engine.abort``, and each call watched: whether it
+    waited for the device."""
+    for index, run in enumerate(runs.ABORT_RUNS):
+        verdict = _abort_verdict(abort, index, run)
+        if verdict is not None:
+            return verdict
+    return passes("each aborted request stopped at once and kept what it had; its cache went back when no "
+                  "launched round could touch it, once; a waiting one never started, and a finished one "
+                  "kept its reason (stop or EOS), with drafts and without")
+
+
+def _abort_verdict(abort, index: int, run) -> Verdict | None:
+    """Lab 2: one run's verdict, or None when it shows no mistake."""
+    engine, ref, calls = runs.abort_engine(run), runs.abort_reference(index), []
     try:
-        outs, err = runs.abort_run(abort, calls), None
+        outs, err = runs.abort_run(abort, run, calls, cap=3 * ref.rounds), None
     except NotImplementedError:
         return not_implemented("`abort`")
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
-    verdict = mistakes.freed_wrongly(engine.record)
+    verdict = mistakes.freed_wrongly(engine.record, run)
     if verdict is None:
-        verdict = mistakes.waited(calls)
+        verdict = mistakes.aborted_another(calls, run)
+    if verdict is None:
+        verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
-        verdict = mistakes.abort_error(err)
+        verdict = mistakes.abort_error(err, run, ref, engine)
     if verdict is None:
         got = [(c.token_ids, c.finish_reason) for c in outs]
-        verdict = mistakes.abort_outcome(got, want, engine, discarded, calls)
-    if verdict is None:
-        verdict = passes("each aborted request stopped at once and kept what it had; its cache went back when no "
-                         "launched round could touch it, once; a waiting one never started, and a finished one "
-                         "kept its reason")
-    verdict.message += runs.recover(engine)
+        verdict = mistakes.abort_outcome(got, ref, engine, calls, run)
+    if verdict is not None:
+        verdict.message += runs.recover(engine)
     return verdict
 
 
@@ -197,10 +221,16 @@ def check_ring_race(answer, err, ring: int) -> Verdict:
                                      f"first, and the run stops at its first race")
 
 
-@exercise_check(runs.ring_reference)
+def _warm_ring_runs() -> None:
+    runs.ring_reference()
+    runs.ring_engine(pool.DRAFTS)
+
+
+@exercise_check(_warm_ring_runs)
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds; DEPTHS and
-    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller."""
+    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller;
+    depth 1 also with drafts (the ZOS loop)."""
     sizes, depths = [], (*DEPTHS, runs.deeper_depth())
     for depth in depths:
         try:
@@ -213,20 +243,31 @@ def check_ring_slots(ring_slots) -> Verdict:
             return fails("shape", f"ring_slots({depth}) returned {show(slots)}: return a whole number of slots "
                                   f"from 1 to the engine's limit, {MAX_SLOTS}")
         slots = int(slots)
-        got = runs.ring_run(depth, slots)
-        if isinstance(got, RaceError):
-            return fails("race", f"a loop holding {depth} round(s) on a ring of {slots}: preparing round "
-                                 f"{got.round + slots} writes `{got.buffer}` while round {got.round}'s upload, a "
-                                 f"step the loop still holds, may read it (the race checker: {got})")
-        if got != runs.ring_reference():
-            return fails("wrong_tokens", f"depth {depth}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
-        if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1), RaceError):
-            return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs a loop "
-                                     f"holding {depth} round(s) race-free: each slot is host and device memory "
-                                     f"(metadata, temperatures, outputs)")
+        for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
+            verdict = _ring_verdict(depth, slots, drafts)
+            if verdict is not None:
+                return verdict
         sizes.append(slots)
-    return passes(f"depths {list(depths)} need rings of {sizes}: every held round keeps its slot until it is "
-                  f"waited for, and the round being prepared needs one more")
+    return passes(f"depths {list(depths)} need rings of {sizes} (depth 1 with drafts too): every held round "
+                  f"keeps its slot until it is waited for, and the round being prepared needs one more")
+
+
+def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:
+    """Lab 3: a ring of ``slots`` for a loop holding ``depth`` rounds: a race, other tokens, or a
+    ring one slot smaller that would do."""
+    loop = f"a loop holding {depth} round(s)" + (f" (ZOS with {drafts} drafts)" if drafts else "")
+    got = runs.ring_run(depth, slots, drafts)
+    if isinstance(got, RaceError):
+        return fails("race", f"{loop} on a ring of {slots}: preparing round {got.round + slots} writes "
+                             f"`{got.buffer}` while round {got.round}'s upload, a step the loop still holds, may "
+                             f"read it (the race checker: {got})")
+    if got != runs.ring_reference():
+        return fails("wrong_tokens", f"{loop}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
+    if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1, drafts), RaceError):
+        return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs {loop} "
+                                 f"race-free: each slot is host and device memory (metadata, temperatures, "
+                                 f"outputs)")
+    return None
 
 
 # ------------------------------------------------------------------ lab 4: a stop inside a run
@@ -261,28 +302,36 @@ def check_overshoot(answer, engine) -> Verdict:
                              f"it: {look}")
 
 
-@exercise_check(runs.spec_engine, lambda: [runs.commit_reference(i) for i in range(len(runs.COMMIT_RUNS))])
+def _warm_commit_runs() -> None:
+    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
+    for i in range(len(runs.COMMIT_RUNS)):
+        runs.commit_reference(i)
+        runs.commit_endings(i)
+
+
+@exercise_check(_warm_commit_runs)
 def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
-    each round's accepted run, on ZOS + speculation runs against the serial run's outputs."""
-    engine = runs.spec_engine()
-    for index, (_, max_new, stop) in enumerate(runs.COMMIT_RUNS):
+    each round's accepted run, on ZOS runs with and without drafts against the serial run's outputs."""
+    for index, run in enumerate(runs.COMMIT_RUNS):
+        endings, rounds = runs.commit_endings(index)
+        engine = runs.commit_engine(run)
         try:
-            outs = runs.commit_run(index, commit)
+            outs = runs.commit_run(index, commit, cap=3 * rounds)
         except NotImplementedError:
             return not_implemented("`commit`")
         except RecursionError:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
-        except EngineStalled as err:
-            return fails("stalled", f"prompts {err.prompt_indexes} reached their limit but never finished: set "
-                                    f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+        except (EngineStalled, runs.Runaway) as err:
+            return mistakes.commit_never_ended(err, engine, run, endings)
         except Exception as err:  # noqa: BLE001
             return fails("raised", f"your commit raised {type(err).__name__}: {err}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
-            verdict = mistakes.commit_mistake(i, (c.token_ids, c.text, c.finish_reason), ref, max_new, stop, engine)
+            got = (c.token_ids, c.text, c.finish_reason)
+            verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)
             if verdict is not None:
                 return verdict
     return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the length limit "
-                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, and the text matches the "
-                  f"tokens")
+                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, a limit at a round's end "
+                  f"(one token a round, without drafts) ends it, and the text matches the tokens")

@@ -24,6 +24,13 @@ MAX_NEW_TOKENS = 24
 # Exercise 02's second run: its requests end at a stop string at different rounds (after 2 to 9
 # tokens), one by the length limit of 16, in 19 rounds: a loop that counts rounds or tokens fails it.
 SECOND_RUN = {"max_new_tokens": 16, "stop": "a"}
+# The endings run: its requests end every way a request can (without drafts: the limit, the limit,
+# EOS after 6 tokens, the stop string; with DRAFTS drafts: the limit inside a speculative step, the
+# limit at a round's end, EOS, the stop string), and the fourth prompt waits for a row until the EOS
+# one frees it: code that keeps a finished request's blocks, or drops its last step, stalls here.
+ENDINGS_PROMPTS = ["Tom was happy.\nAnd they all", "Once upon a time", "And they all lived happily ever",
+                   "There was a fox"]
+ENDINGS_RUN = {"max_new_tokens": 18, "stop": (" who",)}
 DRAFTS = 3  # the ZOS checker's speculative run: stale lengths show only with drafts
 CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order shows in the text
 
@@ -99,6 +106,20 @@ def shadowing(shared: Engine, attributes: set[str]) -> list[str]:
 def run_args(second: bool = False) -> dict:
     """``generate``'s arguments for a checker's run of PROMPTS: the main one, or exercise 02's second."""
     return dict(SECOND_RUN) if second else {"max_new_tokens": MAX_NEW_TOKENS}
+
+
+def endings_label(drafts: int = 0) -> str:
+    """The endings run, as a verdict names it."""
+    with_drafts = f", {drafts} drafts per round" if drafts else ", no drafts"
+    return (f"in the endings run (prompts {ENDINGS_PROMPTS} end on EOS, at the stop string "
+            f"{ENDINGS_RUN['stop'][0]!r} or at the limit of {ENDINGS_RUN['max_new_tokens']} new tokens"
+            f"{with_drafts})")
+
+
+@functools.lru_cache(maxsize=1)
+def endings_reference() -> tuple:
+    """The serial loop's completions of the endings run (greedy: the same with drafts or without)."""
+    return tuple(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
 
 
 @functools.lru_cache(maxsize=3)

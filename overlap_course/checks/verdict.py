@@ -24,6 +24,7 @@ CATEGORIES = frozenset({
     "scheduled_before_processing", "not_serial", "prefill_deferred", "not_deferred", "process_before_forward",
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",
     "loop_returned", "dropped_at_prefill", "no_flush", "never_processed", "none_plan", "correction",
+    "skipped_extra_step",
     # 00: stream, launch, event
     "includes_later_kernel", "misses_earlier_kernel", "no_such_kernel", "launch_count", "no_read",
     "wait_without_event", "read_before_launch", "no_race", "still_races",
@@ -61,7 +62,7 @@ CATEGORIES = frozenset({
     # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
     "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
-    "stopped_early",
+    "stopped_early", "stop_past_limit", "wrong_request",
     # 07b: bugs of 2026 (a sampler a step behind, the future map keyed by batch place)
     "at_the_space", "one_step_late", "waits_without_need", "wrong_reader", "wrong_owner", "leaked_tokens",
     "drafts_lost",
