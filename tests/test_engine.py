@@ -132,7 +132,7 @@ def test_plug_ins_are_checked_before_anything_runs(engine_pool, plugin):
     engine = engine_pool()
     engine.generate(["One day"], max_new_tokens=2)
     before = engine.requests
-    with pytest.raises(TypeError, match=f"{plugin} must be a callable or None, got int 5"):
+    with pytest.raises(TypeError, match=f"{plugin} must be a function or None, got int 5"):
         engine.generate(["Once"], max_new_tokens=3, **{plugin: 5})
     assert engine.requests is before  # rejected before a run started
 

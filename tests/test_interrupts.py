@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import warnings
+from unittest import mock
 
 import pytest
 
@@ -26,6 +27,7 @@ import toy_engine as te
 import toy_engine.engine as engine_module
 import toy_engine.loops as loops_module
 import toy_engine.run as run_module
+import toy_engine.scheduler as scheduler_module
 import toy_engine.stages as stages_module
 
 PROMPTS = ["Once upon a time", "One day"]
@@ -38,8 +40,8 @@ class InterruptAt:
     other one given (0: never, just count).  ``events`` lists (function, line, event) for
     every event seen."""
 
-    def __init__(self, *targets: int):
-        self.targets, self.events = set(targets), []
+    def __init__(self, *targets: int, files=TRACED):
+        self.targets, self.events, self.files = set(targets), [], files
 
     def _event(self, frame, event):
         self.events.append((frame.f_code.co_name, frame.f_lineno, event))
@@ -52,7 +54,7 @@ class InterruptAt:
         return self._local
 
     def _global(self, frame, event, arg):
-        if frame.f_code.co_filename not in TRACED:
+        if frame.f_code.co_filename not in self.files:
             return None
         self._event(frame, event)
         return self._local
@@ -94,6 +96,17 @@ def _healthy(engine, reference):
     assert not engine.scheduler.running and engine.scheduler.blocks.can_allocate(engine.config.num_kv_blocks)
 
 
+def _drained(engine, where):
+    """Right after an interrupted call, before any other: every request it queued has ended
+    ("abort" unless it had finished), and the scheduler holds nothing (issue 34)."""
+    reasons = [r.finish_reason for r in engine.requests]
+    assert None not in reasons, f"{where}: requests left unfinished: {reasons}"
+    scheduler = engine.scheduler
+    assert not scheduler.has_work(), f"{where}: the scheduler still has {len(scheduler.waiting)} waiting, " \
+                                     f"{len(scheduler.running)} running"
+    assert scheduler.blocks.can_allocate(engine.config.num_kv_blocks), f"{where}: KV blocks still held"
+
+
 # A SIGINT at the call or return event of a generator that Python is closing (an any(...)
 # cut short) is printed and dropped by Python itself: "Exception ignored in: <generator ...>".
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -113,6 +126,7 @@ def test_a_sigint_at_any_line_of_generate_leaves_the_engine_usable(engine_pool, 
         except KeyboardInterrupt:
             interrupted += 1
         where = f"SIGINT at event {n} of {len(counting.events)}, {probe.events[n - 1]}"
+        _drained(engine, where)
         try:
             _healthy(engine, reference)
         except Exception as err:  # noqa: BLE001 - a broken engine stays broken: report the first point
@@ -121,6 +135,33 @@ def test_a_sigint_at_any_line_of_generate_leaves_the_engine_usable(engine_pool, 
     print(f"{config}: {len(points)} of {len(counting.events)} events interrupted ({len(lines)} distinct lines), "
           f"{interrupted} raised KeyboardInterrupt", file=sys.stderr)
     assert interrupted >= len(points) // 2
+
+
+QUEUEING = TRACED | {scheduler_module.__file__}
+
+
+@pytest.mark.parametrize("mode", ["serial", "zos"])
+def test_a_sigint_while_a_call_queues_its_requests_ends_them_as_aborted(engine_pool, reference, mode):
+    """Every event from the run's registration (``_execute``) to the loop's first, the
+    scheduler's ``add`` included: the call's requests end as "abort" before it returns, the
+    scheduler is empty, and the next call runs only its own requests (issue 34: they were
+    left queued, finish_reason None)."""
+    engine = engine_pool(max_batch_size=4, mode=mode)
+    with InterruptAt(0, files=QUEUEING) as counting:
+        engine.generate(PROMPTS, max_new_tokens=NEW)
+    start = _before_execute(counting.events) + 2  # `with hold_sigint()`, then its first line
+    loop = next(n for n, (function, _, _) in enumerate(counting.events, start=1)
+                if function.endswith("_loop"))
+    assert any(function == "add" for function, _, _ in counting.events[start:loop])
+    for n in range(start, loop + 1):
+        probe = InterruptAt(n, files=QUEUEING)
+        with pytest.raises(KeyboardInterrupt), probe:
+            engine.generate(PROMPTS, max_new_tokens=NEW)
+        where = f"SIGINT at event {n}, {probe.events[n - 1]}"
+        _drained(engine, where)
+        assert [r.finish_reason for r in engine.requests] == ["abort"] * len(PROMPTS), where
+        _healthy(engine, reference)
+    print(f"{mode}: {loop + 1 - start} events from queueing to the loop", file=sys.stderr)
 
 
 RECOVERY = ("_ensure_ready", "_recover", "_restart_device", "_start_device", "_new_scheduler")
@@ -132,14 +173,16 @@ def _before_execute(events):
     return next(n for n, (function, _, kind) in enumerate(events, start=1) if function == "_execute")
 
 
+def _interrupt_at_round_2(engine, round):
+    if round == 2:
+        raise KeyboardInterrupt
+
+
 def _leave_unclean(engine):
-    """A call interrupted just after its run was registered: the KeyboardInterrupt leaves with
-    the run's requests queued, for the next call to recover."""
-    with InterruptAt(0) as counting:
-        engine.generate(PROMPTS, max_new_tokens=NEW)
-    inside = _before_execute(counting.events) + 2  # `with hold_sigint():`, then its first line
-    with pytest.raises(KeyboardInterrupt), InterruptAt(inside):
-        engine.generate(PROMPTS, max_new_tokens=NEW)
+    """A call whose recovery failed (a no-op here; in life, a device that could not restart):
+    it leaves rounds in flight and its requests queued, for the next call to recover."""
+    with mock.patch.object(engine, "_recover", lambda: None), pytest.raises(KeyboardInterrupt):
+        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=_interrupt_at_round_2)
     assert engine.scheduler.has_work()
 
 
@@ -210,25 +253,28 @@ def test_a_sigint_at_any_line_of_close_leaves_it_closable(make_engine, reference
             engine.generate(PROMPTS, max_new_tokens=NEW)
 
 
-def test_a_second_sigint_that_cuts_the_recovery_short_leaves_no_trace_in_the_next_run(engine_pool, reference):
-    """A KeyboardInterrupt in the loop with rounds in flight, then a SIGINT on the line that
-    would hold Interrupts for the recovery: the next call recovers, and the device work of
-    the interrupted run does not appear on its timeline.  (The first interrupt comes from a
-    plug-in: Python removes a trace function once it has raised.)"""
+@pytest.mark.timeout(300)
+def test_a_second_sigint_waits_for_the_recovery_and_leaves_no_trace_in_the_next_run(engine_pool, reference):
+    """A KeyboardInterrupt in the loop with rounds in flight, then a SIGINT at each event from
+    the handler on: the recovery runs whole before the call returns (the SIGINT waits for it),
+    and the device work of the interrupted run does not appear on the next run's timeline.
+    (The first interrupt comes from a plug-in: Python removes a trace function once it has
+    raised.)"""
     engine = engine_pool(max_batch_size=4, mode="zos")
-
-    def interrupt(eng, round):
-        if round == 2:
-            raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt), InterruptAt(0) as counting:
-        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=interrupt)
+        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=_interrupt_at_round_2)
     handler = next(n for n, (f, line, kind) in enumerate(counting.events, start=1)
-                   if f == "_execute" and kind == "line" and "a second Interrupt" in _source_line(line))
-    with pytest.raises(KeyboardInterrupt), InterruptAt(handler):
-        engine.generate(PROMPTS, max_new_tokens=NEW, on_round=interrupt)
-    assert engine.scheduler.has_work(), "the recovery ran: the SIGINT missed its line"
-    _healthy(engine, reference)
-    assert min(s.start_ms for s in engine.timeline.spans) >= 0, "device spans from before the run"
+                   if f == "_execute" and kind == "line" and "except BaseException" in _source_line(line))
+    points = [handler + n - 1 for n in _points(counting.events[handler - 1:], 3)]
+    for n in points:
+        with pytest.raises(KeyboardInterrupt), InterruptAt(n) as probe:
+            engine.generate(PROMPTS, max_new_tokens=NEW, on_round=_interrupt_at_round_2)
+        where = f"second SIGINT at event {n}, {probe.events[n - 1]}"
+        _drained(engine, where)
+        assert "abort" in [r.finish_reason for r in engine.requests], where
+        _healthy(engine, reference)
+        assert min(s.start_ms for s in engine.timeline.spans) >= 0, f"{where}: device spans from before the run"
+    print(f"{len(points)} of {len(counting.events) + 1 - handler} events from the handler on", file=sys.stderr)
 
 
 def _source_line(line):

@@ -323,8 +323,8 @@ def test_numpy_integers_are_plain_integers_to_the_config():
     (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an integer, got the bool True"),
     (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an integer, got float 2.0"),
     (dict(max_new_tokens=None), TypeError, "max_new_tokens must be an integer"),
-    (dict(on_round=5), TypeError, "on_round must be a callable or None, got int 5"),
-    (dict(loop=5), TypeError, "loop must be a callable or None, got int 5"),
+    (dict(on_round=5), TypeError, "on_round must be a function or None, got int 5"),
+    (dict(loop=5), TypeError, "loop must be a function or None, got int 5"),
 ])
 def test_bad_generate_arguments_are_rejected_before_anything_runs(engines, reference, kwargs, error, match):
     engine = engines("serial")

@@ -143,30 +143,31 @@ class Engine(RoundStages):
     # ------------------------------------------------------------------ internals
 
     def _execute(self, run: Run, loop) -> list[Completion]:
-        with hold_sigint():  # registered whole; an Interrupt after this finds _clean False: recovered next call
+        # Interrupts wait throughout but in the loop: one while the run is registered is raised
+        # as the loop starts, inside the try, so the run is recovered before the call returns.
+        with hold_sigint() as held:
             self._clean = False
             self._run, self.timeline = run, Timeline(meta=self._meta(run.requests))
             self.record = self.device.run_record = RunRecord()
             self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
             self.scheduler.round = 0
-            for req in run.requests:  # queued only once the run owns them
-                self.scheduler.add(req)
-            for observer in RUN_OBSERVERS:
-                observer(self, "start")
-        start = time.perf_counter()
-        try:
-            if loop is None:
-                loop = loops.zos_loop if self.config.mode == "zos" else loops.serial_loop
-            loop(self)
-            if self.scheduler.has_work():
-                raise stalled(self.scheduler)
-            self._clean = True
-        except BaseException:
-            with hold_sigint():  # a second Interrupt must not cut the recovery short
-                self._recover()
-            raise
-        finally:
-            with hold_sigint():
+            start = time.perf_counter()
+            try:
+                for req in run.requests:  # queued only once the run owns them
+                    self.scheduler.add(req)
+                for observer in RUN_OBSERVERS:
+                    observer(self, "start")
+                with held.let_through():
+                    if loop is None:
+                        loop = loops.zos_loop if self.config.mode == "zos" else loops.serial_loop
+                    loop(self)
+                    if self.scheduler.has_work():
+                        raise stalled(self.scheduler)
+                self._clean = True
+            except BaseException:
+                self._recover()  # held: a second Interrupt cannot cut it short
+                raise
+            finally:
                 run.end()
                 self.completions = [r.completion() for r in run.requests]
                 self._finish_stats(time.perf_counter() - start)

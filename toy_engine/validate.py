@@ -61,7 +61,8 @@ def check_choice(name: str, value, choices: tuple) -> str:
     return value
 
 
-def check_callable(name: str, value):
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be a callable or None, got {type(value).__name__} {shown(value)}")
-    return value
+def check_callable(name: str, value, allow_none: bool = True):
+    if callable(value) or (allow_none and value is None):
+        return value
+    what = "a function or None" if allow_none else "a function"
+    raise TypeError(f"{name} must be {what}, got {type(value).__name__} {shown(value)}")

@@ -124,8 +124,8 @@ def returned_real(x) -> float | None:
     if isinstance(x, numbers.Real):
         try:
             return float(x)
-        except OverflowError:
-            return math.copysign(math.inf, int(x))
+        except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
+            return math.inf if x > 0 else -math.inf
     if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
         return float(x)
     if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":

@@ -4,6 +4,8 @@ exactly once.
 
 * :func:`notebook_check` -- an answer that is junk gets its sentence (``answers.Junk``), and no
   message grows with the answer.
+* Both -- an answer whose own code raises while the check reads or runs it gets a verdict that
+  says so (:func:`learner_raised`).
 * :func:`exercise_check` -- the learner's code runs under the time limit on the shared engines
   (``pool``), put back as they were first: what an earlier cell had changed is named in the
   verdict; what the check's own run changed makes it fail (``sandbox``).
@@ -30,6 +32,10 @@ def notebook_check(check):
             verdict = check(*args, **kwargs)
         except answers.Junk as junk:
             verdict = fails("junk", str(junk))
+        except Exception as err:  # noqa: BLE001 - the learner's code raised it; a check's own bug is raised
+            verdict = learner_raised(err)
+            if verdict is None:
+                raise
         if len(verdict.message) > answers.MAX_MESSAGE:
             verdict = dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
         return verdict
@@ -67,6 +73,10 @@ def _time_limited(check, args, kwargs) -> Verdict:
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:
         stopped = exc
+    except Exception as err:  # noqa: BLE001 - as in notebook_check
+        verdict = learner_raised(err)
+        if verdict is None:
+            raise
     finally:
         ended = False
         while not ended:
@@ -88,3 +98,24 @@ def _time_limited(check, args, kwargs) -> Verdict:
                      f"after the work is done, or catches the errors that would stop it; the shared "
                      f"engines were recovered and the next check runs normally")
     return verdict
+
+
+def learner_raised(err: Exception) -> Verdict | None:
+    """The verdict on an answer whose own code raised while the check read or ran it (an
+    object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
+    code is on the traceback.  None when it is not: an error of the check's own is a bug, raised."""
+    where, tb = None, err.__traceback__
+    while tb is not None:
+        if sandbox._is_learners(tb.tb_frame.f_code.co_filename):
+            where = tb.tb_frame.f_code.co_name  # the innermost of the learner's frames
+        tb = tb.tb_next
+    if where is None:
+        return None
+    try:
+        said = str(err)
+    except Exception:  # noqa: BLE001 - an exception whose message itself raises
+        said = "(its message could not be read)"
+    said = said if len(said) <= answers.SHOW else said[:answers.SHOW - 4] + " ..."
+    return fails("raised", f"your answer's own code raised {type(err).__name__}: {said} (in `{where}`) while "
+                           f"the check read it: give a plain value (a number, a string, a list or set of "
+                           f"them) or a function that returns one")

@@ -6,6 +6,7 @@ function on the shared engines.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections import defaultdict
@@ -269,10 +270,11 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Ver
 
 @exercise_check()
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
-    """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``."""
+    """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``.
+    The function gets a copy: one that empties or edits it changes neither the run nor the check."""
     timeline, expected = engine.timeline, engine.stats.device_idle_fraction
     try:
-        got = idle_fraction(timeline)
+        got = idle_fraction(copy.deepcopy(timeline))
     except NotImplementedError:
         return not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
@@ -281,7 +283,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if value is None:
         return fails("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
     if not math.isfinite(value):
-        return fails("not_a_number", f"idle_fraction returned {value}: divide the idle time by idle + busy "
+        return fails("not_a_number", f"idle_fraction returned {show(got)}: divide the idle time by idle + busy "
                                      f"(both from the timeline, and busy is never 0 after a run)")
     got = value
 

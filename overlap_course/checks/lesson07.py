@@ -313,6 +313,9 @@ def _warm_commit_runs() -> None:
 def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
     each round's accepted run, on ZOS runs with and without drafts against the serial run's outputs."""
+    if not callable(commit):  # a run without one would use the engine's own commit, and pass
+        return fails("shape", "commit must be a function, commit(req, tokens, eos_id, decode); "
+                              f"got {show(commit)}")
     for index, run in enumerate(runs.COMMIT_RUNS):
         endings, rounds = runs.commit_endings(index)
         engine = runs.commit_engine(run)

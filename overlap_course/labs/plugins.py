@@ -7,12 +7,20 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import difflib
 import functools
+import inspect
 
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.validate import check_int, shown
+from toy_engine.sequence import Request
+from toy_engine.validate import check_callable, check_int, shown
+
+#: What ``per_request`` may replace: a request's own methods.  Its fields (``finish_reason``,
+#: ``output_ids``, ...) are data the engine reads; a function there would be taken for a value.
+REQUEST_METHODS = tuple(sorted(name for name, value in vars(Request).items()
+                               if inspect.isfunction(value) and not name.startswith("_")))
 
 
 def per_request(**methods):
@@ -20,7 +28,8 @@ def per_request(**methods):
     with ``commit=f`` the engine's ``commit_outputs`` calls ``f(req, tokens, eos_id, decode)``, with
     ``wants_more=f`` its scheduler asks ``f(req)`` whether to plan the request again."""
     for name, method in methods.items():
-        _callable(name, method)
+        _check_method_name(name)
+        check_callable(name, method, allow_none=False)
 
     def on_round(engine, round):
         if round == 0:
@@ -33,7 +42,8 @@ def per_request(**methods):
 def aborts(abort, at):
     """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
-    _callable("abort", abort)
+    check_callable("abort", abort, allow_none=False)
+    at = _abort_points(at)
     done, ids = set(), []
 
     def on_round(engine, round):
@@ -79,6 +89,7 @@ def keep_in_flight(depth: int):
 @contextlib.contextmanager
 def ring(slots: int):
     """Runs started inside use a ring of ``slots`` host slots (round N writes slot N % slots)."""
+    slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
     before = engine_module.NUM_SLOTS
     engine_module.NUM_SLOTS = slots
     try:
@@ -97,6 +108,36 @@ def ring_engine() -> Engine:
     return engine
 
 
-def _callable(name: str, value) -> None:
-    if not callable(value):
-        raise TypeError(f"{name} must be a function, got {type(value).__name__} {shown(value)}")
+def _check_method_name(name: str) -> None:
+    """Only a request's methods: a typo would be ignored, a field overwritten with a function."""
+    if name in REQUEST_METHODS:
+        return
+    methods = ", ".join(REQUEST_METHODS)
+    if name in Request.__dataclass_fields__ or isinstance(getattr(Request, name, None), property):
+        raise TypeError(f"per_request: {name} is a request's data, not a method, and cannot be "
+                        f"replaced; a request's methods are {methods}")
+    close = difflib.get_close_matches(name, REQUEST_METHODS, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise TypeError(f"per_request: a request has no method {name}{hint}; its methods are {methods}")
+
+
+def _abort_points(at) -> tuple:
+    """``at`` as a tuple of (round, prompt index) pairs of integers >= 0, read once (a generator
+    would be used up by the first round)."""
+    shape = "a list of (round, prompt index) pairs, such as [(5, 1)]"
+    if isinstance(at, (str, bytes)):
+        raise TypeError(f"aborts: at must be {shape}, got {type(at).__name__} {shown(at)}")
+    try:
+        points = tuple(at)
+    except TypeError:
+        raise TypeError(f"aborts: at must be {shape}, got {type(at).__name__} {shown(at)}") from None
+    checked = []
+    for i, point in enumerate(points):
+        if not isinstance(point, (tuple, list)) or len(point) != 2:
+            raise TypeError(f"aborts: at[{i}] must be a (round, prompt index) pair, got "
+                            f"{type(point).__name__} {shown(point)}")
+        when, index = point
+        checked.append((check_int(f"aborts: at[{i}]'s round", when, 0),
+                        check_int(f"aborts: at[{i}]'s prompt index", index, 0)))
+    return tuple(checked)
+
