@@ -2,7 +2,6 @@
 
 import re
 import subprocess
-import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
