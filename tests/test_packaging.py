@@ -2,7 +2,6 @@
 
 import re
 import subprocess
-import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -117,17 +116,34 @@ def test_torch_range_is_what_the_code_needs():
         f"a new major version may drop APIs: declare torch>={floor},<3")
 
 
-def test_python_versions_declared_are_the_tested_one():
+# The Pythons CI runs (.ci/run: ./run.sh on the first, a fresh clone on the second) and the
+# Pythons declared: requires-python's floor, environment.yml's Python and run.sh's floor are the
+# oldest; the classifiers name each minor version from there to the newest torch has wheels for.
+CI_PYTHONS = ("3.11", "3.13")
+DECLARED_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+
+
+def test_python_versions_declared_agree_with_ci_run_sh_and_readme():
     project = _project()
-    tested = f"{sys.version_info.major}.{sys.version_info.minor}"
     python, _ = _environment_yml()
-    classifiers = {c.rsplit("::", 1)[1].strip() for c in project.get("classifiers", [])
-                   if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    classifiers = sorted(c.rsplit("::", 1)[1].strip() for c in project.get("classifiers", [])
+                         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
     allowed = [f"3.{minor}" for minor in range(8, 20)
                if SpecifierSet(project["requires-python"]).contains(f"3.{minor}.0")]
-    assert (allowed, sorted(classifiers), python) == ([tested], [tested], tested), (
-        f"requires-python {project['requires-python']!r} admits {allowed}, classifiers say "
-        f"{sorted(classifiers)}, environment.yml says {python}; CI tests {tested}")
+    assert classifiers == list(DECLARED_PYTHONS), f"classifiers say {classifiers}"
+    assert allowed[0] == DECLARED_PYTHONS[0] == python and set(DECLARED_PYTHONS) <= set(allowed), (
+        f"requires-python {project['requires-python']!r} admits {allowed}; environment.yml says "
+        f"{python}; declared: {DECLARED_PYTHONS}")
+    run_sh = (ROOT / "run.sh").read_text()
+    floor = tuple(int(p) for p in DECLARED_PYTHONS[0].split("."))
+    assert f"sys.version_info[:2] < {floor}" in run_sh, f"run.sh does not refuse below {floor}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert CI_PYTHONS[0] == DECLARED_PYTHONS[0] and set(CI_PYTHONS) <= set(DECLARED_PYTHONS)
+    assert f".ci/python_leg {CI_PYTHONS[1]}" in ci, f"CI has no leg on Python {CI_PYTHONS[1]}"
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Platforms"):readme.index("## Hosted runtimes")]
+    for minor in DECLARED_PYTHONS:
+        assert f"| Python {minor} |" in table, f"README's platform table has no row for {minor}"
 
 
 def test_hub_installer_pins_a_jupyterhub_in_the_hub_extra():
