@@ -412,18 +412,14 @@ def _python_m(module: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_junk_through_python_m(tmp_path):
+    """Two junk inputs through the interpreter (each start imports torch: seconds); the bench's
+    and the service's own are in test_edges_34.py."""
     nested = tmp_path / "nested.json"
     nested.write_text("[" * 100_000)
-    huge = tmp_path / "huge.json"
-    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1e308, "dur": 1e308,
-              "args": {"stream": 7}}
-    huge.write_text(json.dumps({"traceEvents": [kernel]}))
     (tmp_path / "a_file").write_text("x")
-    under_a_file = str(tmp_path / "a_file" / "t.json")
     runs = [_python_m("overlap_course.traces.kineto", "summary", str(nested)),
-            _python_m("overlap_course.traces.kineto", "summary", str(huge)),
-            _python_m("overlap_course.traces.kineto", "export", under_a_file, "cpu_zos"),
-            _python_m("overlap_course.measure.bench", "--modes", "nope")]
+            _python_m("overlap_course.traces.kineto", "export", str(tmp_path / "a_file" / "t.json"),
+                      "cpu_zos")]
     for done in runs:
         assert done.returncode == 2 and done.stdout == "", done.stderr
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

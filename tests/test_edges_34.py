@@ -67,10 +67,10 @@ def _raw_trace(tmp_path, name: str, text: str) -> Path:
 def test_a_trace_of_100000_nested_brackets_is_refused_by_every_reader(tmp_path, capsys):
     path = _raw_trace(tmp_path, "nested.json", "[" * 100_000)
     for reader in (kineto.read_trace, kineto.summary, kineto.to_timeline):
-        with pytest.raises(ValueError, match="nests arrays/objects 100000 deep; at most 64") as e:
+        with pytest.raises(ValueError, match="nests arrays/objects more than 64 deep") as e:
             reader(path)
         assert str(path) in str(e.value)
-    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "100000 deep", str(path))
+    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep", str(path))
 
 
 def test_a_400_digit_timestamp_is_refused_naming_the_file(tmp_path, capsys):
@@ -285,8 +285,8 @@ GOOD = {"notebook": "03_zos_loop", "check": "check_zos_loop", "passed": False,
 
 
 @pytest.mark.parametrize("body, says", [
-    (b"[" * 16_000, "nests arrays/objects 16000 deep"),
-    (b'{"a": ' * 2000 + b"1" + b"}" * 2000, "2000 deep"),
+    (b"[" * 16_000, "nests arrays/objects more than 64 deep"),
+    (b'{"a": ' * 2000 + b"1" + b"}" * 2000, "more than 64 deep"),
     (json.dumps(dict(GOOD, time=0)).replace('"time": 0', '"time": 1' + "0" * 399).encode(),
      "a number 400 characters long"),
     (json.dumps(dict(GOOD, time=10**30)).encode(), "time must be seconds since the epoch"),
@@ -365,7 +365,7 @@ def test_safe_json_reads_what_json_reads_within_its_bounds():
     assert safe_json.loads(json.dumps(doc)) == doc
     assert safe_json.loads(json.dumps(doc).encode()) == doc
     assert safe_json.loads("[" * 64 + "]" * 64) is not None
-    with pytest.raises(safe_json.JSONRefused, match="65 deep"):
+    with pytest.raises(safe_json.JSONRefused, match="more than 64 deep"):
         safe_json.loads("[" * 65 + "]" * 65)
     with pytest.raises(safe_json.JSONRefused, match="NaN, which is not JSON"):
         safe_json.loads("[NaN]")
@@ -376,9 +376,9 @@ def test_safe_json_reads_what_json_reads_within_its_bounds():
 
 
 def test_safe_json_is_quick_on_a_large_trace():
-    events = [_kernel(i * 10, 5, args={"stream": 7, "name": "[{" * 3}) for i in range(100_000)]
+    events = [_kernel(i * 10, 5, args={"stream": 7, "name": "[{" * 3}) for i in range(30_000)]
     text = json.dumps({"traceEvents": events})
     start = time.perf_counter()
-    assert len(safe_json.loads(text)["traceEvents"]) == 100_000
-    assert time.perf_counter() - start < 20  # generous: about 0.5 s on a quiet machine
+    assert len(safe_json.loads(text)["traceEvents"]) == 30_000
+    assert time.perf_counter() - start < 20  # generous: about 0.2 s on a quiet machine
 
