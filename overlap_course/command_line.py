@@ -13,7 +13,8 @@ import math
 import os
 import sys
 
-__all__ = ["Parser", "fail", "one_line", "whole_number", "finite_number", "emit", "exit_quietly_on_broken_pipe"]
+__all__ = ["Parser", "fail", "one_line", "whole_number", "finite_number", "emit",
+           "exit_quietly_on_broken_pipe"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2

@@ -28,23 +28,29 @@ MAX_NUMBER_CHARS = 40
 # is not nesting.
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 class JSONRefused(ValueError):
     """JSON that :func:`loads` will not read; the message says which input and why."""
 
 
-def _depth(text: str) -> int:
-    """The deepest nesting of ``[`` and ``{`` in ``text``, outside strings."""
+def _depth(text: str, limit: int) -> int:
+    """The deepest nesting of ``[`` and ``{`` in ``text`` outside strings, or ``limit + 1`` if
+    deeper: each pass removes the innermost pairs (one regex pass per level, not a Python loop
+    per character); brackets that do not pair up (a file cut short) are counted one by one."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    levels = 0
+    while brackets and levels <= limit:
+        inner = _INNERMOST.sub("", brackets)
+        if len(inner) == len(brackets):
+            break
+        brackets, levels = inner, levels + 1
     depth = deepest = 0
-    for ch in brackets:
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
+    for ch in brackets[: 2 * limit + 2]:  # what is left: unpaired, so json will refuse it anyway
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return min(levels + deepest, limit + 1)
 
 
 def _number_reader(what: str, max_chars: int):
@@ -87,9 +93,10 @@ def loads(data: str | bytes, what: str = "the JSON", *, max_depth: int = MAX_DEP
             raise JSONRefused(f"{what} is not UTF-8 text (byte {exc.start}): not JSON") from None
     if not isinstance(data, str):
         raise TypeError(f"loads reads str or bytes, got {type(data).__name__}")
-    depth = _depth(data)
+    depth = _depth(data, max_depth)
     if depth > max_depth:
-        raise JSONRefused(f"{what} nests arrays/objects {depth} deep; at most {max_depth} are read")
+        raise JSONRefused(f"{what} nests arrays/objects more than {max_depth} deep, deeper than "
+                          f"this course reads")
     read_int, read_float = _number_reader(what, max_number_chars)
     try:
         return json.loads(data, parse_int=read_int, parse_float=read_float,

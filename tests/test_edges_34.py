@@ -67,10 +67,10 @@ def _raw_trace(tmp_path, name: str, text: str) -> Path:
 def test_a_trace_of_100000_nested_brackets_is_refused_by_every_reader(tmp_path, capsys):
     path = _raw_trace(tmp_path, "nested.json", "[" * 100_000)
     for reader in (kineto.read_trace, kineto.summary, kineto.to_timeline):
-        with pytest.raises(ValueError, match="nests arrays/objects 100000 deep; at most 64") as info:
+        with pytest.raises(ValueError, match="nests arrays/objects more than 64 deep") as e:
             reader(path)
-        assert str(path) in str(info.value)
-    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "100000 deep", str(path))
+        assert str(path) in str(e.value)
+    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep", str(path))
 
 
 def test_a_400_digit_timestamp_is_refused_naming_the_file(tmp_path, capsys):
@@ -98,7 +98,8 @@ def test_times_that_overflow_are_refused_not_printed_as_nan(tmp_path, capsys, ts
 
 
 def test_to_timeline_names_the_file_and_the_event(tmp_path):
-    path = _raw_trace(tmp_path, "inf.json", json.dumps({"traceEvents": [_kernel(0, 1), _kernel(5, 1e308)]}))
+    events = [_kernel(0, 1), _kernel(5, 1e308)]
+    path = _raw_trace(tmp_path, "inf.json", json.dumps({"traceEvents": events}))
     with pytest.raises(ValueError) as info:
         kineto.to_timeline(path)
     assert str(path) in str(info.value) and "traceEvents[1] (kernel 'k'): 'dur'" in str(info.value)
@@ -139,8 +140,9 @@ def test_export_under_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_export_where_nothing_can_be_written_is_one_line(capsys):
-    _one_line_refusal(_run(kineto.main, ["export", "/proc/no_such_dir/trace.json", "cpu_zos"], capsys),
-                      "cannot write '/proc/no_such_dir/trace.json'", "choose a path")
+    out = "/proc/no_such_dir/trace.json"
+    _one_line_refusal(_run(kineto.main, ["export", out, "cpu_zos"], capsys),
+                      f"cannot write '{out}'", "choose a path")
 
 
 def _stored_zos(tmp_path, change) -> Path:
@@ -156,7 +158,8 @@ def _stored_zos(tmp_path, change) -> Path:
     (lambda d: d.update(origin_ns=10**400), "origin_ns is not a clock reading"),
     (lambda d: d["spans"][3].update(end_ms=1e308), "spans reach inf us"),
     (lambda d: d["spans"][3].update(start_ms=-1e17), "beyond the 1e+18 us a trace may hold"),
-    (lambda d: d["spans"][3].update(end_ms=10**400), "end_ms must be a finite number, got an integer"),
+    (lambda d: d["spans"][3].update(end_ms=10**400),
+     "end_ms must be a finite number, got an integer"),
 ])
 def test_export_of_a_stored_run_whose_times_overflow_writes_nothing(tmp_path, capsys, change, says):
     """Found beside case 3: an OverflowError traceback, or a file with Infinity that the
@@ -168,7 +171,8 @@ def test_export_of_a_stored_run_whose_times_overflow_writes_nothing(tmp_path, ca
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--prompts", "0"], "argument --prompts"), (["--host-overhead-ms", "nan"], "--host-overhead-ms"),
+    (["--prompts", "0"], "argument --prompts"),
+    (["--host-overhead-ms", "nan"], "--host-overhead-ms"),
     (["--max-new-tokens", "1e3"], "whole number"), (["--device", "tpu"], "invalid choice")])
 def test_export_flags_are_checked_before_recording(tmp_path, capsys, flags, says):
     _one_line_refusal(_run(kineto.main, ["export", str(tmp_path / "t.json"), *flags], capsys), says)
@@ -196,9 +200,12 @@ def test_bench_bad_flags_are_one_line_before_any_engine(monkeypatch, capsys, fla
 
 
 @pytest.mark.parametrize("kwargs, error, says", [
-    (dict(repeats=0), ValueError, "repeats must be in"), (dict(num_requests=0), ValueError, "num_requests"),
-    (dict(modes=("nope",)), ValueError, "unknown"), (dict(modes="serial"), ValueError, "non-empty list"),
-    (dict(max_new_tokens=0), ValueError, "max_new_tokens"), (dict(temperature="hot"), TypeError, "temperature"),
+    (dict(repeats=0), ValueError, "repeats must be in"),
+    (dict(num_requests=0), ValueError, "num_requests"),
+    (dict(modes=("nope",)), ValueError, "unknown"),
+    (dict(modes="serial"), ValueError, "non-empty list"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+    (dict(temperature="hot"), TypeError, "temperature"),
 ])
 def test_run_bench_checks_its_arguments_before_any_engine(monkeypatch, kwargs, error, says):
     monkeypatch.setattr(bench, "Engine", lambda config: pytest.fail("an engine was started"))
@@ -220,7 +227,7 @@ def test_bench_bad_flag_through_python_m():
     assert "argument --repeats" in done.stderr
 
 
-# ---------------------------------------------------------------------------- 5. the progress record
+# ---------------------------------------------------------------------------- 5. the record
 
 @pytest.fixture
 def record_file(tmp_path, monkeypatch):
@@ -244,15 +251,17 @@ def test_a_verdict_after_a_torn_line_is_kept(record_file):
     record_file.write_bytes(whole + whole[: len(whole) // 2])  # the second write, cut short
     progress.record(_verdict(True, "passed"), "check_zos_loop")
     entries, unreadable = progress.read_record(record_file)
-    assert [(e["check"], e["passed"]) for e in entries] == [("check_zos_loop", False), ("check_zos_loop", True)]
+    assert [(e["check"], e["passed"]) for e in entries] == [("check_zos_loop", False),
+                                                            ("check_zos_loop", True)]
     assert unreadable == 1
-    assert progress.your_progress(record_file).status[("03_zos_loop", "check_zos_loop")]["state"] == "passed"
+    mine = progress.your_progress(record_file)
+    assert mine.status[("03_zos_loop", "check_zos_loop")]["state"] == "passed"
 
 
 def test_a_record_that_is_not_utf8_is_read_around(record_file):
     progress.record(_verdict(True, "passed"), "check_slot")
-    record_file.write_bytes(b"\xff\xfe\x00garbage\n" + record_file.read_bytes() + b"\x80\x81\n[[[[[\n"
-                            + b'{"time": 1' + b"0" * 400 + b"}\n")
+    junk_after = b"\x80\x81\n[[[[[\n" + b'{"time": 1' + b"0" * 400 + b"}\n"
+    record_file.write_bytes(b"\xff\xfe\x00garbage\n" + record_file.read_bytes() + junk_after)
     mine = progress.your_progress(record_file)
     assert mine.status[("01_tiny_gpt", "check_slot")]["state"] == "passed"
     assert mine.unreadable == 4
@@ -271,13 +280,13 @@ def test_a_clean_record_says_nothing_about_unreadable_lines(record_file):
 
 # ---------------------------------------------------------------------------- 6. the room's service
 
-GOOD = {"notebook": "03_zos_loop", "check": "check_zos_loop", "passed": False, "category": "no_flush",
-        "time": 1796000000.5}
+GOOD = {"notebook": "03_zos_loop", "check": "check_zos_loop", "passed": False,
+        "category": "no_flush", "time": 1796000000.5}
 
 
 @pytest.mark.parametrize("body, says", [
-    (b"[" * 16_000, "nests arrays/objects 16000 deep"),
-    (b'{"a": ' * 2000 + b"1" + b"}" * 2000, "2000 deep"),
+    (b"[" * 16_000, "nests arrays/objects more than 64 deep"),
+    (b'{"a": ' * 2000 + b"1" + b"}" * 2000, "more than 64 deep"),
     (json.dumps(dict(GOOD, time=0)).replace('"time": 0', '"time": 1' + "0" * 399).encode(),
      "a number 400 characters long"),
     (json.dumps(dict(GOOD, time=10**30)).encode(), "time must be seconds since the epoch"),
@@ -356,7 +365,7 @@ def test_safe_json_reads_what_json_reads_within_its_bounds():
     assert safe_json.loads(json.dumps(doc)) == doc
     assert safe_json.loads(json.dumps(doc).encode()) == doc
     assert safe_json.loads("[" * 64 + "]" * 64) is not None
-    with pytest.raises(safe_json.JSONRefused, match="65 deep"):
+    with pytest.raises(safe_json.JSONRefused, match="more than 64 deep"):
         safe_json.loads("[" * 65 + "]" * 65)
     with pytest.raises(safe_json.JSONRefused, match="NaN, which is not JSON"):
         safe_json.loads("[NaN]")
@@ -367,9 +376,9 @@ def test_safe_json_reads_what_json_reads_within_its_bounds():
 
 
 def test_safe_json_is_quick_on_a_large_trace():
-    events = [_kernel(i * 10, 5, args={"stream": 7, "name": "[{" * 3}) for i in range(100_000)]
+    events = [_kernel(i * 10, 5, args={"stream": 7, "name": "[{" * 3}) for i in range(30_000)]
     text = json.dumps({"traceEvents": events})
     start = time.perf_counter()
-    assert len(safe_json.loads(text)["traceEvents"]) == 100_000
-    assert time.perf_counter() - start < 20  # generous: about 0.5 s on a quiet machine
+    assert len(safe_json.loads(text)["traceEvents"]) == 30_000
+    assert time.perf_counter() - start < 20  # generous: about 0.2 s on a quiet machine
 

@@ -32,8 +32,8 @@ from overlap_course.command_line import Parser, emit, fail, finite_number, whole
 from overlap_course.corpus import generate_corpus
 from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import recorded_label, recorded_runs
-from toy_engine.config import (MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS, MAX_TEMPERATURE,
-                               EngineConfig)
+from toy_engine.config import (MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS,
+                               MAX_TEMPERATURE, EngineConfig)
 from toy_engine.engine import Engine
 from toy_engine.validate import check_float, check_int
 
@@ -161,7 +161,8 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
               race_check: bool = False) -> dict:
     """Run every mode on the same prompts; return per-mode medians and the ratios.  Every
     argument is checked (``ValueError`` / ``TypeError`` naming it) before an engine starts."""
-    configs = _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms, race_check)
+    configs = _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms,
+                       race_check)
     repeats = check_int("repeats", repeats, 1, MAX_REPEATS)
     num_requests = check_int("num_requests", num_requests, 1, MAX_REQUESTS)
     kw = dict(max_new_tokens=check_int("max_new_tokens", max_new_tokens, 1),
@@ -253,8 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=whole_number(1), default=96)
     p.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE), default=8)
     p.add_argument("--num-draft-tokens", type=whole_number(0, MAX_DRAFT_TOKENS), default=4)
-    p.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS), default=0.0,
-                   help="extra, labelled host work per round (teaching knob)")
+    p.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),
+                   default=0.0, help="extra, labelled host work per round (teaching knob)")
     p.add_argument("--temperature", type=finite_number(0.0, MAX_TEMPERATURE), default=0.0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "paced", "cuda"],
                    help="auto: CUDA if there is one, else the CPU stand-in (paced below 2 usable CPUs)")

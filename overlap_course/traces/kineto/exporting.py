@@ -220,8 +220,8 @@ def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict
         raise ValueError("this timeline has no device spans: nothing to export (run generate first)")
     origin = timeline.origin_ns
     if not isinstance(origin, int) or not -ORIGIN_LIMIT_NS <= origin < ORIGIN_LIMIT_NS:
-        raise ValueError(f"this timeline's origin_ns is not a clock reading in nanoseconds (a 64-bit "
-                         f"integer), got {str(origin)[:30]}")
+        raise ValueError(f"this timeline's origin_ns is not a clock reading in nanoseconds "
+                         f"(a 64-bit integer), got {str(origin)[:30]}")
     host = timeline.lane("host")
     out = _Events(timeline)
     _add_steps(out, timeline)
@@ -232,9 +232,9 @@ def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict
     _add_names(out, timeline, stream)
     latest = max(abs(e["ts"]) + e.get("dur", 0.0) for e in out.events)
     if not latest <= MAX_TIME_US:  # what the course's reader would refuse (NaN fails this too)
-        raise ValueError(f"this timeline's spans reach {latest:.3g} us from the clock's zero, beyond "
-                         f"the {MAX_TIME_US:g} us a trace may hold: a span's start_ms or end_ms is "
-                         f"not a time of the run")
+        raise ValueError(f"this timeline's spans reach {latest:.3g} us from the clock's zero, "
+                         f"beyond the {MAX_TIME_US:g} us a trace may hold: a span's start_ms or "
+                         f"end_ms is not a time of the run")
     return out.events
 
 
