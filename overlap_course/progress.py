@@ -19,8 +19,11 @@ tried (with the last mistake's category) and which are not reached yet.
   thread: a check never waits for the network; when the service is down the verdict is
   dropped there (it stays in the local record) and the next verdict says so once.
 
-Self-contained on purpose (standard library only, no import from the engine): the service
-imports the catalogue below without torch.
+A line cut short (a kernel killed mid-write) costs only that line: the next verdict starts on a
+fresh line, and the reader skips what it cannot read (whatever its bytes) and says how many.
+
+Self-contained on purpose (standard library and ``safe_json`` only, no import from the engine):
+the service imports the catalogue below without torch.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+try:
+    from . import safe_json
+except ImportError:  # run as a copied script beside safe_json.py (docs/jupyterhub.md)
+    import safe_json  # type: ignore[no-redef]
 
 RECORD_VERSION = 1
 ENV_FILE = "OVERLAP_PROGRESS_FILE"
@@ -140,8 +148,7 @@ def _keep(verdict, check: str, notebook: str | None) -> None:
         try:
             path = _record_path()
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
+            _append(path, json.dumps(entry))
         except OSError as err:
             note += _say_once("not_saved", f"\n(your progress is not saved: {path} cannot be written "
                                            f"({err.strerror or err}); this answer is unaffected)")
@@ -154,6 +161,19 @@ def _keep(verdict, check: str, notebook: str | None) -> None:
             verdict.message += note
     except Exception:  # noqa: BLE001 - recording must never cost the learner the answer
         pass
+
+
+def _append(path: Path, line: str) -> None:
+    """Append one line, on a line of its own: when the record ends in a line cut short (a kernel
+    killed mid-write), a newline first, so the cut line is the only one lost.  One unbuffered
+    write per line: writers in several kernels at once do not interleave."""
+    data = (line + "\n").encode("utf-8")
+    with open(path, "a+b", buffering=0) as f:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
 
 
 def recorded(check, name: str | None = None):
@@ -250,22 +270,28 @@ def flush_sends(timeout: float = 10.0) -> bool:
 
 # ------------------------------------------------------------------ reading it back
 
-def read_record(path: Path | None = None) -> list[dict]:
-    """The record's entries (lines that are not a known notebook's check are skipped)."""
+def read_record(path: Path | None = None) -> tuple[list[dict], int]:
+    """The record's entries, and how many of its lines could not be read (cut short, not
+    UTF-8, not JSON): those are skipped, as are entries that are not a known notebook's check."""
     path = path or _record_path()
-    entries = []
+    entries, unreadable = [], 0
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_bytes().split(b"\n")
     except OSError:
-        return entries
+        return entries, unreadable
     for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
+        if not line.strip():
             continue
-        if isinstance(entry, dict) and known(entry.get("notebook", ""), entry.get("check", "")):
+        try:
+            entry = safe_json.loads(line, "a line of the progress record")
+        except ValueError:
+            unreadable += 1
+            continue
+        if not isinstance(entry, dict):
+            unreadable += 1
+        elif known(entry.get("notebook", ""), entry.get("check", "")):
             entries.append(entry)
-    return entries
+    return entries, unreadable
 
 
 def status(entries: list[dict]) -> dict[tuple[str, str], dict]:
@@ -290,8 +316,15 @@ def status(entries: list[dict]) -> dict[tuple[str, str], dict]:
 class Progress:
     """What :func:`your_progress` returns: a table in a notebook, text elsewhere."""
 
-    def __init__(self, entries: list[dict], path: Path):
-        self.path, self.status = path, status(entries)
+    def __init__(self, entries: list[dict], path: Path, unreadable: int = 0):
+        self.path, self.status, self.unreadable = path, status(entries), unreadable
+
+    def unreadable_note(self) -> str:
+        """Said once per view, however many lines were skipped."""
+        if not self.unreadable:
+            return ""
+        return (f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
+                f"not text) and were skipped; the other verdicts are all here")
 
     def counts(self) -> dict[str, int]:
         states = [s["state"] for s in self.status.values()]
@@ -301,6 +334,8 @@ class Progress:
         c = self.counts()
         lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
                  f"(of {sum(c.values())} checks; record: {self.path})"]
+        if self.unreadable:
+            lines.append(f"  ({self.unreadable_note()})")
         for nb in ORDER:
             lines.append(f"  {nb}")
             for check in CATALOGUE[nb]:
@@ -323,14 +358,16 @@ class Progress:
                              f' &mdash; {html.escape(label)}</span>')
             rows.append(f"<tr><td style='text-align:left'><b>{nb}</b></td>"
                         f"<td style='text-align:left'>{''.join(cells)}</td></tr>")
+        note = f"<p><i>{html.escape(self.unreadable_note())}</i></p>" if self.unreadable else ""
         return (f"<p>Your progress: <b>{c['passed']}</b> passed, <b>{c['tried']}</b> tried, "
-                f"<b>{c['not reached']}</b> not reached</p><table>{''.join(rows)}</table>")
+                f"<b>{c['not reached']}</b> not reached</p>{note}<table>{''.join(rows)}</table>")
 
 
 def your_progress(path: str | os.PathLike | None = None) -> Progress:
     """Where you stand: every check of the course, passed / tried / not reached."""
     path = Path(path) if path else _record_path()
-    return Progress(read_record(path), path)
+    entries, unreadable = read_record(path)
+    return Progress(entries, path, unreadable)
 
 
 if __name__ == "__main__":

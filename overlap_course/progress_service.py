@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import math
 import os
 import re
 import sqlite3
+import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from tornado import httpclient, ioloop, web
 
@@ -41,8 +41,10 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
 try:
+    from . import safe_json
     from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
-except ImportError:  # run as a script beside a copy of progress.py, where the hub lacks the course
+except ImportError:  # a script beside copies of progress.py and safe_json.py (no course on the hub)
+    import safe_json  # type: ignore[no-redef]
     from progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status  # type: ignore[no-redef]
 
 FIELDS = {"notebook", "check", "passed", "category", "time"}
@@ -53,10 +55,15 @@ USER_CACHE_S = 10.0
 
 
 class Store:
-    """The verdicts, in SQLite: one row per verdict, committed at once."""
+    """The verdicts, in SQLite: one row per verdict, committed at once.  A file that is not a
+    SQLite database raises ``sqlite3.DatabaseError`` here, at start (see :func:`open_store`)."""
 
     def __init__(self, path: str):
         self.db = sqlite3.connect(path, isolation_level=None)
+        check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            self.db.close()
+            raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
@@ -80,14 +87,43 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
 
 
+def open_store(path: str) -> Store:
+    """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
+    ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
+    is moved aside (kept, with its -wal and -shm files, for recovery) and a fresh one started,
+    saying so: a restarted service keeps serving the room and nothing is silently lost."""
+    try:
+        return Store(path)
+    except sqlite3.OperationalError as err:
+        raise ValueError(f"cannot open the database {path!r} ({err}): check that its folder exists "
+                         f"and this service may write there, or pass another --db") from None
+    except sqlite3.DatabaseError as err:
+        aside = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.replace(path + suffix, aside + suffix)
+        except OSError as move:
+            raise ValueError(f"the database {path!r} is not a readable SQLite file ({err}) and "
+                             f"cannot be moved aside ({move.strerror}): move it away by hand, "
+                             f"then start again") from None
+        print(f"course-progress: {path!r} is not a readable SQLite database ({err}); moved it to "
+              f"{aside!r} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
+        return Store(path)
+
+
+#: The latest ``time`` a verdict may carry (about the year 5138): later is no time.
+MAX_TIME_S = 1e11
+
+
 def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
     """(status, why, verdict): 201 and the verdict to store, or the refusal."""
     if len(body) > MAX_BODY_BYTES:
         return 413, f"a verdict is at most {MAX_BODY_BYTES} bytes; this body has {len(body)}", None
     try:
-        v = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        return 400, f"the body is not JSON ({err})", None
+        v = safe_json.loads(body, "the body")
+    except ValueError as err:  # not UTF-8, not JSON, too deep, a number too long
+        return 400, str(err), None
     if not isinstance(v, dict):
         return 400, "the body must be a JSON object", None
     if "user" in v or "name" in v:
@@ -113,8 +149,9 @@ def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
     if v["passed"] != (v["category"] == "passed"):
         return 400, "category is 'passed' exactly when passed is true", None
     t = v.get("time")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
-        return 400, "time must be a number (seconds since the epoch)", None
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                          or not 0 <= t <= MAX_TIME_S):
+        return 400, f"time must be seconds since the epoch, from 0 to {MAX_TIME_S:g}", None
     return 201, "stored", v
 
 
@@ -323,8 +360,9 @@ def page(prefix: str, table: str, xsrf: str = "") -> str:
 
 
 class ProgressService:
-    def __init__(self, db: str, instructors: str, guide_file: str | None, guide_url: str | None):
-        self.store = Store(db)
+    def __init__(self, store: Store, instructors: str, guide_file: str | None,
+                 guide_url: str | None):
+        self.store = store
         self.instructors = instructors
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/course-progress/")
         guide = Path(guide_file or Path(__file__).resolve().parent.parent / "docs" / "instructor_guide.md")
@@ -376,25 +414,70 @@ class ProgressService:
         ], **settings)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="the course's progress service for a JupyterHub")
+PROG = "python -m overlap_course.progress_service"
+DEFAULT_URL = "http://127.0.0.1:10101"
+
+
+def _refuse(message) -> int:
+    """One line on stderr (a line break in what it quotes written as \\n), and status 2.  As
+    ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file,
+    progress.py and safe_json.py."""
+    text = str(message).replace("\r", "\\r").replace("\n", "\\n")
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line (argparse prints its usage first); the hub's log shows the last line."""
+
+    def error(self, message: str):
+        raise SystemExit(_refuse(f"{message} (see --help)"))
+
+
+def listen_address(url: str) -> tuple[str, int]:
+    """(host, port) of ``$JUPYTERHUB_SERVICE_URL``; a ValueError naming it if it has no port."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or port is None:
+        raise ValueError(f"JUPYTERHUB_SERVICE_URL {url[:80]!r} must be http://HOST:PORT (the hub "
+                         f"sets it from the service's 'url' in its config)")
+    return parts.hostname or "127.0.0.1", port
+
+
+def serve(store: Store, a: argparse.Namespace, host: str, port: int) -> int:
+    """Serve the room until the hub stops the service (SIGINT)."""
+    if HubOAuth is None:
+        return _refuse("the service runs in a JupyterHub environment: install jupyterhub (4 to 6) "
+                       "where it runs")
+    service = ProgressService(store, a.instructors, a.guide_file, a.guide_url)
+    # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 saying so.
+    service.make_app().listen(port, host, max_body_size=2 * 2**20)
+    print(f"course-progress: {store.count()} verdict(s) in {a.db}; serving {service.prefix} on "
+          f"{host}:{port}", flush=True)
+    try:
+        ioloop.IOLoop.current().start()
+    except KeyboardInterrupt:  # the hub stops its services with SIGINT
+        pass
+    return 0
+
+
+def main(argv=None) -> int:
+    p = _Parser(prog=PROG, description="the course's progress service for a JupyterHub")
     p.add_argument("--db", default="course-progress.sqlite", help="the SQLite file (kept across restarts)")
     p.add_argument("--instructors", default="instructors", help="the hub group whose members see the room")
     p.add_argument("--guide-file", help="the instructor guide (docs/instructor_guide.md) for the mistakes page")
     p.add_argument("--guide-url", help="where mistake links point (default: this service's guide page)")
     a = p.parse_args(argv)
-    service = ProgressService(a.db, a.instructors, a.guide_file, a.guide_url)
-    url = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
-    host, _, port = url.split("://", 1)[1].rstrip("/").rpartition(":")
-    # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 that says so.
-    service.make_app().listen(int(port), host or "127.0.0.1", max_body_size=2 * 2**20)
-    print(f"course-progress: {service.store.count()} verdict(s) in {a.db}; serving {service.prefix} on {url}",
-          flush=True)
     try:
-        ioloop.IOLoop.current().start()
-    except KeyboardInterrupt:  # the hub stops its services with SIGINT
-        pass
+        host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
+        store = open_store(a.db)
+    except ValueError as err:
+        return _refuse(err)
+    return serve(store, a, host, port)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -354,7 +354,8 @@ def test_command_summary_and_its_errors(tmp_path, capsys):
     bad.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-9])
     assert kineto.main(["summary", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "truncated or corrupt gzip" in err and "Traceback" not in err
+    assert err.startswith("python -m overlap_course.traces.kineto: error: ") and err.count("\n") == 1
+    assert "truncated or corrupt gzip" in err and "Traceback" not in err
 
 
 def test_command_export_converts_a_stored_run(tmp_path, capsys):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .runinfo import RunStats, TimelineMeta, from_json_object
+from .validate import shown
 
 __all__ = ["Span", "Stage", "Timeline", "TimelineMeta", "owner_name", "run_stats", "LANES", "HOST_STAGES",
            "DEVICE_STAGES", "PROCESS_STAGES"]
@@ -49,8 +50,14 @@ _STAGES = {stage.value: stage for stage in Stage}
 _VERSION = 1
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_finite_number(value) -> bool:
+    """An int or float a float can hold: not a bool, NaN, infinity or an int beyond 1.8e308."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite converts an int to a float first
+        return False
 
 
 def owner_name(owner: int | None) -> str:
@@ -91,9 +98,9 @@ class Span:
             value = getattr(self, name)
             if optional and value is None:
                 continue
-            if not _is_number(value) or not math.isfinite(value) or (optional and value < 0):
+            if not _is_finite_number(value) or (optional and value < 0):
                 kind = "None or a finite number >= 0" if optional else "a finite number"
-                raise ValueError(f"Span {name} must be {kind}, got {value!r} ({where})")
+                raise ValueError(f"Span {name} must be {kind}, got {shown(value)} ({where})")
             object.__setattr__(self, name, float(value))  # an int becomes a float: equal after a JSON round trip
         if self.end_ms < self.start_ms:
             raise ValueError(f"Span {str(self.stage)!r} of round {self.round} ends before it starts: "

@@ -24,16 +24,18 @@ CPU h, paced device time P, device compute c per round: both must fit a paced ro
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from dataclasses import asdict
 
+from overlap_course.command_line import Parser, emit, fail, finite_number, whole_number
 from overlap_course.corpus import generate_corpus
+from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import recorded_label, recorded_runs
-from toy_engine.config import EngineConfig
+from toy_engine.config import (MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS, MAX_TEMPERATURE,
+                               EngineConfig)
 from toy_engine.engine import Engine
+from toy_engine.validate import check_float, check_int
 
 from . import machine
 from .contention import contention
@@ -82,7 +84,7 @@ def default_workload(num_requests: int = 16, seed: int = 1) -> list[str]:
     """Prompts of mixed lengths (5 to ~60 characters), cut from the corpus."""
     docs = generate_corpus(seed=seed, num_chars=20_000)
     lengths = [5, 12, 20, 30, 45, 60]
-    return [docs[i][: lengths[i % len(lengths)]] for i in range(num_requests)]
+    return [docs[i % len(docs)][: lengths[i % len(lengths)]] for i in range(num_requests)]
 
 
 def ideal_ratio(host_ms: float, device_ms: float) -> float:
@@ -130,22 +132,47 @@ def _ratios(m: dict, paced: bool = False) -> dict:
     return out
 
 
+MODES = ("serial", "zos", "serial+spec", "zos+spec")
+MAX_REPEATS = 100
+MAX_REQUESTS = 10_000
+
+
+def _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms,
+             race_check) -> dict[str, EngineConfig]:
+    """Each mode's engine configuration, checked (EngineConfig checks its fields)."""
+    if isinstance(modes, str) or not modes:
+        raise ValueError(f"modes must be a non-empty list of {', '.join(MODES)}; got {modes!r}")
+    configs = {}
+    for mode in modes:
+        if mode not in MODES or mode in configs:
+            why = "named twice" if mode in configs else "unknown"
+            raise ValueError(f"mode {str(mode)[:40]!r} is {why}: modes are {', '.join(MODES)}, "
+                             f"each at most once")
+        base, _, spec = mode.partition("+")
+        configs[mode] = EngineConfig(mode=base, device=device, max_batch_size=max_batch_size,
+                                     num_draft_tokens=num_draft_tokens if spec else 0,
+                                     host_overhead_ms=host_overhead_ms, race_check=race_check)
+    return configs
+
+
 def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int = 3,
               num_requests: int = 16, max_new_tokens: int = 96, max_batch_size: int = 8,
               host_overhead_ms: float = 0.0, device: str = "auto", temperature: float = 0.0,
               race_check: bool = False) -> dict:
-    """Run every mode on the same prompts; return per-mode medians and the ratios."""
+    """Run every mode on the same prompts; return per-mode medians and the ratios.  Every
+    argument is checked (``ValueError`` / ``TypeError`` naming it) before an engine starts."""
+    configs = _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms, race_check)
+    repeats = check_int("repeats", repeats, 1, MAX_REPEATS)
+    num_requests = check_int("num_requests", num_requests, 1, MAX_REQUESTS)
+    kw = dict(max_new_tokens=check_int("max_new_tokens", max_new_tokens, 1),
+              temperature=check_float("temperature", temperature, 0.0, MAX_TEMPERATURE), seed=0)
     prompts = default_workload(num_requests)
     engines = {}
-    for mode in modes:
-        base, _, spec = mode.partition("+")
-        engines[mode] = Engine(EngineConfig(mode=base, device=device, max_batch_size=max_batch_size,
-                                            num_draft_tokens=num_draft_tokens if spec else 0,
-                                            host_overhead_ms=host_overhead_ms, race_check=race_check))
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
     runs = {m: [] for m in modes}
     outputs = {}
     try:
+        for mode, config in configs.items():
+            engines[mode] = Engine(config)
         for mode, engine in engines.items():  # warm-up
             outputs[mode] = [c.token_ids for c in engine.generate(prompts, **kw)]
         for _ in range(repeats):
@@ -214,25 +241,31 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+PROG = "python -m overlap_course.measure.bench"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--modes", default="serial,zos,serial+spec,zos+spec",
-                   help="comma-separated: serial, zos, serial+spec, zos+spec")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
-    p.add_argument("--host-overhead-ms", type=float, default=0.0,
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {', '.join(MODES)}")
+    p.add_argument("--repeats", type=whole_number(1, MAX_REPEATS), default=3)
+    p.add_argument("--requests", type=whole_number(1, MAX_REQUESTS), default=16)
+    p.add_argument("--max-new-tokens", type=whole_number(1), default=96)
+    p.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE), default=8)
+    p.add_argument("--num-draft-tokens", type=whole_number(0, MAX_DRAFT_TOKENS), default=4)
+    p.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS), default=0.0,
                    help="extra, labelled host work per round (teaching knob)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=finite_number(0.0, MAX_TEMPERATURE), default=0.0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "paced", "cuda"],
                    help="auto: CUDA if there is one, else the CPU stand-in (paced below 2 usable CPUs)")
     a = p.parse_args(argv)
-    result = run_bench(tuple(a.modes.split(",")), a.num_draft_tokens, a.repeats, a.requests, a.max_new_tokens,
-                       a.batch_size, a.host_overhead_ms, a.device, a.temperature)
-    print(json.dumps(result, indent=2) if a.json else format_table(result))
+    try:  # run_bench checks every argument, naming it, before an engine starts
+        result = run_bench(tuple(a.modes.split(",")), a.num_draft_tokens, a.repeats, a.requests,
+                           a.max_new_tokens, a.batch_size, a.host_overhead_ms, a.device,
+                           a.temperature)
+    except (ValueError, TypeError) as exc:
+        return fail(PROG, exc)
+    emit(dumps(result, "the bench's result", indent=2) if a.json else format_table(result))
     return 0 if all(m["equal_to_serial"] for m in result["modes"].values()) else 1
 
 

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
+from overlap_course.command_line import Parser, emit, fail, finite_number, whole_number
+from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import load_trace
+from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
 from toy_engine.timeline import Timeline
 
 from .exporting import export
@@ -43,27 +43,65 @@ def _out_path(out: Path, mode: str) -> Path:
     return out.with_name(f"{stem}_{mode}{suffix}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m overlap_course.traces.kineto",
-                                description="PyTorch-profiler (Kineto) traces: measure one, or export course runs.")
+PROG = "python -m overlap_course.traces.kineto"
+#: Bounds of what ``export`` records (the engine refuses more, but only after starting).
+MAX_PROMPTS = 10_000
+
+
+def _parser() -> Parser:
+    p = Parser(prog=PROG, description="PyTorch-profiler (Kineto) traces: measure one, or export "
+                                      "course runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="device idle overall and per stream, as JSON")
-    s.add_argument("file", help=f"a Kineto trace (.json or .json.gz) or a shipped one: {', '.join(real_traces())}")
+    s.add_argument("file", help=f"a Kineto trace (.json or .json.gz) or a shipped one: "
+                                f"{', '.join(real_traces())}")
     e = sub.add_parser("export", help="write course runs as Kineto JSON")
-    e.add_argument("out", help="output file (.json or .json.gz); recording both modes writes OUT_serial and OUT_zos")
-    e.add_argument("stored", nargs="?", help="convert this stored course timeline (path, or a shipped name "
-                                             "like cpu_zos) instead of recording")
+    e.add_argument("out", help="output file (.json or .json.gz); recording both modes writes "
+                               "OUT_serial and OUT_zos")
+    e.add_argument("stored", nargs="?", help="convert this stored course timeline (path, or a "
+                                             "shipped name like cpu_zos) instead of recording")
     e.add_argument("--mode", choices=("serial", "zos", "both"), default="both")
-    e.add_argument("--prompts", type=int, default=8)
-    e.add_argument("--max-new-tokens", type=int, default=32)
-    e.add_argument("--host-overhead-ms", type=float, default=0.0)
-    e.add_argument("--device", default="auto")
-    args = p.parse_args(argv)
+    e.add_argument("--prompts", type=whole_number(1, MAX_PROMPTS), default=8)
+    e.add_argument("--max-new-tokens", type=whole_number(1), default=32)
+    e.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),
+                   default=0.0)
+    e.add_argument("--device", choices=DEVICES, default="auto")
+    return p
+
+
+def _writable(out: Path) -> None:
+    """Refuse an OUT that cannot be a file before anything is recorded (a run takes seconds)."""
+    if out.is_dir():
+        raise ValueError(f"OUT {str(out)!r} is a directory: name a file in it, e.g. "
+                         f"{str(out / 'trace.json')!r}")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"OUT {str(out)!r} is under {str(parent)!r}, which is a file, "
+                                 f"not a directory")
+            break
+
+
+def _export(timeline: Timeline, path: Path) -> None:
+    try:
+        export(timeline, path)
+    except OSError as exc:
+        raise ValueError(f"cannot write {str(path)!r}: {exc.strerror or exc}; choose a path in a "
+                         f"directory you can write") from None
+
+
+def _summary_text(source) -> str:
+    return dumps(summary(source), f"the summary of {source}", indent=2)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     try:
         if args.cmd == "summary":
-            print(json.dumps(summary(args.file), indent=2))
+            emit(_summary_text(args.file))
             return 0
         out = Path(args.out)
+        _writable(out)
         if args.stored:
             runs = {None: _load_timeline(args.stored)}
         else:
@@ -72,12 +110,12 @@ def main(argv=None) -> int:
         report = {}
         for mode, tl in runs.items():
             path = out if mode is None or len(runs) == 1 else _out_path(out, mode)
-            export(tl, path)
+            _export(tl, path)
             report[str(path)] = {"mode": tl.meta.mode,
                                  "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
-                                 "summary_device_idle_fraction": summary(path)["device_idle_fraction"]}
-        print(json.dumps(report, indent=2))
+                                 "summary_device_idle_fraction":
+                                     summary(path)["device_idle_fraction"]}
+        emit(dumps(report, "the export's report", indent=2))
         return 0
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc)

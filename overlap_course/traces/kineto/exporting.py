@@ -17,6 +17,8 @@ from pathlib import Path
 
 from toy_engine.timeline import PROCESS_STAGES, Span, Timeline, owner_name
 
+from .reading import MAX_TIME_US
+
 __all__ = ["DEFAULT_STREAM", "export", "kineto_events"]
 
 #: The stream id exports use (the default stream usually shows up as 7 in Kineto traces).
@@ -35,6 +37,8 @@ _KERNEL_KIND = ("kernel", None, "cudaLaunchKernel", 211)
 #: (it stores them in an int8 column, then cannot write event indices into it).
 _FIRST_CORRELATION = 100_000
 _TOKEN_FLOW_IDS = 900_000_000
+#: A timeline's origin is a clock reading in nanoseconds: a 64-bit integer.
+ORIGIN_LIMIT_NS = 2**63
 
 
 def _steps(tl: Timeline) -> list[tuple[float, float, int | None]]:
@@ -214,6 +218,10 @@ def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict
     device = timeline.lane("device")
     if not device:
         raise ValueError("this timeline has no device spans: nothing to export (run generate first)")
+    origin = timeline.origin_ns
+    if not isinstance(origin, int) or not -ORIGIN_LIMIT_NS <= origin < ORIGIN_LIMIT_NS:
+        raise ValueError(f"this timeline's origin_ns is not a clock reading in nanoseconds (a 64-bit "
+                         f"integer), got {str(origin)[:30]}")
     host = timeline.lane("host")
     out = _Events(timeline)
     _add_steps(out, timeline)
@@ -222,6 +230,11 @@ def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict
     _add_waits(out, host, stream)
     _add_token_flows(out, host, device, stream)
     _add_names(out, timeline, stream)
+    latest = max(abs(e["ts"]) + e.get("dur", 0.0) for e in out.events)
+    if not latest <= MAX_TIME_US:  # what the course's reader would refuse (NaN fails this too)
+        raise ValueError(f"this timeline's spans reach {latest:.3g} us from the clock's zero, beyond "
+                         f"the {MAX_TIME_US:g} us a trace may hold: a span's start_ms or end_ms is "
+                         f"not a time of the run")
     return out.events
 
 
@@ -262,7 +275,8 @@ def export(timeline: Timeline, path=None, *, name: str | None = None, stream: in
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(trace)  # default separators: HTA finds the rank with '"rank": <n>'
+        # default separators: HTA finds the rank with '"rank": <n>'; NaN and Infinity are not JSON
+        text = json.dumps(trace, allow_nan=False)
         if path.name.endswith(".gz"):
             path.write_bytes(gzip.compress(text.encode("utf-8")))
         else:

@@ -9,13 +9,12 @@ wrong with anything that is not a trace.  Plain Python (json, gzip).
 from __future__ import annotations
 
 import gzip
-import json
-import math
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlap_course import safe_json
 from overlap_course.traces.recorded import TRACES_DIR
 
 __all__ = ["REAL_TRACES_DIR", "CUDA_TRACES_DIRS", "real_traces", "cuda_profiles", "read_trace", "KinetoTrace",
@@ -29,7 +28,7 @@ DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "
                "gpu_memset": "memset", "Memset": "memset"}
 #: Host-side API calls (each may carry the correlation id of the device work it launched).
 HOST_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
-_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a round number, not 5000 digits
 _LAUNCH_CALLS = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|"
                            r"MemcpyAsync|MemsetAsync|Memcpy(HtoD|DtoH|DtoD)Async|MemsetD\w*Async)(_v\d+)?$")
 
@@ -86,7 +85,7 @@ def read_trace(source) -> dict:
         where = f"trace file {str(path)!r}"
         try:
             raw = path.read_bytes()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
             raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
         if raw[:2] == b"\x1f\x8b":
             try:
@@ -100,10 +99,9 @@ def read_trace(source) -> dict:
         except UnicodeDecodeError:
             raise ValueError(f"{where} is neither gzip nor UTF-8 text: not a JSON trace") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                             f"{exc.colno}); a truncated trace, or not a trace?") from None
+            data = safe_json.loads(text, where)
+        except safe_json.JSONRefused as exc:
+            raise ValueError(f"{exc}; a truncated trace, or not a trace?") from None
     if isinstance(data, list):  # the Chrome trace format's "JSON array" form
         data = {"traceEvents": data}
     if not isinstance(data, dict):
@@ -132,22 +130,36 @@ class Event:
         return self.end - self.ts
 
 
+#: The largest time a trace may hold, in microseconds (about 31,700 years): sums of such times
+#: stay finite floats, so every figure of a summary is a finite number (JSON has no Infinity).
+MAX_TIME_US = 1e18
+
+
 def _number(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    """A finite time in microseconds, within +-MAX_TIME_US (a 400-digit int is refused here,
+    not met as an OverflowError later)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a finite number of microseconds, got {str(value)[:40]!r}")
+    if not -MAX_TIME_US <= value <= MAX_TIME_US:  # NaN and infinities fail this too
+        shown = (f"{value:.3g}" if isinstance(value, float)
+                 else f"an integer of {value.bit_length()} bits")
+        raise ValueError(f"{what} is {shown}: a time must be a finite number of microseconds "
+                         f"within +-{MAX_TIME_US:g}")
     return float(value)
+
+
+#: Stream and correlation ids are 64-bit integers; anything larger is not an id.
+_ID_LIMIT = 2**64
 
 
 def _int_or_none(value) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < _ID_LIMIT:
+        value = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
+        value = int(value)
+    return value if isinstance(value, int) and abs(value) < _ID_LIMIT else None
 
 
 def _event(i: int, ev, where: str) -> Event | None:

@@ -1,0 +1,89 @@
+"""What every command of the course does with bad input and closed pipes.
+
+A command answers bad input with one line, ``PROG: error: WHAT (see --help)``, and exit
+status 2 -- argparse's own errors included (it prints its usage first, which can fill a
+screen above the one line that matters).  Output cut short by its reader (``... | head``)
+ends the command quietly instead of with a ``BrokenPipeError`` traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+__all__ = ["Parser", "fail", "one_line", "whole_number", "finite_number", "emit", "exit_quietly_on_broken_pipe"]
+
+#: The exit status of a command refused its input (argparse's too).
+USAGE_ERROR = 2
+
+
+def one_line(text) -> str:
+    """``text`` on one line: a line break it quotes (from an argument, a file name) written as
+    ``\\n``."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (its subcommands' too)."""
+
+    def error(self, message: str):
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+
+def fail(prog: str, message) -> int:
+    """Say what is wrong in one line on stderr; the exit status of bad input."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def whole_number(minimum: int, maximum: int | None = None):
+    """An argparse ``type``: an integer in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        bound = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, "
+                                             f"got {text[:40]!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+def finite_number(minimum: float, maximum: float):
+    """An argparse ``type``: a finite number in ``[minimum, maximum]`` (not nan, not 1e400)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text[:40]!r}") from None
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a finite number from {minimum:g} to "
+                                             f"{maximum:g}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+def emit(text: str) -> None:
+    """Print ``text`` to stdout; a reader that closed the pipe early stops it quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        exit_quietly_on_broken_pipe()
+
+
+def exit_quietly_on_broken_pipe() -> None:
+    """Point stdout at /dev/null (so the interpreter's last flush cannot fail) and exit 0: the
+    reader took what it wanted."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (captured in-process): nothing to flush
+        pass
+    raise SystemExit(0)

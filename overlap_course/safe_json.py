@@ -1,0 +1,109 @@
+"""One reader for JSON the course did not write: trace files, the progress service's request
+bodies, the lines of a learner's progress record.
+
+``json.loads`` alone trusts its input: a file of 100,000 ``[`` exhausts the recursion limit
+(``RecursionError``), a 400-digit integer becomes a Python int that ``float()`` cannot hold
+(``OverflowError`` later, far from the file), ``1e400`` becomes ``inf`` and ``NaN`` is read
+although it is not JSON.  :func:`loads` bounds all of that before anything else sees the data,
+and every refusal is a :class:`JSONRefused` (a ``ValueError``) that names what was read.
+
+Standard library only, importing nothing from the course: ``progress.py`` and the service use
+it where the hub has only these files (docs/jupyterhub.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps"]
+
+#: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
+MAX_DEPTH = 64
+#: Longest number literal read (a nanosecond timestamp has 19 digits).
+MAX_NUMBER_CHARS = 40
+
+# A JSON string (escapes included): removed before brackets are counted, so "[" in a name
+# is not nesting.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+class JSONRefused(ValueError):
+    """JSON that :func:`loads` will not read; the message says which input and why."""
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in ``text``, outside strings."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    depth = deepest = 0
+    for ch in brackets:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _number_reader(what: str, max_chars: int):
+    """``parse_int`` / ``parse_float`` hooks that refuse long literals and infinite values."""
+
+    def check(literal: str) -> str:
+        if len(literal) > max_chars:
+            raise JSONRefused(f"{what} has a number {len(literal)} characters long "
+                              f"({literal[:12]}...); at most {max_chars} are read")
+        return literal
+
+    def read_int(literal: str) -> int:
+        return int(check(literal))
+
+    def read_float(literal: str) -> float:
+        value = float(check(literal))
+        if not math.isfinite(value):
+            raise JSONRefused(f"{what} has the number {literal}, too large for a float")
+        return value
+
+    return read_int, read_float
+
+
+def _constant(what: str):
+    def refuse(name: str):
+        raise JSONRefused(f"{what} has {name}, which is not JSON (a number must be finite)")
+
+    return refuse
+
+
+def loads(data: str | bytes, what: str = "the JSON", *, max_depth: int = MAX_DEPTH,
+          max_number_chars: int = MAX_NUMBER_CHARS):
+    """``data`` (text, or UTF-8 bytes) parsed as JSON, refused with a :class:`JSONRefused`
+    naming ``what`` when it is not UTF-8, not JSON, nested deeper than ``max_depth``, or has a
+    number longer than ``max_number_chars`` characters, infinite, or ``NaN``."""
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise JSONRefused(f"{what} is not UTF-8 text (byte {exc.start}): not JSON") from None
+    if not isinstance(data, str):
+        raise TypeError(f"loads reads str or bytes, got {type(data).__name__}")
+    depth = _depth(data)
+    if depth > max_depth:
+        raise JSONRefused(f"{what} nests arrays/objects {depth} deep; at most {max_depth} are read")
+    read_int, read_float = _number_reader(what, max_number_chars)
+    try:
+        return json.loads(data, parse_int=read_int, parse_float=read_float,
+                          parse_constant=_constant(what))
+    except json.JSONDecodeError as exc:
+        raise JSONRefused(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}, "
+                          f"column {exc.colno})") from None
+
+
+def dumps(value, what: str = "the output", **kwargs) -> str:
+    """``json.dumps`` that refuses NaN and infinities (they are not JSON) with a message naming
+    ``what``, instead of writing them."""
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:
+        raise JSONRefused(f"{what} has a number that is not finite (NaN or infinity), "
+                          f"which JSON cannot hold") from None
