@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from overlap_course import progress
+from overlap_course.build import grading
 from overlap_course import progress_service as ps
 from overlap_course.measure import bench
 from overlap_course.traces import kineto
@@ -293,6 +294,20 @@ _URL = st.sampled_from(["http://127.0.0.1:10101", "http://hub:port/", "10101", "
 _NO_NUL = st.text(max_size=12).filter(lambda t: "\x00" not in t)  # os.environ holds no NUL
 SERVICE_ENV = st.fixed_dictionaries({}, optional={"JUPYTERHUB_SERVICE_URL": _URL | _NO_NUL})
 
+# DEST relative (the example's fresh folder), so a junk DEST never lays a course out in /.
+GRADING_ARGV = st.one_of(
+    st.builds(lambda dest, names: ["course", dest, *names],
+              _OUTPUT_FILE | _TOKEN.filter(lambda t: not t.startswith("/")),
+              st.lists(_TOKEN | st.sampled_from(sorted(grading.POINTS)), max_size=3)),
+    st.lists(_TOKEN | st.sampled_from(["course", "annotate", "check"]), max_size=3),
+)
+
+
+def _annotate_stand_in(path):
+    """Stands in for rewriting a source notebook's metadata: nothing to change."""
+    return False
+
+
 COMMANDS = [
     Command("trace summary", kineto.main, SUMMARY_ARGV, lambda argv: argv[:1] == ["summary"]),
     Command("trace export", kineto.main, EXPORT_ARGV, lambda argv: True,
@@ -306,6 +321,8 @@ COMMANDS = [
             stand_ins=((bench, "Engine", _no_engine),)),
     Command("progress service", ps.main, SERVICE_ARGV, lambda argv: False,
             stand_ins=((ps, "serve", _serve_stand_in),), env=SERVICE_ENV, notes=1),
+    Command("grading", grading.main, GRADING_ARGV, lambda argv: False,
+            stand_ins=((grading, "annotate", _annotate_stand_in),)),
 ]
 
 

@@ -1,8 +1,52 @@
-"""The exercises as an nbgrader course (docstring: TODO)."""
+"""The exercises as an nbgrader course: the same sources, graded by the course's own checkers
+in a process the submission cannot reach.
+
+``source/*.ipynb`` carry nbgrader's cell metadata (schema 3) beside their ``### BEGIN
+SOLUTION`` markers: each cell with a marked answer is a *solution* cell, and each exercise's
+checker cell (``checks.check_...(...)``) is a locked *autograded test* worth :data:`POINTS`
+points.  The shipped ``exercises/`` and ``solutions/`` do not change (``course.py`` drops the
+metadata when it renders them), so self-paced learners see nothing of this.  An instructor::
+
+    python -m overlap_course.build.grading course COURSE_DIR  # nbgrader's layout + config
+    cd COURSE_DIR
+    nbgrader generate_assignment 02_serial_loop        # release/: the learner's version
+    # ... collect submissions into submitted/<student>/02_serial_loop/ ...
+    nbgrader autograde 02_serial_loop                  # runs the kernels, then the judge
+
+Why a judge.  nbgrader scores an autograded cell by its outputs (an error: 0 points), and
+those come from the learner's kernel, where the learner's cells ran first and could set
+``os.environ``, replace a check, ``Verdict`` or ``sys.modules`` entries, patch builtins or read
+the solution.  nbgrader's hidden tests (``### BEGIN HIDDEN TESTS``) and otter-grader's hidden
+tests hide a test's *source*, and ``nbgrader autograde`` re-inserts locked cells from the
+instructor's copy, but the test still runs in that kernel, after the learner's code: neither
+keeps the verdict out of the learner's reach.  So the course's ``nbgrader_config.py`` adds one
+step after nbgrader's ``Execute`` (:func:`autograde_preprocessors`): each graded cell's outputs
+are replaced by the verdict of a fresh ``python -I`` process (no user site, no ``PYTHONPATH``,
+an empty temporary folder as current folder and ``HOME``) that imports the course nbgrader
+itself loaded, re-runs the submission's code cells above the check, and calls the checker:
+
+* a value answer (``order``, ``needs_correction``) is read out by one such process and checked
+  by a second that runs no line of the submission; it crosses as tagged plain data (no pickle,
+  whose loading runs code; no object whose ``__eq__`` or ``__iter__`` the learner wrote);
+* a code answer must run beside its checker; the judge fingerprints (by identity) every module
+  of the course and the toy, their classes, ``builtins`` and the functions of the modules the
+  checkers call before the first line of the submission, and trusts the verdict only if all is
+  as it was, no thread of the submission still runs and no trace hook is left;
+* an audit hook refuses to open notebooks, ``solutions/``, ``source/`` and the course folder;
+* before each notebook the grader re-hashes the installed course, the toy and the start-up
+  hooks (``*.pth``, ``sitecustomize``) against their state when nbgrader started.
+
+Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made
+to lie about any check of itself (an input transformer that rewrites the test cell, a patched
+``showtraceback``), while a process started after it has none of its state.  What remains:
+code that runs beside its checker can, if written against the judge on purpose, mutate the
+checker's data in place, walk frames or write a forged report -- in a submission the instructor
+can read; and the kernel runs as the grader's user, so grade where submissions cannot write the
+course folder or the environment (a container), as nbgrader advises.
+"""
 
 from __future__ import annotations
 
-import argparse
 import builtins
 import hashlib
 import json
@@ -19,6 +63,8 @@ import types
 from pathlib import Path
 
 import nbformat
+
+from overlap_course.command_line import Parser, fail
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
@@ -539,7 +585,7 @@ def _decode(node):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="the exercises as an nbgrader course")
+    p = Parser(prog="grading", description="the exercises as an nbgrader course")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("course", help="lay out an nbgrader course directory from source/")
     c.add_argument("dest", type=Path)
@@ -552,8 +598,7 @@ def main(argv=None) -> int:
             print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
         except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
             why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
-            print(f"grading course: {why}", file=sys.stderr)
-            return 2
+            return fail("grading course", why)
     elif a.cmd == "annotate":
         for path in sorted((ROOT / "source").glob("*.ipynb")):
             print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
