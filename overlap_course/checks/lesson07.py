@@ -266,7 +266,8 @@ def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
     each round's accepted run, on ZOS + speculation runs against the serial run's outputs."""
     if not callable(commit):  # a run without one would use the engine's own commit, and pass
-        return fails("shape", f"commit must be a function, commit(req, tokens, eos_id, decode); got {show(commit)}")
+        return fails("shape", f"commit must be a function, commit(req, tokens, eos_id, decode); "
+                              f"got {show(commit)}")
     engine = runs.spec_engine()
     for index, (_, max_new, stop) in enumerate(runs.COMMIT_RUNS):
         try:
