@@ -97,8 +97,8 @@ numbers_junk = st.one_of(
     st.sampled_from([10**400, -10**400, 2**63, 2**64]),
     st.floats(min_value=1e13), st.floats(max_value=-1e-3),
     st.sampled_from([math.nan, math.inf, -math.inf, 1e308]),
-    st.sampled_from([np.float64("nan"), np.int64(2**62), decimal.Decimal("nan"), decimal.Decimal("1e9999"),
-                     fractions.Fraction(10**400, 3), 1j]),
+    st.sampled_from([np.float64("nan"), np.int64(2**62), decimal.Decimal("nan"),
+                     decimal.Decimal("1e9999"), fractions.Fraction(10**400, 3), 1j]),
 )
 # Text that no name, stage or share can be: a NUL and a snowman are never part of one
 text_junk = st.one_of(st.text(max_size=30).map(lambda s: s + "\x00\u2603"), st.just("x" * 100_000))
@@ -109,10 +109,12 @@ containers = st.recursive(leaves, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.tuples(inner, inner),
     st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=8)
 special = st.sampled_from([_nested(50), _nested(10_000), _self_containing(), list(range(100_000)),
-                           range(10**15), np.array([np.nan, 1.0]), np.zeros((2, 2)), torch.tensor([math.inf]),
-                           torch.tensor(math.nan), iter([1, 2]), (x for x in [-1])])
+                           range(10**15), np.array([np.nan, 1.0]), np.zeros((2, 2)),
+                           torch.tensor([math.inf]), torch.tensor(math.nan), iter([1, 2]),
+                           (x for x in [-1])])
+errors = st.sampled_from([ValueError, ZeroDivisionError, KeyError, RuntimeError])
 functions = st.one_of(leaves.map(_function_returning), raising.map(_function_returning),
-                      st.sampled_from([ValueError, ZeroDivisionError, KeyError, RuntimeError]).map(_function_raising))
+                      errors.map(_function_raising))
 JUNK = st.one_of(leaves, raising, containers, special, functions)
 
 
@@ -128,6 +130,13 @@ def notebook():
     reference = zos.generate(PROMPTS[:2], max_new_tokens=8)
     ns = dict(serial=serial, zos=zos, spec=spec, reference=reference, serial_tl=serial.timeline,
               serial_stats=serial.stats, launches=[(r, max(0, r - 1), 1, "x") for r in range(6)])
+    zos.flush = lambda previous: None  # notebook 03a's deliberate bug: the deferred step dropped
+    try:
+        zos.generate(PROMPTS[:2], max_new_tokens=8)
+    except te.EngineStalled:
+        ns["dropped"] = zos.completions
+    finally:
+        del zos.flush
     te.engine.NUM_SLOTS = 1
     try:
         zos.generate(PROMPTS, max_new_tokens=8)
@@ -154,22 +163,23 @@ NOTEBOOK_CHECKS = {
     "check_race": lambda ns, v: checks.check_race(v, ns["serial"].device),
     "check_race_fixed": lambda ns, v: checks.check_race_fixed(v, ns["serial"].device),
     "check_slot": lambda ns, v: checks.check_slot(v, table=[5, 2, 9], pos=9, block_size=4),
-    "check_decode_lengths q": lambda ns, v: checks.check_decode_lengths(v, [10, 8, 4], prompt_lengths=[9, 7, 3]),
-    "check_decode_lengths k": lambda ns, v: checks.check_decode_lengths([1, 1, 1], v, prompt_lengths=[9, 7, 3]),
+    "check_decode_lengths q": lambda ns, v: checks.check_decode_lengths(v, [10, 8, 4], [9, 7, 3]),
+    "check_decode_lengths k": lambda ns, v: checks.check_decode_lengths([1, 1, 1], v, [9, 7, 3]),
     "check_round_gap": lambda ns, v: checks.check_round_gap(v, ns["serial_tl"], round=3),
     "check_largest_host_stage": lambda ns, v: checks.check_largest_host_stage(v, ns["serial_tl"]),
     "check_overhead_gap": lambda ns, v: checks.check_overhead_gap(v, overhead_ms=5.0),
     "check_processed_under": lambda ns, v: checks.check_processed_under(v, ns["zos_tl"], round=2),
-    "check_tokens_lost": lambda ns, v: checks.check_tokens_lost(v, ns["reference"], ns["reference"]),
+    "check_tokens_lost": lambda ns, v: checks.check_tokens_lost(v, ns["reference"], ns["dropped"]),
     "check_swapped_order": lambda ns, v: checks.check_swapped_order(v, True, False),
     "check_future_inputs ids": lambda ns, v: checks.check_future_inputs(v, [1, 1, 1], ns["meta"]),
-    "check_future_inputs pending": lambda ns, v: checks.check_future_inputs([5, 6, 7], v, ns["meta"]),
-    "check_ideal_ratio": lambda ns, v: checks.check_ideal_ratio(v, ns["serial_stats"], ns["zos_stats"]),
-    "check_true_key_length": lambda ns, v: checks.check_true_key_length(v, host_seqlens_k=27, accepted=4),
-    "check_corrected_slots": lambda ns, v: checks.check_corrected_slots(v, positions=[10, 11, 12],
-                                                                        table=[6, 0, 8, 5], accepted=2,
-                                                                        block_size=4),
-    "check_uncommitted_rounds": lambda ns, v: checks.check_uncommitted_rounds(v, ns["launches"], round=4),
+    "check_future_inputs pending": lambda ns, v: checks.check_future_inputs([5, 6, 7], v,
+                                                                             ns["meta"]),
+    "check_ideal_ratio": lambda ns, v: checks.check_ideal_ratio(v, ns["serial_stats"],
+                                                                ns["zos_stats"]),
+    "check_true_key_length": lambda ns, v: checks.check_true_key_length(v, 27, accepted=4),
+    "check_corrected_slots": lambda ns, v: checks.check_corrected_slots(v, [10, 11, 12],
+                                                                        [6, 0, 8, 5], 2, 4),
+    "check_uncommitted_rounds": lambda ns, v: checks.check_uncommitted_rounds(v, ns["launches"], 4),
     "check_discarded": lambda ns, v: checks.check_discarded(v, ns["zos"]),
     "check_race_report": lambda ns, v: checks.check_race_report(v, ns["single_buffer_error"]),
     "check_idle_share": lambda ns, v: checks.check_idle_share(v, "a100_event_sync"),
@@ -220,7 +230,8 @@ def test_a_notebook_check_answers_any_value_with_a_false_verdict(notebook, check
 # the values an exercise check is fed: not functions at all (falsy ones too: None, "", 0, []),
 # and functions that raise, return junk, or return an object whose every operation raises
 NOT_FUNCTIONS = [None, "", 0, [], 5, "loop", 10**400, math.nan, RaisesEverywhere(), ReprRaises()]
-FUNCTIONS = [_function_raising(ValueError), _function_returning(10**400), _function_returning(RaisesEverywhere())]
+FUNCTIONS = [_function_raising(ValueError), _function_returning(10**400),
+             _function_returning(RaisesEverywhere())]
 
 
 @pytest.mark.timeout(120)
@@ -266,7 +277,8 @@ def test_an_answer_whose_repr_and_hash_raise_too_gets_a_verdict(notebook, check)
 
 def test_an_answer_whose_own_code_raises_is_told_so():
     verdict = checks.check_slot(ListRaises([37]), table=[5, 2, 9], pos=9, block_size=4)
-    assert verdict.category == "raised" and "RuntimeError" in verdict.message and "`_raise`" in verdict.message
+    assert verdict.category == "raised" and "RuntimeError" in verdict.message
+    assert "`_raise`" in verdict.message
 
 
 @pytest.mark.parametrize("junk", [None, "", 0, []])

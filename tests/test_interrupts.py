@@ -102,9 +102,10 @@ def _drained(engine, where):
     reasons = [r.finish_reason for r in engine.requests]
     assert None not in reasons, f"{where}: requests left unfinished: {reasons}"
     scheduler = engine.scheduler
-    assert not scheduler.has_work(), f"{where}: the scheduler still has {len(scheduler.waiting)} waiting, " \
-                                     f"{len(scheduler.running)} running"
-    assert scheduler.blocks.can_allocate(engine.config.num_kv_blocks), f"{where}: KV blocks still held"
+    assert not scheduler.has_work(), (f"{where}: the scheduler still has {len(scheduler.waiting)} "
+                                      f"waiting, {len(scheduler.running)} running")
+    blocks = engine.config.num_kv_blocks
+    assert scheduler.blocks.can_allocate(blocks), f"{where}: KV blocks still held"
 
 
 # A SIGINT at the call or return event of a generator that Python is closing (an any(...)
@@ -141,7 +142,8 @@ QUEUEING = TRACED | {scheduler_module.__file__}
 
 
 @pytest.mark.parametrize("mode", ["serial", "zos"])
-def test_a_sigint_while_a_call_queues_its_requests_ends_them_as_aborted(engine_pool, reference, mode):
+def test_a_sigint_while_a_call_queues_its_requests_ends_them_as_aborted(engine_pool, reference,
+                                                                        mode):
     """Every event from the run's registration (``_execute``) to the loop's first, the
     scheduler's ``add`` included: the call's requests end as "abort" before it returns, the
     scheduler is empty, and the next call runs only its own requests (issue 34: they were
@@ -254,7 +256,8 @@ def test_a_sigint_at_any_line_of_close_leaves_it_closable(make_engine, reference
 
 
 @pytest.mark.timeout(300)
-def test_a_second_sigint_waits_for_the_recovery_and_leaves_no_trace_in_the_next_run(engine_pool, reference):
+def test_a_second_sigint_waits_for_the_recovery_and_leaves_no_trace_in_the_next_run(engine_pool,
+                                                                                     reference):
     """A KeyboardInterrupt in the loop with rounds in flight, then a SIGINT at each event from
     the handler on: the recovery runs whole before the call returns (the SIGINT waits for it),
     and the device work of the interrupted run does not appear on the next run's timeline.
@@ -264,7 +267,8 @@ def test_a_second_sigint_waits_for_the_recovery_and_leaves_no_trace_in_the_next_
     with pytest.raises(KeyboardInterrupt), InterruptAt(0) as counting:
         engine.generate(PROMPTS, max_new_tokens=NEW, on_round=_interrupt_at_round_2)
     handler = next(n for n, (f, line, kind) in enumerate(counting.events, start=1)
-                   if f == "_execute" and kind == "line" and "except BaseException" in _source_line(line))
+                   if f == "_execute" and kind == "line"
+                   and "except BaseException" in _source_line(line))
     points = [handler + n - 1 for n in _points(counting.events[handler - 1:], 3)]
     for n in points:
         with pytest.raises(KeyboardInterrupt), InterruptAt(n) as probe:
@@ -273,8 +277,10 @@ def test_a_second_sigint_waits_for_the_recovery_and_leaves_no_trace_in_the_next_
         _drained(engine, where)
         assert "abort" in [r.finish_reason for r in engine.requests], where
         _healthy(engine, reference)
-        assert min(s.start_ms for s in engine.timeline.spans) >= 0, f"{where}: device spans from before the run"
-    print(f"{len(points)} of {len(counting.events) + 1 - handler} events from the handler on", file=sys.stderr)
+        earliest = min(s.start_ms for s in engine.timeline.spans)
+        assert earliest >= 0, f"{where}: device spans from before the run"
+    print(f"{len(points)} of {len(counting.events) + 1 - handler} events from the handler on",
+          file=sys.stderr)
 
 
 def _source_line(line):

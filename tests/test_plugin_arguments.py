@@ -18,10 +18,11 @@ def own_abort(engine, request_id):
 
 
 @pytest.mark.parametrize("name, words", [
-    ("wants_mor", r"a request has no method wants_mor \(did you mean wants_more\?\); its methods are "
-                  r"commit, completion, wants_more"),
+    ("wants_mor", r"a request has no method wants_mor \(did you mean wants_more\?\); its methods "
+                  r"are commit, completion, wants_more"),
     ("comit", r"did you mean commit\?"),
-    ("nonsense", r"a request has no method nonsense; its methods are commit, completion, wants_more"),
+    ("nonsense", r"a request has no method nonsense; its methods are commit, completion, "
+                 r"wants_more"),
     ("finish_reason", r"finish_reason is a request's data, not a method"),
     ("output_ids", r"output_ids is a request's data, not a method"),
     ("finished", r"finished is a request's data, not a method"),
@@ -38,7 +39,8 @@ def test_per_request_refuses_a_method_that_is_not_a_function():
 
 
 @pytest.mark.parametrize("at, words", [
-    (5, r"aborts: at must be a list of \(round, prompt index\) pairs, such as \[\(5, 1\)\], got int 5"),
+    (5, r"aborts: at must be a list of \(round, prompt index\) pairs, such as \[\(5, 1\)\], "
+        r"got int 5"),
     ("51", r"aborts: at must be a list of .* got str '51'"),
     ([(1,)], r"aborts: at\[0\] must be a \(round, prompt index\) pair, got tuple \(1,\)"),
     ([(1, 0), 3], r"aborts: at\[1\] must be a \(round, prompt index\) pair, got int 3"),
@@ -75,8 +77,10 @@ def test_the_right_arguments_still_run_and_an_at_may_be_any_iterable():
     def spy(req):
         asked.append(req.index)
         return Request.wants_more(req)  # the request's own, which spy now stands in for
-    outs = engine.generate(pool.PROMPTS, max_new_tokens=4, on_round=plugins.per_request(wants_more=spy))
-    assert {c.finish_reason for c in outs} == {"length"} and set(asked) == set(range(len(pool.PROMPTS)))
+    outs = engine.generate(pool.PROMPTS, max_new_tokens=4,
+                           on_round=plugins.per_request(wants_more=spy))
+    assert {c.finish_reason for c in outs} == {"length"}
+    assert set(asked) == set(range(len(pool.PROMPTS)))
 
 
 def test_the_engine_and_the_plugins_share_one_check_of_functions():

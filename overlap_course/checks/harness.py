@@ -32,7 +32,7 @@ def notebook_check(check):
             verdict = check(*args, **kwargs)
         except answers.Junk as junk:
             verdict = fails("junk", str(junk))
-        except Exception as err:  # noqa: BLE001 - the learner's code raised it; a check's own bug is raised
+        except Exception as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
             verdict = learner_raised(err)
             if verdict is None:
                 raise
@@ -116,6 +116,6 @@ def learner_raised(err: Exception) -> Verdict | None:
     except Exception:  # noqa: BLE001 - an exception whose message itself raises
         said = "(its message could not be read)"
     said = said if len(said) <= answers.SHOW else said[:answers.SHOW - 4] + " ..."
-    return fails("raised", f"your answer's own code raised {type(err).__name__}: {said} (in `{where}`) while "
-                           f"the check read it: give a plain value (a number, a string, a list or set of "
-                           f"them) or a function that returns one")
+    return fails("raised", f"your answer's own code raised {type(err).__name__}: {said} (in "
+                           f"`{where}`) while the check read it: give a plain value (a number, a "
+                           f"string, a list or set of them) or a function that returns one")

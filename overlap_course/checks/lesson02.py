@@ -283,8 +283,9 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if value is None:
         return fails("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
     if not math.isfinite(value):
-        return fails("not_a_number", f"idle_fraction returned {show(got)}: divide the idle time by idle + busy "
-                                     f"(both from the timeline, and busy is never 0 after a run)")
+        return fails("not_a_number", f"idle_fraction returned {show(got)}: divide the idle time by "
+                                     f"idle + busy (both from the timeline, and busy is never 0 "
+                                     f"after a run)")
     got = value
 
     def close(a, b):  # float32 or a 0-d tensor of the right value passes: 1e-6 is far below any mistake's gap

@@ -124,13 +124,14 @@ def _check_method_name(name: str) -> None:
 def _abort_points(at) -> tuple:
     """``at`` as a tuple of (round, prompt index) pairs of integers >= 0, read once (a generator
     would be used up by the first round)."""
-    shape = "a list of (round, prompt index) pairs, such as [(5, 1)]"
+    refused = TypeError(f"aborts: at must be a list of (round, prompt index) pairs, such as "
+                        f"[(5, 1)], got {type(at).__name__} {shown(at)}")
     if isinstance(at, (str, bytes)):
-        raise TypeError(f"aborts: at must be {shape}, got {type(at).__name__} {shown(at)}")
+        raise refused
     try:
         points = tuple(at)
     except TypeError:
-        raise TypeError(f"aborts: at must be {shape}, got {type(at).__name__} {shown(at)}") from None
+        raise refused from None
     checked = []
     for i, point in enumerate(points):
         if not isinstance(point, (tuple, list)) or len(point) != 2:
