@@ -30,8 +30,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("REQUIRE_PLAIN_INSTALL_TEST") == "1"
 RUNNERS = ["nbval", "nbclient", "ipykernel", "pytest"]  # what a hosted runtime already has
-# Notebooks that read the shipped data: the checkpoint (01), the n-gram table (04), the A100 and
-# recorded traces (06); 00 (recorded traces) has run from the git install in the first test.
+# Notebooks that read the shipped data: the checkpoint (01), the n-gram table (04), the A100
+# traces (06); 00 (recorded traces) has run from the git install in the first test.
 COPIED = ["01_tiny_gpt", "04_stale_lengths", "06_real_traces"]
 PACKAGES = ("toy_engine", "overlap_course")
 
