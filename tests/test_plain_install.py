@@ -10,7 +10,7 @@ what runs a notebook (nbval, nbclient, ipykernel) -- a hosted runtime's situatio
 2. *Plain install*: the course is uninstalled, a wheel is built from a clean clone, it must
    hold every data file the packages track (checkpoints, n-gram table, recorded traces, the
    A100 traces with their license, templates), and, installed, nbval runs copies of the
-   notebooks that read them (00, 01, 04, 06) in a folder outside the repository.
+   notebooks that read them (01, 04, 06) in a folder outside the repository.
 
 Skipped (with the reason) where it cannot run: no git checkout, no ``venv``, or no torch to be
 had; CI sets ``REQUIRE_PLAIN_INSTALL_TEST=1``, under which those fail instead.
@@ -30,9 +30,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("REQUIRE_PLAIN_INSTALL_TEST") == "1"
 RUNNERS = ["nbval", "nbclient", "ipykernel", "pytest"]  # what a hosted runtime already has
-# Notebooks that read the shipped data: recorded traces (00), the checkpoint (01), the n-gram
-# table (04), the A100 traces (06).
-COPIED = ["00_start_here", "01_tiny_gpt", "04_stale_lengths", "06_real_traces"]
+# Notebooks that read the shipped data: the checkpoint (01), the n-gram table (04), the A100
+# traces (06); 00 (recorded traces) has run from the git install in the first test.
+COPIED = ["01_tiny_gpt", "04_stale_lengths", "06_real_traces"]
 PACKAGES = ("toy_engine", "overlap_course")
 
 pytestmark = pytest.mark.timeout(1800)
