@@ -70,7 +70,8 @@ def test_a_trace_of_100000_nested_brackets_is_refused_by_every_reader(tmp_path, 
         with pytest.raises(ValueError, match="nests arrays/objects more than 64 deep") as e:
             reader(path)
         assert str(path) in str(e.value)
-    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep", str(path))
+    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep",
+                      str(path))
 
 
 def test_a_400_digit_timestamp_is_refused_naming_the_file(tmp_path, capsys):
