@@ -70,7 +70,8 @@ def test_a_trace_of_100000_nested_brackets_is_refused_by_every_reader(tmp_path, 
         with pytest.raises(ValueError, match="nests arrays/objects more than 64 deep") as e:
             reader(path)
         assert str(path) in str(e.value)
-    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep", str(path))
+    _one_line_refusal(_run(kineto.main, ["summary", str(path)], capsys), "more than 64 deep",
+                      str(path))
 
 
 def test_a_400_digit_timestamp_is_refused_naming_the_file(tmp_path, capsys):
@@ -270,6 +271,29 @@ def test_a_record_that_is_not_utf8_is_read_around(record_file):
     assert mine._repr_html_().count("could not be read") == 1
     progress.record(_verdict(False, "wrong"), "check_decode_lengths")  # writing still works
     assert len(progress.read_record(record_file)[0]) == 2
+
+
+def _append_many(path: str, writer: int, count: int) -> None:
+    for i in range(count):
+        progress._append(Path(path), json.dumps({"writer": writer, "i": i, "pad": "x" * 200}))
+
+
+def test_writers_in_several_processes_at_once_lose_no_line(tmp_path):
+    """The torn-write repair (a newline first when the last byte is not one) must not cost
+    concurrent kernels their lines: each line is one unbuffered write."""
+    import multiprocessing
+
+    path = tmp_path / "progress.jsonl"
+    path.write_bytes(b'{"cut sh')  # a torn line to start from
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(str(path), w, 200)) for w in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    lines = [line for line in path.read_bytes().split(b"\n")[1:] if line]
+    got = sorted((d["writer"], d["i"]) for d in map(json.loads, lines))
+    assert got == [(w, i) for w in range(4) for i in range(200)]
 
 
 def test_a_clean_record_says_nothing_about_unreadable_lines(record_file):
