@@ -42,7 +42,7 @@ to lie about any check of itself (an input transformer that rewrites the test ce
 code that runs beside its checker can, if written against the judge on purpose, mutate the
 checker's data in place, walk frames or write a forged report -- in a submission the instructor
 can read; and the kernel runs as the grader's user, so grade where submissions cannot write the
-course folder or the environment (a container), as nbgrader advises.
+course folder or the environment (a container, as otter-grader recommends for its grading).
 """
 
 from __future__ import annotations
