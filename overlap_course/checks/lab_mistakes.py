@@ -10,6 +10,7 @@ from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
+from . import sandbox
 from .endings import ABORT, LIMIT_AT_ROUND_END
 from .answers import show
 from .verdict import Verdict, fails, not_implemented
@@ -57,6 +58,17 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
         return fails("stalled", f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
                                 f"it can never finish ({err.reason})")
     return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
+
+
+def timed_out(up, what: str, run, now, endings) -> Verdict:
+    """A lab run the check's time limit stopped inside the learner's ``what``: where, for which
+    prompt, and how that prompt should have ended."""
+    where = f"{run}: your {what} was {up}"
+    if now.prompt is not None:
+        where += (f", called for {runs.who(run.prompts, now.prompt)} before round {now.round}, with {now.tokens} "
+                  f"token(s) committed; it should have ended {endings[now.prompt]}")
+    return fails("time_limit", f"{where}. The check stopped it there (it allows {sandbox.TIME_LIMIT_S:.0f} s; "
+                               f"the engine's own takes well under one): a loop inside it never ends")
 
 
 def waited(calls, run) -> Verdict | None:

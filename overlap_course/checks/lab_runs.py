@@ -188,6 +188,19 @@ def own_run(run: PolicyRun) -> OwnRun:
                   ended(engine, outs))
 
 
+@dataclass
+class InProgress:
+    """The learner's call a lab run is in, noted before each call: a check its time limit stops can
+    then say where (before ``round``, for ``prompt``, which had ``tokens`` committed)."""
+
+    round: int | None = None
+    prompt: int | None = None
+    tokens: int = 0
+
+    def at(self, engine, req) -> None:
+        self.round, self.prompt, self.tokens = engine.scheduler.round, req.index, len(req.output_ids)
+
+
 class Runaway(Exception):
     """A run kept scheduling far past the engine's own number of rounds (``args``: the round)."""
 
@@ -203,13 +216,14 @@ def capped(on_round, cap: int):
     return bounded
 
 
-def policy_run(policy, run: PolicyRun, cap: int):
+def policy_run(policy, run: PolicyRun, cap: int, now: InProgress | None = None):
     """Lab 1: ``run`` with the scheduler asking ``policy``: (the engine, its outputs or error, the
     policy's calls as (round, prompt, committed, in flight, finished, wanted)).  Past round ``cap``
-    it raises Runaway."""
-    engine, calls = policy_engine(run), []
+    it raises Runaway; each call is noted in ``now`` first."""
+    engine, calls, now = policy_engine(run), [], now or InProgress()
 
     def spy(req):
+        now.at(engine, req)
         wanted = policy(req)
         calls.append((engine.scheduler.round, req.index, len(req.output_ids), req.num_inflight, req.finished,
                       bool(wanted)))
@@ -254,10 +268,12 @@ def abort_engine(run: AbortRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None):
+def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None,
+              now: InProgress | None = None):
     """Lab 2: ``run`` with ``abort(engine, request_id)`` called per its aborts; the completions.
-    Each call is noted in ``calls`` (AbortCall); past round ``cap`` it raises Runaway."""
-    calls = [] if calls is None else calls
+    Each call is noted in ``calls`` (AbortCall) and, before it is made, in ``now``; past round
+    ``cap`` it raises Runaway."""
+    calls, now = [] if calls is None else calls, now or InProgress()
 
     def watched(engine, request_id):
         req = next((r for r in engine.requests if r.id == request_id), None)
@@ -268,6 +284,7 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         calls.append(call)
         unfinished = [r for r in engine.requests if r is not req and not r.finished]
         queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
+        now.at(engine, req)
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
         call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
@@ -375,15 +392,20 @@ def commit_engine(run: CommitRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def commit_run(index: int, commit=None, loop=None, cap: int | None = None):
-    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own;
-    past round ``cap`` it raises Runaway."""
-    run, on_round = COMMIT_RUNS[index], None
+def commit_run(index: int, commit=None, loop=None, cap: int | None = None, now: InProgress | None = None):
+    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own,
+    each call noted in ``now`` first; past round ``cap`` it raises Runaway."""
+    run, on_round, now = COMMIT_RUNS[index], None, now or InProgress()
+    engine = commit_engine(run)
+
+    def noted(req, tokens, eos_id, decode):
+        now.at(engine, req)
+        return commit(req, tokens, eos_id, decode)
     if commit is not None:
-        on_round = plugins.per_request(commit=commit)
+        on_round = plugins.per_request(commit=noted)
     if cap is not None:
         on_round = capped(on_round, cap)
-    return commit_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+    return engine.generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
                                        on_round=on_round, loop=loop)
 
 

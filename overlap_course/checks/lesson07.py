@@ -16,7 +16,7 @@ from toy_engine.run import EngineStalled
 
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
-from . import pool
+from . import pool, sandbox
 from .answers import int_set, items, show, whole
 from .harness import exercise_check, notebook_check
 from .lab_runs import DEPTHS
@@ -89,8 +89,11 @@ def check_wants_more(wants_more) -> Verdict:
     the engine's own policy: no round may go in for a request the rounds in flight already finish,
     and none may be missing."""
     for run in runs.POLICY_RUNS:
-        own = runs.own_run(run)
-        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * own.rounds)
+        own, now = runs.own_run(run), runs.InProgress()
+        try:
+            engine, got, calls = runs.policy_run(wants_more, run, 3 * own.rounds, now)
+        except sandbox.TimeUp as up:
+            return mistakes.timed_out(up, "wants_more", run, now, own.endings)
         if isinstance(got, Exception):
             return mistakes.policy_error(got, calls, run, own, engine)
         if [c.token_ids for c in got] != own.ids:
@@ -166,9 +169,11 @@ def check_abort(abort) -> Verdict:
 
 def _abort_verdict(abort, index: int, run) -> Verdict | None:
     """Lab 2: one run's verdict, or None when it shows no mistake."""
-    engine, ref, calls = runs.abort_engine(run), runs.abort_reference(index), []
+    engine, ref, calls, now = runs.abort_engine(run), runs.abort_reference(index), [], runs.InProgress()
     try:
-        outs, err = runs.abort_run(abort, run, calls, cap=3 * ref.rounds), None
+        outs, err = runs.abort_run(abort, run, calls, 3 * ref.rounds, now), None
+    except sandbox.TimeUp as up:
+        return mistakes.timed_out(up, "abort", run, now, ref.endings)
     except NotImplementedError:
         return not_implemented("`abort`")
     except Exception as exc:  # noqa: BLE001 - judged below
@@ -314,10 +319,12 @@ def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
     each round's accepted run, on ZOS runs with and without drafts against the serial run's outputs."""
     for index, run in enumerate(runs.COMMIT_RUNS):
-        endings, rounds = runs.commit_endings(index)
+        (endings, rounds), now = runs.commit_endings(index), runs.InProgress()
         engine = runs.commit_engine(run)
         try:
-            outs = runs.commit_run(index, commit, cap=3 * rounds)
+            outs = runs.commit_run(index, commit, cap=3 * rounds, now=now)
+        except sandbox.TimeUp as up:
+            return mistakes.timed_out(up, "commit", run, now, endings)
         except NotImplementedError:
             return not_implemented("`commit`")
         except RecursionError:
