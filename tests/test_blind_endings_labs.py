@@ -1,8 +1,8 @@
-"""The blind endings corpus (tests/blind_endings.py, issue 33), its entries for notebook 07's checks:
-answers about finishing, freeing, aborts and limits, written by someone who saw only the notebooks
-and ``toy_engine/``, each passed to its check in the state the notebook's cells leave
-(``blind_labs.NotebookState``).  Every wrong answer must fail (0 false passes), every right one pass
-(0 wrong failures); tests/test_blind_endings.py runs the other checks' entries.
+"""The blind endings corpus (tests/blind_endings.py, issue 33), its entries for notebook 07's
+checks: answers about finishing, freeing, aborts and limits, written by someone who saw only the
+notebooks and ``toy_engine/``, each passed to its check in the state the notebook's cells leave
+(``blind_labs.NotebookState``).  Every wrong answer must fail (0 false passes), every right one
+pass (0 wrong failures); tests/test_blind_endings.py runs the other checks' entries.
 """
 
 import pytest

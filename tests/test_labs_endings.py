@@ -16,16 +16,19 @@ def wants_more_stop_and_abort_finished(req):
 
 def test_a_policy_blind_to_eos_is_stopped_naming_the_prompt_and_its_ending():
     verdict = checks.check_wants_more(wants_more_stop_and_abort_finished)
-    assert verdict.category == "finished_scheduled", repr(verdict)  # the round cap, not the time limit
-    assert "ended on EOS after" in verdict.message and "prompt 3 (' all lived happily eve')" in verdict.message
+    assert verdict.category == "finished_scheduled", repr(verdict)  # the round cap, not the limit
+    assert "ended on EOS after" in verdict.message
+    assert "prompt 3 (' all lived happily eve')" in verdict.message
     assert "the check stopped the run at round" in verdict.message
 
 
 def test_a_limit_tested_with_gt_fails_without_drafts_naming_the_limit_at_a_rounds_end():
     verdict = checks.check_commit(labs_corpus.commit_limit_strictly_past)
     assert verdict.category == "stalled", repr(verdict)
-    assert "ZOS without drafts" in verdict.message and "the last of a round's run" in verdict.message
-    assert "prompt 1 ('One day, the little') should have ended on its limit, 12 tokens" in verdict.message
+    assert "ZOS without drafts" in verdict.message
+    assert "the last of a round's run" in verdict.message
+    assert "prompt 1 ('One day, the little') should have ended on its limit, 12 tokens" \
+        in verdict.message
 
 
 def test_a_limit_tested_after_the_whole_run_lets_a_stop_past_it_win():
@@ -56,5 +59,5 @@ def test_a_fix_that_never_returns_is_stopped_at_the_time_limit_naming_the_prompt
     assert "it should have ended on its limit, 12 tokens" in verdict.message
     verdict = checks.check_commit(commit_hangs_on_prompt_0)
     assert verdict.category == "time_limit", repr(verdict)
-    assert "called for prompt 0 ('Once upon a time') before round 1, with 0 token(s) committed; it should " \
-           "have ended on a stop string after 7 tokens" in verdict.message, repr(verdict)
+    assert "called for prompt 0 ('Once upon a time') before round 1, with 0 token(s) committed; " \
+           "it should have ended on a stop string after 7 tokens" in verdict.message, repr(verdict)
