@@ -78,7 +78,8 @@ def wants_more_asks_itself(req):
 
 def wants_more_stop_only_finished(req):
     """Counts only a stop as finished: an EOS-finished request is planned round after round."""
-    return req.finish_reason != "stop" and len(req.output_ids) + req.num_inflight < req.max_new_tokens
+    return req.finish_reason != "stop" and \
+        len(req.output_ids) + req.num_inflight < req.max_new_tokens
 
 
 def wants_more_stop_or_length_finished(req):
@@ -93,7 +94,7 @@ def wants_more_abort_not_finished(req):
 
 
 def wants_more_all_drafts_accepted(req):
-    """Assumes every round in flight brings 1 + 3 tokens: declines rounds the request still needs."""
+    """Assumes every round in flight brings 1 + 3 tokens: declines rounds still needed."""
     return not req.finished and len(req.output_ids) + 4 * req.num_inflight < req.max_new_tokens
 
 
@@ -258,7 +259,8 @@ def abort_frees_under_one_round(engine, request_id):
 
 
 def abort_frees_finished_at_once(engine, request_id):
-    """Leaves a finished request's reason alone, but frees its blocks at once, under its extra round."""
+    """Leaves a finished request's reason alone, but frees its blocks at once, under its extra
+    round."""
     req = _find(engine, request_id)
     if req.finished:
         engine.scheduler.free(req)
@@ -560,7 +562,7 @@ def commit_never_finishes(req, tokens, eos_id, decode):
 # a stop past the limit in the limit's own run, EOS
 
 def commit_limit_strictly_past(req, tokens, eos_id, decode):
-    """`>` at the limit, the extra token dropped: a run that ends exactly on the limit never ends."""
+    """`>` at the limit, the extra token dropped: a run ending exactly on the limit never ends."""
     for tok in tokens:
         if tok == eos_id:
             req.finish_reason = "eos"
@@ -599,8 +601,8 @@ def commit_limit_strictly_past_kept(req, tokens, eos_id, decode):
 
 
 def commit_limit_trimmed_after_run(req, tokens, eos_id, decode):
-    """Stops per token, the limit once after the run (trimmed to it): a stop completed past the limit
-    in the limit's own run wins."""
+    """Stops per token, the limit once after the run (trimmed to it): a stop completed past the
+    limit in the limit's own run wins."""
     for tok in tokens:
         if tok == eos_id:
             req.finish_reason = "eos"
@@ -797,8 +799,10 @@ WRONG = [
     Fix("2", "frees the blocks, then the request", abort_frees_twice, "double_free"),
     Fix("2", "drops it from running", abort_drops_from_running, "kept_blocks"),
     Fix("2", "finishes it as a stop", abort_as_stop, "wrong_reason"),
-    Fix("2", "leaves stop and length alone, not EOS", abort_keeps_only_stop_and_length, "overwrote_finish"),
-    Fix("2", "leaves stop and EOS alone, not the limit", abort_keeps_only_stop_and_eos, "overwrote_finish"),
+    Fix("2", "leaves stop and length alone, not EOS", abort_keeps_only_stop_and_length,
+        "overwrote_finish"),
+    Fix("2", "leaves stop and EOS alone, not the limit", abort_keeps_only_stop_and_eos,
+        "overwrote_finish"),
     Fix("2", "frees under one round in flight", abort_frees_under_one_round, "free_in_use"),
     Fix("2", "frees a finished request at once", abort_frees_finished_at_once, "free_in_use"),
     Fix("2", "lowers the limit instead", abort_by_the_limit, "stalled"),

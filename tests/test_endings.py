@@ -12,7 +12,7 @@ import mistakes
 
 
 def _ring_slots_uncached():
-    """check_ring_slots keeps its ring runs per (depth, slots): start afresh, so that they run here."""
+    """check_ring_slots keeps its ring runs per (depth, slots): start afresh, so they run here."""
     lab_runs.ring_run.cache_clear()
     return checks.check_ring_slots(labs_corpus.ring_slots)
 

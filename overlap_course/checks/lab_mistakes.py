@@ -2,6 +2,7 @@
 through ``lab_runs`` and asks here): a verdict naming the mistake, or None when the run shows none.
 Lab 1: a ``wants_more`` that planned a round too many or too few; lab 2: an abort's frees, waits
 and outcome against ``Engine.abort``'s; lab 4: a commit's outputs against the serial run's.
+Each names the run, the prompt and how that prompt ends with the engine's own code.
 """
 
 from __future__ import annotations
@@ -10,53 +11,77 @@ from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
-from .endings import ABORT, LIMIT_AT_ROUND_END
+from . import sandbox
 from .answers import show
+from .endings import ABORT, LIMIT_AT_ROUND_END
 from .verdict import Verdict, fails, not_implemented
 
 
 def extra_step(calls, engine, own, run) -> Verdict:
-    """Lab 1: more outputs discarded than the engine's own policy: the first round planned for a request
-    already finished, or one its rounds in flight already finish."""
+    """Lab 1: more outputs discarded than the engine's own policy: the first round planned for a
+    request already finished, or one its rounds in flight already finish."""
     late = next((c for c in calls if c[5] and (c[4] or c[2] + c[3] >= run.max_new)), None)
-    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: {own.discarded}), "
-            f"{engine.stats.rounds} rounds instead of {own.rounds}")
+    cost = (f"{engine.stats.discarded_outputs} outputs discarded (the engine's own: "
+            f"{own.discarded}), {engine.stats.rounds} rounds instead of {own.rounds}")
     if late and late[4]:
-        return fails("finished_scheduled", f"{run}: {runs.who(run.prompts, late[1])} had ended "
-                                           f"{own.endings[late[1]]}, before round {late[0]}, yet your policy "
-                                           f"planned it again: {cost}. Never plan a finished request")
-    where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens committed and "
-             f"{late[3]} round(s) in flight, enough for its {run.max_new}, yet your policy planned it again"
-             if late else "your policy planned rounds whose outputs came back for finished requests")
+        msg = (f"{run}: {runs.who(run.prompts, late[1])} had ended {own.endings[late[1]]}, before "
+               f"round {late[0]}, yet your policy planned it again: {cost}. Never plan a finished "
+               f"request")
+        return fails("finished_scheduled", msg)
+    if late:
+        where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens "
+                 f"committed and {late[3]} round(s) in flight, enough for its {run.max_new}, yet "
+                 f"your policy planned it again")
+    else:
+        where = "your policy planned rounds whose outputs came back for finished requests"
     return fails("extra_step", f"{run}: {where}: {cost}")
 
 
 def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
-    """Lab 1: a run that ended in an error: the policy's own, or a stall it caused (named by its last
-    refusal), or a runaway the check stopped."""
+    """Lab 1: a run that ended in an error: the policy's own, or a stall it caused (named by its
+    last refusal), or a runaway the check stopped."""
     if isinstance(err, NotImplementedError):
         return not_implemented("`wants_more`")
     if isinstance(err, RecursionError):
-        return fails("calls_itself", "your wants_more calls `req.wants_more()`, which in this run *is* your "
-                                     "function: it called itself until Python gave up. Compute the answer from "
-                                     "the request's fields")
+        return fails("calls_itself", "your wants_more calls `req.wants_more()`, which in this run "
+                                     "*is* your function: it called itself until Python gave up. "
+                                     "Compute the answer from the request's fields")
     if isinstance(err, runs.Runaway):
         done = next((c for c in calls if c[4] and c[5]), None)
-        who = (f"{runs.who(run.prompts, done[1])} ended {own.endings[done[1]]}, and before round {done[0]} your "
-               f"policy planned it again, and again" if done else "your policy kept planning finished requests")
-        return fails("finished_scheduled", f"{run}: {who}: the check stopped the run at round {err.args[0]} (the "
-                                           f"engine's own run takes {own.rounds} rounds). A request ends on EOS, "
-                                           f"a stop string or its limit: never plan a finished one again")
+        who = "your policy kept planning finished requests"
+        if done:
+            who = (f"{runs.who(run.prompts, done[1])} ended {own.endings[done[1]]}, and before "
+                   f"round {done[0]} your policy planned it again, and again")
+        msg = (f"{run}: {who}: the check stopped the run at round {err.args[0]} (the engine's "
+               f"own run takes {own.rounds} rounds). A request ends on EOS, a stop string or its "
+               f"limit: never plan a finished one again")
+        return fails("finished_scheduled", msg)
     if isinstance(err, EngineStalled):
         left = [c for c in calls if c[1] in err.prompt_indexes]
         i = left[-1][1] if left else err.prompt_indexes[0]
         has = len(engine.requests[i].output_ids) if i < len(engine.requests) else 0
-        detail = (f"before round {left[-1][0]} your policy declined {runs.who(run.prompts, i)} with {left[-1][2]} "
-                  f"of its {run.max_new} tokens and {left[-1][3]} round(s) in flight" if left else
-                  f"your policy declined {runs.who(run.prompts, i)} before it reached its limit")
-        return fails("stalled", f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
-                                f"it can never finish ({err.reason})")
+        detail = f"your policy declined {runs.who(run.prompts, i)} before it reached its limit"
+        if left:
+            detail = (f"before round {left[-1][0]} your policy declined {runs.who(run.prompts, i)} "
+                      f"with {left[-1][2]} of its {run.max_new} tokens and {left[-1][3]} round(s) "
+                      f"in flight")
+        msg = (f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
+               f"it can never finish ({err.reason})")
+        return fails("stalled", msg)
     return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
+
+
+def timed_out(up, what: str, run, now, endings) -> Verdict:
+    """A lab run the check's time limit stopped inside the learner's ``what``: where, for which
+    prompt, and how that prompt should have ended."""
+    where = f"{run}: your {what} was {up}"
+    if now.prompt is not None:
+        where += (f", called for {runs.who(run.prompts, now.prompt)} before round {now.round}, "
+                  f"with {now.tokens} token(s) committed; it should have ended "
+                  f"{endings[now.prompt]}")
+    return fails("time_limit", f"{where}. The check stopped it there (it allows "
+                               f"{sandbox.TIME_LIMIT_S:.0f} s; the engine's own takes well under "
+                               f"one): a loop inside it never ends")
 
 
 def waited(calls, run) -> Verdict | None:
@@ -64,10 +89,11 @@ def waited(calls, run) -> Verdict | None:
     call = next((c for c in calls if c.waits), None)
     if call is None:
         return None
-    return fails("serializes", f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round "
-                               f"{call.round} waited for the device ({call.waits} wait(s)): each abort then stalls "
-                               f"the host until the device is idle, and the overlap is lost. Mark the request "
-                               f"aborted and let the round in flight free it when it is processed")
+    msg = (f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round {call.round} "
+           f"waited for the device ({call.waits} wait(s)): each abort then stalls the host until "
+           f"the device is idle, and the overlap is lost. Mark the request aborted and let the "
+           f"round in flight free it when it is processed")
+    return fails("serializes", msg)
 
 
 def aborted_another(calls, run) -> Verdict | None:
@@ -79,94 +105,114 @@ def aborted_another(calls, run) -> Verdict | None:
         call = judged[0]
     if call is None:
         return None
+    asked = f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round {call.round}"
     if not call.others:
-        return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
-                                      f"{call.round}, your abort left it as it was: unfinished, still "
-                                      f"{'waiting' if call.waiting else 'running'}. Did it find the request? Look "
-                                      f"it up by its id (`r.id == request_id` in `engine.requests`): ids keep "
-                                      f"counting across `generate` calls")
-    return fails("wrong_request", f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round "
-                                  f"{call.round}, your abort stopped {runs.who(run.prompts, call.others[0])}: "
-                                  f"find the request by its id (`r.id == request_id`); ids keep counting across "
-                                  f"`generate` calls, so an id is not a position in `engine.requests`")
+        msg = (f"{asked}, your abort left it as it was: unfinished, still "
+               f"{'waiting' if call.waiting else 'running'}. Did it find the request? Look it up "
+               f"by its id (`r.id == request_id` in `engine.requests`): ids keep counting across "
+               f"`generate` calls")
+        return fails("wrong_request", msg)
+    msg = (f"{asked}, your abort stopped {runs.who(run.prompts, call.others[0])}: find the request "
+           f"by its id (`r.id == request_id`); ids keep counting across `generate` calls, so an id "
+           f"is not a position in `engine.requests`")
+    return fails("wrong_request", msg)
 
 
 def freed_wrongly(record, run) -> Verdict | None:
     """Lab 2: a free the race checker saw under a launched round, or a second free, from the record
     (there even when the learner's code swallowed the RaceError)."""
     for free in record.of(Free):
+        who = runs.who(run.prompts, free.prompt)
         if free.in_use:
             rnd, stage = free.in_use[0]
-            return fails("free_in_use", f"{run}: your abort freed {runs.who(run.prompts, free.prompt)}'s KV blocks "
-                                        f"{list(free.blocks)} while round {rnd}'s `{stage}`, launched and not "
-                                        f"processed, may still write them. Mark it aborted now, free it when "
-                                        f"`num_inflight == 0`")
+            msg = (f"{run}: your abort freed {who}'s KV blocks {list(free.blocks)} while round "
+                   f"{rnd}'s `{stage}`, launched and not processed, may still write them. Mark it "
+                   f"aborted now, free it when `num_inflight == 0`")
+            return fails("free_in_use", msg)
         if free.double:
-            return fails("double_free", f"{run}: {runs.who(run.prompts, free.prompt)}'s KV blocks "
-                                        f"{list(free.double)} were freed a second time: a pool that takes a block "
-                                        f"back twice hands it to two requests")
+            msg = (f"{run}: {who}'s KV blocks {list(free.double)} were freed a second time: a pool "
+                   f"that takes a block back twice hands it to two requests")
+            return fails("double_free", msg)
     return None
 
 
 def abort_error(err: Exception, run, ref, engine) -> Verdict:
-    """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the first
-    request left, how it should have ended and where it stopped."""
-    if isinstance(err, (EngineStalled, runs.Runaway)):
-        left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
-        left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
-        req = left[0] if left else None
-        where = (f"{runs.who(run.prompts, req.index)} should have ended {ref.endings[req.index]}; it stopped with "
-                 f"{len(req.output_ids)} token(s)" if req else "a request could not end")
-    if isinstance(err, EngineStalled) and err.reason == "finished_kept_blocks":
-        return fails("kept_blocks", f"{run}: {where}, aborted with no round in flight, and nobody freed it: only "
-                                    f"processing a round frees its requests, and an aborted request is never "
-                                    f"scheduled again. Free it at once when `num_inflight == 0`")
-    if isinstance(err, EngineStalled) and err.reason == "loop_returned_with_work":
-        return fails("stalled", f"{run}: {where}, unfinished, and no round plans it again, so the run cannot "
-                                f"end: an aborted request is finished, with the reason \"abort\" ({err})")
-    if isinstance(err, EngineStalled):
-        return fails("stalled", f"{run}: {where}: the engine could not go on ({err.reason}): {err}")
+    """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the
+    first request left, how it should have ended and where it stopped."""
+    if not isinstance(err, (EngineStalled, runs.Runaway)):
+        return fails("raised", f"your abort raised {type(err).__name__}: {err}")
+    left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
+    left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
+    where = f"{run}: a request could not end"
+    if left:
+        where = (f"{run}: {runs.who(run.prompts, left[0].index)} should have ended "
+                 f"{ref.endings[left[0].index]}; it stopped with {len(left[0].output_ids)} "
+                 f"token(s)")
     if isinstance(err, runs.Runaway):
-        return fails("still_running", f"{run}: {where}, and rounds kept going in for it: the check stopped the "
-                                      f"run at round {err.args[0]} (the engine's own run takes {ref.rounds}). An "
-                                      f"aborted request is finished: set its `finish_reason` to \"abort\"")
-    return fails("raised", f"your abort raised {type(err).__name__}: {err}")
+        msg = (f"{where}, and rounds kept going in for it: the check stopped the run at round "
+               f"{err.args[0]} (the engine's own run takes {ref.rounds}). An aborted request is "
+               f"finished: set its `finish_reason` to \"abort\"")
+        return fails("still_running", msg)
+    if err.reason == "finished_kept_blocks":
+        msg = (f"{where}, aborted with no round in flight, and nobody freed it: only processing a "
+               f"round frees its requests, and an aborted request is never scheduled again. Free "
+               f"it at once when `num_inflight == 0`")
+        return fails("kept_blocks", msg)
+    if err.reason == "loop_returned_with_work":
+        msg = (f"{where}, unfinished, and no round plans it again, so the run cannot end: an "
+               f"aborted request is finished, with the reason \"abort\" ({err})")
+        return fails("stalled", msg)
+    return fails("stalled", f"{where}: the engine could not go on ({err.reason}): {err}")
 
 
 def abort_outcome(got, ref, engine, calls, run) -> Verdict | None:
-    """Lab 2: a run that ended: its pool, the aborted waiting requests (one admitted shifts every later
-    round), each request against the engine's own abort, then the discarded outputs."""
+    """Lab 2: a run that ended: its pool, the aborted waiting requests (one admitted shifts every
+    later round), each request against the engine's own abort, then the discarded outputs."""
     lost = runs.lost_blocks(engine)
     if lost:
-        return fails("kept_blocks", f"{run}: after the run {lost} KV blocks never came back to the pool: an "
-                                    f"aborted request left `running` without its blocks being freed")
-    started = next((c for c in calls if c.waiting and runs.admitted_after(engine.record.events, c.prompt, c.round)),
-                   None)
+        msg = (f"{run}: after the run {lost} KV blocks never came back to the pool: an aborted "
+               f"request left `running` without its blocks being freed")
+        return fails("kept_blocks", msg)
+    events = engine.record.events
+    started = next((c for c in calls
+                    if c.waiting and runs.admitted_after(events, c.prompt, c.round)), None)
     if started:
-        return fails("aborted_scheduled", f"{run}: {runs.who(run.prompts, started.prompt)} was aborted while "
-                                          f"waiting (before round {started.round}), yet a later round admitted and "
-                                          f"prefilled it for nothing: take it out of `engine.scheduler.waiting`")
+        msg = (f"{run}: {runs.who(run.prompts, started.prompt)} was aborted while waiting (before "
+               f"round {started.round}), yet a later round admitted and prefilled it for nothing: "
+               f"take it out of `engine.scheduler.waiting`")
+        return fails("aborted_scheduled", msg)
     for i, ((ids, reason), (ref_ids, ref_reason)) in enumerate(zip(got, ref.outs)):
-        who = f"{run}: {runs.who(run.prompts, i)}"
-        if reason == "abort" and ref_reason != "abort":
-            return fails("overwrote_finish", f"{who} had ended {ref.endings[i]} before its abort arrived; your "
-                                             f"abort replaced the reason by \"abort\". Leave a finished request "
-                                             f"alone")
-        if len(ids) > len(ref_ids) and ref_reason == "abort":
-            return fails("still_running", f"{who} was aborted with {len(ref_ids)} tokens but went on to {len(ids)} "
-                                          f"({reason}): set its `finish_reason` to \"abort\" so that no round "
-                                          f"plans it again")
-        if ids == ref_ids and reason != ref_reason:
-            return fails("wrong_reason", f"{who} stopped where the engine's own abort stops it, but finished as "
-                                         f"{reason!r}: an aborted request's reason is \"abort\"" if ref_reason ==
-                                         "abort" else f"{who} should have ended {ref.endings[i]}, but finished "
-                                         f"as {reason!r}")
-        if ids != ref_ids:
-            return fails("wrong_tokens", f"{who}: {len(ids)} tokens ({reason}), where it should have ended "
-                                         f"{ref.endings[i]}")
+        verdict = _abort_request(f"{run}: {runs.who(run.prompts, i)}", (ids, reason),
+                                 (ref_ids, ref_reason), ref.endings[i])
+        if verdict is not None:
+            return verdict
     if engine.stats.discarded_outputs > ref.discarded:
-        return fails("wrong", f"{run}: {engine.stats.discarded_outputs} outputs discarded, the engine's own abort: "
-                              f"{ref.discarded}: rounds went in for requests already aborted")
+        msg = (f"{run}: {engine.stats.discarded_outputs} outputs discarded, the engine's own "
+               f"abort: {ref.discarded}: rounds went in for requests already aborted")
+        return fails("wrong", msg)
+    return None
+
+
+def _abort_request(who: str, got, ref, ending) -> Verdict | None:
+    """Lab 2: one request's (tokens, reason) against the engine's own abort's."""
+    (ids, reason), (ref_ids, ref_reason) = got, ref
+    if reason == "abort" and ref_reason != "abort":
+        msg = (f"{who} had ended {ending} before its abort arrived; your abort replaced the reason "
+               f"by \"abort\". Leave a finished request alone")
+        return fails("overwrote_finish", msg)
+    if len(ids) > len(ref_ids) and ref_reason == "abort":
+        msg = (f"{who} was aborted with {len(ref_ids)} tokens but went on to {len(ids)} "
+               f"({reason}): set its `finish_reason` to \"abort\" so that no round plans it again")
+        return fails("still_running", msg)
+    if ids == ref_ids and reason != ref_reason:
+        msg = f"{who} should have ended {ending}, but finished as {reason!r}"
+        if ref_reason == "abort":
+            msg = (f"{who} stopped where the engine's own abort stops it, but finished as "
+                   f"{reason!r}: an aborted request's reason is \"abort\"")
+        return fails("wrong_reason", msg)
+    if ids != ref_ids:
+        return fails("wrong_tokens", f"{who}: {len(ids)} tokens ({reason}), where it should have "
+                                     f"ended {ending}")
     return None
 
 
@@ -180,23 +226,25 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     if req is None:
         return fails("stalled", f"{run}: the run could not go on ({err})")
     has, want = len(req.output_ids), endings[req.index]
-    where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with {has} "
-             f"token(s), unfinished")
+    where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with "
+             f"{has} token(s), unfinished")
     if isinstance(err, runs.Runaway):
-        return fails("stalled", f"{where}, and the check stopped the run at round {err.args[0]}: your commit "
-                                f"kept it from reaching its end. Set `req.finish_reason` where a request ends")
+        msg = (f"{where}, and the check stopped the run at round {err.args[0]}: your commit kept "
+               f"it from reaching its end. Set `req.finish_reason` where a request ends")
+        return fails("stalled", msg)
     if has >= run.max_new and want.how == LIMIT_AT_ROUND_END:
-        return fails("stalled", f"{where}: its limit's token was the last of a round's run, and your commit "
-                                f"did not end the request there, so no round plans it again and it can never "
-                                f"finish. Check the limit after each token: `len(req.output_ids) >= "
-                                f"req.max_new_tokens`")
+        msg = (f"{where}: its limit's token was the last of a round's run, and your commit did not "
+               f"end the request there, so no round plans it again and it can never finish. Check "
+               f"the limit after each token: `len(req.output_ids) >= req.max_new_tokens`")
+        return fails("stalled", msg)
     return fails("stalled", f"{where}: no round plans it again, and it can never finish. Set "
-                            f"`req.finish_reason` where a request ends (\"length\", \"stop\", \"eos\")")
+                            f"`req.finish_reason` where a request ends (\"length\", \"stop\", "
+                            f"\"eos\")")
 
 
 def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
-    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake named;
-    ``ending``: how the run's request ends with the engine's own commit."""
+    """Lab 4: prompt ``i``'s (tokens, text, reason) against the serial run's, the first mistake
+    named; ``ending``: how the run's request ends with the engine's own commit."""
     (ids, text, reason), (ref_ids, ref_text, ref_reason) = got, ref
     tok, max_new, stop = engine.tokenizer, run.max_new, run.stop
     if (ids, text, reason) == ref:
@@ -228,10 +276,11 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
                      + ("the stop string stays in the text: cut it off" if kept else
                         "the stop string was completed inside a round's run, or across two, and missed"))
     if reason == "stop" and ref_reason == "length" and ref_ids[: len(ids)] == ids:
-        return fails("stop_past_limit", f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a "
-                                        f"stop string completed only by a token past the limit, in the limit's "
-                                        f"own run, ended it. One token at a time, the limit's token ends it "
-                                        f"first: check the limit after each token, not after the run")
+        msg = (f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a stop string "
+               f"completed only by a token past the limit, in the limit's own run, ended it. One "
+               f"token at a time, the limit's token ends it first: check the limit after each "
+               f"token, not after the run")
+        return fails("stop_past_limit", msg)
     if ref_ids[: len(ids)] == ids:
         return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")

@@ -22,24 +22,27 @@ from . import endings, pool
 
 @dataclass(frozen=True)
 class Ended:
-    """How one request of a lab's reference run ended (``how``: one of ``endings.HOW``, read from the
-    run by ``endings.run_endings``), with the tokens it kept: what a lab's messages say it should do."""
+    """How one request of a lab's reference run ended (``how``: one of ``endings.HOW``, read from
+    the run by ``endings.run_endings``), with the tokens it kept: what a lab's messages say it
+    should do."""
 
     how: str
     tokens: int
 
     def __str__(self) -> str:
+        limit = f"on its limit, {self.tokens} tokens,"
         return {endings.EOS: f"on EOS after {self.tokens} tokens",
                 endings.STOP: f"on a stop string after {self.tokens} tokens",
-                endings.LIMIT_AT_ROUND_END: f"on its limit, {self.tokens} tokens, the last of a round's run",
-                endings.LIMIT_IN_SPEC_STEP: f"on its limit, {self.tokens} tokens, inside a round's accepted run",
+                endings.LIMIT_AT_ROUND_END: f"{limit} the last of a round's run",
+                endings.LIMIT_IN_SPEC_STEP: f"{limit} inside a round's accepted run",
                 endings.ABORT: f"by its abort, with {self.tokens} tokens"}[self.how]
 
 
 def ended(engine, completions) -> tuple[Ended, ...]:
     """How each request of ``engine``'s last run (``completions``) ended."""
     hows = {i: e.how for i, e in endings.run_endings(engine)}
-    return tuple(Ended(hows.get(i, endings.ABORT), len(c.token_ids)) for i, c in enumerate(completions))
+    return tuple(Ended(hows.get(i, endings.ABORT), len(c.token_ids))
+                 for i, c in enumerate(completions))
 
 
 # Prompts whose stories end (EOS) within a dozen tokens with the shipped model: after 11, 8, 12.
@@ -62,24 +65,27 @@ class PolicyRun:
     held: int = 1
     prompts: tuple = tuple(pool.PROMPTS)
     drafts: int = 0
-    aborts: tuple = ()  # (round, prompt): the engine's own abort just before that round is scheduled
+    aborts: tuple = ()  # (round, prompt): the engine's own abort just before that round's schedule
 
     def __str__(self) -> str:
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
-        return (loop + (f" with {self.drafts} drafts" if self.drafts else "") + f", limit {self.max_new}"
+        return (loop + (f" with {self.drafts} drafts" if self.drafts else "")
+                + f", limit {self.max_new}"
                 + (f", stop strings {list(self.stop)}" if self.stop else "")
                 + (f", aborts (round, prompt) {list(self.aborts)}" if self.aborts else "")
-                + ("" if self.prompts == tuple(pool.PROMPTS) else f", prompts {list(self.prompts)}"))
+                + ("" if self.prompts == tuple(pool.PROMPTS)
+                   else f", prompts {list(self.prompts)}"))
 
 
-# lab 1: the notebook's run; stop strings, stories that end (EOS) and an abort (prompt 1, a round in
-# flight); a limit reached right after the prefill; a larger limit under the serial loop; three rounds
-# in flight (a policy that assumes one, or caps them at two, fails there); drafts, whose runs end on
-# the limit inside a round's accepted run
+# lab 1: the notebook's run; stop strings, stories that end (EOS) and an abort (prompt 1, a round
+# in flight); a limit reached right after the prefill; a larger limit under the serial loop; three
+# rounds in flight (a policy that assumes one, or caps them at two, fails there); drafts, whose
+# runs end on the limit inside a round's accepted run
 _ENDING = (*pool.PROMPTS[:2], *STORY_ENDS)
 _ONE_BATCH = tuple(pool.PROMPTS[:3])
-POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING, aborts=((5, 1),)), PolicyRun(2),
-               PolicyRun(15, held=0, prompts=_ONE_BATCH), PolicyRun(12, held=3, prompts=_ONE_BATCH),
+POLICY_RUNS = (PolicyRun(12), PolicyRun(12, (" the",), prompts=_ENDING, aborts=((5, 1),)),
+               PolicyRun(2), PolicyRun(15, held=0, prompts=_ONE_BATCH),
+               PolicyRun(12, held=3, prompts=_ONE_BATCH),
                PolicyRun(12, (" the",), prompts=(*pool.PROMPTS, *STORY_ENDS), drafts=3))
 
 
@@ -96,26 +102,32 @@ class AbortRun:
 
     def __str__(self) -> str:
         return (f"ZOS {f'with {self.drafts} drafts' if self.drafts else 'without drafts'}, limit "
-                f"{self.max_new}, stop strings {list(self.stop)}, aborts (round, prompt) {list(self.aborts)}")
+                f"{self.max_new}, stop strings {list(self.stop)}, aborts (round, prompt) "
+                f"{list(self.aborts)}")
 
 
-# lab 2. Without drafts: a waiting request; one in flight; the same again; one just prefilled; one its
-# stop string finished, a round still in flight; a story that ends (EOS) after the aborts. With drafts:
-# a waiting one; one EOS finished, its extra round in flight; one in flight; one its limit finished
-ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]), ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))),
-              AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0], "A little cat",
-                        "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)), drafts=pool.DRAFTS))
+# lab 2. Without drafts: a waiting request; one in flight; the same again; one just prefilled; one
+# its stop string finished, a round still in flight; a story that ends (EOS) after the aborts. With
+# drafts: a waiting one; one EOS finished, its extra round in flight; one in flight; one its limit
+# finished
+ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]),
+                       ((1, 4), (3, 1), (4, 1), (5, 3), (8, 0))),
+              AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0],
+                        "A little cat", "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)),
+                       drafts=pool.DRAFTS))
 DEPTHS = (1, 2, 3)  # lab 3: rounds a loop keeps in flight, and one more drawn per check (deeper_depth)
-# a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races; with drafts
-# the limit falls inside a round's accepted run
+# a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races; with
+# drafts one limit falls inside a round's accepted run, one at its end
 RING_NEW = MAX_SLOTS + 4
-# lab 3's prompts: one ends on its stop string, one on EOS, one on the limit
-RING_PROMPTS, RING_STOP = (STORY_ENDS[1], "There was a fox", "One day, the little", "Once upon a time"), ("re",)
+# lab 3's prompts: one ends on EOS, two on the limit, one on its stop string
+RING_PROMPTS = (STORY_ENDS[1], "There was a fox", "One day, the little", "Once upon a time")
+RING_STOP = ("re",)
 
 
 @dataclass(frozen=True)
 class CommitRun:
-    """Lab 4: one ZOS run a commit is judged on (``drafts``: the engine's draft tokens, 0 for none)."""
+    """Lab 4: one ZOS run a commit is judged on (``drafts``: the engine's draft tokens, 0 for
+    none)."""
 
     prompts: tuple
     max_new: int
@@ -129,8 +141,8 @@ class CommitRun:
 
 # lab 4, with 3 drafts: stops inside a run and across two, limits inside a run and at a run's end;
 # EOS inside a run, a stop on the limit's token; a stop string that a token past the limit, in the
-# limit's own run, would complete (prompt 0: serial 12 tokens and "length"). Without drafts: one token
-# a round, so every limit falls at a round's end; stops and stories that end
+# limit's own run, would complete (prompt 0: serial 12 tokens and "length"). Without drafts: one
+# token a round, so every limit falls at a round's end; stops and stories that end
 COMMIT_RUNS = (CommitRun(tuple(pool.PROMPTS), 30, (" was", ".")),
                CommitRun((*STORY_ENDS[:2], "One day, the little"), 28, (" the",)),
                CommitRun(tuple(pool.PROMPTS), 12, (" a",)),
@@ -152,10 +164,11 @@ def policy_engine(run: PolicyRun):
 def _policy_generate(run: PolicyRun, on_round=None):
     loop = loops.serial_loop if run.held == 0 else None if run.held == 1 else plugins.keep_in_flight(run.held)
     if run.aborts:
-        on_round = _then(on_round, plugins.aborts(lambda engine, request_id: engine.abort(request_id), run.aborts))
+        own_abort = plugins.aborts(lambda engine, request_id: engine.abort(request_id), run.aborts)
+        on_round = _then(on_round, own_abort)
     with plugins.ring(max(2, run.held + 1)):
-        return policy_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
-                                           on_round=on_round, loop=loop)
+        return policy_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new,
+                                           stop=list(run.stop), on_round=on_round, loop=loop)
 
 
 def _then(first, second):
@@ -184,8 +197,22 @@ def own_run(run: PolicyRun) -> OwnRun:
     """Lab 1: the engine's own policy under ``run``."""
     engine = policy_engine(run)
     outs = _policy_generate(run)
-    return OwnRun([c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs, flushes(engine),
-                  ended(engine, outs))
+    return OwnRun([c.token_ids for c in outs], engine.stats.rounds, engine.stats.discarded_outputs,
+                  flushes(engine), ended(engine, outs))
+
+
+@dataclass
+class InProgress:
+    """The learner's call a lab run is in, noted before each call: a check its time limit stops can
+    then say where (before ``round``, for ``prompt``, which had ``tokens`` committed)."""
+
+    round: int | None = None
+    prompt: int | None = None
+    tokens: int = 0
+
+    def at(self, engine, req) -> None:
+        self.round, self.prompt = engine.scheduler.round, req.index
+        self.tokens = len(req.output_ids)
 
 
 class Runaway(Exception):
@@ -203,20 +230,22 @@ def capped(on_round, cap: int):
     return bounded
 
 
-def policy_run(policy, run: PolicyRun, cap: int):
+def policy_run(policy, run: PolicyRun, cap: int, now: InProgress | None = None):
     """Lab 1: ``run`` with the scheduler asking ``policy``: (the engine, its outputs or error, the
     policy's calls as (round, prompt, committed, in flight, finished, wanted)).  Past round ``cap``
-    it raises Runaway."""
-    engine, calls = policy_engine(run), []
+    it raises Runaway; each call is noted in ``now`` first."""
+    engine, calls, now = policy_engine(run), [], now or InProgress()
 
     def spy(req):
+        now.at(engine, req)
         wanted = policy(req)
         calls.append((engine.scheduler.round, req.index, len(req.output_ids), req.num_inflight, req.finished,
                       bool(wanted)))
         return wanted
 
     try:
-        return engine, _policy_generate(run, capped(plugins.per_request(wants_more=spy), cap)), calls
+        outs = _policy_generate(run, capped(plugins.per_request(wants_more=spy), cap))
+        return engine, outs, calls
     except Exception as err:  # noqa: BLE001 - judged by the caller
         return engine, err, calls
 
@@ -254,10 +283,12 @@ def abort_engine(run: AbortRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None):
+def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None = None,
+              now: InProgress | None = None):
     """Lab 2: ``run`` with ``abort(engine, request_id)`` called per its aborts; the completions.
-    Each call is noted in ``calls`` (AbortCall); past round ``cap`` it raises Runaway."""
-    calls = [] if calls is None else calls
+    Each call is noted in ``calls`` (AbortCall) and, before it is made, in ``now``; past round
+    ``cap`` it raises Runaway."""
+    calls, now = [] if calls is None else calls, now or InProgress()
 
     def watched(engine, request_id):
         req = next((r for r in engine.requests if r.id == request_id), None)
@@ -268,16 +299,18 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         calls.append(call)
         unfinished = [r for r in engine.requests if r is not req and not r.finished]
         queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
+        now.at(engine, req)
         abort(engine, request_id)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
         call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
         if not queued[0]:
-            call.untouched = queued == (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
+            after = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
+            call.untouched = queued == after
     on_round = plugins.aborts(watched, run.aborts)
     if cap is not None:
         on_round = capped(on_round, cap)
-    return abort_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
-                                      on_round=on_round)
+    return abort_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new,
+                                      stop=list(run.stop), on_round=on_round)
 
 
 def admitted_after(events, prompt: int, round: int) -> bool:
@@ -302,8 +335,8 @@ def abort_reference(index: int) -> AbortReference:
     run = ABORT_RUNS[index]
     engine = abort_engine(run)
     outs = abort_run(lambda engine, request_id: engine.abort(request_id), run)
-    return AbortReference([(c.token_ids, c.finish_reason) for c in outs], engine.stats.discarded_outputs,
-                          engine.stats.rounds, ended(engine, outs))
+    return AbortReference([(c.token_ids, c.finish_reason) for c in outs],
+                          engine.stats.discarded_outputs, engine.stats.rounds, ended(engine, outs))
 
 
 def lost_blocks(engine) -> int:
@@ -328,7 +361,8 @@ def deeper_depth() -> int:
 
 @functools.lru_cache(maxsize=1)
 def _spec_ring_engine() -> Engine:
-    """Lab 3 with drafts: the ring engine's twin with the pool's drafts; closed when Python exits."""
+    """Lab 3 with drafts: the ring engine's twin with the pool's drafts; closed when Python
+    exits."""
     with plugins.ring(MAX_SLOTS):
         engine = Engine(EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=pool.DRAFTS))
     atexit.register(engine.close)
@@ -344,8 +378,8 @@ def _ring_generate(depth: int, drafts: int = 0, on_round=None, loop=None):
     round held), whose correction covers the drafts; ``plugins.keep_in_flight`` has none."""
     if loop is None and not drafts:
         loop = plugins.keep_in_flight(depth)
-    return ring_engine(drafts).generate(list(RING_PROMPTS), max_new_tokens=RING_NEW, stop=list(RING_STOP),
-                                        on_round=on_round, loop=loop)
+    return ring_engine(drafts).generate(list(RING_PROMPTS), max_new_tokens=RING_NEW,
+                                        stop=list(RING_STOP), on_round=on_round, loop=loop)
 
 
 @functools.lru_cache(maxsize=1)
@@ -375,15 +409,21 @@ def commit_engine(run: CommitRun):
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
-def commit_run(index: int, commit=None, loop=None, cap: int | None = None):
-    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own;
-    past round ``cap`` it raises Runaway."""
-    run, on_round = COMMIT_RUNS[index], None
+def commit_run(index: int, commit=None, loop=None, cap: int | None = None,
+               now: InProgress | None = None):
+    """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own,
+    each call noted in ``now`` first; past round ``cap`` it raises Runaway."""
+    run, on_round, now = COMMIT_RUNS[index], None, now or InProgress()
+    engine = commit_engine(run)
+
+    def noted(req, tokens, eos_id, decode):
+        now.at(engine, req)
+        return commit(req, tokens, eos_id, decode)
     if commit is not None:
-        on_round = plugins.per_request(commit=commit)
+        on_round = plugins.per_request(commit=noted)
     if cap is not None:
         on_round = capped(on_round, cap)
-    return commit_engine(run).generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
+    return engine.generate(list(run.prompts), max_new_tokens=run.max_new, stop=list(run.stop),
                                        on_round=on_round, loop=loop)
 
 

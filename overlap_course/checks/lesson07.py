@@ -16,7 +16,7 @@ from toy_engine.run import EngineStalled
 
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
-from . import pool
+from . import pool, sandbox
 from .answers import int_set, items, show, whole
 from .harness import exercise_check, notebook_check
 from .lab_runs import DEPTHS
@@ -84,27 +84,34 @@ def _warm_policy_runs() -> None:
 
 @exercise_check(plugins.ring_engine, _warm_policy_runs)
 def check_wants_more(wants_more) -> Verdict:
-    """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that differ
-    in limit, stop strings, stories that end, drafts and rounds in flight (runs.POLICY_RUNS), against
-    the engine's own policy: no round may go in for a request the rounds in flight already finish,
-    and none may be missing."""
+    """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that
+    differ in limit, stop strings, stories that end, an abort, drafts and rounds in flight
+    (runs.POLICY_RUNS), against the engine's own policy: no round may go in for a request the
+    rounds in flight already finish, and none may be missing."""
     for run in runs.POLICY_RUNS:
-        own = runs.own_run(run)
-        engine, got, calls = runs.policy_run(wants_more, run, cap=3 * own.rounds)
+        own, now = runs.own_run(run), runs.InProgress()
+        try:
+            engine, got, calls = runs.policy_run(wants_more, run, 3 * own.rounds, now)
+        except sandbox.TimeUp as up:
+            return mistakes.timed_out(up, "wants_more", run, now, own.endings)
         if isinstance(got, Exception):
             return mistakes.policy_error(got, calls, run, own, engine)
         if [c.token_ids for c in got] != own.ids:
-            return fails("wrong_tokens", f"{run}: {pool.compare([c.token_ids for c in got], own.ids)}")
+            differ = pool.compare([c.token_ids for c in got], own.ids)
+            return fails("wrong_tokens", f"{run}: {differ}")
         if engine.stats.discarded_outputs > own.discarded:
             return mistakes.extra_step(calls, engine, own, run)
         if runs.flushes(engine) > own.flushes:
-            return fails("serializes", f"{run}: your policy declined rounds the engine's own plans, so the loop "
-                                       f"ran out of rounds to launch and waited for the device: {runs.flushes(engine)} "
-                                       f"flushes instead of {own.flushes}, the overlap lost there. Count the rounds "
-                                       f"in flight instead of waiting for them")
-    return passes(f"no round went in for a request the rounds in flight already finish, and none was missing, in "
-                  f"{'; '.join(map(str, runs.POLICY_RUNS))}: the engine's own rounds and discarded outputs (a stop, "
-                  f"an EOS or a draft's acceptance is known only once processed), and the same tokens")
+            msg = (f"{run}: your policy declined rounds the engine's own plans, so the loop "
+                   f"ran out of rounds to launch and waited for the device: "
+                   f"{runs.flushes(engine)} flushes instead of {own.flushes}, the overlap lost "
+                   f"there. Count the rounds in flight instead of waiting for them")
+            return fails("serializes", msg)
+    runs_made = "; ".join(map(str, runs.POLICY_RUNS))
+    return passes(f"no round went in for a request the rounds in flight already finish, and none "
+                  f"was missing, in {runs_made}: the engine's own rounds and discarded outputs (a "
+                  f"stop, an EOS or a draft's acceptance is known only once processed), and the "
+                  f"same tokens")
 
 
 # ------------------------------------------------------------------ lab 2: an abort in flight
@@ -152,23 +159,27 @@ def _warm_abort_runs() -> None:
 @exercise_check(_warm_abort_runs)
 def check_abort(abort) -> Verdict:
     """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of ZOS runs with and without
-    drafts (a waiting request, one in flight, the same again, one just prefilled, one finished by its
-    stop, one by EOS), against the engine's own ``Engine.abort``, and each call watched: whether it
-    waited for the device."""
+    drafts (a waiting request, one in flight, the same again, one just prefilled, ones finished by
+    a stop, EOS or the limit), against the engine's own ``Engine.abort``, and each call watched:
+    whether it waited for the device."""
     for index, run in enumerate(runs.ABORT_RUNS):
         verdict = _abort_verdict(abort, index, run)
         if verdict is not None:
             return verdict
-    return passes("each aborted request stopped at once and kept what it had; its cache went back when no "
-                  "launched round could touch it, once; a waiting one never started, and a finished one "
-                  "kept its reason (stop or EOS), with drafts and without")
+    return passes("each aborted request stopped at once and kept what it had; its cache went back "
+                  "when no launched round could touch it, once; a waiting one never started, and a "
+                  "finished one kept its reason (a stop, EOS or the limit), with drafts and "
+                  "without")
 
 
 def _abort_verdict(abort, index: int, run) -> Verdict | None:
     """Lab 2: one run's verdict, or None when it shows no mistake."""
-    engine, ref, calls = runs.abort_engine(run), runs.abort_reference(index), []
+    engine, ref = runs.abort_engine(run), runs.abort_reference(index)
+    calls, now = [], runs.InProgress()
     try:
-        outs, err = runs.abort_run(abort, run, calls, cap=3 * ref.rounds), None
+        outs, err = runs.abort_run(abort, run, calls, 3 * ref.rounds, now), None
+    except sandbox.TimeUp as up:
+        return mistakes.timed_out(up, "abort", run, now, ref.endings)
     except NotImplementedError:
         return not_implemented("`abort`")
     except Exception as exc:  # noqa: BLE001 - judged below
@@ -228,9 +239,9 @@ def _warm_ring_runs() -> None:
 
 @exercise_check(_warm_ring_runs)
 def check_ring_slots(ring_slots) -> Verdict:
-    """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds; DEPTHS and
-    one deeper, drawn per check, each run on a ring that size, race checker on, and one slot smaller;
-    depth 1 also with drafts (the ZOS loop)."""
+    """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
+    DEPTHS and one deeper, drawn per check, each run on a ring that size, race checker on, and
+    one slot smaller; depth 1 also with drafts (the ZOS loop)."""
     sizes, depths = [], (*DEPTHS, runs.deeper_depth())
     for depth in depths:
         try:
@@ -248,8 +259,9 @@ def check_ring_slots(ring_slots) -> Verdict:
             if verdict is not None:
                 return verdict
         sizes.append(slots)
-    return passes(f"depths {list(depths)} need rings of {sizes} (depth 1 with drafts too): every held round "
-                  f"keeps its slot until it is waited for, and the round being prepared needs one more")
+    return passes(f"depths {list(depths)} need rings of {sizes} (depth 1 with drafts too): every "
+                  f"held round keeps its slot until it is waited for, and the round being prepared "
+                  f"needs one more")
 
 
 def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:
@@ -258,15 +270,17 @@ def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:
     loop = f"a loop holding {depth} round(s)" + (f" (ZOS with {drafts} drafts)" if drafts else "")
     got = runs.ring_run(depth, slots, drafts)
     if isinstance(got, RaceError):
-        return fails("race", f"{loop} on a ring of {slots}: preparing round {got.round + slots} writes "
-                             f"`{got.buffer}` while round {got.round}'s upload, a step the loop still holds, may "
-                             f"read it (the race checker: {got})")
+        msg = (f"{loop} on a ring of {slots}: preparing round {got.round + slots} writes "
+               f"`{got.buffer}` while round {got.round}'s upload, a step the loop still holds, may "
+               f"read it (the race checker: {got})")
+        return fails("race", msg)
     if got != runs.ring_reference():
-        return fails("wrong_tokens", f"{loop}, ring {slots}: {pool.compare(got, runs.ring_reference())}")
+        differ = pool.compare(got, runs.ring_reference())
+        return fails("wrong_tokens", f"{loop}, ring {slots}: {differ}")
     if slots > 1 and not isinstance(runs.ring_run(depth, slots - 1, drafts), RaceError):
-        return fails("too_many", f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs {loop} "
-                                 f"race-free: each slot is host and device memory (metadata, temperatures, "
-                                 f"outputs)")
+        msg = (f"ring_slots({depth}) = {slots}, but a ring of {slots - 1} already runs {loop} "
+               f"race-free: each slot is host and device memory (metadata, temperatures, outputs)")
+        return fails("too_many", msg)
     return None
 
 
@@ -311,16 +325,19 @@ def _warm_commit_runs() -> None:
 
 @exercise_check(_warm_commit_runs)
 def check_commit(commit) -> Verdict:
-    """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs with
-    each round's accepted run, on ZOS runs with and without drafts against the serial run's outputs."""
+    """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs
+    with each round's accepted run, on ZOS runs with and without drafts against the serial run's
+    outputs."""
     if not callable(commit):  # a run without one would use the engine's own commit, and pass
         return fails("shape", "commit must be a function, commit(req, tokens, eos_id, decode); "
                               f"got {show(commit)}")
     for index, run in enumerate(runs.COMMIT_RUNS):
-        endings, rounds = runs.commit_endings(index)
+        (endings, rounds), now = runs.commit_endings(index), runs.InProgress()
         engine = runs.commit_engine(run)
         try:
-            outs = runs.commit_run(index, commit, cap=3 * rounds)
+            outs = runs.commit_run(index, commit, cap=3 * rounds, now=now)
+        except sandbox.TimeUp as up:
+            return mistakes.timed_out(up, "commit", run, now, endings)
         except NotImplementedError:
             return not_implemented("`commit`")
         except RecursionError:
@@ -335,6 +352,7 @@ def check_commit(commit) -> Verdict:
             verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)
             if verdict is not None:
                 return verdict
-    return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the length limit "
-                  f"inside a round's accepted run ({pool.DRAFTS} drafts) cuts it there, a limit at a round's end "
-                  f"(one token a round, without drafts) ends it, and the text matches the tokens")
+    return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the "
+                  f"length limit inside a round's accepted run ({pool.DRAFTS} drafts) cuts it "
+                  f"there, a limit at a round's end (one token a round, without drafts) ends it, "
+                  f"and the text matches the tokens")
