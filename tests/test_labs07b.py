@@ -116,3 +116,13 @@ def test_the_plugins_refuse_bad_input_naming_it():
             call()
     with pytest.raises(plugins_2026.BadAnswer, match="key returned 7 for prompt 0 .* from 0 to 2"):
         pool.engine().generate(PROMPTS, max_new_tokens=4, loop=plugins_2026.future_key(lambda req, b: 7))
+
+
+def test_the_site_the_readme_and_the_guide_list_07b_as_optional():
+    repo = NOTEBOOK.parent.parent
+    index = (repo / "site" / "index.md").read_text()
+    assert "\nnotebooks/07b_bugs_of_2026\n" in index and "{doc}`notebooks/07b_bugs_of_2026` | *optional:*" in index
+    readme = (repo / "README.md").read_text()
+    assert "| `notebooks/07b_bugs_of_2026` | *optional:*" in readme
+    guide = (repo / "docs" / "instructor_guide.md").read_text()
+    assert "07b Bugs of 2026 (optional: homework" in guide and "tests/labs07b_corpus.py" in guide
