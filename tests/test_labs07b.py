@@ -46,7 +46,7 @@ def test_lab5_the_shipped_queue_breaks_title_case_one_token_late(shipped_queue):
     # the mask is built from round N - 2's token
     assert lesson07b.first_stray_capital(text) == first_space + 2
     assert checks.check_stale_mask(first_space + 2, engine).passed
-    for answer, category in ((first_space + 1, "at_the_space"), (first_space + 3, "one_step_late"),
+    for answer, category in ((first_space + 1, "at_the_space"), (first_space + 3, "off_by_one"),
                              (0, "wrong"), ("3", "shape")):
         rejects(checks.check_stale_mask(answer, engine), category)
 
@@ -110,8 +110,10 @@ def test_the_notebooks_learner_cells_start_from_the_shipped_bugs():
 def test_the_notebook_states_the_runs_the_fix_checks_make():
     text = " ".join(c.source.replace("\n", " ") for c in nbformat.read(NOTEBOOK, as_version=4).cells
                     if c.cell_type == "markdown")
-    depths = sorted({d for _, d in lesson07b.QUEUE_RUNS})
+    depths = sorted({run[1] for run in lesson07b.QUEUE_RUNS})
     assert f"queues of {depths[0]} and {depths[1]} steps, with and without title case" in text
+    assert any(run[2] for run in lesson07b.QUEUE_RUNS)
+    assert "a stop string that ends requests" in text
     assert f"speculation with {pool.DRAFTS} drafts" in text and "five prompts on three rows" in text
     assert len(lesson07b.LEAK_PROMPTS) == 5
 

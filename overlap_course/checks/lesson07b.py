@@ -23,9 +23,12 @@ from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_stale_mask", "check_before_sample", "check_token_leak", "check_future_key"]
 
-QUEUE_NEW = 16
-# lab 5: (title case on?, steps the queue holds): the constraint at two depths, and without it
-QUEUE_RUNS = ((True, 2), (True, 3), (False, 2), (False, 3))
+QUEUE_NEW = 12
+# lab 5: (title case on?, steps the queue holds, stop strings): the constraint at two depths, and
+# without it; the stop " Ben" ends two requests early, so a batch shrinks while a step is held
+# (the blind round's false pass: a fix that waited only when the batch had not changed)
+QUEUE_RUNS = ((True, 2, ()), (True, 2, (" Ben",)), (True, 3, (" Ben",)), (False, 2, (" Ben",)),
+              (False, 3, ()))
 LEAK_PROMPTS = (*pool.PROMPTS, "A little cat")
 # lab 6: (prompts, limit, stop strings, drafts): requests leaving the batch at different rounds
 # and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed
@@ -97,6 +100,10 @@ def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
         return fails("setup", "this engine's last run kept title case: pass the title-case "
                               "engine right after the shipped queue's run (the cell above)")
     space = text.rfind(" ", 0, want - 1)
+    if want != space + 2:
+        return fails("setup", f"this engine's last run built its masks {want - space - 1} tokens "
+                              f"late, not the notebook's queue of two steps (a Try-it run?): run "
+                              f"the shipped queue's cell above again, then this one")
     if got == want:
         return passes(f"{want}: when round N's sample goes in, round N - 1 is still held, so "
                       f"its mask is built from round N - 2's token, one token late. The letter "
@@ -108,10 +115,11 @@ def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
                      f"force it was built from an older token. Which token had the host "
                      f"committed when that sample went in?")
     if got == want + 1:
-        return fails("one_step_late",
-                     "that is a mask two tokens late. The queue processes its oldest step once "
-                     "it is full, before the sample: at round N's sample, round N - 2's token "
-                     "is on the host and only round N - 1's is missing")
+        return fails("off_by_one",
+                     "one past it: count the text's characters from 0. (Counted from 0 already? "
+                     "Then that is a mask two tokens late: the queue processes its oldest step "
+                     "once it is full, before the sample, so at round N's sample only round "
+                     "N - 1's token is missing)")
     return fails("wrong", f"{got} is not it: find the first space in prompt {prompt}'s text "
                           f"and count how many tokens late the mask is when the queue holds two "
                           f"steps")
@@ -121,22 +129,23 @@ def _queue_engine(constrained: bool):
     return plugins_2026.title_ring_engine() if constrained else plugins.ring_engine()
 
 
-def _queue_generate(constrained: bool, loop):
-    return _queue_engine(constrained).generate(pool.PROMPTS, max_new_tokens=QUEUE_NEW, loop=loop)
-
-
-@functools.lru_cache(maxsize=2)
-def queue_serial(constrained: bool) -> list[list[int]]:
-    """Lab 5: the serial loop's tokens (nothing in flight: every mask is built from the newest)."""
-    return [c.token_ids for c in _queue_generate(constrained, loops.serial_loop)]
+def _queue_generate(constrained: bool, loop, stop=()):
+    return _queue_engine(constrained).generate(pool.PROMPTS, max_new_tokens=QUEUE_NEW,
+                                               stop=list(stop), loop=loop)
 
 
 @functools.lru_cache(maxsize=4)
-def queue_depths(depth: int) -> list[int]:
+def queue_serial(constrained: bool, stop=()) -> list[list[int]]:
+    """Lab 5: the serial loop's tokens (nothing in flight: every mask is built from the newest)."""
+    return [c.token_ids for c in _queue_generate(constrained, loops.serial_loop, stop)]
+
+
+@functools.lru_cache(maxsize=4)
+def queue_depths(depth: int, stop=()) -> list[int]:
     """Lab 5: the steps still held at each sample of the shipped queue, no constraint (full
     depth)."""
     with plugins.ring(depth + 1):
-        _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0))
+        _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0), stop)
     return in_flight_at_samples(plugins.ring_engine().record.events)
 
 
@@ -149,10 +158,10 @@ def _title_constraint():
 
 def _warm_queue():
     _title_constraint()
-    for constrained in (True, False):
-        queue_serial(constrained)
-    for depth in {d for _, d in QUEUE_RUNS}:
-        queue_depths(depth)
+    for constrained, depth, stop in QUEUE_RUNS:
+        queue_serial(constrained, stop)
+        if not constrained:
+            queue_depths(depth, stop)
 
 
 def _run_error(err: Exception, what: str) -> Verdict:
@@ -188,21 +197,23 @@ def check_before_sample(before_sample) -> Verdict:
 
 
 def _queue_verdict(before_sample) -> Verdict:
-    for constrained, depth in QUEUE_RUNS:
-        what = f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
+    for constrained, depth, stop in QUEUE_RUNS:
+        what = (f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
+                + (f", stop {list(stop)}" if stop else ""))
         try:
             with plugins.ring(depth + 1):
-                outs = _queue_generate(constrained, plugins_2026.batch_queue(depth, before_sample))
+                outs = _queue_generate(constrained, plugins_2026.batch_queue(depth, before_sample),
+                                       stop)
         except Exception as err:  # noqa: BLE001 - judged below
             return _run_error(err, "`before_sample`")
-        got, want = [c.token_ids for c in outs], queue_serial(constrained)
+        got, want = [c.token_ids for c in outs], queue_serial(constrained, stop)
         if got != want:
             return fails("wrong_tokens", f"{what}: {pool.compare(got, want)} (title case broken: "
                                          f"a mask was built before the token it depends on "
                                          f"reached the host)")
         held, shipped = in_flight_at_samples(_queue_engine(constrained).record.events), None
         if not constrained:
-            shipped = queue_depths(depth)
+            shipped = queue_depths(depth, stop)
         if shipped is not None and held != shipped:
             at = next(i for i, (a, b) in enumerate(zip(held, shipped)) if a != b)
             return fails("waits_without_need",
