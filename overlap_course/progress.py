@@ -75,7 +75,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "06_real_traces": ("check_idle_share", "check_idle_sync", "check_idle_sync:culprit_mine"),  # optional chapter
     "07_bugs_that_shipped": ("check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort",
                              "check_ring_race", "check_ring_slots", "check_overshoot", "check_commit"),  # optional
-    "07b_bugs_of_2026": ("check_stale_mask", "check_before_sample", "check_token_leak", "check_future_key"),  # optional
+    "07b_bugs_of_2026": ("check_stale_mask", "check_before_sample", "check_token_leak",
+                         "check_future_key"),  # optional
 }
 # The course's order (notebook, then its exercise), for the views.
 ORDER = ("00_start_here", "01_tiny_gpt", "02_serial_engine", "02_serial_loop", "03a_zos_order",

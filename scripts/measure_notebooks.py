@@ -62,7 +62,8 @@ COURSE = {
     "notebooks/07b_bugs_of_2026": 0,
 }
 #: Listed in the tables and tracks, but not part of "the whole course" total: an optional chapter.
-OPTIONAL = {"notebooks/06_real_traces", "notebooks/07_bugs_that_shipped", "notebooks/07b_bugs_of_2026"}
+OPTIONAL = {"notebooks/06_real_traces", "notebooks/07_bugs_that_shipped",
+            "notebooks/07b_bugs_of_2026"}
 #: Run time measured, learner minutes not: no learner has tried them yet, and a formula would have
 #: to guess the minutes of writing their fixes.  Shown as "not yet measured", left out of the totals.
 UNTIMED = {"notebooks/07_bugs_that_shipped", "notebooks/07b_bugs_of_2026"}

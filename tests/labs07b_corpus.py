@@ -18,7 +18,7 @@ class Fix:
     category: str = "passed"
 
 
-# ---------------------------------------------------------------- lab 5: before_sample(engine, plan, held)
+# ------------------------------------------------- lab 5: before_sample(engine, plan, held)
 
 def before_sample(engine, plan, held):  # the reference: with a mask to build, every held step
     return len(held) if engine.constraint is not None else 0
@@ -29,7 +29,8 @@ def before_sample_sharing(engine, plan, held):
     if engine.constraint is None:
         return 0
     mine = {r.id for r in plan.requests}
-    return max((i + 1 for i, step in enumerate(held) if mine & {r.id for r in step.plan.requests}), default=0)
+    sharing = [i + 1 for i, step in enumerate(held) if mine & {r.id for r in step.plan.requests}]
+    return max(sharing, default=0)
 
 
 def before_sample_one_at_a_time(engine, plan, held):

@@ -32,8 +32,9 @@ SUPPORT_HEADER = ["engine", "overlap on by default", "with speculative decoding"
                   "with structured output (grammar)", "with pipeline parallelism"]
 SOURCES = "Sources read"
 # Tables whose rows are PRs and issues, each cited with its state and date (issue 36's update)
-TRACKER_TABLES = {"Other engines that overlap": ["engine", "what it overlaps", "reference"],
-                  "Overlap bugs of 2025–2026": ["engine", "reference", "what went wrong", "in the toy"]}
+TRACKER_TABLES = {
+    "Other engines that overlap": ["engine", "what it overlaps", "reference"],
+    "Overlap bugs of 2025–2026": ["engine", "reference", "what went wrong", "in the toy"]}
 STATE = re.compile(r"^`?\s*\((merged|closed|open)\b")
 
 CODE_REF = re.compile(r"`(?P<repo>[\w.-]+/[\w.-]+)@(?P<sha>[0-9a-f]{8}) (?P<path>[\w./-]+): (?P<name>[^`]+)`")
@@ -167,9 +168,11 @@ def tracker_table_problems(text: str) -> list[str]:
             refs = list(TRACKER_REF.finditer(cells))
             if not refs:
                 problems.append(f"{title} / {row[0]}: cites no PR or issue")
-            problems += [f"{title} / {row[0]}: {ref} without its date" for ref in undated_trackers(cells)]
-            problems += [f"{title} / {row[0]}: {m.group(0)} without its state (merged, closed, open)"
-                         for m in refs if not STATE.match(cells[m.end():])]
+            problems += [f"{title} / {row[0]}: {ref} without its date"
+                         for ref in undated_trackers(cells)]
+            stateless = [m.group(0) for m in refs if not STATE.match(cells[m.end():])]
+            problems += [f"{title} / {row[0]}: {ref} without its state (merged, closed, open)"
+                         for ref in stateless]
     return problems
 
 
@@ -202,10 +205,12 @@ MUTATIONS = {
                                "`toy_engine/engine.py: Engine.launch_sampling`", reference_problems),
     "a support cell loses its date": ("(merged, opened 2024-11-19)", "(merged)", support_problems),
     "a bug loses its state": ("`NVIDIA/TensorRT-LLM#16280` (closed, opened 2026-07-12)",
-                              "`NVIDIA/TensorRT-LLM#16280` (opened 2026-07-12)", tracker_table_problems),
+                              "`NVIDIA/TensorRT-LLM#16280` (opened 2026-07-12)",
+                              tracker_table_problems),
     "a bug loses its date": ("`sgl-project/sglang#24745` (closed, opened 2026-05-09) |",
                              "`sgl-project/sglang#24745` (closed) |", tracker_table_problems),
-    "a table of bugs disappears": ("## Overlap bugs of 2025–2026", "## Bugs", tracker_table_problems),
+    "a table of bugs disappears": ("## Overlap bugs of 2025–2026", "## Bugs",
+                                   tracker_table_problems),
 }
 
 

@@ -12,7 +12,8 @@ restoring what a cell patched).
 
 import overlap_course.measure  # noqa: F401  (the contention meter watches the runs checks make)
 
-from . import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07, lesson07b
+from . import (lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
+               lesson07b)
 from .lesson00 import *  # noqa: F401,F403
 from .lesson01 import *  # noqa: F401,F403
 from .lesson02 import *  # noqa: F401,F403

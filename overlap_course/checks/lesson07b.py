@@ -23,20 +23,25 @@ from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_stale_mask", "check_before_sample", "check_token_leak", "check_future_key"]
 
-QUEUE_NEW = 16
-# lab 5: (title case on?, steps the queue holds): the constraint at two depths, and without it
-QUEUE_RUNS = ((True, 2), (True, 3), (False, 2), (False, 3))
+QUEUE_NEW = 12
+# lab 5: (title case on?, steps the queue holds, stop strings): the constraint at two depths, and
+# without it; the stop " Ben" ends two requests early, so a batch shrinks while a step is held
+# (the blind round's false pass: a fix that waited only when the batch had not changed)
+QUEUE_RUNS = ((True, 2, ()), (True, 2, (" Ben",)), (True, 3, (" Ben",)), (False, 2, (" Ben",)),
+              (False, 3, ()))
 LEAK_PROMPTS = (*pool.PROMPTS, "A little cat")
 # lab 6: (prompts, limit, stop strings, drafts): requests leaving the batch at different rounds
-# and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed too (a key
-# that differs between a request's prefill and its decodes loses its drafts: only acceptance shows it)
+# and a fifth admitted mid-run; then speculation, whose drafts and accepted counts are keyed
+# too (a key that differs between a request's prefill and its decodes loses its drafts: only
+# acceptance shows it)
 KEY_RUNS = ((LEAK_PROMPTS, 16, (" the",), 0), (LEAK_PROMPTS, 16, (" was", "."), 0),
             (LEAK_PROMPTS, 16, ("a",), 0), (LEAK_PROMPTS, 24, (), pool.DRAFTS))
 
 
 def first_stray_capital(text: str) -> int | None:
     """Index of the first capital letter that no space precedes (title case broken), or None."""
-    return next((j for j in range(1, len(text)) if text[j].isupper() and text[j - 1] != " "), None)
+    return next((j for j in range(1, len(text)) if text[j].isupper() and text[j - 1] != " "),
+                None)
 
 
 def in_flight_at_samples(events) -> list[int]:
@@ -63,7 +68,8 @@ def leaks(events) -> list[tuple[int, int, int]]:
     found = []
     for r in sorted(plans):
         before = plans.get(r - 1, ())
-        decode_before = any(first[p] < r - 1 for p in before)  # a prefill round admits new prompts only
+        # a prefill round admits new prompts only
+        decode_before = any(first[p] < r - 1 for p in before)
         for b, p in enumerate(plans[r]):
             if decode_before and p in before and before[b] != p:
                 found.append((r, p, before[b]))
@@ -81,79 +87,93 @@ def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
         return unanswered("set `stray_at` to the index of a character in prompt 0's text")
     got = whole(answer)
     if got is None:
-        return fails("shape", f"write one whole number, a character's index in the text, not {show(answer)}")
+        return fails("shape", f"write one whole number, a character's index in the text, "
+                              f"not {show(answer)}")
     try:
         text = engine.completions[prompt].text
         constrained = engine.constraint is not None
     except (AttributeError, IndexError, TypeError):
-        return fails("setup", "pass the title-case engine right after its run with the shipped queue")
+        return fails("setup", "pass the title-case engine right after its run with the shipped "
+                              "queue")
     want = first_stray_capital(text)
     if not constrained or want is None:
-        return fails("setup", "this engine's last run kept title case: pass the title-case engine right after "
-                              "the shipped queue's run (the cell above)")
+        return fails("setup", "this engine's last run kept title case: pass the title-case "
+                              "engine right after the shipped queue's run (the cell above)")
     space = text.rfind(" ", 0, want - 1)
+    if want != space + 2:
+        return fails("setup", f"this engine's last run built its masks {want - space - 1} tokens "
+                              f"late, not the notebook's queue of two steps (a Try-it run?): run "
+                              f"the shipped queue's cell above again, then this one")
     if got == want:
-        return passes(f"{want}: when round N's sample goes in, round N - 1 is still held, so its mask is built "
-                      f"from round N - 2's token, one token late. The letter after the space at {space} was "
-                      f"sampled unmasked, and the space forced a capital one token later, at {want} "
-                      f"({text[:want + 1]!r})")
+        return passes(f"{want}: when round N's sample goes in, round N - 1 is still held, so "
+                      f"its mask is built from round N - 2's token, one token late. The letter "
+                      f"after the space at {space} was sampled unmasked, and the space forced "
+                      f"a capital one token later, at {want} ({text[:want + 1]!r})")
     if got == space + 1:
-        return fails("at_the_space", f"index {got} is where title case wants the capital; the mask that "
-                                     f"should force it was built from an older token. Which token had the host "
-                                     f"committed when that sample went in?")
+        return fails("at_the_space",
+                     f"index {got} is where title case wants the capital; the mask that should "
+                     f"force it was built from an older token. Which token had the host "
+                     f"committed when that sample went in?")
     if got == want + 1:
-        return fails("one_step_late", f"that is a mask two tokens late. The queue processes its oldest step "
-                                      f"once it is full, before the sample: at round N's sample, round N - 2's "
-                                      f"token is on the host and only round N - 1's is missing")
-    return fails("wrong", f"{got} is not it: find the first space in prompt {prompt}'s text and count how many "
-                          f"tokens late the mask is when the queue holds two steps")
+        return fails("off_by_one",
+                     "one past it: count the text's characters from 0. (Counted from 0 already? "
+                     "Then that is a mask two tokens late: the queue processes its oldest step "
+                     "once it is full, before the sample, so at round N's sample only round "
+                     "N - 1's token is missing)")
+    return fails("wrong", f"{got} is not it: find the first space in prompt {prompt}'s text "
+                          f"and count how many tokens late the mask is when the queue holds two "
+                          f"steps")
 
 
 def _queue_engine(constrained: bool):
     return plugins_2026.title_ring_engine() if constrained else plugins.ring_engine()
 
 
-def _queue_generate(constrained: bool, loop):
-    return _queue_engine(constrained).generate(pool.PROMPTS, max_new_tokens=QUEUE_NEW, loop=loop)
-
-
-@functools.lru_cache(maxsize=2)
-def queue_serial(constrained: bool) -> list[list[int]]:
-    """Lab 5: the serial loop's tokens (nothing in flight: every mask is built from the newest)."""
-    return [c.token_ids for c in _queue_generate(constrained, loops.serial_loop)]
+def _queue_generate(constrained: bool, loop, stop=()):
+    return _queue_engine(constrained).generate(pool.PROMPTS, max_new_tokens=QUEUE_NEW,
+                                               stop=list(stop), loop=loop)
 
 
 @functools.lru_cache(maxsize=4)
-def queue_depths(depth: int) -> list[int]:
-    """Lab 5: the steps still held at each sample of the shipped queue, no constraint (full depth)."""
+def queue_serial(constrained: bool, stop=()) -> list[list[int]]:
+    """Lab 5: the serial loop's tokens (nothing in flight: every mask is built from the newest)."""
+    return [c.token_ids for c in _queue_generate(constrained, loops.serial_loop, stop)]
+
+
+@functools.lru_cache(maxsize=4)
+def queue_depths(depth: int, stop=()) -> list[int]:
+    """Lab 5: the steps still held at each sample of the shipped queue, no constraint (full
+    depth)."""
     with plugins.ring(depth + 1):
-        _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0))
+        _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0), stop)
     return in_flight_at_samples(plugins.ring_engine().record.events)
 
 
 @functools.lru_cache(maxsize=1)
 def _title_constraint():
-    """The title-case engine's own constraint, kept to put it back if a learner's code replaced it."""
+    """The title-case engine's own constraint, kept to put it back if a learner's code
+    replaced it."""
     return plugins_2026.title_ring_engine().constraint
 
 
 def _warm_queue():
     _title_constraint()
-    for constrained in (True, False):
-        queue_serial(constrained)
-    for depth in {d for _, d in QUEUE_RUNS}:
-        queue_depths(depth)
+    for constrained, depth, stop in QUEUE_RUNS:
+        queue_serial(constrained, stop)
+        if not constrained:
+            queue_depths(depth, stop)
 
 
 def _run_error(err: Exception, what: str) -> Verdict:
-    """A run that raised: the plug-in's own refusal, the race checker, the device, or the code."""
+    """A run that raised: the plug-in's own refusal, the race checker, the device, or the
+    code."""
     if isinstance(err, NotImplementedError):
         return not_implemented(what)
     if isinstance(err, plugins_2026.BadAnswer):
         return fails("shape", str(err))
     if isinstance(err, StepProcessedTwice):
-        return fails("processed_twice", f"a held step was processed twice ({err}): return how many to process "
-                                        f"and let the loop do it")
+        return fails("processed_twice", f"a held step was processed twice ({err}): return how "
+                                        f"many to process and let the loop do it")
     if isinstance(err, RaceError):
         return fails("race", f"the race checker stopped the run: {err}")
     if isinstance(err, DeviceError):
@@ -170,34 +190,40 @@ def check_before_sample(before_sample) -> Verdict:
     title = plugins_2026.title_ring_engine()
     if title.constraint is not _title_constraint():
         title.constraint = _title_constraint()
-        return fails("edits_engine", "your code replaced the engine's `constraint` while the check ran (put back "
-                                     "now): the sampler's mask is the engine's; decide only how many held steps "
-                                     "to process")
+        return fails("edits_engine", "your code replaced the engine's `constraint` while the "
+                                     "check ran (put back now): the sampler's mask is the "
+                                     "engine's; decide only how many held steps to process")
     return verdict
 
 
 def _queue_verdict(before_sample) -> Verdict:
-    for constrained, depth in QUEUE_RUNS:
-        what = f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
+    for constrained, depth, stop in QUEUE_RUNS:
+        what = (f"a queue holding {depth} steps, {'title case' if constrained else 'no constraint'}"
+                + (f", stop {list(stop)}" if stop else ""))
         try:
             with plugins.ring(depth + 1):
-                outs = _queue_generate(constrained, plugins_2026.batch_queue(depth, before_sample))
+                outs = _queue_generate(constrained, plugins_2026.batch_queue(depth, before_sample),
+                                       stop)
         except Exception as err:  # noqa: BLE001 - judged below
             return _run_error(err, "`before_sample`")
-        got, want = [c.token_ids for c in outs], queue_serial(constrained)
+        got, want = [c.token_ids for c in outs], queue_serial(constrained, stop)
         if got != want:
-            return fails("wrong_tokens", f"{what}: {pool.compare(got, want)} (title case broken: a mask was "
-                                         f"built before the token it depends on reached the host)")
-        held = in_flight_at_samples(_queue_engine(constrained).record.events)
-        if not constrained and held != queue_depths(depth):
-            at = next(i for i, (a, b) in enumerate(zip(held, queue_depths(depth))) if a != b)
-            return fails("waits_without_need", f"{what}: at sample {at} the queue held {held[at]} step(s), the "
-                                               f"shipped queue {queue_depths(depth)[at]}: with no constraint the "
-                                               f"sampler reads nothing the host holds, so processing a step early "
-                                               f"only makes the host wait and the queue shallower")
-    return passes("with title case every mask was built from the request's newest token, as in the serial run; "
-                  "without it the queue stayed as deep as it was built: the host waits only for what the "
-                  "sampler reads")
+            return fails("wrong_tokens", f"{what}: {pool.compare(got, want)} (title case broken: "
+                                         f"a mask was built before the token it depends on "
+                                         f"reached the host)")
+        held, shipped = in_flight_at_samples(_queue_engine(constrained).record.events), None
+        if not constrained:
+            shipped = queue_depths(depth, stop)
+        if shipped is not None and held != shipped:
+            at = next(i for i, (a, b) in enumerate(zip(held, shipped)) if a != b)
+            return fails("waits_without_need",
+                         f"{what}: at sample {at} the queue held {held[at]} step(s), the shipped "
+                         f"queue {shipped[at]}: with no constraint the sampler reads nothing the "
+                         f"host holds, so processing a step early only makes the host wait and "
+                         f"the queue shallower")
+    return passes("with title case every mask was built from the request's newest token, as in "
+                  "the serial run; without it the queue stayed as deep as it was built: the host "
+                  "waits only for what the sampler reads")
 
 
 # ------------------------------------------------------------------ lab 6: whose token is it?
@@ -231,24 +257,26 @@ def check_token_leak(answer, engine) -> Verdict:
     except AttributeError:
         return fails("setup", "pass the engine right after the run with the shipped key")
     if not found:
-        return fails("setup", "this engine's last run took no token from another request: pass the engine right "
-                              "after the shipped key's run (the cell above)")
+        return fails("setup", "this engine's last run took no token from another request: pass "
+                              "the engine right after the shipped key's run (the cell above)")
     first = found[0][0]
     want = {p: q for r, p, q in found if r == first}
     round_, pairs = got
     if (round_, pairs) == (first, want):
-        return passes(f"({first}, {want}): round {first} is the first whose batch lost a request while the round "
-                      f"before was still in flight; each request behind the gap moved up a place, and its "
-                      f"newest token, still on the device, was read under its new place: the token the request "
-                      f"that sat there left")
+        return passes(f"({first}, {want}): round {first} is the first whose batch lost a request "
+                      f"while the round before was still in flight; each request behind the gap "
+                      f"moved up a place, and its newest token, still on the device, was read "
+                      f"under its new place: the token the request that sat there left")
     if round_ != first:
-        return fails("wrong_round", f"round {round_} is not the first: look for the first decode round whose batch "
-                                    f"differs from the round before it while that round was still in flight")
+        return fails("wrong_round", f"round {round_} is not the first: look for the first decode "
+                                    f"round whose batch differs from the round before it while "
+                                    f"that round was still in flight")
     if set(pairs) != set(want):
-        return fails("wrong_reader", f"in round {first}, which requests sit at a place another request held in "
-                                     f"round {first - 1}?")
-    return fails("wrong_owner", f"right requests, wrong owners: under the shipped map a request reads the key of "
-                                f"its place in round {first}; who sat at that place in round {first - 1}?")
+        return fails("wrong_reader", f"in round {first}, which requests sit at a place another "
+                                     f"request held in round {first - 1}?")
+    return fails("wrong_owner", f"right requests, wrong owners: under the shipped map a request "
+                                f"reads the key of its place in round {first}; who sat at that "
+                                f"place in round {first - 1}?")
 
 
 def _key_engine(drafts: int):
@@ -257,14 +285,16 @@ def _key_engine(drafts: int):
 
 def _key_generate(index: int, loop=None):
     prompts, limit, stop, drafts = KEY_RUNS[index]
-    return _key_engine(drafts).generate(list(prompts), max_new_tokens=limit, stop=list(stop), loop=loop)
+    return _key_engine(drafts).generate(list(prompts), max_new_tokens=limit, stop=list(stop),
+                                        loop=loop)
 
 
 @functools.lru_cache(maxsize=len(KEY_RUNS))
 def key_reference(index: int) -> tuple[list[list[int]], int]:
     """Lab 6: the engine's own ZOS run: (token ids, drafts accepted)."""
     outs = _key_generate(index)
-    return [c.token_ids for c in outs], _key_engine(KEY_RUNS[index][3]).stats.draft_tokens_accepted
+    accepted = _key_engine(KEY_RUNS[index][3]).stats.draft_tokens_accepted
+    return [c.token_ids for c in outs], accepted
 
 
 def _warm_keys():
@@ -279,7 +309,8 @@ def check_future_key(key) -> Verdict:
     drafts and accepted count, on runs where requests leave the batch, one joins mid-run, and
     drafts are on: the engine's own tokens and accepted drafts."""
     for index, (prompts, limit, stop, drafts) in enumerate(KEY_RUNS):
-        what = (f"{len(prompts)} prompts on 3 rows, limit {limit}" + (f", stop {list(stop)}" if stop else "")
+        what = (f"{len(prompts)} prompts on 3 rows, limit {limit}"
+                + (f", stop {list(stop)}" if stop else "")
                 + (f", {drafts} drafts" if drafts else ""))
         try:
             outs = _key_generate(index, plugins_2026.future_key(key))
@@ -288,13 +319,15 @@ def check_future_key(key) -> Verdict:
         want, accepted = key_reference(index)
         got = [c.token_ids for c in outs]
         if got != want:
-            return fails("leaked_tokens", f"{what}: {pool.compare(got, want)}: a request read a newest token, "
-                                          f"draft or accepted count another request had left under its key")
-        if _key_engine(drafts).stats.draft_tokens_accepted != accepted:
-            return fails("drafts_lost", f"{what}: the tokens are right (the target model checks every draft) but "
-                                        f"{_key_engine(drafts).stats.draft_tokens_accepted} drafts were accepted, the "
-                                        f"engine's own run {accepted}: requests proposed from another request's "
-                                        f"history")
-    return passes("every request found its own newest token, drafts and accepted count under its key, whoever "
-                  "left or joined the batch: a key must stay the same for a request's whole life and differ "
-                  "from every other live request's")
+            return fails("leaked_tokens", f"{what}: {pool.compare(got, want)}: a request read a "
+                                          f"newest token, draft or accepted count another "
+                                          f"request had left under its key")
+        mine = _key_engine(drafts).stats.draft_tokens_accepted
+        if mine != accepted:
+            return fails("drafts_lost",
+                         f"{what}: the tokens are right (the target model checks every draft) "
+                         f"but {mine} drafts were accepted, the engine's own run {accepted}: "
+                         f"requests proposed from another request's history")
+    return passes("every request found its own newest token, drafts and accepted count under its "
+                  "key, whoever left or joined the batch: a key must stay the same for a "
+                  "request's whole life and differ from every other live request's")

@@ -64,8 +64,8 @@ CATEGORIES = frozenset({
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
     "stopped_early", "stop_past_limit", "wrong_request",
     # 07b: bugs of 2026 (a sampler a step behind, the future map keyed by batch place)
-    "at_the_space", "one_step_late", "waits_without_need", "wrong_reader", "wrong_owner", "leaked_tokens",
-    "drafts_lost",
+    "at_the_space", "waits_without_need", "wrong_reader", "wrong_owner",
+    "leaked_tokens", "drafts_lost",
 })
 
 

@@ -61,8 +61,8 @@ def batch_queue(depth: int, before_sample):
 def _count(n, held: int) -> int:
     """``before_sample``'s answer, checked: a whole number of held steps, 0 to ``held``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= held:
-        raise BadAnswer(f"before_sample returned {shown(n)}: return how many of the {held} held step(s) "
-                         f"to process before this sample, a whole number from 0 to {held}")
+        raise BadAnswer(f"before_sample returned {shown(n)}: return how many of the {held} held "
+                        f"step(s) to process before this sample, a whole number from 0 to {held}")
     return int(n)
 
 
@@ -102,9 +102,9 @@ def _prepare_keyed(engine, plan, key):
     for b, req in enumerate(plan.requests):
         k = key(req, b)
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < rows:
-            raise BadAnswer(f"key returned {shown(k)} for prompt {req.index} (place {b} in round "
-                             f"{plan.round}'s batch): the device keeps {rows} rows, so return a whole "
-                             f"number from 0 to {rows - 1}")
+            raise BadAnswer(f"key returned {shown(k)} for prompt {req.index} (place {b} in "
+                            f"round {plan.round}'s batch): the device keeps {rows} rows, so return "
+                            f"a whole number from 0 to {rows - 1}")
         keys.append(int(k))
     own = [req.row for req in plan.requests]
     try:
