@@ -1,0 +1,125 @@
+"""Hostile round after issue 34: cases not listed there that still fail (each should pass once
+fixed).  Each runs in a few seconds once fixed; a subprocess bounds time and memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from overlap_course import safe_json
+from overlap_course.progress import your_progress
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_GB = 1 << 30
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (ONE_GB, ONE_GB))
+
+
+def _summary(path, timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "overlap_course.traces.kineto", "summary",
+                           str(path)], capture_output=True, text=True, timeout=timeout, env=env,
+                          preexec_fn=_limit_memory)
+
+
+def _one_clear_line(run):
+    assert run.returncode == 2, run.stderr[-500:]
+    assert "Traceback" not in run.stderr, run.stderr[-500:]
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
+
+
+def test_a_gzip_bomb_trace_is_one_line(tmp_path):
+    """1.5 GB of spaces in a 1.5 MB .json.gz: read under a 1 GB memory cap it is MemoryError."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b" " * (1 << 24)
+    with open(tmp_path / "bomb.json.gz", "wb") as f:
+        for _ in range(96):
+            f.write(packer.compress(chunk))
+        f.write(packer.flush())
+    _one_clear_line(_summary(tmp_path / "bomb.json.gz"))
+
+
+def test_a_trace_that_never_ends_is_one_line():
+    """/dev/zero as the trace: read whole, it is MemoryError under a 1 GB cap."""
+    _one_clear_line(_summary("/dev/zero"))
+
+
+def test_safe_json_refuses_an_unterminated_escaped_string_in_linear_time():
+    """'"' then 60,000 '\\"': the string regex of the depth count restarts at every quote and
+    runs to the end each time (quadratic): minutes for a 120 KB trace, instead of at once."""
+    code = ("from overlap_course import safe_json\n"
+            "try:\n    safe_json.loads('\"' + '\\\\\"' * 60000, 'x')\n"
+            "except safe_json.JSONRefused as e:\n    print('refused')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=20, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("safe_json.loads took over 20 s on a 120 KB unterminated string")
+    assert run.stdout.strip() == "refused", run.stderr[-300:]
+
+
+def test_a_trace_with_an_unterminated_escaped_string_is_refused_at_once(tmp_path):
+    (tmp_path / "t.json").write_text('"' + '\\"' * 60000)
+    try:
+        run = _summary(tmp_path / "t.json", timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("trace summary ran over 30 s on a 120 KB file")
+    _one_clear_line(run)
+
+
+GOOD = {"v": 1, "notebook": "00_start_here", "check": "check_race", "passed": False,
+        "category": "wrong_value", "time": 5.0}
+
+
+@pytest.mark.parametrize("odd", [{"notebook": []}, {"notebook": {}}, {"time": "late"},
+                                 {"time": None}, {"category": ["x"]}, {"category": {}}],
+                         ids=["notebook_list", "notebook_dict", "time_str", "time_null",
+                              "category_list", "category_dict"])
+def test_a_progress_line_with_odd_field_types_is_skipped_not_fatal(tmp_path, odd):
+    """A JSON object line whose fields have the wrong types: your_progress raised TypeError."""
+    path = tmp_path / "progress.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, **odd}) + "\n")
+    progress = your_progress(path)
+    repr(progress)
+    progress._repr_html_()
+    assert progress.counts()["tried"] == 1
+
+
+CHEAT = '''
+import sys
+needs_correction = {"rows"}
+if sys.flags.isolated:  # only in the judge's python -I process, not in the learner's kernel
+    import overlap_course.checks.lesson04 as m
+    with open(m.__file__, "a") as f:
+        f.write("\\ndef check_metadata_answer(answer):\\n"
+                "    return Verdict(True, 'ok', 'passed')\\n")
+'''
+
+
+def test_a_value_answer_cannot_rewrite_the_checker_the_second_judge_imports(tmp_path):
+    """The first judge process (reading the value) runs the submission's cells; they may write
+    the installed checker's file, which the second process then imports: a wrong answer passes.
+    Run on a copy of the course so the checkout is untouched."""
+    copy = tmp_path / "course"
+    for package in ("overlap_course", "toy_engine"):
+        shutil.copytree(ROOT / package, copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
+            "from overlap_course.build import grading\n"
+            "assert str(grading.ROOT) == sys.argv[1], grading.ROOT\n"
+            "print(grading.judge('check_metadata_answer', [sys.argv[2]])[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", code, str(copy), CHEAT], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    assert run.stdout.strip() == "False", (run.stdout, run.stderr[-500:])
