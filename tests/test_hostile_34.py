@@ -123,3 +123,84 @@ def test_a_value_answer_cannot_rewrite_the_checker_the_second_judge_imports(tmp_
     run = subprocess.run([sys.executable, "-c", code, str(copy), CHEAT], capture_output=True,
                          text=True, timeout=300, env=env, cwd=tmp_path)
     assert run.stdout.strip() == "False", (run.stdout, run.stderr[-500:])
+
+
+# The checks' arguments other than the answer (context a notebook passes), given odd values: each
+# raised instead of answering a Verdict (checks.check_done_after_wait's num_kernels=10**20 builds
+# a huge set, like the waited=10**20 listed in issue 34).
+ODD_CONTEXT = [
+    ("check_slot", (5, [1, 2], None, 4)),
+    ("check_slot", (5, [1, 2], 3, 1e308)),
+    ("check_slot", ([1], True, 3, 4)),
+    ("check_corrected_slots", ([1], None, [1, 2], 1, 4)),
+    ("check_corrected_slots", ([1], [1], [1, 2], 1, "x")),
+    ("check_true_key_length", (3, None, 1)),
+    ("check_true_key_length", (3, 5, "x")),
+    ("check_done_after_wait", ({1}, 1, "x")),
+    ("check_overhead_gap", (1.0, 10**400)),
+    ("check_overhead_gap", (1.0, None)),
+    ("check_decode_lengths", ([1], [1], None)),
+    ("check_processed_under", (1, None, 1)),
+    ("check_round_gap", (1.0, None, 1)),
+    ("check_largest_host_stage", ("x", None)),
+    ("check_ideal_ratio", (1.0, None, None)),
+    ("check_idle_fraction", (0.5, None)),
+    ("check_future_inputs", ([], [], [])),
+]
+
+
+@pytest.mark.parametrize("name,args", ODD_CONTEXT,
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(ODD_CONTEXT)])
+def test_a_check_answers_odd_context_arguments_with_a_verdict(name, args, tmp_path, monkeypatch):
+    monkeypatch.setenv("OVERLAP_PROGRESS_FILE", str(tmp_path / "progress.jsonl"))
+    from overlap_course import checks
+    from overlap_course.checks.verdict import Verdict
+
+    assert type(getattr(checks, name)(*args)) is Verdict
+
+
+def test_a_huge_num_kernels_is_a_verdict_not_a_huge_set(tmp_path):
+    """check_done_after_wait(answer, 1, num_kernels=10**20): MemoryError under a 3 GB cap."""
+    code = ("import resource\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+            "from overlap_course import checks\n"
+            "from overlap_course.checks.verdict import Verdict\n"
+            "print(type(checks.check_done_after_wait({1}, 1, 10**20)) is Verdict)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "OVERLAP_PROGRESS_FILE": str(tmp_path / "progress.jsonl")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert run.stdout.strip() == "True", run.stderr.strip().splitlines()[-1:]
+
+def test_grading_course_does_not_overwrite_an_instructors_edited_config(tmp_path):
+    """`grading course DEST` on an existing course replaced DEST/nbgrader_config.py (and the
+    assignments' sources) without a word: the instructor's edits were lost."""
+    from overlap_course.build import grading
+
+    edited = "# the instructor's own settings\nc = get_config()  # noqa\n"
+    (tmp_path / "nbgrader_config.py").write_text(edited)
+    try:
+        grading.main(["course", str(tmp_path), "04_seqlen_correction"])
+    except SystemExit:
+        pass
+    assert (tmp_path / "nbgrader_config.py").read_text() == edited
+
+
+@pytest.mark.parametrize("argv", [
+    ["overlap_course.measure.bench", "--requests", "64", "--repeats", "20"],
+    ["overlap_course.traces.kineto", "export", "OUT.json", "--prompts", "64"],
+], ids=["bench", "trace_export"])
+def test_ctrl_c_in_a_command_line_is_one_line_not_a_traceback(argv, tmp_path):
+    """A real SIGINT 10 s into a run: KeyboardInterrupt tracebacks from torch or the forkserver."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", *argv], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(10)
+    assert process.poll() is None, "the command ended before the SIGINT: give it more work"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert "Traceback" not in err, err[-600:]
+    assert len(err.strip().splitlines()) <= 1, err[-600:]
