@@ -204,3 +204,39 @@ def test_ctrl_c_in_a_command_line_is_one_line_not_a_traceback(argv, tmp_path):
     _, err = process.communicate(timeout=60)
     assert "Traceback" not in err, err[-600:]
     assert len(err.strip().splitlines()) <= 1, err[-600:]
+
+
+def test_a_database_with_another_verdicts_table_is_refused_at_start(tmp_path):
+    """A SQLite file whose `verdicts` table has other columns opened fine; every POST and GET
+    then failed with sqlite3.OperationalError (HTTP 500) instead of one refusal at start."""
+    import sqlite3
+
+    from overlap_course import progress_service
+
+    db = tmp_path / "room.sqlite"
+    other = sqlite3.connect(db)
+    other.execute("CREATE TABLE verdicts (x TEXT)")
+    other.commit()
+    other.close()
+    with pytest.raises(ValueError, match="room.sqlite"):
+        store = progress_service.open_store(str(db))
+        store.add("ana", {"notebook": "00_start_here", "check": "check_race", "passed": True,
+                          "category": "passed"})
+
+
+def test_two_unreadable_databases_in_one_second_are_both_kept(tmp_path, monkeypatch):
+    """The aside name has one-second resolution: a second unreadable file moved aside in the
+    same second replaced the first one (os.replace), which was silently lost.  The clock is
+    held at one second so the case does not depend on timing."""
+    from overlap_course import progress_service
+
+    monkeypatch.setattr(progress_service.time, "strftime", lambda fmt: "20261202-000000")
+
+    db = tmp_path / "room.sqlite"
+    for content in (b"first damaged file " * 50, b"second damaged file" * 50):
+        db.write_bytes(content)
+        progress_service.open_store(str(db)).db.close()
+        db.unlink()
+    kept = sorted(p.read_bytes()[:6] for p in tmp_path.glob("room.sqlite.unreadable-*")
+                  if not p.name.endswith(("-wal", "-shm")))
+    assert kept == [b"first ", b"second"]
