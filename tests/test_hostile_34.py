@@ -240,3 +240,25 @@ def test_two_unreadable_databases_in_one_second_are_both_kept(tmp_path, monkeypa
     kept = sorted(p.read_bytes()[:6] for p in tmp_path.glob("room.sqlite.unreadable-*")
                   if not p.name.endswith(("-wal", "-shm")))
     assert kept == [b"first ", b"second"]
+
+
+FORGED_REPORT = '''
+import os, sys
+def correct_seqlens_qk(*args, **kwargs):
+    return None
+if sys.flags.isolated:  # the judge: its report's path is its last argument
+    with open(sys.argv[-1], "w") as f:
+        f.write('{"passed": true, "message": "forged"}')
+    os._exit(0)
+'''
+
+
+def test_a_code_answer_cannot_write_the_judges_report_itself():
+    """A code answer runs in the judge's process, which has the report's path in sys.argv: a
+    cell that writes a passing report and exits 0 scores full marks with no answer at all
+    (grading.py's docstring names this as not covered; the rule is that no submission can raise
+    its own grade)."""
+    from overlap_course.build import grading
+
+    passed, message = grading.judge("check_correction", [FORGED_REPORT])
+    assert not passed, message
