@@ -262,3 +262,19 @@ def test_a_code_answer_cannot_write_the_judges_report_itself():
 
     passed, message = grading.judge("check_correction", [FORGED_REPORT])
     assert not passed, message
+
+
+def test_a_huge_progress_record_is_read_within_bounded_memory(tmp_path):
+    """A 2 GB record (sparse: NUL bytes, no newline) under a 1 GB cap: read_record reads it
+    whole, so your_progress() raised MemoryError instead of skipping what it cannot read."""
+    record = tmp_path / "progress.jsonl"
+    with open(record, "wb") as f:
+        f.truncate(2 * ONE_GB)
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+            "from overlap_course.progress import your_progress\n"
+            "print(your_progress(sys.argv[1]).counts()['not reached'] > 0)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", code, str(record)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert run.stdout.strip() == "True", run.stderr.strip().splitlines()[-1:]
