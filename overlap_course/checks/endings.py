@@ -58,7 +58,8 @@ DECLARED: dict[str, frozenset[Ending]] = {
     | endings(ABORT, drafts=True),
     # notebook 03a's three rounds: one prompt to its limit
     "check_three_rounds": endings(LIMIT_AT_ROUND_END, drafts=False),
-    # notebook 07's lab fixes (checks/lab_runs.py: POLICY_RUNS, ABORT_RUNS, ring runs, COMMIT_RUNS)
+    # notebook 07's lab fixes (checks/lab_workloads.py: POLICY_RUNS, ABORT_RUNS, ring runs,
+    # COMMIT_RUNS)
     "check_wants_more": _ALL_PLAIN | _ALL_DRAFTED | endings(ABORT, drafts=False),
     "check_abort": _ALL_PLAIN | _ALL_DRAFTED | endings(ABORT, drafts=False)
     | endings(ABORT, drafts=True),
