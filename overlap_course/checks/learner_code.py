@@ -187,7 +187,8 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
     if err.reason == "unprocessed_inflight" and unprocessed:
         r = unprocessed[0]
         held = [log.requests[i] for i in log.plans.get(r, ())]
-        if held and all(q.finish_reason in ("eos", "stop", "length") for q in held):
+        if held and all(q.finish_reason in ("eos", "stop", "length") and max(log.committed.get(q.index, [r])) < r
+                        for q in held):  # finished before round r, whose step then held only them
             return fails("skipped_extra_step", skipped_step_message(log, r, held))
         if mode == "zos" and r not in log.prefill and r + 1 in log.prefill:
             return fails("dropped_at_prefill",

@@ -289,10 +289,11 @@ def _commit_mistake(call, who: str) -> Verdict | None:
     for req, (n1, finished, holds, running) in zip(reqs, call["after"]):
         if finished and n1 == 0 and holds:
             return fails("kept_blocks",
-                         f"{who}: prompt {req.index} is finished and no launched round uses it any more "
-                         f"(num_inflight == 0), but it still holds its KV blocks and batch row after your "
-                         f"process_outputs: free it after committing (`engine.scheduler.free(req)` or "
-                         f"`engine.scheduler.release_if_done(req)`), or waiting requests never start")
+                         f"{who}: {_ended([req])}, and no launched round uses it any more (num_inflight == 0), "
+                         f"but your process_outputs kept its KV blocks and batch row: a request finishes at its "
+                         f"limit, at a stop string, on EOS or by an abort, and each must be freed: free it after "
+                         f"committing (`engine.scheduler.free(req)` or `engine.scheduler.release_if_done(req)`), "
+                         f"or waiting requests never start")
     return None
 
 
