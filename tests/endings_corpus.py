@@ -1,13 +1,15 @@
 """Wrong answers about how requests end (issue 33): code that frees or commits only some endings,
-skips the deferred step whose requests have all finished, or tests the limit one off; each with
-the verdict category its checker must give and words its message must contain (the ending and
-the prompt).  ``tests/test_endings_corpus.py`` runs them.  Each passed every checker run before the
+skips the deferred step whose requests have all finished, or (exercise 04) makes the host wait in an
+operation whose result's size depends on the values; each with the verdict category its checker
+must give and words its message must contain (the ending and the prompt).  ``tests/test_endings_corpus.py`` runs them.  Each passed every checker run before the
 checkers' workloads ended requests on EOS, at stop strings and by aborts, with drafts and without.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -172,4 +174,79 @@ WRONG = [
            KEPT + ("abort",)),
     Answer("05", "process frees only in the finishing step", _process_frees_only_committed_now,
            "kept_blocks", KEPT),
+]
+
+
+# ---------------------------------------------------------------- 04a: host waits in data-dependent shapes
+
+def _owner(meta):
+    q = meta["seqlens_q"]
+    return torch.repeat_interleave(torch.arange(len(q)), q, output_size=len(meta["positions"]))
+
+
+def _finish(meta, delta, owner, block_size):
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_boolean_mask(meta, accepted, block_size):
+    """The pending rows picked with a boolean mask: right values, a size read on the host."""
+    delta = torch.zeros_like(meta["seqlens_k"])
+    mask = meta["pending"].bool()
+    delta[mask] = accepted[meta["rows"][mask]]
+    _finish(meta, delta, _owner(meta), block_size)
+
+
+def correction_nonzero(meta, accepted, block_size):
+    delta = torch.zeros_like(meta["seqlens_k"])
+    idx = meta["pending"].nonzero().flatten()
+    delta.index_copy_(0, idx, accepted[meta["rows"][idx]])
+    _finish(meta, delta, _owner(meta), block_size)
+
+
+def correction_where_one_argument(meta, accepted, block_size):
+    delta = torch.zeros_like(meta["seqlens_k"])
+    (idx,) = torch.where(meta["pending"] == 1)
+    delta.index_copy_(0, idx, accepted[meta["rows"][idx]])
+    _finish(meta, delta, _owner(meta), block_size)
+
+
+def correction_without_output_size(meta, accepted, block_size):
+    """Notebook 04's old hint: repeat_interleave's length is the sum of seqlens_q, read on the host."""
+    q = meta["seqlens_q"]
+    _finish(meta, accepted[meta["rows"]] * meta["pending"], torch.repeat_interleave(torch.arange(len(q)), q),
+            block_size)
+
+
+def correction_method_without_output_size(meta, accepted, block_size):
+    owner = torch.arange(len(meta["seqlens_q"])).repeat_interleave(meta["seqlens_q"])
+    _finish(meta, accepted[meta["rows"]] * meta["pending"], owner, block_size)
+
+
+def correction_masked_select(meta, accepted, block_size):
+    rows = torch.masked_select(meta["rows"], meta["pending"].bool())
+    delta = torch.zeros_like(meta["seqlens_k"])
+    delta[meta["pending"].bool()] = accepted[rows]
+    _finish(meta, delta, _owner(meta), block_size)
+
+
+def correction_unique_owner(meta, accepted, block_size):
+    """Owners by a unique over request ids: right values, a size the host must learn."""
+    owner = _owner(meta)
+    _, owner = torch.unique(owner, return_inverse=True)
+    _finish(meta, accepted[meta["rows"]] * meta["pending"], owner, block_size)
+
+
+WRONG += [
+    Answer("04a", "boolean-mask indexing", correction_boolean_mask, "host_read", ("boolean mask",)),
+    Answer("04a", "nonzero", correction_nonzero, "host_read", ("nonzero",)),
+    Answer("04a", "where with one argument", correction_where_one_argument, "host_read", ("where",)),
+    Answer("04a", "repeat_interleave without output_size", correction_without_output_size, "host_read",
+           ("output_size",)),
+    Answer("04a", "Tensor.repeat_interleave without output_size", correction_method_without_output_size,
+           "host_read", ("output_size",)),
+    Answer("04a", "masked_select", correction_masked_select, "host_read", ("masked_select",)),
+    Answer("04a", "unique", correction_unique_owner, "host_read", ("unique",)),
 ]

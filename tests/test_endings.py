@@ -20,7 +20,7 @@ RIGHT = {
 
 
 def test_every_declared_checker_is_run_here():
-    assert set(endings.DECLARED) <= set(RIGHT), "add a right answer for each declared checker to RIGHT"
+    assert set(endings.DECLARED) <= set(RIGHT), "add a right answer for each declared checker"
 
 
 @pytest.mark.parametrize("name", sorted(endings.DECLARED))
@@ -38,7 +38,8 @@ def test_the_limit_is_told_apart_inside_and_at_the_end_of_a_speculative_step():
     engine = checks.pool.engine(num_draft_tokens=checks.pool.DRAFTS)
     engine.generate(checks.pool.ENDINGS_PROMPTS, **checks.pool.ENDINGS_RUN)
     assert [e.how for _, e in endings.run_endings(engine)] == [
-        endings.LIMIT_IN_SPEC_STEP, endings.EOS, endings.STOP, endings.EOS, endings.LIMIT_AT_ROUND_END]
+        endings.LIMIT_IN_SPEC_STEP, endings.EOS, endings.STOP, endings.EOS,
+        endings.LIMIT_AT_ROUND_END]
 
 
 def test_an_ending_without_drafts_inside_a_step_is_refused():

@@ -40,6 +40,8 @@ def zos_loop(engine) -> None:
         if previous is not None:
             engine.process_outputs(previous)
         current = engine.launch_sample(inputs)
+        # A prefill is processed at once (real engines defer it too): its first token reaches the
+        # request a round sooner, and `previous` never holds more than one step.
         if plan.is_prefill:
             engine.process_outputs(current)
             previous = None

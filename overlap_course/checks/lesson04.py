@@ -127,11 +127,15 @@ def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor
 
 
 class _HostReads(TorchFunctionMode):
-    """Counts the tensor operations a function makes, and the ones that bring a tensor's
-    values to the host (on a GPU each of those waits for the device)."""
+    """Counts the tensor operations a function makes, and the ones that make the host wait for
+    the device's values (on a GPU): those that bring values to the host, and those whose output's
+    shape depends on the values, which the host must learn before it can allocate the result (the
+    operations torch's CUDA sync-debug mode reports: ``torch.cuda.set_sync_debug_mode``)."""
 
     HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
                       "__complex__", "__array__"})
+    DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                             "bincount", "masked_scatter"})
 
     def __init__(self):
         super().__init__()
@@ -139,11 +143,37 @@ class _HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.ops += 1
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values()))
+        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *kwargs.values()))
         if name in self.HOST or to_host:
             self.host.append(name)
-        return func(*args, **(kwargs or {}))
+        elif name in self.DATA_SHAPED:
+            self.host.append(f"{name} (its output's shape depends on the values)")
+        elif name == "where" and len(args) + len(kwargs) == 1:
+            self.host.append("where(condition) (nonzero: its shape depends on the values)")
+        elif name == "repeat_interleave" and _tensor_repeats(args, kwargs) and "output_size" not in kwargs:
+            self.host.append("repeat_interleave without output_size (its length is the repeats' sum)")
+        elif name in ("__getitem__", "__setitem__", "index_put_", "index_put") and _bool_index(args[1:2]):
+            self.host.append("indexing with a boolean mask (the result's size is the number of True values)")
+        return func(*args, **kwargs)
+
+
+def _tensor_repeats(args, kwargs) -> bool:
+    repeats = kwargs.get("repeats", args[1] if len(args) > 1 else args[0] if args else None)
+    return isinstance(repeats, torch.Tensor) and repeats.dim() > 0
+
+
+def _bool_index(index) -> bool:
+    """Whether an index (a tensor, or a tuple / list of them) holds a boolean mask."""
+    stack = list(index)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor) and item.dtype in (torch.bool, torch.uint8):
+            return True
+        if isinstance(item, (tuple, list)):
+            stack.extend(item)
+    return False
 
 
 def _stays_on_device(fn) -> Verdict | None:
@@ -161,7 +191,9 @@ def _stays_on_device(fn) -> Verdict | None:
                          f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
-                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor")
+                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor, "
+                         f"and no operation whose result's size depends on the values (a boolean mask, "
+                         f"`nonzero`, `repeat_interleave` without `output_size`): use `torch.where(cond, a, b)`")
         counts.append(seen.ops)
     if counts[1] > counts[0]:
         return fails("python_loop",
