@@ -1,8 +1,10 @@
 """Wrong answers about how requests end (issue 33): code that frees or commits only some endings,
 skips the deferred step whose requests have all finished, or (exercise 04) makes the host wait in an
 operation whose result's size depends on the values; each with the verdict category its checker
-must give and words its message must contain (the ending and the prompt).  ``tests/test_endings_corpus.py`` runs them.  Each passed every checker run before the
-checkers' workloads ended requests on EOS, at stop strings and by aborts, with drafts and without.
+must give and words its message must contain (the ending and the prompt).
+``tests/test_endings_corpus.py`` runs them.  Each passed its checker before issue 33, when no
+checker's run ended a request on EOS (nor exercise 03's at a stop string) and the host-wait rule
+did not count data-dependent shapes.
 """
 
 from __future__ import annotations
@@ -159,13 +161,15 @@ WRONG = [
            "skipped_extra_step", ("extra step", "prompt")),
     Answer("03a", "zos skips both", _zos(skip_finished=True, skip_finished_at_flush=True),
            "skipped_extra_step", ("extra step",)),
-    Answer("03a", "zos inline skip of finished steps", _zos(_inline(lambda r: True), skip_finished=True),
+    Answer("03a", "zos inline skip of finished steps", _zos(_inline(lambda r: True),
+                                                            skip_finished=True),
            "skipped_extra_step", ("extra step",)),
     *(Answer("05", f"process frees {rule}", _process(fn), "kept_blocks", KEPT)
       for rule, fn in FREE_RULES.items()),
     Answer("05", "process skips a step whose requests all finished", _process(lambda r: True, True),
            "never_committed", ("never committed",)),
-    Answer("05", "process commits only steps with unfinished requests", _process_skips_commit_of_finished,
+    Answer("05", "process commits only steps with unfinished requests",
+           _process_skips_commit_of_finished,
            "never_committed", ("never committed",)),
     Answer("05", "process frees by token count", _process_frees_by_length, "kept_blocks", KEPT),
     Answer("05", "process release_if_done for stop and length", _process_frees_stop_length_release,
@@ -177,7 +181,8 @@ WRONG = [
 ]
 
 
-# ---------------------------------------------------------------- 04a: host waits in data-dependent shapes
+# ---------------------------------------------------------------- 04a: host waits in
+# data-dependent shapes
 
 def _owner(meta):
     q = meta["seqlens_q"]
@@ -214,9 +219,11 @@ def correction_where_one_argument(meta, accepted, block_size):
 
 
 def correction_without_output_size(meta, accepted, block_size):
-    """Notebook 04's old hint: repeat_interleave's length is the sum of seqlens_q, read on the host."""
+    """Notebook 04's old hint: repeat_interleave's length is the sum of seqlens_q, read on the
+    host."""
     q = meta["seqlens_q"]
-    _finish(meta, accepted[meta["rows"]] * meta["pending"], torch.repeat_interleave(torch.arange(len(q)), q),
+    _finish(meta, accepted[meta["rows"]] * meta["pending"],
+            torch.repeat_interleave(torch.arange(len(q)), q),
             block_size)
 
 
@@ -242,10 +249,13 @@ def correction_unique_owner(meta, accepted, block_size):
 WRONG += [
     Answer("04a", "boolean-mask indexing", correction_boolean_mask, "host_read", ("boolean mask",)),
     Answer("04a", "nonzero", correction_nonzero, "host_read", ("nonzero",)),
-    Answer("04a", "where with one argument", correction_where_one_argument, "host_read", ("where",)),
-    Answer("04a", "repeat_interleave without output_size", correction_without_output_size, "host_read",
+    Answer("04a", "where with one argument", correction_where_one_argument, "host_read",
+           ("where",)),
+    Answer("04a", "repeat_interleave without output_size", correction_without_output_size,
+           "host_read",
            ("output_size",)),
-    Answer("04a", "Tensor.repeat_interleave without output_size", correction_method_without_output_size,
+    Answer("04a", "Tensor.repeat_interleave without output_size",
+           correction_method_without_output_size,
            "host_read", ("output_size",)),
     Answer("04a", "masked_select", correction_masked_select, "host_read", ("masked_select",)),
     Answer("04a", "unique", correction_unique_owner, "host_read", ("unique",)),

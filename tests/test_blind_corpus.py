@@ -37,7 +37,8 @@ RULED_RIGHT = {
 # "no operation whose result's size depends on the values (... `repeat_interleave` without
 # `output_size` ...)": the length of repeat_interleave's result is the sum of the repeats, which the
 # host must read from the device before it can allocate it, a wait on a GPU)
-_NO_OUTPUT_SIZE = "torch.repeat_interleave(..., seqlens_q) without output_size: a host wait on a GPU"
+_NO_OUTPUT_SIZE = "torch.repeat_interleave(..., seqlens_q) without output_size: a host wait on a " \
+                  "GPU"
 RULED_WRONG = {name: _NO_OUTPUT_SIZE for name in (
     "corr_repeat_interleave", "corr_pending_from_input_ids", "corr_index_select_gather",
     "corr_positions_from_seqlens_k", "corr_einsum_onehot")}

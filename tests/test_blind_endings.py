@@ -11,21 +11,25 @@ from overlap_course import checks
 from overlap_course.checks import sandbox
 
 from blind_endings import BLIND
-from test_mistakes import serial_run  # noqa: F401  (the notebook's serial run, for check_idle_fraction)
+# noqa: F401  (the notebook's serial run, for check_idle_fraction)
+from test_mistakes import serial_run
 
 LAB_CHECKS = {"check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort",
               "check_ring_race", "check_ring_slots", "check_overshoot", "check_commit"}
-EXERCISE_CHECKS = {"check_serial_loop", "check_idle_fraction", "check_zos_loop", "check_three_rounds",
+EXERCISE_CHECKS = {"check_serial_loop", "check_idle_fraction", "check_zos_loop",
+                   "check_three_rounds",
                    "check_correction", "check_metadata_answer", "check_process_outputs"}
 # name -> why the answer is right although its author marked it wrong (the notebook's text)
 RULED_RIGHT: dict[str, str] = {}
 ENTRIES = [(a, a.wrong and a.name not in RULED_RIGHT) for a in BLIND if a.check in EXERCISE_CHECKS]
-LIMIT_S = 10.0  # the checks' own limit is 30 s (test_checkers runs it); a blind hang stops sooner here
+# the checks' own limit is 30 s (test_checkers runs it); a blind hang stops sooner here
+LIMIT_S = 10.0
 
 
 def _call(entry, serial_run):
     check = getattr(checks, entry.check)
-    return check(entry.answer, serial_run) if entry.check == "check_idle_fraction" else check(entry.answer)
+    return check(entry.answer,
+                 serial_run) if entry.check == "check_idle_fraction" else check(entry.answer)
 
 
 def test_every_entry_is_run_by_this_file_or_the_labs_one():

@@ -52,7 +52,8 @@ def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
     assert not v and v.category == "waits_later_event"
     assert "step.sample_done" in v.message
     assert "deferred decode steps waited for the next round's forward" in v.message
-    # read from the record (so it holds on a busy machine): every deferred step waited for the next forward
+    # read from the record (so it holds on a busy machine): every deferred step waited for the next
+    # forward
     counted = v.message.split("in this run ")[1]
     lost, total = int(counted.split(" of ")[0]), int(counted.split(" of ")[1].split(" ")[0])
     assert total > 0 and lost == total

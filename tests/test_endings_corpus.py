@@ -7,7 +7,8 @@ from overlap_course import checks
 
 from endings_corpus import WRONG
 
-CHECK = {"02a": checks.check_serial_loop, "03a": checks.check_zos_loop, "04a": checks.check_correction,
+CHECK = {"02a": checks.check_serial_loop, "03a": checks.check_zos_loop,
+         "04a": checks.check_correction,
          "05": checks.check_process_outputs}
 
 

@@ -103,7 +103,8 @@ class RunRecord:
         self.events.append(Schedule(round, time.perf_counter_ns()))
 
     def commit(self, round: int, prompts, refused: bool = False, offered=()) -> None:
-        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns(), tuple(offered)))
+        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns(),
+                                  tuple(offered)))
 
     def free(self, prompt: int, blocks, double=(), refused: bool = False) -> None:
         in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))

@@ -51,7 +51,8 @@ class HostLog:
         for commit in record.of(Commit):
             for prompt in commit.prompts if not commit.refused else ():
                 self.committed.setdefault(prompt, []).append(commit.round)
-        self.reference = None  # the serial completions of the same workload, where the checker has them
+        # the serial completions of the same workload, where the checker has them
+        self.reference = None
 
     def stopped_at(self, indexes) -> str:
         """How prompts ``indexes`` should have ended and where they stopped (" ..." or "")."""

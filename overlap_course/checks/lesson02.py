@@ -224,7 +224,8 @@ def check_serial_loop(loop) -> Verdict:
     runs = []
     for second, endings, config in _SERIAL_RUNS:
         engine, log, outs, err = run_loop(loop, second=second, endings=endings, **config)
-        verdict = _serial_run_verdict(log, outs, err, second, config.get("num_draft_tokens", 0) if endings
+        verdict = _serial_run_verdict(log, outs, err, second,
+                                      config.get("num_draft_tokens", 0) if endings
                                       else None)
         if verdict is not None:
             return verdict
@@ -233,9 +234,12 @@ def check_serial_loop(loop) -> Verdict:
     if any(stage == "flush" for stage, _ in log.events):
         note = (" (your loop processes each step with `engine.flush`, so the timeline names that work `flush`, "
                 "ZOS's name for processing a last step, where the engine's serial loop records `postprocess`)")
-    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, {runs[0]} rounds, a "
-                  f"second run whose prompts end at a stop string, {runs[1]} rounds, and runs whose requests "
-                  f"end on EOS, a stop string and the limit ({runs[2]} rounds, {runs[3]} with drafts); every "
+    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, "
+                  f"{runs[0]} rounds, a "
+                  f"second run whose prompts end at a stop string, {runs[1]} rounds, and runs "
+                  "whose requests "
+                  f"end on EOS, a stop string and the limit ({runs[2]} rounds, {runs[3]} with "
+                  "drafts); every "
                   f"step processed before the next round{note}")
 
 

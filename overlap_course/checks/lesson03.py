@@ -322,7 +322,8 @@ def _endings_run(loop, drafts: int) -> Verdict | None:
     verdict = loop_verdict(log, err, "zos", zos_overlapped)
     if verdict is not None:
         return verdict
-    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    diff = pool.compare([c.token_ids for c in outs],
+                        [c.token_ids for c in pool.endings_reference()])
     if diff:
         why = correction_mistake(engine, log) if drafts else ""
         return fails("correction" if why else "wrong_tokens",

@@ -152,10 +152,14 @@ class _HostReads(TorchFunctionMode):
             self.host.append(f"{name} (its output's shape depends on the values)")
         elif name == "where" and len(args) + len(kwargs) == 1:
             self.host.append("where(condition) (nonzero: its shape depends on the values)")
-        elif name == "repeat_interleave" and _tensor_repeats(args, kwargs) and "output_size" not in kwargs:
-            self.host.append("repeat_interleave without output_size (its length is the repeats' sum)")
-        elif name in ("__getitem__", "__setitem__", "index_put_", "index_put") and _bool_index(args[1:2]):
-            self.host.append("indexing with a boolean mask (the result's size is the number of True values)")
+        elif name == "repeat_interleave" and _tensor_repeats(args, kwargs) and \
+                "output_size" not in kwargs:
+            self.host.append("repeat_interleave without output_size (its length is the "
+                             "repeats' sum)")
+        elif name in ("__getitem__", "__setitem__", "index_put_",
+                      "index_put") and _bool_index(args[1:2]):
+            self.host.append("indexing with a boolean mask (the result's size is the number of "
+                             "True values)")
         return func(*args, **kwargs)
 
 
@@ -191,9 +195,12 @@ def _stays_on_device(fn) -> Verdict | None:
                          f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
-                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor, "
-                         f"and no operation whose result's size depends on the values (a boolean mask, "
-                         f"`nonzero`, `repeat_interleave` without `output_size`): use `torch.where(cond, a, b)`")
+                         "tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or "
+                         "`if` on a tensor, "
+                         "and no operation whose result's size depends on the values (a boolean "
+                         "mask, "
+                         "`nonzero`, `repeat_interleave` without `output_size`): use "
+                         "`torch.where(cond, a, b)`")
         counts.append(seen.ops)
     if counts[1] > counts[0]:
         return fails("python_loop",
@@ -332,14 +339,19 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     diff = pool.compare([c.token_ids for c in outs], pool.reference())
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
-    try:  # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
-        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk, **pool.ENDINGS_RUN)
+    # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
+    try:
+        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk,
+                               **pool.ENDINGS_RUN)
     except Exception as err:  # noqa: BLE001
-        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed on the device: "
+        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
+                                     "on the device: "
                                      f"{type(err).__name__}: {err}")
-    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    diff = pool.compare([c.token_ids for c in outs],
+                        [c.token_ids for c in pool.endings_reference()])
     if diff:
-        return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your correction: {diff}")
+        return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your "
+                                        f"correction: {diff}")
     return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
                   f"decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted per "
                   f"request-round")

@@ -289,10 +289,14 @@ def _commit_mistake(call, who: str) -> Verdict | None:
     for req, (n1, finished, holds, running) in zip(reqs, call["after"]):
         if finished and n1 == 0 and holds:
             return fails("kept_blocks",
-                         f"{who}: {_ended([req])}, and no launched round uses it any more (num_inflight == 0), "
-                         f"but your process_outputs kept its KV blocks and batch row: a request finishes at its "
-                         f"limit, at a stop string, on EOS or by an abort, and each must be freed: free it after "
-                         f"committing (`engine.scheduler.free(req)` or `engine.scheduler.release_if_done(req)`), "
+                         f"{who}: {_ended([req])}, and no launched round uses it any more "
+                         "(num_inflight == 0), "
+                         "but your process_outputs kept its KV blocks and batch row: a request "
+                         "finishes at its "
+                         "limit, at a stop string, on EOS or by an abort, and each must be "
+                         "freed: free it after "
+                         "committing (`engine.scheduler.free(req)` or "
+                         "`engine.scheduler.release_if_done(req)`), "
                          f"or waiting requests never start")
     return None
 
@@ -305,7 +309,8 @@ class _Run:
     prompts: tuple
     args: tuple  # generate's keyword arguments, as pairs
     drafts: int = 0
-    abort: tuple | None = None  # (round, prompt): abort that prompt just before that round is scheduled
+    # (round, prompt): abort that prompt just before that round is scheduled
+    abort: tuple | None = None
 
 
 _STOP_RUN = dict(max_new_tokens=pool.MAX_NEW_TOKENS, stop=(" the",))
@@ -313,12 +318,15 @@ _STOP_RUN = dict(max_new_tokens=pool.MAX_NEW_TOKENS, stop=(" the",))
 # request whose round is in flight (round 4, prompt 1), without and with drafts.
 _RUNS = (_Run("", tuple(pool.PROMPTS), tuple(_STOP_RUN.items())),
          _Run(pool.endings_label(0), tuple(pool.ENDINGS_PROMPTS), tuple(pool.ENDINGS_RUN.items())),
-         _Run(pool.endings_label(pool.DRAFTS), tuple(pool.ENDINGS_PROMPTS), tuple(pool.ENDINGS_RUN.items()),
+         _Run(pool.endings_label(pool.DRAFTS), tuple(pool.ENDINGS_PROMPTS),
+              tuple(pool.ENDINGS_RUN.items()),
               pool.DRAFTS),
          _Run("in the abort run (prompt 1 aborted just before round 4, while round 3 holds it)",
               tuple(pool.PROMPTS), (("max_new_tokens", 12),), abort=(4, 1)),
-         _Run(f"in the abort run with {pool.DRAFTS} drafts per round (prompt 1 aborted just before round 4, "
-              f"while round 3 holds it)", tuple(pool.PROMPTS), (("max_new_tokens", 12),), pool.DRAFTS, (4, 1)))
+         _Run(f"in the abort run with {pool.DRAFTS} drafts per round (prompt 1 aborted just "
+              "before round 4, "
+              f"while round 3 holds it)", tuple(pool.PROMPTS), (("max_new_tokens",
+                                                                 12),), pool.DRAFTS, (4, 1)))
 
 
 def _aborter(abort):
@@ -335,7 +343,8 @@ def _run_engine(run: _Run) -> Engine:
 @functools.lru_cache(maxsize=len(_RUNS))
 def _reference(run: _Run) -> tuple:
     """The engine's own process_outputs on this run: its completions."""
-    return tuple(_run_engine(run).generate(list(run.prompts), on_round=_aborter(run.abort), **dict(run.args)))
+    return tuple(_run_engine(run).generate(list(run.prompts), on_round=_aborter(run.abort),
+                                           **dict(run.args)))
 
 
 def _warm() -> None:
@@ -354,9 +363,10 @@ def check_process_outputs(process_outputs) -> Verdict:
             if run.label:
                 verdict.message = f"{run.label}: {verdict.message}"
             return verdict
-    return passes("each step's results are read only after waiting on its own event, committed once, "
-                  "and caches are freed as soon as no launched round can touch them, for requests that "
-                  "end at the limit, a stop string, EOS and by an abort, with drafts and without")
+    return passes("each step's results are read only after waiting on its own event, committed "
+                  "once, and caches are freed as soon as no launched round can touch them, for "
+                  "requests that end at the limit, a stop string, EOS and by an abort, with drafts "
+                  "and without")
 
 
 def _judge_run(process_outputs, run: _Run) -> Verdict | None:
@@ -364,7 +374,8 @@ def _judge_run(process_outputs, run: _Run) -> Verdict | None:
     reference = _reference(run)
     watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
     try:
-        outs = engine.generate(list(run.prompts), process_outputs=watch, on_round=_aborter(run.abort),
+        outs = engine.generate(list(run.prompts), process_outputs=watch,
+                               on_round=_aborter(run.abort),
                                **dict(run.args))
         err = None
     except NotImplementedError:
@@ -391,7 +402,8 @@ def _judge_run(process_outputs, run: _Run) -> Verdict | None:
         return fails("wrong_tokens", f"{diff}: commit every step's tokens exactly once, from its own output slot")
     leaked = [r for r in engine.requests if r.blocks]
     if leaked:
-        return fails("kept_blocks", f"{_ended(leaked)}, but kept their KV blocks at the end of the run: "
+        return fails("kept_blocks", f"{_ended(leaked)}, but kept their KV blocks at the end of "
+                                    "the run: "
                                     f"free them once no launched round uses them")
     return None
 
@@ -400,29 +412,37 @@ def _ended(reqs) -> str:
     """Finished requests and how each ended, for a message."""
     how = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length": "at its limit",
            "abort": "by an abort"}
-    return "; ".join(f"prompt {r.index} ({r.prompt!r}) ended {how.get(r.finish_reason, 'unfinished')} after "
+    return "; ".join(f"prompt {r.index} ({r.prompt!r}) ended "
+                     f"{how.get(r.finish_reason, 'unfinished')} after "
                      f"{len(r.output_ids)} tokens" for r in reqs[:3])
 
 
 def _waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch) -> Verdict:
     """A wait on a later event than the step's own: the tokens are right, so say what it waited for,
-    read from the run's record (what the host waited on does not depend on how busy the machine is)."""
-    forwards = {lnch.round: lnch.seq for lnch in engine.record.of(Launch) if lnch.stage == "forward"}
+    read from the run's record (what the host waited on does not depend on how busy the machine
+    is)."""
+    clock = engine.timeline.ns_to_ms
+    forwards = {lnch.round: (lnch.seq, clock(lnch.t_ns)) for lnch in engine.record.of(Launch)
+                if lnch.stage == "forward"}
     steps = covered = 0
     for call in watch.calls:
         rnd = call["step"].plan.round
         if call["step"].plan.is_prefill or rnd + 1 not in forwards or not call["waits"]:
             continue
-        if forwards[rnd + 1] > call["waits"][0][0] and forwards[rnd + 1] > call["step"].sample_done.seq:
+        seq, launched_ms = forwards[rnd + 1]
+        if launched_ms <= call["waits"][0][1]:  # a deferred step: the next forward went in first
             steps += 1
-            covered += max(seq for seq, _, _, _ in call["waits"]) >= forwards[rnd + 1]
+            covered += max(w[0] for w in call["waits"]) >= seq
     mistake.message = (
         f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
         f"(`engine.device.synchronize()`, or a freshly recorded event) instead of `step.sample_done`. The "
         f"tokens are right, but the host now also waits for the next round's forward before it commits: in "
-        f"this run {covered} of {steps} deferred decode steps waited for the next round's forward too (their "
-        f"wait came after that forward's launch, so nothing was left to hide the commit under; the engine's "
-        f"own process_outputs waits for none). Wait on exactly `step.sample_done`: it covers the step's "
+        f"this run {covered} of {steps} deferred decode steps waited for the next round's forward "
+        "too (their "
+        "wait came after that forward's launch, so nothing was left to hide the commit under; "
+        "the engine's "
+        "own process_outputs waits for none). Wait on exactly `step.sample_done`: it covers the "
+        "step's "
         f"sample and nothing after it")
     return mistake
 
@@ -467,13 +487,18 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
 
 
 def _stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
-    """The run could not go on: name the prompts, how they should have ended and where they stopped."""
+    """The run could not go on: name the prompts, how they should have ended and where they
+    stopped."""
     reqs = engine._run.requests
     if err.reason == "finished_kept_blocks":
         return fails("kept_blocks",
-                     f"the engine could not go on: {_ended([reqs[i] for i in err.prompt_indexes])}, but "
-                     f"your process_outputs kept its KV blocks and batch row, so the run could not end. A "
-                     f"request finishes at its limit, at a stop string, on EOS or by an abort: free every "
-                     f"finished request once no launched round uses it (`engine.scheduler.release_if_done(req)`)")
+                     "the engine could not go on: "
+                     f"{_ended([reqs[i] for i in err.prompt_indexes])}, but "
+                     "your process_outputs kept its KV blocks and batch row, so the run could "
+                     "not end. A "
+                     "request finishes at its limit, at a stop string, on EOS or by an abort: "
+                     "free every "
+                     "finished request once no launched round uses it "
+                     "(`engine.scheduler.release_if_done(req)`)")
     return fails("stalled", f"the engine could not go on ({err.reason}: "
                             f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")

@@ -31,7 +31,8 @@ SECOND_RUN = {"max_new_tokens": 16, "stop": "a"}
 # round before it (the extra step) while a waiting prompt's prefill is launched, and the last step
 # flushed is such a step too: code that skips processing such a step, as if discarding it needed
 # nothing, stalls too.
-ENDINGS_PROMPTS = ["Tom was happy.\nAnd they all", "Mia smiled.\nAnd they all lived happily ever after",
+ENDINGS_PROMPTS = ["Tom was happy.\nAnd they all",
+                   "Mia smiled.\nAnd they all lived happily ever after",
                    "Once upon a time", "And they all lived happily ever", "There was a fox"]
 ENDINGS_RUN = {"max_new_tokens": 19, "stop": (" was",)}
 DRAFTS = 3  # the ZOS checker's speculative run: stale lengths show only with drafts
@@ -115,13 +116,15 @@ def endings_label(drafts: int = 0) -> str:
     """The endings run, as a verdict names it."""
     with_drafts = f", {drafts} drafts per round" if drafts else ", no drafts"
     return (f"in the endings run (prompts {ENDINGS_PROMPTS} end on EOS, at the stop string "
-            f"{ENDINGS_RUN['stop'][0]!r} or at the limit of {ENDINGS_RUN['max_new_tokens']} new tokens"
+            f"{ENDINGS_RUN['stop'][0]!r} or at the limit of {ENDINGS_RUN['max_new_tokens']} new "
+            "tokens"
             f"{with_drafts})")
 
 
 @functools.lru_cache(maxsize=1)
 def endings_reference() -> tuple:
-    """The serial loop's completions of the endings run (greedy: the same with drafts or without)."""
+    """The serial loop's completions of the endings run (greedy: the same with drafts or
+    without)."""
     return tuple(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
 
 

@@ -195,6 +195,7 @@ def restored_note(changed: list[str], was: dict | None = None) -> str:
 
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     names = ", ".join(map(shown, changed[:4])) + more
-    return (f" (Note: an earlier cell had replaced {names}; before it ran your code, this check put the "
+    return (f" (Note: an earlier cell had replaced {names}; before it ran your code, this check "
+            "put the "
             f"toy's original back, and it stays back for every later cell. Run that cell again to "
             f"repeat the experiment.)")
