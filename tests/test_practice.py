@@ -1109,7 +1109,10 @@ def _timeline_with_gap(gap):
 def test_round_gap_read_to_the_hovers_rounding_gets_a_close_hint():
     tl = _timeline_with_gap(1.366)
     assert checks.check_round_gap(1.366, tl, 2).passed
-    for near in (1.37, 1.36, np.float32(1.37), [1.37], torch.tensor(1.37)):
+    for near in (1.37, np.float32(1.37), [1.37], torch.tensor(1.37), 1.369):  # within 0.005 ms
+        verdict = checks.check_round_gap(near, tl, 2)
+        assert verdict.passed and "close" in verdict.message, verdict
+    for near in (1.36, 1.4, 1.0):  # cut or rounded past the rule (two decimals: within 0.005 ms)
         rejects(checks.check_round_gap(near, tl, 2), "too_few_digits", "close", "more digits")
     rejects(checks.check_round_gap(1.5, tl, 2), "wrong", "is not the gap")
 
