@@ -62,22 +62,23 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
         return passes(f"{want:.3f} ms between the end of round {round - 1}'s sample and the start of round "
                       f"{round}'s upload: the device had nothing queued")
     for value, category, why in _gap_mistakes(timeline, round, want):
-        if _close(gap_ms, value) and (category != "seconds" or abs(gap_ms - value) <= 1e-3 * abs(value)):
+        near = abs(gap_ms - value) <= 1e-3 * abs(value)
+        if _close(gap_ms, value) and (category != "seconds" or near):
             return fails(category, f"{gap_ms:.3f} ms: {why}")
     if abs(gap_ms - want) <= GAP_PRECISION_MS:
-        return passes(f"close: {gap_ms:g} ms is within {GAP_PRECISION_MS} ms of the gap, {want:.3f} ms "
-                      f"(the check's one rule: two decimals of a millisecond). It runs from the end of round "
-                      f"{round - 1}'s sample to the start of round {round}'s upload: the device had nothing "
-                      f"queued")
+        return passes(f"close: {gap_ms:g} ms is within {GAP_PRECISION_MS} ms of the gap, "
+                      f"{want:.3f} ms (the check's one rule: two decimals of a millisecond). It "
+                      f"runs from the end of round {round - 1}'s sample to the start of round "
+                      f"{round}'s upload: the device had nothing queued")
     digits = _decimals(gap_ms)
     if digits <= 3 and abs(gap_ms - want) < 10 ** -digits + 1e-9:
         cut = "cut or rounded to whole milliseconds (int() drops the decimals)" if digits == 0 else \
             f"cut or rounded to {digits} decimal{'s' * (digits != 1)}"
         return fails("too_few_digits",
-                     f"close: {gap_ms:.{digits}f} ms is the gap {cut}, but the check's rule is two decimals "
-                     f"(within {GAP_PRECISION_MS} ms). Read it to more digits: the hover shows start and "
-                     f"end to three decimals, or subtract the two spans' times in code "
-                     f"(timeline.lane(\"device\"))")
+                     f"close: {gap_ms:.{digits}f} ms is the gap {cut}, but the check's rule is two "
+                     f"decimals (within {GAP_PRECISION_MS} ms). Read it to more digits: the hover "
+                     f"shows start and end to three decimals, or subtract the two spans' times in "
+                     f"code (timeline.lane(\"device\"))")
     return fails("wrong", f"{gap_ms:.3f} ms is not the gap: take the start of round {round}'s first device span "
                           f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
 
