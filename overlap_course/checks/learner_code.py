@@ -136,6 +136,9 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     verdict = _stopped_by_checker(err)
+    if verdict is not None and verdict.category == "spins":  # name what was left unfinished
+        left = [r.index for r in log.requests if r.finish_reason == "abort"]
+        verdict.message += log.stopped_at(left)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:
