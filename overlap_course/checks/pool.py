@@ -112,6 +112,11 @@ def run_args(second: bool = False) -> dict:
     return dict(SECOND_RUN) if second else {"max_new_tokens": MAX_NEW_TOKENS}
 
 
+def drafted(drafts: int) -> dict:
+    """The engine configuration of a run with ``drafts`` drafts per round (0: the plain engine)."""
+    return {"num_draft_tokens": drafts} if drafts else {}
+
+
 def endings_label(drafts: int = 0) -> str:
     """The endings run, as a verdict names it."""
     with_drafts = f", {drafts} drafts per round" if drafts else ", no drafts"
