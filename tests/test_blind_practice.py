@@ -72,7 +72,7 @@ def _ideal(ns):
 # that lands within it is right on this run (the median gap is round 10's, the measured speed-up
 # reaches the ideal, (h + d) / d where the device is the longer lane, one decimal that is two ...).
 MEASURED = {
-    "check_round_gap": (_gap, lambda want: max(1e-3, 1e-3 * abs(want))),
+    "check_round_gap": (_gap, lambda want: checks.lesson02.GAP_PRECISION_MS),
     "check_ideal_ratio": (_ideal, lambda want: max(0.006, 0.005 * abs(want))),
 }
 

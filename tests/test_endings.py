@@ -32,7 +32,7 @@ RIGHT = {
 
 
 def test_every_declared_checker_is_run_here():
-    assert set(endings.DECLARED) <= set(RIGHT), "add a right answer for each declared checker to RIGHT"
+    assert set(endings.DECLARED) <= set(RIGHT), "add a right answer for each declared checker"
 
 
 @pytest.mark.parametrize("name", sorted(endings.DECLARED))
@@ -45,12 +45,13 @@ def test_the_declared_endings_really_occur(name):
 
 
 def test_the_limit_is_told_apart_inside_and_at_the_end_of_a_speculative_step():
-    """The endings run with drafts: a limit met inside a round's accepted drafts, another met by a
-    round's last token, EOS and the stop string, prompt by prompt (the workload's comment)."""
+    """The endings run with drafts: a limit met inside a round's accepted drafts, EOS, the stop
+    string, EOS and a limit met by a round's last token, prompt by prompt."""
     engine = checks.pool.engine(num_draft_tokens=checks.pool.DRAFTS)
     engine.generate(checks.pool.ENDINGS_PROMPTS, **checks.pool.ENDINGS_RUN)
     assert [e.how for _, e in endings.run_endings(engine)] == [
-        endings.LIMIT_IN_SPEC_STEP, endings.LIMIT_AT_ROUND_END, endings.EOS, endings.STOP]
+        endings.LIMIT_IN_SPEC_STEP, endings.EOS, endings.STOP, endings.EOS,
+        endings.LIMIT_AT_ROUND_END]
 
 
 def test_an_ending_without_drafts_inside_a_step_is_refused():

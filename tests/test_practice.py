@@ -169,6 +169,24 @@ def test_slot_position_equal_to_identity_mapping():
     assert checks.check_slot(37, [3, 9], 5, 4).passed
 
 
+def test_the_notebooks_second_slot_sits_at_block_offset_0_so_an_off_by_one_fails():
+    """Notebook 01's second request decodes at position 8 of blocks of 4: block index 2, offset 0.
+    `(pos - 1) // bs` picks block index 1 there (slot 32, or 35 with `(pos - 1) % bs`)."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_tiny_gpt.ipynb")
+                       .read_text())["cells"]
+    call = ('checks.check_slot(second_slot, table=[3, 8, 6, 1], pos=8, block_size=4, '
+            'name="second_slot")')
+    assert any(call in "".join(c["source"]) for c in cells)
+    table, pos, bs = [3, 8, 6, 1], 8, 4
+    assert checks.check_slot(table[pos // bs] * bs + pos % bs, table, pos, bs).passed
+    early = table[(pos - 1) // bs] * bs
+    for off_by_one in (early + pos % bs, early + (pos - 1) % bs):
+        assert not checks.check_slot(off_by_one, table, pos, bs).passed
+
+
 # ---- 01: decode-round lengths -----------------------------------------------------------
 
 PROMPT_LENGTHS = [9, 7, 3]
@@ -1109,7 +1127,10 @@ def _timeline_with_gap(gap):
 def test_round_gap_read_to_the_hovers_rounding_gets_a_close_hint():
     tl = _timeline_with_gap(1.366)
     assert checks.check_round_gap(1.366, tl, 2).passed
-    for near in (1.37, 1.36, np.float32(1.37), [1.37], torch.tensor(1.37)):
+    for near in (1.37, np.float32(1.37), [1.37], torch.tensor(1.37), 1.369):  # within 0.005 ms
+        verdict = checks.check_round_gap(near, tl, 2)
+        assert verdict.passed and "close" in verdict.message, verdict
+    for near in (1.36, 1.4, 1.0):  # cut or rounded past the rule (two decimals: within 0.005 ms)
         rejects(checks.check_round_gap(near, tl, 2), "too_few_digits", "close", "more digits")
     rejects(checks.check_round_gap(1.5, tl, 2), "wrong", "is not the gap")
 

@@ -40,7 +40,7 @@ def zos_loop(engine) -> None:
         if previous is not None:
             engine.process_outputs(previous)
         current = engine.launch_sample(inputs)
-        if plan.is_prefill:
+        if plan.is_prefill:  # at once (real engines defer it too): its first token a round sooner
             engine.process_outputs(current)
             previous = None
         else:

@@ -47,14 +47,13 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Commit:
-    """A round's tokens handed to its requests (``prompts``); ``refused``: it was committed already.
-    ``offered``: how many tokens the round sampled for each of them (1 + its accepted drafts)."""
+    """A round's tokens handed to its requests (``prompts``); ``refused``: it was committed already."""
 
     round: int
     prompts: tuple
     refused: bool
     t_ns: int
-    offered: tuple = ()
+    offered: tuple = ()  # how many tokens the round sampled for each prompt: 1 + accepted drafts
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,9 @@ class RunRecord:
     def schedule(self, round: int | None) -> None:
         self.events.append(Schedule(round, time.perf_counter_ns()))
 
-    def commit(self, round: int, prompts, refused: bool = False, offered=()) -> None:
-        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns(), tuple(offered)))
+    def commit(self, round: int, prompts, refused: bool = False, sampled=()) -> None:
+        self.events.append(Commit(round, tuple(prompts), refused, time.perf_counter_ns(),
+                                  tuple(map(len, sampled))))
 
     def free(self, prompt: int, blocks, double=(), refused: bool = False) -> None:
         in_use = tuple((p.round, p.stage) for p in self.outstanding(blocks))

@@ -147,25 +147,23 @@ class RoundStages:
         plan, run = step.plan, self._run
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         sampled = buffers.unpack_outputs(out, len(plan.requests), k)
-        self.record.commit(plan.round, [r.index for r in plan.requests], refused=step.committed,
-                           offered=[len(kept) for kept in sampled])
+        self.record.commit(plan.round, [r.index for r in plan.requests], step.committed, sampled)
         if step.committed:
             raise StepProcessedTwice(plan.round, plan.requests)
         step.committed = True
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
-        counts = run.counts
         for req, kept in zip(plan.requests, sampled):
             req.num_inflight -= 1
             if req.finished:
-                counts["discarded"] += 1
+                run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-            counts["tokens"] += len(req.output_ids) - before
+            run.counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
-                counts["request_decode_rounds"] += 1
-                counts["proposed"] += k
-                counts["accepted"] += len(kept) - 1
+                run.counts["request_decode_rounds"] += 1
+                run.counts["proposed"] += k
+                run.counts["accepted"] += len(kept) - 1
         return plan.requests
 
     def flush(self, previous: StepState | None) -> StepState | None:

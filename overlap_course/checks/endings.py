@@ -35,7 +35,8 @@ class Ending:
         if self.how not in HOW:
             raise ValueError(f"unknown ending {self.how!r}: one of {HOW}")
         if self.how == LIMIT_IN_SPEC_STEP and not self.drafts:
-            raise ValueError("without drafts a round samples one token: the limit cannot fall inside it")
+            raise ValueError("without drafts a round samples one token: the limit cannot fall "
+                             "inside it")
 
     def __str__(self) -> str:
         return f"{self.how}, {'with' if self.drafts else 'without'} drafts"
@@ -82,7 +83,8 @@ def _limit_ending(req, commits) -> str | None:
 
 def run_endings(engine) -> list[tuple[int, Ending]]:
     """(prompt index, ending) of each request of ``engine``'s last run, read from the requests'
-    finish reasons and the run's record (``Commit.offered``): what the run did, not what it asked."""
+    finish reasons and the run's record (``Commit.offered``): what the run did, not what it
+    asked."""
     drafts = bool(engine.config.num_draft_tokens)
     commits = engine.record.of(Commit)
     found = []
@@ -113,8 +115,9 @@ def observe():
 
 def _by(completion, max_new: int) -> str:
     """How a reference completion ended, in words."""
-    return {"eos": "on EOS (its story ended)", "stop": "at a stop string",
-            "length": f"at the limit of {max_new} new tokens"}.get(completion.finish_reason, "by an abort")
+    words = {"eos": "on EOS (its story ended)", "stop": "at a stop string",
+             "length": f"at the limit of {max_new} new tokens"}
+    return words.get(completion.finish_reason, "by an abort")
 
 
 def stopped_at(requests, reference, indexes) -> str:

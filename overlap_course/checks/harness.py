@@ -48,7 +48,7 @@ def exercise_check(*warm):
     def wrap(check):
         @functools.wraps(check)
         def guarded(*args, **kwargs) -> Verdict:
-            note = sandbox.restored_note(_PRISTINE.restore() + pool.heal())
+            note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
             for step in warm:
                 step()
             verdict = _time_limited(check, args, kwargs)

@@ -47,7 +47,12 @@ class HostLog:
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
         self.requests = engine._run.requests  # the run's, in prompt order, as they ended
-        self.reference = None  # the serial completions of the same workload, where the checker has them
+        self.committed: dict[int, list[int]] = {}  # prompt -> the rounds whose tokens it was handed
+        for commit in record.of(Commit):
+            for prompt in commit.prompts if not commit.refused else ():
+                self.committed.setdefault(prompt, []).append(commit.round)
+        # the serial completions of the same workload, where the checker has them
+        self.reference = None
 
     def stopped_at(self, indexes) -> str:
         """How prompts ``indexes`` should have ended and where they stopped (" ..." or "")."""

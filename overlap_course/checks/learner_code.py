@@ -86,7 +86,8 @@ def run_loop(loop, second: bool = False, endings: bool = False, **config):
     stop string; ``endings``: the endings run instead, ENDINGS_PROMPTS): (engine, its HostLog,
     outputs or None, the exception that stopped it or None)."""
     engine = pool.engine(**config)
-    prompts, args = (pool.ENDINGS_PROMPTS, pool.ENDINGS_RUN) if endings else (pool.PROMPTS, pool.run_args(second))
+    prompts, args = (pool.ENDINGS_PROMPTS,
+                     pool.ENDINGS_RUN) if endings else (pool.PROMPTS, pool.run_args(second))
     observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
@@ -135,6 +136,9 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     verdict = _stopped_by_checker(err)
+    if verdict is not None and verdict.category == "spins":  # name what was left unfinished
+        left = [r.index for r in log.requests if r.finish_reason == "abort"]
+        verdict.message += log.stopped_at(left)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:
@@ -187,12 +191,15 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
     if err.reason == "unprocessed_inflight" and unprocessed:
         r = unprocessed[0]
         held = [log.requests[i] for i in log.plans.get(r, ())]
-        if held and all(q.finish_reason in ("eos", "stop", "length") for q in held):
+        if held and all(q.finish_reason in ("eos", "stop",
+                                            "length") and max(log.committed.get(q.index, [r])) < r
+                        for q in held):  # finished before round r, whose step then held only them
             return fails("skipped_extra_step", skipped_step_message(log, r, held))
         if mode == "zos" and r not in log.prefill and r + 1 in log.prefill:
             return fails("dropped_at_prefill",
                          f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
-                         f"and it was never processed, so prompts {err.prompt_indexes} lost its tokens"
+                         f"and it was never processed, so prompts {err.prompt_indexes} lost its "
+                         "tokens"
                          f"{log.stopped_at(err.prompt_indexes)}. A "
                          f"prefill round is processed at once, but that does not replace the deferred step: "
                          f"process `previous` under the prefill's forward as in any round, then the prefill's "
@@ -200,24 +207,28 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
         if mode == "zos":
             return fails("no_flush",
                          f"{log.who(r)}: its step was launched but never processed, so prompts "
-                         f"{err.prompt_indexes} lost their last token(s){log.stopped_at(err.prompt_indexes)}. "
+                         f"{err.prompt_indexes} lost their last "
+                         f"token(s){log.stopped_at(err.prompt_indexes)}. "
                          f"When `engine.schedule()` returns "
                          f"None there is no next round to hide the deferred step under: process it with "
                          f"`previous = engine.flush(previous)`, then keep looping")
         return fails("never_processed",
                      f"{log.who(r)}: its step was launched but never processed, so prompts "
-                     f"{err.prompt_indexes} never received its tokens{log.stopped_at(err.prompt_indexes)}: "
+                     f"{err.prompt_indexes} never received its "
+                     f"tokens{log.stopped_at(err.prompt_indexes)}: "
                      f"every launched step must be waited "
                      f"for and processed (`engine.process_outputs(step)`)")
     if err.reason == "finished_kept_blocks":
         return fails("kept_blocks", kept_blocks_message(log, err))
-    return fails("stalled", f"the engine could not go on ({err.reason}, prompts {err.prompt_indexes})"
+    return fails("stalled", f"the engine could not go on ({err.reason}, prompts "
+                            f"{err.prompt_indexes})"
                             f"{log.stopped_at(err.prompt_indexes)}: {err}")
 
 
 def skipped_step_message(log: HostLog, r: int, held) -> str:
     """A step whose requests had all finished was never processed (thought to be only discarded)."""
-    ended = "; ".join(f"prompt {q.index} ({q.prompt!r}) had ended {_ENDED.get(q.finish_reason)} after "
+    ended = "; ".join(f"prompt {q.index} ({q.prompt!r}) had ended {_ENDED.get(q.finish_reason)} "
+                      "after "
                       f"{len(q.output_ids)} tokens" for q in held[:3])
     return (f"{log.who(r)}: its step was never processed, and the engine could not go on: {ended}. "
             f"The round was launched before the host knew that (the extra step), so its tokens are "
@@ -229,13 +240,16 @@ def skipped_step_message(log: HostLog, r: int, held) -> str:
 def kept_blocks_message(log: HostLog, err: EngineStalled) -> str:
     """Finished requests kept their rows and blocks: name each one's ending and who waited."""
     kept = [log.requests[i] for i in err.prompt_indexes]
-    ended = "; ".join(f"prompt {r.index} ({r.prompt!r}) ended {_ENDED.get(r.finish_reason, 'by an abort')} "
+    ended = "; ".join(f"prompt {r.index} ({r.prompt!r}) ended "
+                      f"{_ENDED.get(r.finish_reason, 'by an abort')} "
                       f"after {len(r.output_ids)} tokens" for r in kept[:3])
     waiting = [r.index for r in log.requests if not r.output_ids and r not in kept]
     blocked = (f", so prompts {waiting} never got a batch row" if waiting else
                ", so the scheduler always had work and the run could not end")
-    return (f"the engine could not go on: {ended}, but kept its KV blocks and batch row{blocked}. A "
-            f"request can finish four ways, by its limit, a stop string, EOS or an abort, and every "
+    return (f"the engine could not go on: {ended}, but kept its KV blocks and batch row{blocked}. "
+            "A "
+            "request can finish four ways, by its limit, a stop string, EOS or an abort, and "
+            "every "
             f"finished request must be freed once no launched round uses it (`req.finished and "
             f"req.num_inflight == 0`: `engine.scheduler.release_if_done(req)`)")
 

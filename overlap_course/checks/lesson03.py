@@ -280,9 +280,7 @@ def check_zos_loop(loop) -> Verdict:
     previous round's committed token, so the order matters for the text), and greedy
     with 3 drafts per round (lengths are stale unless corrected on the device).  Both
     must equal the serial engine; the first run's host lane must show the ZOS order.
-    Then the endings run, without drafts and with them: requests that end on EOS, at a stop
-    string and at the limit, so a finished request's step (the extra step) must be processed
-    and the request freed.
+    Then the endings run (EOS, a stop string, the limit), without drafts and with them.
     """
     pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {})
     engine, log, outs, err = run_loop(loop, constraint=pool.CONSTRAINT)
@@ -317,12 +315,12 @@ def check_zos_loop(loop) -> Verdict:
 
 def _endings_run(loop, drafts: int) -> Verdict | None:
     """The learner's loop on the endings run; what went wrong, or None."""
-    config = {"num_draft_tokens": drafts} if drafts else {}
-    engine, log, outs, err = run_loop(loop, endings=True, **config)
+    engine, log, outs, err = run_loop(loop, endings=True, **pool.drafted(drafts))
     verdict = loop_verdict(log, err, "zos", zos_overlapped)
     if verdict is not None:
         return verdict
-    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    diff = pool.compare([c.token_ids for c in outs],
+                        [c.token_ids for c in pool.endings_reference()])
     if diff:
         why = correction_mistake(engine, log) if drafts else ""
         return fails("correction" if why else "wrong_tokens",

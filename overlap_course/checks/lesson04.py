@@ -8,7 +8,6 @@ then inside a ZOS engine with drafts.
 from __future__ import annotations
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from toy_engine import kernels
 from toy_engine.kernels import FROM_DEVICE
@@ -16,6 +15,7 @@ from toy_engine.kernels import FROM_DEVICE
 from . import pool
 from .answers import int_list, items, one_number, show
 from .harness import exercise_check, notebook_check
+from .host_waits import HostReads
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
@@ -126,33 +126,13 @@ def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor
     return meta, torch.tensor(_CASE["accepted"])
 
 
-class _HostReads(TorchFunctionMode):
-    """Counts the tensor operations a function makes, and the ones that bring a tensor's
-    values to the host (on a GPU each of those waits for the device)."""
-
-    HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
-                      "__complex__", "__array__"})
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.host = 0, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        name = getattr(func, "__name__", "")
-        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values()))
-        if name in self.HOST or to_host:
-            self.host.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def _stays_on_device(fn) -> Verdict | None:
     """Exercise 04's rule, on the worked case and on twice as many requests: no value read
     on the host, and as many tensor operations for 6 requests as for 3 (no loop over them)."""
     counts = []
     for copies in (1, 2):
         meta, accepted = _case(4, [1, 1, 1], copies)
-        with _HostReads() as seen:
+        with HostReads() as seen:
             fn(meta, accepted, 4)
         if seen.host:
             names = sorted(set(seen.host), key=seen.host.index)
@@ -161,7 +141,12 @@ def _stays_on_device(fn) -> Verdict | None:
                          f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
-                         f"tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or `if` on a tensor")
+                         "tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or "
+                         "`if` on a tensor, "
+                         "and no operation whose result's size depends on the values (a boolean "
+                         "mask, "
+                         "`nonzero`, `repeat_interleave` without `output_size`): use "
+                         "`torch.where(cond, a, b)`")
         counts.append(seen.ops)
     if counts[1] > counts[0]:
         return fails("python_loop",
@@ -300,14 +285,19 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     diff = pool.compare([c.token_ids for c in outs], pool.reference())
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
-    try:  # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
-        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk, **pool.ENDINGS_RUN)
+    # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
+    try:
+        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk,
+                               **pool.ENDINGS_RUN)
     except Exception as err:  # noqa: BLE001
-        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed on the device: "
+        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
+                                     "on the device: "
                                      f"{type(err).__name__}: {err}")
-    diff = pool.compare([c.token_ids for c in outs], [c.token_ids for c in pool.endings_reference()])
+    diff = pool.compare([c.token_ids for c in outs],
+                        [c.token_ids for c in pool.endings_reference()])
     if diff:
-        return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your correction: {diff}")
+        return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your "
+                                        f"correction: {diff}")
     return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
                   f"decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted per "
                   f"request-round")

@@ -6,15 +6,11 @@ against the learner's own run; the exercise's checker plugs the learner's
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
-from toy_engine.record import Launch
 from toy_engine.run import EngineStalled, StepProcessedTwice
 
-from . import endings, pool
+from . import lifetime_runs, pool
 from .answers import bare_number, int_set, name, one_number, round_number, show
 from .harness import exercise_check, notebook_check
 from .learner_code import StepWatch, engine_frames
@@ -289,81 +285,42 @@ def _commit_mistake(call, who: str) -> Verdict | None:
     for req, (n1, finished, holds, running) in zip(reqs, call["after"]):
         if finished and n1 == 0 and holds:
             return fails("kept_blocks",
-                         f"{who}: prompt {req.index} is finished and no launched round uses it any more "
-                         f"(num_inflight == 0), but it still holds its KV blocks and batch row after your "
-                         f"process_outputs: free it after committing (`engine.scheduler.free(req)` or "
-                         f"`engine.scheduler.release_if_done(req)`), or waiting requests never start")
+                         f"{who}: {lifetime_runs.ended([req])}, and no launched round "
+                         f"uses it any more "
+                         "(num_inflight == 0), "
+                         "but your process_outputs kept its KV blocks and batch row: a request "
+                         "finishes at its "
+                         "limit, at a stop string, on EOS or by an abort, and each must be "
+                         "freed: free it after "
+                         "committing (`engine.scheduler.free(req)` or "
+                         "`engine.scheduler.release_if_done(req)`), "
+                         f"or waiting requests never start")
     return None
 
 
-@dataclass(frozen=True)
-class _Run:
-    """One run exercise 05's checker makes with the learner's process_outputs."""
-
-    label: str
-    prompts: tuple
-    args: tuple  # generate's keyword arguments, as pairs
-    drafts: int = 0
-    abort: tuple | None = None  # (round, prompt): abort that prompt just before that round is scheduled
-
-
-_STOP_RUN = dict(max_new_tokens=pool.MAX_NEW_TOKENS, stop=(" the",))
-# The main run (a stop string, the limit), the endings run without and with drafts, and aborts of a
-# request whose round is in flight (round 4, prompt 1), without and with drafts.
-_RUNS = (_Run("", tuple(pool.PROMPTS), tuple(_STOP_RUN.items())),
-         _Run(pool.endings_label(0), tuple(pool.ENDINGS_PROMPTS), tuple(pool.ENDINGS_RUN.items())),
-         _Run(pool.endings_label(pool.DRAFTS), tuple(pool.ENDINGS_PROMPTS), tuple(pool.ENDINGS_RUN.items()),
-              pool.DRAFTS),
-         _Run("in the abort run (prompt 1 aborted just before round 4, while round 3 holds it)",
-              tuple(pool.PROMPTS), (("max_new_tokens", 12),), abort=(4, 1)),
-         _Run(f"in the abort run with {pool.DRAFTS} drafts per round (prompt 1 aborted just before round 4, "
-              f"while round 3 holds it)", tuple(pool.PROMPTS), (("max_new_tokens", 12),), pool.DRAFTS, (4, 1)))
-
-
-def _aborter(abort):
-    def on_round(engine, rnd):
-        if rnd == abort[0]:
-            engine.abort(engine.requests[abort[1]].id)
-    return on_round if abort else None
-
-
-def _run_engine(run: _Run) -> Engine:
-    return pool.engine(**({"num_draft_tokens": run.drafts} if run.drafts else {}))
-
-
-@functools.lru_cache(maxsize=len(_RUNS))
-def _reference(run: _Run) -> tuple:
-    """The engine's own process_outputs on this run: its completions."""
-    return tuple(_run_engine(run).generate(list(run.prompts), on_round=_aborter(run.abort), **dict(run.args)))
-
-
-def _warm() -> None:
-    pool.start({}, {"num_draft_tokens": pool.DRAFTS})
-    for run in _RUNS:
-        _reference(run)
-
-
-@exercise_check(_warm)
+@exercise_check(lifetime_runs.warm)
 def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees; judged on
     runs whose requests end at the limit, a stop string, EOS and by an abort, with drafts or not."""
-    for run in _RUNS:
+    for run in lifetime_runs.RUNS:
         verdict = _judge_run(process_outputs, run)
         if verdict is not None:
             if run.label:
                 verdict.message = f"{run.label}: {verdict.message}"
             return verdict
-    return passes("each step's results are read only after waiting on its own event, committed once, "
-                  "and caches are freed as soon as no launched round can touch them, for requests that "
-                  "end at the limit, a stop string, EOS and by an abort, with drafts and without")
+    return passes("each step's results are read only after waiting on its own event, committed "
+                  "once, and caches are freed as soon as no launched round can touch them, for "
+                  "requests that end at the limit, a stop string, EOS and by an abort, with drafts "
+                  "and without")
 
 
-def _judge_run(process_outputs, run: _Run) -> Verdict | None:
-    engine = _run_engine(run)
-    reference = _reference(run)
+def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
+    engine = lifetime_runs.run_engine(run)
+    reference = lifetime_runs.completions(run)
     watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
     try:
-        outs = engine.generate(list(run.prompts), process_outputs=watch, on_round=_aborter(run.abort),
+        outs = engine.generate(list(run.prompts), process_outputs=watch,
+                               on_round=lifetime_runs.aborter(run.abort),
                                **dict(run.args))
         err = None
     except NotImplementedError:
@@ -380,7 +337,7 @@ def _judge_run(process_outputs, run: _Run) -> Verdict | None:
                      f"undone). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
     mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
-        return _waited_too_long(mistake, engine, watch)
+        return lifetime_runs.waited_too_long(mistake, engine, watch)
     if mistake is not None:
         return mistake
     if err is not None:
@@ -390,40 +347,11 @@ def _judge_run(process_outputs, run: _Run) -> Verdict | None:
         return fails("wrong_tokens", f"{diff}: commit every step's tokens exactly once, from its own output slot")
     leaked = [r for r in engine.requests if r.blocks]
     if leaked:
-        return fails("kept_blocks", f"{_ended(leaked)}, but kept their KV blocks at the end of the run: "
+        return fails("kept_blocks", f"{lifetime_runs.ended(leaked)}, but kept their KV "
+                                    f"blocks at the end of "
+                                    "the run: "
                                     f"free them once no launched round uses them")
     return None
-
-
-def _ended(reqs) -> str:
-    """Finished requests and how each ended, for a message."""
-    how = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length": "at its limit",
-           "abort": "by an abort"}
-    return "; ".join(f"prompt {r.index} ({r.prompt!r}) ended {how.get(r.finish_reason, 'unfinished')} after "
-                     f"{len(r.output_ids)} tokens" for r in reqs[:3])
-
-
-def _waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch) -> Verdict:
-    """A wait on a later event than the step's own: the tokens are right, so say what it waited for,
-    read from the run's record (what the host waited on does not depend on how busy the machine is)."""
-    forwards = {lnch.round: lnch.seq for lnch in engine.record.of(Launch) if lnch.stage == "forward"}
-    steps = covered = 0
-    for call in watch.calls:
-        rnd = call["step"].plan.round
-        if call["step"].plan.is_prefill or rnd + 1 not in forwards or not call["waits"]:
-            continue
-        if forwards[rnd + 1] > call["waits"][0][0] and forwards[rnd + 1] > call["step"].sample_done.seq:
-            steps += 1
-            covered += max(seq for seq, _, _, _ in call["waits"]) >= forwards[rnd + 1]
-    mistake.message = (
-        f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
-        f"(`engine.device.synchronize()`, or a freshly recorded event) instead of `step.sample_done`. The "
-        f"tokens are right, but the host now also waits for the next round's forward before it commits: in "
-        f"this run {covered} of {steps} deferred decode steps waited for the next round's forward too (their "
-        f"wait came after that forward's launch, so nothing was left to hide the commit under; the engine's "
-        f"own process_outputs waits for none). Wait on exactly `step.sample_done`: it covers the step's "
-        f"sample and nothing after it")
-    return mistake
 
 
 def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verdict:
@@ -452,7 +380,7 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                      f"{err.prompt_indexes}); the engine refused, since the tokens would be added twice. Call "
                      f"`engine.commit_outputs(step, out)` exactly once per step")
     if isinstance(err, EngineStalled):
-        return _stalled(err, engine, reference)
+        return lifetime_runs.stalled(err, engine, reference)
     if isinstance(err, RecursionError):
         called = "flush" if engine_frames(err) & {"flush"} else "process_outputs"
         via = " (`flush` processes the step through `process_outputs`)" if called == "flush" else ""
@@ -464,15 +392,3 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                      "`engine.commit_outputs(step, out)`, then free what is finished")
     return fails("raised", f"your process_outputs raised {type(err).__name__}: {err}")
 
-
-def _stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
-    """The run could not go on: name the prompts, how they should have ended and where they stopped."""
-    reqs = engine._run.requests
-    if err.reason == "finished_kept_blocks":
-        return fails("kept_blocks",
-                     f"the engine could not go on: {_ended([reqs[i] for i in err.prompt_indexes])}, but "
-                     f"your process_outputs kept its KV blocks and batch row, so the run could not end. A "
-                     f"request finishes at its limit, at a stop string, on EOS or by an abort: free every "
-                     f"finished request once no launched round uses it (`engine.scheduler.release_if_done(req)`)")
-    return fails("stalled", f"the engine could not go on ({err.reason}: "
-                            f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")

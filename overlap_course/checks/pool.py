@@ -24,13 +24,17 @@ MAX_NEW_TOKENS = 24
 # Exercise 02's second run: its requests end at a stop string at different rounds (after 2 to 9
 # tokens), one by the length limit of 16, in 19 rounds: a loop that counts rounds or tokens fails it.
 SECOND_RUN = {"max_new_tokens": 16, "stop": "a"}
-# The endings run: its requests end every way a request can (without drafts: the limit, the limit,
-# EOS after 6 tokens, the stop string; with DRAFTS drafts: the limit inside a speculative step, the
-# limit at a round's end, EOS, the stop string), and the fourth prompt waits for a row until the EOS
-# one frees it: code that keeps a finished request's blocks, or drops its last step, stalls here.
-ENDINGS_PROMPTS = ["Tom was happy.\nAnd they all", "Once upon a time", "And they all lived happily ever",
-                   "There was a fox"]
-ENDINGS_RUN = {"max_new_tokens": 18, "stop": (" who",)}
+# The endings run: its requests end every way a request can (without drafts: EOS, the stop
+# string, the limit at a round's end; with DRAFTS drafts also the limit inside a speculative step),
+# and later prompts wait for a row that only a freed request gives back: code that keeps a finished
+# request's blocks stalls here.  With drafts, one round holds only requests that finished in the
+# round before it (the extra step) while a waiting prompt's prefill is launched, and the last step
+# flushed is such a step too: code that skips processing such a step, as if discarding it needed
+# nothing, stalls too.
+ENDINGS_PROMPTS = ["Tom was happy.\nAnd they all",
+                   "Mia smiled.\nAnd they all lived happily ever after",
+                   "Once upon a time", "And they all lived happily ever", "There was a fox"]
+ENDINGS_RUN = {"max_new_tokens": 19, "stop": (" was",)}
 DRAFTS = 3  # the ZOS checker's speculative run: stale lengths show only with drafts
 CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order shows in the text
 
@@ -108,17 +112,24 @@ def run_args(second: bool = False) -> dict:
     return dict(SECOND_RUN) if second else {"max_new_tokens": MAX_NEW_TOKENS}
 
 
+def drafted(drafts: int) -> dict:
+    """The engine configuration of a run with ``drafts`` drafts per round (0: the plain engine)."""
+    return {"num_draft_tokens": drafts} if drafts else {}
+
+
 def endings_label(drafts: int = 0) -> str:
     """The endings run, as a verdict names it."""
     with_drafts = f", {drafts} drafts per round" if drafts else ", no drafts"
     return (f"in the endings run (prompts {ENDINGS_PROMPTS} end on EOS, at the stop string "
-            f"{ENDINGS_RUN['stop'][0]!r} or at the limit of {ENDINGS_RUN['max_new_tokens']} new tokens"
+            f"{ENDINGS_RUN['stop'][0]!r} or at the limit of {ENDINGS_RUN['max_new_tokens']} new "
+            "tokens"
             f"{with_drafts})")
 
 
 @functools.lru_cache(maxsize=1)
 def endings_reference() -> tuple:
-    """The serial loop's completions of the endings run (greedy: the same with drafts or without)."""
+    """The serial loop's completions of the endings run (greedy: the same with drafts or
+    without)."""
     return tuple(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
 
 

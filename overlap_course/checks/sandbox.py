@@ -141,20 +141,25 @@ class Pristine:
 
     def restore(self) -> list[str]:
         """Put back every changed or added module attribute and class attribute; returns
-        their names (``toy_engine.engine.NUM_SLOTS``) for the verdict."""
-        changed = []
+        their names (``toy_engine.engine.NUM_SLOTS``) for the verdict.  ``self.was`` then holds,
+        per name, the value found, where it is a plain number or string (the note shows it).
+        An attribute put on a class with the very value it inherits (a learner's "put it back",
+        ``Engine.flush = RoundStages.flush``) changes nothing: removed silently."""
+        changed, self.was = [], {}
         for name, (module, state) in self.modules.items():
             now = vars(module)
             for attr, value in state.items():
                 if now.get(attr, _MISSING) is not value:
                     changed.append(f"{name}.{attr}")
+                    self._note(changed[-1], now.get(attr, _MISSING), value)
                     setattr(module, attr, value)
         for (name, cls_name), (cls, state) in self.classes.items():
             now = dict(vars(cls))
             for attr in now.keys() - state.keys():
                 if attr.startswith("__"):
                     continue  # Python's own caches, e.g. copyreg's __slotnames__
-                changed.append(f"{name}.{cls_name}.{attr}")
+                if now[attr] is not _inherited(cls, attr):
+                    changed.append(f"{name}.{cls_name}.{attr}")
                 delattr(cls, attr)
             for attr, value in state.items():
                 if now.get(attr, _MISSING) is not value:
@@ -162,14 +167,35 @@ class Pristine:
                     setattr(cls, attr, value)
         return changed
 
+    def _note(self, name: str, found, original) -> None:
+        if isinstance(found, (int, float, str)) and isinstance(original, (int, float, str)):
+            self.was[name] = (found, original)
+
+
+def _inherited(cls: type, attr: str):
+    """What ``cls.attr`` resolves to without ``cls``'s own entry."""
+    for base in cls.__mro__[1:]:
+        if attr in vars(base):
+            return vars(base)[attr]
+    return _MISSING
+
 
 _MISSING = object()
 
 
-def restored_note(changed: list[str]) -> str:
-    """The sentence a verdict adds when an earlier cell had patched the toy."""
+def restored_note(changed: list[str], was: dict | None = None) -> str:
+    """The sentence a verdict adds when an earlier cell had patched the toy: what was changed
+    (with the values, where they are plain), and that the check put the original back for good."""
     if not changed:
         return ""
-    names = ", ".join(f"`{n}`" for n in changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-    return (f" (Note: an earlier cell replaced {names}; it was restored for this check. Restart the kernel to "
-            f"undo it everywhere.)")
+    was = was or {}
+
+    def shown(n: str) -> str:
+        return f"`{n}` (it was {was[n][0]!r}, now {was[n][1]!r} again)" if n in was else f"`{n}`"
+
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    names = ", ".join(map(shown, changed[:4])) + more
+    return (f" (Note: an earlier cell had replaced {names}; before it ran your code, this check "
+            "put the "
+            f"toy's original back, and it stays back for every later cell. Run that cell again to "
+            f"repeat the experiment.)")

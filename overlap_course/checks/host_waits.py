@@ -1,0 +1,63 @@
+"""The instrument of exercise 04's host-wait rule: the tensor operations a function makes, and the
+ones that would make the host wait for the device on a GPU (a value read on the host, or a result
+whose size depends on the values).  Counted on the CPU, where nothing waits, so the rule holds on
+any machine."""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the tensor operations a function makes, and the ones that make the host wait for
+    the device's values (on a GPU): those that bring values to the host, and those whose output's
+    shape depends on the values, which the host must learn before it can allocate the result (the
+    operations torch's CUDA sync-debug mode reports: ``torch.cuda.set_sync_debug_mode``)."""
+
+    HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
+                      "__complex__", "__array__"})
+    DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                             "bincount", "masked_scatter"})
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.host = 0, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *kwargs.values()))
+        if name in self.HOST or to_host:
+            self.host.append(name)
+        elif name in self.DATA_SHAPED:
+            self.host.append(f"{name} (its output's shape depends on the values)")
+        elif name == "where" and len(args) + len(kwargs) == 1:
+            self.host.append("where(condition) (nonzero: its shape depends on the values)")
+        elif name == "repeat_interleave" and _tensor_repeats(args, kwargs) and \
+                "output_size" not in kwargs:
+            self.host.append("repeat_interleave without output_size (its length is the "
+                             "repeats' sum)")
+        elif name in ("__getitem__", "__setitem__", "index_put_",
+                      "index_put") and _bool_index(args[1:2]):
+            self.host.append("indexing with a boolean mask (the result's size is the number of "
+                             "True values)")
+        return func(*args, **kwargs)
+
+
+def _tensor_repeats(args, kwargs) -> bool:
+    repeats = kwargs.get("repeats", args[1] if len(args) > 1 else args[0] if args else None)
+    return isinstance(repeats, torch.Tensor) and repeats.dim() > 0
+
+
+def _bool_index(index) -> bool:
+    """Whether an index (a tensor, or a tuple / list of them) holds a boolean mask."""
+    stack = list(index)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor) and item.dtype in (torch.bool, torch.uint8):
+            return True
+        if isinstance(item, (tuple, list)):
+            stack.extend(item)
+    return False
