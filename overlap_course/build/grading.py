@@ -32,17 +32,25 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   of the course and the toy, their classes, ``builtins`` and the functions of the modules the
   checkers call before the first line of the submission, and trusts the verdict only if all is
   as it was, no thread of the submission still runs and no trace hook is left;
-* an audit hook refuses to open notebooks, ``solutions/``, ``source/`` and the course folder;
-* before each notebook the grader re-hashes the installed course, the toy and the start-up
-  hooks (``*.pth``, ``sitecustomize``) against their state when nbgrader started.
+* an audit hook, installed before the submission's first line, refuses to open notebooks,
+  ``solutions/``, ``source/`` and the course folder, and to write, rename or remove anything
+  under the course, the toy and the folders of Python's modules and start-up hooks;
+* each judge gets a secret made for its run on stdin (with its request and the report's random
+  path; none of them is in argv, the environment or a file) and signs its report with it; a
+  report that is not signed, or a process that exits before the judge's own verdict, scores 0;
+* after each judge process, and before each notebook, the grader re-hashes the installed
+  course, the toy and the start-up hooks (``*.pth``, ``sitecustomize``) against their state
+  when nbgrader started, and trusts no verdict if they changed.
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made
 to lie about any check of itself (an input transformer that rewrites the test cell, a patched
 ``showtraceback``), while a process started after it has none of its state.  What remains:
-code that runs beside its checker can, if written against the judge on purpose, mutate the
-checker's data in place, walk frames or write a forged report -- in a submission the instructor
-can read; and the kernel runs as the grader's user, so grade where submissions cannot write the
-course folder or the environment (a container, as otter-grader recommends for its grading).
+code that runs beside its checker shares the judge's process, so code written against the
+judge on purpose can still mutate the checker's data in place, walk frames, dig the run's
+secret out of the judge's memory and sign a forged report, or write files through ``ctypes``
+past the audit hook -- all of it in the submission, for the instructor to read.  And the kernel
+runs as the grader's user, before any judge: grade where submissions cannot write the course
+folder or the environment (a container, as otter-grader recommends for its grading).
 """
 
 from __future__ import annotations
