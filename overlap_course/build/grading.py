@@ -47,10 +47,12 @@ to lie about any check of itself (an input transformer that rewrites the test ce
 ``showtraceback``), while a process started after it has none of its state.  What remains:
 code that runs beside its checker shares the judge's process, so code written against the
 judge on purpose can still mutate the checker's data in place, walk frames, dig the run's
-secret out of the judge's memory and sign a forged report, or write files through ``ctypes``
-past the audit hook -- all of it in the submission, for the instructor to read.  And the kernel
-runs as the grader's user, before any judge: grade where submissions cannot write the course
-folder or the environment (a container, as otter-grader recommends for its grading).
+secret out of the judge's memory and sign a forged report, write files through ``ctypes`` or
+a process of its own (the audit hook is not inherited; the re-hash after the judge catches such
+writes to sources, though not to ``__pycache__``, unless the process leaves the judge's process
+group on purpose and writes later) -- all of it in the submission, for the instructor to read.
+And the kernel runs as the grader's user, before any judge: grade where submissions cannot
+write the course folder or the environment (a container, as otter-grader recommends).
 """
 
 from __future__ import annotations
