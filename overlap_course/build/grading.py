@@ -32,27 +32,38 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   of the course and the toy, their classes, ``builtins`` and the functions of the modules the
   checkers call before the first line of the submission, and trusts the verdict only if all is
   as it was, no thread of the submission still runs and no trace hook is left;
-* an audit hook refuses to open notebooks, ``solutions/``, ``source/`` and the course folder;
-* before each notebook the grader re-hashes the installed course, the toy and the start-up
-  hooks (``*.pth``, ``sitecustomize``) against their state when nbgrader started.
+* an audit hook, installed before the submission's first line, refuses to open notebooks,
+  ``solutions/``, ``source/`` and the course folder, and to write, rename or remove anything
+  under the course, the toy and the folders of Python's modules and start-up hooks;
+* each judge gets a secret made for its run on stdin (with its request and the report's random
+  path; none of them is in argv, the environment or a file) and signs its report with it; a
+  report that is not signed, or a process that exits before the judge's own verdict, scores 0;
+* after each judge process, and before each notebook, the grader re-hashes the installed
+  course, the toy and the start-up hooks (``*.pth``, ``sitecustomize``) against their state
+  when nbgrader started, and trusts no verdict if they changed.
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made
 to lie about any check of itself (an input transformer that rewrites the test cell, a patched
 ``showtraceback``), while a process started after it has none of its state.  What remains:
-code that runs beside its checker can, if written against the judge on purpose, mutate the
-checker's data in place, walk frames or write a forged report -- in a submission the instructor
-can read; and the kernel runs as the grader's user, so grade where submissions cannot write the
-course folder or the environment (a container, as otter-grader recommends for its grading).
+code that runs beside its checker shares the judge's process, so code written against the
+judge on purpose can still mutate the checker's data in place, walk frames, dig the run's
+secret out of the judge's memory and sign a forged report, write files through ``ctypes`` or
+a process of its own (the audit hook is not inherited; the re-hash after the judge catches such
+writes to sources, though not to ``__pycache__``, unless the process leaves the judge's process
+group on purpose and writes later) -- all of it in the submission, for the instructor to read.
+And the kernel runs as the grader's user, before any judge: grade where submissions cannot
+write the course folder or the environment (a container, as otter-grader recommends).
 """
 
 from __future__ import annotations
 
 import builtins
 import hashlib
+import hmac
 import json
 import os
 import re
-import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -177,9 +188,11 @@ def check(root: Path = ROOT) -> list[str]:
     return problems
 
 
-def course(dest: Path, root: Path = ROOT, assignments=None) -> Path:
+def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False) -> Path:
     """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config.
-    Raises ValueError, naming the problem, for an unknown exercise or a DEST that is a file."""
+    Raises ValueError, naming the problem, for an unknown exercise, a DEST that is a file, or
+    (unless ``force``) a file in DEST that differs from what this would write: an instructor's
+    edited config or assignment is kept, and nothing is written."""
     sources = {path.stem: path for path in sorted((root / "source").glob("*.ipynb"))}
     unknown = [name for name in assignments or () if name not in sources]
     if unknown:
@@ -187,14 +200,17 @@ def course(dest: Path, root: Path = ROOT, assignments=None) -> Path:
                          f"{', '.join(sources)}")
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"DEST {str(dest)!r} is a file: give a folder (new or existing)")
-    dest.mkdir(parents=True, exist_ok=True)
-    for name, path in sources.items():
-        if assignments and name not in assignments:
-            continue
-        folder = dest / "source" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, folder / path.name)
-    (dest / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
+    files = {dest / "source" / name / path.name: path.read_bytes()
+             for name, path in sources.items() if not assignments or name in assignments}
+    files[dest / "nbgrader_config.py"] = NBGRADER_CONFIG.encode()
+    edited = [str(f) for f, content in files.items() if f.is_file() and f.read_bytes() != content]
+    if edited and not force:
+        more = f" (and {len(edited) - 1} more)" if len(edited) > 1 else ""
+        raise ValueError(f"{edited[0]}{more} differs from what `grading course` writes (edited?): "
+                         f"nothing written; pass --force to overwrite")
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
     return dest
 
 
@@ -288,20 +304,24 @@ def _private_folders(course: Path) -> list[str]:
     return [str(f) for f in folders if not any(n.is_relative_to(f) for n in needed)]
 
 
-def judge(check: str, cells: list[str], private: list[str] = ()) -> tuple[bool, str]:
+def judge(check: str, cells: list[str], private: list[str] = (),
+          pristine: dict[str, str] | None = None) -> tuple[bool, str]:
     """(passed, message) for ``check`` on the answers ``cells`` define, from fresh processes.
 
     A check of values reads them in one process (the learner's cells run there) and judges them
     in another that runs no line of the submission; a check of code runs the cells and the
-    check in one process that verifies afterwards that nothing the checker uses was replaced."""
+    check in one process that verifies afterwards that nothing the checker uses was replaced.
+    After each process the installed files are re-hashed against ``pristine`` (by default,
+    their state now): a verdict from a judge whose course was rewritten is not trusted."""
+    pristine = installed_digest() if pristine is None else pristine
     names = graded_arguments(check)
     request = {"check": check, "names": names, "cells": cells, "private": list(private)}
     if set(names) <= VALUE_ANSWERS:
-        answers = _run_judge("answers", request)
+        answers = _run_judge("answers", request, pristine)
         if "values" not in answers:
             return False, answers["message"]
         request = {"check": check, "names": names, "values": answers["values"], "private": []}
-    report = _run_judge("check", request)
+    report = _run_judge("check", request, pristine)
     return report["passed"] is True, report["message"]
 
 
@@ -309,27 +329,36 @@ _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from overlap_course.build
          "grading.judge_main(sys.argv[1:])")
 
 
-def _run_judge(mode: str, request: dict) -> dict:
+def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
     """One judge process: ``python -I`` (no user site, no ``PYTHONPATH``, no current folder on
-    the path), in an empty temporary folder, with an environment of its own; its report is
-    trusted only in the shape it must have, and a process that gives none fails the check."""
+    the path), in an empty temporary folder, with an environment of its own.  The request, a
+    secret made for this run and the report's (random) path cross on its stdin, which the judge
+    reads before any line of the submission: neither argv, the environment nor a file holds
+    them.  Its report is trusted only if signed with that secret, in the shape it must have,
+    from a process that exited 0 and left the installed files as they were."""
     with tempfile.TemporaryDirectory(prefix="overlap-judge-") as tmp:
-        ask, answer = Path(tmp, "request.json"), Path(tmp, "report.json")
-        ask.write_text(json.dumps(request), encoding="utf-8")
+        secret = secrets.token_hex(32)
+        answer = Path(tmp, f"{secrets.token_hex(16)}.json")
+        ask = json.dumps({"secret": secret, "report": str(answer), "request": request})
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
                "LANG": "C.UTF-8"}
-        cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode, str(ask), str(answer)]
-        judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+        cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode]
+        judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.PIPE,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  start_new_session=True)
         try:
-            _, err = judge.communicate(timeout=JUDGE_TIMEOUT_S)
+            _, err = judge.communicate(ask.encode("utf-8"), timeout=JUDGE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"passed": False, "message": f"the judge stopped your code after "
                                                 f"{JUDGE_TIMEOUT_S} s without a verdict"}
         finally:
             _end_group(judge)
-        return _read_report(answer, mode, judge.returncode, err)
+        changed = _changed_files(pristine)
+        if changed:
+            return {"passed": False, "message": (
+                f"not graded: the judge's process changed {len(changed)} installed file(s) "
+                f"the grader trusts ({', '.join(changed[:3])}): reinstall the course")}
+        return _read_report(answer, secret, mode, judge.returncode, err)
 
 
 def _end_group(process: subprocess.Popen) -> None:
@@ -341,11 +370,20 @@ def _end_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _read_report(path: Path, mode: str, code: int, err: bytes) -> dict:
+def _sign(secret: str, body: str) -> str:
+    return hmac.new(secret.encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _read_report(path: Path, secret: str, mode: str, code: int, err: bytes) -> dict:
+    """The report: its signature on one line, then its JSON (signed, so that code that reads
+    the written report learns no secret it could sign a forgery with)."""
     try:
         if path.stat().st_size > _MAX_REPORT_BYTES:
             raise ValueError("too large")
-        report = json.loads(path.read_text(encoding="utf-8"))
+        signature, _, body = path.read_text(encoding="utf-8").partition("\n")
+        if not hmac.compare_digest(signature, _sign(secret, body)):
+            raise ValueError("not signed by the judge")
+        report = json.loads(body)
     except (OSError, ValueError, RecursionError):  # a report the submission's code wrote itself
         report = None
     if isinstance(report, dict) and code == 0 and _well_formed(report, mode):
@@ -368,9 +406,12 @@ def _well_formed(report: dict, mode: str) -> bool:
 # ------------------------------------------------------------------ the judge (its process)
 
 def judge_main(argv: list[str]) -> None:
-    """Entry of a judge process: ``ROOT MODE REQUEST REPORT``.  The course is imported from
-    ROOT before any line of the submission runs, and its state is fingerprinted then."""
-    root, mode, ask, answer = argv
+    """Entry of a judge process: ``ROOT MODE``, and on stdin the request, the run's secret and
+    the report's path, read before anything else.  The course is imported from ROOT before any
+    line of the submission runs, and its state is fingerprinted then."""
+    root, mode = argv
+    sent = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    sys.stdin.close()
     import overlap_course
     import toy_engine
     from overlap_course import checks
@@ -379,9 +420,9 @@ def judge_main(argv: list[str]) -> None:
         if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
             raise SystemExit(f"the judge imported {package.__name__} from {package.__file__}, "
                              f"not from {root}")
-    request = json.loads(Path(ask).read_text(encoding="utf-8"))
-    write = _reporter(answer)
-    sys.addaudithook(_refuse_reading(request["private"]))
+    request = sent["request"]
+    write = _reporter(sent.pop("report"), sent.pop("secret"))
+    sys.addaudithook(_guard(request["private"], _protected_folders(Path(root))))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -398,29 +439,69 @@ def judge_main(argv: list[str]) -> None:
     write(_verdict(check, args, before, threads, checks.Verdict))
 
 
-def _refuse_reading(private: list[str]):
-    """An audit hook (it cannot be removed) that refuses to open notebooks, symlinks and the
-    private folders: the submission's cells cannot exec the solution's cell from disk."""
+def _protected_folders(root: Path) -> list[Path]:
+    """What no judge process may write: the course, the toy, and the folders of the modules and
+    start-up hooks (``*.pth``, ``sitecustomize``) the next ``python -I`` loads."""
+    paths = sysconfig.get_paths()
+    folders = {root / "overlap_course", root / "toy_engine"}
+    folders |= {Path(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return sorted({Path(os.path.realpath(f)) for f in folders})
+
+
+# Audit events that change a file or folder at the path they name (first argument; a rename's
+# second too); ``open`` is a write when its mode or flags say so.
+_WRITES = {"os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.chown",
+           "os.utime", "os.rename"}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _guard(private: list[str], protected: list[Path]):
+    """An audit hook (it cannot be removed) installed before the submission's first line: it
+    refuses new links, reading notebooks and the private folders (the submission's cells cannot
+    exec the solution's cell from disk), and writing the protected folders -- or opening one of
+    them, or a folder above one, as a directory whose descriptor would reach them by a relative
+    path -- so that no judge process can rewrite what the next one imports."""
     folders = [Path(f) for f in private]
+
+    def resolved(path) -> Path | None:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return None  # a file descriptor: opening it was audited
+        return Path(os.path.realpath(os.fsdecode(path)))
+
+    def refuse_write(path: Path | None) -> None:
+        if path is not None and any(path.is_relative_to(f) for f in protected):
+            raise PermissionError(f"the judge does not let a submission change {path}")
 
     def hook(event: str, args: tuple) -> None:
         if event == "os.symlink" or event == "os.link":
             raise PermissionError("the judge refuses new links")
-        if event != "open" or not isinstance(args[0], (str, bytes, os.PathLike)):
+        if event in _WRITES:
+            for path in args[:2] if event == "os.rename" else args[:1]:
+                refuse_write(resolved(path))
+        if event != "open" or (path := resolved(args[0])) is None:
             return
-        path = Path(os.path.realpath(os.fsdecode(args[0])))
+        mode, flags = args[1], args[2]
+        if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS:
+            refuse_write(path)
+        if path.is_dir() and any(f.is_relative_to(path) or path.is_relative_to(f)
+                                 for f in protected):
+            raise PermissionError(f"the judge does not let a submission open the folder {path}")
         if path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders):
             raise PermissionError(f"the judge does not let a submission read {path}")
     return hook
 
 
-def _reporter(path: str):
-    """Writes the report with functions bound now, before the submission can replace any."""
-    dumps, opener = json.dumps, builtins.open
+def _reporter(path: str, secret: str):
+    """Writes the report, signed with the run's secret, with functions bound now (before the
+    submission can replace any); then ends the process at once, so that no handler the
+    submission left (``atexit``, a finalizer) runs after the verdict."""
+    dumps, opener, sign, leave = json.dumps, builtins.open, _sign, os._exit
 
     def write(report: dict) -> None:
+        body = dumps(report)
         with opener(path, "w", encoding="utf-8") as f:
-            f.write(dumps(report))
+            f.write(f"{sign(secret, body)}\n{body}")
+        leave(0)
     return write
 
 
@@ -590,12 +671,15 @@ def main(argv=None) -> int:
     c = sub.add_parser("course", help="lay out an nbgrader course directory from source/")
     c.add_argument("dest", type=Path)
     c.add_argument("assignments", nargs="*")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite files in DEST that differ from the course's (edited ones)")
     sub.add_parser("annotate", help="write nbgrader cell metadata into source/*.ipynb")
     sub.add_parser("check", help="fail if source/*.ipynb lack their nbgrader metadata")
     a = p.parse_args(argv)
     if a.cmd == "course":
         try:
-            print(f"nbgrader course in {course(a.dest, assignments=a.assignments)}")
+            home = course(a.dest, assignments=a.assignments, force=a.force)
+            print(f"nbgrader course in {home}")
         except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
             why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
             return fail("grading course", why)
