@@ -25,8 +25,10 @@ MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 40
 
 # A JSON string (escapes included): removed before brackets are counted, so "[" in a name
-# is not nesting.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# is not nesting.  The closing quote is optional: a string never closed is matched to the end
+# of the text at once (json refuses it after), instead of the search failing and starting
+# again at each later quote, which took quadratic time on '"' followed by many '\\"'.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
 
