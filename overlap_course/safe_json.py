@@ -37,11 +37,20 @@ class JSONRefused(ValueError):
     """JSON that :func:`loads` will not read; the message says which input and why."""
 
 
+def _outside_strings(text: str) -> str:
+    """``text`` without its string literals.  With no backslash there is no escaped quote, so
+    the strings lie between the 1st and 2nd quote, the 3rd and 4th...: a split, about twice as
+    fast as the regex on a trace (most have no backslash at all)."""
+    if "\\" not in text:
+        return "".join(text.split('"')[::2])
+    return _STRING.sub("", text)
+
+
 def _depth(text: str, limit: int) -> int:
     """The deepest nesting of ``[`` and ``{`` in ``text`` outside strings, or ``limit + 1`` if
     deeper: each pass removes the innermost pairs (one regex pass per level, not a Python loop
     per character); brackets that do not pair up (a file cut short) are counted one by one."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    brackets = _NOT_BRACKET.sub("", _outside_strings(text))
     levels = 0
     while brackets and levels <= limit:
         inner = _INNERMOST.sub("", brackets)
