@@ -70,18 +70,19 @@ class Store:
         if check != "ok":
             self.db.close()
             raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
-            id INTEGER PRIMARY KEY, user TEXT NOT NULL, notebook TEXT NOT NULL, check_name TEXT NOT NULL,
-            passed INTEGER NOT NULL, category TEXT NOT NULL, client_time REAL, received REAL NOT NULL)""")
+        # checked before anything is written: another program's database is left as it was
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(verdicts)")}
-        if not COLUMNS <= columns:
+        if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
             self.db.close()
             raise ValueError(f"the database {path!r} has a table 'verdicts' that is not this "
                              f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
                              f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
                              f"something else, so it is left as it is; pass another --db")
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
+            id INTEGER PRIMARY KEY, user TEXT NOT NULL, notebook TEXT NOT NULL, check_name TEXT NOT NULL,
+            passed INTEGER NOT NULL, category TEXT NOT NULL, client_time REAL, received REAL NOT NULL)""")
 
     def add(self, user: str, v: dict) -> None:
         self.db.execute("INSERT INTO verdicts (user, notebook, check_name, passed, category, client_time, received)"
