@@ -2,7 +2,8 @@
 
 A command answers bad input with one line, ``PROG: error: WHAT (see --help)``, and exit
 status 2 -- argparse's own errors included (it prints its usage first, which can fill a
-screen above the one line that matters).  Output cut short by its reader (``... | head``)
+screen above the one line that matters).  Ctrl-C ends it with one line too,
+``PROG: interrupted``, and exit status 130.  Output cut short by its reader (``... | head``)
 ends the command quietly instead of with a ``BrokenPipeError`` traceback.
 """
 
@@ -13,11 +14,13 @@ import math
 import os
 import sys
 
-__all__ = ["Parser", "fail", "one_line", "whole_number", "finite_number", "emit",
+__all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "exit_quietly_on_broken_pipe"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports).
+INTERRUPTED = 130
 
 
 def one_line(text) -> str:
@@ -37,6 +40,14 @@ def fail(prog: str, message) -> int:
     """Say what is wrong in one line on stderr; the exit status of bad input."""
     print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
     return USAGE_ERROR
+
+
+def interrupted(prog: str) -> int:
+    """Say in one line that Ctrl-C stopped the command (instead of a ``KeyboardInterrupt``
+    traceback from deep in torch or multiprocessing); the caller has closed its engines on the
+    way out.  The exit status a shell gives a SIGINT."""
+    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+    return INTERRUPTED
 
 
 def whole_number(minimum: int, maximum: int | None = None):

@@ -272,27 +272,58 @@ def flush_sends(timeout: float = 10.0) -> bool:
 
 # ------------------------------------------------------------------ reading it back
 
+#: The longest line of the record read (one verdict is about 130 bytes); a longer one is
+#: skipped and counted, so a damaged record is read in bounded memory.
+MAX_LINE_BYTES = MAX_BODY_BYTES
+# What each field of a line must be (the service's validate() holds verdicts to the same).
+_FIELD_TYPES = {"notebook": str, "check": str, "passed": bool, "category": str,
+                "time": (int, float)}
+
+
+def _well_formed(entry) -> bool:
+    """A JSON object whose fields have the types :func:`record` writes (a ``time`` that is a
+    number, not a bool): anything else would break the sorting and lookups of :func:`status`."""
+    if not isinstance(entry, dict) or isinstance(entry.get("time"), bool):
+        return False
+    return all(isinstance(entry.get(field), kind) for field, kind in _FIELD_TYPES.items())
+
+
+def _lines(f):
+    """The lines of the open binary file ``f``, each at most :data:`MAX_LINE_BYTES`; a longer
+    one (whatever its bytes, however long) is read past and given as ``None``."""
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):  # the rest of the long line, 1 MiB at a time
+            line = f.readline(1 << 20)
+        yield None
+
+
 def read_record(path: Path | None = None) -> tuple[list[dict], int]:
-    """The record's entries, and how many of its lines could not be read (cut short, not
-    UTF-8, not JSON): those are skipped, as are entries that are not a known notebook's check."""
+    """The record's entries, and how many of its lines could not be read (cut short, too long,
+    not UTF-8, not JSON, a field of the wrong type): those are skipped, as are entries that are
+    not a known notebook's check.  Read line by line: memory stays bounded however big it is."""
     path = path or _record_path()
     entries, unreadable = [], 0
     try:
-        lines = path.read_bytes().split(b"\n")
+        with open(path, "rb") as f:
+            for line in _lines(f):
+                if line is not None and not line.strip():
+                    continue
+                try:
+                    entry = None if line is None else safe_json.loads(line, "a progress line")
+                except ValueError:
+                    entry = None
+                if not _well_formed(entry):
+                    unreadable += 1
+                elif known(entry["notebook"], entry["check"]):
+                    entries.append(entry)
     except OSError:
         return entries, unreadable
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            entry = safe_json.loads(line, "a line of the progress record")
-        except ValueError:
-            unreadable += 1
-            continue
-        if not isinstance(entry, dict):
-            unreadable += 1
-        elif known(entry.get("notebook", ""), entry.get("check", "")):
-            entries.append(entry)
     return entries, unreadable
 
 

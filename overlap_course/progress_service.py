@@ -54,9 +54,15 @@ REFRESH_MS = 2000
 USER_CACHE_S = 10.0
 
 
+#: The columns of the verdicts table: a database whose table lacks one is refused at start.
+COLUMNS = {"id", "user", "notebook", "check_name", "passed", "category", "client_time",
+           "received"}
+
+
 class Store:
     """The verdicts, in SQLite: one row per verdict, committed at once.  A file that is not a
-    SQLite database raises ``sqlite3.DatabaseError`` here, at start (see :func:`open_store`)."""
+    SQLite database raises ``sqlite3.DatabaseError`` here, at start (see :func:`open_store`);
+    one whose ``verdicts`` table has other columns, a ``ValueError`` naming it."""
 
     def __init__(self, path: str):
         self.db = sqlite3.connect(path, isolation_level=None)
@@ -64,6 +70,14 @@ class Store:
         if check != "ok":
             self.db.close()
             raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
+        # checked before anything is written: another program's database is left as it was
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(verdicts)")}
+        if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
+            self.db.close()
+            raise ValueError(f"the database {path!r} has a table 'verdicts' that is not this "
+                             f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
+                             f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
+                             f"something else, so it is left as it is; pass another --db")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
@@ -98,7 +112,7 @@ def open_store(path: str) -> Store:
         raise ValueError(f"cannot open the database {path!r} ({err}): check that its folder exists "
                          f"and this service may write there, or pass another --db") from None
     except sqlite3.DatabaseError as err:
-        aside = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside = _aside_name(path)
         try:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(path + suffix):
@@ -110,6 +124,17 @@ def open_store(path: str) -> Store:
         print(f"course-progress: {path!r} is not a readable SQLite database ({err}); moved it to "
               f"{aside!r} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
         return Store(path)
+
+
+def _aside_name(path: str) -> str:
+    """``PATH.unreadable-DATE-TIME``, with ``-2``, ``-3``... when that is taken (two damaged
+    files in one second): a file moved aside never replaces one moved aside before."""
+    base = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside, n = base, 1
+    while any(os.path.lexists(aside + suffix) for suffix in ("", "-wal", "-shm")):
+        n += 1
+        aside = f"{base}-{n}"
+    return aside
 
 
 #: The latest ``time`` a verdict may carry (about the year 5138): later is no time.

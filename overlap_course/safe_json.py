@@ -25,8 +25,10 @@ MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 40
 
 # A JSON string (escapes included): removed before brackets are counted, so "[" in a name
-# is not nesting.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# is not nesting.  The closing quote is optional: a string never closed is matched to the end
+# of the text at once (json refuses it after), instead of the search failing and starting
+# again at each later quote, which took quadratic time on '"' followed by many '\\"'.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
 
@@ -35,11 +37,20 @@ class JSONRefused(ValueError):
     """JSON that :func:`loads` will not read; the message says which input and why."""
 
 
+def _outside_strings(text: str) -> str:
+    """``text`` without its string literals.  With no backslash there is no escaped quote, so
+    the strings lie between the 1st and 2nd quote, the 3rd and 4th...: a split, about twice as
+    fast as the regex on a trace (most have no backslash at all)."""
+    if "\\" not in text:
+        return "".join(text.split('"')[::2])
+    return _STRING.sub("", text)
+
+
 def _depth(text: str, limit: int) -> int:
     """The deepest nesting of ``[`` and ``{`` in ``text`` outside strings, or ``limit + 1`` if
     deeper: each pass removes the innermost pairs (one regex pass per level, not a Python loop
     per character); brackets that do not pair up (a file cut short) are counted one by one."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    brackets = _NOT_BRACKET.sub("", _outside_strings(text))
     levels = 0
     while brackets and levels <= limit:
         inner = _INNERMOST.sub("", brackets)

@@ -28,7 +28,8 @@ import statistics
 import sys
 from dataclasses import asdict
 
-from overlap_course.command_line import Parser, emit, fail, finite_number, whole_number
+from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
+                                         whole_number)
 from overlap_course.corpus import generate_corpus
 from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import recorded_label, recorded_runs
@@ -266,6 +267,8 @@ def main(argv=None) -> int:
                            a.temperature)
     except (ValueError, TypeError) as exc:
         return fail(PROG, exc)
+    except KeyboardInterrupt:  # run_bench closed its engines on the way out
+        return interrupted(PROG)
     emit(dumps(result, "the bench's result", indent=2) if a.json else format_table(result))
     return 0 if all(m["equal_to_serial"] for m in result["modes"].values()) else 1
 

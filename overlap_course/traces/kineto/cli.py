@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from overlap_course.command_line import Parser, emit, fail, finite_number, whole_number
+from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
+                                         whole_number)
 from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import load_trace
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
@@ -119,3 +120,5 @@ def main(argv=None) -> int:
         return 0
     except ValueError as exc:
         return fail(PROG, exc)
+    except KeyboardInterrupt:  # the engine's `with` closed it on the way out
+        return interrupted(PROG)

@@ -69,6 +69,54 @@ def _resolve(source) -> Path:
     return Path(source)
 
 
+#: The most bytes a trace file may have, and the most its gzip may unpack to: far above the
+#: shipped traces (under 1 MiB unpacked) and a torch.profiler trace of a few steps (tens of
+#: MiB), and below what would exhaust memory while reading it (a gzip bomb, /dev/zero): parsed,
+#: 256 MiB of JSON is already gigabytes of Python objects.
+MAX_TRACE_BYTES = 256 << 20
+_MIB = 1 << 20
+
+
+def _too_big(where: str, what: str) -> ValueError:
+    return ValueError(f"{where} {what} more than {MAX_TRACE_BYTES // _MIB} MiB, the most a "
+                      f"trace read here may have (the shipped ones are under 1 MiB): profile "
+                      f"fewer steps (torch.profiler's schedule) and save that trace")
+
+
+def _read_bounded(path: Path, where: str) -> bytes:
+    """The file's bytes (gzip unpacked, told apart by content), at most
+    :data:`MAX_TRACE_BYTES` of either, so a file that never ends or unpacks to gigabytes is
+    refused in bounded memory instead of a ``MemoryError``."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise _too_big(where, "has")
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        if _unpacked_size(raw) > MAX_TRACE_BYTES:
+            raise _too_big(where, "unpacks to")
+        return gzip.decompress(raw)  # known to fit now
+    except (EOFError, OSError, zlib.error) as exc:
+        raise ValueError(f"{where} is a truncated or corrupt gzip file ({exc})") from None
+
+
+def _unpacked_size(packed: bytes) -> int:
+    """How many bytes ``packed`` (gzip, member after member) unpacks to, counted 1 MiB at a
+    time and kept nowhere; past :data:`MAX_TRACE_BYTES` it stops counting."""
+    size = 0
+    while packed and size <= MAX_TRACE_BYTES:
+        unpacker = zlib.decompressobj(wbits=31)
+        while packed and not unpacker.eof and size <= MAX_TRACE_BYTES:
+            size += len(unpacker.decompress(packed, _MIB))
+            packed = unpacker.unconsumed_tail
+        packed = unpacker.unused_data.lstrip(b"\0")  # gzip pads members with NULs
+    return size
+
+
 def read_trace(source) -> dict:
     """Load a Chrome-trace JSON document: a path (plain or gzip JSON, told apart by content,
     not by name), a shipped trace's name (``"a100_event_sync"``), or an already loaded dict.
@@ -83,15 +131,7 @@ def read_trace(source) -> dict:
                              f"or a dict, got {source!r}")
         path = _resolve(source)
         where = f"trace file {str(path)!r}"
-        try:
-            raw = path.read_bytes()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-            raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
-        if raw[:2] == b"\x1f\x8b":
-            try:
-                raw = gzip.decompress(raw)
-            except (EOFError, OSError, zlib.error) as exc:
-                raise ValueError(f"{where} is a truncated or corrupt gzip file ({exc})") from None
+        raw = _read_bounded(path, where)
         if not raw.strip():
             raise ValueError(f"{where} is empty")
         try:
