@@ -11,6 +11,7 @@ import pytest
 
 from overlap_course import checks
 from overlap_course.checks.verdict import Verdict
+from toy_engine.runinfo import RunStats
 
 ODD = [None, True, -1, 0, 2.5, 10**20, 10**400, 1e308, math.nan, "x", [], {}, [None], [1, -1],
        [0] * 5000, object(), (1, 2), range(3), {"input_ids": [1, 2], "pending": [1]}]
@@ -80,11 +81,23 @@ def test_a_stub_answer_is_unanswered_whatever_the_context():
     assert checks.check_round_gap(None, "x", 10**400).category == "unanswered"
 
 
+def _stats(host_ms) -> RunStats:
+    return RunStats(rounds=21, wall_ms=100.0, device_busy_ms=90.0, device_idle_fraction=0.5,
+                    mean_host_ms_per_round=host_ms, mean_device_ms_per_round=2.0, tokens=80,
+                    tokens_per_s=800.0, prefill_rounds=1, decode_rounds=20,
+                    decode_device_idle_fraction=0.5, draft_tokens_proposed=0,
+                    draft_tokens_accepted=0, mean_accepted_per_round=0.0, tokens_per_forward=1.0,
+                    discarded_outputs=0)
+
+
 def test_the_engine_and_the_stats_are_read_before_the_check_uses_them():
+    assert checks.check_ideal_ratio(1.5, _stats(1.0)).passed  # (1 + 2) / 2
     for verdict in (checks.check_idle_fraction(lambda timeline: 0.5, None),
                     checks.check_idle_fraction(lambda timeline: 0.5, object()),
                     checks.check_ideal_ratio(1.0, None, None),
                     checks.check_ideal_ratio(1.0, "stats"),
+                    checks.check_ideal_ratio(1.0, _stats(10**400)),
+                    checks.check_ideal_ratio(1.0, _stats(0.0)),
                     checks.check_largest_host_stage("prepare", []),
                     checks.check_processed_under(1, None, 1),
                     checks.check_uncommitted_rounds({1}, [], []),

@@ -74,8 +74,8 @@ def number(low: float, high: float, passes: str) -> Arg:
 
 
 def _wholes(x, low: int, high: int, min_len: int):
-    if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1:
-        x = x.tolist()
+    if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1 and len(x) <= MAX_ITEMS:
+        x = x.tolist()  # a 1-d tensor or array
     if not isinstance(x, (list, tuple, range)) or not min_len <= len(x) <= MAX_ITEMS:
         return _BAD
     values = [_whole(v, low, high) for v in x]
@@ -105,7 +105,12 @@ def columns(keys: tuple[str, ...], low: int, high: int, passes: str, optional: b
 
 
 def _finite(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond a float's range
+        return False
 
 
 def _timeline(x):
