@@ -5,7 +5,8 @@ A lesson's checks live in ``lessonNN.py`` -- the notebook's questions and its ex
 checkers side by side; a new check goes there, decorated with ``harness.notebook_check`` (an
 answer) or ``harness.exercise_check`` (learner's code run on the shared engines), returning a
 ``verdict.Verdict`` whose category is listed in ``verdict.CATEGORIES``.  Answers are read with
-``answers``; exercise checkers share ``pool`` (engines), ``learner_code`` (running the learner's
+``answers``, the notebook's other arguments (timeline, engine, round, ...) with ``context.given``;
+exercise checkers share ``pool`` (engines), ``learner_code`` (running the learner's
 code), ``host_order`` (the run's order of stages and its rules) and ``sandbox`` (time limit,
 restoring what a cell patched).
 """

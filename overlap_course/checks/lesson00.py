@@ -12,7 +12,8 @@ import torch
 
 from toy_engine.races import RaceError
 
-from .answers import bare_number, int_set, name, show
+from . import context
+from .answers import MAX_ITEMS, bare_number, int_set, name, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -22,7 +23,17 @@ _STEPS = ("launch", "record", "wait", "read")
 _ANSWER_IDS = itertools.count(1000)
 
 
+def _one_of_the_kernels(a: dict) -> str | None:
+    if a["waited"] < a["num_kernels"]:
+        return None
+    last = a["num_kernels"] - 1
+    return f"waited={a['waited']} is no event of {a['num_kernels']} kernels (0 to {last})"
+
+
 @notebook_check
+@context.given(waited=context.whole(0, MAX_ITEMS, "the event its cell waits on (1)"),
+               num_kernels=context.whole(1, MAX_ITEMS, "the kernels its cell launched (3)"),
+               agree=_one_of_the_kernels)
 def check_done_after_wait(answer, waited: int = 1, num_kernels: int = 3) -> Verdict:
     """Kernels 0..n-1 were launched on one stream, each followed by an event; the host
     waits on event ``waited``.  Which kernels are certainly finished when it returns?"""

@@ -4,14 +4,25 @@ position's key and value live (its slot), and the query and key lengths of a dec
 
 from __future__ import annotations
 
-from .answers import int_list, one_number
+from . import context
+from .answers import int_list, one_number, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
 __all__ = ["check_slot", "check_decode_lengths"]
 
 
+def _in_table(a: dict) -> str | None:
+    if a["pos"] // a["block_size"] < len(a["table"]):
+        return None
+    return f"position {a['pos']} is past the {len(a['table'])} blocks of table {show(a['table'])}"
+
+
 @notebook_check
+@context.given(table=context.wholes(0, context.BIG, "the request's block table ([5, 2, 9])"),
+               pos=context.whole(0, context.BIG, "the position asked about (9)"),
+               block_size=context.whole(1, context.BIG, "the KV cache's block size (4)"),
+               agree=_in_table)
 def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> Verdict:
     """Your turn (01): the KV-cache slot of position ``pos`` of a request with block table ``table``
     (``name``: the answer's variable, for the unanswered message; a second request is a second question)."""
@@ -54,6 +65,8 @@ def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> 
 
 
 @notebook_check
+@context.given(answers=2, prompt_lengths=context.wholes(1, context.BIG, "the prompts' lengths "
+                                                                      "([9, 7, 3])"))
 def check_decode_lengths(seqlens_q, seqlens_k, prompt_lengths) -> Verdict:
     """Predict (01): seqlens_q and seqlens_k of the first decode round after a prefill of
     prompts with ``prompt_lengths`` tokens."""

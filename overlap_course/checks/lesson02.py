@@ -14,7 +14,7 @@ from collections import defaultdict
 from toy_engine.engine import Engine
 from toy_engine.timeline import Timeline
 
-from . import pool
+from . import context, pool
 from .answers import name, one_number, returned_real, show
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
@@ -49,6 +49,8 @@ def _decimals(x: float) -> int:
 
 
 @notebook_check
+@context.given(timeline=context.timeline("the serial run's timeline (engine.timeline)"),
+               round=context.whole(0, context.BIG, "the round asked about (10)"))
 def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     """Your turn (02): the device gap (ms) between the end of round ``round - 1``'s last
     device span and the start of round ``round``'s first one."""
@@ -155,6 +157,7 @@ def _table(per_round: dict[str, float]) -> str:
 
 
 @notebook_check
+@context.given(timeline=context.timeline("the serial run's timeline (engine.timeline)"))
 def check_largest_host_stage(answer, timeline) -> Verdict:
     """Predict (02): which host stage uses the most host CPU time per round (waiting
     excluded)?  CPU time, not wall time: on a busy machine the host thread can lose its core
@@ -192,6 +195,7 @@ def check_largest_host_stage(answer, timeline) -> Verdict:
 
 
 @notebook_check
+@context.given(overhead_ms=context.number(1e-3, 1e6, "the host overhead its run added (5.0 ms)"))
 def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
     """Predict (02): in the serial loop, how many ms longer does each round-boundary gap
     get when ``host_overhead_ms`` adds ``overhead_ms`` of host work per round?  The growth, not
@@ -285,6 +289,7 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Ver
 
 
 @exercise_check()
+@context.given(engine=context.engine_run("the serial engine after its run (`engine`)"))
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``.
     The function gets a copy: one that empties or edits it changes neither the run nor the check."""
@@ -303,6 +308,9 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
                                      f"idle + busy (both from the timeline, and busy is never 0 "
                                      f"after a run)")
     got = value
+    if not timeline.lane("device"):
+        return context.setup_verdict("engine", engine, "an engine that has run",
+                                     "the serial engine after its run (`engine`)")
 
     def close(a, b):  # float32 or a 0-d tensor of the right value passes: 1e-6 is far below any mistake's gap
         return abs(a - b) < 1e-6
@@ -322,7 +330,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if close(got, idle):
         return fails("idle_ms", "that is the idle time in ms; divide it by idle + busy to get a fraction")
     extent = max(s.end_ms for s in timeline.spans) - min(s.start_ms for s in timeline.spans)
-    if any(close(got, idle / wall) for wall in (engine.stats.wall_ms, extent)):
+    if any(close(got, idle / wall) for wall in (getattr(engine.stats, "wall_ms", extent), extent)):
         return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
     return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "

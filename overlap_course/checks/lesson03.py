@@ -14,7 +14,7 @@ from overlap_course.measure.bench import ideal_ratio
 from toy_engine.kernels import FROM_DEVICE
 from toy_engine.runinfo import RunStats
 
-from . import pool
+from . import context, pool
 from .answers import bool_pair, flag_list, int_list, items, one_number, round_number, show, whole
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
@@ -40,6 +40,8 @@ def rounds_processed_in_pass(timeline, round: int) -> list[int]:
 
 
 @notebook_check
+@context.given(timeline=context.timeline("the ZOS run's timeline (small.timeline)"),
+               round=context.whole(0, context.BIG, "the round asked about (2)"))
 def check_processed_under(answer, timeline, round: int) -> Verdict:
     """Predict (03a): in the ZOS pass that launches round ``round``'s forward, whose
     results does the host wait on and postprocess before it launches that round's sample?"""
@@ -161,6 +163,11 @@ def check_swapped_order(answer, plain_same: bool, constraint_same: bool) -> Verd
 
 
 @notebook_check
+@context.given(answers=2, meta=context.columns(("input_ids", "pending"), -context.BIG, context.BIG,
+                                               "the ZOS run's captured round (zos_meta[2])"),
+               serial_meta=context.columns(("input_ids",), -context.BIG, context.BIG,
+                                           "the serial run's captured round (serial_meta[2])",
+                                           optional=True))
 def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
     """Predict (03b): ``input_ids`` and ``pending`` of a decode round the ZOS host prepared
     while the previous round was in flight (``meta``: the captured metadata of that round;
@@ -208,6 +215,8 @@ def check_future_inputs(input_ids, pending, meta, serial_meta=None) -> Verdict:
 
 
 @notebook_check
+@context.given(serial_stats=context.run_stats("the serial run's stats (serial_stats)"),
+               zos_stats=context.run_stats("the ZOS run's stats (zos_stats)", optional=True))
 def check_ideal_ratio(answer, serial_stats: RunStats, zos_stats: RunStats | None = None) -> Verdict:
     """Your turn (03b): the ideal ZOS speed-up from the serial run's own per-round host and
     device times.  Compared with the learner's run's stats, to two decimals."""

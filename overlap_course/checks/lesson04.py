@@ -12,7 +12,7 @@ import torch
 from toy_engine import kernels
 from toy_engine.kernels import FROM_DEVICE
 
-from . import pool
+from . import context, pool
 from .answers import int_list, items, one_number, show
 from .harness import exercise_check, notebook_check
 from .host_waits import HostReads
@@ -23,6 +23,8 @@ __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "che
 
 
 @notebook_check
+@context.given(host_seqlens_k=context.whole(1, context.BIG, "the host's planned key length (27)"),
+               accepted=context.whole(0, context.BIG, "the in-flight round's accepted drafts (4)"))
 def check_true_key_length(answer, host_seqlens_k: int, accepted: int, name: str = "true_seqlens_k") -> Verdict:
     """Predict (04): the host planned ``host_seqlens_k`` for a request whose in-flight
     round accepted ``accepted`` drafts; what is the real key length?  (``name``: the answer's
@@ -49,7 +51,20 @@ def check_true_key_length(answer, host_seqlens_k: int, accepted: int, name: str 
                           f"of the in-flight round")
 
 
+def _in_table(a: dict) -> str | None:
+    last = max(a["positions"]) + a["accepted"]
+    if last // a["block_size"] < len(a["table"]):
+        return None
+    return (f"position {last} (the last stale one plus accepted={a['accepted']}) is past the "
+            f"{len(a['table'])} blocks of table {show(a['table'])}")
+
+
 @notebook_check
+@context.given(positions=context.wholes(0, context.BIG, "the stale positions ([10, 11, 12])"),
+               table=context.wholes(0, context.BIG, "the request's block table ([6, 0, 8, 5])"),
+               accepted=context.whole(0, context.BIG, "the in-flight round's accepted drafts (2)"),
+               block_size=context.whole(1, context.BIG, "the KV cache's block size (4)"),
+               agree=_in_table)
 def check_corrected_slots(answer, positions, table, accepted: int, block_size: int, name: str = "new_slots") -> Verdict:
     """Your turn (04): the corrected slot_mapping of one request whose stale positions are
     ``positions`` and whose in-flight round accepted ``accepted`` drafts.  (``name``: the answer's

@@ -10,7 +10,7 @@ from toy_engine.races import RaceError
 from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled, StepProcessedTwice
 
-from . import lifetime_runs, pool
+from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, name, one_number, round_number, show
 from .harness import exercise_check, notebook_check
 from .learner_code import StepWatch, engine_frames
@@ -20,6 +20,7 @@ __all__ = ["check_uncommitted_rounds", "check_discarded", "check_race_report", "
 
 
 @notebook_check
+@context.given(round=context.whole(0, context.BIG, "the round asked about (4)"))
 def check_uncommitted_rounds(answer, launches, round: int) -> Verdict:
     """Predict (05): right after round ``round``'s forward is launched, which rounds were
     launched for the request but not processed yet (their tokens are uncommitted)?

@@ -1,0 +1,190 @@
+"""A check's context: the arguments a notebook passes besides the learner's answer (the run's
+timeline or engine, a round number, a block table).  :func:`given` reads them before the check
+does, so a cell that passes something else gets a "setup" verdict naming the argument, what it
+must be and what the notebook passes there -- never a traceback from deep inside the check, nor
+a set of 10**20 kernels built before anything is compared.
+
+While an answer is still its stub (None) the check runs as it is: it says "not answered yet"
+without reading its context, and that is what the learner has to do first.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable
+
+from toy_engine.runinfo import RunStats
+from toy_engine.timeline import Timeline
+
+from .answers import MAX_ITEMS, scalar, show
+from .verdict import fails
+
+BIG = 10**9  # no position, length, block or round of the course comes near it
+_BAD = object()
+
+
+@dataclass(frozen=True)
+class Arg:
+    """What one context argument must be (``must``, for the message), how it is read (``read``:
+    the value as the check uses it, or ``_BAD``) and what the notebook passes there."""
+
+    must: str
+    read: Callable[[object], object]
+    passes: str
+
+
+def _whole(x, low: int, high: int):
+    x = scalar(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return _BAD
+    if isinstance(x, numbers.Integral):
+        return int(x) if low <= x <= high else _BAD
+    try:
+        value = float(x)
+    except (OverflowError, ValueError):
+        return _BAD
+    return int(value) if value.is_integer() and low <= value <= high else _BAD
+
+
+def _bound(n: int) -> str:
+    return "10**9" if n == BIG else "-10**9" if n == -BIG else str(n)
+
+
+def whole(low: int, high: int, passes: str) -> Arg:
+    return Arg(f"a whole number from {_bound(low)} to {_bound(high)}",
+               lambda x: _whole(x, low, high), passes)
+
+
+def number(low: float, high: float, passes: str) -> Arg:
+    def read(x):
+        x = scalar(x)
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            return _BAD
+        try:
+            value = float(x)
+        except (OverflowError, ValueError):
+            return _BAD
+        return value if math.isfinite(value) and low <= value <= high else _BAD
+    return Arg(f"a finite number from {low:g} to {high:g}", read, passes)
+
+
+def _wholes(x, low: int, high: int, min_len: int):
+    if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1 and len(x) <= MAX_ITEMS:
+        x = x.tolist()  # a 1-d tensor or array
+    if not isinstance(x, (list, tuple, range)) or not min_len <= len(x) <= MAX_ITEMS:
+        return _BAD
+    values = [_whole(v, low, high) for v in x]
+    return _BAD if any(v is _BAD for v in values) else values
+
+
+def wholes(low: int, high: int, passes: str, min_len: int = 1) -> Arg:
+    return Arg(f"a list of {min_len} to {MAX_ITEMS} whole numbers from {_bound(low)} to "
+               f"{_bound(high)}",
+               lambda x: _wholes(x, low, high, min_len), passes)
+
+
+def columns(keys: tuple[str, ...], low: int, high: int, passes: str, optional: bool = False) -> Arg:
+    """A dict of lists of whole numbers, one list per key in ``keys``, all of one length."""
+    def read(x):
+        if x is None and optional:
+            return None
+        if not isinstance(x, Mapping) or any(k not in x for k in keys):
+            return _BAD
+        lists = [_wholes(x[k], low, high, 1) for k in keys]
+        if any(v is _BAD for v in lists) or len({len(v) for v in lists}) != 1:
+            return _BAD
+        return dict(zip(keys, lists))
+    what = ", ".join(f"{k!r}" for k in keys)
+    return Arg(f"{'None or ' * optional}a dict whose {what} are lists of whole numbers from "
+               f"{_bound(low)} to {_bound(high)}, one per request", read, passes)
+
+
+def _finite(x) -> bool:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond a float's range
+        return False
+
+
+def _timeline(x):
+    return x if isinstance(x, Timeline) else _BAD
+
+
+def _run(x):
+    """An engine after a run: its timeline, and its stats' idle fraction (and wall time)."""
+    stats = getattr(x, "stats", None)
+    if not isinstance(getattr(x, "timeline", None), Timeline):
+        return _BAD
+    idle = getattr(stats, "device_idle_fraction", None)
+    if not _finite(idle) or not 0 <= idle <= 1 or not _finite(getattr(stats, "wall_ms", 0.0)):
+        return _BAD
+    return x
+
+
+def _stats(x, optional: bool):
+    if x is None and optional:
+        return None
+    names = ("mean_host_ms_per_round", "mean_device_ms_per_round", "tokens_per_s",
+             "decode_device_idle_fraction")
+    if not isinstance(x, RunStats) or not all(_finite(getattr(x, n)) for n in names):
+        return _BAD
+    return x if x.mean_host_ms_per_round > 0 and x.mean_device_ms_per_round > 0 else _BAD
+
+
+def timeline(passes: str) -> Arg:
+    return Arg("a Timeline (toy_engine.timeline.Timeline)", _timeline, passes)
+
+
+def engine_run(passes: str) -> Arg:
+    return Arg("an engine that has run (its .timeline a Timeline, its .stats.device_idle_fraction "
+               "a number from 0 to 1)", _run, passes)
+
+
+def run_stats(passes: str, optional: bool = False) -> Arg:
+    return Arg(f"{'None or ' * optional}a run's RunStats (engine.stats, after the run) with host "
+               f"and device times above 0", lambda x: _stats(x, optional), passes)
+
+
+def setup_verdict(param: str, value, must: str, passes: str):
+    """The verdict on a context argument that is not what the check needs."""
+    return fails("setup", f"this check was given `{param}` = {show(value)}, but `{param}` must be "
+                          f"{must}; the notebook passes {passes} there. Run the notebook's cell as "
+                          f"it is written")
+
+
+def given(answers: int = 1, agree: Callable[[dict], str | None] | None = None, **specs: Arg):
+    """Read a check's context arguments (``specs``: parameter name -> :class:`Arg`) before the
+    check runs; pass it the values as read.  ``answers``: how many leading parameters are the
+    learner's answers; ``agree``: what the arguments must say together (a problem, or None)."""
+    def wrap(check):
+        signature = inspect.signature(check)
+        first = list(signature.parameters)[:answers]
+
+        @functools.wraps(check)
+        def guarded(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return check(*args, **kwargs)  # Python's own message names the argument
+            bound.apply_defaults()
+            if any(bound.arguments[p] is None for p in first):
+                return check(*args, **kwargs)  # the stub: "not answered yet" comes first
+            for param, spec in specs.items():
+                value = spec.read(bound.arguments[param])
+                if value is _BAD:
+                    return setup_verdict(param, bound.arguments[param], spec.must, spec.passes)
+                bound.arguments[param] = value
+            problem = agree(bound.arguments) if agree is not None else None
+            if problem is not None:
+                return fails("setup", f"this check was given arguments that disagree: {problem}. "
+                                      f"Run the notebook's cell as it is written")
+            return check(*bound.args, **bound.kwargs)
+        return guarded
+    return wrap
