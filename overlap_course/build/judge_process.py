@@ -113,12 +113,12 @@ def _reporter(path: str, secret: str):
     """Writes the report, signed with the run's secret, with functions bound now (before the
     submission can replace any); then ends the process at once, so that no handler the
     submission left (``atexit``, a finalizer) runs after the verdict."""
-    dumps, opener, sign, leave = json.dumps, builtins.open, sign, os._exit
+    dumps, opener, signed, leave = json.dumps, builtins.open, sign, os._exit
 
     def write(report: dict) -> None:
         body = dumps(report)
         with opener(path, "w", encoding="utf-8") as f:
-            f.write(f"{sign(secret, body)}\n{body}")
+            f.write(f"{signed(secret, body)}\n{body}")
         leave(0)
     return write
 
