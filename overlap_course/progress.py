@@ -23,7 +23,7 @@ A line cut short (a kernel killed mid-write) costs only that line: the next verd
 fresh line, and the reader skips what it cannot read (whatever its bytes) and says how many.
 
 Self-contained on purpose (standard library and ``safe_json`` only, no import from the engine):
-the service imports the catalogue below without torch.
+the service imports it and its catalogue (``progress_catalogue.py``) without torch.
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ from pathlib import Path
 
 try:
     from . import safe_json
-except ImportError:  # run as a copied script beside safe_json.py (docs/jupyterhub.md)
+    from .progress_catalogue import CATALOGUE, ORDER, UNANSWERED, home_notebook, known
+except ImportError:  # copied beside safe_json.py and progress_catalogue.py (docs/jupyterhub.md)
     import safe_json  # type: ignore[no-redef]
+    from progress_catalogue import (  # type: ignore[no-redef]
+        CATALOGUE, ORDER, UNANSWERED, home_notebook, known)
 
 RECORD_VERSION = 1
 ENV_FILE = "OVERLAP_PROGRESS_FILE"
@@ -52,50 +55,6 @@ SERVICE_NAME = "course-progress"
 MAX_BODY_BYTES = 16 * 1024         # what the service accepts per verdict
 SEND_TIMEOUT_S = 5.0
 ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (overlap_course/build/grading.py)
-
-# Every checked cell of the course, by notebook (the file's stem): what the service accepts.
-# A check used by two notebooks belongs to the first that lists it unless the kernel's notebook
-# (``$JPY_SESSION_NAME``, set by Jupyter Server) lists it too.  ``check:name`` is a check asked
-# a second question in one notebook (``check_discarded(..., name="discarded_by_abort")``).
-# tests/test_progress.py keeps this equal to the check calls in notebooks/ and source/.
-CATALOGUE: dict[str, tuple[str, ...]] = {
-    "00_start_here": ("check_done_after_wait", "check_race", "check_race_fixed"),
-    "01_tiny_gpt": ("check_slot", "check_slot:second_slot", "check_decode_lengths"),
-    "02_serial_engine": ("check_largest_host_stage", "check_round_gap", "check_overhead_gap"),
-    "02_serial_loop": ("check_serial_loop", "check_idle_fraction"),
-    "03a_zos_order": ("check_processed_under", "check_swapped_order", "check_tokens_lost"),
-    "03b_zos_measured": ("check_future_inputs", "check_ideal_ratio"),
-    "03_zos_loop": ("check_zos_loop", "check_three_rounds"),
-    "04_stale_lengths": ("check_true_key_length", "check_true_key_length:second_seqlens_k", "check_corrected_slots",
-                         "check_corrected_slots:second_slots"),
-    "04_seqlen_correction": ("check_correction", "check_metadata_answer"),
-    "05_ownership": ("check_uncommitted_rounds", "check_discarded", "check_race_report",
-                     "check_discarded:discarded_by_abort"),
-    "05_lifetime": ("check_process_outputs",),
-    "06_real_traces": ("check_idle_share", "check_idle_sync", "check_idle_sync:culprit_mine"),  # optional chapter
-    "07_bugs_that_shipped": ("check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort",
-                             "check_ring_race", "check_ring_slots", "check_overshoot", "check_commit"),  # optional
-    "07b_bugs_of_2026": ("check_stale_mask", "check_before_sample", "check_token_leak",
-                         "check_future_key"),  # optional
-}
-# The course's order (notebook, then its exercise), for the views.
-ORDER = ("00_start_here", "01_tiny_gpt", "02_serial_engine", "02_serial_loop", "03a_zos_order",
-         "03b_zos_measured", "03_zos_loop", "04_stale_lengths", "04_seqlen_correction", "05_ownership",
-         "05_lifetime", "06_real_traces", "07_bugs_that_shipped", "07b_bugs_of_2026")
-# Verdicts that mean "not answered yet": the stub still in place.  They are recorded, but a
-# check with only these is "not reached", not "tried".
-UNANSWERED = frozenset({"unanswered", "not_implemented"})
-
-
-def home_notebook(check: str) -> str | None:
-    for notebook in ORDER:
-        if check in CATALOGUE[notebook]:
-            return notebook
-    return None
-
-
-def known(notebook: str, check: str) -> bool:
-    return check in CATALOGUE.get(notebook, ())
 
 
 def _record_path() -> Path:

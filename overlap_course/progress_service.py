@@ -5,12 +5,12 @@ The hub starts it from its config as a *managed* service at ``/services/course-p
 (``python -m overlap_course.progress_service --db FILE``).  Learners' kernels ``POST
 api/verdicts`` with their own hub token (``overlap_course/progress.py`` sends them); who sent a
 verdict comes from the token, never from the request, and a verdict the course's catalogue
-does not know is refused with a status that says why (:func:`validate`).  Instructors -- hub
-admins, or members of ``--instructors`` -- see learners x checks and the room's most common
-mistakes (``GET``, ``api/room``, ``room.html``, ``guide``).  State is one SQLite file,
-committed per verdict: a restarted service loses nothing.  ``docs/jupyterhub.md`` has every
-route and refusal, the roles, and the configs for a plain hub, Zero to JupyterHub and The
-Littlest JupyterHub.
+does not know is refused with a status that says why (``progress_store.validate``).
+Instructors -- hub admins, or members of ``--instructors`` -- see learners x checks and the
+room's most common mistakes (``GET``, ``api/room``, ``room.html``, ``guide``).  State is one
+SQLite file (``progress_store.py``), committed per verdict: a restarted service loses
+nothing.  ``docs/jupyterhub.md`` has every route and refusal, the roles, and the configs for a
+plain hub, Zero to JupyterHub and The Littlest JupyterHub.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import argparse
 import html
 import json
 import os
-import re
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -41,143 +39,15 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
 try:
-    from . import safe_json
-    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
-except ImportError:  # a script beside copies of progress.py and safe_json.py (no course on the hub)
-    import safe_json  # type: ignore[no-redef]
-    from progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status  # type: ignore[no-redef]
+    from .progress import CATALOGUE, ORDER, UNANSWERED, status
+    from .progress_store import Store, open_store, validate
+except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
+    from progress import CATALOGUE, ORDER, UNANSWERED, status  # type: ignore[no-redef]
+    from progress_store import Store, open_store, validate  # type: ignore[no-redef]
 
-FIELDS = {"notebook", "check", "passed", "category", "time"}
-CATEGORY = re.compile(r"[a-z][a-z0-9_]{0,47}")
 GUIDE_SECTION = "## Mistakes the checkers catch"
 REFRESH_MS = 2000
 USER_CACHE_S = 10.0
-
-
-#: The columns of the verdicts table: a database whose table lacks one is refused at start.
-COLUMNS = {"id", "user", "notebook", "check_name", "passed", "category", "client_time",
-           "received"}
-
-
-class Store:
-    """The verdicts, in SQLite: one row per verdict, committed at once.  A file that is not a
-    SQLite database raises ``sqlite3.DatabaseError`` here, at start (see :func:`open_store`);
-    one whose ``verdicts`` table has other columns, a ``ValueError`` naming it."""
-
-    def __init__(self, path: str):
-        self.db = sqlite3.connect(path, isolation_level=None)
-        check = self.db.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            self.db.close()
-            raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
-        # checked before anything is written: another program's database is left as it was
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(verdicts)")}
-        if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
-            self.db.close()
-            raise ValueError(f"the database {path!r} has a table 'verdicts' that is not this "
-                             f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
-                             f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
-                             f"something else, so it is left as it is; pass another --db")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
-            id INTEGER PRIMARY KEY, user TEXT NOT NULL, notebook TEXT NOT NULL, check_name TEXT NOT NULL,
-            passed INTEGER NOT NULL, category TEXT NOT NULL, client_time REAL, received REAL NOT NULL)""")
-
-    def add(self, user: str, v: dict) -> None:
-        self.db.execute("INSERT INTO verdicts (user, notebook, check_name, passed, category, client_time, received)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (user, v["notebook"], v["check"], int(v["passed"]), v["category"], v.get("time"), time.time()))
-
-    def entries(self) -> dict[str, list[dict]]:
-        out: dict[str, list[dict]] = {}
-        for user, nb, check, passed, category, received in self.db.execute(
-                "SELECT user, notebook, check_name, passed, category, received FROM verdicts ORDER BY id"):
-            out.setdefault(user, []).append({"notebook": nb, "check": check, "passed": bool(passed),
-                                             "category": category, "time": received})
-        return out
-
-    def count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
-
-
-def open_store(path: str) -> Store:
-    """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
-    ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
-    is moved aside (kept, with its -wal and -shm files, for recovery) and a fresh one started,
-    saying so: a restarted service keeps serving the room and nothing is silently lost."""
-    try:
-        return Store(path)
-    except sqlite3.OperationalError as err:
-        raise ValueError(f"cannot open the database {path!r} ({err}): check that its folder exists "
-                         f"and this service may write there, or pass another --db") from None
-    except sqlite3.DatabaseError as err:
-        aside = _aside_name(path)
-        try:
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(path + suffix):
-                    os.replace(path + suffix, aside + suffix)
-        except OSError as move:
-            raise ValueError(f"the database {path!r} is not a readable SQLite file ({err}) and "
-                             f"cannot be moved aside ({move.strerror}): move it away by hand, "
-                             f"then start again") from None
-        print(f"course-progress: {path!r} is not a readable SQLite database ({err}); moved it to "
-              f"{aside!r} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
-        return Store(path)
-
-
-def _aside_name(path: str) -> str:
-    """``PATH.unreadable-DATE-TIME``, with ``-2``, ``-3``... when that is taken (two damaged
-    files in one second): a file moved aside never replaces one moved aside before."""
-    base = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside, n = base, 1
-    while any(os.path.lexists(aside + suffix) for suffix in ("", "-wal", "-shm")):
-        n += 1
-        aside = f"{base}-{n}"
-    return aside
-
-
-#: The latest ``time`` a verdict may carry (about the year 5138): later is no time.
-MAX_TIME_S = 1e11
-
-
-def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
-    """(status, why, verdict): 201 and the verdict to store, or the refusal."""
-    if len(body) > MAX_BODY_BYTES:
-        return 413, f"a verdict is at most {MAX_BODY_BYTES} bytes; this body has {len(body)}", None
-    try:
-        v = safe_json.loads(body, "the body")
-    except ValueError as err:  # not UTF-8, not JSON, too deep, a number too long
-        return 400, str(err), None
-    if not isinstance(v, dict):
-        return 400, "the body must be a JSON object", None
-    if "user" in v or "name" in v:
-        named = v.get("user", v.get("name"))
-        if named != user:
-            return 403, (f"you are {user} (your token says so) and may send only your own verdicts, "
-                         f"not {str(named)[:40]!r}'s"), None
-        return 400, "no user field: who sends a verdict comes from the token", None
-    extra = set(v) - FIELDS
-    if extra:
-        return 400, f"unknown field(s) {sorted(extra)[:5]}; a verdict has {sorted(FIELDS)}", None
-    missing = {"notebook", "check", "passed", "category"} - set(v)
-    if missing:
-        return 400, f"missing field(s) {sorted(missing)}", None
-    if not isinstance(v["notebook"], str) or v["notebook"] not in CATALOGUE:
-        return 422, f"unknown notebook {str(v['notebook'])[:60]!r}", None
-    if not isinstance(v["check"], str) or v["check"] not in CATALOGUE[v["notebook"]]:
-        return 422, f"notebook {v['notebook']} has no check {str(v['check'])[:60]!r}", None
-    if not isinstance(v["passed"], bool):
-        return 400, "passed must be true or false", None
-    if not isinstance(v["category"], str) or not CATEGORY.fullmatch(v["category"]):
-        return 400, "category must be a short lower_case name", None
-    if v["passed"] != (v["category"] == "passed"):
-        return 400, "category is 'passed' exactly when passed is true", None
-    t = v.get("time")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
-                          or not 0 <= t <= MAX_TIME_S):
-        return 400, f"time must be seconds since the epoch, from 0 to {MAX_TIME_S:g}", None
-    return 201, "stored", v
 
 
 def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
@@ -445,8 +315,8 @@ DEFAULT_URL = "http://127.0.0.1:10101"
 
 def _refuse(message) -> int:
     """One line on stderr (a line break in what it quotes written as \\n), and status 2.  As
-    ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file,
-    progress.py and safe_json.py."""
+    ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file
+    and the four beside it (docs/jupyterhub.md)."""
     text = str(message).replace("\r", "\\r").replace("\n", "\\n")
     print(f"{PROG}: error: {text}", file=sys.stderr)
     return 2

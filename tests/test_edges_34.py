@@ -15,6 +15,7 @@ import pytest
 
 from overlap_course import progress, safe_json
 from overlap_course import progress_service as ps
+from overlap_course import progress_store
 from overlap_course.measure import bench
 from overlap_course.traces import kineto
 
@@ -326,7 +327,7 @@ def test_a_body_the_service_cannot_read_is_a_400(body, says):
 
 def test_every_verdict_the_service_accepts_can_be_stored(tmp_path):
     store = ps.Store(str(tmp_path / "db.sqlite"))
-    for t in (0, ps.MAX_TIME_S, 1796000000.5, None):
+    for t in (0, progress_store.MAX_TIME_S, 1796000000.5, None):
         body = json.dumps({k: v for k, v in dict(GOOD, time=t).items() if v is not None}).encode()
         code, _, verdict = ps.validate(body, "ada")
         assert code == 201

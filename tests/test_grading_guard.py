@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from overlap_course.build import grading
+from overlap_course.build import grading, judge, judge_process
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = 'needs_correction = {"seqlens_k", "positions", "slot_mapping", "input_ids"}'
@@ -80,8 +80,8 @@ def test_a_judge_process_cannot_change_the_installed_course(tmp_path):
     copy = _copy_course(tmp_path)
     before = _files(copy)
     code = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
-            "from overlap_course.build import grading\n"
-            "print(grading.judge('check_metadata_answer', [sys.argv[2]]))\n")
+            "from overlap_course.build import judge\n"
+            "print(judge.judge('check_metadata_answer', [sys.argv[2]]))\n")
     run = subprocess.run([sys.executable, "-I", "-c", code, str(copy), WRITER],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.stdout.startswith("(False"), (run.stdout, run.stderr[-500:])
@@ -90,20 +90,20 @@ def test_a_judge_process_cannot_change_the_installed_course(tmp_path):
 
 def test_a_verdict_is_not_trusted_when_the_installation_changed_during_the_judge():
     """The digest the grader compares after each judge process: here one that cannot match."""
-    pristine = grading.installed_digest()
+    pristine = judge.installed_digest()
     some = next(iter(pristine))
-    passed, message = grading.judge("check_metadata_answer", [RIGHT],
-                                    pristine={**pristine, some: "0" * 64})
+    passed, message = judge.judge("check_metadata_answer", [RIGHT],
+                                  pristine={**pristine, some: "0" * 64})
     assert not passed and "not graded" in message and some in message
-    assert grading.judge("check_metadata_answer", [RIGHT])[0] is True
+    assert judge.judge("check_metadata_answer", [RIGHT])[0] is True
 
 
 def test_only_a_report_signed_with_the_runs_secret_is_read(tmp_path):
     report = tmp_path / "report.json"
     body = '{"passed": true, "message": "ok"}'
-    report.write_text(f"{grading._sign('secret', body)}\n{body}")
-    assert grading._read_report(report, "secret", "check", 0, b"")["passed"] is True
-    assert grading._read_report(report, "other", "check", 0, b"")["passed"] is False
-    assert grading._read_report(report, "secret", "check", 1, b"")["passed"] is False
+    report.write_text(f"{judge_process.sign('secret', body)}\n{body}")
+    assert judge._read_report(report, "secret", "check", 0, b"")["passed"] is True
+    assert judge._read_report(report, "other", "check", 0, b"")["passed"] is False
+    assert judge._read_report(report, "secret", "check", 1, b"")["passed"] is False
     report.write_text(body)
-    assert grading._read_report(report, "secret", "check", 0, b"")["passed"] is False
+    assert judge._read_report(report, "secret", "check", 0, b"")["passed"] is False

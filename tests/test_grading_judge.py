@@ -9,7 +9,7 @@ import sys
 import nbformat
 import pytest
 
-from overlap_course.build import grading
+from overlap_course.build import grading, judge, judge_process
 
 
 def _grading(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def test_a_dest_that_cannot_be_a_folder_is_one_line(tmp_path, where):
 
 def test_values_cross_as_plain_data_only():
     answer = {"a": [(1, 2.5), {"x"}, frozenset({None, True})], "n": 10 ** 400}
-    assert grading._decode(grading._encode(answer)) == answer
+    assert judge_process._decode(judge_process._encode(answer)) == answer
 
     class Everything(set):
         def __eq__(self, other):
@@ -47,29 +47,29 @@ def test_values_cross_as_plain_data_only():
         deep = [deep]
     for odd in (Everything(), {"seqlens_k": object()}, deep):
         with pytest.raises(ValueError):
-            grading._encode(odd)
+            judge_process._encode(odd)
 
 
 def test_the_fingerprint_names_a_replaced_checker_function():
     import overlap_course.checks.lesson04 as lesson04
 
-    before = grading._fingerprint()
+    before = judge_process._fingerprint()
     real = lesson04.fails
     lesson04.fails = lambda *a, **k: None
     try:
-        changed = grading._compare(before, grading._fingerprint())
+        changed = judge_process._compare(before, judge_process._fingerprint())
     finally:
         lesson04.fails = real
     assert changed == ["overlap_course.checks.lesson04.fails"]
-    assert grading._compare(before, grading._fingerprint()) == []
+    assert judge_process._compare(before, judge_process._fingerprint()) == []
 
 
 def test_a_changed_installation_grades_nothing(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "checks.check_metadata_answer(needs_correction)",
         metadata={"nbgrader": {"grade": True, "grade_id": "check_metadata_answer", "points": 2}})])
-    pristine = grading.installed_digest()
+    pristine = judge.installed_digest()
     some = next(iter(pristine))
-    grading.judge_notebook(nb, {**pristine, some: "0" * 64})
+    judge.judge_notebook(nb, {**pristine, some: "0" * 64})
     [out] = nb.cells[0].outputs
     assert out.output_type == "error" and some in out.evalue and "not graded" in out.evalue

@@ -116,9 +116,9 @@ def test_a_value_answer_cannot_rewrite_the_checker_the_second_judge_imports(tmp_
         shutil.copytree(ROOT / package, copy / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
-            "from overlap_course.build import grading\n"
+            "from overlap_course.build import grading, judge\n"
             "assert str(grading.ROOT) == sys.argv[1], grading.ROOT\n"
-            "print(grading.judge('check_metadata_answer', [sys.argv[2]])[0])\n")
+            "print(judge.judge('check_metadata_answer', [sys.argv[2]])[0])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", code, str(copy), CHEAT], capture_output=True,
                          text=True, timeout=300, env=env, cwd=tmp_path)
@@ -256,11 +256,11 @@ if sys.flags.isolated:  # the judge: its report's path is its last argument
 def test_a_code_answer_cannot_write_the_judges_report_itself():
     """A code answer runs in the judge's process, which has the report's path in sys.argv: a
     cell that writes a passing report and exits 0 scores full marks with no answer at all
-    (grading.py's docstring names this as not covered; the rule is that no submission can raise
+    (judge.py's docstring names this as not covered; the rule is that no submission can raise
     its own grade)."""
-    from overlap_course.build import grading
+    from overlap_course.build import judge
 
-    passed, message = grading.judge("check_correction", [FORGED_REPORT])
+    passed, message = judge.judge("check_correction", [FORGED_REPORT])
     assert not passed, message
 
 

@@ -1,0 +1,251 @@
+"""The judge: each graded cell's verdict from fresh processes the submission cannot reach
+(the grader's side; the judge's own process is :mod:`overlap_course.build.judge_process`).
+
+Why a judge.  nbgrader scores an autograded cell by its outputs (an error: 0 points), and
+those come from the learner's kernel, where the learner's cells ran first and could set
+``os.environ``, replace a check, ``Verdict`` or ``sys.modules`` entries, patch builtins or read
+the solution.  nbgrader's hidden tests (``### BEGIN HIDDEN TESTS``) and otter-grader's hidden
+tests hide a test's *source*, and ``nbgrader autograde`` re-inserts locked cells from the
+instructor's copy, but the test still runs in that kernel, after the learner's code: neither
+keeps the verdict out of the learner's reach.  So the course's ``nbgrader_config.py`` adds one
+step after nbgrader's ``Execute`` (:func:`autograde_preprocessors`): each graded cell's outputs
+are replaced by the verdict of a fresh ``python -I`` process (no user site, no ``PYTHONPATH``,
+an empty temporary folder as current folder and ``HOME``) that imports the course nbgrader
+itself loaded, re-runs the submission's code cells above the check, and calls the checker:
+
+* a value answer (``order``, ``needs_correction``) is read out by one such process and checked
+  by a second that runs no line of the submission; it crosses as tagged plain data (no pickle,
+  whose loading runs code; no object whose ``__eq__`` or ``__iter__`` the learner wrote);
+* a code answer must run beside its checker; the judge fingerprints (by identity) every module
+  of the course and the toy, their classes, ``builtins`` and the functions of the modules the
+  checkers call before the first line of the submission, and trusts the verdict only if all is
+  as it was, no thread of the submission still runs and no trace hook is left;
+* an audit hook, installed before the submission's first line, refuses to open notebooks,
+  ``solutions/``, ``source/`` and the course folder, and to write, rename or remove anything
+  under the course, the toy and the folders of Python's modules and start-up hooks;
+* each judge gets a secret made for its run on stdin (with its request and the report's random
+  path; none of them is in argv, the environment or a file) and signs its report with it; a
+  report that is not signed, or a process that exits before the judge's own verdict, scores 0;
+* after each judge process, and before each notebook, the grader re-hashes the installed
+  course, the toy and the start-up hooks (``*.pth``, ``sitecustomize``) against their state
+  when nbgrader started, and trusts no verdict if they changed.
+
+Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made
+to lie about any check of itself (an input transformer that rewrites the test cell, a patched
+``showtraceback``), while a process started after it has none of its state.  What remains:
+code that runs beside its checker shares the judge's process, so code written against the
+judge on purpose can still mutate the checker's data in place, walk frames, dig the run's
+secret out of the judge's memory and sign a forged report, write files through ``ctypes`` or
+a process of its own (the audit hook is not inherited; the re-hash after the judge catches such
+writes to sources, though not to ``__pycache__``, unless the process leaves the judge's process
+group on purpose and writes later) -- all of it in the submission, for the instructor to read.
+And the kernel runs as the grader's user, before any judge: grade where submissions cannot
+write the course folder or the environment (a container, as otter-grader recommends).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from overlap_course.build.grading import GRADED_CALLS, ROOT, VALUE_ANSWERS
+from overlap_course.build.judge_process import sign
+
+JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
+
+
+def autograde_preprocessors() -> list:
+    """nbgrader's own autograde steps, with the judge right after the kernel has run (and before
+    ``SaveAutoGrades`` reads the graded cells' outputs).  Called by the course's
+    ``nbgrader_config.py`` when nbgrader starts, before any submission runs: the digest of the
+    installed course taken here is what every later judge is checked against."""
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+
+    pristine = installed_digest()
+
+    class JudgeInFreshProcess(NbGraderPreprocessor):  # enabled, unlike nbconvert's
+        """Overwrites each graded cell's outputs with a fresh process's verdict."""
+
+        def preprocess(self, nb, resources):
+            judge_notebook(nb, pristine)
+            return nb, resources
+
+    steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
+    steps.insert(steps.index(Execute) + 1, JudgeInFreshProcess)
+    return steps
+
+
+def installed_digest() -> dict[str, str]:
+    """SHA-256 of every file the judge trusts: the course's and the toy's modules, and the
+    start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
+    files = [path for package in ("overlap_course", "toy_engine")
+             for path in sorted((ROOT / package).rglob("*.py"))]
+    for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
+        folder = Path(where)
+        files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def _changed_files(pristine: dict[str, str]) -> list[str]:
+    now = installed_digest()
+    edited = {f for f in now if f in pristine and now[f] != pristine[f]}
+    return sorted(set(now) ^ set(pristine) | edited)
+
+
+def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
+    """Give every graded cell of an executed submission the judge's outputs: a line that
+    says it passed, or a ``CheckNotPassed`` error (nbgrader scores a cell with an error 0)."""
+    changed = _changed_files(pristine) if pristine is not None else []
+    private = _private_folders(Path.cwd())
+    for index, cell in enumerate(nb.cells):
+        check = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or check not in GRADED_CALLS:
+            continue
+        if changed:
+            passed, message = False, (
+                f"not graded: {len(changed)} installed file(s) the grader trusts changed since "
+                f"nbgrader started ({', '.join(changed[:3])}); an earlier submission may have "
+                f"written them: reinstall the course and grade again, with submissions unable "
+                f"to write the environment")
+        else:
+            passed, message = judge(check, _code_before(nb, index), private)
+        cell.outputs = [_outcome(check, passed, message)]
+
+
+def _code_before(nb, index: int) -> list[str]:
+    """The submission's code cells above a graded cell, other graded cells left out."""
+    return [c.source for c in nb.cells[:index] if c.cell_type == "code"
+            and c.metadata.get("nbgrader", {}).get("grade_id") not in GRADED_CALLS]
+
+
+def _outcome(check: str, passed: bool, message: str):
+    if passed:
+        return nbformat.v4.new_output("stream", name="stdout",
+                                      text=f"PASSED (judged in a fresh process): {message}\n")
+    text = f"{check}: {message}"
+    return nbformat.v4.new_output("error", ename="CheckNotPassed", evalue=text,
+                                  traceback=[f"CheckNotPassed: {text}"])
+
+
+def graded_arguments(check: str) -> list[str]:
+    """The names a graded call passes its check: ``check_idle_fraction(idle_fraction, engine)``."""
+    inside = GRADED_CALLS[check].partition("(")[2].rstrip(")")
+    return [name.strip() for name in inside.split(",")]
+
+
+def _private_folders(course: Path) -> list[str]:
+    """Folders the judge's code may not read: the solutions, and the nbgrader course it grades
+    in (other submissions, the gradebook) unless that folder holds the installation itself."""
+    folders = [ROOT / "solutions", ROOT / "source", course.resolve()]
+    needed = (ROOT, Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve())
+    return [str(f) for f in folders if not any(n.is_relative_to(f) for n in needed)]
+
+
+def judge(check: str, cells: list[str], private: list[str] = (),
+          pristine: dict[str, str] | None = None) -> tuple[bool, str]:
+    """(passed, message) for ``check`` on the answers ``cells`` define, from fresh processes.
+
+    A check of values reads them in one process (the learner's cells run there) and judges them
+    in another that runs no line of the submission; a check of code runs the cells and the
+    check in one process that verifies afterwards that nothing the checker uses was replaced.
+    After each process the installed files are re-hashed against ``pristine`` (by default,
+    their state now): a verdict from a judge whose course was rewritten is not trusted."""
+    pristine = installed_digest() if pristine is None else pristine
+    names = graded_arguments(check)
+    request = {"check": check, "names": names, "cells": cells, "private": list(private)}
+    if set(names) <= VALUE_ANSWERS:
+        answers = _run_judge("answers", request, pristine)
+        if "values" not in answers:
+            return False, answers["message"]
+        request = {"check": check, "names": names, "values": answers["values"], "private": []}
+    report = _run_judge("check", request, pristine)
+    return report["passed"] is True, report["message"]
+
+
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+         "from overlap_course.build import judge_process; judge_process.judge_main(sys.argv[1:])")
+
+
+def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
+    """One judge process: ``python -I`` (no user site, no ``PYTHONPATH``, no current folder on
+    the path), in an empty temporary folder, with an environment of its own.  The request, a
+    secret made for this run and the report's (random) path cross on its stdin, which the judge
+    reads before any line of the submission: neither argv, the environment nor a file holds
+    them.  Its report is trusted only if signed with that secret, in the shape it must have,
+    from a process that exited 0 and left the installed files as they were."""
+    with tempfile.TemporaryDirectory(prefix="overlap-judge-") as tmp:
+        secret = secrets.token_hex(32)
+        answer = Path(tmp, f"{secrets.token_hex(16)}.json")
+        ask = json.dumps({"secret": secret, "report": str(answer), "request": request})
+        env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
+               "LANG": "C.UTF-8"}
+        cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode]
+        judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        try:
+            _, err = judge.communicate(ask.encode("utf-8"), timeout=JUDGE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"passed": False, "message": f"the judge stopped your code after "
+                                                f"{JUDGE_TIMEOUT_S} s without a verdict"}
+        finally:
+            _end_group(judge)
+        changed = _changed_files(pristine)
+        if changed:
+            return {"passed": False, "message": (
+                f"not graded: the judge's process changed {len(changed)} installed file(s) "
+                f"the grader trusts ({', '.join(changed[:3])}): reinstall the course")}
+        return _read_report(answer, secret, mode, judge.returncode, err)
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    """The judge and whatever it started (the engine's device process, a learner's child)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _read_report(path: Path, secret: str, mode: str, code: int, err: bytes) -> dict:
+    """The report: its signature on one line, then its JSON (signed, so that code that reads
+    the written report learns no secret it could sign a forgery with)."""
+    try:
+        if path.stat().st_size > _MAX_REPORT_BYTES:
+            raise ValueError("too large")
+        signature, _, body = path.read_text(encoding="utf-8").partition("\n")
+        if not hmac.compare_digest(signature, sign(secret, body)):
+            raise ValueError("not signed by the judge")
+        report = json.loads(body)
+    except (OSError, ValueError, RecursionError):  # a report the submission's code wrote itself
+        report = None
+    if isinstance(report, dict) and code == 0 and _well_formed(report, mode):
+        return report
+    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+    return {"passed": False, "message": f"the judge ended (exit {code}) without a verdict: "
+                                        f"{tail[0][:300]}"}
+
+
+_MAX_REPORT_BYTES = 4_000_000
+
+
+def _well_formed(report: dict, mode: str) -> bool:
+    if mode == "answers" and "values" in report:
+        return isinstance(report["values"], list)
+    message_ok = isinstance(report.get("message"), str)
+    return message_ok and (mode == "answers" or isinstance(report.get("passed"), bool))
+
+
+# ------------------------------------------------------------------ the judge (its process)

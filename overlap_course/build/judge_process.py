@@ -1,0 +1,283 @@
+"""A judge process (started by :mod:`overlap_course.build.judge`): the course imported before
+the submission's first line, an audit hook that guards the files, the submission's cells, the
+check, and a report signed with the run's secret."""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import hmac
+import json
+import os
+import sys
+import sysconfig
+import threading
+import types
+from pathlib import Path
+
+from overlap_course.build.grading import CONTEXT_TYPES
+
+
+def sign(secret: str, body: str) -> str:
+    return hmac.new(secret.encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+
+def judge_main(argv: list[str]) -> None:
+    """Entry of a judge process: ``ROOT MODE``, and on stdin the request, the run's secret and
+    the report's path, read before anything else.  The course is imported from ROOT before any
+    line of the submission runs, and its state is fingerprinted then."""
+    root, mode = argv
+    sent = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    sys.stdin.close()
+    import overlap_course
+    import toy_engine
+    from overlap_course import checks
+
+    for package in (overlap_course, toy_engine):
+        if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
+            raise SystemExit(f"the judge imported {package.__name__} from {package.__file__}, "
+                             f"not from {root}")
+    request = sent["request"]
+    write = _reporter(sent.pop("report"), sent.pop("secret"))
+    sys.addaudithook(_guard(request["private"], _protected_folders(Path(root))))
+    check, names = getattr(checks, request["check"]), request["names"]
+    if mode == "answers":
+        write(_read_values(request["cells"], names))
+        return
+    before = _fingerprint()
+    threads = set(threading.enumerate())
+    if "values" in request:
+        args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
+    else:
+        args = _code_arguments(request["cells"], names, toy_engine)
+        if isinstance(args, str):
+            write({"passed": False, "message": args})
+            return
+    write(_verdict(check, args, before, threads, checks.Verdict))
+
+
+def _protected_folders(root: Path) -> list[Path]:
+    """What no judge process may write: the course, the toy, and the folders of the modules and
+    start-up hooks (``*.pth``, ``sitecustomize``) the next ``python -I`` loads."""
+    paths = sysconfig.get_paths()
+    folders = {root / "overlap_course", root / "toy_engine"}
+    folders |= {Path(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return sorted({Path(os.path.realpath(f)) for f in folders})
+
+
+# Audit events that change a file or folder at the path they name (first argument; a rename's
+# second too); ``open`` is a write when its mode or flags say so.
+_WRITES = {"os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.chown",
+           "os.utime", "os.rename"}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _guard(private: list[str], protected: list[Path]):
+    """An audit hook (it cannot be removed) installed before the submission's first line: it
+    refuses new links, reading notebooks and the private folders (the submission's cells cannot
+    exec the solution's cell from disk), and writing the protected folders -- or opening one of
+    them, or a folder above one, as a directory whose descriptor would reach them by a relative
+    path -- so that no judge process can rewrite what the next one imports."""
+    folders = [Path(f) for f in private]
+
+    def resolved(path) -> Path | None:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return None  # a file descriptor: opening it was audited
+        return Path(os.path.realpath(os.fsdecode(path)))
+
+    def refuse_write(path: Path | None) -> None:
+        if path is not None and any(path.is_relative_to(f) for f in protected):
+            raise PermissionError(f"the judge does not let a submission change {path}")
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "os.symlink" or event == "os.link":
+            raise PermissionError("the judge refuses new links")
+        if event in _WRITES:
+            for path in args[:2] if event == "os.rename" else args[:1]:
+                refuse_write(resolved(path))
+        if event != "open" or (path := resolved(args[0])) is None:
+            return
+        mode, flags = args[1], args[2]
+        if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS:
+            refuse_write(path)
+        if path.is_dir() and any(f.is_relative_to(path) or path.is_relative_to(f)
+                                 for f in protected):
+            raise PermissionError(f"the judge does not let a submission open the folder {path}")
+        if path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders):
+            raise PermissionError(f"the judge does not let a submission read {path}")
+    return hook
+
+
+def _reporter(path: str, secret: str):
+    """Writes the report, signed with the run's secret, with functions bound now (before the
+    submission can replace any); then ends the process at once, so that no handler the
+    submission left (``atexit``, a finalizer) runs after the verdict."""
+    dumps, opener, signed, leave = json.dumps, builtins.open, sign, os._exit
+
+    def write(report: dict) -> None:
+        body = dumps(report)
+        with opener(path, "w", encoding="utf-8") as f:
+            f.write(f"{signed(secret, body)}\n{body}")
+        leave(0)
+    return write
+
+
+def _run_cells(cells: list[str]) -> tuple[dict, list[str]]:
+    """The submission's cells in order, as its kernel ran them: a cell that raises is noted
+    and the next one runs (nbgrader runs notebooks with errors allowed)."""
+    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
+    notes = []
+    for number, source in enumerate(cells, 1):
+        try:
+            exec(compile(source, f"<submission cell {number}>", "exec"), space)  # noqa: S102
+        except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
+            notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
+    return space, notes
+
+
+def _missing(name: str, notes: list[str]) -> str:
+    why = f" ({notes[-1]})" if notes else ""
+    return f"`{name}` is not defined by your notebook's cells above the check{why}"
+
+
+def _read_values(cells: list[str], names: list[str]) -> dict:
+    space, notes = _run_cells(cells)
+    values = []
+    for name in names:
+        if name not in space:
+            return {"message": _missing(name, notes)}
+        try:
+            values.append(_encode(space[name]))
+        except ValueError as err:
+            return {"message": f"`{name}`: {err}"}
+    return {"values": values}
+
+
+def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | str:
+    """The graded call's arguments from the submission's cells, or why they cannot be judged."""
+    space, notes = _run_cells(cells)
+    args = []
+    for name in names:
+        if name not in space:
+            return _missing(name, notes)
+        value = space[name]
+        if name in CONTEXT_TYPES and type(value) is not getattr(toy_engine, CONTEXT_TYPES[name]):
+            return (f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, "
+                    f"not a {type(value).__name__}")
+        if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
+            return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
+        args.append(value)
+    return args
+
+
+def _verdict(check, args: list, before: dict, threads: set, verdict_type) -> dict:
+    """The check's verdict, kept only if the check's world is as it was when the judge began."""
+    try:
+        verdict = check(*args)
+    except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
+        return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
+                                            f"was changed or your code stopped it"}
+    changed = _compare(before, _fingerprint())
+    left = [t.name for t in threading.enumerate() if t not in threads and _from_submission(t)]
+    hooks = [name for name, hook in (("sys.settrace", sys.gettrace()),
+                                     ("sys.setprofile", sys.getprofile())) if hook is not None]
+    if changed or left or hooks:
+        what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + hooks
+        return {"passed": False, "message": f"your code changed what the checker runs on "
+                                            f"({', '.join(what)}): graded as not passed"}
+    if type(verdict) is not verdict_type or type(verdict.message) is not str:
+        return {"passed": False, "message": "the check returned something that is not its verdict"}
+    return {"passed": verdict.passed is True, "message": verdict.message}
+
+
+# Modules whose state the checker depends on: ours whole, the others' functions and classes.
+_OURS = ("overlap_course", "toy_engine")
+_THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
+           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy")
+
+
+def _fingerprint() -> dict[str, tuple]:
+    """What the checker reads, by identity: every module of the course and the toy (each name
+    in it, each class's attributes), and the functions of the modules it calls."""
+    marks = {}
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        ours = top in _OURS
+        if not ours and name not in _THEIRS:
+            continue
+        marks[f"sys.modules[{name!r}]"] = (id(module),)
+        for attr, value in list(vars(module).items()):
+            if ours or callable(value):
+                marks[f"{name}.{attr}"] = _mark(value)
+            if isinstance(value, type) and (ours or attr == "Tensor"):
+                marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
+                    (key, _mark(item)) for key, item in vars(value).items()
+                    if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
+    return marks
+
+
+def _mark(value) -> tuple:
+    return (id(value), *(id(getattr(value, a, None)) for a in ("__code__", "__defaults__",
+                                                               "__kwdefaults__", "__func__")))
+
+
+def _compare(before: dict, after: dict) -> list[str]:
+    """Names replaced or removed, and names added to a course module that shadow a builtin."""
+    changed = [key for key, mark in before.items() if after.get(key) != mark]
+    shadow = []
+    for key in after.keys() - before.keys():
+        module, _, attr = key.rpartition(".")
+        if (f"sys.modules[{module!r}]" in before and module.startswith(_OURS)
+                and attr in vars(builtins) and not attr.startswith("__")):
+            shadow.append(key)
+    return changed + sorted(shadow)
+
+
+def _from_submission(thread: threading.Thread) -> bool:
+    code = getattr(getattr(thread, "_target", None), "__code__", None)
+    code = code or getattr(type(thread).run, "__code__", None)
+    return code is not None and code.co_filename.startswith("<submission")
+
+
+# A value answer crosses between the judge's processes as tagged JSON of exact builtin types:
+# no pickle (whose loading runs code), no object whose __eq__ or __iter__ the learner wrote.
+_TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str", list: "list",
+         tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
+_MAX_ITEMS = 10_000
+_MAX_DEPTH = 20
+
+
+def _encode(value, depth: int = 0, budget: list | None = None):
+    budget = [0] if budget is None else budget
+    budget[0] += 1
+    tag = _TAGS.get(type(value))
+    if tag is None:
+        raise ValueError(f"a {type(value).__name__} is not a plain Python value: write it with "
+                         f"sets, lists, tuples, dicts, strings and numbers")
+    if depth > _MAX_DEPTH or budget[0] > _MAX_ITEMS:
+        raise ValueError(f"more than {_MAX_DEPTH} levels or {_MAX_ITEMS} items: not an answer")
+    if tag == "dict":
+        return [tag, [[_encode(k, depth + 1, budget), _encode(v, depth + 1, budget)]
+                      for k, v in value.items()]]
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return [tag, [_encode(item, depth + 1, budget) for item in value]]
+    if tag == "int":
+        return [tag, str(value)]  # any size, without JSON's number limits
+    if tag == "float":
+        return [tag, value.hex()]
+    return [tag, value]
+
+
+def _decode(node):
+    tag, payload = node[0], node[1] if len(node) > 1 else None
+    if tag == "dict":
+        return {_decode(k): _decode(v) for k, v in payload}
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](
+            _decode(item) for item in payload)
+    if tag == "int":
+        return int(payload)
+    if tag == "float":
+        return float.fromhex(payload)
+    return payload
