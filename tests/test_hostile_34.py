@@ -198,8 +198,10 @@ def test_ctrl_c_in_a_command_line_is_one_line_not_a_traceback(argv, tmp_path):
     import time
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # as from a terminal: SIGINT at its default, whatever an earlier test left in this process
     process = subprocess.Popen([sys.executable, "-m", *argv], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)
     assert process.poll() is None, "the command ended before the SIGINT: give it more work"
     process.send_signal(signal.SIGINT)
