@@ -64,7 +64,13 @@ def keep_in_flight(depth: int):
     before round N - depth is processed (a deeper pipeline; without drafts, whose correction
     covers one round in flight)."""
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
+    return deep_loop(depth, None, f"keep_{depth}_in_flight")
 
+
+def deep_loop(depth: int, to_process, name: str):
+    """The loop behind ``keep_in_flight`` and notebook 07b's ``batch_queue``: up to ``depth``
+    decode steps held; ``to_process(engine, plan, held)``, if given, says how many of the oldest
+    held steps to process after round N's forward and before its sample."""
     def loop(engine):
         held = collections.deque()
         while engine.scheduler.has_work():
@@ -77,12 +83,14 @@ def keep_in_flight(depth: int):
             engine.launch_forward(inputs)
             if len(held) == depth:
                 engine.process_outputs(held.popleft())
+            for _ in range(to_process(engine, plan, tuple(held)) if to_process else 0):
+                engine.process_outputs(held.popleft())
             current = engine.launch_sample(inputs)
             if plan.is_prefill:
                 engine.process_outputs(current)
             else:
                 held.append(current)
-    loop.__name__ = loop.__qualname__ = f"keep_{depth}_in_flight"
+    loop.__name__ = loop.__qualname__ = name
     return loop
 
 

@@ -12,15 +12,14 @@ one decision handed to the learner (the engine's own stages do the rest).
 from __future__ import annotations
 
 import atexit
-import collections
 import functools
 import numbers
 
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.validate import check_int, shown
+from toy_engine.validate import check_callable, check_int, shown
 
-from .plugins import ring
+from .plugins import deep_loop, ring
 
 
 class BadAnswer(ValueError):
@@ -33,29 +32,11 @@ def batch_queue(depth: int, before_sample):
     steps still unprocessed, oldest first, as a tuple) says how many of the oldest to process
     before round N's sample is launched.  Run it on a ring of at least ``depth + 1`` slots."""
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
-    _callable("before_sample", before_sample)
+    check_callable("before_sample", before_sample, allow_none=False)
 
-    def loop(engine):
-        held = collections.deque()
-        while engine.scheduler.has_work():
-            plan = engine.schedule()
-            if plan is None:  # nothing to launch: process the oldest held step now
-                if held:
-                    engine.flush(held.popleft())
-                continue
-            inputs = engine.prepare_inputs(plan)
-            engine.launch_forward(inputs)
-            if len(held) == depth:
-                engine.process_outputs(held.popleft())
-            for _ in range(_count(before_sample(engine, plan, tuple(held)), len(held))):
-                engine.process_outputs(held.popleft())
-            current = engine.launch_sample(inputs)
-            if plan.is_prefill:
-                engine.process_outputs(current)
-            else:
-                held.append(current)
-    loop.__name__ = loop.__qualname__ = f"batch_queue_{depth}"
-    return loop
+    def to_process(engine, plan, held):
+        return _count(before_sample(engine, plan, held), len(held))
+    return deep_loop(depth, to_process, f"batch_queue_{depth}")
 
 
 def _count(n, held: int) -> int:
@@ -70,7 +51,7 @@ def future_key(key):
     """The ZOS loop, with the device keeping each request's newest token (the future-token map),
     its drafts and accepted count under ``key(req, b)`` rather than ``req.row``: the round's
     metadata carries the key in the row field, and the scheduler keeps its own rows."""
-    _callable("key", key)
+    check_callable("key", key, allow_none=False)
 
     def loop(engine):
         previous = None
@@ -124,8 +105,3 @@ def title_ring_engine() -> Engine:
         engine = Engine(EngineConfig(mode="zos", max_batch_size=3, constraint="title_case"))
     atexit.register(engine.close)
     return engine
-
-
-def _callable(name: str, value) -> None:
-    if not callable(value):
-        raise TypeError(f"{name} must be a function, got {type(value).__name__} {shown(value)}")
