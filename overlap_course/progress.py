@@ -33,6 +33,7 @@ import html
 import json
 import os
 import queue
+import stat
 import sys
 import threading
 import time
@@ -247,6 +248,20 @@ def _well_formed(entry) -> bool:
     return all(isinstance(entry.get(field), kind) for field, kind in _FIELD_TYPES.items())
 
 
+def _open_record(path: Path):
+    """The record opened for reading, if it is a regular file: a FIFO would block the open and
+    ``/dev/zero`` would never end a line, so anything else is refused (opened without blocking,
+    then asked what it is)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"the progress record {str(path)!r} is not a file (a folder, a pipe "
+                         f"or a device): give the path of a progress.jsonl")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _lines(f):
     """The lines of the open binary file ``f``, each at most :data:`MAX_LINE_BYTES`; a longer
     one (whatever its bytes, however long) is read past and given as ``None``."""
@@ -269,7 +284,14 @@ def read_record(path: Path | None = None) -> tuple[list[dict], int]:
     path = path or _record_path()
     entries, unreadable = [], 0
     try:
-        with open(path, "rb") as f:
+        f = _open_record(path)
+    except FileNotFoundError:
+        return entries, unreadable
+    except OSError as err:
+        raise ValueError(f"the progress record {str(path)!r} cannot be read: "
+                         f"{err.strerror or err}") from None
+    try:
+        with f:
             for line in _lines(f):
                 if line is not None and not line.strip():
                     continue
@@ -357,10 +379,17 @@ class Progress:
 
 def your_progress(path: str | os.PathLike | None = None) -> Progress:
     """Where you stand: every check of the course, passed / tried / not reached."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"your_progress(path): path must be a file's path (a str), "
+                        f"not a {type(path).__name__}")
     path = Path(path) if path else _record_path()
     entries, unreadable = read_record(path)
     return Progress(entries, path, unreadable)
 
 
 if __name__ == "__main__":
-    print(your_progress(sys.argv[1] if len(sys.argv) > 1 else None))
+    from overlap_course.command_line import emit, fail
+    try:
+        emit(str(your_progress(sys.argv[1] if len(sys.argv) > 1 else None)))
+    except ValueError as exc:
+        sys.exit(fail("python -m overlap_course.progress", exc))

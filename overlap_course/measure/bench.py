@@ -150,6 +150,9 @@ def _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms,
             raise ValueError(f"mode {str(mode)[:40]!r} is {why}: modes are {', '.join(MODES)}, "
                              f"each at most once")
         base, _, spec = mode.partition("+")
+        if spec and num_draft_tokens == 0:
+            raise ValueError(f"mode {mode!r} speculates with num_draft_tokens = 0 (no drafts): "
+                             f"give num_draft_tokens >= 1 or leave the +spec modes out")
         configs[mode] = EngineConfig(mode=base, device=device, max_batch_size=max_batch_size,
                                      num_draft_tokens=num_draft_tokens if spec else 0,
                                      host_overhead_ms=host_overhead_ms, race_check=race_check)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
@@ -70,10 +71,18 @@ def _parser() -> Parser:
     return p
 
 
-def _writable(out: Path) -> None:
-    """Refuse an OUT that cannot be a file before anything is recorded (a run takes seconds)."""
-    if out.is_dir():
-        raise ValueError(f"OUT {str(out)!r} is a directory: name a file in it, e.g. "
+def _writable(text: str, stored: str | None) -> Path:
+    """OUT as a path, refused before anything is recorded (a run takes seconds) if it cannot be
+    a file: empty, a folder (``newdir/`` too, which ``Path`` would read as a file ``newdir``),
+    under a file, or the STORED timeline itself (converting it would overwrite the input)."""
+    if not text.strip():
+        raise ValueError("OUT is empty: name the file to write, e.g. trace.json")
+    if stored is not None and not stored.strip():
+        raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
+                         "(cpu_zos), or leave it out to record a run")
+    out = Path(text)
+    if text.endswith(("/", os.sep)) or out.is_dir():
+        raise ValueError(f"OUT {text!r} names a folder: name a file in it, e.g. "
                          f"{str(out / 'trace.json')!r}")
     for parent in out.parents:
         if parent.exists():
@@ -81,6 +90,10 @@ def _writable(out: Path) -> None:
                 raise ValueError(f"OUT {str(out)!r} is under {str(parent)!r}, which is a file, "
                                  f"not a directory")
             break
+    if stored is not None and Path(stored).exists() and out.resolve() == Path(stored).resolve():
+        raise ValueError(f"OUT {text!r} is the STORED timeline itself: writing it would "
+                         f"overwrite the run it converts; choose another name")
+    return out
 
 
 def _export(timeline: Timeline, path: Path) -> None:
@@ -101,9 +114,8 @@ def main(argv=None) -> int:
         if args.cmd == "summary":
             emit(_summary_text(args.file))
             return 0
-        out = Path(args.out)
-        _writable(out)
-        if args.stored:
+        out = _writable(args.out, args.stored)
+        if args.stored is not None:
             runs = {None: _load_timeline(args.stored)}
         else:
             modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
