@@ -217,7 +217,34 @@ for path in solutions:
             exec("".join(cell["source"]))  # the solution's answers, read at grading time
     here.write_text(path.read_text())  # the notebook itself rewritten as the solution
 """, True),
+    "shadow_module": (("correction", "metadata"), """\
+import os
+import overlap_course
+root = os.path.dirname(os.path.dirname(overlap_course.__file__))
+with open(os.path.join(root, "hmac.py"), "w") as f:  # where the judge looked first
+    f.write(SHADOW_HMAC)
+""", False),
 }
+# The module that cheat leaves above the course: the real hmac everywhere, except in a judge
+# process, where it reads the judge's request and secret and signs a passing report.
+SHADOW_HMAC = """\
+import importlib.util, os, sys, sysconfig
+_spec = importlib.util.spec_from_file_location(
+    "hmac", os.path.join(sysconfig.get_paths()["stdlib"], "hmac.py"))
+_real = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_real)
+globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
+if sys.flags.isolated and sys.argv[-1:] in (["answers"], ["check"]):
+    import hashlib, json
+    sent = json.loads(sys.stdin.buffer.read())
+    right = ["set", [["str", n] for n in ("input_ids", "positions", "seqlens_k", "slot_mapping")]]
+    report = {"values": [right]} if sys.argv[-1] == "answers" else {"passed": True, "message": "ok"}
+    body = json.dumps(report)
+    with open(sent["report"], "w") as f:
+        f.write(_real.new(sent["secret"].encode(), body.encode(), hashlib.sha256).hexdigest())
+        f.write("\\n" + body)
+    os._exit(0)
+"""
 PATCHING_CORRECTION = """\
 def correct_seqlens_qk(meta, accepted, block_size):
     import overlap_course.checks.lesson04 as L
@@ -240,7 +267,8 @@ def _cheater(released, wrong: tuple[str, ...], cheat: str | None, patching: bool
             cell.source = WRONG_METADATA
     graded = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade")]
     for index in reversed(graded if cheat else []):  # again after the answers below the first
-        nb.cells.insert(index, nbformat.v4.new_code_cell(cheat))
+        nb.cells.insert(index, nbformat.v4.new_code_cell(
+            f"SHADOW_HMAC = {SHADOW_HMAC!r}\n{cheat}" if "SHADOW_HMAC" in cheat else cheat))
     nb.cells.append(nbformat.v4.new_code_cell(CONTROL))
     return nb
 
@@ -262,7 +290,12 @@ def test_a_submission_cannot_grade_itself(tmp_path):
         patching = student == "function_patches_when_called"
         nbformat.write(_cheater(released, wrong, cheat, patching), folder / f"{EX04}.ipynb")
         (folder / "notes.txt").write_text("a file next to the notebook\n")
-    _nbgrader(home, "autograde", EX04, "--force")
+    try:
+        _nbgrader(home, "autograde", EX04, "--force")
+    finally:
+        shadow = ROOT / "hmac.py"
+        assert shadow.exists(), "the shadow_module cheat wrote no module above the course"
+        shadow.unlink()
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
         for student, (wrong, _, fooled) in students.items():
             patching = student == "function_patches_when_called"

@@ -107,3 +107,58 @@ def test_only_a_report_signed_with_the_runs_secret_is_read(tmp_path):
     assert judge._read_report(report, "secret", "check", 1, b"")["passed"] is False
     report.write_text(body)
     assert judge._read_report(report, "secret", "check", 0, b"")["passed"] is False
+
+
+# A value answer whose cell leaves modules in the folder above the course (ROOT), where the
+# next judge looked first for the modules it imports before reading its request (round two).
+SHADOW = '''
+import os, sys
+needs_correction = {{"rows"}}
+if sys.flags.isolated:
+    import overlap_course
+    root = os.path.dirname(os.path.dirname(overlap_course.__file__))
+    for name in ("hmac", "json", "secrets", "hashlib"):
+        with open(os.path.join(root, name + ".py"), "w") as f:
+            f.write("open({mark!r}, 'w').close()\\nraise SystemExit('shadowed')\\n")
+'''
+
+
+def test_a_module_left_beside_the_course_is_not_imported_by_the_next_judge(tmp_path):
+    copy, mark = _copy_course(tmp_path), tmp_path / "shadow-ran"
+    code = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
+            "from overlap_course.build import judge\n"
+            "for cell in sys.argv[2:]:\n"
+            "    print(judge.judge('check_metadata_answer', [cell])[0])\n")
+    wrong = 'needs_correction = {"rows"}'
+    run = subprocess.run([sys.executable, "-I", "-c", code, str(copy),
+                          SHADOW.format(mark=str(mark)), RIGHT, wrong],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert (copy / "hmac.py").exists()  # the cell could write there: the judge never reads it
+    assert run.stdout.split() == ["False", "True", "False"], (run.stdout, run.stderr[-800:])
+    assert not mark.exists()
+
+
+def test_the_courses_bytecode_is_part_of_what_the_grader_trusts(tmp_path, monkeypatch):
+    """A kernel (it runs before any judge, unguarded) that rewrites a ``.pyc`` whose header
+    still matches its source would change what the judge runs: the digest includes it."""
+    copy = _copy_course(tmp_path)
+    monkeypatch.setattr(judge, "ROOT", copy)
+    pristine = judge.compiled_digest()
+    pyc = sorted(p for p in pristine if p.endswith(".pyc") and "lesson04" in p)
+    assert pyc, "compiled_digest compiled no bytecode of the course"
+    data = Path(pyc[0]).read_bytes()
+    Path(pyc[0]).write_bytes(data[:16] + bytes(len(data) - 16))  # same header, other code
+    assert judge._changed_files(pristine) == [pyc[0]]
+
+
+def test_a_module_put_in_sys_modules_during_the_check_is_named():
+    import types
+
+    trusted = judge_process._protected_folders(ROOT)
+    before = set(sys.modules)
+    sys.modules["toy_engine.planted"] = types.ModuleType("toy_engine.planted")
+    import tabnanny  # noqa: F401 - a standard module imported for the first time: trusted
+    try:
+        assert judge_process._strange_modules(before, trusted) == ["toy_engine.planted"]
+    finally:
+        del sys.modules["toy_engine.planted"]

@@ -19,6 +19,7 @@ Why the grade comes from a judge in fresh processes, and what that judge guards 
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -163,11 +164,19 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
     return dest
 
 
+def _dest(text: str) -> Path:
+    """DEST as a path; an empty one would be the current folder, named by nobody."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("DEST is empty: name the folder for the course, "
+                                         "e.g. grading-course")
+    return Path(text)
+
+
 def main(argv=None) -> int:
     p = Parser(prog="grading", description="the exercises as an nbgrader course")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("course", help="lay out an nbgrader course directory from source/")
-    c.add_argument("dest", type=Path)
+    c.add_argument("dest", type=_dest, help="the folder to lay the course out in (a new one)")
     c.add_argument("assignments", nargs="*")
     c.add_argument("--force", action="store_true",
                    help="overwrite files in DEST that differ from the course's (edited ones)")

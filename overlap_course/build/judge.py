@@ -37,14 +37,17 @@ code that runs beside its checker shares the judge's process, so code written ag
 judge on purpose can still mutate the checker's data in place, walk frames, dig the run's
 secret out of the judge's memory and sign a forged report, write files through ``ctypes`` or
 a process of its own (the audit hook is not inherited; the re-hash after the judge catches such
-writes to sources, though not to ``__pycache__``, unless the process leaves the judge's process
-group on purpose and writes later) -- all of it in the submission, for the instructor to read.
-And the kernel runs as the grader's user, before any judge: grade where submissions cannot
-write the course folder or the environment (a container, as otter-grader recommends).
+writes to the course's and the toy's sources and bytecode, unless the process leaves the
+judge's process group on purpose and writes later) -- all of it in the submission, for the
+instructor to read.  And the kernel runs as the grader's user, before any judge: it can rewrite
+torch or the standard library, which are not hashed (too large to hash per process), so grade
+where submissions cannot write the course folder or the environment (a container, as
+otter-grader recommends).
 """
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import hmac
 import json
@@ -73,7 +76,7 @@ def autograde_preprocessors() -> list:
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
-    pristine = installed_digest()
+    pristine = compiled_digest()
 
     class JudgeInFreshProcess(NbGraderPreprocessor):  # enabled, unlike nbconvert's
         """Overwrites each graded cell's outputs with a fresh process's verdict."""
@@ -88,14 +91,24 @@ def autograde_preprocessors() -> list:
 
 
 def installed_digest() -> dict[str, str]:
-    """SHA-256 of every file the judge trusts: the course's and the toy's modules, and the
+    """SHA-256 of every file the judge trusts: the course's and the toy's modules and their
+    bytecode (a ``.pyc`` whose header matches its source is loaded instead of it), and the
     start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
     files = [path for package in ("overlap_course", "toy_engine")
-             for path in sorted((ROOT / package).rglob("*.py"))]
+             for pattern in ("*.py", "*.pyc") for path in sorted((ROOT / package).rglob(pattern))]
     for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
         folder = Path(where)
         files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))
     return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def compiled_digest() -> dict[str, str]:
+    """:func:`installed_digest` once every module of the course and the toy has its bytecode
+    (compiled now where it is missing or stale), so that a judge importing a module for the
+    first time writes no new ``.pyc`` that would read as a change."""
+    for package in ("overlap_course", "toy_engine"):
+        compileall.compile_dir(ROOT / package, quiet=2)  # a read-only install: nothing written
+    return installed_digest()
 
 
 def _changed_files(pristine: dict[str, str]) -> list[str]:
@@ -162,7 +175,7 @@ def judge(check: str, cells: list[str], private: list[str] = (),
     check in one process that verifies afterwards that nothing the checker uses was replaced.
     After each process the installed files are re-hashed against ``pristine`` (by default,
     their state now): a verdict from a judge whose course was rewritten is not trusted."""
-    pristine = installed_digest() if pristine is None else pristine
+    pristine = compiled_digest() if pristine is None else pristine
     names = graded_arguments(check)
     request = {"check": check, "names": names, "cells": cells, "private": list(private)}
     if set(names) <= VALUE_ANSWERS:
@@ -174,8 +187,20 @@ def judge(check: str, cells: list[str], private: list[str] = (),
     return report["passed"] is True, report["message"]
 
 
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-         "from overlap_course.build import judge_process; judge_process.judge_main(sys.argv[1:])")
+# The judge finds the course and the toy in ROOT and nothing else there: ROOT is not put on
+# sys.path, where a file a submission left in it (ROOT/hmac.py) would shadow a module the
+# next judge imports before it reads its request.
+_BOOT = """import sys
+from importlib.machinery import PathFinder
+class OnlyTheCourse:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name in ("overlap_course", "toy_engine"):
+            return PathFinder.find_spec(name, [sys.argv[1]])
+sys.meta_path.insert(0, OnlyTheCourse)
+from overlap_course.build import judge_process
+judge_process.judge_main(sys.argv[1:])
+"""
 
 
 def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:

@@ -40,12 +40,13 @@ def judge_main(argv: list[str]) -> None:
                              f"not from {root}")
     request = sent["request"]
     write = _reporter(sent.pop("report"), sent.pop("secret"))
-    sys.addaudithook(_guard(request["private"], _protected_folders(Path(root))))
+    trusted = _protected_folders(Path(root))
+    sys.addaudithook(_guard(request["private"], trusted))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
         return
-    before = _fingerprint()
+    before, modules = _fingerprint(), set(sys.modules)
     threads = set(threading.enumerate())
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
@@ -54,7 +55,13 @@ def judge_main(argv: list[str]) -> None:
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
-    write(_verdict(check, args, before, threads, checks.Verdict))
+    verdict = _verdict(check, args, before, threads, checks.Verdict)
+    strangers = _strange_modules(modules, trusted)
+    if strangers:
+        verdict = {"passed": False, "message": f"modules imported during the check do not come "
+                                               f"from the installation ({', '.join(strangers[:3])})"
+                                               f": graded as not passed"}
+    write(verdict)
 
 
 def _protected_folders(root: Path) -> list[Path]:
@@ -232,6 +239,29 @@ def _compare(before: dict, after: dict) -> list[str]:
                 and attr in vars(builtins) and not attr.startswith("__")):
             shadow.append(key)
     return changed + sorted(shadow)
+
+
+def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
+    """Modules first imported after the judge's fingerprint, under a name the checker could
+    import (the course's, the toy's, the standard library's, torch's, numpy's), that do not
+    come from the installed files: put in ``sys.modules`` by the submission, or loaded from a
+    file it wrote.  A learner's own helper module under another name is not judged."""
+    names = _OURS + ("torch", "numpy")
+    strange = []
+    for name in sorted(set(sys.modules) - before):
+        top = name.partition(".")[0]
+        if top not in names and top not in sys.stdlib_module_names:
+            continue
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if origin in ("built-in", "frozen"):
+            continue
+        places = [origin] if origin else list(getattr(spec, "submodule_search_locations", None)
+                                              or [])
+        real = [Path(os.path.realpath(p)) for p in places if isinstance(p, str)]
+        if not real or not all(any(r.is_relative_to(t) for t in trusted) for r in real):
+            strange.append(name)
+    return strange
 
 
 def _from_submission(thread: threading.Thread) -> bool:

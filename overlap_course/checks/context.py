@@ -4,8 +4,9 @@ does, so a cell that passes something else gets a "setup" verdict naming the arg
 must be and what the notebook passes there -- never a traceback from deep inside the check, nor
 a set of 10**20 kernels built before anything is compared.
 
-While an answer is still its stub (None) the check runs as it is: it says "not answered yet"
-without reading its context, and that is what the learner has to do first.
+While an answer is still its stub (None) the check runs as it is, and says "not answered yet":
+that is what the learner has to do first.  If its context is wrong too, "not answered yet" is
+said here, without running the check on a context it cannot read.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from toy_engine.runinfo import RunStats
 from toy_engine.timeline import Timeline
 
 from .answers import MAX_ITEMS, scalar, show
-from .verdict import fails
+from .verdict import fails, unanswered
 
 BIG = 10**9  # no position, length, block or round of the course comes near it
 _BAD = object()
@@ -174,8 +175,12 @@ def given(answers: int = 1, agree: Callable[[dict], str | None] | None = None, *
             except TypeError:
                 return check(*args, **kwargs)  # Python's own message names the argument
             bound.apply_defaults()
-            if any(bound.arguments[p] is None for p in first):
+            stubs = [p for p in first if bound.arguments[p] is None]
+            if stubs and all(spec.read(bound.arguments[param]) is not _BAD
+                             for param, spec in specs.items()):
                 return check(*args, **kwargs)  # the stub: "not answered yet" comes first
+            if stubs:  # and a context the check cannot read: the stub is still the first thing
+                return unanswered(f"`{stubs[0]}` is None: give it your answer")
             for param, spec in specs.items():
                 value = spec.read(bound.arguments[param])
                 if value is _BAD:

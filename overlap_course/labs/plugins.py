@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import functools
 import inspect
+import itertools
 
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
@@ -29,7 +30,8 @@ def per_request(**methods):
     ``wants_more=f`` its scheduler asks ``f(req)`` whether to plan the request again."""
     for name, method in methods.items():
         _check_method_name(name)
-        check_callable(name, method, allow_none=False)
+        params = list(inspect.signature(getattr(Request, name)).parameters)
+        check_takes(f"per_request: {name}", method, ["req", *params[1:]])
 
     def on_round(engine, round):
         if round == 0:
@@ -42,7 +44,7 @@ def per_request(**methods):
 def aborts(abort, at):
     """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
-    check_callable("abort", abort, allow_none=False)
+    check_takes("aborts: abort", abort, ["engine", "request_id"])
     at = _abort_points(at)
     done, ids = set(), []
 
@@ -116,6 +118,24 @@ def ring_engine() -> Engine:
     return engine
 
 
+def check_takes(name: str, function, params: list[str]) -> None:
+    """Refuse, when the plug-in is built, a ``function`` that cannot be called with the
+    arguments the run will give it (``params``, by position): the call would otherwise fail
+    rounds later with an error that names neither the plug-in nor the argument."""
+    check_callable(name, function, allow_none=False)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: the run will tell
+        return
+    try:
+        signature.bind(*params)
+    except TypeError:
+        shown_name = getattr(function, "__name__", type(function).__name__)
+        call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
+        raise TypeError(f"{name}: the run calls it as {call}, and {shown_name}{signature} cannot "
+                        f"take those {len(params)} argument(s)") from None
+
+
 def _check_method_name(name: str) -> None:
     """Only a request's methods: a typo would be ignored, a field overwritten with a function."""
     if name in REQUEST_METHODS:
@@ -129,6 +149,10 @@ def _check_method_name(name: str) -> None:
     raise TypeError(f"per_request: a request has no method {name}{hint}; its methods are {methods}")
 
 
+#: More abort points than a lab's run has requests by far (the engine takes 10,000 prompts).
+MAX_ABORTS = 10_000
+
+
 def _abort_points(at) -> tuple:
     """``at`` as a tuple of (round, prompt index) pairs of integers >= 0, read once (a generator
     would be used up by the first round)."""
@@ -137,9 +161,12 @@ def _abort_points(at) -> tuple:
     if isinstance(at, (str, bytes)):
         raise refused
     try:
-        points = tuple(at)
+        points = tuple(itertools.islice(at, MAX_ABORTS + 1))  # an endless iterator too
     except TypeError:
         raise refused from None
+    if len(points) > MAX_ABORTS:
+        raise ValueError(f"aborts: at holds more than {MAX_ABORTS} (round, prompt index) pairs "
+                         f"(or never ends): a run aborts each request at most once")
     checked = []
     for i, point in enumerate(points):
         if not isinstance(point, (tuple, list)) or len(point) != 2:

@@ -17,9 +17,9 @@ import numbers
 
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.validate import check_callable, check_int, shown
+from toy_engine.validate import check_int, shown
 
-from .plugins import deep_loop, ring
+from .plugins import check_takes, deep_loop, ring
 
 
 class BadAnswer(ValueError):
@@ -32,7 +32,7 @@ def batch_queue(depth: int, before_sample):
     steps still unprocessed, oldest first, as a tuple) says how many of the oldest to process
     before round N's sample is launched.  Run it on a ring of at least ``depth + 1`` slots."""
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
-    check_callable("before_sample", before_sample, allow_none=False)
+    check_takes("batch_queue: before_sample", before_sample, ["engine", "plan", "held"])
 
     def to_process(engine, plan, held):
         return _count(before_sample(engine, plan, held), len(held))
@@ -51,7 +51,7 @@ def future_key(key):
     """The ZOS loop, with the device keeping each request's newest token (the future-token map),
     its drafts and accepted count under ``key(req, b)`` rather than ``req.row``: the round's
     metadata carries the key in the row field, and the scheduler keeps its own rows."""
-    check_callable("key", key, allow_none=False)
+    check_takes("future_key: key", key, ["req", "b"])
 
     def loop(engine):
         previous = None
