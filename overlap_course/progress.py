@@ -33,7 +33,6 @@ import html
 import json
 import os
 import queue
-import stat
 import sys
 import threading
 import time
@@ -248,20 +247,6 @@ def _well_formed(entry) -> bool:
     return all(isinstance(entry.get(field), kind) for field, kind in _FIELD_TYPES.items())
 
 
-def _open_record(path: Path):
-    """The record opened for reading, if it is a regular file: a FIFO would block the open and
-    ``/dev/zero`` would never end a line, so anything else is refused (opened without blocking,
-    then asked what it is)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ValueError(f"the progress record {str(path)!r} is not a file (a folder, a pipe "
-                         f"or a device): give the path of a progress.jsonl")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
 def _lines(f):
     """The lines of the open binary file ``f``, each at most :data:`MAX_LINE_BYTES`; a longer
     one (whatever its bytes, however long) is read past and given as ``None``."""
@@ -284,12 +269,12 @@ def read_record(path: Path | None = None) -> tuple[list[dict], int]:
     path = path or _record_path()
     entries, unreadable = [], 0
     try:
-        f = _open_record(path)
+        f = safe_json.open_regular(path, f"the progress record {str(path)!r}")
     except FileNotFoundError:
         return entries, unreadable
     except OSError as err:
         raise ValueError(f"the progress record {str(path)!r} cannot be read: "
-                         f"{err.strerror or err}") from None
+                         f"{err.strerror or err}; give the path of a progress.jsonl") from None
     try:
         with f:
             for line in _lines(f):
@@ -387,9 +372,20 @@ def your_progress(path: str | os.PathLike | None = None) -> Progress:
     return Progress(entries, path, unreadable)
 
 
-if __name__ == "__main__":
-    from overlap_course.command_line import emit, fail
+def main(argv=None) -> int:
+    """``python -m overlap_course.progress [RECORD]``: the table, as text."""
+    from overlap_course.command_line import Parser, emit, fail  # not on the hub: not needed there
+
+    prog = "python -m overlap_course.progress"
+    parser = Parser(prog=prog, description="where you stand: every check of the course")
+    parser.add_argument("record", nargs="?", help="a progress.jsonl (default: your own)")
+    args = parser.parse_args(argv)
     try:
-        emit(str(your_progress(sys.argv[1] if len(sys.argv) > 1 else None)))
+        emit(str(your_progress(args.record)))
     except ValueError as exc:
-        sys.exit(fail("python -m overlap_course.progress", exc))
+        return fail(prog, exc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

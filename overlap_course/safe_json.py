@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 
-__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps"]
+__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile", "open_regular"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -125,3 +127,23 @@ def dumps(value, what: str = "the output", **kwargs) -> str:
     except ValueError:
         raise JSONRefused(f"{what} has a number that is not finite (NaN or infinity), "
                           f"which JSON cannot hold") from None
+
+
+class NotAFile(ValueError):
+    """A path to read that is a folder, a pipe or a device."""
+
+
+def open_regular(path, what: str):
+    """``path`` opened for reading in binary, if it is a regular file; anything else is a
+    ``ValueError`` naming ``what``: a FIFO would block the open until a writer came, and a
+    device such as ``/dev/zero`` never ends.  Opened without blocking, then asked what it is."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAFile(f"{what} is not a file (a folder, a pipe or a device)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

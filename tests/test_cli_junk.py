@@ -7,7 +7,7 @@ hypothesis can try many inputs in seconds; the parts that would start an engine 
 replaced by stand-ins that say so (:class:`Command`'s ``stand_ins``).  A few junk inputs go
 through ``python -m`` as well, to prove the whole path (interpreter, ``__main__``, exit status).
 
-To add a command, append a :class:`Command` to ``COMMANDS`` (notes in /work/blind/NOTES_34.md).
+To add a command, append a :class:`Command` to ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ JUNK_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
 @dataclass(frozen=True)
 class File:
     """A path made fresh for one example: ``kind`` file (with ``content``), dir, missing,
-    under_file (a path whose parent is a file), or fresh (a new path, for outputs)."""
+    under_file (a path whose parent is a file), fifo, device (``/dev/zero``), fresh (a new
+    path, for outputs) or slash (a new path ending in ``/``)."""
     kind: str
     content: bytes = b""
     name: str = "junk.json"
@@ -68,6 +69,12 @@ class File:
         elif self.kind == "under_file":
             path.write_bytes(b"a file")
             path = path / "inner" / self.name
+        elif self.kind == "fifo":  # opening it to read or write would wait for the other end
+            os.mkfifo(path)
+        elif self.kind == "device":
+            return "/dev/zero"
+        elif self.kind == "slash":  # a folder's name: Path() drops the slash
+            return f"{path}/"
         return str(path)
 
 
@@ -160,9 +167,10 @@ def _maybe_gzip(data: bytes, how: int) -> bytes:
 
 _INPUT_FILE = st.one_of(
     st.builds(File, st.just("file"), st.builds(_maybe_gzip, _CONTENT, st.integers(0, 2))),
-    st.builds(File, st.sampled_from(["dir", "missing", "under_file"])),
+    st.builds(File, st.sampled_from(["dir", "missing", "under_file", "fifo", "device"])),
 )
-_OUTPUT_FILE = st.builds(File, st.sampled_from(["fresh", "fresh", "dir", "under_file"]),
+_OUTPUT_FILE = st.builds(File, st.sampled_from(["fresh", "fresh", "dir", "under_file", "fifo",
+                                                "slash"]),
                          name=st.sampled_from(["out.json", "out.json.gz", "out"]))
 # Tokens a learner might type; none starts with -h (argparse prints its help, exit 0, not JSON).
 _TOKEN = (st.sampled_from(["", "-", "--", "nan", "inf", "-inf", "1e400", "-1", "0", "1.5",
@@ -294,6 +302,9 @@ _URL = st.sampled_from(["http://127.0.0.1:10101", "http://hub:port/", "10101", "
 _NO_NUL = st.text(max_size=12).filter(lambda t: "\x00" not in t)  # os.environ holds no NUL
 SERVICE_ENV = st.fixed_dictionaries({}, optional={"JUPYTERHUB_SERVICE_URL": _URL | _NO_NUL})
 
+PROGRESS_ARGV = st.lists(_INPUT_FILE | _TOKEN.filter(lambda t: not t.startswith("/")),
+                         max_size=2)
+
 # DEST relative (the example's fresh folder), so a junk DEST never lays a course out in /.
 GRADING_ARGV = st.one_of(
     st.builds(lambda dest, names: ["course", dest, *names],
@@ -321,6 +332,7 @@ COMMANDS = [
             stand_ins=((bench, "Engine", _no_engine),)),
     Command("progress service", ps.main, SERVICE_ARGV, lambda argv: False,
             stand_ins=((ps, "serve", _serve_stand_in),), env=SERVICE_ENV, notes=1),
+    Command("progress", progress.main, PROGRESS_ARGV, lambda argv: False),
     Command("grading", grading.main, GRADING_ARGV, lambda argv: False,
             stand_ins=((grading, "annotate", _annotate_stand_in),)),
 ]

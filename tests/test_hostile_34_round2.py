@@ -134,3 +134,14 @@ def test_grading_refuses_an_empty_dest(tmp_path):
     _one_clear_line(_run("overlap_course.build.grading", "course", "", cwd=tmp_path),
                     "DEST is empty")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["summary", "{fifo}"], ["export", "o.json", "{fifo}"],
+                                  ["export", "{fifo}", "cpu_zos"]])
+def test_a_pipe_given_to_the_trace_command_is_refused_without_waiting(tmp_path, argv):
+    """Found while closing round two: each of these waited forever on the pipe's other end."""
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    argv = [a.format(fifo=fifo) for a in argv]
+    _one_clear_line(_run("overlap_course.traces.kineto", *argv, cwd=tmp_path, timeout=60),
+                    str(fifo))

@@ -94,8 +94,9 @@ def installed_digest() -> dict[str, str]:
     """SHA-256 of every file the judge trusts: the course's and the toy's modules and their
     bytecode (a ``.pyc`` whose header matches its source is loaded instead of it), and the
     start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
+    patterns = ("*.py", f"*.{sys.implementation.cache_tag}.pyc")  # this Python's bytecode
     files = [path for package in ("overlap_course", "toy_engine")
-             for pattern in ("*.py", "*.pyc") for path in sorted((ROOT / package).rglob(pattern))]
+             for pattern in patterns for path in sorted((ROOT / package).rglob(pattern))]
     for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
         folder = Path(where)
         files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))

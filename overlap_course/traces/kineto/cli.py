@@ -23,6 +23,8 @@ __all__ = ["main"]
 def _load_timeline(source: str) -> Timeline:
     """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``)."""
     path = Path(source)
+    if path.exists() and not path.is_file():  # a FIFO would block the read, a folder fail it
+        raise ValueError(f"STORED {source!r} is not a file (a folder, a pipe or a device)")
     return Timeline.from_json(path) if path.exists() else load_trace(source)
 
 
@@ -81,6 +83,9 @@ def _writable(text: str, stored: str | None) -> Path:
         raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
                          "(cpu_zos), or leave it out to record a run")
     out = Path(text)
+    if out.exists() and not out.is_dir() and not out.is_file():
+        raise ValueError(f"OUT {text!r} is a pipe or a device, not a file: writing would wait "
+                         f"for a reader; name a file")
     if text.endswith(("/", os.sep)) or out.is_dir():
         raise ValueError(f"OUT {text!r} names a folder: name a file in it, e.g. "
                          f"{str(out / 'trace.json')!r}")

@@ -88,10 +88,13 @@ def _read_bounded(path: Path, where: str) -> bytes:
     :data:`MAX_TRACE_BYTES` of either, so a file that never ends or unpacks to gigabytes is
     refused in bounded memory instead of a ``MemoryError``."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TRACE_BYTES + 1)
+        f = safe_json.open_regular(path, where)  # a FIFO or a device: refused, not waited on
+    except safe_json.NotAFile:
+        raise
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot read {where}: {getattr(exc, 'strerror', None) or exc}") from None
+    with f:
+        raw = f.read(MAX_TRACE_BYTES + 1)
     if len(raw) > MAX_TRACE_BYTES:
         raise _too_big(where, "has")
     if raw[:2] != b"\x1f\x8b":
