@@ -131,7 +131,7 @@ def test_summary_into_a_closed_pipe_ends_quietly():
 
 def test_export_to_a_directory_is_one_line(tmp_path, capsys):
     _one_line_refusal(_run(kineto.main, ["export", str(tmp_path), "cpu_zos"], capsys),
-                      "is a directory: name a file in it")
+                      "names a folder: name a file in it")
 
 
 def test_export_under_a_file_is_one_line(tmp_path, capsys):
