@@ -10,6 +10,7 @@ import itertools
 
 import torch
 
+from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 
 from . import context
@@ -160,7 +161,11 @@ def _try_order(order, device, variable: str) -> Verdict | tuple[list[str], str |
     off = _race_check_off(device)
     if off is not None:
         return off
-    return (steps, *_run_order(steps, device))
+    try:
+        return (steps, *_run_order(steps, device))
+    except DeviceError as err:  # e.g. the device of an engine a cell above closed
+        return fails("setup", f"this device cannot run your steps ({err}): run the cell that "
+                              f"starts the engine again, then this cell")
 
 
 @notebook_check
