@@ -13,9 +13,10 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe"]
+           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -81,6 +82,49 @@ def finite_number(minimum: float, maximum: float):
         return value
 
     return parse
+
+
+def _not_under_a_file(path: Path, name: str) -> None:
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{name} {str(path)!r} is under {str(parent)!r}, which is a "
+                                 f"file, not a directory")
+            return
+
+
+def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
+    """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
+    or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
+    would read as a file ``newdir``), or under a file."""
+    if not text.strip():
+        raise ValueError(f"{name} is empty: name the file to write, e.g. {example}")
+    out = Path(text)
+    if out.exists() and not out.is_dir() and not out.is_file():
+        raise ValueError(f"{name} {text!r} is a pipe or a device, not a file: writing would wait "
+                         f"for a reader; name a file")
+    if text.endswith(("/", os.sep)) or out.is_dir():
+        raise ValueError(f"{name} {text!r} names a folder: name a file in it, e.g. "
+                         f"{str(out / example)!r}")
+    _not_under_a_file(out, name)
+    return out
+
+
+def out_folder(text: str, name: str = "--out") -> Path:
+    """``text`` as a folder to write into (made if missing), refused before any work if it is
+    empty, an existing file, or under a file."""
+    if not text.strip():
+        raise ValueError(f"{name} is empty: name the folder to write into")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{name} {text!r} is a file, not a folder: name a folder")
+    _not_under_a_file(out, name)
+    return out
+
+
+def os_problem(err: OSError) -> str:
+    """What an ``OSError`` says, in one line that names the path (not a traceback)."""
+    return f"{err.strerror or err}: {err.filename!r}" if err.filename else str(err.strerror or err)
 
 
 def emit(text: str) -> None:

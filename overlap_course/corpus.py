@@ -15,10 +15,12 @@ animals, places) that rejection happens and is worth studying.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from overlap_course.command_line import Parser
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.drafter import NGRAM, NGRAM_TABLE
 
@@ -200,6 +202,13 @@ def write_ngram_table(path=NGRAM_TABLE) -> None:
     torch.save({"alphabet": ALPHABET, "table": ngram_table_of_the_corpus().to(torch.uint8)}, path)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    Parser(prog="corpus", description="rewrite the drafter's n-gram table from the corpus "
+                                      "(takes no arguments)").parse_args(argv)
     write_ngram_table()
     print(f"wrote {NGRAM_TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,8 +23,9 @@ two CPU cores.  The choices, briefly:
 
 from __future__ import annotations
 
-import argparse
 import math
+import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +34,8 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from overlap_course.command_line import (Parser, fail, finite_number, interrupted, os_problem,
+                                         out_file, whole_number)
 from overlap_course.corpus import corpus_token_stream, generate_corpus, split_train_val
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT
@@ -45,6 +48,12 @@ def load_data(tokenizer: CharTokenizer | None = None):
     tokenizer = tokenizer or CharTokenizer()
     stream = torch.tensor(corpus_token_stream(generate_corpus(seed=0), tokenizer))
     return split_train_val(stream, VAL_FRACTION)
+
+
+def _part(out) -> Path:
+    """Where a checkpoint is written before it replaces ``out`` in one step: a folder beside it,
+    under the same name (torch names the archive's records after the file)."""
+    return Path(out).parent / f".{Path(out).name}.partial" / Path(out).name
 
 
 def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
@@ -100,7 +109,24 @@ def train(
     progress: bool = True,
     evals: int = 4,
 ):
-    """Train a TinyGPT from scratch; return ``(model, info)`` and save to ``out`` if given."""
+    """Train a TinyGPT from scratch; return ``(model, info)`` and save to ``out`` if given,
+    whole or not at all (a Ctrl-C or an error leaves the old checkpoint as it was)."""
+    if out is None:
+        return _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
+    part = _part(out)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        part.open("wb").close()  # a path that cannot be written is refused before the training
+        model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
+        save_checkpoint(model, ALPHABET, part, **info)
+        os.replace(part, out)
+    finally:
+        part.unlink(missing_ok=True)
+        part.parent.rmdir()
+    return model, info
+
+
+def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -164,30 +190,44 @@ def train(
         "steps": steps, "seed": seed, "batch_size": batch_size, "block_size": block_size, "lr": lr,
         **losses, "train_seconds": round(seconds, 1), "torch_version": str(torch.__version__),
     }
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(model, ALPHABET, out, **info)
     return model, info
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800, help="optimizer steps")
-    p.add_argument("--out", type=Path, default=CHECKPOINT,
-                   help="where to write the checkpoint (default: the shipped one, which the defaults reproduce)")
-    p.add_argument("--seed", type=int, default=0, help="seed for initialisation and batch sampling")
-    p.add_argument("--batch-size", type=int, default=16, help="windows per step")
-    p.add_argument("--block-size", type=int, default=256, help="tokens per training window")
-    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (warm-up, then cosine decay)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads; a fixed count keeps runs bit-identical")
-    p.add_argument("--sample", type=int, default=250, help="chars of greedy sample to print (0: none)")
+def main(argv=None) -> int:
+    context_len = GPTConfig(vocab_size=CharTokenizer().vocab_size).context_len
+    p = Parser(prog="train", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=whole_number(1), default=800, help="optimizer steps")
+    p.add_argument("--out", default=str(CHECKPOINT),
+                   help="where to write the checkpoint (default: the shipped one, which the "
+                        "defaults reproduce)")
+    p.add_argument("--seed", type=whole_number(0, 2**63 - 1), default=0,
+                   help="seed for initialisation and batch sampling")
+    p.add_argument("--batch-size", type=whole_number(1, 4096), default=16,
+                   help="windows per step")
+    p.add_argument("--block-size", type=whole_number(1, context_len), default=256,
+                   help="tokens per training window")
+    p.add_argument("--lr", type=finite_number(1e-9, 10.0), default=5e-3,
+                   help="peak learning rate (warm-up, then cosine decay)")
+    p.add_argument("--threads", type=whole_number(1, 1024), default=2,
+                   help="torch threads; a fixed count keeps runs bit-identical")
+    p.add_argument("--sample", type=whole_number(0, 100_000), default=250,
+                   help="chars of greedy sample to print (0: none)")
     a = p.parse_args(argv)
-    model, info = train(a.steps, a.seed, a.batch_size, a.block_size, a.lr, a.threads, out=a.out)
-    print(f"{model.num_params():,} parameters; saved {a.out}")
+    try:
+        out = out_file(a.out, "--out", "tiny_gpt.pt")
+        model, info = train(a.steps, a.seed, a.batch_size, a.block_size, a.lr, a.threads, out=out)
+    except ValueError as err:
+        return fail("train", err)
+    except OSError as err:
+        return fail("train", f"cannot write the checkpoint: {os_problem(err)}")
+    except KeyboardInterrupt:  # nothing was written: the checkpoint is saved whole or not at all
+        return interrupted("train")
+    print(f"{model.num_params():,} parameters; saved {out}")
     print({k: info[k] for k in ("train_loss", "val_loss", "train_seconds")})
     if a.sample > 0:
         print(repr(sample_text(model, CharTokenizer(), "Once", a.sample)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -76,5 +76,8 @@ def test_slide_types_from_structure():
 
 
 def test_cli_names_a_missing_notebook(capsys):
-    assert slides.main(["notebooks/99_nope.ipynb"]) == 2
-    assert "no such notebook" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        slides.main(["notebooks/99_nope.ipynb"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "no such notebook: 'notebooks/99_nope.ipynb'" in err and len(err.splitlines()) == 1

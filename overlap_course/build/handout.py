@@ -25,7 +25,6 @@ and the page's CSS ``@page`` rule sets the paper.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import re
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from overlap_course import figures
 from overlap_course.build import notebooks as course
+from overlap_course.command_line import Parser, fail, os_problem, out_folder
 from overlap_course.figures.rounds import decode_rounds, round_window
 from overlap_course.traces import kineto
 from overlap_course.traces.recorded import load_trace, recorded_label, recording
@@ -277,12 +277,16 @@ def build(out_dir: Path = OUT_DIR) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="build the one-page 'three rounds' handout (HTML + PDF)")
-    p.add_argument("--out", type=Path, default=OUT_DIR, help="default: build/handout")
+    p = Parser(prog="handout", description="build the one-page 'three rounds' handout (HTML + PDF)")
+    p.add_argument("--out", default=str(OUT_DIR), help="default: build/handout")
     a = p.parse_args(argv)
     start = time.perf_counter()
     try:
-        written = build(a.out.resolve())
+        written = build(out_folder(a.out).resolve())
+    except ValueError as err:
+        return fail("handout", err)
+    except OSError as err:
+        return fail("handout", os_problem(err))
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1

@@ -42,6 +42,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build import setup_cell
+from overlap_course.command_line import Parser, fail, os_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
@@ -238,6 +239,23 @@ def refresh_images(path: Path) -> int:
     return n
 
 
+def notebook_file(text: str) -> Path:
+    """An argparse ``type``: a file that reads as a notebook (refused in one line, not with
+    nbformat's traceback, before any kernel starts)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such notebook: {text!r}")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file: name a notebook (.ipynb)")
+    try:
+        nbformat.validate(nbformat.read(path, as_version=4))
+    except (ValueError, KeyError, TypeError, AttributeError, OSError,
+            nbformat.ValidationError) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a notebook "
+                                         f"({type(err).__name__}: {str(err)[:80]})") from None
+    return path
+
+
 def build(root: Path = ROOT, run: bool = True) -> None:
     """Regenerate what changed; a copy whose cells already match its source keeps its outputs."""
     for src, ex, sol in targets(root):
@@ -254,16 +272,23 @@ def build(root: Path = ROOT, run: bool = True) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="build and check the course notebooks")
+    p = Parser(prog="notebooks", description="build and check the course notebooks")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="regenerate exercises/ and solutions/ from source/")
     b.add_argument("--no-execute", action="store_true")
     sub.add_parser("check", help="fail if generated notebooks are out of date or stored badly")
     e = sub.add_parser("execute", help="execute notebooks in place")
-    e.add_argument("paths", nargs="+", type=Path)
+    e.add_argument("paths", nargs="+", type=notebook_file)
     i = sub.add_parser("images", help="redraw the static PNG of every stored Plotly figure (no kernel)")
-    i.add_argument("paths", nargs="+", type=Path)
+    i.add_argument("paths", nargs="+", type=notebook_file)
     a = p.parse_args(argv)
+    try:
+        return _run(a)
+    except OSError as err:  # a notebook that cannot be written back, a folder that cannot be made
+        return fail(f"notebooks {a.cmd}", os_problem(err))
+
+
+def _run(a) -> int:
     if a.cmd == "build":
         build(run=not a.no_execute)
     elif a.cmd == "execute":

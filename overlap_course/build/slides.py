@@ -21,7 +21,6 @@ join the prose above them -- so notebooks without slide metadata still make sens
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import shutil
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.build.notebooks import notebook_file
+from overlap_course.command_line import Parser, fail, os_problem, out_folder
 from overlap_course.figures.config import plotly_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,16 +213,18 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="build offline reveal.js slides from the course notebooks")
-    p.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in notebooks/")
-    p.add_argument("--out", type=Path, default=ROOT / "build" / "slides", help="default: build/slides")
+    p = Parser(prog="slides", description="build offline reveal.js slides from the course notebooks")
+    p.add_argument("notebooks", nargs="*", type=notebook_file,
+                   help="default: every notebook in notebooks/")
+    p.add_argument("--out", default=str(ROOT / "build" / "slides"), help="default: build/slides")
     a = p.parse_args(argv)
-    missing = [str(n) for n in a.notebooks if not n.is_file()]
-    if missing:
-        print(f"no such notebook: {', '.join(missing)}", file=sys.stderr)
-        return 2
     try:
-        written = build([n.resolve() for n in a.notebooks] or None, a.out.resolve())
+        out = out_folder(a.out)
+        written = build([n.resolve() for n in a.notebooks] or None, out.resolve())
+    except ValueError as err:
+        return fail("slides", err)
+    except OSError as err:
+        return fail("slides", os_problem(err))
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1

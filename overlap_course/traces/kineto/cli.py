@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
-                                         whole_number)
+                                         out_file, whole_number)
 from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import load_trace
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
@@ -75,26 +74,12 @@ def _parser() -> Parser:
 
 def _writable(text: str, stored: str | None) -> Path:
     """OUT as a path, refused before anything is recorded (a run takes seconds) if it cannot be
-    a file: empty, a folder (``newdir/`` too, which ``Path`` would read as a file ``newdir``),
-    under a file, or the STORED timeline itself (converting it would overwrite the input)."""
-    if not text.strip():
-        raise ValueError("OUT is empty: name the file to write, e.g. trace.json")
-    if stored is not None and not stored.strip():
+    a file (:func:`out_file`) or is the STORED timeline itself (converting it would overwrite
+    the input)."""
+    if text.strip() and stored is not None and not stored.strip():
         raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
                          "(cpu_zos), or leave it out to record a run")
-    out = Path(text)
-    if out.exists() and not out.is_dir() and not out.is_file():
-        raise ValueError(f"OUT {text!r} is a pipe or a device, not a file: writing would wait "
-                         f"for a reader; name a file")
-    if text.endswith(("/", os.sep)) or out.is_dir():
-        raise ValueError(f"OUT {text!r} names a folder: name a file in it, e.g. "
-                         f"{str(out / 'trace.json')!r}")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"OUT {str(out)!r} is under {str(parent)!r}, which is a file, "
-                                 f"not a directory")
-            break
+    out = out_file(text)
     if stored is not None and Path(stored).exists() and out.resolve() == Path(stored).resolve():
         raise ValueError(f"OUT {text!r} is the STORED timeline itself: writing it would "
                          f"overwrite the run it converts; choose another name")
