@@ -213,7 +213,8 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
 
 
 def main(argv=None) -> int:
-    p = Parser(prog="slides", description="build offline reveal.js slides from the course notebooks")
+    p = Parser(prog="slides",
+               description="build offline reveal.js slides from the course notebooks")
     p.add_argument("notebooks", nargs="*", type=notebook_file,
                    help="default: every notebook in notebooks/")
     p.add_argument("--out", default=str(ROOT / "build" / "slides"), help="default: build/slides")
