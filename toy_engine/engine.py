@@ -5,6 +5,7 @@ plug-ins and counters, ``buffers`` the host <-> device layout, the device its pr
 """
 
 import copy
+import numbers
 import threading
 import time
 import warnings
@@ -112,6 +113,9 @@ class Engine(RoundStages):
 
     def abort(self, request_id: int) -> None:
         """Stop a request; results already in flight for it are discarded when they land."""
+        if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral):
+            raise TypeError(f"abort() takes a request's id, an integer (Completion.id), got "
+                            f"{type(request_id).__name__} {shown(request_id)}")
         req = next((r for r in self._run.requests if r.id == request_id), None)
         if req is None:
             raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "

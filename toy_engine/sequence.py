@@ -85,23 +85,31 @@ class Request:
         return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
 
 
+MAX_PROMPTS = 100_000  # per call: a queue of requests the toy serves in hours, not a typo's size
+
+
 def check_prompts(prompts) -> list[str]:
-    """A str, or a sequence (list, tuple) of str; anything unordered or not text is refused."""
+    """A str, or a sequence (list, tuple) of str; anything unordered or not text is refused,
+    each item as it is read (a ``range(10**10)`` is refused at its first item, not copied)."""
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__} "
                         f"{shown(prompts)}")
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("generate() needs at least one prompt; got an empty list")
+    copied = []
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             hint = " (decode bytes first: b.decode())" if isinstance(prompt, (bytes, bytearray)) else ""
             raise TypeError(f"prompt {i} must be a str, got {type(prompt).__name__} {shown(prompt)}{hint}")
         if not prompt:
             raise ValueError(f"prompt {i} is empty: the model needs at least one token")
-    return prompts
+        if i == MAX_PROMPTS:
+            raise ValueError(f"generate() takes at most {MAX_PROMPTS:,} prompts per call: split "
+                             f"the list and call it once per part")
+        copied.append(prompt)
+    if not copied:
+        raise ValueError("generate() needs at least one prompt; got an empty list")
+    return copied
 
 
 def check_stop(stop) -> tuple[str, ...]:

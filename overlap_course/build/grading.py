@@ -53,6 +53,12 @@ GRADED_CALLS = {
 VALUE_ANSWERS = {"order", "needs_correction"}
 # Arguments of a graded call that are not the learner's answer, and the toy class each must be.
 CONTEXT_TYPES = {"engine": "Engine"}
+# The run each of them stands for, as its notebook's cell makes it.  The judge makes its own:
+# the submission's cells could reshape their engine's timeline and stats until a wrong answer
+# fits them.
+CONTEXT_RUNS = {"engine": {"config": {"mode": "serial", "max_batch_size": 4},
+                           "prompts": ["Once upon a time", "The bird said", "There was a fox"],
+                           "max_new_tokens": 24}}
 
 NBGRADER_CONFIG = '''\
 # nbgrader configuration for "Overlap the Pipeline" (written by `python -m overlap_course.build.grading course`).

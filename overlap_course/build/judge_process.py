@@ -15,7 +15,8 @@ import threading
 import types
 from pathlib import Path
 
-from overlap_course.build.grading import CONTEXT_TYPES
+from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
+from overlap_course.build.judge_watch import CODE_EVENTS, Watch, from_submission
 
 
 def sign(secret: str, body: str) -> str:
@@ -41,7 +42,8 @@ def judge_main(argv: list[str]) -> None:
     request = sent["request"]
     write = _reporter(sent.pop("report"), sent.pop("secret"))
     trusted = _protected_folders(Path(root))
-    sys.addaudithook(_guard(request["private"], trusted))
+    watch = Watch()
+    sys.addaudithook(_guard(request["private"], trusted, watch))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -55,7 +57,7 @@ def judge_main(argv: list[str]) -> None:
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
-    verdict = _verdict(check, args, before, threads, checks.Verdict)
+    verdict = _verdict(check, args, before, threads, checks.Verdict, watch)
     strangers = _strange_modules(modules, trusted)
     if strangers:
         verdict = {"passed": False, "message": f"modules imported during the check do not come "
@@ -80,7 +82,7 @@ _WRITES = {"os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.c
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def _guard(private: list[str], protected: list[Path]):
+def _guard(private: list[str], protected: list[Path], watch: Watch):
     """An audit hook (it cannot be removed) installed before the submission's first line: it
     refuses new links, reading notebooks and the private folders (the submission's cells cannot
     exec the solution's cell from disk), and writing the protected folders -- or opening one of
@@ -98,6 +100,8 @@ def _guard(private: list[str], protected: list[Path]):
             raise PermissionError(f"the judge does not let a submission change {path}")
 
     def hook(event: str, args: tuple) -> None:
+        if event in CODE_EVENTS:
+            watch.audited(event, args)
         if event == "os.symlink" or event == "os.link":
             raise PermissionError("the judge refuses new links")
         if event in _WRITES:
@@ -172,25 +176,41 @@ def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | st
         if name in CONTEXT_TYPES and type(value) is not getattr(toy_engine, CONTEXT_TYPES[name]):
             return (f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, "
                     f"not a {type(value).__name__}")
+        if name in CONTEXT_TYPES:
+            value = _judges_run(CONTEXT_RUNS[name], toy_engine)
         if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
             return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
         args.append(value)
     return args
 
 
-def _verdict(check, args: list, before: dict, threads: set, verdict_type) -> dict:
-    """The check's verdict, kept only if the check's world is as it was when the judge began."""
+def _judges_run(run: dict, toy_engine):
+    """The notebook's run made by the judge, after the submission's cells (which cannot have
+    touched it): the engine a context argument stands for."""
+    engine = toy_engine.Engine(toy_engine.EngineConfig(**run["config"]))
+    engine.generate(list(run["prompts"]), max_new_tokens=run["max_new_tokens"])
+    return engine
+
+
+def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch: Watch) -> dict:
+    """The check's verdict, kept only if the check's world was as it was when the judge began
+    each time the submission's code handed control back to the checker, and at the end."""
+    watch.start(before, lambda before: _compare(before, _fingerprint()))
     try:
         verdict = check(*args)
     except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
+        watch.stop()
         return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
                                             f"was changed or your code stopped it"}
-    changed = _compare(before, _fingerprint())
-    left = [t.name for t in threading.enumerate() if t not in threads and _from_submission(t)]
-    hooks = [name for name, hook in (("sys.settrace", sys.gettrace()),
-                                     ("sys.setprofile", sys.getprofile())) if hook is not None]
+    watch.stop()
+    changed = watch.changed or _compare(before, _fingerprint())
+    left = [t.name for t in threading.enumerate()
+            if t not in threads and from_submission(t, watch)]
+    hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
+                                                   ("sys.setprofile", sys.getprofile()))
+                           if hook is not None]
     if changed or left or hooks:
-        what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + hooks
+        what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + sorted(set(hooks))
         return {"passed": False, "message": f"your code changed what the checker runs on "
                                             f"({', '.join(what)}): graded as not passed"}
     if type(verdict) is not verdict_type or type(verdict.message) is not str:
@@ -262,12 +282,6 @@ def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
         if not real or not all(any(r.is_relative_to(t) for t in trusted) for r in real):
             strange.append(name)
     return strange
-
-
-def _from_submission(thread: threading.Thread) -> bool:
-    code = getattr(getattr(thread, "_target", None), "__code__", None)
-    code = code or getattr(type(thread).run, "__code__", None)
-    return code is not None and code.co_filename.startswith("<submission")
 
 
 # A value answer crosses between the judge's processes as tagged JSON of exact builtin types:
