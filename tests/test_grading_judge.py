@@ -73,3 +73,19 @@ def test_a_changed_installation_grades_nothing(tmp_path):
     judge.judge_notebook(nb, {**pristine, some: "0" * 64})
     [out] = nb.cells[0].outputs
     assert out.output_type == "error" and some in out.evalue and "not graded" in out.evalue
+
+
+def test_the_judges_own_run_is_the_one_the_notebook_makes():
+    """The judge replaces a context argument by its own run (CONTEXT_RUNS): that run must be
+    the notebook's cell, or a right answer would be judged on another engine than the
+    learner's."""
+    run = grading.CONTEXT_RUNS["engine"]
+    config = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in run["config"].items())
+    call = (f"engine.generate({run['prompts']!r}, max_new_tokens={run['max_new_tokens']})"
+            .replace("'", '"'))
+    for folder in ("source", "solutions", "exercises"):
+        nb = nbformat.read(grading.ROOT / folder / "02_serial_loop.ipynb", as_version=4)
+        made = [c.source for c in nb.cells if c.cell_type == "code" and "engine = te.Engine(" in
+                c.source]
+        assert made and f"engine = te.Engine(te.EngineConfig({config}))" in made[0], made
+        assert f"outs = {call}" in made[0], (call, made[0])
