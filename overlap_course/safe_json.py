@@ -20,7 +20,7 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular"]
+           "open_regular", "printable", "quoted", "EXCERPT_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -34,6 +34,30 @@ MAX_NUMBER_CHARS = 40
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+#: The most characters of an input that a message quotes (then "..." and its length).
+EXCERPT_CHARS = 60
+
+
+def printable(text) -> str:
+    """``str(text)`` with every character that is not printable -- a line break, a terminal
+    escape (``ESC[31m``), a lone surrogate that UTF-8 cannot encode -- written as its Python
+    escape (``\\n``, ``\\x1b``, ``\\ud800``): shown on a terminal, it cannot forge a line or
+    colour one, and it always encodes."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def quoted(value, limit: int = EXCERPT_CHARS) -> str:
+    """``value`` as a message quotes it: its ``repr`` if a str (escapes included), else its
+    ``str``, at most ``limit`` characters of it, then ``...`` and how long it was."""
+    text = value if isinstance(value, str) else str(value)
+    head = text[:limit]
+    shown = repr(head) if isinstance(value, str) else printable(head)
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
 
 
 class JSONRefused(ValueError):
