@@ -20,7 +20,7 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "printable", "quoted", "EXCERPT_CHARS"]
+           "open_regular", "read_text", "printable", "quoted", "EXCERPT_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -172,3 +172,24 @@ def open_regular(path, what: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_text(path, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file ``path``, of at most ``max_bytes``; anything else is
+    a ``ValueError`` naming ``what``: a folder, a FIFO or a device refused without waiting for
+    it (:func:`open_regular`), a longer file (``/dev/zero`` is never read), bytes that are not
+    UTF-8, a path the system cannot open.  A missing file is a ``FileNotFoundError``."""
+    try:
+        with open_regular(path, what) as f:
+            data = f.read(max_bytes + 1)
+    except (FileNotFoundError, NotAFile):
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ValueError(f"{what} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+                         ) from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} has more than {max_bytes} bytes, more than it may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} is not UTF-8 text (byte {exc.start})") from None
