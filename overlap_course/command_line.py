@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from overlap_course.safe_json import printable, quoted
+from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem"]
@@ -32,8 +32,9 @@ INTERRUPTED = 130
 def one_line(text) -> str:
     """``text`` on one line: a line break it quotes (from an argument, a file name) written as
     ``\\n``, and every other character a terminal would not show as itself (an escape such as
-    ``ESC[31m``, a lone surrogate) written as its Python escape (:func:`safe_json.printable`)."""
-    return printable(text)
+    ``ESC[31m``, a lone surrogate) written as its Python escape, and a long quoted excerpt (a
+    100 KB argument argparse quotes whole) cut: :func:`safe_json.message_line`."""
+    return message_line(text)
 
 
 class Parser(argparse.ArgumentParser):

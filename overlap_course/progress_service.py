@@ -337,7 +337,7 @@ def _refuse(message) -> int:
     """One line on stderr (a line break in what it quotes written as \\n), and status 2.  As
     ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file
     and the four beside it (docs/jupyterhub.md)."""
-    text = safe_json.printable(message)  # a line break as \\n, a terminal escape as \\x1b
+    text = safe_json.message_line(message)  # a line break as \\n, an ESC as \\x1b, bounded
     print(f"{PROG}: error: {text}", file=sys.stderr)
     return 2
 

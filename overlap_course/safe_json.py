@@ -20,7 +20,8 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "read_text", "printable", "quoted", "EXCERPT_CHARS"]
+           "open_regular", "read_text", "printable", "quoted", "message_line", "EXCERPT_CHARS",
+           "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -58,6 +59,22 @@ def quoted(value, limit: int = EXCERPT_CHARS) -> str:
     head = text[:limit]
     shown = repr(head) if isinstance(value, str) else printable(head)
     return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
+#: The longest message line written (a refusal quoting a 100 KB argument is cut to this).
+MAX_MESSAGE_CHARS = 1000
+_LONG_QUOTE = re.compile(r"'([^'\\]{200})[^']{50,}'")
+
+
+def message_line(text, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` as one line of a message: not printable characters escaped (:func:`printable`,
+    so no line break), a quoted span longer than 250 characters cut to its first 200 and
+    ``...`` (argparse quotes a bad argument whole), and a line still longer than ``limit``
+    cut in the middle."""
+    text = _LONG_QUOTE.sub(lambda m: f"'{m.group(1)}'...", printable(text))
+    if len(text) > limit:
+        text = f"{text[: limit - 200]} ... {text[-150:]}"
+    return text
 
 
 class JSONRefused(ValueError):

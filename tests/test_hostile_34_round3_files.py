@@ -250,3 +250,16 @@ def test_a_refusal_escapes_a_terminal_escape_in_a_path(tmp_path):
     run = _run("overlap_course.traces.kineto", "summary", name, cwd=tmp_path)
     _one_clear_line(run, "t\\x1b[31m.json", "last ProfilerStep")
     assert "\x1b" not in run.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [["overlap_course.build.notebooks", "x" * 100_000],
+                                  ["overlap_course.build.handout", "x" * 100_000],
+                                  ["overlap_course.build.slides", "x" * 100_000]],
+                         ids=["invalid-choice", "unrecognized", "notebook-name-too-long"])
+def test_a_command_line_quotes_a_100_kb_argument_cut(tmp_path, args):
+    """argparse quotes a bad argument whole (100,043 bytes on stderr); the slides' notebook
+    check raised ``OSError: File name too long`` from ``Path.exists()``: a traceback."""
+    run = _run(*args, cwd=tmp_path)
+    _one_clear_line(run, "error")
+    assert len(run.stderr) < 1100, f"{len(run.stderr)} bytes on stderr"
