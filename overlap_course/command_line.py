@@ -10,24 +10,31 @@ ends the command quietly instead of with a ``BrokenPipeError`` traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
 from pathlib import Path
+
+from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
+#: The most characters of a path that a message quotes (then "..." and its length).
+PATH_CHARS = 200
 #: The exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports).
 INTERRUPTED = 130
 
 
 def one_line(text) -> str:
     """``text`` on one line: a line break it quotes (from an argument, a file name) written as
-    ``\\n``."""
-    return str(text).replace("\r", "\\r").replace("\n", "\\n")
+    ``\\n``, and every other character a terminal would not show as itself (an escape such as
+    ``ESC[31m``, a lone surrogate) written as its Python escape, and a long quoted excerpt (a
+    100 KB argument argparse quotes whole) cut: :func:`safe_json.message_line`."""
+    return message_line(text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,47 +91,78 @@ def finite_number(minimum: float, maximum: float):
     return parse
 
 
+def _path(text) -> str:
+    """A path as a message quotes it: its repr, at most :data:`PATH_CHARS` characters of it."""
+    return quoted(str(text), PATH_CHARS)
+
+
 def _not_under_a_file(path: Path, name: str) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(f"{name} {str(path)!r} is under {str(parent)!r}, which is a "
+                raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
                                  f"file, not a directory")
             return
+
+
+def _os_errors_named(check):
+    """``check(text, name, ...)`` with an ``OSError`` met while looking at the path (a name too
+    long for the system, a folder it may not search) refused as a ``ValueError`` naming it."""
+
+    @functools.wraps(check)
+    def checked(text: str, name: str, *args):
+        try:
+            return check(text, name, *args)
+        except OSError as err:
+            raise ValueError(f"{name} {_path(text)} cannot be used: {err.strerror or err}; "
+                             f"name another path") from None
+
+    return checked
 
 
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
     or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
-    would read as a file ``newdir``), or under a file."""
+    would read as a file ``newdir``), under a file, or a path the system refuses to look at."""
+    return _out_file(text, name, example)
+
+
+@_os_errors_named
+def _out_file(text: str, name: str, example: str) -> Path:
     if not text.strip():
         raise ValueError(f"{name} is empty: name the file to write, e.g. {example}")
     out = Path(text)
     if out.exists() and not out.is_dir() and not out.is_file():
-        raise ValueError(f"{name} {text!r} is a pipe or a device, not a file: writing would wait "
-                         f"for a reader; name a file")
+        raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: writing would "
+                         f"wait for a reader; name a file")
     if text.endswith(("/", os.sep)) or out.is_dir():
-        raise ValueError(f"{name} {text!r} names a folder: name a file in it, e.g. "
-                         f"{str(out / example)!r}")
+        raise ValueError(f"{name} {_path(text)} names a folder: name a file in it, e.g. "
+                         f"{_path(out / example)}")
     _not_under_a_file(out, name)
     return out
 
 
 def out_folder(text: str, name: str = "--out") -> Path:
     """``text`` as a folder to write into (made if missing), refused before any work if it is
-    empty, an existing file, or under a file."""
+    empty, an existing file, under a file, or a path the system refuses to look at."""
+    return _out_folder(text, name)
+
+
+@_os_errors_named
+def _out_folder(text: str, name: str) -> Path:
     if not text.strip():
         raise ValueError(f"{name} is empty: name the folder to write into")
     out = Path(text)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{name} {text!r} is a file, not a folder: name a folder")
+        raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")
     _not_under_a_file(out, name)
     return out
 
 
 def os_problem(err: OSError) -> str:
     """What an ``OSError`` says, in one line that names the path (not a traceback)."""
-    return f"{err.strerror or err}: {err.filename!r}" if err.filename else str(err.strerror or err)
+    what = err.strerror or err
+    return f"{what}: {_path(err.filename)}" if err.filename else printable(what)
 
 
 def emit(text: str) -> None:

@@ -262,19 +262,29 @@ def _lines(f):
         yield None
 
 
+PATH_CHARS, CATEGORY_CHARS = 200, 60  # the most characters of each that the views show
+
+
+def shown(text, limit: int = CATEGORY_CHARS) -> str:
+    """A field (a category, a path) as the views show it: at most ``limit`` characters, then
+    ``...``; a line break, a terminal escape or a lone surrogate escaped (no forged row)."""
+    return safe_json.printable(str(text)[:limit]) + ("..." if len(str(text)) > limit else "")
+
+
 def read_record(path: Path | None = None) -> tuple[list[dict], int]:
     """The record's entries, and how many of its lines could not be read (cut short, too long,
     not UTF-8, not JSON, a field of the wrong type): those are skipped, as are entries that are
     not a known notebook's check.  Read line by line: memory stays bounded however big it is."""
     path = path or _record_path()
     entries, unreadable = [], 0
+    where = f"the progress record {safe_json.quoted(str(path), PATH_CHARS)}"
     try:
-        f = safe_json.open_regular(path, f"the progress record {str(path)!r}")
+        f = safe_json.open_regular(path, where)
     except FileNotFoundError:
         return entries, unreadable
     except OSError as err:
-        raise ValueError(f"the progress record {str(path)!r} cannot be read: "
-                         f"{err.strerror or err}; give the path of a progress.jsonl") from None
+        raise ValueError(f"{where} cannot be read: {err.strerror or err}; give the path of a "
+                         f"progress.jsonl") from None
     try:
         with f:
             for line in _lines(f):
@@ -320,10 +330,9 @@ class Progress:
 
     def unreadable_note(self) -> str:
         """Said once per view, however many lines were skipped."""
-        if not self.unreadable:
-            return ""
-        return (f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
-                f"not text) and were skipped; the other verdicts are all here")
+        return "" if not self.unreadable else (
+            f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
+            f"not text) and were skipped; the other verdicts are all here")
 
     def counts(self) -> dict[str, int]:
         states = [s["state"] for s in self.status.values()]
@@ -332,14 +341,14 @@ class Progress:
     def __repr__(self) -> str:
         c = self.counts()
         lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
-                 f"(of {sum(c.values())} checks; record: {self.path})"]
+                 f"(of {sum(c.values())} checks; record: {shown(self.path, PATH_CHARS)})"]
         if self.unreadable:
             lines.append(f"  ({self.unreadable_note()})")
         for nb in ORDER:
             lines.append(f"  {nb}")
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                extra = f" (last mistake: {s['category']})" if s["state"] == "tried" else ""
+                extra = f" (last mistake: {shown(s['category'])})" if s["state"] == "tried" else ""
                 lines.append(f"    {s['state']:<12} {check}{extra}")
         return "\n".join(lines)
 
@@ -351,7 +360,7 @@ class Progress:
             cells = []
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                label = s["state"] + (f": {s['category']}" if s["state"] == "tried" else "")
+                label = s["state"] + (f": {shown(s['category'])}" if s["state"] == "tried" else "")
                 cells.append(f'<span style="background:{colour[s["state"]]};padding:1px 5px;margin:2px;'
                              f'display:inline-block" title="{html.escape(label)}">{html.escape(check)}'
                              f' &mdash; {html.escape(label)}</span>')

@@ -39,13 +39,17 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
 try:
+    from . import safe_json
     from .progress import CATALOGUE, ORDER, UNANSWERED, status
     from .progress_store import Store, open_store, validate
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
+    import safe_json  # type: ignore[no-redef]
     from progress import CATALOGUE, ORDER, UNANSWERED, status  # type: ignore[no-redef]
     from progress_store import Store, open_store, validate  # type: ignore[no-redef]
 
 GUIDE_SECTION = "## Mistakes the checkers catch"
+#: The most bytes of the instructor guide read (the shipped one has under 50 KB).
+MAX_GUIDE_BYTES = 1 << 20
 REFRESH_MS = 2000
 USER_CACHE_S = 10.0
 
@@ -75,11 +79,23 @@ def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
             "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}
 
 
+def read_guide(path: Path) -> str | None:
+    """The instructor guide's text, None if there is no such file; a ``ValueError`` naming it
+    if it is not a UTF-8 file of at most :data:`MAX_GUIDE_BYTES` (a FIFO: refused, not waited
+    on; /dev/zero: not read; ``safe_json.read_text``)."""
+    try:
+        return safe_json.read_text(path, f"the instructor guide {safe_json.quoted(str(path), 200)}",
+                                   MAX_GUIDE_BYTES)
+    except FileNotFoundError:
+        return None
+
+
 def guide_mistakes(path: Path | None) -> list[dict]:
-    """The instructor guide's table of mistakes: exercise, mistake, category, explanation."""
-    if path is None or not path.exists():
+    """The instructor guide's table of mistakes: exercise, mistake, category, explanation;
+    [] without a guide, a ``ValueError`` naming one that cannot be read (:func:`read_guide`)."""
+    text = None if path is None else read_guide(path)
+    if text is None:
         return []
-    text = path.read_text(encoding="utf-8")
     start = text.find(GUIDE_SECTION)
     rows = []
     for line in text[start:].splitlines()[1:] if start >= 0 else []:
@@ -189,7 +205,11 @@ class GuideHandler(_InstructorHandler):
     async def get(self):
         if not await self.instructor():
             return
-        rows = guide_mistakes(self.app.guide_file)
+        try:  # off the event loop: a slow disk holds up this page, not the room
+            rows = await ioloop.IOLoop.current().run_in_executor(None, guide_mistakes,
+                                                                 self.app.guide_file)
+        except ValueError as err:
+            raise web.HTTPError(500, str(err)) from None
         if not rows:
             raise web.HTTPError(404, "no instructor guide (start the service with --guide-file)")
         seen, out = set(), []
@@ -317,7 +337,7 @@ def _refuse(message) -> int:
     """One line on stderr (a line break in what it quotes written as \\n), and status 2.  As
     ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file
     and the four beside it (docs/jupyterhub.md)."""
-    text = str(message).replace("\r", "\\r").replace("\n", "\\n")
+    text = safe_json.message_line(message)  # a line break as \\n, an ESC as \\x1b, bounded
     print(f"{PROG}: error: {text}", file=sys.stderr)
     return 2
 
@@ -368,6 +388,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
+        if a.guide_file is not None and read_guide(Path(a.guide_file)) is None:
+            raise ValueError(f"--guide-file {safe_json.quoted(a.guide_file, 200)}: no such file")
         store = open_store(a.db)
     except ValueError as err:
         return _refuse(err)

@@ -45,7 +45,7 @@ class Store:
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(verdicts)")}
         if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
             self.db.close()
-            raise ValueError(f"the database {path!r} has a table 'verdicts' that is not this "
+            raise ValueError(f"the database {_named(path)} has a table 'verdicts' that is not this "
                              f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
                              f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
                              f"something else, so it is left as it is; pass another --db")
@@ -72,6 +72,11 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
 
 
+def _named(path) -> str:
+    """A path as a message quotes it: its repr, at most 200 characters of it."""
+    return safe_json.quoted(str(path), 200)
+
+
 def open_store(path: str) -> Store:
     """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
     ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
@@ -80,8 +85,9 @@ def open_store(path: str) -> Store:
     try:
         return Store(path)
     except sqlite3.OperationalError as err:
-        raise ValueError(f"cannot open the database {path!r} ({err}): check that its folder exists "
-                         f"and this service may write there, or pass another --db") from None
+        raise ValueError(f"cannot open the database {_named(path)} ({err}): check that its "
+                         f"folder exists and this service may write there, or pass another "
+                         f"--db") from None
     except sqlite3.DatabaseError as err:
         aside = _aside_name(path)
         try:
@@ -89,11 +95,12 @@ def open_store(path: str) -> Store:
                 if os.path.exists(path + suffix):
                     os.replace(path + suffix, aside + suffix)
         except OSError as move:
-            raise ValueError(f"the database {path!r} is not a readable SQLite file ({err}) and "
-                             f"cannot be moved aside ({move.strerror}): move it away by hand, "
-                             f"then start again") from None
-        print(f"course-progress: {path!r} is not a readable SQLite database ({err}); moved it to "
-              f"{aside!r} (kept for recovery) and started a fresh one", file=sys.stderr, flush=True)
+            raise ValueError(f"the database {_named(path)} is not a readable SQLite file "
+                             f"({err}) and cannot be moved aside ({move.strerror}): move it "
+                             f"away by hand, then start again") from None
+        print(f"course-progress: {_named(path)} is not a readable SQLite database ({err}); "
+              f"moved it to {_named(aside)} (kept for recovery) and started a fresh one",
+              file=sys.stderr, flush=True)
         return Store(path)
 
 
@@ -130,7 +137,8 @@ def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
         return 400, "no user field: who sends a verdict comes from the token", None
     extra = set(v) - FIELDS
     if extra:
-        return 400, f"unknown field(s) {sorted(extra)[:5]}; a verdict has {sorted(FIELDS)}", None
+        return 400, (f"unknown field(s) {[str(k)[:40] for k in sorted(extra)[:5]]}; a verdict "
+                     f"has {sorted(FIELDS)}"), None
     missing = {"notebook", "check", "passed", "category"} - set(v)
     if missing:
         return 400, f"missing field(s) {sorted(missing)}", None

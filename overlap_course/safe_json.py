@@ -20,7 +20,8 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular"]
+           "open_regular", "read_text", "printable", "quoted", "message_line", "EXCERPT_CHARS",
+           "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -34,6 +35,46 @@ MAX_NUMBER_CHARS = 40
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+#: The most characters of an input that a message quotes (then "..." and its length).
+EXCERPT_CHARS = 60
+
+
+def printable(text) -> str:
+    """``str(text)`` with every character that is not printable -- a line break, a terminal
+    escape (``ESC[31m``), a lone surrogate that UTF-8 cannot encode -- written as its Python
+    escape (``\\n``, ``\\x1b``, ``\\ud800``): shown on a terminal, it cannot forge a line or
+    colour one, and it always encodes."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def quoted(value, limit: int = EXCERPT_CHARS) -> str:
+    """``value`` as a message quotes it: its ``repr`` if a str (escapes included), else its
+    ``str``, at most ``limit`` characters of it, then ``...`` and how long it was."""
+    text = value if isinstance(value, str) else str(value)
+    head = text[:limit]
+    shown = repr(head) if isinstance(value, str) else printable(head)
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
+#: The longest message line written (a refusal quoting a 100 KB argument is cut to this).
+MAX_MESSAGE_CHARS = 1000
+_LONG_QUOTE = re.compile(r"'([^'\\]{200})[^']{50,}'")
+
+
+def message_line(text, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` as one line of a message: not printable characters escaped (:func:`printable`,
+    so no line break), a quoted span longer than 250 characters cut to its first 200 and
+    ``...`` (argparse quotes a bad argument whole), and a line still longer than ``limit``
+    cut in the middle."""
+    text = _LONG_QUOTE.sub(lambda m: f"'{m.group(1)}'...", printable(text))
+    if len(text) > limit:
+        text = f"{text[: limit - 200]} ... {text[-150:]}"
+    return text
 
 
 class JSONRefused(ValueError):
@@ -148,3 +189,24 @@ def open_regular(path, what: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_text(path, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file ``path``, of at most ``max_bytes``; anything else is
+    a ``ValueError`` naming ``what``: a folder, a FIFO or a device refused without waiting for
+    it (:func:`open_regular`), a longer file (``/dev/zero`` is never read), bytes that are not
+    UTF-8, a path the system cannot open.  A missing file is a ``FileNotFoundError``."""
+    try:
+        with open_regular(path, what) as f:
+            data = f.read(max_bytes + 1)
+    except (FileNotFoundError, NotAFile):
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ValueError(f"{what} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+                         ) from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} has more than {max_bytes} bytes, more than it may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} is not UTF-8 text (byte {exc.start})") from None

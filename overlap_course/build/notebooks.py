@@ -43,6 +43,7 @@ import nbformat
 
 from overlap_course.build import setup_cell
 from overlap_course.command_line import Parser, fail, os_problem
+from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
@@ -242,16 +243,20 @@ def refresh_images(path: Path) -> int:
 def notebook_file(text: str) -> Path:
     """An argparse ``type``: a file that reads as a notebook (refused in one line, not with
     nbformat's traceback, before any kernel starts)."""
-    path = Path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"no such notebook: {text!r}")
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file: name a notebook (.ipynb)")
+    path, shown = Path(text), quoted(text, 200)
+    try:
+        exists, is_file = path.exists(), path.is_file()
+    except OSError as err:  # a name too long for the system
+        raise argparse.ArgumentTypeError(f"{shown}: {err.strerror or err}") from None
+    if not exists:
+        raise argparse.ArgumentTypeError(f"no such notebook: {shown}")
+    if not is_file:
+        raise argparse.ArgumentTypeError(f"{shown} is not a file: name a notebook (.ipynb)")
     try:
         nbformat.validate(nbformat.read(path, as_version=4))
     except (ValueError, KeyError, TypeError, AttributeError, OSError,
             nbformat.ValidationError) as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a notebook "
+        raise argparse.ArgumentTypeError(f"{shown} is not a notebook "
                                          f"({type(err).__name__}: {str(err)[:80]})") from None
     return path
 

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlap_course.safe_json import quoted
 from toy_engine.runinfo import TimelineMeta, from_json_object
 from toy_engine.timeline import Timeline
 
@@ -79,8 +80,10 @@ def load_trace(name: str) -> Timeline:
     contention meter), ``meta.stats`` carries the run's stats.
     """
     path = TRACES_DIR / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"no recorded trace {name!r}; available: {', '.join(available_traces()) or 'none'}")
+    if len(str(name)) > 200 or not path.is_file():  # a longer name is no file's (and the
+        # system refuses to look at one: OSError 'File name too long')
+        raise ValueError(f"no recorded trace {quoted(name)}; available: "
+                         f"{', '.join(available_traces()) or 'none'}")
     return Timeline.from_json(path)
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
-                                         out_file, whole_number)
-from overlap_course.safe_json import dumps
+                                         os_problem, out_file, whole_number)
+from overlap_course.safe_json import dumps, quoted
 from overlap_course.traces.recorded import load_trace
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
 from toy_engine.timeline import Timeline
@@ -19,11 +20,22 @@ from .reading import real_traces
 __all__ = ["main"]
 
 
+def _exists(stored: str) -> bool:
+    """Whether STORED names an existing path (else it may be a shipped name); a path the system
+    refuses to look at (a name too long) is refused naming STORED."""
+    try:
+        return Path(stored).exists()
+    except OSError as exc:
+        raise ValueError(f"STORED {quoted(stored, PATH_CHARS)} cannot be read: "
+                         f"{exc.strerror or exc}") from None
+
+
 def _load_timeline(source: str) -> Timeline:
     """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``)."""
     path = Path(source)
-    if path.exists() and not path.is_file():  # a FIFO would block the read, a folder fail it
-        raise ValueError(f"STORED {source!r} is not a file (a folder, a pipe or a device)")
+    if _exists(source) and not path.is_file():  # a FIFO would block the read, a folder fail it
+        raise ValueError(f"STORED {quoted(source, PATH_CHARS)} is not a file (a folder, a pipe "
+                         f"or a device)")
     return Timeline.from_json(path) if path.exists() else load_trace(source)
 
 
@@ -49,6 +61,8 @@ def _out_path(out: Path, mode: str) -> Path:
 PROG = "python -m overlap_course.traces.kineto"
 #: Bounds of what ``export`` records (the engine refuses more, but only after starting).
 MAX_PROMPTS = 10_000
+#: The most characters of a path that a message quotes.
+PATH_CHARS = 200
 
 
 def _parser() -> Parser:
@@ -80,22 +94,61 @@ def _writable(text: str, stored: str | None) -> Path:
         raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
                          "(cpu_zos), or leave it out to record a run")
     out = out_file(text)
-    if stored is not None and Path(stored).exists() and out.resolve() == Path(stored).resolve():
-        raise ValueError(f"OUT {text!r} is the STORED timeline itself: writing it would "
-                         f"overwrite the run it converts; choose another name")
+    if stored is not None and _exists(stored) and out.resolve() == Path(stored).resolve():
+        raise ValueError(f"OUT {quoted(text, PATH_CHARS)} is the STORED timeline itself: writing "
+                         f"it would overwrite the run it converts; choose another name")
     return out
 
 
-def _export(timeline: Timeline, path: Path) -> None:
+def _targets(out: Path, modes) -> dict:
+    """mode -> the file it is written to: OUT itself for one run, else OUT_serial / OUT_zos,
+    each refused (:func:`out_file`) before anything is recorded, as OUT is."""
+    if len(modes) == 1:
+        return {modes[0]: out}
+    return {m: out_file(str(_out_path(out, m)), f"the {m} run's file") for m in modes}
+
+
+def _cannot_write(path: Path, exc: OSError) -> ValueError:
+    return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {exc.strerror or exc}; "
+                      f"choose a path in a directory you can write")
+
+
+def _export_all(runs: dict, targets: dict) -> dict:
+    """Every run exported to its file, all or none: each is written beside its target under a
+    temporary name, measured, and only when all are written are they renamed into place; on a
+    failure the temporary files are removed and no target is touched.  The export's report."""
+    written, report = {}, {}
     try:
-        export(timeline, path)
-    except OSError as exc:
-        raise ValueError(f"cannot write {str(path)!r}: {exc.strerror or exc}; choose a path in a "
-                         f"directory you can write") from None
+        for mode, tl in runs.items():
+            path = targets[mode]
+            suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.partial{suffix}")
+                # made here, new (a pipe left under that name would block the write)
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                written[path] = tmp
+                export(tl, tmp, name=path.name)
+            except OSError as exc:
+                raise _cannot_write(path, exc) from None
+            report[str(path)] = {"mode": tl.meta.mode,
+                                 "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
+                                 "summary_device_idle_fraction":
+                                     summary(tmp)["device_idle_fraction"]}
+        for path, tmp in written.items():
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _cannot_write(path, exc) from None
+        written.clear()
+    finally:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)
+    return report
 
 
 def _summary_text(source) -> str:
-    return dumps(summary(source), f"the summary of {source}", indent=2)
+    return dumps(summary(source), f"the summary of {quoted(source, PATH_CHARS)}", indent=2)
 
 
 def main(argv=None) -> int:
@@ -106,21 +159,17 @@ def main(argv=None) -> int:
             return 0
         out = _writable(args.out, args.stored)
         if args.stored is not None:
+            targets = {None: out}
             runs = {None: _load_timeline(args.stored)}
         else:
             modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
+            targets = _targets(out, modes)  # every file checked before a run is recorded
             runs = {m: _record(m, args) for m in modes}
-        report = {}
-        for mode, tl in runs.items():
-            path = out if mode is None or len(runs) == 1 else _out_path(out, mode)
-            _export(tl, path)
-            report[str(path)] = {"mode": tl.meta.mode,
-                                 "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
-                                 "summary_device_idle_fraction":
-                                     summary(path)["device_idle_fraction"]}
-        emit(dumps(report, "the export's report", indent=2))
+        emit(dumps(_export_all(runs, targets), "the export's report", indent=2))
         return 0
     except ValueError as exc:
         return fail(PROG, exc)
+    except OSError as exc:  # a path the system refuses to look at (a name too long...)
+        return fail(PROG, os_problem(exc))
     except KeyboardInterrupt:  # the engine's `with` closed it on the way out
         return interrupted(PROG)

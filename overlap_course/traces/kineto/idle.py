@@ -89,8 +89,11 @@ def summary(source, kernel_wait_us: float = KERNEL_WAIT_US) -> dict:
     on_stream = [e for e in trace.on_stream if trace.in_window(e)]
     device = [e for e in trace.device if trace.in_window(e)]
     if not device:
-        raise ValueError(f"{trace.source}: no device work was launched before the last ProfilerStep "
-                         f"(HTA's window); nothing to measure")
+        raise ValueError(f"{trace.where}: no device work was launched before the last "
+                         f"ProfilerStep (HTA's window); nothing to measure")
+    if not on_stream:  # HTA counts the events of streams other than -1
+        raise ValueError(f"{trace.where}: all its device work is on stream -1, which HTA (and "
+                         f"this summary) leaves out of the device's time; nothing to measure")
     overall = _busy_idle(on_stream)
     streams = {}
     for s in sorted({e.stream for e in device}):
@@ -154,7 +157,7 @@ def idle_after_syncs(source) -> dict:
     trace = source if isinstance(source, KinetoTrace) else KinetoTrace(source)
     device = [e for e in trace.device if trace.in_window(e)]
     if not device:
-        raise ValueError(f"{trace.source}: no device work in HTA's window; nothing to measure")
+        raise ValueError(f"{trace.where}: no device work in HTA's window; nothing to measure")
     merged = _merged(device)
     t0 = min(e.ts for e in trace.host + trace.device)  # the origin of to_timeline's views
     syncs = sorted((e for e in trace.host if is_sync_call(e.name)), key=lambda e: e.end)

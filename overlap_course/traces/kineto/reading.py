@@ -77,6 +77,10 @@ MAX_TRACE_BYTES = 256 << 20
 _MIB = 1 << 20
 
 
+#: The most characters of a path that a message quotes.
+PATH_CHARS = 200
+
+
 def _too_big(where: str, what: str) -> ValueError:
     return ValueError(f"{where} {what} more than {MAX_TRACE_BYTES // _MIB} MiB, the most a "
                       f"trace read here may have (the shipped ones are under 1 MiB): profile "
@@ -131,9 +135,9 @@ def read_trace(source) -> dict:
     else:
         if not isinstance(source, (str, Path)) or not str(source).strip():
             raise ValueError(f"a trace is a file path, a shipped trace name ({', '.join(real_traces())}) "
-                             f"or a dict, got {source!r}")
+                             f"or a dict, got {safe_json.quoted(source)}")
         path = _resolve(source)
-        where = f"trace file {str(path)!r}"
+        where = f"trace file {safe_json.quoted(str(path), PATH_CHARS)}"
         raw = _read_bounded(path, where)
         if not raw.strip():
             raise ValueError(f"{where} is empty")
@@ -150,7 +154,7 @@ def read_trace(source) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{where} must hold a JSON object with 'traceEvents', got a {type(data).__name__}")
     if "traceEvents" not in data:
-        keys = ", ".join(sorted(map(str, data))[:8]) or "none"
+        keys = ", ".join(safe_json.quoted(k, 40) for k in sorted(map(str, data))[:8]) or "none"
         raise ValueError(f"{where} has no 'traceEvents' (its keys: {keys}): not a Chrome/Kineto trace")
     if not isinstance(data["traceEvents"], list):
         raise ValueError(f"{where}: 'traceEvents' must be a list of events, got a "
@@ -182,7 +186,8 @@ def _number(value, what: str) -> float:
     """A finite time in microseconds, within +-MAX_TIME_US (a 400-digit int is refused here,
     not met as an OverflowError later)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a finite number of microseconds, got {str(value)[:40]!r}")
+        raise ValueError(f"{what} must be a finite number of microseconds, got "
+                         f"{safe_json.quoted(value, 40)}")
     if not -MAX_TIME_US <= value <= MAX_TIME_US:  # NaN and infinities fail this too
         shown = (f"{value:.3g}" if isinstance(value, float)
                  else f"an integer of {value.bit_length()} bits")
@@ -213,7 +218,9 @@ def _event(i: int, ev, where: str) -> Event | None:
     if "dur" not in ev or ev.get("cat") is None or ev.get("ph", "X") != "X" or ev.get("cat") == "Trace":
         return None
     cat, name = ev["cat"], ev.get("name", "")
-    label = f"{where}: traceEvents[{i}] ({cat} {str(name)[:40]!r})"
+    kind = str(cat)
+    kind = safe_json.printable(kind[:40]) + ("..." if len(kind) > 40 else "")
+    label = f"{where}: traceEvents[{i}] ({kind} {safe_json.quoted(name, 40)})"
     if not isinstance(cat, str) or not isinstance(name, str):
         raise ValueError(f"{label}: 'cat' and 'name' must be strings")
     ts = _number(ev.get("ts"), f"{label}: 'ts'")
@@ -226,7 +233,8 @@ def _event(i: int, ev, where: str) -> Event | None:
     stream = _int_or_none(args.get("stream"))
     if cat in DEVICE_CATS:
         if "stream" in args and stream is None:
-            raise ValueError(f"{label}: args.stream must be an integer, got {args['stream']!r}")
+            raise ValueError(f"{label}: args.stream must be an integer, got "
+                             f"{safe_json.quoted(args['stream'])}")
         if stream is None:
             stream = _int_or_none(ev.get("tid"))
         if stream is None:
@@ -248,6 +256,9 @@ class KinetoTrace:
     def __init__(self, source) -> None:
         data = read_trace(source)
         self.source = "trace" if isinstance(source, dict) else str(_resolve(source))
+        #: How messages name it: quoted, escaped, bounded.
+        self.where = ("trace" if isinstance(source, dict)
+                      else f"trace file {safe_json.quoted(self.source, PATH_CHARS)}")
         self.meta = {k: v for k, v in data.items() if k != "traceEvents"}
         self.device: list[Event] = []
         self.on_stream: list[Event] = []
@@ -255,7 +266,7 @@ class KinetoTrace:
         self.steps: list[tuple[int, Event]] = []
         self.annotations: list[Event] = []
         self.launch_ts: dict[int, float] = {}
-        where = "trace" if isinstance(source, dict) else f"trace file {self.source!r}"
+        where = self.where
         for i, ev in enumerate(data["traceEvents"]):
             e = _event(i, ev, where)
             if e is None:
