@@ -265,12 +265,6 @@ def _lines(f):
 PATH_CHARS, CATEGORY_CHARS = 200, 60  # the most characters of each that the views show
 
 
-def shown(text, limit: int = CATEGORY_CHARS) -> str:
-    """A field (a category, a path) as the views show it: at most ``limit`` characters, then
-    ``...``; a line break, a terminal escape or a lone surrogate escaped (no forged row)."""
-    return safe_json.printable(str(text)[:limit]) + ("..." if len(str(text)) > limit else "")
-
-
 def read_record(path: Path | None = None) -> tuple[list[dict], int]:
     """The record's entries, and how many of its lines could not be read (cut short, too long,
     not UTF-8, not JSON, a field of the wrong type): those are skipped, as are entries that are
@@ -330,9 +324,10 @@ class Progress:
 
     def unreadable_note(self) -> str:
         """Said once per view, however many lines were skipped."""
-        return "" if not self.unreadable else (
-            f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
-            f"not text) and were skipped; the other verdicts are all here")
+        if not self.unreadable:
+            return ""
+        return (f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
+                f"not text) and were skipped; the other verdicts are all here")
 
     def counts(self) -> dict[str, int]:
         states = [s["state"] for s in self.status.values()]
@@ -341,14 +336,14 @@ class Progress:
     def __repr__(self) -> str:
         c = self.counts()
         lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
-                 f"(of {sum(c.values())} checks; record: {shown(self.path, PATH_CHARS)})"]
+                 f"(of {sum(c.values())} checks; record: {safe_json.clipped(self.path, PATH_CHARS)})"]
         if self.unreadable:
             lines.append(f"  ({self.unreadable_note()})")
         for nb in ORDER:
             lines.append(f"  {nb}")
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                extra = f" (last mistake: {shown(s['category'])})" if s["state"] == "tried" else ""
+                extra = f" (last mistake: {safe_json.clipped(s['category'], CATEGORY_CHARS)})" if s["state"] == "tried" else ""
                 lines.append(f"    {s['state']:<12} {check}{extra}")
         return "\n".join(lines)
 
@@ -360,7 +355,7 @@ class Progress:
             cells = []
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                label = s["state"] + (f": {shown(s['category'])}" if s["state"] == "tried" else "")
+                label = s["state"] + (f": {safe_json.clipped(s['category'], CATEGORY_CHARS)}" if s["state"] == "tried" else "")
                 cells.append(f'<span style="background:{colour[s["state"]]};padding:1px 5px;margin:2px;'
                              f'display:inline-block" title="{html.escape(label)}">{html.escape(check)}'
                              f' &mdash; {html.escape(label)}</span>')

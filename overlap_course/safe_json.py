@@ -20,8 +20,8 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "read_text", "printable", "quoted", "message_line", "EXCERPT_CHARS",
-           "MAX_MESSAGE_CHARS"]
+           "open_regular", "read_text", "printable", "clipped", "quoted", "message_line",
+           "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
 MAX_DEPTH = 64
@@ -50,6 +50,13 @@ def printable(text) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def clipped(text, limit: int) -> str:
+    """A field (a category, a path) as a view shows it: at most ``limit`` characters, then
+    ``...``, with what is not printable escaped (:func:`printable`: no forged row)."""
+    text = str(text)
+    return printable(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def quoted(value, limit: int = EXCERPT_CHARS) -> str:
