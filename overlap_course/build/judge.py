@@ -19,7 +19,10 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
 * a code answer must run beside its checker; the judge fingerprints (by identity) every module
   of the course and the toy, their classes, ``builtins`` and the functions of the modules the
   checkers call before the first line of the submission, and trusts the verdict only if all is
-  as it was, no thread of the submission still runs and no trace hook is left;
+  as it was each time the submission's code handed control back to the checker (a replacement
+  undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`) and at the
+  end, no thread of the submission still runs and no trace hook is left; a context argument
+  (``engine``) is the judge's own run of the notebook's cell, not the submission's object;
 * an audit hook, installed before the submission's first line, refuses to open notebooks,
   ``solutions/``, ``source/`` and the course folder, and to write, rename or remove anything
   under the course, the toy and the folders of Python's modules and start-up hooks;
