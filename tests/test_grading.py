@@ -217,6 +217,20 @@ for path in solutions:
             exec("".join(cell["source"]))  # the solution's answers, read at grading time
     here.write_text(path.read_text())  # the notebook itself rewritten as the solution
 """, True),
+    "self_restoring_patch": (("correction",), """\
+import overlap_course.checks.lesson04 as _L
+_real = (_L._judge_case, _L._stays_on_device, _L.pool.compare)
+_compares = []
+def _lenient_compare(*args, **kwargs):
+    _compares.append(1)
+    if len(_compares) % 2 == 0:  # the check's last comparison: every helper put back
+        _L._judge_case, _L._stays_on_device, _L.pool.compare = _real
+    return ""
+_L._judge_case = lambda *a, **k: None
+_L._stays_on_device = lambda *a, **k: None
+_L.pool.compare = _lenient_compare
+""", False),  # when a check ends all is as it was (before the judge's watch: 4 of 4); the
+    # control cell runs after the last check put the helpers back, so it sees them real
     "shadow_module": (("correction", "metadata"), """\
 import os
 import overlap_course
