@@ -32,8 +32,10 @@ def notebook_check(check):
             verdict = check(*args, **kwargs)
         except answers.Junk as junk:
             verdict = fails("junk", str(junk))
-        except Exception as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
-            verdict = learner_raised(err)
+        except KeyboardInterrupt:
+            raise  # the person at the keyboard
+        except BaseException as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
+            verdict = learner_raised(err)  # also GeneratorExit, SystemExit, a BaseException of theirs
             if verdict is None:
                 raise
         if len(verdict.message) > answers.MAX_MESSAGE:
@@ -73,7 +75,11 @@ def _time_limited(check, args, kwargs) -> Verdict:
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:
         stopped = exc
-    except Exception as err:  # noqa: BLE001 - as in notebook_check
+    except answers.Junk as junk:  # a value the learner's function returned
+        verdict = fails("junk", str(junk))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - as in notebook_check
         verdict = learner_raised(err)
         if verdict is None:
             raise
@@ -100,7 +106,7 @@ def _time_limited(check, args, kwargs) -> Verdict:
     return verdict
 
 
-def learner_raised(err: Exception) -> Verdict | None:
+def learner_raised(err: BaseException) -> Verdict | None:
     """The verdict on an answer whose own code raised while the check read or ran it (an
     object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
     code is on the traceback.  None when it is not: an error of the check's own is a bug, raised."""

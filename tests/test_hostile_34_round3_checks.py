@@ -1,0 +1,265 @@
+"""Issue 34's third hostile round, the checks' part (copied from the tester's
+tests/test_hostile_34_round3.py): a learner's object that returns the wrong type from a dunder,
+a BaseException of the learner's, a string whose methods lie, an answer that never returns, and
+an exercise function that blocks in C.  Each failed before its fix."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap_course import checks
+from overlap_course.checks import sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = dict(table=[5, 2, 9], pos=9, block_size=4)
+
+
+def _a_false_verdict(call):
+    try:
+        verdict = call()
+    except BaseException as err:  # noqa: BLE001 - the bug: any escape at all
+        pytest.fail(f"the check raised {type(err).__name__}: {err}")
+    assert isinstance(verdict, checks.Verdict), verdict
+    assert not verdict.passed, verdict.message
+    return verdict
+
+
+# ------------------------------------------------------------------ dunders of the wrong type
+
+class FloatReturnsText(float):
+    def __float__(self):
+        return "37"
+
+
+class IntReturnsText(int):
+    def __int__(self):
+        return "37"
+
+    def __index__(self):
+        return "37"
+
+
+class NegativeLength(list):
+    def __len__(self):
+        return -1
+
+
+class HugeLength(list):
+    def __len__(self):
+        return 2**70
+
+
+class RegisteredReal:
+    """Registered as a real number, with no ``__float__``: ``float()`` refuses it."""
+
+
+numbers.Real.register(RegisteredReal)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("answer", [FloatReturnsText(37.0), IntReturnsText(37),
+                                    NegativeLength([37]), HugeLength([37]), RegisteredReal()],
+                         ids=["float-returns-text", "int-returns-text", "len-negative",
+                              "len-2**70", "registered-real"])
+def test_check_slot_answers_a_dunder_of_the_wrong_type(answer):
+    _a_false_verdict(lambda: checks.check_slot(answer, **TABLE))
+
+
+@pytest.mark.timeout(30)
+def test_check_true_key_length_answers_a_float_whose_float_returns_text():
+    _a_false_verdict(lambda: checks.check_true_key_length(FloatReturnsText(27.0), 27,
+                                                          accepted=4))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", [FloatReturnsText(0.3), RegisteredReal()],
+                         ids=["float-returns-text", "registered-real"])
+def test_check_idle_fraction_answers_a_function_returning_an_odd_real(value, make_engine,
+                                                                      monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 3.0)
+    engine = make_engine(mode="serial", max_batch_size=4)
+    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
+    _a_false_verdict(lambda: checks.check_idle_fraction(lambda timeline: value, engine))
+
+
+@pytest.mark.timeout(60)
+def test_check_ring_slots_answers_a_function_returning_an_int_whose_int_returns_text(
+        monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 3.0)
+    _a_false_verdict(lambda: checks.check_ring_slots(lambda *a, **k: IntReturnsText(1)))
+
+
+# ------------------------------------------------------------------ the learner's BaseException
+
+class LearnersBaseException(BaseException):
+    """Not KeyboardInterrupt nor SystemExit: the learner's own."""
+
+
+def _stops_with(error):
+    yield 1
+    raise error("learner")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("error", [LearnersBaseException, GeneratorExit])
+def test_a_notebook_check_answers_an_iterator_raising_a_base_exception(error):
+    _a_false_verdict(lambda: checks.check_three_rounds(_stops_with(error)))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [LearnersBaseException, GeneratorExit])
+def test_an_exercise_check_answers_a_function_raising_a_base_exception(error, monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 3.0)
+
+    def answer(*args, **kwargs):
+        raise error("the learner's function raised")
+    _a_false_verdict(lambda: checks.check_ring_slots(answer))
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_the_learners_code_still_interrupts():
+    """Ctrl-C is the person at the keyboard: never turned into a verdict."""
+    with pytest.raises(KeyboardInterrupt):
+        checks.check_three_rounds(_stops_with(KeyboardInterrupt))
+
+
+# ------------------------------------------------------------------ a wrong answer that passes
+
+class AlwaysEqual(str):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = str.__hash__
+
+    def strip(self, *args):
+        return self
+
+    lower = strip
+
+    def endswith(self, *args):
+        return False
+
+    startswith = endswith
+
+
+class Lies(str):
+    """"zz", whose ``strip``/``lower`` return a string that equals anything."""
+
+    def strip(self, *args):
+        return AlwaysEqual("zz")
+
+    lower = strip
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answer", [Lies("zz"), AlwaysEqual("zz")], ids=["lies", "always-equal"])
+def test_a_lying_string_does_not_pass_check_largest_host_stage(make_engine, answer):
+    engine = make_engine(mode="serial", max_batch_size=4)
+    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
+    _a_false_verdict(lambda: checks.check_largest_host_stage(answer, engine.timeline))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answer", [Lies("zz"), AlwaysEqual("zz")], ids=["lies", "always-equal"])
+def test_a_lying_string_does_not_pass_check_idle_sync(answer):
+    _a_false_verdict(lambda: checks.check_idle_sync(answer, "a100_event_sync"))
+
+
+# ------------------------------------------------------------------ controls (pass before too)
+
+class RaisesLen(list):
+    def __len__(self):
+        raise RuntimeError("learner")
+
+
+@pytest.mark.timeout(30)
+def test_control_a_plain_wrong_slot_and_a_raising_len_get_false_verdicts():
+    assert not checks.check_slot(36, **TABLE).passed
+    assert checks.check_slot(37, **TABLE).passed
+    verdict = _a_false_verdict(lambda: checks.check_slot(RaisesLen([37]), **TABLE))
+    assert verdict.category == "raised"
+
+
+@pytest.mark.timeout(60)
+def test_control_an_exercise_check_stops_a_spinning_loop(monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 2.0)
+
+    def spins(engine):
+        while True:
+            pass
+    assert _a_false_verdict(lambda: checks.check_serial_loop(spins)).category == "time_limit"
+
+
+# ------------------------------------------------------------------ an answer that never ends
+
+STUCK = '''
+import sys
+from overlap_course import checks
+from overlap_course.checks import sandbox
+sandbox.TIME_LIMIT_S = 2.0  # the exercise checks' limit, short here
+def stuck():
+    while True:
+        pass
+    yield
+class LenLoops(list):
+    def __len__(self):
+        while True:
+            pass
+if sys.argv[1] == "iterator":
+    verdict = checks.check_swapped_order(stuck(), True, False)
+else:
+    verdict = checks.check_slot(LenLoops([37]), table=[5, 2, 9], pos=9, block_size=4)
+print("verdict", verdict.passed, verdict.category)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answer", ["iterator", "len"])
+def test_a_notebook_check_on_an_answer_that_never_returns_ends(answer):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        run = subprocess.run([sys.executable, "-c", STUCK, answer], capture_output=True,
+                             text=True, timeout=10, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the check was still running after 10 s (its limit here: 2 s)")
+    assert "verdict False time_limit" in run.stdout, run.stderr[-300:]
+
+
+# ------------------------------------------------------------------ code that blocks, not spins
+
+BLOCKS = '''
+import sys, threading, time
+from overlap_course import checks
+from overlap_course.checks import sandbox
+sandbox.TIME_LIMIT_S = 2.0
+def waits(engine):
+    threading.Event().wait()
+def sleeps(engine):
+    time.sleep(120)
+verdict = checks.check_serial_loop(waits if sys.argv[1] == "wait" else sleeps)
+print("verdict", verdict.category)
+verdict = checks.check_serial_loop(lambda engine: None)
+print("then", verdict.category)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["wait", "sleep"])
+def test_an_exercise_check_stops_code_that_blocks(how):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        run = subprocess.run([sys.executable, "-c", BLOCKS, how], capture_output=True,
+                             text=True, timeout=12, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the check was still running after 12 s (its limit here: 2 s)")
+    assert "verdict time_limit" in run.stdout, (run.stdout, run.stderr[-300:])
+    assert "then" in run.stdout and "then passed" not in run.stdout, run.stdout
