@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numbers
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,70 @@ def test_an_exercise_check_stops_code_that_blocks(how):
         pytest.fail("the check was still running after 12 s (its limit here: 2 s)")
     assert "verdict time_limit" in run.stdout, (run.stdout, run.stderr[-300:])
     assert "then" in run.stdout and "then passed" not in run.stdout, run.stdout
+
+
+STUBBORN = '''
+import signal, sys, time
+from overlap_course import checks
+from overlap_course.checks import sandbox
+sandbox.TIME_LIMIT_S = 1.0
+def stubborn():
+    while True:
+        try:
+            time.sleep(10)
+        except BaseException:
+            pass
+    yield
+def locks(engine):
+    import threading
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+verdict = checks.check_swapped_order(stubborn(), True, False)
+print("notebook", verdict.category, "of `stubborn`" in verdict.message)
+verdict = checks.check_serial_loop(locks)
+print("exercise", verdict.category, "of `locks`" in verdict.message)
+print("alarm left", signal.getitimer(signal.ITIMER_REAL), sys.gettrace())
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_time_limit_stops_code_that_catches_it_around_a_blocking_call():
+    """A notebook check's limit is an alarm; an ``except BaseException`` around ``time.sleep``
+    catches every TimeUp the alarm raises there, so once time is up the learner's lines are
+    traced too (as an exercise check's are).  A lock taken twice is stopped too."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        run = subprocess.run([sys.executable, "-c", STUBBORN], capture_output=True,
+                             text=True, timeout=20, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the check was still running after 20 s (its limit here: 1 s)")
+    assert "notebook time_limit True" in run.stdout, (run.stdout, run.stderr[-300:])
+    assert "exercise time_limit True" in run.stdout, (run.stdout, run.stderr[-300:])
+    assert "alarm left (0.0, 0.0) None" in run.stdout, run.stdout
+
+
+@pytest.mark.timeout(30)
+def test_a_check_keeps_the_alarm_and_handler_it_found():
+    """The process has one ITIMER_REAL: a check puts back the timer (pytest-timeout's, here) and
+    the SIGALRM handler it found, and a timer due during the check still calls its handler."""
+    found, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    calls = []
+    try:
+        signal.signal(signal.SIGALRM, lambda signum, frame: calls.append(signum))
+        signal.setitimer(signal.ITIMER_REAL, 20.0)
+        assert checks.check_slot(37, **TABLE).passed
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 19.0 < left <= 20.0, left
+        assert signal.getsignal(signal.SIGALRM) is not found and not calls
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # due while the check reads the answer
+        verdict = checks.check_swapped_order(_sleeps_then(0.3), True, False)
+        assert calls == [signal.SIGALRM] and verdict.category != "time_limit", (calls, verdict)
+    finally:
+        signal.signal(signal.SIGALRM, found)
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+
+
+def _sleeps_then(seconds):
+    time.sleep(seconds)
+    yield True

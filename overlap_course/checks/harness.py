@@ -28,16 +28,28 @@ _PRISTINE = sandbox.Pristine()
 def notebook_check(check):
     @functools.wraps(check)
     def bounded(*args, **kwargs) -> Verdict:
+        limit, stopped, stop, previous = sandbox.TIME_LIMIT_S, None, _not_started, sys.gettrace()
         try:
+            stop = sandbox.start_time_limit(limit, trace=False)
             verdict = check(*args, **kwargs)
+        except sandbox.TimeUp as exc:
+            if stop is sandbox.no_limit:
+                raise  # an outer check's limit (none of this check's own)
+            stopped = exc
         except answers.Junk as junk:
             verdict = fails("junk", str(junk))
         except KeyboardInterrupt:
             raise  # the person at the keyboard
         except BaseException as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
-            verdict = learner_raised(err)  # also GeneratorExit, SystemExit, a BaseException of theirs
+            verdict = learner_raised(err)  # also GeneratorExit, SystemExit, a learner's own
             if verdict is None:
                 raise
+        finally:
+            _end(stop)
+            if sys.gettrace() is not previous:  # a limit that ran out traces the learner's code
+                sys.settrace(previous)
+        if stopped is not None:
+            verdict = _answer_time_up(stopped, limit)
         if len(verdict.message) > answers.MAX_MESSAGE:
             verdict = dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
         return verdict
@@ -67,6 +79,29 @@ def exercise_check(*warm):
     return wrap
 
 
+def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:
+    return fails("time_limit",
+                 f"your answer's own code was {stopped} (the check allows {limit:.0f} s): the "
+                 f"checker stopped it there. An object whose `__len__`, `__iter__` or `__eq__` "
+                 f"never returns, or an iterator that never ends, cannot be read: give a plain "
+                 f"value (a number, a string, a list or set of them)")
+
+
+def _not_started() -> None:
+    pass
+
+
+def _end(stop) -> None:
+    """End a time limit: a TimeUp that lands while it ends is absorbed (sandbox.end_time_limit)."""
+    ended = False
+    while not ended:
+        try:
+            sandbox.end_time_limit(stop)
+            ended = True
+        except sandbox.TimeUp:
+            pass
+
+
 def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
@@ -84,13 +119,7 @@ def _time_limited(check, args, kwargs) -> Verdict:
         if verdict is None:
             raise
     finally:
-        ended = False
-        while not ended:
-            try:
-                sandbox.end_time_limit(stop)
-                ended = True
-            except sandbox.TimeUp:
-                pass
+        _end(stop)
         sys.settrace(previous)
     if isinstance(stopped, SystemExit):
         return fails("raised",
