@@ -68,7 +68,7 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     ``_GRACE_S`` after the deadline (:class:`_Alarm`): code blocked in C -- ``time.sleep``,
     ``Event().wait()``, a lock taken twice -- never reaches a line, but a signal wakes it.
     ``trace=False`` (a notebook check, whose quick path must stay quick): on the main thread,
-    the alarm alone, at the deadline; elsewhere, as with ``trace``.
+    the alarm alone, at the deadline; elsewhere (or with no setitimer), as with ``trace``.
 
     Not raised by the trace function itself: Python turns tracing off for good when a trace
     function raises, and a learner's ``except BaseException`` would then spin on untraced.
@@ -86,9 +86,9 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     the previous trace function.
     """
     main = threading.current_thread() is threading.main_thread()
-    if not trace and main:
+    if not trace and main and _CAN_ALARM:
         alarm = _Alarm.start(seconds, seconds, TimeUp, escalate=True)
-        return alarm.end if alarm is not None else no_limit
+        return alarm.end if alarm is not None else no_limit  # None: inside another check's
     deadline, thread = time.monotonic() + seconds, threading.get_ident()
     up = type("TimeUp", (TimeUp,), {"seconds": seconds})
     stopped, lock = threading.Event(), threading.Lock()
