@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -332,3 +333,27 @@ def test_a_check_keeps_the_alarm_and_handler_it_found():
 def _sleeps_then(seconds):
     time.sleep(seconds)
     yield True
+
+
+class Outside(BaseException):
+    """Raised by a SIGALRM handler that is not the check's (pytest-timeout's fails a test)."""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("raised", [Outside, KeyboardInterrupt])
+def test_what_another_alarm_handler_raises_is_not_taken_for_the_learners(raised):
+    """The learner's code was interrupted, not the raiser: no verdict, the exception goes on."""
+    found, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    library = os.path.join(sysconfig.get_paths()["purelib"], "pytest_timeout_like.py")
+    space = {"raised": raised}  # the handler's code as a library's (pytest-timeout's) file
+    exec(compile("def handler(signum, frame):\n    raise raised('the alarm of someone else')\n",
+                 library, "exec"), space)
+    handler = space["handler"]
+    try:
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(raised):
+            checks.check_swapped_order(_sleeps_then(2.0), True, False)
+    finally:
+        signal.signal(signal.SIGALRM, found)
+        signal.setitimer(signal.ITIMER_REAL, *timer)

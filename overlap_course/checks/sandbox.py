@@ -97,6 +97,7 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     def watchdog():
         if stopped.wait(seconds + _GRACE_S):
             return
+        _locate(up, sys._current_frames().get(thread))  # blocked in C: no line said where
         while True:
             with lock:
                 if stopped.is_set():
@@ -154,14 +155,14 @@ class _Alarm:
 
     current = None  # the alarm of the check running now
     __slots__ = ("deadline", "seconds", "up", "previous", "found", "ending", "ended", "found_fired",
-                 "traced", "escalate")
+                 "traced", "escalate", "tracers")
 
     def __init__(self, delay, seconds, up, previous, found):
         self.deadline, self.seconds = time.monotonic() + delay, seconds
         self.up, self.previous = up, previous
         self.found = (self.deadline - delay + found[0], found[1]) if found[0] > 0 else None
         self.ending = self.ended = self.found_fired = False
-        self.traced = []  # the learner's frames given a line tracer once time was up
+        self.traced, self.tracers = [], None  # the learner's frames traced once time was up
 
     def is_set(self) -> bool:  # for _tracer: the check is ending
         return self.ending
@@ -171,11 +172,12 @@ class _Alarm:
         learner's frames from here on, as an exercise check's limit does, so that an ``except
         BaseException`` around a blocking call cannot keep catching the alarm's TimeUp.  Again
         at each alarm: a TimeUp landing in a trace function turns tracing off."""
-        if not isinstance(self.up, type) or self.up is TimeUp:
+        if self.tracers is None:
             self.up = type("TimeUp", (TimeUp,), {"seconds": self.seconds})
-        in_learners_frame, on_call = _tracer(self.deadline, threading.get_ident(), self.up, self)
+            self.tracers = _tracer(self.deadline, threading.get_ident(), self.up, self)
+        in_learners_frame, on_call = self.tracers
         while frame is not None:
-            if _is_learners(frame.f_code.co_filename):
+            if _is_learners(frame.f_code.co_filename) and frame.f_trace is not in_learners_frame:
                 frame.f_trace = in_learners_frame
                 self.traced.append(frame)
             frame = frame.f_back
@@ -232,15 +234,21 @@ def _on_alarm(signum, frame) -> None:
         return
     if alarm.escalate:
         alarm.trace(frame)
+    _locate(alarm.up, frame)
     up = alarm.up()
     up.seconds = alarm.seconds
+    raise up
+
+
+def _locate(up: type, frame) -> None:
+    """Where the code was when time ran out, if no line of the learner's said so yet: the
+    innermost of the learner's frames from ``frame`` out (not the library's wait)."""
+    if up is TimeUp:
+        return  # never the shared class: each limit has its own
     while not up.line and frame is not None and not _is_learners(frame.f_code.co_filename):
-        frame = frame.f_back  # name the learner's line, not the library's wait
+        frame = frame.f_back
     if not up.line and frame is not None:
         up.function, up.line = frame.f_code.co_name, frame.f_lineno
-        if alarm.up is not TimeUp:  # the exercise's own class: its later TimeUps say the same
-            alarm.up.function, alarm.up.line = up.function, up.line
-    raise up
 
 
 def end_time_limit(stop) -> None:
