@@ -140,16 +140,17 @@ def learner_raised(err: BaseException) -> Verdict | None:
     """The verdict on an answer whose own code raised while the check read or ran it (an
     object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
     code is on the traceback.  None when it is not: an error of the check's own is a bug, raised.
-    A BaseException that is no Exception (GeneratorExit, SystemExit, a class of the learner's)
-    counts only when raised in the learner's own frame: one raised by a signal handler the
-    learner's code was interrupted by (pytest-timeout's) is not the learner's."""
+    A BaseException of another kind (a class of the learner's) counts only when raised in the
+    learner's own frame: one raised by a signal handler the learner's code was interrupted by
+    (pytest-timeout's) is not the learner's.  SystemExit and GeneratorExit count as Exceptions."""
     where, tb, innermost = None, err.__traceback__, None
     while tb is not None:
         innermost = tb.tb_frame.f_code.co_filename
         if sandbox._is_learners(innermost):
             where = tb.tb_frame.f_code.co_name  # the innermost of the learner's frames
         tb = tb.tb_next
-    if where is None or not isinstance(err, Exception) and not sandbox._is_learners(innermost):
+    ordinary = isinstance(err, (Exception, SystemExit, GeneratorExit))
+    if where is None or not ordinary and not sandbox._is_learners(innermost):
         return None
     try:
         said = str(err)
