@@ -357,3 +357,16 @@ def test_what_another_alarm_handler_raises_is_not_taken_for_the_learners(raised)
     finally:
         signal.signal(signal.SIGALRM, found)
         signal.setitimer(signal.ITIMER_REAL, *timer)
+
+
+def test_numpy_bools_are_still_flags():
+    """``answers.flag_list`` reads plain lists now (no learner's __len__ twice): NumPy 2 names
+    ``np.bool_`` ``bool``, and it still counts as a flag, while a learner's class of that name
+    does not."""
+    import numpy as np
+    from overlap_course.checks import answers
+    assert answers.flag_list([np.bool_(True), np.bool_(False)]) == [1, 0]
+    assert answers.flag_list(np.array([True, False, True])) == [1, 0, 1]
+    assert answers.bool_pair((np.bool_(True), False)) == (True, False)
+    fake = type("bool", (), {"__bool__": lambda self: True})
+    assert answers.flag_list([fake(), fake()]) is None

@@ -243,8 +243,10 @@ def flag_list(x) -> list[int] | None:
 
 
 def _is_bool(v) -> bool:
-    """A Python or NumPy bool (not a learner's class of the same name)."""
-    return isinstance(v, bool) or type(v).__name__ == "bool_" and type(v).__module__ == "numpy"
+    """A Python or NumPy bool (``np.bool_``, named ``bool`` in NumPy 2), not a learner's class
+    of the same name."""
+    kind = type(v)
+    return isinstance(v, bool) or kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
 def bare_number(x) -> bool:
