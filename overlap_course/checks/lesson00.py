@@ -78,7 +78,8 @@ def _parse_order(order, variable: str) -> list[str] | Verdict:
     if isinstance(order, str) or not isinstance(order, (list, tuple)):
         return fails("shape", f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {show(order)}")
     if length(order) > 4 * len(_STEPS):
-        return fails("shape", f"that order has {length(order)} steps: the question needs four or five")
+        return fails("shape",
+                     f"that order has {length(order)} steps: the question needs four or five")
     steps = [name(s) if isinstance(s, str) else s for s in order]
     bad = [s for s in steps if s not in _STEPS]
     if bad:

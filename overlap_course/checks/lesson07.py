@@ -251,8 +251,8 @@ def check_ring_slots(ring_slots) -> Verdict:
             return fails("raised", f"ring_slots({depth}) raised {type(err).__name__}: {err}")
         got, slots = slots, returned_whole(slots)  # a plain int, or None
         if slots is None or not 1 <= slots <= MAX_SLOTS:
-            return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole number of slots "
-                                  f"from 1 to the engine's limit, {MAX_SLOTS}")
+            return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole "
+                                  f"number of slots from 1 to the engine's limit, {MAX_SLOTS}")
         for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:
