@@ -24,6 +24,7 @@ import reprlib
 
 import torch
 
+from . import sandbox
 from .verdict import Verdict, fails, unanswered
 
 MAX_MESSAGE = 800  # characters: a check's message never grows with the answer
@@ -38,7 +39,11 @@ class Junk(Exception):
 
 def show(x) -> str:
     """A short, safe repr of a learner's answer for a message (never raises, never long)."""
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and abs(int(x)) >= 10**30:
+    try:
+        big = isinstance(x, numbers.Integral) and not isinstance(x, bool) and abs(int(x)) >= 10**30
+    except Exception:  # noqa: BLE001 -- an integer whose own __int__ fails: shown by its repr
+        big = False
+    if big:
         bits = int(x).bit_length()
         return f"a {len(str(abs(int(x))))}-digit number" if bits < 14000 else "a number with thousands of digits"
     short = reprlib.Repr()
@@ -56,6 +61,47 @@ def _far(x) -> Junk:
                 f"smaller than 10**12): write the value itself")
 
 
+def _odd(x, what: str, err: BaseException) -> Junk:
+    """The verdict on an answer whose own ``__int__``, ``__float__`` or ``__len__`` gives what no
+    number or length can be (the interpreter refuses it in the check's frame, not the learner's)."""
+    said = str(err)
+    said = said if len(said) <= SHOW else said[:SHOW - 4] + " ..."
+    return Junk(f"{show(x)} cannot be read: its class, {type(x).__name__}, breaks its {what} "
+                f"({type(err).__name__}: {said}): write a plain value, a number or a list of them")
+
+
+def _learners(err: BaseException) -> bool:
+    """Whether the learner's own code raised ``err`` (then it is theirs to hear about)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if sandbox._is_learners(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _convert(kind, x):
+    """``int(x)`` or ``float(x)`` (a plain int or float: never the learner's subclass), or Junk
+    when the answer's own conversion returns the wrong type; an OverflowError is raised."""
+    try:
+        return kind(x)
+    except (TypeError, ValueError) as err:
+        if _learners(err):
+            raise
+        raise _odd(x, f"conversion to {kind.__name__}", err) from None
+
+
+def length(x) -> int:
+    """``len(x)``, or Junk when the answer's own ``__len__`` returns what no length can be (-1,
+    2**70, a string)."""
+    try:
+        return len(x)
+    except (TypeError, ValueError, OverflowError) as err:
+        if _learners(err):
+            raise
+        raise _odd(x, "length", err) from None
+
+
 def scalar(x):
     """A 0-d or one-element tensor or NumPy array, or a NumPy scalar, as a Python number;
     anything else unchanged."""
@@ -70,7 +116,7 @@ def _one(x):
     """One number however it is wrapped: [x], (x,), tensor(x), tensor([x]), np.array([x])."""
     for _ in range(4):
         x = scalar(x)
-        if isinstance(x, (list, tuple)) and len(x) == 1:
+        if isinstance(x, (list, tuple)) and length(x) == 1:
             x = x[0]
         else:
             break
@@ -84,12 +130,13 @@ def number(x, whole: bool = False) -> int | float | None:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return None
     if isinstance(x, numbers.Integral):
-        if abs(int(x)) > LIMIT:
+        value = _convert(int, x)  # a plain int: the answer's own __eq__ never judges it
+        if abs(value) > LIMIT:
             raise _far(x)
-        return int(x)
+        return value
     try:
-        value = float(x)
-    except (OverflowError, ValueError):
+        value = _convert(float, x)
+    except OverflowError:
         raise _far(x) from None
     if not math.isfinite(value):
         raise Junk(f"write a finite number, not {show(x)}")
@@ -117,13 +164,13 @@ def one_number(answer, stub: str, what: str, whole: bool = False) -> int | float
 def returned_real(x) -> float | None:
     """What a learner's *function* returned, as a float: a Python or NumPy real, or a 0-d
     tensor/array; None for anything else (a bool, a string, a list: a function that returns
-    a list has a bug to name, not an answer to unwrap).  Never raises: an int too large for
-    a float is an infinity."""
+    a list has a bug to name, not an answer to unwrap).  An int too large for a float is an
+    infinity; a number whose own ``__float__`` gives no float raises Junk."""
     if isinstance(x, bool):
         return None
     if isinstance(x, numbers.Real):
         try:
-            return float(x)
+            return _convert(float, x)
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
             return math.inf if x > 0 else -math.inf
     if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
@@ -131,6 +178,14 @@ def returned_real(x) -> float | None:
     if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
         return float(x)  # a 0-d NumPy array
     return None
+
+
+def returned_whole(x) -> int | None:
+    """What a learner's *function* returned, as a plain int: a Python or NumPy integer (not a
+    bool), else None; an integer whose own ``__int__`` gives no int raises Junk."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        return None
+    return _convert(int, x)
 
 
 def _as_list(x):
@@ -161,9 +216,12 @@ def _sequence(x, kinds=(list, tuple)) -> list | None:
     x = _as_list(x)
     if not isinstance(x, (range, *kinds)):
         return None
-    if len(x) > MAX_ITEMS:
-        raise Junk(f"that is {len(x)} values: this question's answer has a few")
-    return list(x)
+    if length(x) > MAX_ITEMS:
+        raise Junk(f"that is {length(x)} values: this question's answer has a few")
+    values = list(itertools.islice(iter(x), MAX_ITEMS + 1))  # a plain list (no second __len__)
+    if len(values) > MAX_ITEMS:
+        raise Junk(f"that is more than {MAX_ITEMS} values: this question's answer has a few")
+    return values
 
 
 def int_list(x, rounds: bool = False, kinds=(list, tuple)) -> list[int] | None:
@@ -178,10 +236,17 @@ def int_list(x, rounds: bool = False, kinds=(list, tuple)) -> list[int] | None:
 
 def flag_list(x) -> list[int] | None:
     """``x`` as a list of 0/1 flags: booleans (Python, NumPy) count as 0 and 1, else :func:`int_list`."""
-    x = _as_list(x)
-    if isinstance(x, (list, tuple)) and x and all(type(v).__name__ in ("bool", "bool_") for v in x):
-        return [int(bool(v)) for v in x]
-    return int_list(x)
+    values = _sequence(x)
+    if values and all(_is_bool(v) for v in values):
+        return [int(bool(v)) for v in values]
+    return None if values is None else int_list(values)
+
+
+def _is_bool(v) -> bool:
+    """A Python or NumPy bool (``np.bool_``, named ``bool`` in NumPy 2), not a learner's class
+    of the same name."""
+    kind = type(v)
+    return isinstance(v, bool) or kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
 def bare_number(x) -> bool:
@@ -212,7 +277,7 @@ def bool_pair(x) -> tuple[bool, bool] | None:
     out = []
     for item in pair:
         item = scalar(item)
-        if type(item).__name__ not in ("bool", "bool_"):
+        if not _is_bool(item):
             item = whole(item) if isinstance(item, numbers.Real) else None
             if item not in (0, 1):
                 return None
@@ -222,8 +287,9 @@ def bool_pair(x) -> tuple[bool, bool] | None:
 
 def name(x) -> str | None:
     """A name (a stage, buffer, step or call) as every check compares it: lower case, without
-    surrounding spaces or quotes; None if ``x`` is not a string."""
-    return x.strip().strip("'\"`").strip().lower() if isinstance(x, str) else None
+    surrounding spaces or quotes; None if ``x`` is not a string.  Read as a plain str: a
+    subclass's own ``strip``, ``lower`` or ``__eq__`` never decide the answer."""
+    return str.__str__(x).strip().strip("'\"`").strip().lower() if isinstance(x, str) else None
 
 
 _OWNER = re.compile(r"\s*StepState\(\s*round\s*=\s*(-?\d{1,12})\s*\)\s*", re.IGNORECASE)
@@ -232,7 +298,7 @@ _OWNER = re.compile(r"\s*StepState\(\s*round\s*=\s*(-?\d{1,12})\s*\)\s*", re.IGN
 def round_number(x) -> int | None:
     """A round: a whole number, or the round's owner as the engine names it, ``"StepState(round=3)"``."""
     if isinstance(x, str):
-        found = _OWNER.fullmatch(x)
+        found = _OWNER.fullmatch(str.__str__(x))
         return int(found.group(1)) if found else None
     return whole(x)
 
@@ -241,7 +307,7 @@ def share(x) -> float | None:
     """A share: one number, or a percentage string, ``"79%"``, read as the fraction 0.79."""
     if not isinstance(x, str):
         return number(x)
-    text = x.strip()
+    text = str.__str__(x).strip()
     try:
         value = float(text[:-1]) if text.endswith("%") and len(text) < 40 else None
     except ValueError:

@@ -28,14 +28,34 @@ _PRISTINE = sandbox.Pristine()
 def notebook_check(check):
     @functools.wraps(check)
     def bounded(*args, **kwargs) -> Verdict:
+        limit, stopped, stop, previous = sandbox.TIME_LIMIT_S, None, _not_started, sys.gettrace()
         try:
+            stop = sandbox.start_time_limit(limit, trace=False)
             verdict = check(*args, **kwargs)
+        except sandbox.TimeUp as exc:
+            if stop is sandbox.no_limit:
+                raise  # an outer check's limit (none of this check's own)
+            stopped = exc
         except answers.Junk as junk:
             verdict = fails("junk", str(junk))
-        except Exception as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
-            verdict = learner_raised(err)
+        except KeyboardInterrupt:
+            raise  # the person at the keyboard
+        except BaseException as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
+            verdict = learner_raised(err)  # also GeneratorExit, SystemExit, a learner's own
             if verdict is None:
                 raise
+        finally:
+            ended = False  # inline, not a helper: a TimeUp due fires at a call's entry
+            while not ended:
+                try:
+                    sandbox.end_time_limit(stop)
+                    ended = True
+                except sandbox.TimeUp:
+                    pass
+            if sys.gettrace() is not previous:  # a limit that ran out traces the learner's code
+                sys.settrace(previous)
+        if stopped is not None:
+            verdict = _answer_time_up(stopped, limit)
         if len(verdict.message) > answers.MAX_MESSAGE:
             verdict = dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
         return verdict
@@ -65,6 +85,18 @@ def exercise_check(*warm):
     return wrap
 
 
+def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:
+    return fails("time_limit",
+                 f"your answer's own code was {stopped} (the check allows {limit:.0f} s): the "
+                 f"checker stopped it there. An object whose `__len__`, `__iter__` or `__eq__` "
+                 f"never returns, or an iterator that never ends, cannot be read: give a plain "
+                 f"value (a number, a string, a list or set of them)")
+
+
+def _not_started() -> None:
+    pass
+
+
 def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
@@ -73,7 +105,11 @@ def _time_limited(check, args, kwargs) -> Verdict:
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:
         stopped = exc
-    except Exception as err:  # noqa: BLE001 - as in notebook_check
+    except answers.Junk as junk:  # a value the learner's function returned
+        verdict = fails("junk", str(junk))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - as in notebook_check
         verdict = learner_raised(err)
         if verdict is None:
             raise
@@ -100,16 +136,21 @@ def _time_limited(check, args, kwargs) -> Verdict:
     return verdict
 
 
-def learner_raised(err: Exception) -> Verdict | None:
+def learner_raised(err: BaseException) -> Verdict | None:
     """The verdict on an answer whose own code raised while the check read or ran it (an
     object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
-    code is on the traceback.  None when it is not: an error of the check's own is a bug, raised."""
-    where, tb = None, err.__traceback__
+    code is on the traceback.  None when it is not: an error of the check's own is a bug, raised.
+    A BaseException of another kind (a class of the learner's) counts only when raised in the
+    learner's own frame: one raised by a signal handler the learner's code was interrupted by
+    (pytest-timeout's) is not the learner's.  SystemExit and GeneratorExit count as Exceptions."""
+    where, tb, innermost = None, err.__traceback__, None
     while tb is not None:
-        if sandbox._is_learners(tb.tb_frame.f_code.co_filename):
+        innermost = tb.tb_frame.f_code.co_filename
+        if sandbox._is_learners(innermost):
             where = tb.tb_frame.f_code.co_name  # the innermost of the learner's frames
         tb = tb.tb_next
-    if where is None:
+    ordinary = isinstance(err, (Exception, SystemExit, GeneratorExit))
+    if where is None or not ordinary and not sandbox._is_learners(innermost):
         return None
     try:
         said = str(err)

@@ -14,7 +14,7 @@ from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 
 from . import context
-from .answers import MAX_ITEMS, bare_number, int_set, name, show
+from .answers import MAX_ITEMS, bare_number, int_set, length, name, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -77,8 +77,9 @@ def _parse_order(order, variable: str) -> list[str] | Verdict:
         return unanswered(f"set `{variable}` to a list of steps")
     if isinstance(order, str) or not isinstance(order, (list, tuple)):
         return fails("shape", f"write the order as a list of steps, e.g. [\"launch\", \"read\"], not {show(order)}")
-    if len(order) > 4 * len(_STEPS):
-        return fails("shape", f"that order has {len(order)} steps: the question needs four or five")
+    if length(order) > 4 * len(_STEPS):
+        return fails("shape",
+                     f"that order has {length(order)} steps: the question needs four or five")
     steps = [name(s) if isinstance(s, str) else s for s in order]
     bad = [s for s in steps if s not in _STEPS]
     if bad:

@@ -11,7 +11,7 @@ from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
-from .answers import bare_number, int_set, name, one_number, round_number, show
+from .answers import bare_number, int_set, length, name, one_number, round_number, show
 from .harness import exercise_check, notebook_check
 from .learner_code import StepWatch, engine_frames
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
@@ -135,7 +135,7 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
 
 def _race_answer(answer) -> tuple[tuple[str, int] | None, str | None]:
     pair = (answer.get("buffer"), answer.get("round")) if isinstance(answer, dict) else answer
-    if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+    if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or length(pair) != 2:
         return None, f"write a pair (buffer name, round), e.g. (\"out1\", 3), not {show(answer)}"
     buffer, round = name(pair[0]), round_number(pair[1])
     if buffer is None or round is None:

@@ -100,8 +100,9 @@ def check_idle_sync(answer, trace, name: str = "culprit") -> Verdict:
     variable in the notebook, for the unanswered message)."""
     if answer is None:
         return unanswered(f"set `{name}` to the host call's name, as a string")
-    if not isinstance(answer, str) or not answer.strip():
+    if not isinstance(answer, str) or not str.__str__(answer).strip():
         return fails("shape", f"write the call's name as a string, e.g. \"cudaLaunchKernel\", not {show(answer)}")
+    answer = str.__str__(answer)  # a plain str: a subclass's own strip or __eq__ never judge it
     measured = _trace_figures(trace, "which sync left the device idle")
     if isinstance(measured, Verdict):
         return measured

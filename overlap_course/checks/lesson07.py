@@ -7,7 +7,6 @@ discarded rounds and flushes, the frees and race reports of its record.
 
 from __future__ import annotations
 
-import numbers
 
 from overlap_course.labs import plugins
 from toy_engine.config import MAX_SLOTS
@@ -17,7 +16,7 @@ from toy_engine.run import EngineStalled
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
 from . import pool, sandbox
-from .answers import int_set, items, show, whole
+from .answers import int_set, items, returned_whole, show, whole
 from .harness import exercise_check, notebook_check
 from .lab_runs import DEPTHS
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -250,10 +249,10 @@ def check_ring_slots(ring_slots) -> Verdict:
             return not_implemented("`ring_slots`")
         except Exception as err:  # noqa: BLE001
             return fails("raised", f"ring_slots({depth}) raised {type(err).__name__}: {err}")
-        if isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or not 1 <= slots <= MAX_SLOTS:
-            return fails("shape", f"ring_slots({depth}) returned {show(slots)}: return a whole number of slots "
-                                  f"from 1 to the engine's limit, {MAX_SLOTS}")
-        slots = int(slots)
+        got, slots = slots, returned_whole(slots)  # a plain int, or None
+        if slots is None or not 1 <= slots <= MAX_SLOTS:
+            return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole "
+                                  f"number of slots from 1 to the engine's limit, {MAX_SLOTS}")
         for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:

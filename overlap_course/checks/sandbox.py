@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import _signal  # signal's own functions, without the enum wrappers (the quick path counts)
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -59,9 +61,14 @@ def _is_learners(filename: str) -> bool:
     return not (path.startswith(_PACKAGE_DIRS) or path.startswith(_LIBRARY_DIRS))
 
 
-def start_time_limit(seconds: float = TIME_LIMIT_S):
+def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     """Stop the learner's code once ``seconds`` have passed; returns ``stop``, to call when the
     check ends.  At each line of the learner's code after that, TimeUp is scheduled in this thread.
+    On the main thread (a notebook's kernel, a script) an alarm also raises TimeUp from
+    ``_GRACE_S`` after the deadline (:class:`_Alarm`): code blocked in C -- ``time.sleep``,
+    ``Event().wait()``, a lock taken twice -- never reaches a line, but a signal wakes it.
+    ``trace=False`` (a notebook check, whose quick path must stay quick): on the main thread,
+    the alarm alone, at the deadline; elsewhere (or with no setitimer), as with ``trace``.
 
     Not raised by the trace function itself: Python turns tracing off for good when a trace
     function raises, and a learner's ``except BaseException`` would then spin on untraced.
@@ -78,22 +85,19 @@ def start_time_limit(seconds: float = TIME_LIMIT_S):
     The caller ends the limit in a ``finally`` clause with :func:`end_time_limit`, then restores
     the previous trace function.
     """
+    main = threading.current_thread() is threading.main_thread()
+    if not trace and main and _CAN_ALARM:
+        alarm = _Alarm.start(seconds, seconds, TimeUp, escalate=True)
+        return alarm.end if alarm is not None else no_limit  # None: inside another check's
     deadline, thread = time.monotonic() + seconds, threading.get_ident()
     up = type("TimeUp", (TimeUp,), {"seconds": seconds})
     stopped, lock = threading.Event(), threading.Lock()
-
-    def in_learners_frame(frame, event, arg):
-        if event == "line" and time.monotonic() > deadline:
-            up.function, up.line = frame.f_code.co_name, frame.f_lineno
-            _set_async_exc(thread, up)
-        return in_learners_frame
-
-    def on_call(frame, event, arg):
-        return in_learners_frame if _is_learners(frame.f_code.co_filename) else None
+    on_call = _tracer(deadline, thread, up, stopped)[1]
 
     def watchdog():
         if stopped.wait(seconds + _GRACE_S):
             return
+        _locate(up, sys._current_frames().get(thread))  # blocked in C: no line said where
         while True:
             with lock:
                 if stopped.is_set():
@@ -101,9 +105,13 @@ def start_time_limit(seconds: float = TIME_LIMIT_S):
                 _set_async_exc(thread, up)
             stopped.wait(_RETRY_S)
 
+    alarm = _Alarm.start(seconds + _GRACE_S, seconds, up) if main else None
+
     def stop():
         with lock:
             stopped.set()
+        if alarm is not None:
+            alarm.end()
 
     threading.Thread(target=watchdog, daemon=True, name="check-time-limit").start()
     sys.settrace(on_call)
@@ -111,6 +119,136 @@ def start_time_limit(seconds: float = TIME_LIMIT_S):
 
 
 _GRACE_S, _RETRY_S = 0.5, 0.02
+
+
+def _tracer(deadline: float, thread: int, up: type, stopped):
+    """The trace functions of a time limit: (for a learner's frame, for every call).  Past the
+    deadline, each line of the learner's code schedules ``up`` in ``thread`` until ``stopped``
+    is set."""
+    def in_learners_frame(frame, event, arg):
+        if event == "line" and time.monotonic() > deadline and not stopped.is_set():
+            if not up.line:  # the first of the learner's lines past the deadline: where it was
+                up.function, up.line = frame.f_code.co_name, frame.f_lineno
+            _set_async_exc(thread, up)
+        return in_learners_frame
+
+    def on_call(frame, event, arg):
+        return in_learners_frame if _is_learners(frame.f_code.co_filename) else None
+
+    return in_learners_frame, on_call
+
+
+def no_limit() -> None:
+    """The ``stop`` of a time limit not started (inside another check's, or no alarm here)."""
+
+
+class _Alarm:
+    """SIGALRM on the main thread while a check runs: from ``delay`` on, and every ``_RETRY_S``
+    after (so an ``except BaseException`` cannot keep the code going), it raises TimeUp where
+    the main thread is -- also inside ``time.sleep`` or a lock's wait, which a signal interrupts.
+
+    The process has one such timer: one that was armed when the check began (pytest-timeout,
+    a learner's own alarm) keeps its time -- its handler is called at it -- and is put back
+    when the check ends, as is the handler.  Where there was none (SIG_DFL), ours stays
+    installed, idle: a signal still in flight as the check ends must not kill the kernel.
+    A check inside a check keeps the outer one's alarm.  Not on Windows (no setitimer)."""
+
+    current = None  # the alarm of the check running now
+    __slots__ = ("deadline", "seconds", "up", "previous", "found", "ending", "ended", "found_fired",
+                 "traced", "escalate", "tracers")
+
+    def __init__(self, delay, seconds, up, previous, found):
+        self.deadline, self.seconds = time.monotonic() + delay, seconds
+        self.up, self.previous = up, previous
+        self.found = (self.deadline - delay + found[0], found[1]) if found[0] > 0 else None
+        self.ending = self.ended = self.found_fired = False
+        self.traced, self.tracers = [], None  # the learner's frames traced once time was up
+
+    def is_set(self) -> bool:  # for _tracer: the check is ending
+        return self.ending
+
+    def trace(self, frame) -> None:
+        """Time is up on a limit with no tracing of its own (a notebook check's): trace the
+        learner's frames from here on, as an exercise check's limit does, so that an ``except
+        BaseException`` around a blocking call cannot keep catching the alarm's TimeUp.  Again
+        at each alarm: a TimeUp landing in a trace function turns tracing off."""
+        if self.tracers is None:
+            self.up = type("TimeUp", (TimeUp,), {"seconds": self.seconds})
+            self.tracers = _tracer(self.deadline, threading.get_ident(), self.up, self)
+        in_learners_frame, on_call = self.tracers
+        while frame is not None:
+            if _is_learners(frame.f_code.co_filename) and frame.f_trace is not in_learners_frame:
+                frame.f_trace = in_learners_frame
+                self.traced.append(frame)
+            frame = frame.f_back
+        sys.settrace(on_call)
+
+    @classmethod
+    def start(cls, delay: float, seconds: float, up: type, escalate: bool = False):
+        if cls.current is not None or not _CAN_ALARM:
+            return None
+        previous = _signal.getsignal(_SIGALRM)
+        if previous is not _on_alarm:
+            _signal.signal(_SIGALRM, _on_alarm)
+        found = _signal.setitimer(_REAL, delay, _RETRY_S)
+        alarm = cls.current = cls(delay, seconds, up, previous, found)
+        alarm.escalate = escalate
+        if 0 < found[0] < delay:  # the timer found goes off first: keep its time
+            _signal.setitimer(_REAL, found[0], _RETRY_S)
+        return alarm
+
+    def end(self) -> None:
+        """Disarm, and put back what the check found.  May be called again (a TimeUp landing
+        in here is caught by the caller, who calls it again)."""
+        if self.ended:
+            return
+        self.ending = True  # from here on the handler never raises
+        _signal.setitimer(_REAL, 0)
+        for frame in self.traced:
+            frame.f_trace = None
+        self.traced.clear()
+        if self.previous not in (_on_alarm, signal.SIG_DFL, None):
+            _signal.signal(_SIGALRM, self.previous)
+        if self.found is not None and not self.found_fired:
+            left = max(self.found[0] - time.monotonic(), 1e-6)
+            _signal.setitimer(_REAL, left, self.found[1])
+        elif self.found is not None and self.found[1] > 0:
+            _signal.setitimer(_REAL, self.found[1], self.found[1])
+        _Alarm.current, self.ended = None, True
+
+
+_CAN_ALARM = hasattr(signal, "setitimer")
+_SIGALRM, _REAL = (signal.SIGALRM.value, signal.ITIMER_REAL) if _CAN_ALARM else (0, 0)
+
+
+def _on_alarm(signum, frame) -> None:
+    alarm = _Alarm.current
+    if alarm is None or alarm.ending:
+        return
+    now = time.monotonic()
+    if now < alarm.deadline:  # the timer the check found: its time, its handler
+        alarm.found_fired = True
+        _signal.setitimer(_REAL, alarm.deadline - now, _RETRY_S)
+        if callable(alarm.previous):
+            alarm.previous(signum, frame)
+        return
+    if alarm.escalate:
+        alarm.trace(frame)
+    _locate(alarm.up, frame)
+    up = alarm.up()
+    up.seconds = alarm.seconds
+    raise up
+
+
+def _locate(up: type, frame) -> None:
+    """Where the code was when time ran out, if no line of the learner's said so yet: the
+    innermost of the learner's frames from ``frame`` out (not the library's wait)."""
+    if up is TimeUp:
+        return  # never the shared class: each limit has its own
+    while not up.line and frame is not None and not _is_learners(frame.f_code.co_filename):
+        frame = frame.f_back
+    if not up.line and frame is not None:
+        up.function, up.line = frame.f_code.co_name, frame.f_lineno
 
 
 def end_time_limit(stop) -> None:
