@@ -162,3 +162,33 @@ def test_a_module_put_in_sys_modules_during_the_check_is_named():
         assert judge_process._strange_modules(before, trusted) == ["toy_engine.planted"]
     finally:
         del sys.modules["toy_engine.planted"]
+
+
+def test_a_check_keeps_what_the_judge_fingerprints_while_the_answer_runs(make_engine):
+    """The judge trusts a verdict only if the checker's modules and classes are the objects
+    they were (judge_process._fingerprint) each time the answer's code hands control back: a
+    checker that keeps its state in a class attribute it rebinds during the check (the time
+    limit's alarm did) fails every right answer in grading.  Compared from inside right
+    answers, in an exercise check and a notebook check."""
+    import toy_engine as te
+    from overlap_course import checks
+    from overlap_course.build import judge_process
+
+    def changed():
+        return judge_process._compare(before, judge_process._fingerprint())
+    seen = []
+
+    def serial_loop(engine):
+        seen.append(changed())
+        te.loops.serial_loop(engine)
+
+    def idle_fraction(timeline):
+        seen.append(changed())
+        return timeline.device_idle_fraction()
+    engine = make_engine(mode="serial", max_batch_size=4)
+    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
+    checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)  # first imports done
+    before = judge_process._fingerprint()
+    assert checks.check_serial_loop(serial_loop).passed
+    assert checks.check_idle_fraction(idle_fraction, engine).passed
+    assert len(seen) >= 5 and all(c == [] for c in seen), seen
