@@ -48,12 +48,14 @@ def judge_main(argv: list[str]) -> None:
     if mode == "answers":
         write(_read_values(request["cells"], names))
         return
+    runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
+            for name in names if name in CONTEXT_TYPES and "values" not in request}
     before, modules = _fingerprint(), set(sys.modules)
     threads = set(threading.enumerate())
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
     else:
-        args = _code_arguments(request["cells"], names, toy_engine)
+        args = _code_arguments(request["cells"], names, toy_engine, runs)
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
@@ -165,8 +167,9 @@ def _read_values(cells: list[str], names: list[str]) -> dict:
     return {"values": values}
 
 
-def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | str:
-    """The graded call's arguments from the submission's cells, or why they cannot be judged."""
+def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict) -> list | str:
+    """The graded call's arguments from the submission's cells, or why they cannot be judged;
+    a context argument is the judge's own run (``runs``), once the cells define it too."""
     space, notes = _run_cells(cells)
     args = []
     for name in names:
@@ -177,7 +180,7 @@ def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | st
             return (f"`{name}` must be a `toy_engine.{CONTEXT_TYPES[name]}`, "
                     f"not a {type(value).__name__}")
         if name in CONTEXT_TYPES:
-            value = _judges_run(CONTEXT_RUNS[name], toy_engine)
+            value = runs[name]
         if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
             return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
         args.append(value)
@@ -185,8 +188,8 @@ def _code_arguments(cells: list[str], names: list[str], toy_engine) -> list | st
 
 
 def _judges_run(run: dict, toy_engine):
-    """The notebook's run made by the judge, after the submission's cells (which cannot have
-    touched it): the engine a context argument stands for."""
+    """The notebook's run made by the judge before the submission's first line (whose cells
+    could otherwise patch the engine that makes it): the engine a context argument stands for."""
     engine = toy_engine.Engine(toy_engine.EngineConfig(**run["config"]))
     engine.generate(list(run["prompts"]), max_new_tokens=run["max_new_tokens"])
     return engine
@@ -205,7 +208,7 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     watch.stop()
     changed = watch.changed or _compare(before, _fingerprint())
     left = [t.name for t in threading.enumerate()
-            if t not in threads and from_submission(t, watch)]
+            if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
                                                    ("sys.setprofile", sys.getprofile()))
                            if hook is not None]
@@ -226,7 +229,9 @@ _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functoo
 
 def _fingerprint() -> dict[str, tuple]:
     """What the checker reads, by identity: every module of the course and the toy (each name
-    in it, each class's attributes), and the functions of the modules it calls."""
+    in it, each class's attributes), and the functions of the modules it calls.  Read without
+    running any code of the objects read (no ``getattr``, ``isinstance`` or ``vars`` that a
+    ``__getattr__``, a ``__class__`` or a metaclass of the submission's could answer)."""
     marks = {}
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
@@ -234,19 +239,29 @@ def _fingerprint() -> dict[str, tuple]:
         if not ours and name not in _THEIRS:
             continue
         marks[f"sys.modules[{name!r}]"] = (id(module),)
-        for attr, value in list(vars(module).items()):
+        if type(module) is not types.ModuleType:
+            continue  # not a module: its id above is all there is to trust
+        for attr, value in list(_MODULE_DICT(module).items()):
             if ours or callable(value):
                 marks[f"{name}.{attr}"] = _mark(value)
-            if isinstance(value, type) and (ours or attr == "Tensor"):
+            if issubclass(type(value), type) and (ours or attr == "Tensor"):
                 marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
-                    (key, _mark(item)) for key, item in vars(value).items()
+                    (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
                     if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
     return marks
 
 
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+# What a function, a method or a classmethod is made of, read from the objects themselves.
+_PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
+          types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
+          staticmethod: ("__func__",)}
+
+
 def _mark(value) -> tuple:
-    return (id(value), *(id(getattr(value, a, None)) for a in ("__code__", "__defaults__",
-                                                               "__kwdefaults__", "__func__")))
+    parts = _PARTS.get(type(value), ())
+    return (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
 
 
 def _compare(before: dict, after: dict) -> list[str]:

@@ -5,15 +5,20 @@ each time it handed control back, and which threads it left."""
 from __future__ import annotations
 
 import functools
+import gc
+import inspect
 import sys
 import threading
 import types
+import weakref
 
 _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
 
 
-# Audit events that make code, or set a hook that runs code at every call.
-CODE_EVENTS = {"exec", "function.__new__", "sys.settrace", "sys.setprofile"}
+# Audit events that make code, give a function other code, or set a hook that runs code at
+# every call.
+CODE_EVENTS = {"exec", "function.__new__", "object.__setattr__", "sys.settrace",
+               "sys.setprofile"}
 
 
 class Watch:
@@ -32,6 +37,10 @@ class Watch:
         self.hooks: list[str] = []
         self.before: dict | None = None
         self.compare = None
+        # what was registered before the submission's first line (a finalizer its cells
+        # register may fire during the check)
+        self.finalizers = set(weakref.finalize._registry)
+        self.callbacks = list(gc.callbacks)
         self.hook = self.profile  # one bound method, to know it again
 
     def foreign(self, code) -> bool:
@@ -46,13 +55,16 @@ class Watch:
         return False
 
     def audited(self, event: str, args: tuple) -> None:
+        if event == "object.__setattr__" and args[1:2] != ("__code__",):
+            return  # a class's attribute set: not code
         if not self._on_stack():
             return
         if event in ("sys.settrace", "sys.setprofile"):
             if self.before is not None:  # while the check runs (its cells may run checks too)
                 self.hooks.append(event)
             return
-        stack = [args[0]] if isinstance(args[0], types.CodeType) else []
+        made = args[2] if event == "object.__setattr__" else args[0]  # f.__code__ = made
+        stack = [made] if type(made) is types.CodeType else []
         while stack:  # the code and every function, class and comprehension defined in it
             code = stack.pop()
             self.codes[id(code)] = code
@@ -63,7 +75,32 @@ class Watch:
             return
         caller = frame.f_back
         if caller is None or not self.foreign(caller.f_code):
-            self.changed = self.compare(self.before)
+            self.changed = self.compare(self.before) + self.deferred()
+
+    def deferred(self) -> list[str]:
+        """Calls the submission left for trusted code to make later, when no code of its own
+        returns: finalizers and garbage-collector callbacks registered since the check began,
+        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``),
+        registered since the judge began."""
+        found = [f"a finalizer calling {_name(info.func)}"
+                 for key, info in list(weakref.finalize._registry.items())
+                 if key not in self.finalizers and self.untrusted(info.func)]
+        found += [f"a gc callback {_name(c)}" for c in list(gc.callbacks)
+                  if c not in self.callbacks]
+        return found
+
+    def untrusted(self, function) -> bool:
+        code = _code_of(function)
+        return code is None or self.foreign(code)
+
+    def running(self, thread: threading.Thread) -> bool:
+        """Whether the thread is running the submission's code now (a pool's worker)."""
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None:
+            if self.foreign(frame.f_code):
+                return True
+            frame = frame.f_back
+        return False
 
     def start(self, before: dict, compare) -> None:
         """Watch from now on; ``compare(before)``: what changed since ``before`` was taken."""
@@ -79,23 +116,36 @@ class Watch:
         self.before = None
 
 
+def _code_of(function):
+    """The code a callable runs, read through partials and bound methods; None for a builtin
+    (or anything the judge cannot read without running it)."""
+    for _ in range(_MAX_UNWRAP):
+        if type(function) is functools.partial:
+            function = function.func
+        elif type(function) in (types.MethodType, classmethod, staticmethod):
+            function = function.__func__
+        else:
+            break
+    if type(function) is types.FunctionType:
+        return function.__code__
+    call = type(function).__dict__.get("__call__")
+    return call.__code__ if type(call) is types.FunctionType else None
+
+
+def _name(function) -> str:
+    code = _code_of(function)
+    return code.co_name if code is not None else type(function).__name__
+
+
 def from_submission(thread: threading.Thread, watch: Watch) -> bool:
     """Whether a thread runs the submission's code: its target's (a Timer's function, a
     partial's, a bound method's, an overridden ``run``), or a callable with no code the judge
     can read (a builtin, as in ``Timer(1, setattr, ...)``)."""
-    target = getattr(thread, "_target", None) or getattr(thread, "function", None)
-    if target is None and type(thread).run is not threading.Thread.run:
-        target = type(thread).run
+    fields = object.__getattribute__(thread, "__dict__")  # no property of the submission's
+    target = fields.get("_target") or fields.get("function")
+    run = inspect.getattr_static(type(thread), "run", None)
+    if target is None and run is not threading.Thread.run:
+        target = run
     if target is None:
         return False  # a thread with nothing to run
-    for _ in range(_MAX_UNWRAP):
-        if isinstance(target, functools.partial):
-            target = target.func
-        elif hasattr(target, "__func__"):
-            target = target.__func__
-        else:
-            break
-    code = getattr(target, "__code__", None)
-    if code is None and not isinstance(target, types.BuiltinFunctionType):
-        code = getattr(getattr(type(target), "__call__", None), "__code__", None)
-    return code is None or watch.foreign(code)
+    return watch.untrusted(target)
