@@ -33,8 +33,8 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   course, the toy and the start-up hooks (``*.pth``, ``sitecustomize``) against their state
   when nbgrader started, and trusts no verdict if they changed.
 
-Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made
-to lie about any check of itself (an input transformer that rewrites the test cell, a patched
+Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made to
+lie about any check of itself (an input transformer that rewrites the test cell, a patched
 ``showtraceback``), while a process started after it has none of its state. What remains: code
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
