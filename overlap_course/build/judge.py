@@ -40,8 +40,8 @@ that runs beside its checker shares the judge's process, so code written against
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
 (a weakref callback, a signal handler: ``functools.partial(setattr, ...)``, which no hand-back
 sees), walk frames, dig the run's secret out of the judge's memory and sign a forged report,
-write files through ``ctypes`` or a process of its own (the audit hook is not inherited; the re-
-hash after the judge catches such writes to the course's and the toy's sources and bytecode,
+write files through ``ctypes`` or a process of its own (the audit hook is not inherited; the
+re-hash after the judge catches such writes to the course's and the toy's sources and bytecode,
 unless the process leaves the judge's process group on purpose and writes later) -- all of it in
 the submission, for the instructor to read. And the kernel runs as the grader's user, before any
 judge: it can rewrite torch or the standard library, which are not hashed (too large to hash per
