@@ -13,6 +13,7 @@ it where the hub has only these files (docs/jupyterhub.md).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,7 +21,8 @@ import re
 import stat
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "read_text", "printable", "clipped", "quoted", "message_line",
+           "open_regular", "open_for_writing", "refuse_unwritable", "write_file", "read_text",
+           "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
@@ -196,6 +198,53 @@ def open_regular(path, what: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+def _not_a_file_to_write(what: str) -> NotAFile:
+    return NotAFile(f"{what} is not a file (a folder, a pipe or a device): writing there would "
+                    f"wait for a reader or fail; remove it or write elsewhere")
+
+
+def refuse_unwritable(path, what: str) -> None:
+    """A ``NotAFile`` naming ``what`` if ``path`` exists and is not a regular file (a FIFO would
+    block whoever writes it, another program included); a missing path is fine."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise _not_a_file_to_write(what)
+
+
+def open_for_writing(path, what: str):
+    """``path`` opened for writing in binary (made if missing, emptied only once it is known to
+    be a regular file); anything else is a ``NotAFile`` naming ``what``, without waiting: a FIFO
+    with no reader fails the non-blocking open (ENXIO), one with a reader is asked what it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise _not_a_file_to_write(what) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _not_a_file_to_write(what)
+        os.ftruncate(fd, 0)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_file(path, data, what: str) -> None:
+    """``data`` (bytes, or text written as UTF-8) written to the regular file ``path``
+    (:func:`open_for_writing`)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with open_for_writing(path, what) as f:
+        f.write(data)
 
 
 def read_text(path, what: str, max_bytes: int) -> str:

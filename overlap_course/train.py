@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -51,9 +53,12 @@ def load_data(tokenizer: CharTokenizer | None = None):
 
 
 def _part(out) -> Path:
-    """Where a checkpoint is written before it replaces ``out`` in one step: a folder beside it,
-    under the same name (torch names the archive's records after the file)."""
-    return Path(out).parent / f".{Path(out).name}.partial" / Path(out).name
+    """Where a checkpoint is written before it replaces ``out`` in one step: a new folder of
+    its own beside it (made here, so nothing left there by an earlier run is in the way), under
+    the same name (torch names the archive's records after the file)."""
+    out = Path(out)
+    folder = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:100]}.", suffix=".partial")
+    return Path(folder) / out.name
 
 
 def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
@@ -113,16 +118,16 @@ def train(
     whole or not at all (a Ctrl-C or an error leaves the old checkpoint as it was)."""
     if out is None:
         return _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     part = _part(out)
-    part.parent.mkdir(parents=True, exist_ok=True)
     try:
-        part.open("wb").close()  # a path that cannot be written is refused before the training
+        # made here, new: a path that cannot be written is refused before the training
+        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
         save_checkpoint(model, ALPHABET, part, **info)
         os.replace(part, out)
     finally:
-        part.unlink(missing_ok=True)
-        part.parent.rmdir()
+        shutil.rmtree(part.parent, ignore_errors=True)  # only this run's folder, whatever happened
     return model, info
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import nbformat
 
-from overlap_course.command_line import Parser, fail
+from overlap_course.command_line import PATH_CHARS, Parser, fail
+from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
@@ -159,6 +160,8 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
     files = {dest / "source" / name / path.name: path.read_bytes()
              for name, path in sources.items() if not assignments or name in assignments}
     files[dest / "nbgrader_config.py"] = NBGRADER_CONFIG.encode()
+    for f in files:  # a pipe or a folder at a file's name: refused before anything is written
+        refuse_unwritable(f, quoted(str(f), PATH_CHARS))
     edited = [str(f) for f, content in files.items() if f.is_file() and f.read_bytes() != content]
     if edited and not force:
         more = f" (and {len(edited) - 1} more)" if len(edited) > 1 else ""
@@ -166,7 +169,7 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
                          f"nothing written; pass --force to overwrite")
     for path, content in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+        write_file(path, content, quoted(str(path), PATH_CHARS))
     return dest
 
 

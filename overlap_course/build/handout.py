@@ -37,8 +37,9 @@ from pathlib import Path
 
 from overlap_course import figures
 from overlap_course.build import notebooks as course
-from overlap_course.command_line import Parser, fail, os_problem, out_folder
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder
 from overlap_course.figures.rounds import decode_rounds, round_window
+from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 from overlap_course.traces import kineto
 from overlap_course.traces.recorded import load_trace, recorded_label, recording
 from toy_engine.timeline import Timeline
@@ -254,6 +255,8 @@ def print_pdf(page: Path, pdf: Path) -> None:
     if browser is None:
         raise RuntimeError(f"no Chromium to print the handout (looked at $BROWSER_PATH and {course.CHROMIUM}): "
                            "run `bash scripts/install_browser.sh`, or set BROWSER_PATH to a Chrome/Chromium binary")
+    # the browser would wait forever on a pipe at the PDF's name: a regular file there, or none
+    refuse_unwritable(pdf, quoted(str(pdf), PATH_CHARS))
     with tempfile.TemporaryDirectory() as profile:  # a throwaway profile: nothing kept, nothing shared
         result = subprocess.run(
             [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -269,9 +272,10 @@ def build(out_dir: Path = OUT_DIR) -> list[Path]:
     runs = load_runs()
     svgs = course.render_images(_figures(runs), "svg")
     out_dir.mkdir(parents=True, exist_ok=True)
-    page = out_dir / "three_rounds.html"
-    page.write_text(page_html(runs, svgs), encoding="utf-8")
-    pdf = out_dir / "three_rounds.pdf"
+    page, pdf = out_dir / "three_rounds.html", out_dir / "three_rounds.pdf"
+    for path in (page, pdf):  # a pipe or a folder at either: refused before anything is written
+        refuse_unwritable(path, quoted(str(path), PATH_CHARS))
+    write_file(page, page_html(runs, svgs), quoted(str(page), PATH_CHARS))
     print_pdf(page, pdf)
     return [page, pdf]
 

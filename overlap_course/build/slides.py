@@ -31,8 +31,9 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build.notebooks import notebook_file
-from overlap_course.command_line import Parser, fail, os_problem, out_folder
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder
 from overlap_course.figures.config import plotly_config
+from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
 REVEAL_VERSION = "5.2.1"
@@ -185,12 +186,22 @@ def _copy_assets(out_dir: Path) -> None:
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", out_dir / "plotly.min.js")
 
 
+def _slide_file(out_dir: Path, notebook: Path) -> Path:
+    return out_dir / f"{notebook.stem}.slides.html"
+
+
+def _named(path: Path) -> str:
+    return quoted(str(path), PATH_CHARS)
+
+
 def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / "slides") -> list[Path]:
     """Write one ``NAME.slides.html`` per notebook into ``out_dir`` (with its assets); returns the files."""
     from nbconvert import SlidesExporter
 
     notebooks = notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    for path in notebooks:  # a pipe or a folder at a slide file: refused before anything is written
+        refuse_unwritable(_slide_file(out_dir, path), _named(_slide_file(out_dir, path)))
     _copy_assets(out_dir)
     # "white": of reveal.js's themes, one whose fonts ship with it (most load fonts from the web)
     exporter = SlidesExporter(template_file=str(TEMPLATE), reveal_url_prefix="reveal.js", reveal_theme="white",
@@ -206,8 +217,8 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
             if cell.cell_type == "code":
                 cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("# NBVAL_"))
         html, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem}})
-        target = out_dir / f"{path.stem}.slides.html"
-        target.write_text(html, encoding="utf-8")
+        target = _slide_file(out_dir, path)
+        write_file(target, html, _named(target))
         written.append(target)
     return written
 

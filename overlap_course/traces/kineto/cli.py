@@ -9,7 +9,7 @@ from pathlib import Path
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
                                          os_problem, out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted
-from overlap_course.traces.recorded import load_trace
+from overlap_course.traces.recorded import TRACES_DIR, load_trace
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
 from toy_engine.timeline import Timeline
 
@@ -28,6 +28,14 @@ def _exists(stored: str) -> bool:
     except OSError as exc:
         raise ValueError(f"STORED {quoted(stored, PATH_CHARS)} cannot be read: "
                          f"{exc.strerror or exc}") from None
+
+
+def _stored_file(stored: str) -> Path:
+    """The file STORED reads: the path itself, or the shipped timeline a name stands for
+    (``cpu_zos`` -> ``overlap_course/traces/cpu_zos.json``, as :func:`load_trace` reads it)."""
+    if _exists(stored) or len(stored) > 200:
+        return Path(stored)
+    return TRACES_DIR / f"{stored}.json"
 
 
 def _load_timeline(source: str) -> Timeline:
@@ -94,7 +102,7 @@ def _writable(text: str, stored: str | None) -> Path:
         raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
                          "(cpu_zos), or leave it out to record a run")
     out = out_file(text)
-    if stored is not None and _exists(stored) and out.resolve() == Path(stored).resolve():
+    if stored is not None and out.resolve() == _stored_file(stored).resolve():
         raise ValueError(f"OUT {quoted(text, PATH_CHARS)} is the STORED timeline itself: writing "
                          f"it would overwrite the run it converts; choose another name")
     return out
