@@ -351,12 +351,12 @@ class _Parser(argparse.ArgumentParser):
 
 def listen_address(url: str) -> tuple[str, int]:
     """(host, port) of ``$JUPYTERHUB_SERVICE_URL``; a ValueError naming it if it has no port."""
-    parts = urlsplit(url)
-    try:
+    try:  # urlsplit refuses an unclosed "[", .port a port out of range
+        parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        port = None
-    if parts.scheme not in ("http", "https") or port is None:
+        parts, port = None, None
+    if port is None or parts.scheme not in ("http", "https"):
         raise ValueError(f"JUPYTERHUB_SERVICE_URL {url[:80]!r} must be http://HOST:PORT (the hub "
                          f"sets it from the service's 'url' in its config)")
     return parts.hostname or "127.0.0.1", port
@@ -364,9 +364,6 @@ def listen_address(url: str) -> tuple[str, int]:
 
 def serve(store: Store, a: argparse.Namespace, host: str, port: int) -> int:
     """Serve the room until the hub stops the service (SIGINT)."""
-    if HubOAuth is None:
-        return _refuse("the service runs in a JupyterHub environment: install jupyterhub (4 to 6) "
-                       "where it runs")
     service = ProgressService(store, a.instructors, a.guide_file, a.guide_url)
     # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 saying so.
     service.make_app().listen(port, host, max_body_size=2 * 2**20)
@@ -390,7 +387,10 @@ def main(argv=None) -> int:
         host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
         if a.guide_file is not None and read_guide(Path(a.guide_file)) is None:
             raise ValueError(f"--guide-file {safe_json.quoted(a.guide_file, 200)}: no such file")
-        store = open_store(a.db)
+        store = open_store(a.db, recover=HubOAuth is not None)  # no hub: a bad file stays put
+        if HubOAuth is None:
+            raise ValueError("the service runs in a JupyterHub environment: install jupyterhub "
+                             "(4 to 6) where it runs")
     except ValueError as err:
         return _refuse(err)
     return serve(store, a, host, port)

@@ -77,11 +77,12 @@ def _named(path) -> str:
     return safe_json.quoted(str(path), 200)
 
 
-def open_store(path: str) -> Store:
+def open_store(path: str, recover: bool = True) -> Store:
     """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
     ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
     is moved aside (kept, with its -wal and -shm files, for recovery) and a fresh one started,
-    saying so: a restarted service keeps serving the room and nothing is silently lost."""
+    saying so: a restarted service keeps serving the room and nothing is silently lost.  With
+    ``recover`` false (a run that will not serve) such a file is refused and left where it is."""
     try:
         return Store(path)
     except sqlite3.OperationalError as err:
@@ -89,6 +90,9 @@ def open_store(path: str) -> Store:
                          f"folder exists and this service may write there, or pass another "
                          f"--db") from None
     except sqlite3.DatabaseError as err:
+        if not recover:
+            raise ValueError(f"the database {_named(path)} is not a readable SQLite file "
+                             f"({err}); left as it is") from None
         aside = _aside_name(path)
         try:
             for suffix in ("", "-wal", "-shm"):

@@ -221,10 +221,14 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     return {"passed": verdict.passed is True, "message": verdict.message}
 
 
-# Modules whose state the checker depends on: ours whole, the others' functions and classes.
+# Modules whose state the checker depends on: ours whole; the functions of the others it calls;
+# and the classes of ours, of all the standard library (``inspect.Signature.bind`` runs at
+# every check) and ``torch.Tensor``.  Not every standard function: some are rebound as they
+# are first used (``multiprocessing.spawn``'s, ``logging._loggerClass``).
 _OURS = ("overlap_course", "toy_engine")
 _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
-           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy")
+           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
+           "inspect")
 
 
 def _fingerprint() -> dict[str, tuple]:
@@ -232,19 +236,22 @@ def _fingerprint() -> dict[str, tuple]:
     in it, each class's attributes), and the functions of the modules it calls.  Read without
     running any code of the objects read (no ``getattr``, ``isinstance`` or ``vars`` that a
     ``__getattr__``, a ``__class__`` or a metaclass of the submission's could answer)."""
-    marks = {}
+    marks, seen = {}, set()
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
-        ours = top in _OURS
-        if not ours and name not in _THEIRS:
+        ours, std = top in _OURS, top in sys.stdlib_module_names
+        theirs = name in _THEIRS
+        if not (ours or std or theirs):
             continue
         marks[f"sys.modules[{name!r}]"] = (id(module),)
         if type(module) is not types.ModuleType:
             continue  # not a module: its id above is all there is to trust
         for attr, value in list(_MODULE_DICT(module).items()):
-            if ours or callable(value):
+            if ours or (theirs and callable(value)):
                 marks[f"{name}.{attr}"] = _mark(value)
-            if issubclass(type(value), type) and (ours or attr == "Tensor"):
+            if (issubclass(type(value), type) and (ours or std or attr == "Tensor")
+                    and (ours or id(value) not in seen)):
+                seen.add(id(value))  # a class the standard library imports again: once
                 marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
                     (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
                     if key != "__slotnames__"))  # copyreg's cache, filled by the first copy

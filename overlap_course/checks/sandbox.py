@@ -84,6 +84,10 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
 
     The caller ends the limit in a ``finally`` clause with :func:`end_time_limit`, then restores
     the previous trace function.
+
+    Not stopped (Ctrl-C still is): code spinning in C (``sum(range(10**10))``), and code that
+    sabotages the limit itself -- ignores or blocks SIGALRM, or disarms the timer in a notebook
+    check, which has no watchdog to send the alarm again -- then blocks in C.
     """
     main = threading.current_thread() is threading.main_thread()
     if not trace and main and _CAN_ALARM:
@@ -103,9 +107,13 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
                 if stopped.is_set():
                     return
                 _set_async_exc(thread, up)
+                if alarm is not None:  # the alarm again, if the learner's code disarmed it
+                    _signal.pthread_kill(thread, _SIGALRM)
             stopped.wait(_RETRY_S)
 
-    alarm = _Alarm.start(seconds + _GRACE_S, seconds, up) if main else None
+    # escalate: at each alarm the learner's frames are traced again (code that turned tracing
+    # off and catches the TimeUp around a blocking call is stopped too)
+    alarm = _Alarm.start(seconds + _GRACE_S, seconds, up, escalate=True) if main else None
 
     def stop():
         with lock:
