@@ -336,14 +336,16 @@ class Progress:
     def __repr__(self) -> str:
         c = self.counts()
         lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
-                 f"(of {sum(c.values())} checks; record: {safe_json.clipped(self.path, PATH_CHARS)})"]
+                 f"(of {sum(c.values())} checks; "
+                 f"record: {safe_json.clipped(self.path, PATH_CHARS)})"]
         if self.unreadable:
             lines.append(f"  ({self.unreadable_note()})")
         for nb in ORDER:
             lines.append(f"  {nb}")
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                extra = f" (last mistake: {safe_json.clipped(s['category'], CATEGORY_CHARS)})" if s["state"] == "tried" else ""
+                mistake = safe_json.clipped(s["category"], CATEGORY_CHARS)
+                extra = f" (last mistake: {mistake})" if s["state"] == "tried" else ""
                 lines.append(f"    {s['state']:<12} {check}{extra}")
         return "\n".join(lines)
 
@@ -355,7 +357,8 @@ class Progress:
             cells = []
             for check in CATALOGUE[nb]:
                 s = self.status[(nb, check)]
-                label = s["state"] + (f": {safe_json.clipped(s['category'], CATEGORY_CHARS)}" if s["state"] == "tried" else "")
+                mistake = safe_json.clipped(s["category"], CATEGORY_CHARS)
+                label = s["state"] + (f": {mistake}" if s["state"] == "tried" else "")
                 cells.append(f'<span style="background:{colour[s["state"]]};padding:1px 5px;margin:2px;'
                              f'display:inline-block" title="{html.escape(label)}">{html.escape(check)}'
                              f' &mdash; {html.escape(label)}</span>')

@@ -20,14 +20,6 @@ from overlap_course import checks
 from overlap_course.checks import sandbox
 sandbox.TIME_LIMIT_S = 1.0
 
-def untraced(engine):  # tracing off, then an except BaseException around a blocking call
-    sys.settrace(None)
-    while True:
-        try:
-            time.sleep(10)
-        except BaseException:
-            pass
-
 def stubborn(engine):  # the same loop with tracing left on: the control
     while True:
         try:
@@ -68,17 +60,13 @@ def _verdict_line(name: str) -> str:
 
 
 @pytest.mark.timeout(60)
-def test_an_exercise_check_stops_code_that_turned_tracing_off():
-    """Finding 1: sys.settrace(None), then except BaseException around time.sleep."""
-    assert "verdict False time_limit" in _verdict_line("untraced")
-
-
-@pytest.mark.timeout(60)
 def test_an_exercise_check_stops_code_that_disarmed_its_alarm():
     """Finding 2: the alarm disarmed (setitimer 0), then a wait in C: the watchdog sends the
     alarm again.  Not fixed, and so not here: the same in a notebook check (no watchdog), and
-    an alarm the learner's code ignores (SIG_IGN) or blocks (pthread_sigmask) -- Ctrl-C still
-    stops those (sandbox.start_time_limit's docstring)."""
+    an alarm the learner's code ignores (SIG_IGN) or blocks (pthread_sigmask), and finding 1
+    (tracing turned off, then every TimeUp caught around a blocking call in an exercise check:
+    tracing again at each alarm misplaced the line the verdict names) -- Ctrl-C still stops
+    those (sandbox.start_time_limit's docstring)."""
     assert "verdict False time_limit" in _verdict_line("disarms")
 
 

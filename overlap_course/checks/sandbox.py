@@ -86,8 +86,9 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     the previous trace function.
 
     Not stopped (Ctrl-C still is): code spinning in C (``sum(range(10**10))``), and code that
-    sabotages the limit itself -- ignores or blocks SIGALRM, or disarms the timer in a notebook
-    check, which has no watchdog to send the alarm again -- then blocks in C.
+    sabotages the limit itself -- ignores or blocks SIGALRM, disarms the timer in a notebook
+    check (which has no watchdog to send the alarm again), or, in an exercise check, turns
+    tracing off and catches every TimeUp around a blocking call.
     """
     main = threading.current_thread() is threading.main_thread()
     if not trace and main and _CAN_ALARM:
@@ -111,9 +112,7 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
                     _signal.pthread_kill(thread, _SIGALRM)
             stopped.wait(_RETRY_S)
 
-    # escalate: at each alarm the learner's frames are traced again (code that turned tracing
-    # off and catches the TimeUp around a blocking call is stopped too)
-    alarm = _Alarm.start(seconds + _GRACE_S, seconds, up, escalate=True) if main else None
+    alarm = _Alarm.start(seconds + _GRACE_S, seconds, up) if main else None
 
     def stop():
         with lock:
