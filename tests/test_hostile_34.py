@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from overlap_course import safe_json
 from overlap_course.progress import your_progress
+from hostile_support import one_clear_line as _one_clear_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_GB = 1 << 30
@@ -30,12 +30,6 @@ def _summary(path, timeout=120):
     return subprocess.run([sys.executable, "-m", "overlap_course.traces.kineto", "summary",
                            str(path)], capture_output=True, text=True, timeout=timeout, env=env,
                           preexec_fn=_limit_memory)
-
-
-def _one_clear_line(run):
-    assert run.returncode == 2, run.stderr[-500:]
-    assert "Traceback" not in run.stderr, run.stderr[-500:]
-    assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
 
 
 def test_a_gzip_bomb_trace_is_one_line(tmp_path):

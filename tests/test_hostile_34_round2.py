@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,20 +15,9 @@ from overlap_course import checks
 from overlap_course.labs import plugins, plugins_2026
 from overlap_course.measure import bench
 from overlap_course.progress import read_record, your_progress
+from hostile_support import run_module as _run, one_clear_line as _one_clear_line
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(*args: str, cwd=None, timeout=120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
-
-
-def _one_clear_line(run, *words: str) -> None:
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-500:]
-    assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
-    assert all(w in run.stderr for w in words), run.stderr
 
 
 def _export(*args: str, cwd) -> subprocess.CompletedProcess:

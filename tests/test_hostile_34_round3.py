@@ -9,16 +9,7 @@ from __future__ import annotations
 import pytest
 
 from overlap_course import checks
-
-
-def _a_false_verdict(call):
-    try:
-        verdict = call()
-    except BaseException as err:  # noqa: BLE001 - the bug: any escape at all
-        pytest.fail(f"the check raised {type(err).__name__}: {err}")
-    assert isinstance(verdict, checks.Verdict), verdict
-    assert not verdict.passed, verdict.message
-    return verdict
+from hostile_support import a_false_verdict as _a_false_verdict
 
 
 # A serial loop that runs no round, and replaces the checker's per-run verdict with a lenient

@@ -18,19 +18,10 @@ import pytest
 
 from overlap_course import checks
 from overlap_course.checks import sandbox
+from hostile_support import a_false_verdict as _a_false_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = dict(table=[5, 2, 9], pos=9, block_size=4)
-
-
-def _a_false_verdict(call):
-    try:
-        verdict = call()
-    except BaseException as err:  # noqa: BLE001 - the bug: any escape at all
-        pytest.fail(f"the check raised {type(err).__name__}: {err}")
-    assert isinstance(verdict, checks.Verdict), verdict
-    assert not verdict.passed, verdict.message
-    return verdict
 
 
 # ------------------------------------------------------------------ dunders of the wrong type

@@ -1,0 +1,40 @@
+"""What the hostile rounds' tests (tests/test_hostile_34*.py) share: a command run as
+``python -m`` in a subprocess, the one-line refusal it must give, and a check's false verdict."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap_course import checks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_module(*args: str, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` with the course on its path, bounded in time."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def one_clear_line(run, *words: str) -> None:
+    """Exit 2 and one line on stderr, no traceback, naming each of ``words``."""
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-500:]
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
+    assert all(w in run.stderr for w in words), run.stderr
+
+
+def a_false_verdict(call):
+    """``call()``'s verdict, which must be a failing Verdict (nothing raised at all)."""
+    try:
+        verdict = call()
+    except BaseException as err:  # noqa: BLE001 - the bug: any escape at all
+        pytest.fail(f"the check raised {type(err).__name__}: {err}")
+    assert isinstance(verdict, checks.Verdict), verdict
+    assert not verdict.passed, verdict.message
+    return verdict
