@@ -9,28 +9,8 @@ from __future__ import annotations
 import pytest
 
 from overlap_course import checks
+from hostile_support import SELF_RESTORING, SERIAL_LOOP
 from hostile_support import a_false_verdict as _a_false_verdict
-
-
-# A serial loop that runs no round, and replaces the checker's per-run verdict with a lenient
-# one that puts the original back on the check's last run: when the check ends, every module
-# is as it was, so neither the sandbox's restore nor the judge's fingerprint sees a change.
-SELF_RESTORING = '''
-import overlap_course.checks.lesson02 as _L
-_orig, _calls = _L._serial_run_verdict, [0]
-
-
-def _lenient(*args, **kwargs):
-    _calls[0] += 1
-    if _calls[0] == 4:
-        _L._serial_run_verdict = _orig
-    return None
-
-
-def serial_loop(engine):
-    if _calls[0] == 0:
-        _L._serial_run_verdict = _lenient
-'''
 
 
 @pytest.mark.timeout(120)
@@ -124,12 +104,7 @@ def test_control_the_judge_fails_a_constant_idle_fraction_on_a_plain_run():
 # The judge trusts a verdict only if no thread of the submission still runs; it knows a
 # submission's thread by its target's code (``<submission cell N>``), which a Timer (target
 # None, run in threading.py) or a Thread around functools.partial does not show.
-DELEGATES = '''
-import functools, threading, time
-import toy_engine as te
-def serial_loop(engine):
-    te.loops.serial_loop(engine)
-'''
+DELEGATES = "import functools, threading, time\n" + SERIAL_LOOP
 
 
 LEFT_THREADS = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from hostile_support import SELF_RESTORING, SERIAL_LOOP
+
 # ------------------------------------------------------------------ grading: the judge
 
 # A wrong serial loop (the overlapped ZOS order), judged alone: not passed.
@@ -73,20 +75,7 @@ def serial_loop(engine):
 '''
 
 # Round three's self-restoring patch, its code objects renamed by assigning __code__.
-RENAMED = '''
-import overlap_course.checks.lesson02 as _L
-_orig, _calls = _L._serial_run_verdict, [0]
-
-def _lenient(*args, **kwargs):
-    _calls[0] += 1
-    if _calls[0] == 4:
-        _L._serial_run_verdict = _orig
-    return None
-
-def serial_loop(engine):
-    if _calls[0] == 0:
-        _L._serial_run_verdict = _lenient
-
+RENAMED = SELF_RESTORING + '''
 for _f in (_lenient, serial_loop):
     _f.__code__ = _f.__code__.replace(co_filename="lesson02_helpers.py")
 '''
@@ -105,12 +94,7 @@ def test_a_patch_made_outside_the_submissions_returns_does_not_pass_the_judge(ce
 
 # A thread pool's worker (target concurrent.futures.thread._worker, imported by the course
 # before the fingerprint) still running the submission's function when the check ends.
-DELEGATES = '''
-import concurrent.futures, time
-import toy_engine as te
-def serial_loop(engine):
-    te.loops.serial_loop(engine)
-'''
+DELEGATES = "import concurrent.futures, time\n" + SERIAL_LOOP
 POOL_WORKER = DELEGATES + '''
 _pool = concurrent.futures.ThreadPoolExecutor(1)
 _pool.submit(lambda: time.sleep(100))
