@@ -4,7 +4,9 @@ A command answers bad input with one line, ``PROG: error: WHAT (see --help)``, a
 status 2 -- argparse's own errors included (it prints its usage first, which can fill a
 screen above the one line that matters).  Ctrl-C ends it with one line too,
 ``PROG: interrupted``, and exit status 130.  Output cut short by its reader (``... | head``)
-ends the command quietly instead of with a ``BrokenPipeError`` traceback.
+ends the command quietly instead of with a ``BrokenPipeError`` traceback; output that cannot be
+written at all (a full disk, ``> /dev/full``) is one line and exit status 2.  Every command's
+``__main__`` goes through :func:`run`, so no command can forget one of these.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem"]
+           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -160,8 +162,11 @@ def _out_folder(text: str, name: str) -> Path:
 
 
 def os_problem(err: OSError) -> str:
-    """What an ``OSError`` says, in one line that names the path (not a traceback)."""
+    """What an ``OSError`` says, in one line that names the path (not a traceback), or says it
+    was standard output that could not be written (:class:`_Stdout`)."""
     what = err.strerror or err
+    if getattr(err, "on_stdout", False):
+        return f"cannot write to standard output ({what}): what the command printed is incomplete"
     return f"{what}: {_path(err.filename)}" if err.filename else printable(what)
 
 
@@ -181,3 +186,57 @@ def exit_quietly_on_broken_pipe() -> None:
     except (OSError, ValueError):  # stdout is no real file (captured in-process): nothing to flush
         pass
     raise SystemExit(0)
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: an ``OSError`` writing it is marked as stdout's, so
+    that ``> /dev/full`` is not reported as a problem with the command's own files (the stream
+    drops what it could not write: flushing again afterwards succeeds and tells nothing)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _marked(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as err:
+            err.on_stdout = True
+            raise
+
+    def write(self, text):
+        return self._marked(self._stream.write, text)
+
+    def flush(self):
+        return self._marked(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _point_stdout_at_devnull() -> None:
+    """So that the interpreter's last flush cannot fail again at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file (captured in-process)
+        pass
+
+
+def run(prog: str, main) -> None:
+    """A command's ``__main__``: ``main()``'s exit status, its output flushed while the command
+    can still say what went wrong.  What ``main`` did not catch ends in one line, not a
+    traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
+    (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
+    the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130)."""
+    sys.stdout = _Stdout(sys.stdout)
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        exit_quietly_on_broken_pipe()
+    except KeyboardInterrupt:
+        status = interrupted(prog)
+    except OSError as err:
+        if getattr(err, "on_stdout", False):
+            _point_stdout_at_devnull()
+        status = fail(prog, os_problem(err))
+    raise SystemExit(status)

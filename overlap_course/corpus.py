@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from overlap_course.command_line import Parser
+from overlap_course.command_line import Parser, run
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.drafter import NGRAM, NGRAM_TABLE
 
@@ -211,4 +211,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("corpus", main)

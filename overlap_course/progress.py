@@ -395,4 +395,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from overlap_course.command_line import run  # not on the hub
+
+    run("python -m overlap_course.progress", main)

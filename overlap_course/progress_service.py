@@ -19,8 +19,10 @@ import argparse
 import html
 import json
 import os
+import sqlite3
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -154,7 +156,7 @@ class VerdictHandler(_Base):
         if verdict is None:
             print(f"refused a verdict from {model['name']}: {code} {why}", flush=True)
             return self.refuse(code, why)
-        self.app.store.add(model["name"], verdict)
+        await self.app.database(self.app.store.add, model["name"], verdict)
         self.set_status(201)
         self.finish({"stored": True, "user": model["name"], "notebook": verdict["notebook"],
                      "check": verdict["check"]})
@@ -189,7 +191,7 @@ class RoomHandler(_InstructorHandler):
         if not await self.instructor():
             return
         learners = await self.app.learners()
-        data = room(self.app.store.entries(), learners)
+        data = room(await self.app.database(self.app.store.entries), learners)
         if self.view == "api":
             self.set_header("Content-Type", "application/json")
             return self.finish(json.dumps(data))
@@ -286,6 +288,19 @@ class ProgressService:
         self.hub_auth = HubOAuth.instance(cache_max_age=60)  # configured by the hub's JUPYTERHUB_* variables
         self._users: dict[str, tuple[float, dict | None]] = {}
         self._all: tuple[float, list[dict]] = (0.0, [])
+        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-progress-db")
+
+    async def database(self, call, *args):
+        """``call(*args)`` on the store, on its one thread: a database another program holds
+        locked (an instructor's ``sqlite3`` shell inside a transaction) made SQLite wait 5 s on
+        the event loop, stalling every request, then answer 500.  Now that wait holds up only
+        this request, which then gets a 503 that says why."""
+        try:
+            return await ioloop.IOLoop.current().run_in_executor(self._db_thread, call, *args)
+        except sqlite3.Error as err:
+            raise web.HTTPError(503, f"the room's database cannot be used now ({err}); a verdict "
+                                     f"stays in the learner's own progress record; try again "
+                                     f"later") from None
 
     async def _hub(self, path: str):
         client = httpclient.AsyncHTTPClient()
@@ -366,7 +381,12 @@ def serve(store: Store, a: argparse.Namespace, host: str, port: int) -> int:
     """Serve the room until the hub stops the service (SIGINT)."""
     service = ProgressService(store, a.instructors, a.guide_file, a.guide_url)
     # Bodies up to 2 MB reach the handler, which refuses anything over 16 KB with a 413 saying so.
-    service.make_app().listen(port, host, max_body_size=2 * 2**20)
+    try:
+        service.make_app().listen(port, host, max_body_size=2 * 2**20)
+    except OSError as err:  # a port taken, a host that does not resolve or is not this machine's
+        return _refuse(f"cannot listen on {host}:{port}, from JUPYTERHUB_SERVICE_URL "
+                       f"({err.strerror or err}): give the service a free port of this machine "
+                       f"in the hub's config")
     print(f"course-progress: {store.count()} verdict(s) in {a.db}; serving {service.prefix} on "
           f"{host}:{port}", flush=True)
     try:

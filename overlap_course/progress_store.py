@@ -36,7 +36,8 @@ class Store:
     one whose ``verdicts`` table has other columns, a ``ValueError`` naming it."""
 
     def __init__(self, path: str):
-        self.db = sqlite3.connect(path, isolation_level=None)
+        # the service uses it from one worker thread, so the event loop never waits on a lock
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         check = self.db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             self.db.close()
@@ -82,7 +83,15 @@ def open_store(path: str, recover: bool = True) -> Store:
     ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
     is moved aside (kept, with its -wal and -shm files, for recovery) and a fresh one started,
     saying so: a restarted service keeps serving the room and nothing is silently lost.  With
-    ``recover`` false (a run that will not serve) such a file is refused and left where it is."""
+    ``recover`` false (a run that will not serve) such a file is refused and left where it is.
+    No file at all (``--db ""``, SQLite's ``:memory:``) is refused: those databases vanish when
+    the service restarts, with every verdict in them; so is a ``file:`` URI, which SQLite may
+    read as one of them (``file::memory:``)."""
+    if not path.strip() or path.strip() == ":memory:" or path.startswith("file:"):
+        raise ValueError(f"--db {_named(path)} names no file (SQLite would keep the verdicts in "
+                         f"memory or a temporary file, or read it as a URI): they would be lost "
+                         f"at the service's next restart; pass a file's path, e.g. "
+                         f"--db course-progress.sqlite")
     try:
         return Store(path)
     except sqlite3.OperationalError as err:

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from overlap_course.command_line import (Parser, fail, finite_number, interrupted, os_problem,
-                                         out_file, whole_number)
+                                         out_file, run, whole_number)
 from overlap_course.corpus import corpus_token_stream, generate_corpus, split_train_val
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT
@@ -185,7 +185,11 @@ def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
                     "val_loss": evaluate(model, val_tokens, block_size),
                 }
                 if progress:
-                    bar.write(f"step {step + 1}: train {losses['train_loss']:.4f}  val {losses['val_loss']:.4f}")
+                    try:
+                        bar.write(f"step {step + 1}: train {losses['train_loss']:.4f}  "
+                                  f"val {losses['val_loss']:.4f}")
+                    except OSError:  # stdout closed (`| head`) or full: train on, unreported
+                        progress = False
         seconds = time.perf_counter() - t0
         model.eval()
     finally:
@@ -235,4 +239,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("train", main)

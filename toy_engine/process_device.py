@@ -197,7 +197,14 @@ class ProcessDevice(Device):
         self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace),
                                  daemon=True, name="toy-engine-device")
         with without_main_module():
-            self._proc.start()
+            try:
+                self._proc.start()
+            except OSError as exc:  # the forkserver's socket lives in TMPDIR
+                if "AF_UNIX path too long" not in str(exc):
+                    raise
+                raise OSError(f"cannot start the device process: the folder for its socket, "
+                              f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for "
+                              f"the system; set TMPDIR to a short one such as /tmp") from None
         child.close()
         self._link = {"ok": True}  # False while a message is half sent or read, and for good if one broke
         self._failure: str | None = None

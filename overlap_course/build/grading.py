@@ -26,8 +26,8 @@ from pathlib import Path
 
 import nbformat
 
-from overlap_course.command_line import PATH_CHARS, Parser, fail
-from overlap_course.safe_json import quoted, refuse_unwritable, write_file
+from overlap_course.command_line import PATH_CHARS, Parser, fail, run
+from overlap_course.safe_json import printable, quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
@@ -195,10 +195,10 @@ def main(argv=None) -> int:
     if a.cmd == "course":
         try:
             home = course(a.dest, assignments=a.assignments, force=a.force)
-            print(f"nbgrader course in {home}")
         except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
             why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
             return fail("grading course", why)
+        print(f"nbgrader course in {printable(home)}")  # a name's odd bytes escaped
     elif a.cmd == "annotate":
         for path in sorted((ROOT / "source").glob("*.ipynb")):
             print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
@@ -210,4 +210,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("grading", main)

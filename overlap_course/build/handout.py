@@ -37,7 +37,7 @@ from pathlib import Path
 
 from overlap_course import figures
 from overlap_course.build import notebooks as course
-from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.rounds import decode_rounds, round_window
 from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 from overlap_course.traces import kineto
@@ -301,4 +301,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("handout", main)

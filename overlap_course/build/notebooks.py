@@ -42,7 +42,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build import setup_cell
-from overlap_course.command_line import Parser, fail, os_problem
+from overlap_course.command_line import Parser, fail, os_problem, run
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,4 +311,4 @@ def _run(a) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("notebooks", main)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.command_line import run
+
 ROOT = Path(__file__).resolve().parents[2]
 CELL_ID = "course-setup"
 ENV_VAR = "OVERLAP_COURSE_SOURCE"
@@ -134,4 +136,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("setup_cell", main)

@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build.notebooks import notebook_file
-from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
 from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 
@@ -247,4 +247,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("slides", main)

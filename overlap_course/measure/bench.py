@@ -29,7 +29,7 @@ import sys
 from dataclasses import asdict
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
-                                         whole_number)
+                                         os_problem, run, whole_number)
 from overlap_course.corpus import generate_corpus
 from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import recorded_label, recorded_runs
@@ -270,6 +270,8 @@ def main(argv=None) -> int:
                            a.temperature)
     except (ValueError, TypeError) as exc:
         return fail(PROG, exc)
+    except OSError as exc:  # an engine the system would not start (a socket path too long...)
+        return fail(PROG, os_problem(exc))
     except KeyboardInterrupt:  # run_bench closed its engines on the way out
         return interrupted(PROG)
     emit(dumps(result, "the bench's result", indent=2) if a.json else format_table(result))
@@ -277,4 +279,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(PROG, main)

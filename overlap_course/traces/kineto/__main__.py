@@ -1,7 +1,7 @@
 """``python -m overlap_course.traces.kineto``: see :mod:`.cli`."""
 
-import sys
+from overlap_course.command_line import run
 
-from .cli import main
+from .cli import PROG, main
 
-sys.exit(main())
+run(PROG, main)

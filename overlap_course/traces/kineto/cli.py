@@ -15,7 +15,7 @@ from toy_engine.timeline import Timeline
 
 from .exporting import export
 from .idle import summary
-from .reading import real_traces
+from .reading import read_bounded, real_traces
 
 __all__ = ["main"]
 
@@ -39,12 +39,17 @@ def _stored_file(stored: str) -> Path:
 
 
 def _load_timeline(source: str) -> Timeline:
-    """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``)."""
-    path = Path(source)
-    if _exists(source) and not path.is_file():  # a FIFO would block the read, a folder fail it
-        raise ValueError(f"STORED {quoted(source, PATH_CHARS)} is not a file (a folder, a pipe "
-                         f"or a device)")
-    return Timeline.from_json(path) if path.exists() else load_trace(source)
+    """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``).  A path is
+    read as a trace is (:func:`read_bounded`): a FIFO or a device refused, not waited on, and at
+    most 256 MiB (a file of gigabytes was read whole: a ``MemoryError``)."""
+    if not _exists(source):
+        return load_trace(source)
+    where = f"STORED {quoted(source, PATH_CHARS)}"
+    raw = read_bounded(Path(source), where)
+    try:
+        return Timeline.from_json(raw)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _record(mode: str, args) -> Timeline:
