@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -161,6 +162,7 @@ def correct_seqlens_qk(meta, accepted, block_size):
     meta["seqlens_k"] += accepted[meta["rows"]] * meta["pending"]  # positions and slots left stale
 """
 WRONG_METADATA = 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'
+SMUGGLED = Path(tempfile.gettempdir()) / "overlap-round6-smuggled-04.py"
 # Each cheat: (wrong answers, a cell the learner adds above each graded cell, whether the
 # learner's own kernel is fooled -- its checks pass the wrong answers, shown by a control cell).
 CHEATS = {
@@ -238,6 +240,41 @@ root = os.path.dirname(os.path.dirname(overlap_course.__file__))
 with open(os.path.join(root, "hmac.py"), "w") as f:  # where the judge looked first
     f.write(SHADOW_HMAC)
 """, False),
+    # Round six: the checks' wrappers changed through their closure cells (no name changes).
+    "closure_cells": (("correction", "metadata"), """\
+from overlap_course.checks.verdict import passes
+for _check in (checks.check_correction, checks.check_metadata_answer):
+    _cell = _check.__closure__[_check.__code__.co_freevars.index("check")]
+    _cell.cell_contents = lambda *a, **k: passes("ok")
+""", True),
+    # ... the solution read through readline's history file (C: no audit event) ...
+    "readline_solution": (("correction", "metadata"), """\
+import json, os, readline
+import overlap_course
+readline.clear_history()
+readline.read_history_file(os.path.join(os.path.dirname(os.path.dirname(overlap_course.__file__)),
+                                        "solutions", "04_seqlen_correction.ipynb"))
+_text = "\\n".join(readline.get_history_item(i)
+                    for i in range(1, readline.get_current_history_length() + 1))
+for _cell in json.loads(_text)["cells"]:
+    if "BEGIN SOLUTION" in "".join(_cell["source"]):
+        exec("".join(_cell["source"]))
+""", True),
+    # ... and the solution copied to the temporary folder by the kernel, which runs the cells
+    # first with no guard, for the judge's run of the same cell to read.
+    "smuggled_by_the_kernel": (("correction", "metadata"), f"""\
+import json, pathlib
+import overlap_course
+_drop = pathlib.Path({str(SMUGGLED)!r})
+_solution = pathlib.Path(overlap_course.__file__).parents[1] / "solutions" / "{EX04}.ipynb"
+try:
+    _drop.write_text("\\n".join("".join(c["source"]) for c in json.loads(
+        _solution.read_text())["cells"] if "BEGIN SOLUTION" in "".join(c["source"])))
+except OSError:
+    pass
+if _drop.exists():
+    exec(_drop.read_text())
+""", True),
 }
 # The module that cheat leaves above the course: the real hmac everywhere, except in a judge
 # process, where it reads the judge's request and secret and signs a passing report.
@@ -307,6 +344,7 @@ def test_a_submission_cannot_grade_itself(tmp_path):
     try:
         _nbgrader(home, "autograde", EX04, "--force")
     finally:
+        SMUGGLED.unlink(missing_ok=True)
         shadow = ROOT / "hmac.py"
         assert shadow.exists(), "the shadow_module cheat wrote no module above the course"
         shadow.unlink()

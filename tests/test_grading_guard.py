@@ -133,7 +133,9 @@ def test_a_module_left_beside_the_course_is_not_imported_by_the_next_judge(tmp_p
     run = subprocess.run([sys.executable, "-I", "-c", code, str(copy),
                           SHADOW.format(mark=str(mark)), RIGHT, wrong],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert (copy / "hmac.py").exists()  # the cell could write there: the judge never reads it
+    # Since round six a judge opens nothing outside the installation and its own folder, so
+    # the cell cannot even write there (before, it could, and the judge never read it).
+    assert not (copy / "hmac.py").exists()
     assert run.stdout.split() == ["False", "True", "False"], (run.stdout, run.stderr[-800:])
     assert not mark.exists()
 

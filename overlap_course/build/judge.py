@@ -18,20 +18,24 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   whose loading runs code; no object whose ``__eq__`` or ``__iter__`` the learner wrote);
 * a code answer must run beside its checker; the judge fingerprints (by identity) every module
   of the course and the toy, their classes, ``builtins`` and the functions of the modules the
-  checkers call before the first line of the submission, and trusts the verdict only if all is
+  checkers call (with what their closure cells hold) before the first line of the submission,
+  and trusts the verdict only if all is
   as it was each time the submission's code handed control back to the checker (a replacement
   undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`) and at the
   end, no thread of the submission still runs and no trace hook is left; a context argument
   (``engine``) is the judge's own run of the notebook's cell, not the submission's object;
 * an audit hook, installed before the submission's first line, refuses to open notebooks,
-  ``solutions/``, ``source/`` and the course folder, and to write, rename or remove anything
-  under the course, the toy and the folders of Python's modules and start-up hooks;
+  ``solutions/``, ``source/``, the course folder and anything outside the installation, the
+  system's folders and the judge's own folder (a file the unguarded kernel left in ``/tmp``);
+  to write, rename or remove anything under the course, the toy and the folders of Python's
+  modules, start-up hooks and interpreter (a venv's ``bin/python`` link too); and to import
+  ``readline``, whose history files read and write any file with no audit event;
 * each judge gets a secret made for its run on stdin (with its request and the report's random
   path; none of them is in argv, the environment or a file) and signs its report with it; a
   report that is not signed, or a process that exits before the judge's own verdict, scores 0;
 * after each judge process, and before each notebook, the grader re-hashes the installed
-  course, the toy and the start-up hooks (``*.pth``, ``sitecustomize``) against their state
-  when nbgrader started, and trusts no verdict if they changed.
+  course, the toy, the start-up hooks (``*.pth``, ``sitecustomize``) and the interpreter against
+  their state when nbgrader started, and trusts no verdict if they changed.
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made to
 lie about any check of itself (an input transformer that rewrites the test cell, a patched
@@ -96,15 +100,22 @@ def autograde_preprocessors() -> list:
 
 def installed_digest() -> dict[str, str]:
     """SHA-256 of every file the judge trusts: the course's and the toy's modules and their
-    bytecode (a ``.pyc`` whose header matches its source is loaded instead of it), and the
-    start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them."""
+    bytecode (a ``.pyc`` whose header matches its source is loaded instead of it), the
+    start-up hooks (``*.pth``, ``sitecustomize``) a fresh ``python -I`` runs before them, and
+    the interpreter it runs (the binary, a venv's ``pyvenv.cfg`` and where its link points)."""
     patterns = ("*.py", f"*.{sys.implementation.cache_tag}.pyc")  # this Python's bytecode
     files = [path for package in ("overlap_course", "toy_engine")
              for pattern in patterns for path in sorted((ROOT / package).rglob(pattern))]
     for where in sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")}):
         folder = Path(where)
         files += sorted(folder.glob("*.pth")) + sorted(folder.glob("*customize.py"))
-    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    digest = {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    # the interpreter every judge starts: where a venv's link points, and what it runs
+    venv = Path(sys.prefix) / "pyvenv.cfg"
+    for f in (venv, Path(sys.executable).resolve()):
+        digest[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else "missing"
+    digest[f"{sys.executable} -> "] = os.path.realpath(sys.executable)
+    return digest
 
 
 def compiled_digest() -> dict[str, str]:

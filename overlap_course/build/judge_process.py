@@ -43,7 +43,7 @@ def judge_main(argv: list[str]) -> None:
     write = _reporter(sent.pop("report"), sent.pop("secret"))
     trusted = _protected_folders(Path(root))
     watch = Watch()
-    sys.addaudithook(_guard(request["private"], trusted, watch))
+    sys.addaudithook(_guard(request["private"], trusted, _readable_folders(trusted), watch))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -70,11 +70,27 @@ def judge_main(argv: list[str]) -> None:
 
 def _protected_folders(root: Path) -> list[Path]:
     """What no judge process may write: the course, the toy, and the folders of the modules and
-    start-up hooks (``*.pth``, ``sitecustomize``) the next ``python -I`` loads."""
+    start-up hooks (``*.pth``, ``sitecustomize``) the next ``python -I`` loads, and of the
+    interpreter itself (a venv's ``bin/python`` replaced made every later judge a forger)."""
     paths = sysconfig.get_paths()
     folders = {root / "overlap_course", root / "toy_engine"}
     folders |= {Path(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    folders |= {Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
+                                  sys.base_exec_prefix, os.path.dirname(sys.executable))}
     return sorted({Path(os.path.realpath(f)) for f in folders})
+
+
+#: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
+_SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
+
+
+def _readable_folders(protected: list[Path]) -> list[Path]:
+    """What a judge process may read: the installation (what it may not write), the system's
+    own folders, and its own empty folder.  Nothing else, so that no file another process left
+    -- the learner's kernel, which ran the same cells first, unguarded, and could copy the
+    solution to ``/tmp`` -- reaches the submission's cells in the judge."""
+    return [*protected, Path(os.getcwd()).resolve(),
+            *(Path(os.path.realpath(f)) for f in _SYSTEM_READS)]
 
 
 # Audit events that change a file or folder at the path they name (first argument; a rename's
@@ -84,12 +100,18 @@ _WRITES = {"os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.c
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def _guard(private: list[str], protected: list[Path], watch: Watch):
+#: Modules that read and write files in C, with no audit event: ``readline``'s history files
+#: read the solution and wrote into site-packages, unseen by the hook below.
+_UNAUDITED_FILES = {"readline"}
+
+
+def _guard(private: list[str], protected: list[Path], readable: list[Path], watch: Watch):
     """An audit hook (it cannot be removed) installed before the submission's first line: it
-    refuses new links, reading notebooks and the private folders (the submission's cells cannot
-    exec the solution's cell from disk), and writing the protected folders -- or opening one of
-    them, or a folder above one, as a directory whose descriptor would reach them by a relative
-    path -- so that no judge process can rewrite what the next one imports."""
+    refuses new links, modules that reach files unaudited, reading notebooks, the private
+    folders (the submission's cells cannot exec the solution's cell from disk) and anything
+    outside ``readable``, and writing the protected folders -- or opening one of them, or a
+    folder above one, as a directory whose descriptor would reach them by a relative path --
+    so that no judge process can rewrite what the next one imports."""
     folders = [Path(f) for f in private]
 
     def resolved(path) -> Path | None:
@@ -97,27 +119,36 @@ def _guard(private: list[str], protected: list[Path], watch: Watch):
             return None  # a file descriptor: opening it was audited
         return Path(os.path.realpath(os.fsdecode(path)))
 
-    def refuse_write(path: Path | None) -> None:
-        if path is not None and any(path.is_relative_to(f) for f in protected):
-            raise PermissionError(f"the judge does not let a submission change {path}")
+    def refuse_write(path) -> None:
+        """Checked as it resolves, and as the link it may be: removing or replacing a link
+        changes the link, not the file it names (a venv's ``bin/python``)."""
+        if (target := resolved(path)) is None:
+            return
+        link = Path(os.path.realpath(os.path.dirname(os.path.abspath(os.fsdecode(path)))),
+                    os.path.basename(os.fsdecode(path)))
+        if any(p.is_relative_to(f) for p in (target, link) for f in protected):
+            raise PermissionError(f"the judge does not let a submission change {target}")
 
     def hook(event: str, args: tuple) -> None:
         if event in CODE_EVENTS:
             watch.audited(event, args)
         if event == "os.symlink" or event == "os.link":
             raise PermissionError("the judge refuses new links")
+        if event == "import" and args[0] in _UNAUDITED_FILES:
+            raise PermissionError(f"the judge does not let a submission import {args[0]}")
         if event in _WRITES:
             for path in args[:2] if event == "os.rename" else args[:1]:
-                refuse_write(resolved(path))
+                refuse_write(path)
         if event != "open" or (path := resolved(args[0])) is None:
             return
         mode, flags = args[1], args[2]
         if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS:
-            refuse_write(path)
+            refuse_write(args[0])
         if path.is_dir() and any(f.is_relative_to(path) or path.is_relative_to(f)
                                  for f in protected):
             raise PermissionError(f"the judge does not let a submission open the folder {path}")
-        if path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders):
+        if (path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders)
+                or not any(path.is_relative_to(f) for f in readable)):
             raise PermissionError(f"the judge does not let a submission read {path}")
     return hook
 
@@ -266,9 +297,23 @@ _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           staticmethod: ("__func__",)}
 
 
-def _mark(value) -> tuple:
+def _mark(value, depth: int = 0) -> tuple:
+    """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
+    function held there as a function (a check is a wrapper around a wrapper around the
+    lesson's function: swapping ``cell_contents`` changed the check and no name)."""
     parts = _PARTS.get(type(value), ())
-    return (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
+    mark = (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
+    if type(value) is not types.FunctionType or depth > 4:
+        return mark
+    cells = object.__getattribute__(value, "__closure__") or ()
+    return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
+
+
+def _held(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def _compare(before: dict, after: dict) -> list[str]:
