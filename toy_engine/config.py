@@ -42,10 +42,10 @@ class EngineConfig:
     constraint: str | None = None   # "title_case": a sampling mask built from committed text (constraint.py)
 
     def __post_init__(self) -> None:
-        check_choice("mode", self.mode, MODES)
-        check_choice("device", self.device, DEVICES)
         cpus = os.cpu_count() or 1
         values = dict(
+            mode=check_choice("mode", self.mode, MODES),  # plain str: what is checked is what runs
+            device=check_choice("device", self.device, DEVICES),
             max_batch_size=check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE,
                                      " (metadata is sized per row and allocated up front)"),
             num_kv_blocks=check_int("num_kv_blocks", self.num_kv_blocks, 1),
@@ -61,12 +61,13 @@ class EngineConfig:
                                      f"only wait for each other"),
         )
         if self.constraint is not None:
-            check_choice("constraint", self.constraint, CONSTRAINTS)
+            constraint = check_choice("constraint", self.constraint, CONSTRAINTS)
+            values["constraint"] = constraint
             if values["num_draft_tokens"]:
-                raise ValueError(f"constraint={self.constraint!r} needs num_draft_tokens=0 (got "
+                raise ValueError(f"constraint={constraint!r} needs num_draft_tokens=0 (got "
                                  f"{self.num_draft_tokens}): a draft position's mask depends on the drafts "
                                  f"before it, which only the device knows; use one or the other")
-        for name, value in values.items():  # plain ints and floats from here on (numpy ints accepted)
+        for name, value in values.items():  # plain values from here on (numpy ints accepted)
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_frozen", True)
 

@@ -1,6 +1,7 @@
 """Interrupt-safe sections: a SIGINT (Ctrl-C, Jupyter's Interrupt) waits until a block ends.
 The engine holds it around its lock and a run's bookkeeping, the CPU stand-in around every pipe
-message (cost and the failure it prevents: docs/measurements/device.md).
+message (cost and the failure it prevents: docs/measurements/device.md) and its process's start
+(one cut short kills the forkserver every engine shares); never around pickling a plug-in.
 """
 
 import _signal

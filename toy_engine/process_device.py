@@ -196,7 +196,9 @@ class ProcessDevice(Device):
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace),
                                  daemon=True, name="toy-engine-device")
-        with without_main_module():
+        # Held: a Ctrl-C between the forkserver's connect and its fds kills the forkserver, and
+        # with it every engine's device process; one held is delivered once the finalizer is set.
+        with hold_sigint(), without_main_module():
             try:
                 self._proc.start()
             except OSError as exc:  # the forkserver's socket lives in TMPDIR
@@ -205,10 +207,10 @@ class ProcessDevice(Device):
                 raise OSError(f"cannot start the device process: the folder for its socket, "
                               f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for "
                               f"the system; set TMPDIR to a short one such as /tmp") from None
-        child.close()
-        self._link = {"ok": True}  # False while a message is half sent or read, and for good if one broke
-        self._failure: str | None = None
-        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
+            child.close()
+            self._link = {"ok": True}  # False mid-message, and for good once one broke
+            self._failure: str | None = None
+            self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
         self._done_upto = 0  # events complete in order: every id <= this one is done
@@ -216,8 +218,9 @@ class ProcessDevice(Device):
         self._latencies_ns: list[int] = []
         self._last_end_ns = self._events = 0  # the last device span's end; the last event id
         self._error: str | None = None
+        model_bytes = cloudpickle.dumps(model)  # before the held send: Ctrl-C still works here
         with hold_sigint():
-            self._send(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size, self.buffers))
+            self._send(("setup", model_bytes, num_kv_blocks, block_size, self.buffers))
         deadline = time.monotonic() + self.START_TIMEOUT_S
         while not self._poll(deadline, "start"):
             pass
@@ -287,15 +290,17 @@ class ProcessDevice(Device):
     # -- the stream ------------------------------------------------------------------
 
     def _launch(self, seq, kernel, args, round, stage, record_event):
+        # Pickled before SIGINT is held: a plug-in's __reduce__ runs here, and may never return.
+        kid = self._kernel_ids.get(kernel)
+        pickled = cloudpickle.dumps(kernel) if kid is None else None
+        if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
+            args = cloudpickle.dumps(args)
         with hold_sigint():
-            kid = self._kernel_ids.get(kernel)
             if kid is None:
                 kid = len(self._kernel_ids)
-                self._send(("kernel", kid, cloudpickle.dumps(kernel)))
+                self._send(("kernel", kid, pickled))
                 self._kernel_ids[kernel] = kid
             self._sent_ns[seq] = (time.perf_counter_ns(), stage, round)
-            if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
-                args = cloudpickle.dumps(args)
             event_id = self._events + 1 if record_event else None
             self._send(("launch", seq, kid, args, event_id, self._sent_ns[seq][0]))
             if record_event:

@@ -56,9 +56,12 @@ def check_bool(name: str, value) -> bool:
 
 
 def check_choice(name: str, value, choices: tuple) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {name} {shown(value)}: use one of {choices}")
-    return value
+    """``value`` as the plain str of one of ``choices`` (a str subclass's ``__eq__`` may lie)."""
+    plain = str.__str__(value) if isinstance(value, str) else None
+    if plain is None or plain not in choices:
+        raise ValueError(f"unknown {name} {shown(value if plain is None else plain)}: use one of "
+                         f"{choices}")
+    return plain
 
 
 def check_callable(name: str, value, allow_none: bool = True):

@@ -23,6 +23,7 @@ from . import answers, pool, sandbox
 from .verdict import Verdict, fails
 
 _PRISTINE = sandbox.Pristine()
+_RUNNING: list[str] = []  # the exercise check running now (any thread): they share the engines
 
 
 def notebook_check(check):
@@ -68,10 +69,16 @@ def exercise_check(*warm):
     def wrap(check):
         @functools.wraps(check)
         def guarded(*args, **kwargs) -> Verdict:
-            note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
-            for step in warm:
-                step()
-            verdict = _time_limited(check, args, kwargs)
+            if _RUNNING:  # its heal would take the busy engines from under the outer run
+                return _nested(check.__name__)
+            _RUNNING.append(check.__name__)
+            try:
+                note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
+                for step in warm:
+                    step()
+                verdict = _time_limited(check, args, kwargs)
+            finally:
+                _RUNNING.pop()
             patched = _PRISTINE.restore()
             if patched:
                 verdict = fails("edits_engine",
@@ -83,6 +90,13 @@ def exercise_check(*warm):
             return verdict
         return progress.recorded(guarded)
     return wrap
+
+
+def _nested(name: str) -> Verdict:
+    return fails("nested",
+                 f"`{name}` was called while `{_RUNNING[0]}` was running your code (your code "
+                 f"calls a check): a check cannot run inside another check's run, since both use "
+                 f"the same shared engines. Call checks from a notebook cell, not from your answer")
 
 
 def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:

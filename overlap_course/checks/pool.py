@@ -10,14 +10,22 @@ only picks the default loop).  Start-up times are in docs/measurements/checks.md
 from __future__ import annotations
 
 import atexit
+import collections
+import enum
 import functools
 from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 from toy_engine.data import CharTokenizer
 from toy_engine.config import EngineConfig
 from toy_engine import loops
+from toy_engine.device import Device
 from toy_engine.engine import Engine
 from toy_engine.model import load_model
+from toy_engine.races import RaceChecker
+from toy_engine.record import RunRecord
+from toy_engine.scheduler import BlockManager, Scheduler
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 MAX_NEW_TOKENS = 24
@@ -40,6 +48,7 @@ CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order sh
 
 _ENGINES: dict[tuple, Engine] = {}
 _CONFIGS: dict = {}  # each engine's own frozen config, to put back a learner's replace()
+_BUILT: dict = {}  # each engine's state as built (:func:`_state`): to see a change in place
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,6 +64,7 @@ def engine(**config) -> Engine:
         _ENGINES[key] = Engine(EngineConfig(mode="zos", max_batch_size=3, race_check=True, **config),
                                model=model, tokenizer=CharTokenizer(alphabet))
         _CONFIGS[key] = _ENGINES[key].config
+        _BUILT[key] = _state(_ENGINES[key])
     return _ENGINES[key]
 
 
@@ -70,27 +80,148 @@ def start(*configs: dict) -> None:
 
 def heal() -> list[str]:
     """Make every shared engine whole again before a check: its config, its race checker
-    on, and a cache pool with each block exactly once.  Returns what had to be put back."""
+    on, and a cache pool with each block exactly once; an engine changed anywhere else a run
+    reads (``engine.tokenizer.eos_id = 5`` in a wrong loop) is replaced by a fresh one.  Returns
+    what had to be put back."""
     changed = []
     for key, shared in list(_ENGINES.items()):
-        if shared.config is not _CONFIGS[key]:
-            changed.append("engine.config")
-            shared.config = _CONFIGS[key]
-        if not shared.device.races.enabled:
-            changed.append("engine.device.races.enabled")
-            shared.device.races.enabled = True
-        free, n = shared.scheduler.blocks.free_ids, shared.config.num_kv_blocks
-        if shared.device.failure() or sorted(free) != list(range(n)) or shared.scheduler.has_work():
-            changed.append(f"the shared engine's KV pool ({len(free)} free blocks of {n}; a fresh engine was started)")
-            _ENGINES.pop(key).close()
+        try:
+            if shared.config is not _CONFIGS[key]:
+                changed.append("engine.config")
+                shared.config = _CONFIGS[key]
+            if not shared.device.races.enabled:
+                changed.append("engine.device.races.enabled")
+                shared.device.races.enabled = True
+            free, n = shared.scheduler.blocks.free_ids, shared.config.num_kv_blocks
+            if (shared.device.failure() or sorted(free) != list(range(n))
+                    or shared.scheduler.has_work()):
+                what = f"the shared engine's KV pool ({len(free)} free blocks of {n}"
+            else:
+                what = _changed(shared, _BUILT[key])
+                what = what and f"{what} (the shared engine's: a learner's change in place"
+        except Exception:  # noqa: BLE001 - a learner's junk where the engine's parts were
+            what = "the shared engine (its parts could not be read"
+        if what is not None:
+            changed.append(f"{what}; a fresh engine was started)")
+            _retire(_ENGINES.pop(key))
             engine(**dict(key))
     return changed
+
+
+def _retire(shared: Engine) -> None:
+    """Close a replaced engine; one a learner's thread still runs stops when it is dropped."""
+    try:
+        shared.close()
+    except Exception:  # noqa: BLE001 - busy in another thread, or its device replaced by junk
+        pass
+
+
+# What a run replaces or advances (each checked by :func:`_run_state` instead of compared);
+# the model is read only when the engine is built (the device has its own copy).
+_PER_RUN = ((Engine, {"record", "scheduler", "timeline", "stats", "completions", "_run", "_next_id",
+                      "_clean", "model"}),
+            (Device, {"_seq", "_last_round", "_last_stage", "run_record", "_kernel_ids", "_sent_ns",
+                      "_done_upto", "_stamps", "_latencies_ns", "_last_end_ns", "_events", "_timed",
+                      "ctx"}),
+            (RaceChecker, {"pending", "free_blocks"}))
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_MAX_ITEMS = 4096  # a longer container is compared by its identity and length
+
+
+class _Same:
+    """Equal only to the very same object (a learner's object may lie in ``__eq__``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return type(other) is _Same and other.obj is self.obj
+
+
+def _state(shared: Engine) -> dict:
+    """What a run reads from ``shared`` and never changes itself, flat: path -> value."""
+    out: dict = {}
+    _flatten(shared, "engine", out, set())
+    return out
+
+
+def _flatten(value, path: str, out: dict, seen: set) -> None:
+    kind = type(value)
+    if kind in _PLAIN:
+        out[path] = (kind, value)
+    elif kind in (list, tuple, dict, collections.deque) and len(value) > _MAX_ITEMS:
+        out[path] = (_Same(value), len(value))
+    elif kind in (list, tuple, collections.deque):
+        out[path] = (kind, len(value))
+        for i, item in enumerate(value):
+            _flatten(item, f"{path}[{i}]", out, seen)
+    elif kind is dict:
+        out[path] = (kind, tuple(k if type(k) in _PLAIN else _Same(k) for k in value))
+        for i, item in enumerate(value.values()):
+            _flatten(item, f"{path}[{i}]", out, seen)
+    elif isinstance(value, torch.Tensor):  # a host buffer's contents change in every run
+        whole = value.numel() <= _MAX_ITEMS and not value.is_shared() and value.device.type == "cpu"
+        out[path] = (_Same(value), tuple(value.shape), value.dtype,
+                     value.detach().numpy().tobytes() if whole and not value.is_pinned() else None)
+    elif (kind.__module__.partition(".")[0] != "toy_engine" or id(value) in seen
+          or isinstance(value, (enum.Enum, torch.nn.Module)) or not hasattr(value, "__dict__")):
+        out[path] = _Same(value)
+    else:
+        seen.add(id(value))
+        attributes = vars(value)
+        out[path] = (_Same(kind), tuple(attributes))
+        skip = set().union(*(names for cls, names in _PER_RUN if isinstance(value, cls)))
+        for name, item in attributes.items():
+            if name not in skip:
+                _flatten(item, f"{path}.{name}", out, seen)
+
+
+def _changed(shared: Engine, built: dict) -> str | None:
+    """Where the engine differs from itself as built, in the parts a run reads, or None."""
+    now = _state(shared)
+    for path, value in built.items():
+        if path not in now or now[path] != value:
+            return path
+    return next((p for p in now if p not in built), None) or _run_state(shared)
+
+
+def _run_state(shared: Engine) -> str | None:
+    """What a run replaces or advances, as a run leaves it (idle, recovered), or None."""
+    device, c = shared.device, shared.config
+    counters = [shared._next_id, device._seq, device._done_upto, device._events]
+    if (not all(type(n) is int and n >= 0 for n in counters) or shared._clean is not True
+            or type(shared.record) is not RunRecord or device.run_record is not shared.record
+            or device._done_upto > device._events):
+        return "engine's run state"
+    ids = device._kernel_ids
+    if type(ids) is not dict or sorted(ids.values()) != list(range(len(ids))) or not all(
+            type(i) is int for i in ids.values()):
+        return "engine.device._kernel_ids"
+    if type(device.races.pending) is not list or type(device.races.free_blocks) is not dict:
+        return "engine.device.races"
+    s = shared.scheduler
+    fresh = shared._new_scheduler()
+    if (type(s) is not Scheduler or vars(s).keys() != vars(fresh).keys()
+            or type(s.blocks) is not BlockManager
+            or vars(s.blocks).keys() != vars(fresh.blocks).keys() or s.waiting or s.running
+            or type(s.free_rows) is not list or not all(type(r) is int for r in s.free_rows)
+            or sorted(s.free_rows) != fresh.free_rows or type(s.round) is not int
+            or type(s.num_draft_tokens) is not int or s.num_draft_tokens != c.num_draft_tokens
+            or type(s.blocks.block_size) is not int or s.blocks.block_size != c.block_size
+            or type(s.blocks.free_ids) is not collections.deque
+            or not all(type(b) is int for b in s.blocks.free_ids)
+            or s.blocks.on_alloc != fresh.blocks.on_alloc
+            or s.blocks.on_free != fresh.blocks.on_free):
+        return "engine.scheduler"
+    return None
 
 
 @atexit.register
 def close_engines() -> None:
     for shared in _ENGINES.values():
-        shared.close()
+        _retire(shared)
     _ENGINES.clear()
 
 

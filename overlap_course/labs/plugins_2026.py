@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import functools
 import numbers
+import operator
 
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
@@ -39,12 +40,25 @@ def batch_queue(depth: int, before_sample):
     return deep_loop(depth, to_process, f"batch_queue_{depth}")
 
 
+def _whole(value) -> int | None:
+    """``value`` as a plain int (what is checked is then what is used: an int subclass's
+    comparisons or ``__int__`` may lie), or None if it is no whole number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # an Integral without __index__
+        return None
+
+
 def _count(n, held: int) -> int:
     """``before_sample``'s answer, checked: a whole number of held steps, 0 to ``held``."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= held:
-        raise BadAnswer(f"before_sample returned {shown(n)}: return how many of the {held} held "
-                        f"step(s) to process before this sample, a whole number from 0 to {held}")
-    return int(n)
+    count = _whole(n)
+    if count is None or not 0 <= count <= held:
+        got = shown(n if count is None else count)
+        raise BadAnswer(f"before_sample returned {got}: return how many of the {held} held step(s) "
+                        f"to process before this sample, a whole number from 0 to {held}")
+    return count
 
 
 def future_key(key):
@@ -82,11 +96,12 @@ def _prepare_keyed(engine, plan, key):
     keys = []
     for b, req in enumerate(plan.requests):
         k = key(req, b)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < rows:
-            raise BadAnswer(f"key returned {shown(k)} for prompt {req.index} (place {b} in "
-                            f"round {plan.round}'s batch): the device keeps {rows} rows, so return "
-                            f"a whole number from 0 to {rows - 1}")
-        keys.append(int(k))
+        whole = _whole(k)
+        if whole is None or not 0 <= whole < rows:
+            raise BadAnswer(f"key returned {shown(k if whole is None else whole)} for prompt "
+                            f"{req.index} (place {b} in round {plan.round}'s batch): the device "
+                            f"keeps {rows} rows, so return a whole number from 0 to {rows - 1}")
+        keys.append(whole)
     own = [req.row for req in plan.requests]
     try:
         for req, k in zip(plan.requests, keys):
