@@ -1,11 +1,19 @@
 """Every check of the course, by notebook: what a learner's record and the room's service
-accept, and the order the views show them in.
+accept, and the order the views show them in; and the instructor guide's table that explains
+each mistake's category, which the service's guide page shows.
 
-Standard library only, like ``progress.py`` that imports it: the hub runs copies of both beside
-the progress service (docs/jupyterhub.md).
+Standard library only (and ``safe_json.py``), like ``progress.py`` that imports it: the hub
+runs copies of both beside the progress service (docs/jupyterhub.md).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+try:
+    from . import safe_json
+except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
+    import safe_json  # type: ignore[no-redef]
 
 # Every checked cell of the course, by notebook (the file's stem): what the service accepts.
 # A check used by two notebooks belongs to the first that lists it unless the kernel's notebook
@@ -50,3 +58,39 @@ def home_notebook(check: str) -> str | None:
 
 def known(notebook: str, check: str) -> bool:
     return check in CATALOGUE.get(notebook, ())
+
+
+# -- the instructor guide's table of mistakes: how to explain each category to a learner --
+
+GUIDE_SECTION = "## Mistakes the checkers catch"
+#: The most bytes of the instructor guide read (the shipped one has under 50 KB).
+MAX_GUIDE_BYTES = 1 << 20
+
+
+def read_guide(path: Path) -> str | None:
+    """The instructor guide's text, None if there is no such file; a ``ValueError`` naming it
+    if it is not a UTF-8 file of at most :data:`MAX_GUIDE_BYTES` (a FIFO: refused, not waited
+    on; /dev/zero: not read; ``safe_json.read_text``)."""
+    try:
+        return safe_json.read_text(path, f"the instructor guide {safe_json.quoted(str(path), 200)}",
+                                   MAX_GUIDE_BYTES)
+    except FileNotFoundError:
+        return None
+
+
+def guide_mistakes(path: Path | None) -> list[dict]:
+    """The instructor guide's table of mistakes: exercise, mistake, category, explanation;
+    [] without a guide, a ``ValueError`` naming one that cannot be read (:func:`read_guide`)."""
+    text = None if path is None else read_guide(path)
+    if text is None:
+        return []
+    start = text.find(GUIDE_SECTION)
+    rows = []
+    for line in text[start:].splitlines()[1:] if start >= 0 else []:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[3].startswith("`"):
+            rows.append({"exercise": cells[0], "mistake": cells[1], "wrote": cells[2],
+                         "category": cells[3].strip("`"), "explain": cells[4]})
+    return rows

@@ -43,15 +43,14 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
 try:
     from . import safe_json
     from .progress import CATALOGUE, ORDER, UNANSWERED, status
+    from .progress_catalogue import guide_mistakes, read_guide
     from .progress_store import Store, open_store, validate
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
     from progress import CATALOGUE, ORDER, UNANSWERED, status  # type: ignore[no-redef]
+    from progress_catalogue import guide_mistakes, read_guide  # type: ignore[no-redef]
     from progress_store import Store, open_store, validate  # type: ignore[no-redef]
 
-GUIDE_SECTION = "## Mistakes the checkers catch"
-#: The most bytes of the instructor guide read (the shipped one has under 50 KB).
-MAX_GUIDE_BYTES = 1 << 20
 REFRESH_MS = 2000
 USER_CACHE_S = 10.0
 
@@ -79,35 +78,6 @@ def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
               for key, cats in mistakes.items()}
     return {"checks": [f"{nb}/{check}" for nb, check in checks], "learners": grid, "mistakes": common,
             "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}
-
-
-def read_guide(path: Path) -> str | None:
-    """The instructor guide's text, None if there is no such file; a ``ValueError`` naming it
-    if it is not a UTF-8 file of at most :data:`MAX_GUIDE_BYTES` (a FIFO: refused, not waited
-    on; /dev/zero: not read; ``safe_json.read_text``)."""
-    try:
-        return safe_json.read_text(path, f"the instructor guide {safe_json.quoted(str(path), 200)}",
-                                   MAX_GUIDE_BYTES)
-    except FileNotFoundError:
-        return None
-
-
-def guide_mistakes(path: Path | None) -> list[dict]:
-    """The instructor guide's table of mistakes: exercise, mistake, category, explanation;
-    [] without a guide, a ``ValueError`` naming one that cannot be read (:func:`read_guide`)."""
-    text = None if path is None else read_guide(path)
-    if text is None:
-        return []
-    start = text.find(GUIDE_SECTION)
-    rows = []
-    for line in text[start:].splitlines()[1:] if start >= 0 else []:
-        if line.startswith("## "):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[3].startswith("`"):
-            rows.append({"exercise": cells[0], "mistake": cells[1], "wrote": cells[2],
-                         "category": cells[3].strip("`"), "explain": cells[4]})
-    return rows
 
 
 class _Base(HubOAuthenticated, web.RequestHandler):

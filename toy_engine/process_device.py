@@ -171,6 +171,18 @@ def _shutdown(proc, conn, link: dict) -> None:
         proc._popen.close()
 
 
+def _start(proc) -> None:
+    """``proc.start()``; a folder for the forkserver's socket too long for the system named."""
+    try:
+        proc.start()
+    except OSError as exc:  # the forkserver's socket lives in TMPDIR
+        if "AF_UNIX path too long" not in str(exc):
+            raise
+        raise OSError(f"cannot start the device process: the folder for its socket, "
+                      f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for the "
+                      f"system; set TMPDIR to a short one such as /tmp") from None
+
+
 class ProcessDevice(Device):
     """The CPU stand-in, host side.  Kernels travel by value (cloudpickle); one that raises is a sticky
     ``DeviceError`` at the next ``wait``; an exception (not a held SIGINT) mid-message breaks the link."""
@@ -199,14 +211,7 @@ class ProcessDevice(Device):
         # Held: a Ctrl-C between the forkserver's connect and its fds kills the forkserver, and
         # with it every engine's device process; one held is delivered once the finalizer is set.
         with hold_sigint(), without_main_module():
-            try:
-                self._proc.start()
-            except OSError as exc:  # the forkserver's socket lives in TMPDIR
-                if "AF_UNIX path too long" not in str(exc):
-                    raise
-                raise OSError(f"cannot start the device process: the folder for its socket, "
-                              f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for "
-                              f"the system; set TMPDIR to a short one such as /tmp") from None
+            _start(self._proc)
             child.close()
             self._link = {"ok": True}  # False mid-message, and for good once one broke
             self._failure: str | None = None
