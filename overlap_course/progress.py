@@ -147,8 +147,9 @@ def recorded(check, name: str | None = None):
     @functools.wraps(check)
     def wrapper(*args, **kwargs):
         verdict = check(*args, **kwargs)
-        asked = kwargs.get("name")
-        which = f"{base}:{asked}" if isinstance(asked, str) and home_notebook(f"{base}:{asked}") else base
+        asked = kwargs.get("name")  # a plain str: a subclass's own __format__ may raise
+        asked = f"{base}:{str.__str__(asked)}" if isinstance(asked, str) else None
+        which = asked if asked is not None and home_notebook(asked) else base
         return record(verdict, check=which)
 
     return wrapper

@@ -40,20 +40,37 @@ class Junk(Exception):
 def show(x) -> str:
     """A short, safe repr of a learner's answer for a message (never raises, never long)."""
     try:
-        big = isinstance(x, numbers.Integral) and not isinstance(x, bool) and abs(int(x)) >= 10**30
-    except Exception:  # noqa: BLE001 -- an integer whose own __int__ fails: shown by its repr
-        big = False
-    if big:
-        bits = int(x).bit_length()
-        return f"a {len(str(abs(int(x))))}-digit number" if bits < 14000 else "a number with thousands of digits"
+        return _shown(x)
+    except (KeyboardInterrupt, sandbox.TimeUp):
+        raise
+    except BaseException:  # noqa: BLE001 -- a repr that fails (even with SystemExit) still gets one
+        return f"a {type_name(x)}"
+
+
+def _shown(x) -> str:
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        try:  # int's own value of an int subclass: its __int__ may lie or fail
+            n = abs(int.__index__(x) if isinstance(x, int) else int(x))
+        except Exception:  # noqa: BLE001 -- an integer whose own __int__ fails: shown by its repr
+            n = 0
+        if n >= 10**30:
+            if n.bit_length() >= 14000:  # str() refuses more than 4300 digits
+                return "a number with thousands of digits"
+            return f"a {len(str(n))}-digit number"
     short = reprlib.Repr()
     short.maxstring = short.maxother = 40
     short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = short.maxdict = 6
-    try:
-        text = short.repr(x)
-    except Exception:  # noqa: BLE001 -- a learner's object whose repr fails still gets a message
-        text = f"a {type(x).__name__}"
+    text = str.__str__(short.repr(x))
     return text if len(text) <= SHOW else text[:SHOW - 4] + " ..."
+
+
+def type_name(x) -> str:
+    """The name of ``x``'s class as the interpreter keeps it (a metaclass's own ``__name__``
+    may raise)."""
+    return _TYPE_NAME.__get__(type(x))
+
+
+_TYPE_NAME = type.__dict__["__name__"]
 
 
 def _far(x) -> Junk:
@@ -66,8 +83,8 @@ def _odd(x, what: str, err: BaseException) -> Junk:
     number or length can be (the interpreter refuses it in the check's frame, not the learner's)."""
     said = str(err)
     said = said if len(said) <= SHOW else said[:SHOW - 4] + " ..."
-    return Junk(f"{show(x)} cannot be read: its class, {type(x).__name__}, breaks its {what} "
-                f"({type(err).__name__}: {said}): write a plain value, a number or a list of them")
+    return Junk(f"{show(x)} cannot be read: its class, {type_name(x)}, breaks its {what} "
+                f"({type_name(err)}: {said}): write a plain value, a number or a list of them")
 
 
 def _learners(err: BaseException) -> bool:
@@ -106,10 +123,25 @@ def scalar(x):
     """A 0-d or one-element tensor or NumPy array, or a NumPy scalar, as a Python number;
     anything else unchanged."""
     if isinstance(x, torch.Tensor) and x.numel() == 1:
-        return x.item()
+        return read_tensor(x, x.item)
     if type(x).__module__ == "numpy" and getattr(x, "size", None) == 1 and hasattr(x, "item"):
-        return x.item()
+        return read_tensor(x, x.item)
     return x
+
+
+def read_tensor(x, read):
+    """``read()`` (``x.item``, ``x.tolist``, ...) of a tensor or array, or Junk where torch
+    refuses (a meta tensor has no values, a sparse one no storage): never torch's error."""
+    try:
+        return read()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
+        if _learners(err):
+            raise
+        said = str(err).split("\n")[0]
+        said = said if len(said) <= SHOW else said[:SHOW - 4] + " ..."
+        raise Junk(f"{show(x)} holds no values the check can read ({said}): a tensor on the meta "
+                   f"device has none, and a sparse one must be made dense first (`.to_dense()`); "
+                   f"write the numbers themselves") from None
 
 
 def _one(x):
@@ -174,7 +206,7 @@ def returned_real(x) -> float | None:
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
             return math.inf if x > 0 else -math.inf
     if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
-        return float(x)
+        return read_tensor(x, x.__float__)
     if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
         return float(x)  # a 0-d NumPy array
     return None
@@ -196,7 +228,7 @@ def _as_list(x):
             return None
         if len(x) > MAX_ITEMS:
             raise Junk(f"that is {len(x)} values: this question's answer has a few")
-        return x.tolist()
+        return read_tensor(x, x.tolist)
     return x
 
 
@@ -322,7 +354,7 @@ def items(answer, shape: str) -> list | Verdict:
     try:
         out = list(itertools.islice(iter(answer), MAX_ITEMS + 1))
     except TypeError:
-        return fails("shape", f"write {shape}; got {type(answer).__name__} {show(answer)}")
+        return fails("shape", f"write {shape}; got {type_name(answer)} {show(answer)}")
     if len(out) > MAX_ITEMS:
         return fails("shape", f"write {shape}; yours gave more than {MAX_ITEMS} items (an endless iterator?)")
     return out

@@ -15,14 +15,15 @@ import functools
 import inspect
 import math
 import numbers
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
 from toy_engine.runinfo import RunStats
-from toy_engine.timeline import Timeline
+from toy_engine.timeline import Span, Timeline
 
-from .answers import MAX_ITEMS, scalar, show
+from .answers import MAX_ITEMS, Junk, read_tensor, scalar, show
 from .verdict import fails, unanswered
 
 BIG = 10**9  # no position, length, block or round of the course comes near it
@@ -37,14 +38,27 @@ class Arg:
     must: str
     read: Callable[[object], object]
     passes: str
+    why: Callable[[object], str] = lambda x: ""  # what is wrong with a value read as _BAD
+
+
+def _scalar(x):
+    """``scalar(x)``, or _BAD for a tensor with no values to read (a meta or sparse one)."""
+    try:
+        return scalar(x)
+    except Junk:
+        return _BAD
 
 
 def _whole(x, low: int, high: int):
-    x = scalar(x)
+    x = _scalar(x)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return _BAD
     if isinstance(x, numbers.Integral):
-        return int(x) if low <= x <= high else _BAD
+        try:  # compared as a plain int: a subclass's own comparisons may lie about its size
+            value = int.__index__(x if isinstance(x, int) else operator.index(x))
+        except (TypeError, ValueError, OverflowError):
+            return _BAD
+        return value if low <= value <= high else _BAD
     try:
         value = float(x)
     except (OverflowError, ValueError):
@@ -63,7 +77,7 @@ def whole(low: int, high: int, passes: str) -> Arg:
 
 def number(low: float, high: float, passes: str) -> Arg:
     def read(x):
-        x = scalar(x)
+        x = _scalar(x)
         if isinstance(x, bool) or not isinstance(x, numbers.Real):
             return _BAD
         try:
@@ -76,7 +90,10 @@ def number(low: float, high: float, passes: str) -> Arg:
 
 def _wholes(x, low: int, high: int, min_len: int):
     if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1 and len(x) <= MAX_ITEMS:
-        x = x.tolist()  # a 1-d tensor or array
+        try:
+            x = read_tensor(x, x.tolist)  # a 1-d tensor or array
+        except Junk:
+            return _BAD
     if not isinstance(x, (list, tuple, range)) or not min_len <= len(x) <= MAX_ITEMS:
         return _BAD
     values = [_whole(v, low, high) for v in x]
@@ -114,14 +131,29 @@ def _finite(x) -> bool:
         return False
 
 
+def _spans_problem(x, where: str = "") -> str:
+    """What an earlier cell did to a Timeline's spans (``tl.spans = None``, a None appended), or
+    "": the checks read every span's fields."""
+    if not isinstance(x, Timeline):
+        return ""
+    spans = vars(x).get("spans", _BAD)
+    if type(spans) is not list:  # noqa: E721 - not a subclass, whose own iteration may lie
+        found = show(spans) if spans is not _BAD else "gone"
+        return f" (its `{where}.spans` is {found}, not a list of Spans)"
+    for i, span in enumerate(spans):
+        if type(span) is not Span:  # noqa: E721
+            return f" (its `{where}.spans[{i}]` is {show(span)}, not a Span)"
+    return ""
+
+
 def _timeline(x):
-    return x if isinstance(x, Timeline) else _BAD
+    return x if isinstance(x, Timeline) and not _spans_problem(x) else _BAD
 
 
 def _run(x):
     """An engine after a run: its timeline, and its stats' idle fraction (and wall time)."""
     stats = getattr(x, "stats", None)
-    if not isinstance(getattr(x, "timeline", None), Timeline):
+    if _timeline(getattr(x, "timeline", None)) is _BAD:
         return _BAD
     idle = getattr(stats, "device_idle_fraction", None)
     if not _finite(idle) or not 0 <= idle <= 1 or not _finite(getattr(stats, "wall_ms", 0.0)):
@@ -140,12 +172,14 @@ def _stats(x, optional: bool):
 
 
 def timeline(passes: str) -> Arg:
-    return Arg("a Timeline (toy_engine.timeline.Timeline)", _timeline, passes)
+    return Arg("a Timeline (toy_engine.timeline.Timeline) with its list of Spans", _timeline,
+               passes, _spans_problem)
 
 
 def engine_run(passes: str) -> Arg:
-    return Arg("an engine that has run (its .timeline a Timeline, its .stats.device_idle_fraction "
-               "a number from 0 to 1)", _run, passes)
+    return Arg("an engine that has run (its .timeline a Timeline with its list of Spans, its "
+               ".stats.device_idle_fraction a number from 0 to 1)", _run, passes,
+               lambda x: _spans_problem(getattr(x, "timeline", None), ".timeline"))
 
 
 def run_stats(passes: str, optional: bool = False) -> Arg:
@@ -184,7 +218,8 @@ def given(answers: int = 1, agree: Callable[[dict], str | None] | None = None, *
             for param, spec in specs.items():
                 value = spec.read(bound.arguments[param])
                 if value is _BAD:
-                    return setup_verdict(param, bound.arguments[param], spec.must, spec.passes)
+                    found = bound.arguments[param]
+                    return setup_verdict(param, found, spec.must + spec.why(found), spec.passes)
                 bound.arguments[param] = value
             problem = agree(bound.arguments) if agree is not None else None
             if problem is not None:

@@ -30,6 +30,8 @@ def notebook_check(check):
     @functools.wraps(check)
     def bounded(*args, **kwargs) -> Verdict:
         limit, stopped, stop, previous = sandbox.TIME_LIMIT_S, None, _not_started, sys.gettrace()
+        if "name" in kwargs:  # the notebook's name for a second question, put in messages
+            kwargs["name"] = plain_name(kwargs["name"])
         try:
             stop = sandbox.start_time_limit(limit, trace=False)
             verdict = check(*args, **kwargs)
@@ -99,6 +101,15 @@ def _nested(name: str) -> Verdict:
                  f"the same shared engines. Call checks from a notebook cell, not from your answer")
 
 
+def plain_name(x) -> str:
+    """A ``name=`` as a check's message shows it: a plain, short str (a subclass's own
+    ``__format__`` or ``__str__`` may raise), or the short repr of what is not a str."""
+    if not isinstance(x, str):
+        return answers.show(x)
+    text = str.__str__(x)
+    return text if len(text) <= answers.SHOW else text[:answers.SHOW - 4] + " ..."
+
+
 def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:
     return fails("time_limit",
                  f"your answer's own code was {stopped} (the check allows {limit:.0f} s): the "
@@ -137,10 +148,11 @@ def _time_limited(check, args, kwargs) -> Verdict:
                 pass
         sys.settrace(previous)
     if isinstance(stopped, SystemExit):
+        code = SystemExit.code.__get__(stopped)  # the slot itself: a subclass's property may raise
         return fails("raised",
-                     f"your code called `exit()` / `sys.exit({stopped.code!r})` (SystemExit), which would "
-                     f"end the notebook's kernel: the checker stopped it there. Return from your function "
-                     f"instead")
+                     f"your code called `exit()` / `sys.exit({answers.show(code)})` "
+                     f"(SystemExit), which would end the notebook's kernel: the checker stopped it "
+                     f"there. Return from your function instead")
     if stopped is not None:
         return fails("time_limit",
                      f"your code was {stopped} (the check allows {limit:.0f} s; the reference takes "
@@ -167,10 +179,12 @@ def learner_raised(err: BaseException) -> Verdict | None:
     if where is None or not ordinary and not sandbox._is_learners(innermost):
         return None
     try:
-        said = str(err)
-    except Exception:  # noqa: BLE001 - an exception whose message itself raises
+        said = str.__str__(str(err))
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a message that raises, even SystemExit: still a verdict
         said = "(its message could not be read)"
     said = said if len(said) <= answers.SHOW else said[:answers.SHOW - 4] + " ..."
-    return fails("raised", f"your answer's own code raised {type(err).__name__}: {said} (in "
+    return fails("raised", f"your answer's own code raised {answers.type_name(err)}: {said} (in "
                            f"`{where}`) while the check read it: give a plain value (a number, a "
                            f"string, a list or set of them) or a function that returns one")

@@ -339,9 +339,12 @@ def restored_note(changed: list[str], was: dict | None = None) -> str:
     if not changed:
         return ""
     was = was or {}
+    from .answers import show  # short and safe: the value found is any an earlier cell set
 
     def shown(n: str) -> str:
-        return f"`{n}` (it was {was[n][0]!r}, now {was[n][1]!r} again)" if n in was else f"`{n}`"
+        if n not in was:
+            return f"`{n}`"
+        return f"`{n}` (it was {show(was[n][0])}, now {show(was[n][1])} again)"
 
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     names = ", ".join(map(shown, changed[:4])) + more
