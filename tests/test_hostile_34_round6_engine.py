@@ -55,7 +55,8 @@ def test_ctrl_c_while_an_engine_starts_leaves_the_forkserver_and_other_engines_a
         ref = [c.token_ids for c in a.generate(["Once upon a time"], max_new_tokens=5)]
         lines = open(fs.__file__).read().splitlines()
         def tracer(frame, event, arg):
-            if frame.f_code.co_name != "connect_to_new_process" or frame.f_code.co_filename != fs.__file__:
+            code = frame.f_code
+            if code.co_name != "connect_to_new_process" or code.co_filename != fs.__file__:
                 return None
             def local(frame, event, arg):
                 if event == "line" and "parent_r, child_w = os.pipe()" in lines[frame.f_lineno - 1]:
@@ -75,7 +76,8 @@ def test_ctrl_c_while_an_engine_starts_leaves_the_forkserver_and_other_engines_a
             got = [c.token_ids for c in a.generate(["Once upon a time"], max_new_tokens=5)]
         print("failure", a.device.failure(), "warnings", len(caught), "same", got == ref)
         b = te.Engine(cfg)
-        print("new engine", [c.token_ids for c in b.generate(["Once upon a time"], max_new_tokens=5)] == ref)
+        again = [c.token_ids for c in b.generate(["Once upon a time"], max_new_tokens=5)]
+        print("new engine", again == ref)
     '''))
     assert "interrupted" in run.stdout.splitlines(), run.stdout + run.stderr[-2000:]
     assert "failure None warnings 0 same True" in run.stdout, run.stdout + run.stderr[-2000:]
