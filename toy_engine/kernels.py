@@ -122,3 +122,4 @@ def sample(ctx, slot: int, is_prefill: bool, constrained: bool = False) -> None:
     if st["num_drafts"]:
         st["drafts"][rows] = drafter.propose_drafts(st["ngram_table"], history, st["num_drafts"])
     ctx.store(out_buffer(slot), pack_outputs(targets, accepted))
+

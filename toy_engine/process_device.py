@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -220,7 +221,7 @@ class ProcessDevice(Device):
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
         self._done_upto = 0  # events complete in order: every id <= this one is done
         self._stamps: list[tuple] = []  # (stage, round, start, end, CPU ns, paced ns or None)
-        self._latencies_ns: list[int] = []
+        self._latencies_ns: deque[int] = deque(maxlen=4096)  # the latest: memory stays bounded
         self._last_end_ns = self._events = 0  # the last device span's end; the last event id
         self._error: str | None = None
         model_bytes = cloudpickle.dumps(model)  # before the held send: Ctrl-C still works here

@@ -13,10 +13,13 @@ SHOWN_CHARS = 80  # how much of a rejected value a message repeats
 
 
 def shown(value) -> str:
-    """``repr(value)``, cut to SHOWN_CHARS (a 10**5000 has no repr: Python refuses over 4300 digits)."""
+    """``repr(value)``, cut to SHOWN_CHARS; its class if its repr raises (a refusal names it)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
         return f"{'-' if value < 0 else ''}an integer of {len(format(value, 'x')) * 4} bits"
-    text = repr(value)
+    try:
+        text = str.__str__(repr(value))
+    except Exception:  # noqa: BLE001 - the value's own __repr__
+        return f"<a {type.__dict__['__name__'].__get__(type(value))} whose repr raised>"
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 20]}... ({len(text)} characters)"
 
 
@@ -24,8 +27,8 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got the bool {value!r}")
     try:
-        number = operator.index(value)
-    except TypeError:
+        number = int.__index__(operator.index(value))
+    except Exception:  # noqa: BLE001 - a registered Integral or an int whose __index__ raises
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {shown(value)}") from None
     if number < minimum or (maximum is not None and number > maximum):
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
@@ -37,8 +40,8 @@ def check_float(name: str, value, minimum: float, maximum: float, unit: str = ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {shown(value)}")
     try:
-        number = float(value)
-    except OverflowError:  # an int beyond 1.8e308
+        number = float.__float__(float(value))
+    except Exception:  # noqa: BLE001 - an int beyond 1.8e308, or a Real whose own __float__ raises
         number = math.inf
     if not math.isfinite(number) or not minimum <= number <= maximum:
         raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {shown(value)}")

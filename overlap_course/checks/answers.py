@@ -22,6 +22,7 @@ import numbers
 import re
 import reprlib
 
+import numpy as np
 import torch
 
 from . import sandbox
@@ -205,10 +206,13 @@ def returned_real(x) -> float | None:
             return _convert(float, x)
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
             return math.inf if x > 0 else -math.inf
-    if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype != torch.bool and not x.is_complex():
+    if isinstance(x, torch.Tensor):  # a nested or sparse tensor's shape can raise: read_tensor
+        if x.is_nested or read_tensor(x, x.dim) or x.dtype == torch.bool or x.is_complex():
+            return None
         return read_tensor(x, x.__float__)
-    if getattr(x, "shape", None) == () and getattr(getattr(x, "dtype", None), "kind", "") in "iuf":
-        return float(x)  # a 0-d NumPy array
+    if isinstance(x, np.ndarray):  # read as a plain array: a subclass's own shape may raise
+        plain = np.ndarray.view(x, np.ndarray)
+        return float(plain.item()) if plain.shape == () and plain.dtype.kind in "iuf" else None
     return None
 
 

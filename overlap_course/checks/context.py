@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from toy_engine.runinfo import RunStats
-from toy_engine.timeline import Span, Timeline
+from toy_engine.runinfo import TimelineMeta
+from toy_engine.timeline import LANES, Span, Timeline
 
 from .answers import MAX_ITEMS, Junk, read_tensor, scalar, show
 from .verdict import fails, unanswered
@@ -132,22 +133,74 @@ def _finite(x) -> bool:
 
 
 def _spans_problem(x, where: str = "") -> str:
-    """What an earlier cell did to a Timeline's spans (``tl.spans = None``, a None appended), or
-    "": the checks read every span's fields."""
+    """What an earlier cell did to a Timeline (``tl.spans = None``, a None appended, a field set
+    through ``object.__setattr__``, a Span made by ``Span.__new__``), or "": the checks read every
+    span's fields."""
+    read = plain_timeline(x, where)
+    return read if isinstance(read, str) else ""
+
+
+TIME_LIMIT_MS = 1e12  # no span of a run starts or ends this far from its origin
+_SPAN_TEXT = {"lane": LANES, "stage": None, "label": None}
+
+
+def plain_timeline(x, where: str = ""):
+    """A base-class Timeline rebuilt from ``x``'s fields, each read as a plain value and checked
+    (a Timeline subclass's own methods and a Span's changed fields are never trusted), or a str
+    saying what is wrong (for the setup verdict)."""
     if not isinstance(x, Timeline):
         return ""
-    spans = vars(x).get("spans", _BAD)
+    fields = object.__getattribute__(x, "__dict__")
+    spans, origin, meta = (fields.get(k, _BAD) for k in ("spans", "origin_ns", "meta"))
     if type(spans) is not list:  # noqa: E721 - not a subclass, whose own iteration may lie
         found = show(spans) if spans is not _BAD else "gone"
         return f" (its `{where}.spans` is {found}, not a list of Spans)"
+    if not isinstance(origin, int) or isinstance(origin, bool) or type(meta) is not TimelineMeta:
+        return f" (its `{where}.origin_ns` or `{where}.meta` is not what a run leaves)"
+    plain = Timeline(origin_ns=int.__index__(origin), meta=meta)
     for i, span in enumerate(spans):
-        if type(span) is not Span:  # noqa: E721
-            return f" (its `{where}.spans[{i}]` is {show(span)}, not a Span)"
-    return ""
+        copy = _plain_span(span) if type(span) is Span else None  # noqa: E721
+        if copy is None:
+            return f" (its `{where}.spans[{i}]` is {show(span)}, not a Span as a run records it)"
+        plain.spans.append(copy)
+    return plain
+
+
+def _plain_span(span: Span) -> Span | None:
+    """A new Span from ``span``'s fields as plain values (its own checks run again), or None."""
+    fields = object.__getattribute__(span, "__dict__")
+    values = {}
+    for name in ("lane", "stage", "round", "start_ms", "end_ms", "owner", "cpu_ms", "label",
+                 "paced_ms"):
+        value = fields.get(name, _BAD)
+        if name in _SPAN_TEXT:
+            value = str.__str__(value) if isinstance(value, str) else _BAD
+        elif name in ("round", "owner"):
+            value = None if value is None and name == "owner" else _whole(value, 0, BIG)
+        elif value is not None or name in ("start_ms", "end_ms"):
+            value = _time(value)
+        if value is _BAD:
+            return None
+        values[name] = value
+    try:
+        return Span(**values)
+    except (TypeError, ValueError):
+        return None
+
+
+def _time(x):
+    """A span's time as a plain float within TIME_LIMIT_MS, or _BAD."""
+    if not _finite(x):
+        return _BAD
+    if not isinstance(x, (int, float)):
+        return _BAD
+    value = float.__float__(x) if isinstance(x, float) else float(int.__index__(x))
+    return value if abs(value) <= TIME_LIMIT_MS else _BAD
 
 
 def _timeline(x):
-    return x if isinstance(x, Timeline) and not _spans_problem(x) else _BAD
+    read = plain_timeline(x)
+    return read if isinstance(read, Timeline) else _BAD
 
 
 def _run(x):

@@ -18,6 +18,7 @@ import functools
 import sys
 
 from overlap_course import progress
+from toy_engine.interrupts import hold_sigint
 
 from . import answers, pool, sandbox
 from .verdict import Verdict, fails
@@ -33,7 +34,8 @@ def notebook_check(check):
         if "name" in kwargs:  # the notebook's name for a second question, put in messages
             kwargs["name"] = plain_name(kwargs["name"])
         try:
-            stop = sandbox.start_time_limit(limit, trace=False)
+            with hold_sigint():  # a Ctrl-C as the alarm is set waits till `stop` is known
+                stop = sandbox.start_time_limit(limit, trace=False)
             verdict = check(*args, **kwargs)
         except sandbox.TimeUp as exc:
             if stop is sandbox.no_limit:
@@ -48,15 +50,20 @@ def notebook_check(check):
             if verdict is None:
                 raise
         finally:
-            ended = False  # inline, not a helper: a TimeUp due fires at a call's entry
+            # inline, not a helper: a TimeUp due fires at a call's entry
+            ended, ctrl_c = False, None
             while not ended:
                 try:
                     sandbox.end_time_limit(stop)
                     ended = True
                 except sandbox.TimeUp:
                     pass
+                except KeyboardInterrupt as pressed:  # the limit is ended first, then raised
+                    ctrl_c = pressed
             if sys.gettrace() is not previous:  # a limit that ran out traces the learner's code
                 sys.settrace(previous)
+            if ctrl_c is not None:
+                raise ctrl_c
         if stopped is not None:
             verdict = _answer_time_up(stopped, limit)
         if len(verdict.message) > answers.MAX_MESSAGE:
@@ -73,14 +80,14 @@ def exercise_check(*warm):
         def guarded(*args, **kwargs) -> Verdict:
             if _RUNNING:  # its heal would take the busy engines from under the outer run
                 return _nested(check.__name__)
-            _RUNNING.append(check.__name__)
-            try:
+            try:  # appended inside: a Ctrl-C right after it must not leave the name behind
+                _RUNNING.append(check.__name__)
                 note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
                 for step in warm:
                     step()
                 verdict = _time_limited(check, args, kwargs)
             finally:
-                _RUNNING.pop()
+                _RUNNING.clear()  # only this check's name: a nested one returned above
             patched = _PRISTINE.restore()
             if patched:
                 verdict = fails("edits_engine",
@@ -126,7 +133,8 @@ def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
     try:
-        stop = sandbox.start_time_limit(limit)
+        with hold_sigint():
+            stop = sandbox.start_time_limit(limit)
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:
         stopped = exc
@@ -139,14 +147,18 @@ def _time_limited(check, args, kwargs) -> Verdict:
         if verdict is None:
             raise
     finally:
-        ended = False
+        ended, ctrl_c = False, None
         while not ended:
             try:
                 sandbox.end_time_limit(stop)
                 ended = True
             except sandbox.TimeUp:
                 pass
+            except KeyboardInterrupt as pressed:  # as in notebook_check
+                ctrl_c = pressed
         sys.settrace(previous)
+        if ctrl_c is not None:
+            raise ctrl_c
     if isinstance(stopped, SystemExit):
         code = SystemExit.code.__get__(stopped)  # the slot itself: a subclass's property may raise
         return fails("raised",

@@ -293,7 +293,8 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Ver
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``.
     The function gets a copy: one that empties or edits it changes neither the run nor the check."""
-    timeline, expected = engine.timeline, engine.stats.device_idle_fraction
+    timeline = context.plain_timeline(engine.timeline)  # as given() read it: plain values only
+    expected = engine.stats.device_idle_fraction
     try:
         got = idle_fraction(copy.deepcopy(timeline))
     except NotImplementedError:

@@ -19,10 +19,12 @@ import torch
 
 from toy_engine.data import CharTokenizer
 from toy_engine.config import EngineConfig
-from toy_engine import loops
-from toy_engine.device import Device
+from toy_engine import kernels, loops
+from overlap_course.device_state import fingerprint, verify
+from toy_engine.device import Device, DeviceError
 from toy_engine.engine import Engine
 from toy_engine.model import load_model
+from toy_engine.process_device import ProcessDevice
 from toy_engine.races import RaceChecker
 from toy_engine.record import RunRecord
 from toy_engine.scheduler import BlockManager, Scheduler
@@ -49,6 +51,10 @@ CONSTRAINT = "title_case"  # the ZOS checker's constrained run: a wrong order sh
 _ENGINES: dict[tuple, Engine] = {}
 _CONFIGS: dict = {}  # each engine's own frozen config, to put back a learner's replace()
 _BUILT: dict = {}  # each engine's state as built (:func:`_state`): to see a change in place
+_PRINTS: dict = {}  # each device as built (device_state.fingerprint): to see a kernel's change
+# The engine's own kernels: any other one run on a shared device may have changed it for good.
+_KERNELS = (kernels.setup_state, kernels.upload_inputs, kernels.correct, kernels.forward,
+            kernels.sample, verify)
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,6 +71,9 @@ def engine(**config) -> Engine:
                                model=model, tokenizer=CharTokenizer(alphabet))
         _CONFIGS[key] = _ENGINES[key].config
         _BUILT[key] = _state(_ENGINES[key])
+        built = _ENGINES[key]
+        _PRINTS[key] = fingerprint(built.model, built.ngram, built.config.num_draft_tokens,
+                                           built.config.block_size)
     return _ENGINES[key]
 
 
@@ -97,7 +106,7 @@ def heal() -> list[str]:
                     or shared.scheduler.has_work()):
                 what = f"the shared engine's KV pool ({len(free)} free blocks of {n}"
             else:
-                what = _changed(shared, _BUILT[key])
+                what = _changed(shared, _BUILT[key]) or _device_changed(shared, _PRINTS[key])
                 what = what and f"{what} (the shared engine's: a learner's change in place"
         except Exception:  # noqa: BLE001 - a learner's junk where the engine's parts were
             what = "the shared engine (its parts could not be read"
@@ -216,6 +225,37 @@ def _run_state(shared: Engine) -> str | None:
             or s.blocks.on_free != fresh.blocks.on_free):
         return "engine.scheduler"
     return None
+
+
+def _device_changed(shared: Engine, expected: str) -> str | None:
+    """What a learner's run left in the device, or None: a kernel of its own (it may have changed
+    the device's weights), bookkeeping that is not plain, a launch or a freed block a wait and
+    an idle pool do not explain, or a model or lasting state that differs
+    (``device_state.verify``)."""
+    device = shared.device
+    if type(device) is ProcessDevice:
+        if not all(any(k is own for own in _KERNELS) for k in device._kernel_ids):
+            return "engine.device (a kernel that is not the engine's ran on it"
+        books = device._latencies_ns
+        if (type(books) is not collections.deque or books.maxlen is None
+                or not all(type(n) is int for n in books) or type(device._last_end_ns) is not int
+                or type(device._sent_ns) is not dict or type(device._stamps) is not list):
+            return "engine.device's bookkeeping (its launch latencies and times"
+    try:
+        device.launch(verify, expected, round=0, stage="verify")
+        device.synchronize(timeout=RECOVER_S)
+    except DeviceError:
+        return "engine.device's model or lasting state (changed by a kernel"
+    races, n = device.races, shared.config.num_kv_blocks
+    if races.pending or (type(device) is ProcessDevice and device._sent_ns):
+        return "engine.device.races.pending (a launch no wait covers"
+    freed = races.free_blocks.items()
+    if not all(type(b) is int and 0 <= b < n and type(p) is int for b, p in freed):
+        return "engine.device.races.free_blocks"
+    return None
+
+
+RECOVER_S = 10.0  # how long a heal waits for a shared device's queue (its own kernel: a few ms)
 
 
 @atexit.register
