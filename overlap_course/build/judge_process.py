@@ -47,8 +47,8 @@ def judge_main(argv: list[str]) -> None:
     watch = Watch()
     readable = _readable_folders(trusted)
     sys.addaudithook(_guard(request["private"], trusted, readable, watch))
-    landlock.restrict([*map(str, readable), *_SYSTEM_RUNS, *filter(None, sys.path)],
-                      [os.getcwd(), *_SYSTEM_WRITES])  # what C code reaches too (no Landlock: 0)
+    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
+                      [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -85,11 +85,6 @@ def _protected_folders(root: Path) -> list[Path]:
     return sorted({Path(os.path.realpath(f)) for f in folders})
 
 
-#: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
-_SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
-#: What the engine's device process needs besides (its interpreter's libraries, shared memory).
-_SYSTEM_RUNS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
-_SYSTEM_WRITES = ("/dev/null", "/dev/shm")
 
 
 def _readable_folders(protected: list[Path]) -> list[Path]:
@@ -98,7 +93,7 @@ def _readable_folders(protected: list[Path]) -> list[Path]:
     -- the learner's kernel, which ran the same cells first, unguarded, and could copy the
     solution to ``/tmp`` -- reaches the submission's cells in the judge."""
     return [*protected, Path(os.getcwd()).resolve(),
-            *(Path(os.path.realpath(f)) for f in _SYSTEM_READS)]
+            *(Path(os.path.realpath(f)) for f in landlock.SYSTEM_READS)]
 
 
 # Audit events that change a file or folder at the path they name (first argument; a rename's

@@ -19,7 +19,13 @@ import os
 import struct
 import sys
 
-__all__ = ["abi", "restrict"]
+__all__ = ["abi", "restrict", "SYSTEM_READS", "SYSTEM_RUNS", "SYSTEM_WRITES"]
+
+#: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
+SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
+#: What the engine's device process needs besides (its interpreter's libraries, shared memory).
+SYSTEM_RUNS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
+SYSTEM_WRITES = ("/dev/null", "/dev/shm")
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every Linux arch
 _VERSION = 1  # landlock_create_ruleset's flag: answer the ABI version
