@@ -84,3 +84,47 @@ def run_python(code: str, timeout=120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
+
+
+# Value answers judged in a throwaway venv (the shared one is never touched): the first judge
+# runs the cells, the second ("check", which runs no line of the submission) reads its secret
+# on stdin.  A forger left where the next judge starts or imports signs a pass with it.
+WRONG_VALUE = 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'
+FORGER = """import sys
+if sys.flags.isolated and sys.argv[-1:] == ["check"]:
+    import hashlib, hmac, json, os
+    sent = json.loads(sys.stdin.buffer.read())
+    body = json.dumps({"passed": True, "message": "forged"})
+    with open(sent["report"], "w") as f:
+        f.write(hmac.new(sent["secret"].encode(), body.encode(), hashlib.sha256).hexdigest()
+                + chr(10) + body)
+    os._exit(0)
+"""
+
+
+def judged_in_a_throwaway_venv(tmp_path: Path, cheat: str) -> tuple[list[str], Path, Path]:
+    """``check_metadata_answer`` on ``cheat``, then on a plain wrong answer, in a fresh venv
+    whose site-packages holds its own copy of nbformat (which every judge imports): the two
+    verdicts' ``passed`` as printed, the venv's python and that copy's ``__init__.py``."""
+    import shutil
+    import sysconfig
+
+    import nbformat
+
+    venv = tmp_path / "v"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "main-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    shutil.copytree(Path(nbformat.__file__).parent, Path(site, "nbformat"))
+    child = (f"from overlap_course.build import judge\n"
+             f"print(judge.judge('check_metadata_answer', [{cheat!r}])[0])\n"
+             f"print(judge.judge('check_metadata_answer', [{WRONG_VALUE!r}])[0])\n")
+    run = subprocess.run([str(python), "-c", child], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.stdout.strip(), run.stderr[-1500:]
+    return run.stdout.split(), python, Path(site, "nbformat", "__init__.py")
+

@@ -15,7 +15,7 @@ import pytest
 
 from overlap_course.build import notebooks as course
 from overlap_course import progress
-from overlap_course.build import grading
+from overlap_course.build import grading, landlock
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = ("02_serial_loop", "04_seqlen_correction")
@@ -304,6 +304,9 @@ def correct_seqlens_qk(meta, accepted, block_size):
 """
 # A right answer judged beside a checker the submission's cells changed is not trusted either.
 TAMPERS_WITH_THE_CODE_JUDGE = {"patched_builtins"}
+# Where Landlock fences the grading kernel (overlap_course/build/kernel_fence.py), these cannot
+# read the solution even there: the learner's own kernel is not fooled either.
+READ_THE_SOLUTION = {"files_and_solution", "readline_solution", "smuggled_by_the_kernel"}
 CONTROL = ('print("KERNEL PASSES", bool(checks.check_correction(correct_seqlens_qk)), '
            'bool(checks.check_metadata_answer(needs_correction)))\n')
 
@@ -365,5 +368,6 @@ def test_a_submission_cannot_grade_itself(tmp_path):
                 "judged in a fresh process" in o.get("text", "")
                 or o.get("ename") == "CheckNotPassed" for o in judged), (student, judged)
             control = "".join(o.get("text", "") for o in graded.cells[-1].outputs)
+            fooled = fooled and not (landlock.abi() and student in READ_THE_SOLUTION)
             assert ("KERNEL PASSES True True" in control) == (fooled or student == "right"), (
                 student, control, graded.cells[-1].outputs)

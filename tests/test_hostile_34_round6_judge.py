@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from hostile_support import FORGER, WRONG_VALUE, judged_in_a_throwaway_venv
 from overlap_course.build import judge
 
 ZOS = '''
@@ -101,19 +101,6 @@ def serial_loop(engine):
     assert passed, message
 
 
-# Value answers in a throwaway venv (the shared one is never touched): the first judge runs the
-# cells, the second ("check", which runs no line of the submission) reads its secret on stdin.
-WRONG_VALUE = 'needs_correction = {"seqlens_k", "positions", "seqlens_q"}\n'
-FORGER = '''import sys
-if sys.flags.isolated and sys.argv[-1:] == ["check"]:
-    import hashlib, hmac, json, os
-    sent = json.loads(sys.stdin.buffer.read())
-    body = json.dumps({"passed": True, "message": "forged"})
-    with open(sent["report"], "w") as f:
-        f.write(hmac.new(sent["secret"].encode(), body.encode(), hashlib.sha256).hexdigest()
-                + chr(10) + body)
-    os._exit(0)
-'''
 READLINE_WRITES_A_MODULE = WRONG_VALUE + f'''
 import sys
 if sys.flags.isolated:
@@ -139,28 +126,7 @@ if sys.flags.isolated and os.path.islink(exe):
 @pytest.mark.parametrize("cheat", [READLINE_WRITES_A_MODULE, REPLACES_THE_INTERPRETER],
                          ids=["readline-writes-nbformat", "bin-python-replaced"])
 def test_a_judge_cannot_change_what_the_next_judge_runs(cheat, tmp_path):
-    import shutil
-
-    import nbformat
-
-    venv = tmp_path / "v"
-    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    if not python.is_symlink():
-        pytest.skip("this venv's python is a copy, not a link")
-    site = subprocess.run([str(python), "-c", "import sysconfig; "
-                           "print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "main-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    shutil.copytree(Path(nbformat.__file__).parent, Path(site, "nbformat"))
-    before = Path(site, "nbformat", "__init__.py").read_bytes()
-    child = (f"from overlap_course.build import judge\n"
-             f"print(judge.judge('check_metadata_answer', [{cheat!r}])[0])\n"
-             f"print(judge.judge('check_metadata_answer', [{WRONG_VALUE!r}])[0])\n")
-    run = subprocess.run([str(python), "-c", child], capture_output=True, text=True,
-                         timeout=900, cwd=judge.ROOT,
-                         env={**os.environ, "PYTHONPATH": str(judge.ROOT)})
-    assert run.stdout.split() == ["False", "False"], run.stdout + run.stderr[-1500:]
+    passed, python, nbformat_init = judged_in_a_throwaway_venv(tmp_path, cheat)
+    assert passed == ["False", "False"], passed
     assert python.is_symlink()
-    assert Path(site, "nbformat", "__init__.py").read_bytes() == before
+    assert "forged" not in nbformat_init.read_text()

@@ -35,7 +35,11 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   report that is not signed, or a process that exits before the judge's own verdict, scores 0;
 * after each judge process, and before each notebook, the grader re-hashes the installed
   course, the toy, the start-up hooks (``*.pth``, ``sitecustomize``) and the interpreter against
-  their state when nbgrader started, and trusts no verdict if they changed.
+  their state when nbgrader started, and trusts no verdict if they changed;
+* where Linux has Landlock, the kernel itself fences each judge's files (and the learner's
+  grading kernel's, :mod:`~overlap_course.build.kernel_fence`) whatever code reaches them:
+  C code such as ``torch.from_file`` or ``sqlite3``, which no audit event reports
+  (:mod:`~overlap_course.build.landlock`).
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made to
 lie about any check of itself (an input transformer that rewrites the test cell, a patched
@@ -44,10 +48,10 @@ that runs beside its checker shares the judge's process, so code written against
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
 (a weakref callback, a signal handler: ``functools.partial(setattr, ...)``, which no hand-back
 sees), walk frames, dig the run's secret out of the judge's memory and sign a forged report,
-write files through ``ctypes`` or a process of its own (the audit hook is not inherited; the
-re-hash after the judge catches such writes to the course's and the toy's sources and bytecode,
-unless the process leaves the judge's process group on purpose and writes later) -- all of it in
-the submission, for the instructor to read. And the kernel runs as the grader's user, before any
+and, without Landlock, write files through ``ctypes`` or a process of its own (the audit hook is
+not inherited; the re-hash after the judge catches such writes to the course's and the toy's
+sources and bytecode, unless the process leaves the judge's process group on purpose and writes
+later) -- all of it in the submission, for the instructor to read. And the kernel runs as the grader's user, before any
 judge: it can rewrite torch or the standard library, which are not hashed (too large to hash per
 process), so grade where submissions cannot write the course folder or the environment (a
 container, as otter-grader recommends).

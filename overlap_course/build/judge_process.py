@@ -15,6 +15,8 @@ import threading
 import types
 from pathlib import Path
 
+from overlap_course.build import landlock
+from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
 from overlap_course.build.judge_watch import CODE_EVENTS, Watch, from_submission
 
@@ -43,7 +45,10 @@ def judge_main(argv: list[str]) -> None:
     write = _reporter(sent.pop("report"), sent.pop("secret"))
     trusted = _protected_folders(Path(root))
     watch = Watch()
-    sys.addaudithook(_guard(request["private"], trusted, _readable_folders(trusted), watch))
+    readable = _readable_folders(trusted)
+    sys.addaudithook(_guard(request["private"], trusted, readable, watch))
+    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
+                      [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -80,8 +85,6 @@ def _protected_folders(root: Path) -> list[Path]:
     return sorted({Path(os.path.realpath(f)) for f in folders})
 
 
-#: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
-_SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
 
 
 def _readable_folders(protected: list[Path]) -> list[Path]:
@@ -90,7 +93,7 @@ def _readable_folders(protected: list[Path]) -> list[Path]:
     -- the learner's kernel, which ran the same cells first, unguarded, and could copy the
     solution to ``/tmp`` -- reaches the submission's cells in the judge."""
     return [*protected, Path(os.getcwd()).resolve(),
-            *(Path(os.path.realpath(f)) for f in _SYSTEM_READS)]
+            *(Path(os.path.realpath(f)) for f in landlock.SYSTEM_READS)]
 
 
 # Audit events that change a file or folder at the path they name (first argument; a rename's
@@ -136,6 +139,8 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
             raise PermissionError("the judge refuses new links")
         if event == "import" and args[0] in _UNAUDITED_FILES:
             raise PermissionError(f"the judge does not let a submission import {args[0]}")
+        if event == "sqlite3.connect":  # its files are opened in C, unaudited
+            raise PermissionError("the judge does not let a submission open a database")
         if event in _WRITES:
             for path in args[:2] if event == "os.rename" else args[:1]:
                 refuse_write(path)
@@ -167,26 +172,13 @@ def _reporter(path: str, secret: str):
     return write
 
 
-def _run_cells(cells: list[str]) -> tuple[dict, list[str]]:
-    """The submission's cells in order, as its kernel ran them: a cell that raises is noted
-    and the next one runs (nbgrader runs notebooks with errors allowed)."""
-    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
-    notes = []
-    for number, source in enumerate(cells, 1):
-        try:
-            exec(compile(source, f"<submission cell {number}>", "exec"), space)  # noqa: S102
-        except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
-            notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
-    return space, notes
-
-
 def _missing(name: str, notes: list[str]) -> str:
     why = f" ({notes[-1]})" if notes else ""
     return f"`{name}` is not defined by your notebook's cells above the check{why}"
 
 
 def _read_values(cells: list[str], names: list[str]) -> dict:
-    space, notes = _run_cells(cells)
+    space, notes = run_cells(cells)
     values = []
     for name in names:
         if name not in space:
@@ -201,7 +193,7 @@ def _read_values(cells: list[str], names: list[str]) -> dict:
 def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict) -> list | str:
     """The graded call's arguments from the submission's cells, or why they cannot be judged;
     a context argument is the judge's own run (``runs``), once the cells define it too."""
-    space, notes = _run_cells(cells)
+    space, notes = run_cells(cells)
     args = []
     for name in names:
         if name not in space:
@@ -286,6 +278,8 @@ def _fingerprint() -> dict[str, tuple]:
                 marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
                     (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
                     if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
+                # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
+                marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
     return marks
 
 
@@ -294,7 +288,8 @@ _CLASS_DICT = type.__dict__["__dict__"].__get__
 # What a function, a method or a classmethod is made of, read from the objects themselves.
 _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
-          staticmethod: ("__func__",)}
+          staticmethod: ("__func__",), property: ("fget", "fset", "fdel")}
+_BASES = type.__dict__["__bases__"].__get__
 
 
 def _mark(value, depth: int = 0) -> tuple:

@@ -1,0 +1,96 @@
+"""The judge's files, fenced by the kernel (Linux's Landlock, 5.13 and newer, no privileges).
+
+The judge's audit hook sees only what Python reports: C code that opens files itself does not
+report it.  Round seven of issue 34 read the solution with ``torch.from_file``, rewrote a
+module the next judge imports through the same call's shared mapping, and wrote nbgrader's
+gradebook through ``sqlite3`` (found by ``/proc/<parent>/cwd``).  A Landlock ruleset, made
+before the submission's first line, holds for every access of the process and its children
+whatever code makes it: the installation and the system's folders can be read (and run), the
+judge's own folder and ``/dev/shm`` (the engine's shared buffers) read and written, and
+nothing else reached at all -- the checkout's ``solutions/``, the course being graded, other
+temporary folders.  Where the kernel has no Landlock (macOS, Windows, older Linux) nothing is
+fenced and :func:`restrict` says so; the audit hook still stands.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+
+__all__ = ["abi", "restrict", "SYSTEM_READS", "SYSTEM_RUNS", "SYSTEM_WRITES"]
+
+#: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
+SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
+#: What the engine's device process needs besides (its interpreter's libraries, shared memory).
+SYSTEM_RUNS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
+SYSTEM_WRITES = ("/dev/null", "/dev/shm")
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every Linux arch
+_VERSION = 1  # landlock_create_ruleset's flag: answer the ABI version
+_PATH_BENEATH = 1
+_NO_NEW_PRIVS = 38  # prctl: a fenced process may not regain rights through a setuid program
+
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+#: Every right the ABI version knows (v1: 13 of them, v2 adds REFER, v3 TRUNCATE, v5 IOCTL_DEV).
+_ALL_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
+               5: (1 << 16) - 1}
+_READ = _EXECUTE | _READ_FILE | _READ_DIR
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | 1 << 14 | 1 << 15  # TRUNCATE, IOCTL_DEV
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI version; 0 where there is none (or it is turned off)."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    version = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_VERSION))
+    return max(version, 0)
+
+
+def restrict(readable: list[str], writable: list[str]) -> str | None:
+    """Fence this process (and what it starts) to reading ``readable`` and reading and writing
+    ``writable``, each a folder or a file; a path that does not exist is skipped.  None once
+    fenced, else why not (no Landlock here)."""
+    version = abi()
+    if version == 0:
+        return ("this system has no Landlock (Linux 5.13 or newer): files fenced by the audit "
+                "hook only")
+    libc = _libc()
+    handled = _ALL_BY_ABI[min(version, max(_ALL_BY_ABI))]
+    attr = struct.pack("=Q", handled)  # v1's struct: only the file system is handled
+    ruleset = libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        for paths, rights in ((readable, _READ), (writable, handled)):
+            for path in paths:
+                _allow(libc, ruleset, path, rights)
+        if libc.prctl(_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(
+                _RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    finally:
+        os.close(ruleset)
+    return None
+
+
+def _allow(libc, ruleset: int, path: str, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:  # not on this system: nothing to allow
+        return
+    try:
+        if not os.path.isdir(path):  # a file: only a file's rights (else EINVAL)
+            rights &= _FILE_RIGHTS
+        rule = struct.pack("=Qi", rights, fd)
+        if libc.syscall(_ADD_RULE, ruleset, ctypes.c_uint32(_PATH_BENEATH), rule,
+                        ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), f"Landlock refused a rule for {path}: "
+                                              f"{os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
