@@ -397,5 +397,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from overlap_course.command_line import run  # not on the hub
-
     run("python -m overlap_course.progress", main)

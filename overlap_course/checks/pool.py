@@ -199,12 +199,14 @@ def _changed(shared: Engine, built: dict) -> str | None:
 def _run_state(shared: Engine) -> str | None:
     """What a run replaces or advances, as a run leaves it (idle, recovered), or None."""
     device, c = shared.device, shared.config
-    counters = [shared._next_id, device._seq, device._done_upto, device._events]
+    process = type(device) is ProcessDevice  # the CPU stand-in's own books (CUDA has none)
+    counters = [shared._next_id, device._seq,
+                *([device._done_upto, device._events] if process else [])]
     if (not all(type(n) is int and n >= 0 for n in counters) or shared._clean is not True
             or type(shared.record) is not RunRecord or device.run_record is not shared.record
-            or device._done_upto > device._events):
+            or (process and device._done_upto > device._events)):
         return "engine's run state"
-    ids = device._kernel_ids
+    ids = device._kernel_ids if process else {}
     if type(ids) is not dict or sorted(ids.values()) != list(range(len(ids))) or not all(
             type(i) is int for i in ids.values()):
         return "engine.device._kernel_ids"
@@ -233,21 +235,22 @@ def _device_changed(shared: Engine, expected: str) -> str | None:
     an idle pool do not explain, or a model or lasting state that differs
     (``device_state.verify``)."""
     device = shared.device
-    if type(device) is ProcessDevice:
-        if not all(any(k is own for own in _KERNELS) for k in device._kernel_ids):
-            return "engine.device (a kernel that is not the engine's ran on it"
-        books = device._latencies_ns
-        if (type(books) is not collections.deque or books.maxlen is None
-                or not all(type(n) is int for n in books) or type(device._last_end_ns) is not int
-                or type(device._sent_ns) is not dict or type(device._stamps) is not list):
-            return "engine.device's bookkeeping (its launch latencies and times"
+    if type(device) is not ProcessDevice:  # CUDA: not verified here (no GPU to test it on yet)
+        return None
+    if not all(any(k is own for own in _KERNELS) for k in device._kernel_ids):
+        return "engine.device (a kernel that is not the engine's ran on it"
+    books = device._latencies_ns
+    if (type(books) is not collections.deque or books.maxlen is None
+            or not all(type(n) is int for n in books) or type(device._last_end_ns) is not int
+            or type(device._sent_ns) is not dict or type(device._stamps) is not list):
+        return "engine.device's bookkeeping (its launch latencies and times"
     try:
         device.launch(verify, expected, round=0, stage="verify")
         device.synchronize(timeout=RECOVER_S)
     except DeviceError:
         return "engine.device's model or lasting state (changed by a kernel"
     races, n = device.races, shared.config.num_kv_blocks
-    if races.pending or (type(device) is ProcessDevice and device._sent_ns):
+    if races.pending or device._sent_ns:
         return "engine.device.races.pending (a launch no wait covers"
     freed = races.free_blocks.items()
     if not all(type(b) is int and 0 <= b < n and type(p) is int for b, p in freed):
