@@ -47,8 +47,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(prog: str, message) -> int:
-    """Say what is wrong in one line on stderr; the exit status of bad input."""
-    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    """Say what is wrong in one line on stderr; the exit status of bad input (even where the
+    line cannot be written: ``2>/dev/full``)."""
+    try:
+        print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass
     return USAGE_ERROR
 
 
@@ -213,6 +217,55 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+class _Stderr:
+    """``sys.stderr`` while a command runs: a line that cannot be written (``2>/dev/full``, a
+    reader gone) is dropped.  Raising would end the command with exit status 1 (or 0, the
+    ``BrokenPipeError`` taken for stdout's reader leaving) after work half done, although the
+    exit status alone can still say what happened."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _standard_streams() -> None:
+    """stdout and stderr as :func:`run` needs them.  Characters the streams cannot encode
+    (``PYTHONIOENCODING=ascii``, a Latin-1 locale and a CJK folder) are written as backslash
+    escapes instead of a ``UnicodeEncodeError`` after the work is done (or blamed on the input).
+    A descriptor closed at start (``cmd >&-``: Python makes the stream ``None``) is pointed at
+    /dev/null, so that output is dropped (as Python does) and no file the command opens takes
+    descriptor 1 or 2 and receives what is printed."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is None:
+            try:
+                os.fstat(fd)
+            except OSError:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+        try:
+            getattr(sys, name).reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # no real text stream (captured in-process)
+            pass
+    if not isinstance(sys.stdout, _Stdout):
+        sys.stdout = _Stdout(sys.stdout)
+    if not isinstance(sys.stderr, _Stderr):
+        sys.stderr = _Stderr(sys.stderr)
+
+
 def _point_stdout_at_devnull() -> None:
     """So that the interpreter's last flush cannot fail again at exit."""
     try:
@@ -226,8 +279,10 @@ def run(prog: str, main) -> None:
     can still say what went wrong.  What ``main`` did not catch ends in one line, not a
     traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
     (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
-    the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130)."""
-    sys.stdout = _Stdout(sys.stdout)
+    the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130).  A closed or
+    unwritable stderr, a closed stdout and a character the terminal cannot encode change none
+    of this: :func:`_standard_streams`."""
+    _standard_streams()
     try:
         status = main()
         sys.stdout.flush()

@@ -53,6 +53,7 @@ except ImportError:  # a script beside copies of the files docs/jupyterhub.md na
 
 REFRESH_MS = 2000
 USER_CACHE_S = 10.0
+MAX_WRITES = 100  # verdicts queued for the database (each takes ms; a lock, 1 s)
 
 
 def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
@@ -161,7 +162,7 @@ class RoomHandler(_InstructorHandler):
         if not await self.instructor():
             return
         learners = await self.app.learners()
-        data = room(await self.app.database(self.app.store.entries), learners)
+        data = room(await self.app.database(self.app.store.entries, read=True), learners)
         if self.view == "api":
             self.set_header("Content-Type", "application/json")
             return self.finish(json.dumps(data))
@@ -259,18 +260,27 @@ class ProgressService:
         self._users: dict[str, tuple[float, dict | None]] = {}
         self._all: tuple[float, list[dict]] = (0.0, [])
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-progress-db")
+        self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-progress-read")
+        self._writes = 0  # verdicts waiting for (or in) the write thread
 
-    async def database(self, call, *args):
-        """``call(*args)`` on the store, on its one thread: a database another program holds
-        locked (an instructor's ``sqlite3`` shell inside a transaction) made SQLite wait 5 s on
-        the event loop, stalling every request, then answer 500.  Now that wait holds up only
-        this request, which then gets a 503 that says why."""
+    async def database(self, call, *args, read: bool = False):
+        """``call(*args)`` on the store, reads and writes on a thread each: with one thread, a
+        lock held by another program (an instructor's ``sqlite3`` shell) made each queued verdict
+        wait 5 s, and the room behind them all (30 s for 6).  A write now waits at most
+        ``Store.WRITE_WAIT_S``, or none behind :data:`MAX_WRITES` others, then gets a 503."""
+        if not read and self._writes >= MAX_WRITES:
+            raise web.HTTPError(503, f"{MAX_WRITES} verdicts are waiting for the room's database; "
+                                     f"yours stays in your own progress record; try again later")
+        self._writes += not read
         try:
-            return await ioloop.IOLoop.current().run_in_executor(self._db_thread, call, *args)
+            pool = self._reads if read else self._db_thread
+            return await ioloop.IOLoop.current().run_in_executor(pool, call, *args)
         except sqlite3.Error as err:
             raise web.HTTPError(503, f"the room's database cannot be used now ({err}); a verdict "
                                      f"stays in the learner's own progress record; try again "
                                      f"later") from None
+        finally:
+            self._writes -= not read
 
     async def _hub(self, path: str):
         client = httpclient.AsyncHTTPClient()

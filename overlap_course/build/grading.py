@@ -149,6 +149,17 @@ def check(root: Path = ROOT) -> list[str]:
     return problems
 
 
+def _differs(path: Path, content: bytes) -> bool:
+    """Whether the file at ``path`` holds other than ``content``: its size first, then at most
+    that many bytes (reading it whole, a 3 GB file at a course file's name was a MemoryError)."""
+    if not path.is_file():
+        return False
+    if path.stat().st_size != len(content):
+        return True
+    with path.open("rb") as f:
+        return f.read(len(content) + 1) != content
+
+
 def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False) -> Path:
     """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config.
     Raises ValueError, naming the problem, for an unknown exercise, a DEST that is a file, or
@@ -166,7 +177,7 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
     files[dest / "nbgrader_config.py"] = NBGRADER_CONFIG.encode()
     for f in files:  # a pipe or a folder at a file's name: refused before anything is written
         refuse_unwritable(f, quoted(str(f), PATH_CHARS))
-    edited = [str(f) for f, content in files.items() if f.is_file() and f.read_bytes() != content]
+    edited = [str(f) for f, content in files.items() if _differs(f, content)]
     if edited and not force:
         more = f" (and {len(edited) - 1} more)" if len(edited) > 1 else ""
         raise ValueError(f"{edited[0]}{more} differs from what `grading course` writes (edited?): "

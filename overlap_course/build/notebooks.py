@@ -43,6 +43,7 @@ import nbformat
 
 from overlap_course.build import setup_cell
 from overlap_course.command_line import Parser, fail, os_problem, run
+from overlap_course import safe_json
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,13 +224,30 @@ def execute(path: Path, timeout: int = 600) -> None:
     state (it is read for the widgets' figures, then dropped)."""
     from nbclient import NotebookClient
 
+    from nbclient.exceptions import CellExecutionError
+
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    except CellExecutionError as err:  # its message: the cell and a traceback in ANSI colours
+        raise RuntimeError(_failed_cell(path, nb, err)) from None
     widgets = widget_figures(nb)
     nb.metadata.pop("widgets", None)
     add_static_images(nb, widgets)
     nbformat.write(nb, path)
+
+
+def _failed_cell(path: Path, nb, err) -> str:
+    """Which cell of ``path`` raised, and what, in one line: the notebook is left as it was."""
+    where = "a cell"
+    for i, cell in enumerate(nb.cells, 1):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", ())):
+            first = cell.source.strip().splitlines()[:1] or [""]
+            where = f"cell {i} ({quoted(first[0], 40)})"
+            break
+    what = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", f"{err.ename}: {err.evalue}")
+    return f"{quoted(str(path), 200)}: {where} raised {what}; the notebook is left unchanged"
 
 
 def refresh_images(path: Path) -> int:
@@ -238,6 +256,30 @@ def refresh_images(path: Path) -> int:
     n = add_static_images(nb)
     nbformat.write(nb, path)
     return n
+
+
+#: The largest notebook file a command reads (the course's largest is ~0.3 MB; static figures
+#: of a long run can make one tens of MB).
+NOTEBOOK_MAX_BYTES = 256 << 20
+
+
+def _bounded_text(path: Path, shown: str) -> str:
+    """The file's text, refused past :data:`NOTEBOOK_MAX_BYTES` (nbformat reads it whole)."""
+    with safe_json.open_regular(path, shown) as f:
+        raw = f.read(NOTEBOOK_MAX_BYTES + 1)
+    if len(raw) > NOTEBOOK_MAX_BYTES:
+        raise ValueError(f"it has more than {NOTEBOOK_MAX_BYTES >> 20} MiB")
+    return raw.decode("utf-8")
+
+
+def _distrusted(content: str, err: BaseException) -> str:
+    """What is wrong with a file nbformat broke on, since it trusts its JSON (100,000 '['
+    raised RecursionError, an nbformat_minor of 1e400 an AssertionError): safe_json says."""
+    try:
+        safe_json.loads(content, "the file")
+    except ValueError as refusal:
+        return f"{type(refusal).__name__}: {refusal}"[:120]
+    return f"{type(err).__name__}: {str(err)[:80]}"
 
 
 def notebook_file(text: str) -> Path:
@@ -252,8 +294,13 @@ def notebook_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"no such notebook: {shown}")
     if not is_file:
         raise argparse.ArgumentTypeError(f"{shown} is not a file: name a notebook (.ipynb)")
+    content = ""
     try:
-        nbformat.validate(nbformat.read(path, as_version=4))
+        content = _bounded_text(path, shown)
+        nbformat.validate(nbformat.reads(content, as_version=4))
+    except (RecursionError, AssertionError, OverflowError) as err:
+        raise argparse.ArgumentTypeError(f"{shown} is not a notebook "
+                                         f"({_distrusted(content, err)})") from None
     except (ValueError, KeyError, TypeError, AttributeError, OSError,
             nbformat.ValidationError) as err:
         raise argparse.ArgumentTypeError(f"{shown} is not a notebook "
@@ -291,6 +338,8 @@ def main(argv=None) -> int:
         return _run(a)
     except OSError as err:  # a notebook that cannot be written back, a folder that cannot be made
         return fail(f"notebooks {a.cmd}", os_problem(err))
+    except RuntimeError as err:  # no Chromium (its hint), a cell that raised, a kernel that died
+        return fail(f"notebooks {a.cmd}", err)
 
 
 def _run(a) -> int:

@@ -19,7 +19,8 @@ from toy_engine.runinfo import TimelineMeta, from_json_object
 from toy_engine.timeline import Timeline
 
 __all__ = ["TRACES_DIR", "RECORDED_WORKLOAD", "Recording", "recording", "trace_name", "device_kind",
-           "available_traces", "load_trace", "recorded_runs", "recorded_label"]
+           "available_traces", "shipped_trace_file", "load_trace", "recorded_runs",
+           "recorded_label"]
 
 TRACES_DIR = Path(__file__).parent
 
@@ -72,6 +73,20 @@ def available_traces() -> list[str]:
     return sorted(p.stem for p in TRACES_DIR.glob("*.json"))
 
 
+def shipped_trace_file(name: str) -> Path:
+    """The file of the shipped trace ``name``, refused unless ``name`` is one of
+    :func:`available_traces`: a name with a ``/`` or ``..`` (``../../tmp/big``) would reach any
+    ``X.json`` on the machine, read whole (a 3 GB one: a ``MemoryError``)."""
+    shipped = available_traces()
+    if name not in shipped:
+        path_like = isinstance(name, str) and ("/" in name or "\\" in name or ".." in name)
+        hint = (" (no file of that name exists; a shipped name has no '/' or '..')"
+                if path_like else "")
+        raise ValueError(f"no recorded trace {quoted(name)}{hint}; available: "
+                         f"{', '.join(shipped) or 'none'}")
+    return TRACES_DIR / f"{name}.json"
+
+
 def load_trace(name: str) -> Timeline:
     """A shipped, recorded timeline by name, e.g. ``load_trace("cpu_zos")`` or
     ``load_trace("cpu_serial_overhead2ms")``.
@@ -79,12 +94,7 @@ def load_trace(name: str) -> Timeline:
     :func:`recording` says how, where, when and at which commit it was recorded (and its
     contention meter), ``meta.stats`` carries the run's stats.
     """
-    path = TRACES_DIR / f"{name}.json"
-    if len(str(name)) > 200 or not path.is_file():  # a longer name is no file's (and the
-        # system refuses to look at one: OSError 'File name too long')
-        raise ValueError(f"no recorded trace {quoted(name)}; available: "
-                         f"{', '.join(available_traces()) or 'none'}")
-    return Timeline.from_json(path)
+    return Timeline.from_json(shipped_trace_file(name))
 
 
 def recorded_runs(host_overhead_ms: float = 0.0, modes=("serial", "zos"), device: str = "cpu",

@@ -9,7 +9,7 @@ from pathlib import Path
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
                                          os_problem, out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted
-from overlap_course.traces.recorded import TRACES_DIR, load_trace
+from overlap_course.traces.recorded import shipped_trace_file
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
 from toy_engine.timeline import Timeline
 
@@ -32,20 +32,19 @@ def _exists(stored: str) -> bool:
 
 def _stored_file(stored: str) -> Path:
     """The file STORED reads: the path itself, or the shipped timeline a name stands for
-    (``cpu_zos`` -> ``overlap_course/traces/cpu_zos.json``, as :func:`load_trace` reads it)."""
-    if _exists(stored) or len(stored) > 200:
+    (``cpu_zos`` -> ``overlap_course/traces/cpu_zos.json``), refused unless it is one
+    (:func:`shipped_trace_file`: ``/tmp/x/big`` read ``/tmp/x/big.json``)."""
+    if _exists(stored):
         return Path(stored)
-    return TRACES_DIR / f"{stored}.json"
+    return shipped_trace_file(stored)
 
 
 def _load_timeline(source: str) -> Timeline:
-    """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``).  A path is
-    read as a trace is (:func:`read_bounded`): a FIFO or a device refused, not waited on, and at
-    most 256 MiB (a file of gigabytes was read whole: a ``MemoryError``)."""
-    if not _exists(source):
-        return load_trace(source)
+    """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``), read as a
+    trace is (:func:`read_bounded`): a FIFO or a device refused, not waited on, and at most
+    256 MiB (a file of gigabytes was read whole: a ``MemoryError``)."""
     where = f"STORED {quoted(source, PATH_CHARS)}"
-    raw = read_bounded(Path(source), where)
+    raw = read_bounded(_stored_file(source), where)
     try:
         return Timeline.from_json(raw)
     except ValueError as exc:

@@ -95,9 +95,11 @@ def summary(source, kernel_wait_us: float = KERNEL_WAIT_US) -> dict:
         raise ValueError(f"{trace.where}: all its device work is on stream -1, which HTA (and "
                          f"this summary) leaves out of the device's time; nothing to measure")
     overall = _busy_idle(on_stream)
-    streams = {}
-    for s in sorted({e.stream for e in device}):
-        streams[str(s)] = _rounded(_stream_breakdown(trace, [e for e in device if e.stream == s], kernel_wait_us))
+    by_stream: dict = {}  # one pass: a scan of all device events per stream took ~20 s at
+    for e in device:      # 20,000 streams (x4 per doubling)
+        by_stream.setdefault(e.stream, []).append(e)
+    streams = {str(s): _rounded(_stream_breakdown(trace, by_stream[s], kernel_wait_us))
+               for s in sorted(by_stream)}
     idle_sum = sum(v["idle_us"] for v in streams.values())
     by_cat = {c: sum(v[f"{c}_us"] for v in streams.values()) for c in ("host_wait", "kernel_wait", "other")}
     first = min(e.ts for e in on_stream)
