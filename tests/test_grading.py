@@ -348,9 +348,9 @@ def test_a_submission_cannot_grade_itself(tmp_path):
         _nbgrader(home, "autograde", EX04, "--force")
     finally:
         SMUGGLED.unlink(missing_ok=True)
-        shadow = ROOT / "hmac.py"
-        assert shadow.exists(), "the shadow_module cheat wrote no module above the course"
-        shadow.unlink()
+        shadow = ROOT / "hmac.py"  # a fenced grading kernel cannot write it at all
+        assert shadow.exists() or landlock.abi(), "the shadow_module cheat wrote no module"
+        shadow.unlink(missing_ok=True)
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
         for student, (wrong, _, fooled) in students.items():
             patching = student == "function_patches_when_called"

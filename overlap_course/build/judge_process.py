@@ -46,9 +46,10 @@ def judge_main(argv: list[str]) -> None:
     trusted = _protected_folders(Path(root))
     watch = Watch()
     readable = _readable_folders(trusted)
-    sys.addaudithook(_guard(request["private"], trusted, readable, watch))
+    # The kernel's fence first: the hook below would refuse the folders its rules must open.
     landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
                       [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
+    sys.addaudithook(_guard(request["private"], trusted, readable, watch))
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
