@@ -84,3 +84,13 @@ def built_handout(tmp_path_factory):
             pytest.fail(f"{reason} (REQUIRE_BROWSER_TEST=1; run `bash scripts/install_browser.sh`)", pytrace=False)
         pytest.skip(f"{reason}; run `bash scripts/install_browser.sh`")
     return tuple(handout.build(tmp_path_factory.mktemp("handout")))
+
+
+@pytest.fixture(scope="module")
+def small_serial_engine():
+    """A serial engine after a small run (a notebook's ``engine``), for a file's checks."""
+    engine = te.Engine(te.EngineConfig(mode="serial", max_batch_size=4))
+    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
+    yield engine
+    engine.close()
+

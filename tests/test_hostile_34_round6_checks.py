@@ -24,12 +24,8 @@ TABLE = dict(table=[5, 2, 9], pos=9, block_size=4)
 
 
 @pytest.fixture(scope="module")
-def serial():
-    """A serial engine after a small run (the notebook's ``engine``)."""
-    engine = te.Engine(te.EngineConfig(mode="serial", max_batch_size=4))
-    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
-    yield engine
-    engine.close()
+def serial(small_serial_engine):
+    return small_serial_engine
 
 
 class ReprRaises:

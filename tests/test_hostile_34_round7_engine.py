@@ -149,11 +149,8 @@ _SPAN_CHANGES = {
 
 
 @pytest.fixture(scope="module")
-def serial_engine():
-    engine = te.Engine(te.EngineConfig(mode="serial", max_batch_size=4))
-    engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
-    yield engine
-    engine.close()
+def serial_engine(small_serial_engine):
+    return small_serial_engine
 
 
 @pytest.mark.parametrize("change", list(_SPAN_CHANGES), ids=list(_SPAN_CHANGES))

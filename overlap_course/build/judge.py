@@ -51,10 +51,10 @@ sees), walk frames, dig the run's secret out of the judge's memory and sign a fo
 and, without Landlock, write files through ``ctypes`` or a process of its own (the audit hook is
 not inherited; the re-hash after the judge catches such writes to the course's and the toy's
 sources and bytecode, unless the process leaves the judge's process group on purpose and writes
-later) -- all of it in the submission, for the instructor to read. And the kernel runs as the grader's user, before any
-judge: it can rewrite torch or the standard library, which are not hashed (too large to hash per
-process), so grade where submissions cannot write the course folder or the environment (a
-container, as otter-grader recommends).
+later) -- all of it in the submission, for the instructor to read.  And the kernel runs as the
+grader's user, before any judge: it can rewrite torch or the standard library, which are not
+hashed (too large to hash per process), so grade where submissions cannot write the course
+folder or the environment (a container, as otter-grader recommends).
 """
 
 from __future__ import annotations
