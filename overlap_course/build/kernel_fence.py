@@ -5,8 +5,8 @@ round six's cheat read the solution there and left it in ``/tmp`` for the judge'
 same cell, and round seven's would leave it in ``/dev/shm``, which the judge's engine must
 share.  Fenced by Landlock (:mod:`overlap_course.build.landlock`) from the course's
 ``nbgrader_config.py`` (``c.Execute.extra_arguments``), the kernel reads the installation, the
-system's folders and its own notebook's folder, and writes that folder, the temporary folder
-and shared memory: not the checkout's ``solutions/`` and ``source/``, the gradebook or other
+system's folders and its own notebook's folder, and writes that folder, a temporary folder of
+its own and shared memory: not the checkout's ``solutions/`` and ``source/``, the gradebook or other
 learners' submissions.  Where the system has no Landlock it says so once and runs unfenced.
 """
 
@@ -34,9 +34,11 @@ def fence() -> None:
     from overlap_course.build.judge_process import _protected_folders
 
     here = os.getcwd()
+    # A temporary folder of its own: the shared one may hold anything (a course laid out there)
+    tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="overlap-kernel-")
     readable = [*map(str, _protected_folders(ROOT)), *landlock.SYSTEM_READS,
                 *landlock.SYSTEM_RUNS, *filter(None, sys.path)]
-    writable = [here, tempfile.gettempdir(), *landlock.SYSTEM_WRITES]
+    writable = [here, tempfile.tempdir, *landlock.SYSTEM_WRITES]
     why_not = landlock.restrict([p for p in readable if not _holds_private(p)], writable)
     if why_not:
         print(f"overlap_course: the grading kernel runs unfenced: {why_not}", file=sys.stderr)
