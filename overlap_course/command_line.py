@@ -185,10 +185,7 @@ def emit(text: str) -> None:
 def exit_quietly_on_broken_pipe() -> None:
     """Point stdout at /dev/null (so the interpreter's last flush cannot fail) and exit 0: the
     reader took what it wanted."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is no real file (captured in-process): nothing to flush
-        pass
+    _point_stdout_at_devnull()
     raise SystemExit(0)
 
 

@@ -19,6 +19,7 @@ import argparse
 import html
 import json
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -42,43 +43,16 @@ except ImportError:  # no hub here: validate(), room() and the page still work (
 
 try:
     from . import safe_json
-    from .progress import CATALOGUE, ORDER, UNANSWERED, status
     from .progress_catalogue import guide_mistakes, read_guide
-    from .progress_store import Store, open_store, validate
+    from .progress_store import Store, open_store, room, validate
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
-    from progress import CATALOGUE, ORDER, UNANSWERED, status  # type: ignore[no-redef]
     from progress_catalogue import guide_mistakes, read_guide  # type: ignore[no-redef]
-    from progress_store import Store, open_store, validate  # type: ignore[no-redef]
+    from progress_store import Store, open_store, room, validate  # type: ignore[no-redef]
 
 REFRESH_MS = 2000
 USER_CACHE_S = 10.0
 MAX_WRITES = 100  # verdicts queued for the database (each takes ms; a lock, 1 s)
-
-
-def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
-    """The page's data: every learner's status per check, and per check the room's mistakes
-    (category, learners who made it, tries), most learners first."""
-    checks = [(nb, check) for nb in ORDER for check in CATALOGUE[nb]]
-    names = sorted(set(learners) | set(entries))
-    grid = {}
-    for name in names:
-        st = status(entries.get(name, []))
-        grid[name] = {f"{nb}/{check}": st[(nb, check)] for nb, check in checks}
-    mistakes: dict[str, dict[str, dict]] = {}
-    for name, rows in entries.items():
-        for e in rows:
-            if e["passed"] or e["category"] in UNANSWERED:
-                continue
-            m = mistakes.setdefault(f"{e['notebook']}/{e['check']}", {}).setdefault(
-                e["category"], {"learners": set(), "tries": 0})
-            m["learners"].add(name)
-            m["tries"] += 1
-    common = {key: sorted(([cat, len(m["learners"]), m["tries"]] for cat, m in cats.items()),
-                          key=lambda r: (-r[1], -r[2], r[0]))
-              for key, cats in mistakes.items()}
-    return {"checks": [f"{nb}/{check}" for nb, check in checks], "learners": grid, "mistakes": common,
-            "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}
 
 
 class _Base(HubOAuthenticated, web.RequestHandler):
@@ -312,15 +286,16 @@ class ProgressService:
         return [u["name"] for u in users if not u.get("admin") and self.instructors not in (u.get("groups") or [])]
 
     def make_app(self) -> web.Application:
-        p = self.prefix
+        def at(tail):  # tornado reads a route as a pattern: a "(" or "." in the prefix is text
+            return re.escape(url_path_join(self.prefix, tail))
         settings = {"progress": self, "cookie_secret": os.urandom(32), "xsrf_cookies": False}
         return web.Application([
-            (p, RoomHandler, {"view": "page"}),
-            (url_path_join(p, "room.html"), RoomHandler, {"view": "table"}),
-            (url_path_join(p, "api/room"), RoomHandler, {"view": "api"}),
-            (url_path_join(p, "api/verdicts"), VerdictHandler),
-            (url_path_join(p, "guide"), GuideHandler),
-            (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
+            (re.escape(self.prefix), RoomHandler, {"view": "page"}),
+            (at("room.html"), RoomHandler, {"view": "table"}),
+            (at("api/room"), RoomHandler, {"view": "api"}),
+            (at("api/verdicts"), VerdictHandler),
+            (at("guide"), GuideHandler),
+            (at("oauth_callback"), HubOAuthCallbackHandler),
         ], **settings)
 
 

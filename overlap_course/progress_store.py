@@ -1,5 +1,6 @@
 """What the progress service keeps: a verdict as it must be to be stored (:func:`validate`),
-and the SQLite file that stores it, committed per verdict (:class:`Store`).
+the SQLite file that stores it, committed per verdict (:class:`Store`), and the room as the
+instructor's page shows it (:func:`room`).
 
 Like the service, it imports nothing of the course but ``progress.py`` (and its catalogue) and
 ``safe_json.py``, so that the hub can run copies of the five files side by side
@@ -16,10 +17,11 @@ import time
 
 try:
     from . import safe_json
-    from .progress import CATALOGUE, MAX_BODY_BYTES
+    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
-    from progress import CATALOGUE, MAX_BODY_BYTES  # type: ignore[no-redef]
+    from progress import (CATALOGUE, MAX_BODY_BYTES, ORDER,  # type: ignore[no-redef]
+                          UNANSWERED, status)
 
 FIELDS = {"notebook", "check", "passed", "category", "time"}
 CATEGORY = re.compile(r"[a-z][a-z0-9_]{0,47}")
@@ -112,6 +114,9 @@ def open_store(path: str, recover: bool = True) -> Store:
                          f"memory or a temporary file, or read it as a URI): they would be lost "
                          f"at the service's next restart; pass a file's path, e.g. "
                          f"--db course-progress.sqlite")
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):  # SQLite makes "newdir/" a file
+        raise ValueError(f"--db {_named(path)} names a folder: name a file in it, e.g. "
+                         f"--db {_named(os.path.join(path, 'course-progress.sqlite'))}")
     try:
         return Store(path)
     except sqlite3.OperationalError as err:
@@ -190,3 +195,28 @@ def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
                           or not 0 <= t <= MAX_TIME_S):
         return 400, f"time must be seconds since the epoch, from 0 to {MAX_TIME_S:g}", None
     return 201, "stored", v
+
+
+def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
+    """The page's data: every learner's status per check, and per check the room's mistakes
+    (category, learners who made it, tries), most learners first."""
+    checks = [(nb, check) for nb in ORDER for check in CATALOGUE[nb]]
+    names = sorted(set(learners) | set(entries))
+    grid = {}
+    for name in names:
+        st = status(entries.get(name, []))
+        grid[name] = {f"{nb}/{check}": st[(nb, check)] for nb, check in checks}
+    mistakes: dict[str, dict[str, dict]] = {}
+    for name, rows in entries.items():
+        for e in rows:
+            if e["passed"] or e["category"] in UNANSWERED:
+                continue
+            m = mistakes.setdefault(f"{e['notebook']}/{e['check']}", {}).setdefault(
+                e["category"], {"learners": set(), "tries": 0})
+            m["learners"].add(name)
+            m["tries"] += 1
+    common = {key: sorted(([cat, len(m["learners"]), m["tries"]] for cat, m in cats.items()),
+                          key=lambda r: (-r[1], -r[2], r[0]))
+              for key, cats in mistakes.items()}
+    return {"checks": [f"{nb}/{check}" for nb, check in checks], "learners": grid, "mistakes": common,
+            "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}

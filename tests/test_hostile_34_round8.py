@@ -1,0 +1,70 @@
+"""Issue 34's eighth hostile round, and the cases the seventh round's closing note left open: a
+hub prefix holding a character a pattern reads (``(``, ``.``), and ``--db newdir/``, which
+SQLite made a file ``newdir``.  Each failed when written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hostile_support import ROOT, one_clear_line, run_module
+from overlap_course import progress_store
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("prefix", ["/services/room(2)/", "/services/a.b/"])
+def test_a_hub_prefix_is_text_not_a_pattern(tmp_path, prefix):
+    """``(`` in ``JUPYTERHUB_SERVICE_PREFIX`` was a ``re.error`` traceback at start; ``.``
+    matched any character, so ``/services/aXb/`` reached the room too."""
+    code = textwrap.dedent(f"""
+        import asyncio
+        from overlap_course import progress_service as ps
+        class HubOAuth:
+            @classmethod
+            def instance(cls, **kw):
+                return cls()
+        ps.HubOAuth = HubOAuth
+        from tornado.httpclient import AsyncHTTPClient
+        from tornado.httpserver import HTTPServer
+        from tornado.testing import bind_unused_port
+        ps.RoomHandler.get_current_user = lambda self: {{"name": "teacher"}}
+        service = ps.ProgressService(ps.open_store("room.sqlite"), "instructors", None, None)
+        async def yes(name): return True
+        async def nobody(): return []
+        service.is_instructor, service.learners = yes, nobody
+        async def main():
+            sock, port = bind_unused_port()
+            HTTPServer(service.make_app()).add_sockets([sock])
+            client = AsyncHTTPClient()
+            for path in ({prefix!r}, {prefix.replace(".", "X")!r}):
+                r = await client.fetch(f"http://127.0.0.1:{{port}}{{path}}api/room",
+                                       raise_error=False, request_timeout=60)
+                print(r.code)
+        asyncio.run(main())
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path,
+                         env={**ENV, "JUPYTERHUB_SERVICE_PREFIX": prefix})
+    codes = run.stdout.split()
+    assert codes[:1] == ["200"], run.stderr[-800:]
+    if "." in prefix:
+        assert codes[1] == "404", codes
+
+
+@pytest.mark.parametrize("name", ["newdir/", "existing"])
+def test_a_db_that_names_a_folder_is_refused_and_nothing_is_made(tmp_path, name):
+    """``--db newdir/`` made a file ``newdir`` (SQLite drops the slash), where the instructor
+    meant a folder."""
+    (tmp_path / "existing").mkdir()
+    db = f"{tmp_path}{os.sep}{name}"  # a Path would drop the slash
+    with pytest.raises(ValueError, match="names a folder"):
+        progress_store.open_store(db)
+    assert not (tmp_path / "newdir").exists()
+    one_clear_line(run_module("overlap_course.progress_service", "--db", db),
+                   "names a folder")
+    assert not (tmp_path / "newdir").exists()
