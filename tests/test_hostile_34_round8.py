@@ -68,3 +68,21 @@ def test_a_db_that_names_a_folder_is_refused_and_nothing_is_made(tmp_path, name)
     one_clear_line(run_module("overlap_course.progress_service", "--db", db),
                    "names a folder")
     assert not (tmp_path / "newdir").exists()
+
+
+def test_an_exercise_checks_message_never_grows_with_the_answer():
+    """A loop raising an exception class named with 5,000 characters, from a function named
+    with 5,000 more: the notebook checks cut their messages at 800 characters, the exercise
+    checks did not (5,020)."""
+    from overlap_course import checks
+    from overlap_course.checks import answers
+
+    raised = type("E" * 5000, (Exception,), {})
+
+    def loop(engine):
+        raise raised("x")
+
+    loop.__code__ = loop.__code__.replace(co_name="n" * 5000)
+    verdict = checks.check_serial_loop(loop)
+    assert not verdict.passed and verdict.category == "raised", verdict
+    assert len(verdict.message) <= answers.MAX_MESSAGE, len(verdict.message)

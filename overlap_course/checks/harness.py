@@ -66,9 +66,7 @@ def notebook_check(check):
                 raise ctrl_c
         if stopped is not None:
             verdict = _answer_time_up(stopped, limit)
-        if len(verdict.message) > answers.MAX_MESSAGE:
-            verdict = dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
-        return verdict
+        return _cut(verdict)
     return progress.recorded(bounded)
 
 
@@ -85,7 +83,7 @@ def exercise_check(*warm):
                 note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
                 for step in warm:
                     step()
-                verdict = _time_limited(check, args, kwargs)
+                verdict = _cut(_time_limited(check, args, kwargs))
             finally:
                 _RUNNING.clear()  # only this check's name: a nested one returned above
             patched = _PRISTINE.restore()
@@ -99,6 +97,13 @@ def exercise_check(*warm):
             return verdict
         return progress.recorded(guarded)
     return wrap
+
+
+def _cut(verdict: Verdict) -> Verdict:
+    """At most :data:`answers.MAX_MESSAGE` characters: a message never grows with the answer."""
+    if len(verdict.message) <= answers.MAX_MESSAGE:
+        return verdict
+    return dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
 
 
 def _nested(name: str) -> Verdict:
