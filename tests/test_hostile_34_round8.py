@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from hostile_support import ROOT, one_clear_line, run_module
+from hostile_support import ROOT, one_clear_line, run_module, run_python
 from overlap_course import progress_store
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -86,3 +86,29 @@ def test_an_exercise_checks_message_never_grows_with_the_answer():
     verdict = checks.check_serial_loop(loop)
     assert not verdict.passed and verdict.category == "raised", verdict
     assert len(verdict.message) <= answers.MAX_MESSAGE, len(verdict.message)
+
+
+LEARNERS_LAB_ENGINES = """
+import sys
+sys.path.insert(0, "tests")
+from overlap_course import checks
+from overlap_course.labs import plugins, plugins_2026
+import labs07b_corpus as lab5
+ring = plugins.ring_engine()  # notebook 07's cell: the learner's own to experiment on
+ring.device.races.enabled = False
+ring.flush = lambda previous: None
+print("after edits", bool(checks.check_ring_slots(lambda depth: depth + 1)))
+ring.close()
+print("after close", bool(checks.check_ring_slots(lambda depth: depth + 1)))
+plugins_2026.title_ring_engine().close()
+print("title closed", bool(checks.check_before_sample(lab5.before_sample)))
+"""
+
+
+def test_the_labs_checks_do_not_run_on_the_engines_a_notebook_hands_the_learner():
+    """Notebooks 07 and 07b hand out ``plugins.ring_engine()`` and ``title_ring_engine()`` to
+    experiment on; the checks ran on those very engines, never healed: with its race checker
+    off the right ``depth + 1`` was refused, closed it raised ``RuntimeError``."""
+    run = run_python(LEARNERS_LAB_ENGINES, timeout=600)
+    assert run.stdout.split("\n")[:3] == ["after edits True", "after close True",
+                                         "title closed True"], (run.stdout, run.stderr[-1500:])

@@ -5,14 +5,13 @@ times them."""
 
 from __future__ import annotations
 
-import atexit
 import functools
 import random
 from dataclasses import dataclass
 
 from overlap_course.labs import plugins
 from toy_engine import loops
-from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.config import MAX_SLOTS
 from toy_engine.engine import Engine
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
@@ -61,7 +60,7 @@ def policy_engine(run: PolicyRun):
     """Lab 1: the pool's engine with the run's drafts, or the ring engine (more host slots) for a
     deeper loop."""
     if run.held >= 2:
-        return plugins.ring_engine()
+        return pool.ring_engine()
     return pool.engine(num_draft_tokens=run.drafts) if run.drafts else pool.engine()
 
 
@@ -263,18 +262,8 @@ def deeper_depth() -> int:
     return random.SystemRandom().randint(DEPTHS[-1] + 1, MAX_SLOTS - 1)  # a seed set in a cell cannot fix it
 
 
-@functools.lru_cache(maxsize=1)
-def _spec_ring_engine() -> Engine:
-    """Lab 3 with drafts: the ring engine's twin with the pool's drafts; closed when Python
-    exits."""
-    with plugins.ring(MAX_SLOTS):
-        engine = Engine(EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=pool.DRAFTS))
-    atexit.register(engine.close)
-    return engine
-
-
 def ring_engine(drafts: int = 0) -> Engine:
-    return _spec_ring_engine() if drafts else plugins.ring_engine()
+    return pool.ring_engine(num_draft_tokens=pool.DRAFTS) if drafts else pool.ring_engine()
 
 
 def _ring_generate(depth: int, drafts: int = 0, on_round=None, loop=None):

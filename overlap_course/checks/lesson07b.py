@@ -125,8 +125,12 @@ def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
                           f"steps")
 
 
+def _title_engine():
+    return pool.ring_engine(constraint=pool.CONSTRAINT)
+
+
 def _queue_engine(constrained: bool):
-    return plugins_2026.title_ring_engine() if constrained else plugins.ring_engine()
+    return _title_engine() if constrained else pool.ring_engine()
 
 
 def _queue_generate(constrained: bool, loop, stop=()):
@@ -146,18 +150,10 @@ def queue_depths(depth: int, stop=()) -> list[int]:
     depth)."""
     with plugins.ring(depth + 1):
         _queue_generate(False, plugins_2026.batch_queue(depth, lambda engine, plan, held: 0), stop)
-    return in_flight_at_samples(plugins.ring_engine().record.events)
-
-
-@functools.lru_cache(maxsize=1)
-def _title_constraint():
-    """The title-case engine's own constraint, kept to put it back if a learner's code
-    replaced it."""
-    return plugins_2026.title_ring_engine().constraint
+    return in_flight_at_samples(pool.ring_engine().record.events)
 
 
 def _warm_queue():
-    _title_constraint()
     for constrained, depth, stop in QUEUE_RUNS:
         queue_serial(constrained, stop)
         if not constrained:
@@ -181,15 +177,16 @@ def _run_error(err: Exception, what: str) -> Verdict:
     return fails("raised", f"your code raised {type(err).__name__}: {err}")
 
 
-@exercise_check(plugins.ring_engine, plugins_2026.title_ring_engine, _warm_queue)
+@exercise_check(pool.ring_engine, _title_engine, _warm_queue)
 def check_before_sample(before_sample) -> Verdict:
     """Lab 5's fix: ``before_sample(engine, plan, held)`` in queues holding 2 and 3 steps, with and
     without the title-case constraint: the constrained runs must give the serial run's tokens, and
     the others keep the queue as deep as the shipped one (no step processed early)."""
+    title = _title_engine()
+    constraint = title.constraint  # as healed before the check
     verdict = _queue_verdict(before_sample)
-    title = plugins_2026.title_ring_engine()
-    if title.constraint is not _title_constraint():
-        title.constraint = _title_constraint()
+    if title.constraint is not constraint:
+        title.constraint = constraint
         return fails("edits_engine", "your code replaced the engine's `constraint` while the "
                                      "check ran (put back now): the sampler's mask is the "
                                      "engine's; decide only how many held steps to process")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import enum
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from toy_engine.data import CharTokenizer
-from toy_engine.config import EngineConfig
+from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine import kernels, loops
 from overlap_course.device_state import fingerprint, verify
+from overlap_course.labs import plugins
 from toy_engine.device import Device, DeviceError
 from toy_engine.engine import Engine
 from toy_engine.model import load_model
@@ -63,18 +65,30 @@ def _model():
 
 
 def engine(**config) -> Engine:
-    """The shared engine of this configuration (ZOS mode, batches of 3, race checker on)."""
+    """The shared engine of this configuration (ZOS mode, batches of 3, race checker on);
+    ``slots=N`` builds it with N host buffer slots."""
     key = tuple(sorted(config.items()))
     if key not in _ENGINES:
         model, alphabet = _model()
-        _ENGINES[key] = Engine(EngineConfig(mode="zos", max_batch_size=3, race_check=True, **config),
-                               model=model, tokenizer=CharTokenizer(alphabet))
+        slots = config.pop("slots", None)
+        with plugins.ring(slots) if slots else contextlib.nullcontext():
+            _ENGINES[key] = Engine(EngineConfig(mode="zos", max_batch_size=3, race_check=True,
+                                                **config),
+                                   model=model, tokenizer=CharTokenizer(alphabet))
         _CONFIGS[key] = _ENGINES[key].config
         _BUILT[key] = _state(_ENGINES[key])
         built = _ENGINES[key]
         _PRINTS[key] = fingerprint(built.model, built.ngram, built.config.num_draft_tokens,
                                            built.config.block_size)
     return _ENGINES[key]
+
+
+def ring_engine(**config) -> Engine:
+    """The labs' ring engine for the checks (rings of up to MAX_SLOTS host slots), shared and
+    healed like the others.  Not ``plugins.ring_engine()``: that one is the learner's, handed
+    out by notebooks 07 and 07b to experiment on (closed, its race checker off), which a check
+    must not inherit."""
+    return engine(slots=MAX_SLOTS, **config)
 
 
 def start(*configs: dict) -> None:
