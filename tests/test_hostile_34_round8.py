@@ -112,3 +112,29 @@ def test_the_labs_checks_do_not_run_on_the_engines_a_notebook_hands_the_learner(
     run = run_python(LEARNERS_LAB_ENGINES, timeout=600)
     assert run.stdout.split("\n")[:3] == ["after edits True", "after close True",
                                          "title closed True"], (run.stdout, run.stderr[-1500:])
+
+
+def correction_reading_the_host_unseen(meta, accepted, block_size):
+    """Right values, read on the host with ``int()``, with torch's function modes switched off
+    so that the checker's counter sees none of it (round eight: full marks with real
+    nbgrader)."""
+    import torch
+
+    with torch._C.DisableTorchFunction():
+        delta = accepted[meta["rows"]] * meta["pending"]
+        shifts = [int(d) for d in delta]  # a host read per request
+        q = int(meta["seqlens_q"][0])
+        meta["seqlens_k"] += delta
+        meta["positions"] += torch.tensor([s for s in shifts for _ in range(q)])
+        owner = torch.arange(len(delta)).repeat_interleave(q)
+        p = meta["positions"]
+        meta["slot_mapping"][:] = (meta["block_tables"][owner, p // block_size] * block_size
+                                   + p % block_size)
+
+
+def test_a_host_read_hidden_from_the_counter_is_still_a_host_read():
+    from overlap_course import checks
+
+    verdict = checks.check_correction(correction_reading_the_host_unseen)
+    assert not verdict.passed and verdict.category == "host_read", verdict
+    assert "hold no values" in verdict.message

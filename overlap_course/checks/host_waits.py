@@ -1,12 +1,14 @@
-"""The instrument of exercise 04's host-wait rule: the tensor operations a function makes, and the
-ones that would make the host wait for the device on a GPU (a value read on the host, or a result
-whose size depends on the values).  Counted on the CPU, where nothing waits, so the rule holds on
-any machine."""
+"""The instruments of exercise 04's host-wait rule: the tensor operations a function makes, and
+the ones that would make the host wait for the device on a GPU (a value read on the host, or a
+result whose size depends on the values).  Counted on the CPU, where nothing waits, so the rule
+holds on any machine; and a run on tensors that hold no values, which any such read fails."""
 
 from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from . import sandbox
 
 
 class HostReads(TorchFunctionMode):
@@ -61,3 +63,23 @@ def _bool_index(index) -> bool:
         if isinstance(item, (tuple, list)):
             stack.extend(item)
     return False
+
+
+def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> str | None:
+    """What ``fn`` raised when run on copies of its tensors that hold no values (torch's meta
+    device, where the tensors it makes go too), or None.  Every read of a value on the host
+    fails there, whatever the code switched off on the way: ``torch._C.DisableTorchFunction``
+    hides a read from :class:`HostReads`, not from this (a hostile round's wrong answer scored
+    full marks that way)."""
+    try:
+        with torch.device("meta"):
+            fn({name: t.to("meta") for name, t in meta.items()}, accepted.to("meta"), block_size)
+    except Exception as err:  # noqa: BLE001 - the learner's code failed without values
+        try:
+            said = str.__str__(str(err))
+        except (KeyboardInterrupt, sandbox.TimeUp):
+            raise
+        except BaseException:  # noqa: BLE001 - a message that cannot be read
+            said = "(its message could not be read)"
+        return f"{type(err).__name__}: {said[:160]}"
+    return None

@@ -15,7 +15,7 @@ from toy_engine.kernels import FROM_DEVICE
 from . import context, pool
 from .answers import int_list, items, one_number, show
 from .harness import exercise_check, notebook_check
-from .host_waits import HostReads
+from .host_waits import HostReads, valueless_failure
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
@@ -143,7 +143,8 @@ def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor
 
 def _stays_on_device(fn) -> Verdict | None:
     """Exercise 04's rule, on the worked case and on twice as many requests: no value read
-    on the host, and as many tensor operations for 6 requests as for 3 (no loop over them)."""
+    on the host, and as many tensor operations for 6 requests as for 3 (no loop over them);
+    then run on tensors without values, which no read can hide from."""
     counts = []
     for copies in (1, 2):
         meta, accepted = _case(4, [1, 1, 1], copies)
@@ -170,6 +171,13 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
                      f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
+    failed = valueless_failure(fn, *_case(4, [1, 1, 1]), 4)
+    if failed is not None:
+        return fails("host_read",
+                     f"your correction computes the right values, but it needs them on the host: "
+                     f"run on tensors that hold no values (as a GPU's are to the host) it failed "
+                     f"({failed}). On a GPU such a read makes the host wait for the device, "
+                     f"which is what ZOS removes: keep every step a tensor operation")
     return None
 
 
