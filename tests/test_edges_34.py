@@ -365,7 +365,7 @@ def test_a_database_that_cannot_be_opened_is_a_clear_refusal(tmp_path, capsys):
     err = _one_line_refusal(_run(ps.main, ["--db", str(missing)], capsys), str(missing),
                             "check that its folder exists")
     assert "DatabaseError" not in err
-    _one_line_refusal(_run(ps.main, ["--db", str(tmp_path)], capsys), "cannot open the database")
+    _one_line_refusal(_run(ps.main, ["--db", str(tmp_path)], capsys), "names a folder")
 
 
 def test_a_bad_service_url_is_a_clear_refusal(tmp_path, monkeypatch, capsys):

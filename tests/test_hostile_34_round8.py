@@ -138,3 +138,42 @@ def test_a_host_read_hidden_from_the_counter_is_still_a_host_read():
     verdict = checks.check_correction(correction_reading_the_host_unseen)
     assert not verdict.passed and verdict.category == "host_read", verdict
     assert "hold no values" in verdict.message
+
+
+def zos_loop_prefill_after_the_next_schedule(engine):
+    """A blind learner's loop (round eight): the prefill step kept aside and processed only
+    after the next round's ``schedule()``, though before its ``prepare_inputs``.  With a stop
+    string hit at the first token the scheduler plans rounds for finished requests (6 rounds
+    and 4 discarded outputs where the engine's loop takes 4 and 2); the checker passed it."""
+    previous = prefill = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if prefill is not None:
+            engine.process_outputs(prefill)
+            prefill = None
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+            previous = None
+        step = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            prefill = step
+        else:
+            previous = step
+    if prefill is not None:
+        engine.process_outputs(prefill)
+    engine.flush(previous)
+
+
+def test_a_prefill_processed_after_the_next_schedule_is_deferred():
+    from overlap_course import checks
+
+    verdict = checks.check_zos_loop(zos_loop_prefill_after_the_next_schedule)
+    assert not verdict.passed and verdict.category == "prefill_deferred", verdict
+    assert "schedule()" in verdict.message

@@ -167,12 +167,21 @@ def _zos_order(log: HostLog) -> Verdict | None:
 
 
 def _prefill_at_once(log: HostLog, r: int, at: int) -> Verdict | None:
+    """Processed before the next ``schedule()``: the scheduler must see the first tokens (a
+    request that stops at its first token is scheduled again otherwise, for a wasted round)."""
     nxt_prep = log.first("prepare", r + 1)
     if nxt_prep is not None and at > nxt_prep:
         return fails("prefill_deferred",
                      f"{log.who(r)} was deferred (processed by `{log.events[at][0]}` during a later round). "
                      f"Prefill steps are processed at once, right after their sample launch: the "
                      f"first token reaches the request a round earlier, and there is little to hide")
+    sample = log.first("launch_sample", r)
+    if sample is not None and any(s == "schedule" for s, _ in log.between(sample, at)):
+        return fails("prefill_deferred",
+                     f"{log.who(r)} was processed only after the next `engine.schedule()`. Prefill "
+                     f"steps are processed at once, right after their sample launch: the scheduler "
+                     f"then plans the next round knowing the first tokens (a request that stops at "
+                     f"its first token is otherwise scheduled again, for a wasted round)")
     return None
 
 
