@@ -208,9 +208,10 @@ def refuse_foreign(out: Path, names: tuple[str, ...] = OWNED) -> None:
         ours = folder.is_dir() and not folder.is_symlink() and (
             (folder / STAMP).is_file() or out == DEFAULT_OUT.resolve())
         if (folder.exists() or folder.is_symlink()) and not ours:
-            raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} already has {name}/, which this build "
-                             f"did not make (no {STAMP} in it) and would replace: name a new or empty "
-                             f"folder, e.g. --out build/site, or move {name}/ away; nothing was deleted")
+            raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} already has {name}/, which "
+                             f"this build did not make (no {STAMP} in it) and would replace: "
+                             f"name a new or empty folder, e.g. --out build/site, or move "
+                             f"{name}/ away; nothing was deleted")
 
 
 def fresh_folder(out: Path, name: str) -> Path:
@@ -253,8 +254,8 @@ def build(out: Path) -> Path:
     src = stage(out)
     html, doctrees = fresh_folder(out, "html"), fresh_folder(out, "doctrees")
     fresh_folder(out, "jupyter_execute")
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-d", str(doctrees),
-           str(src), str(html)]
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
+           "-d", str(doctrees), str(src), str(html)]
     # Its own process group: Ctrl-C reaches the build alone, which stops Sphinx and says so in one
     # line (Sphinx would add its own "Interrupted!").
     subprocess.run(cmd, check=True, process_group=0)

@@ -122,7 +122,8 @@ def test_ctrl_c_stops_the_site_build_in_one_line(tmp_path, phase):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130 and err.strip() == "site: interrupted", (proc.returncode, err[-800:])
+    assert proc.returncode == 130, (proc.returncode, err[-800:])
+    assert err.strip() == "site: interrupted", err[-800:]
     if os.path.isdir("/proc"):
         time.sleep(0.5)
         left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _mentions(pid, str(out))]
@@ -164,7 +165,8 @@ def test_a_login_code_the_hub_refuses_is_a_400_not_a_500(tmp_path):
             HTTPServer(web.Application([(r"/hub/api/oauth2/token", Token)])).add_sockets([hub])
             prefix = "/services/course-progress/"
             os.environ.update(JUPYTERHUB_API_URL=f"http://127.0.0.1:{hub_port}/hub/api",
-                              JUPYTERHUB_API_TOKEN="svc", JUPYTERHUB_CLIENT_ID="service-course-progress",
+                              JUPYTERHUB_API_TOKEN="svc",
+                              JUPYTERHUB_CLIENT_ID="service-course-progress",
                               JUPYTERHUB_SERVICE_PREFIX=prefix, JUPYTERHUB_BASE_URL="/",
                               JUPYTERHUB_OAUTH_CALLBACK_URL=prefix + "oauth_callback",
                               JUPYTERHUB_OAUTH_ACCESS_SCOPES='["access:services"]')
