@@ -33,7 +33,8 @@ try:
     from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
     from jupyterhub.utils import url_path_join
 except ImportError:  # no hub here: validate(), room() and the page still work (tests/test_progress_service.py)
-    HubOAuth = HubOAuthCallbackHandler = None
+    HubOAuth = None
+    HubOAuthCallbackHandler = web.RequestHandler  # no login without a hub: the route answers 405
 
     class HubOAuthenticated:  # type: ignore[no-redef]
         pass
@@ -74,6 +75,23 @@ class _Base(HubOAuthenticated, web.RequestHandler):
         self.set_status(code)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": code, "error": why}))
+
+
+class LoginCallbackHandler(_Base, HubOAuthCallbackHandler):
+    """oauth_callback, jupyterhub's but for a code the hub refuses (a stale or forged login
+    link): jupyterhub turns the hub's 400 into its own 500; this says 400 and to log in again.
+    The hub unreachable or refusing the service's token stays a server error."""
+
+    async def get(self):
+        try:
+            await super().get()
+        except web.HTTPError as err:
+            refused = (err.log_message or "").startswith("Failed to check authorization")
+            if err.status_code != 500 or not refused:
+                raise
+            why = err.log_message.partition(": ")[2] or "no reason given"
+            raise web.HTTPError(400, f"the login failed: the hub refused its code ({why}); open "
+                                     f"{self.app.prefix} to log in again") from None
 
 
 class VerdictHandler(_Base):
@@ -295,7 +313,7 @@ class ProgressService:
             (at("api/room"), RoomHandler, {"view": "api"}),
             (at("api/verdicts"), VerdictHandler),
             (at("guide"), GuideHandler),
-            (at("oauth_callback"), HubOAuthCallbackHandler),
+            (at("oauth_callback"), LoginCallbackHandler),
         ], **settings)
 
 

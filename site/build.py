@@ -24,11 +24,12 @@ Sphinx + MyST-NB read a staged copy of the site (``OUT/src``) and write ``OUT/ht
   fails the build.
 
 Warnings fail the build (``-W``): a broken cross-reference or toctree entry is an error.
+Each build replaces the folders it writes under ``OUT`` (:data:`OWNED`), and only those it
+made (:func:`refuse_foreign`): ``--out`` naming a learner's own folder deletes nothing of theirs.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import html
@@ -42,6 +43,9 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
+from overlap_course.safe_json import quoted
+
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -49,6 +53,10 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_DIRS = ("notebooks", "exercises")
 DOC_PAGES = ("instructor_guide.md", "real_engines.md")
 DIGEST_KEY = "figure-sha256"  # a drawn page's stored PNG: the digest of the figure it shows
+# The folders under OUT that each build replaces (MyST-NB writes OUT/jupyter_execute).
+OWNED = ("src", "html", "doctrees", "jupyter_execute")
+STAMP = ".made-by-site-build"  # in each of them: the build made it, so it may replace it
+DEFAULT_OUT = ROOT / "build" / "site"
 NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
 WIDGET_NOTE = ("<div class='admonition note'><p class='admonition-title'>Live widget</p><p>This output is an "
                "interactive widget that needs a running kernel: run the notebook in Jupyter. Without one, the "
@@ -190,11 +198,39 @@ def read_notebook(path: Path):
                          f"JSON?): {why}; restore it with `git checkout -- {path.relative_to(ROOT)}`") from None
 
 
+def refuse_foreign(out: Path, names: tuple[str, ...] = OWNED) -> None:
+    """A ValueError, before any work, if a folder the build replaces is already under ``out`` and
+    an earlier build did not make it (no :data:`STAMP` in it): a learner's ``--out ~/project``
+    would lose its ``src/``.  ``build/site``, the default, is the build's alone (older builds
+    left no stamp there)."""
+    for name in names:
+        folder = out / name
+        ours = folder.is_dir() and not folder.is_symlink() and (
+            (folder / STAMP).is_file() or out == DEFAULT_OUT.resolve())
+        if (folder.exists() or folder.is_symlink()) and not ours:
+            raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} already has {name}/, which "
+                             f"this build did not make (no {STAMP} in it) and would replace: "
+                             f"name a new or empty folder, e.g. --out build/site, or move "
+                             f"{name}/ away; nothing was deleted")
+
+
+def fresh_folder(out: Path, name: str) -> Path:
+    """``out/name`` empty and stamped as the build's: an older one removed if the build made it."""
+    refuse_foreign(out, (name,))
+    folder = out / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    (folder / STAMP).write_text("made by site/build.py (./run.sh site), which replaces this folder "
+                                "on each build\n", encoding="utf-8")
+    return folder
+
+
 def stage(out: Path) -> Path:
     """Lay out the Sphinx source folder under ``out/src`` (replacing an older one)."""
-    src = out / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(SITE, src, ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build", "figures"))
+    src = fresh_folder(out, "src")
+    shutil.copytree(SITE, src, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build", "figures"))
     for name in DOC_PAGES:
         shutil.copy(ROOT / "docs" / name, src / name)
     import plotly
@@ -215,17 +251,20 @@ def stage(out: Path) -> Path:
 
 def build(out: Path) -> Path:
     """Stage and build; returns the folder of index.html."""
-    src, html = stage(out), out / "html"
-    shutil.rmtree(html, ignore_errors=True)
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-d", str(out / "doctrees"),
-           str(src), str(html)]
-    subprocess.run(cmd, check=True)
+    src = stage(out)
+    html, doctrees = fresh_folder(out, "html"), fresh_folder(out, "doctrees")
+    fresh_folder(out, "jupyter_execute")
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
+           "-d", str(doctrees), str(src), str(html)]
+    # Its own process group: Ctrl-C reaches the build alone, which stops Sphinx and says so in one
+    # line (Sphinx would add its own "Interrupted!").
+    subprocess.run(cmd, check=True, process_group=0)
     return html
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="build the course website from the stored notebooks")
-    p.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    p = Parser(prog="site", description="build the course website from the stored notebooks")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default build/site)")
     p.add_argument("--draw", action="store_true",
                    help="redraw the stored images of the pages build.py draws (site/figures/), then stop")
     a = p.parse_args(argv)
@@ -233,8 +272,15 @@ def main(argv=None) -> int:
         print("site: drew " + ", ".join(str(path.relative_to(ROOT)) for path in draw_stored_images()))
         return 0
     start = time.monotonic()
+    try:  # bad input: one line and exit 2, before any work
+        out = out_folder(a.out).resolve()
+        refuse_foreign(out)
+    except ValueError as exc:
+        return fail("site", exc)
     try:
-        html = build(a.out.resolve())
+        html = build(out)
+    except OSError as exc:
+        return fail("site", os_problem(exc))
     except subprocess.CalledProcessError as exc:
         print(f"site: sphinx-build failed (exit {exc.returncode}); its warnings are above", file=sys.stderr)
         return 1
@@ -246,4 +292,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("site", main)
