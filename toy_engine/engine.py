@@ -5,6 +5,7 @@ plug-ins and counters, ``buffers`` the host <-> device layout, the device its pr
 """
 
 import copy
+import dataclasses
 import numbers
 import threading
 import time
@@ -46,7 +47,7 @@ class Engine(RoundStages):
         config = EngineConfig() if config is None else config
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-        self.config = config
+        self.config = self._built_with = config  # generate refuses another config
         self.model, self.tokenizer = _own_copy(model, tokenizer)
         self.context_len = self.model.cfg.context_len
         check_kv_cache_size(config, self.model)
@@ -93,6 +94,7 @@ class Engine(RoundStages):
         if self._closed:
             raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
                                "create a new Engine")
+        self._check_config()
         for name, plugin in dict(on_round=on_round, loop=loop, correction=correction,
                                  process_outputs=process_outputs).items():
             check_callable(name, plugin)
@@ -119,7 +121,7 @@ class Engine(RoundStages):
         req = next((r for r in self._run.requests if r.id == request_id), None)
         if req is None:
             raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
-                             f"{[r.id for r in self._run.requests]})")
+                             f"{shown([r.id for r in self._run.requests])})")
         if not req.finished:
             req.finish_reason = "abort"
             if req in self.scheduler.waiting:
@@ -178,6 +180,26 @@ class Engine(RoundStages):
                 for observer in RUN_OBSERVERS:
                     observer(self, "end")
         return self.completions
+
+    def _check_config(self) -> None:
+        """Refuse a config replaced after the engine was built: its buffers, cache and device were
+        sized from the first, and would not match."""
+        built, now = self._built_with, self.config
+        if now is built:
+            return
+        if not isinstance(now, EngineConfig):
+            raise TypeError(f"engine.config must stay the EngineConfig the engine was built with, "
+                            f"got {type(now).__name__} {shown(now)}: build a new te.Engine")
+        changed = [f.name for f in dataclasses.fields(built)
+                   if getattr(now, f.name) != getattr(built, f.name)]
+        if changed:
+            new = ", ".join(f"{name}={shown(getattr(now, name))}" for name in changed)
+            old = ", ".join(f"{name}={shown(getattr(built, name))}" for name in changed)
+            raise ValueError(f"engine.config was replaced after the engine was built ({new}), "
+                             f"but its buffers, cache and device were sized from the first: build "
+                             f"a new engine from it (engine.close(); engine = te.Engine(engine."
+                             f"config)) or put the values back: engine.config = "
+                             f"dataclasses.replace(engine.config, {old})")
 
     def _ensure_ready(self) -> None:
         """Before a run: replace a device that died while idle, finish an interrupted recovery."""

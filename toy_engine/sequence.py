@@ -92,8 +92,8 @@ def check_prompts(prompts) -> list[str]:
     """A str, or a sequence (list, tuple) of str; anything unordered or not text is refused,
     each item as it is read (a ``range(10**10)`` is refused at its first item, not copied)."""
     if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+        prompts = [prompts]
+    elif isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__} "
                         f"{shown(prompts)}")
     copied = []
@@ -101,6 +101,7 @@ def check_prompts(prompts) -> list[str]:
         if not isinstance(prompt, str):
             hint = " (decode bytes first: b.decode())" if isinstance(prompt, (bytes, bytearray)) else ""
             raise TypeError(f"prompt {i} must be a str, got {type(prompt).__name__} {shown(prompt)}{hint}")
+        prompt = str.__str__(prompt)  # a plain copy: a str subclass's __iter__ or __len__ may lie
         if not prompt:
             raise ValueError(f"prompt {i} is empty: the model needs at least one token")
         if i == MAX_PROMPTS:
@@ -113,16 +114,19 @@ def check_prompts(prompts) -> list[str]:
 
 
 def check_stop(stop) -> tuple[str, ...]:
-    """None, a str, or a sequence of non-empty str."""
+    """None, a str, or a sequence of non-empty str, read once into plain str copies (a second
+    pass over a changing sequence, or a str subclass's own __len__, would decide what runs)."""
     if stop is None:
         return ()
     if isinstance(stop, str):
         stop = [stop]
     elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Sequence):
         raise TypeError(f"stop must be None, a str or a list/tuple of str, got {type(stop).__name__} {shown(stop)}")
+    copied = []
     for s in stop:
         if not isinstance(s, str):
             raise TypeError(f"stop strings must be str, got {type(s).__name__} {shown(s)}")
-        if not s:
-            raise ValueError(f"stop strings must be non-empty strings, got {shown(list(stop))}")
-    return tuple(stop)
+        copied.append(str.__str__(s))
+        if not copied[-1]:
+            raise ValueError(f"stop strings must be non-empty strings, got {shown(copied)}")
+    return tuple(copied)
