@@ -45,7 +45,7 @@ from toy_engine.validate import check_int
 
 VAL_FRACTION = 0.05
 #: The most optimizer steps a run may take: days on two CPU cores (the default
-#: 800 take minutes).  Past it a run could never end, and past ~1e308 the evaluation schedule
+#: 800 take minutes).  Past it a run takes weeks, and past ~1e308 the evaluation schedule
 #: (a float) overflowed into a traceback.
 MAX_STEPS = 1_000_000
 
@@ -137,7 +137,7 @@ def train(
 
 
 def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
-    steps = check_int("steps", steps, 1, MAX_STEPS, " (that is days of training on two CPU cores)")
+    steps = check_int("steps", steps, 1, MAX_STEPS, " (the most is days of training on two cores)")
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
