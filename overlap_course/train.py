@@ -41,8 +41,13 @@ from overlap_course.command_line import (Parser, fail, finite_number, interrupte
 from overlap_course.corpus import corpus_token_stream, generate_corpus, split_train_val
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT
+from toy_engine.validate import check_int
 
 VAL_FRACTION = 0.05
+#: The most optimizer steps a run may take: days on two CPU cores (the default
+#: 800 take minutes).  Past it a run takes weeks, and past ~1e308 the evaluation schedule
+#: (a float) overflowed into a traceback.
+MAX_STEPS = 1_000_000
 
 
 def load_data(tokenizer: CharTokenizer | None = None):
@@ -132,6 +137,7 @@ def train(
 
 
 def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
+    steps = check_int("steps", steps, 1, MAX_STEPS, " (the most is days of training on two cores)")
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -205,7 +211,8 @@ def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
 def main(argv=None) -> int:
     context_len = GPTConfig(vocab_size=CharTokenizer().vocab_size).context_len
     p = Parser(prog="train", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=whole_number(1), default=800, help="optimizer steps")
+    p.add_argument("--steps", type=whole_number(1, MAX_STEPS), default=800,
+                   help=f"optimizer steps (at most {MAX_STEPS:,})")
     p.add_argument("--out", default=str(CHECKPOINT),
                    help="where to write the checkpoint (default: the shipped one, which the "
                         "defaults reproduce)")

@@ -42,6 +42,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build import setup_cell
+from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import Parser, fail, os_problem, run
 from overlap_course import safe_json
 from overlap_course.safe_json import quoted
@@ -50,7 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
 # Quantized to a 256-colour palette: PNGs a few times smaller, colours kept (the measurements,
@@ -181,7 +181,7 @@ def shrink_png(png: bytes) -> bytes:
 
 async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
     import kaleido
-    from kaleido.errors import ChromeNotFoundError
+    from kaleido.errors import ChromeNotFoundError, KaleidoError
 
     images = []
     try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
@@ -191,6 +191,10 @@ async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -
                 opts = {"format": fmt, "width": layout.get("width") or size[0],
                         "height": layout.get("height") or size[1]}
                 images.append(await k.calc_fig(fig, opts=opts))
+    except KaleidoError as err:  # a figure check_figures let through that plotly.js refused
+        raise ValueError(f"plotly.js could not draw figure {len(images) + 1} of {len(figures)} "
+                         f"({str(err)[:200]}); clear that output, or run the notebook again to "
+                         f"store the figure its cell draws") from None
     except ChromeNotFoundError:
         raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
                            f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
@@ -208,12 +212,16 @@ def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
         return pool.submit(asyncio.run, _render_images(figures, fmt, (STATIC_WIDTH_PX, STATIC_HEIGHT_PX))).result()
 
 
-def add_static_images(nb, widgets: list[tuple[dict, dict]] = ()) -> int:
+def add_static_images(nb, widgets: list[tuple[dict, dict]] = (), shown: str = "notebook") -> int:
     """Store a PNG beside every Plotly figure output (replacing an older one), and beside each
-    widget output of ``widgets`` (:func:`widget_figures`); returns how many."""
+    widget output of ``widgets`` (:func:`widget_figures`); returns how many.  A figure
+    plotly.js cannot draw is a ``ValueError`` naming the notebook (``shown``)."""
     pairs = [(o, o.data[PLOTLY_MIME]) for o in figure_outputs(nb)] + list(widgets)
     if pairs:
-        pngs = render_images([figure for _, figure in pairs])
+        try:
+            pngs = render_images([figure for _, figure in pairs])
+        except ValueError as err:
+            raise ValueError(f"{shown}: {err}") from None
         for (output, _), png in zip(pairs, pngs):
             output.data["image/png"] = base64.b64encode(shrink_png(png)).decode("ascii")
     return len(pairs)
@@ -232,9 +240,11 @@ def execute(path: Path, timeout: int = 600) -> None:
                        resources={"metadata": {"path": str(path.parent)}}).execute()
     except CellExecutionError as err:  # its message: the cell and a traceback in ANSI colours
         raise RuntimeError(_failed_cell(path, nb, err)) from None
+    shown = quoted(str(path), 200)
+    check_figures(nb, shown)  # a cell may display one that is not a figure
     widgets = widget_figures(nb)
     nb.metadata.pop("widgets", None)
-    add_static_images(nb, widgets)
+    add_static_images(nb, widgets, shown)
     nbformat.write(nb, path)
 
 
@@ -253,7 +263,9 @@ def _failed_cell(path: Path, nb, err) -> str:
 def refresh_images(path: Path) -> int:
     """Redraw the static figures of a stored notebook from its stored figures (no kernel)."""
     nb = nbformat.read(path, as_version=4)
-    n = add_static_images(nb)
+    shown = quoted(str(path), 200)
+    check_figures(nb, shown)  # before Chromium starts (seconds)
+    n = add_static_images(nb, shown=shown)
     nbformat.write(nb, path)
     return n
 
@@ -338,8 +350,8 @@ def main(argv=None) -> int:
         return _run(a)
     except OSError as err:  # a notebook that cannot be written back, a folder that cannot be made
         return fail(f"notebooks {a.cmd}", os_problem(err))
-    except RuntimeError as err:  # no Chromium (its hint), a cell that raised, a kernel that died
-        return fail(f"notebooks {a.cmd}", err)
+    except (RuntimeError, ValueError) as err:  # no Chromium (its hint), a cell that raised, a
+        return fail(f"notebooks {a.cmd}", err)  # kernel that died, a stored figure that is none
 
 
 def _run(a) -> int:

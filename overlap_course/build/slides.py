@@ -31,6 +31,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build.notebooks import notebook_file
+from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
 from overlap_course.safe_json import quoted, refuse_unwritable, write_file
@@ -38,7 +39,6 @@ from overlap_course.safe_json import quoted, refuse_unwritable, write_file
 ROOT = Path(__file__).resolve().parents[2]
 REVEAL_VERSION = "5.2.1"
 TEMPLATE = Path(__file__).with_name("slides.html.j2")
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 COURSE = "Overlap the Pipeline"
 SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720  # a projector's 720p: every slide is laid out at this size
 
@@ -105,7 +105,7 @@ def _cell_height(cell) -> float:
     for out in cell.get("outputs", []):
         data = out.get("data", {})
         if PLOTLY_MIME in data:
-            height += data[PLOTLY_MIME].get("layout", {}).get("height", 450) + _BOX_PX
+            height += (data[PLOTLY_MIME].get("layout", {}).get("height") or 450) + _BOX_PX
         elif "image/png" in data:
             height += 400
         elif out.get("output_type") == "stream":
@@ -148,7 +148,7 @@ def _plotly_to_html(nb) -> int:
                 continue
             count += 1
             div = f"plotly-figure-{count}"
-            height = fig.get("layout", {}).get("height", 450)
+            height = fig.get("layout", {}).get("height") or 450
             config = json.dumps(plotly_config(responsive=True))
             spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {})}).replace("</", "<\\/")
             out["data"] = {"text/html": (
@@ -199,9 +199,11 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
     from nbconvert import SlidesExporter
 
     notebooks = notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path in notebooks:  # a pipe or a folder at a slide file: refused before anything is written
+    stored = {path: nbformat.read(path, as_version=4) for path in notebooks}
+    for path in notebooks:  # refused before anything is written: a stored figure that is not
+        check_figures(stored[path], _named(path))  # one, a pipe or a folder at a slide file
         refuse_unwritable(_slide_file(out_dir, path), _named(_slide_file(out_dir, path)))
+    out_dir.mkdir(parents=True, exist_ok=True)
     _copy_assets(out_dir)
     # "white": of reveal.js's themes, one whose fonts ship with it (most load fonts from the web)
     exporter = SlidesExporter(template_file=str(TEMPLATE), reveal_url_prefix="reveal.js", reveal_theme="white",
@@ -209,7 +211,7 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
                               exclude_input_prompt=True, exclude_output_prompt=True)
     written = []
     for path in notebooks:
-        nb = with_slide_types(nbformat.read(path, as_version=4))
+        nb = with_slide_types(stored[path])
         nb.metadata["title"] = deck_title(nb, path)
         split_long_slides(nb)
         _plotly_to_html(nb)

@@ -13,9 +13,9 @@ from overlap_course.traces.recorded import shipped_trace_file
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
 from toy_engine.timeline import Timeline
 
-from .exporting import export
+from .exporting import check_exportable, export
 from .idle import summary
-from .reading import read_bounded, real_traces
+from .reading import KinetoTrace, read_bounded, real_traces
 
 __all__ = ["main"]
 
@@ -46,9 +46,11 @@ def _load_timeline(source: str) -> Timeline:
     where = f"STORED {quoted(source, PATH_CHARS)}"
     raw = read_bounded(_stored_file(source), where)
     try:
-        return Timeline.from_json(raw)
+        timeline = Timeline.from_json(raw)
+        check_exportable(timeline)  # refused here, naming STORED, not the file being written
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    return timeline
 
 
 def _record(mode: str, args) -> Timeline:
@@ -125,10 +127,12 @@ def _cannot_write(path: Path, exc: OSError) -> ValueError:
                       f"choose a path in a directory you can write")
 
 
-def _export_all(runs: dict, targets: dict) -> dict:
+def _export_all(runs: dict, targets: dict, names: dict) -> dict:
     """Every run exported to its file, all or none: each is written beside its target under a
     temporary name, measured, and only when all are written are they renamed into place; on a
-    failure the temporary files are removed and no target is touched.  The export's report."""
+    failure the temporary files are removed and no target is touched.  The export's report.
+    ``names``: how a refusal names each run (STORED, or the mode recorded), never by the
+    temporary file, which is gone when the message is read."""
     written, report = {}, {}
     try:
         for mode, tl in runs.items():
@@ -143,10 +147,16 @@ def _export_all(runs: dict, targets: dict) -> dict:
                 export(tl, tmp, name=path.name)
             except OSError as exc:
                 raise _cannot_write(path, exc) from None
+            except ValueError as exc:  # the timeline refused (kineto_events)
+                raise ValueError(f"{names[mode]}: {exc}") from None
+            try:
+                measured = summary(KinetoTrace(tmp, where="its export"))
+            except ValueError as exc:
+                raise ValueError(f"{names[mode]} cannot be exported as a trace the course reads "
+                                 f"back ({exc}); nothing was written") from None
             report[str(path)] = {"mode": tl.meta.mode,
                                  "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
-                                 "summary_device_idle_fraction":
-                                     summary(tmp)["device_idle_fraction"]}
+                                 "summary_device_idle_fraction": measured["device_idle_fraction"]}
         for path, tmp in written.items():
             try:
                 os.replace(tmp, path)
@@ -173,11 +183,13 @@ def main(argv=None) -> int:
         if args.stored is not None:
             targets = {None: out}
             runs = {None: _load_timeline(args.stored)}
+            names = {None: f"STORED {quoted(args.stored, PATH_CHARS)}"}
         else:
             modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
             targets = _targets(out, modes)  # every file checked before a run is recorded
             runs = {m: _record(m, args) for m in modes}
-        emit(dumps(_export_all(runs, targets), "the export's report", indent=2))
+            names = {m: f"the {m} run" for m in modes}
+        emit(dumps(_export_all(runs, targets, names), "the export's report", indent=2))
         return 0
     except ValueError as exc:
         return fail(PROG, exc)

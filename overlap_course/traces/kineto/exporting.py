@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 
 from toy_engine.timeline import PROCESS_STAGES, Span, Timeline, owner_name
+from toy_engine.validate import shown
 
 from .reading import MAX_TIME_US
 
-__all__ = ["DEFAULT_STREAM", "export", "kineto_events"]
+__all__ = ["DEFAULT_STREAM", "check_exportable", "export", "kineto_events"]
 
 #: The stream id exports use (the default stream usually shows up as 7 in Kineto traces).
 DEFAULT_STREAM = 7
@@ -40,6 +41,9 @@ _FIRST_CORRELATION = 100_000
 _TOKEN_FLOW_IDS = 900_000_000
 #: A timeline's origin is a clock reading in nanoseconds: a 64-bit integer.
 ORIGIN_LIMIT_NS = 2**63
+#: A span's round is a count of the loop's passes: a 64-bit integer, as a trace's reader (the
+#: course's, HTA's pandas columns) holds it.
+ROUND_LIMIT = 2**63
 
 
 def _steps(tl: Timeline) -> list[tuple[float, float, int | None]]:
@@ -236,8 +240,10 @@ def _add_names(out: _Events, timeline: Timeline, stream: int) -> None:
         out.events.append({"name": kind, "ph": "M", "ts": t_meta, "pid": pid, "tid": tid, "args": value})
 
 
-def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict]:
-    """The ``traceEvents`` of :func:`export` (see there)."""
+def check_exportable(timeline: Timeline) -> None:
+    """Refuse (``ValueError`` naming the field) a timeline whose export no trace reader could
+    measure, before anything is written: the export's own reading back would refuse it, and
+    name the file being written instead of the timeline."""
     if not isinstance(timeline, Timeline):
         raise TypeError(f"export takes a toy_engine Timeline (engine.timeline, Timeline.from_json(...)), "
                         f"got {type(timeline).__name__}")
@@ -248,6 +254,20 @@ def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict
     if not isinstance(origin, int) or not -ORIGIN_LIMIT_NS <= origin < ORIGIN_LIMIT_NS:
         raise ValueError(f"this timeline's origin_ns is not a clock reading in nanoseconds "
                          f"(a 64-bit integer), got {str(origin)[:30]}")
+    rnd = max(s.round for s in timeline.spans)
+    if rnd >= ROUND_LIMIT:
+        raise ValueError(f"this timeline has a span of round {shown(rnd)}, beyond the 64 bits a "
+                         f"trace's reader holds (at most {ROUND_LIMIT - 1}): not a run's round")
+    end = max(s.end_ms for s in timeline.spans)
+    if not any(d.start_ms < end for d in device):  # (every span at 0 ms, say)
+        raise ValueError(f"every device span of this timeline starts at {end:g} ms, when its last "
+                         f"span ends: a run with no device time to measure")
+
+
+def kineto_events(timeline: Timeline, stream: int = DEFAULT_STREAM) -> list[dict]:
+    """The ``traceEvents`` of :func:`export` (see there)."""
+    check_exportable(timeline)
+    device = timeline.lane("device")
     host = timeline.lane("host")
     out = _Events(timeline)
     _add_steps(out, timeline)

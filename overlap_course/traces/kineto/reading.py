@@ -140,20 +140,22 @@ def _gunzip(packed: bytes, where: str) -> bytes:
     return b"".join(out)
 
 
-def read_trace(source) -> dict:
+def read_trace(source, where: str | None = None) -> dict:
     """Load a Chrome-trace JSON document: a path (plain or gzip JSON, told apart by content,
     not by name), a shipped trace's name (``"a100_event_sync"``), or an already loaded dict.
 
-    Anything that is not a trace raises ``ValueError`` saying what is wrong with it.
+    Anything that is not a trace raises ``ValueError`` saying what is wrong with it, naming
+    it ``where`` (default: "trace file PATH"; an export reading back its temporary file names
+    what it exports instead).
     """
     if isinstance(source, dict):
-        data, where = source, "trace"
+        data, where = source, where or "trace"
     else:
         if not isinstance(source, (str, Path)) or not str(source).strip():
             raise ValueError(f"a trace is a file path, a shipped trace name ({', '.join(real_traces())}) "
                              f"or a dict, got {safe_json.quoted(source)}")
         path = _resolve(source)
-        where = f"trace file {safe_json.quoted(str(path), PATH_CHARS)}"
+        where = where or f"trace file {safe_json.quoted(str(path), PATH_CHARS)}"
         raw = read_bounded(path, where)
         if not raw.strip():
             raise ValueError(f"{where} is empty")
@@ -269,12 +271,12 @@ class KinetoTrace:
     the host call that carries it.
     """
 
-    def __init__(self, source) -> None:
-        data = read_trace(source)
+    def __init__(self, source, where: str | None = None) -> None:
+        data = read_trace(source, where)
         self.source = "trace" if isinstance(source, dict) else str(_resolve(source))
-        #: How messages name it: quoted, escaped, bounded.
-        self.where = ("trace" if isinstance(source, dict)
-                      else f"trace file {safe_json.quoted(self.source, PATH_CHARS)}")
+        #: How messages name it: quoted, escaped, bounded (``where``: :func:`read_trace`).
+        self.where = where or ("trace" if isinstance(source, dict)
+                               else f"trace file {safe_json.quoted(self.source, PATH_CHARS)}")
         self.meta = {k: v for k, v in data.items() if k != "traceEvents"}
         self.device: list[Event] = []
         self.on_stream: list[Event] = []
