@@ -12,11 +12,13 @@ import os
 import sys
 import sysconfig
 import threading
-import types
 from pathlib import Path
 
 from overlap_course.build import landlock
 from overlap_course.build.judge_cells import run_cells
+from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
+from overlap_course.build.judge_values import code_answer
+from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
 from overlap_course.build.judge_watch import CODE_EVENTS, Watch, from_submission
 
@@ -61,7 +63,7 @@ def judge_main(argv: list[str]) -> None:
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
     else:
-        args = _code_arguments(request["cells"], names, toy_engine, runs)
+        args = _code_arguments(request["cells"], names, toy_engine, runs, watch)
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
@@ -188,10 +190,14 @@ def _read_values(cells: list[str], names: list[str]) -> dict:
             values.append(_encode(space[name]))
         except ValueError as err:
             return {"message": f"`{name}`: {err}"}
+        except Exception as err:  # noqa: BLE001 - the value's own code (its __iter__) raised
+            return {"message": f"`{name}`: reading it raised {type(err).__name__}: give a plain "
+                               f"value (sets, lists, tuples, dicts, strings and numbers)"}
     return {"values": values}
 
 
-def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict) -> list | str:
+def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict,
+                    watch: Watch) -> list | str:
     """The graded call's arguments from the submission's cells, or why they cannot be judged;
     a context argument is the judge's own run (``runs``), once the cells define it too."""
     space, notes = run_cells(cells)
@@ -205,8 +211,10 @@ def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict) 
                     f"not a {type(value).__name__}")
         if name in CONTEXT_TYPES:
             value = runs[name]
-        if name not in CONTEXT_TYPES and type(value) is not types.FunctionType:
-            return f"`{name}` must be a function written with `def`, not a {type(value).__name__}"
+        if name not in CONTEXT_TYPES:
+            value = code_answer(name, value, watch.foreign)
+            if isinstance(value, str):
+                return value
         args.append(value)
     return args
 
@@ -222,7 +230,7 @@ def _judges_run(run: dict, toy_engine):
 def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch: Watch) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
     each time the submission's code handed control back to the checker, and at the end."""
-    watch.start(before, lambda before: _compare(before, _fingerprint()))
+    watch.start(watcher(before))
     try:
         verdict = check(*args)
     except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
@@ -236,6 +244,8 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
                                                    ("sys.setprofile", sys.getprofile()))
                            if hook is not None]
+    if watch.lost and (type(verdict) is not verdict_type or verdict.passed is not False):
+        hooks.append("sys.setprofile")  # else lost to the time limit's TimeUp: the check failed
     if changed or left or hooks:
         what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + sorted(set(hooks))
         return {"passed": False, "message": f"your code changed what the checker runs on "
@@ -243,85 +253,6 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     if type(verdict) is not verdict_type or type(verdict.message) is not str:
         return {"passed": False, "message": "the check returned something that is not its verdict"}
     return {"passed": verdict.passed is True, "message": verdict.message}
-
-
-# Modules whose state the checker depends on: ours whole; the functions of the others it calls;
-# and the classes of ours, of all the standard library (``inspect.Signature.bind`` runs at
-# every check) and ``torch.Tensor``.  Not every standard function: some are rebound as they
-# are first used (``multiprocessing.spawn``'s, ``logging._loggerClass``).
-_OURS = ("overlap_course", "toy_engine")
-_THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
-           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
-           "inspect")
-
-
-def _fingerprint() -> dict[str, tuple]:
-    """What the checker reads, by identity: every module of the course and the toy (each name
-    in it, each class's attributes), and the functions of the modules it calls.  Read without
-    running any code of the objects read (no ``getattr``, ``isinstance`` or ``vars`` that a
-    ``__getattr__``, a ``__class__`` or a metaclass of the submission's could answer)."""
-    marks, seen = {}, set()
-    for name, module in list(sys.modules.items()):
-        top = name.partition(".")[0]
-        ours, std = top in _OURS, top in sys.stdlib_module_names
-        theirs = name in _THEIRS
-        if not (ours or std or theirs):
-            continue
-        marks[f"sys.modules[{name!r}]"] = (id(module),)
-        if type(module) is not types.ModuleType:
-            continue  # not a module: its id above is all there is to trust
-        for attr, value in list(_MODULE_DICT(module).items()):
-            if ours or (theirs and callable(value)):
-                marks[f"{name}.{attr}"] = _mark(value)
-            if (issubclass(type(value), type) and (ours or std or attr == "Tensor")
-                    and (ours or id(value) not in seen)):
-                seen.add(id(value))  # a class the standard library imports again: once
-                marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
-                    (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
-                    if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
-                # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
-                marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
-    return marks
-
-
-_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
-_CLASS_DICT = type.__dict__["__dict__"].__get__
-# What a function, a method or a classmethod is made of, read from the objects themselves.
-_PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
-          types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
-          staticmethod: ("__func__",), property: ("fget", "fset", "fdel")}
-_BASES = type.__dict__["__bases__"].__get__
-
-
-def _mark(value, depth: int = 0) -> tuple:
-    """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
-    function held there as a function (a check is a wrapper around a wrapper around the
-    lesson's function: swapping ``cell_contents`` changed the check and no name)."""
-    parts = _PARTS.get(type(value), ())
-    mark = (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
-    if type(value) is not types.FunctionType or depth > 4:
-        return mark
-    cells = object.__getattribute__(value, "__closure__") or ()
-    return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
-
-
-def _held(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
-def _compare(before: dict, after: dict) -> list[str]:
-    """Names replaced or removed, and names added to a course module that shadow a builtin."""
-    changed = [key for key, mark in before.items() if after.get(key) != mark]
-    shadow = []
-    for key in after.keys() - before.keys():
-        module, _, attr = key.rpartition(".")
-        if (f"sys.modules[{module!r}]" in before and module.startswith(_OURS)
-                and attr in vars(builtins) and not attr.startswith("__")):
-            shadow.append(key)
-    return changed + sorted(shadow)
 
 
 def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
@@ -345,46 +276,3 @@ def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
         if not real or not all(any(r.is_relative_to(t) for t in trusted) for r in real):
             strange.append(name)
     return strange
-
-
-# A value answer crosses between the judge's processes as tagged JSON of exact builtin types:
-# no pickle (whose loading runs code), no object whose __eq__ or __iter__ the learner wrote.
-_TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str", list: "list",
-         tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
-_MAX_ITEMS = 10_000
-_MAX_DEPTH = 20
-
-
-def _encode(value, depth: int = 0, budget: list | None = None):
-    budget = [0] if budget is None else budget
-    budget[0] += 1
-    tag = _TAGS.get(type(value))
-    if tag is None:
-        raise ValueError(f"a {type(value).__name__} is not a plain Python value: write it with "
-                         f"sets, lists, tuples, dicts, strings and numbers")
-    if depth > _MAX_DEPTH or budget[0] > _MAX_ITEMS:
-        raise ValueError(f"more than {_MAX_DEPTH} levels or {_MAX_ITEMS} items: not an answer")
-    if tag == "dict":
-        return [tag, [[_encode(k, depth + 1, budget), _encode(v, depth + 1, budget)]
-                      for k, v in value.items()]]
-    if tag in ("list", "tuple", "set", "frozenset"):
-        return [tag, [_encode(item, depth + 1, budget) for item in value]]
-    if tag == "int":
-        return [tag, str(value)]  # any size, without JSON's number limits
-    if tag == "float":
-        return [tag, value.hex()]
-    return [tag, value]
-
-
-def _decode(node):
-    tag, payload = node[0], node[1] if len(node) > 1 else None
-    if tag == "dict":
-        return {_decode(k): _decode(v) for k, v in payload}
-    if tag in ("list", "tuple", "set", "frozenset"):
-        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](
-            _decode(item) for item in payload)
-    if tag == "int":
-        return int(payload)
-    if tag == "float":
-        return float.fromhex(payload)
-    return payload

@@ -24,9 +24,10 @@ CODE_EVENTS = {"exec", "function.__new__", "object.__setattr__", "sys.settrace",
 class Watch:
     """The submission's code while the check runs.  A replacement made and undone inside the
     check (a checker's helper swapped on the first call, put back on the last) leaves nothing
-    for a fingerprint at the end to see; so the fingerprint is compared each time code of the
-    submission returns (or yields) to code that is not, through a profile hook (the checks'
-    time limit uses the trace hook).  The submission's code: its cells, and every code object
+    for a fingerprint at the end to see; so the checker's world is compared each time code of
+    the submission returns (or yields) to code that is not, through a profile hook (the checks'
+    time limit uses the trace hook) -- quickly, as that time counts against the learner's limit
+    (``judge_fingerprint.watcher``).  The submission's code: its cells, and every code object
     executed or made into a function while a frame of it is on the stack (``exec`` and
     ``function.__new__`` audit events: ``compile``, ``code.replace``, ``marshal``, an import of
     its own module, a ``dataclass`` it declares), whatever file name it claims."""
@@ -35,8 +36,8 @@ class Watch:
         self.codes: dict[int, types.CodeType] = {}  # id -> code (kept: an id is not reused)
         self.changed: list[str] = []
         self.hooks: list[str] = []
-        self.before: dict | None = None
-        self.compare = None
+        self.changes = None
+        self.lost = False  # the hook, turned off by an exception raised in it
         # what was registered before the submission's first line (a finalizer its cells
         # register may fire during the check)
         self.finalizers = set(weakref.finalize._registry)
@@ -60,7 +61,7 @@ class Watch:
         if not self._on_stack():
             return
         if event in ("sys.settrace", "sys.setprofile"):
-            if self.before is not None:  # while the check runs (its cells may run checks too)
+            if self.changes is not None:  # while the check runs (its cells may run checks too)
                 self.hooks.append(event)
             return
         made = args[2] if event == "object.__setattr__" else args[0]  # f.__code__ = made
@@ -75,7 +76,7 @@ class Watch:
             return
         caller = frame.f_back
         if caller is None or not self.foreign(caller.f_code):
-            self.changed = self.compare(self.before) + self.deferred()
+            self.changed = self.changes() + self.deferred()
 
     def deferred(self) -> list[str]:
         """Calls the submission left for trusted code to make later, when no code of its own
@@ -102,18 +103,20 @@ class Watch:
             frame = frame.f_back
         return False
 
-    def start(self, before: dict, compare) -> None:
-        """Watch from now on; ``compare(before)``: what changed since ``before`` was taken."""
-        self.before, self.compare = before, compare
+    def start(self, changes) -> None:
+        """Watch from now on; ``changes()``: what changed since the judge began."""
+        self.changes = changes
         threading.setprofile(self.hook)
         sys.setprofile(self.hook)
 
     def stop(self) -> None:
-        if sys.getprofile() is not self.hook:
-            self.hooks.append("sys.setprofile")
+        """Stop watching.  A hook gone with no ``sys.setprofile`` of the submission's (which
+        ``hooks`` has) was turned off by CPython, as it does when a profile function raises: the
+        time limit's TimeUp, scheduled at the learner's last line, fires at the hook's entry."""
+        self.lost = sys.getprofile() is not self.hook
         sys.setprofile(None)
         threading.setprofile(None)
-        self.before = None
+        self.changes = None
 
 
 def _code_of(function):

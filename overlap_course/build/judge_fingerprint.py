@@ -1,0 +1,183 @@
+"""What the checker runs on, as the judge (:mod:`overlap_course.build.judge_process`) reads it:
+a fingerprint by identity taken before the submission's first line, and a quick way to tell,
+each time the submission's code hands control back to the checker, that nothing in it changed."""
+
+from __future__ import annotations
+
+import builtins
+import operator
+import sys
+import types
+
+# Modules whose state the checker depends on: ours whole; the functions of the others it calls;
+# and the classes of ours, of all the standard library (``inspect.Signature.bind`` runs at
+# every check) and ``torch.Tensor``.  Not every standard function: some are rebound as they
+# are first used (``multiprocessing.spawn``'s, ``logging._loggerClass``).
+_OURS = ("overlap_course", "toy_engine")
+_THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
+           "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
+           "inspect")
+
+
+def _fingerprint() -> dict[str, tuple]:
+    """What the checker reads, by identity: every module of the course and the toy (each name
+    in it, each class's attributes), and the functions of the modules it calls.  Read without
+    running any code of the objects read (no ``getattr``, ``isinstance`` or ``vars`` that a
+    ``__getattr__``, a ``__class__`` or a metaclass of the submission's could answer)."""
+    marks, seen = {}, set()
+    for name, module, ours, theirs, std in _watched(marks):
+        for attr, value in list(_MODULE_DICT(module).items()):
+            if ours or (theirs and callable(value)):
+                marks[f"{name}.{attr}"] = _mark(value)
+            if (issubclass(type(value), type) and (ours or std or attr == "Tensor")
+                    and (ours or id(value) not in seen)):
+                seen.add(id(value))  # a class the standard library imports again: once
+                marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
+                    (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
+                    if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
+                # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
+                marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
+    return marks
+
+
+def _watched(marks: dict | None = None):
+    """(name, module, ours, theirs, std) of each module the checker may run, ``marks`` given
+    the module's identity under its name in ``sys.modules``."""
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        ours, std = top in _OURS, top in sys.stdlib_module_names
+        theirs = name in _THEIRS
+        if not (ours or std or theirs):
+            continue
+        if marks is not None:
+            marks[f"sys.modules[{name!r}]"] = (id(module),)
+        if type(module) is types.ModuleType:  # else: its id is all there is to trust
+            yield name, module, ours, theirs, std
+
+
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+# What a function, a method or a classmethod is made of, read from the objects themselves.
+_PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
+          types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
+          staticmethod: ("__func__",), property: ("fget", "fset", "fdel")}
+_BASES = type.__dict__["__bases__"].__get__
+
+
+def _mark(value, depth: int = 0) -> tuple:
+    """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
+    function held there as a function (a check is a wrapper around a wrapper around the
+    lesson's function: swapping ``cell_contents`` changed the check and no name)."""
+    parts = _PARTS.get(type(value), ())
+    mark = (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
+    if type(value) is not types.FunctionType or depth > 4:
+        return mark
+    cells = object.__getattribute__(value, "__closure__") or ()
+    return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
+
+
+def _held(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _compare(before: dict, after: dict) -> list[str]:
+    """Names replaced or removed, and names added to a course module that shadow a builtin."""
+    changed = [key for key, mark in before.items() if after.get(key) != mark]
+    shadow = []
+    for key in after.keys() - before.keys():
+        module, _, attr = key.rpartition(".")
+        if (f"sys.modules[{module!r}]" in before and module.startswith(_OURS)
+                and attr in vars(builtins) and not attr.startswith("__")):
+            shadow.append(key)
+    return changed + sorted(shadow)
+
+
+
+
+class Snapshot:
+    """Every object the fingerprint reads (the modules, their names and values, the classes'
+    entries, bases and metaclasses, the functions' parts, the closure cells' contents), read in
+    bulk at C speed: about 10 ms where the fingerprint takes 120 (both idle), at each of the
+    hundreds of hand-backs of a check.  The same objects read again mean the same fingerprint;
+    anything else (a module imported, a cache filled) only costs a full comparison.  It holds
+    what it read, so that none is freed and another made where it was."""
+
+    def __init__(self) -> None:
+        self.dicts, classes, parts = [], {}, {kind: {} for kind in (*_PARTS, "cell")}
+        for name, module, ours, theirs, std in _watched():
+            self.dicts.append(_MODULE_DICT(module))
+            for attr, value in list(self.dicts[-1].items()):
+                if ours or (theirs and callable(value)):
+                    _collect(value, parts)
+                if issubclass(type(value), type) and (ours or std or attr == "Tensor"):
+                    classes[id(value)] = value
+                    for item in list(_CLASS_DICT(value).values()):
+                        _collect(item, parts)
+        self.classes = list(classes.values())
+        self.cells = list(parts.pop("cell").values())
+        self.parts = [(operator.attrgetter(a), list(group.values()))
+                      for kind, group in parts.items() for a in _PARTS[kind]]
+        self.held = self._read()
+
+    def _read(self) -> list:
+        found = [*sys.modules, *sys.modules.values()]
+        for names in self.dicts:
+            found += names
+            found += names.values()
+        for cls in self.classes:
+            names = _CLASS_DICT(cls)
+            found += names
+            found += names.values()
+            found.append(type(cls))
+            found += _BASES(cls)
+        for read, group in self.parts:
+            found += map(read, group)
+        found += map(_held, self.cells)
+        return found
+
+    def same(self) -> bool:
+        """Whether each object read now is the one read then (``is``: no ``__eq__`` runs)."""
+        now = self._read()
+        return len(now) == len(self.held) and all(map(operator.is_, now, self.held))
+
+
+def _collect(value, parts: dict) -> None:
+    """``value`` and, for a function, what its closure cells hold (at any depth: more than the
+    fingerprint reads), into ``parts`` by type."""
+    group = parts.get(type(value))
+    if group is None or id(value) in group:
+        return
+    group[id(value)] = value
+    if type(value) is types.FunctionType:
+        for cell in object.__getattribute__(value, "__closure__") or ():
+            parts["cell"][id(cell)] = cell
+            _collect(_held(cell), parts)
+
+
+def watcher(before: dict):
+    """``changed()``: what changed since ``before`` -- by the fingerprint only when the snapshot
+    taken at the last clean comparison no longer reads the same.  Other threads wait meanwhile
+    (a long switch interval), so that the snapshot and the comparison see one state."""
+    kept: list[Snapshot] = []
+
+    def changed() -> list[str]:
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(_QUIET_S)
+        try:
+            if kept and kept[0].same():
+                return []
+            kept.clear()
+            snapshot = Snapshot()
+            found = _compare(before, _fingerprint())
+            if not found and snapshot.same():
+                kept.append(snapshot)
+            return found
+        finally:
+            sys.setswitchinterval(interval)
+    return changed
+
+
+_QUIET_S = 5.0

@@ -1,0 +1,116 @@
+"""A value answer as it crosses between the judge's processes (:mod:`overlap_course.build.
+judge_process`): tagged JSON of exact builtin types -- no pickle (whose loading runs code), no
+object whose ``__eq__`` or ``__iter__`` the learner wrote -- read from the learner's value the
+way the checker reads it; and a code answer made of a function the submission wrote."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import numbers
+import operator
+import types
+
+from overlap_course.checks.answers import MAX_ITEMS
+
+_TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str", list: "list",
+         tuple: "tuple", set: "set", frozenset: "frozenset", dict: "dict"}
+_MAX_ITEMS = 10_000
+_MAX_DEPTH = 20
+_MAX_UNWRAP = 20  # partials and decorators around a code answer
+
+
+def encode(value, depth: int = 0, budget: list | None = None):
+    """``value`` as the checker reads it: a ``str`` subclass (numpy's ``str_``) by its text, an
+    integer (numpy's ``int64``) by ``operator.index``, a real number by ``float``, a container
+    (a namedtuple, a dict's keys, an array) by its first ``MAX_ITEMS + 1`` items, as the
+    checker's ``answers.items`` reads them (one more: the checker's own verdict on a longer one).
+    """
+    budget = [0] if budget is None else budget
+    budget[0] += 1
+    if depth > _MAX_DEPTH or budget[0] > _MAX_ITEMS:
+        raise ValueError(f"more than {_MAX_DEPTH} levels or {_MAX_ITEMS} items: not an answer")
+    tag, value = _plain(value)
+    if tag == "dict":
+        return [tag, [[encode(k, depth + 1, budget), encode(v, depth + 1, budget)]
+                      for k, v in value]]
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return [tag, [encode(item, depth + 1, budget) for item in value]]
+    if tag == "int":
+        return [tag, str(value)]  # any size, without JSON's number limits
+    if tag == "float":
+        return [tag, value.hex()]
+    return [tag, value]
+
+
+def _plain(value) -> tuple[str, object]:
+    """(tag, the value of exact builtin type, or a container's items)."""
+    kind = type(value)
+    if kind in (type(None), bool, int, float, str):
+        return _TAGS[kind], value
+    if type(inspect.getattr_static(value, "__eq__", None)) is types.FunctionType:
+        raise ValueError(f"a {kind.__name__} has an `__eq__` of its own: write it with sets, "
+                         f"lists, tuples, dicts, strings and numbers")
+    if isinstance(value, str):
+        return "str", str.__str__(value)
+    if isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"a {kind.__name__} is not a plain Python value: write a str")
+    try:
+        if isinstance(value, numbers.Integral) or hasattr(kind, "__index__"):
+            return "int", operator.index(value)
+        if isinstance(value, numbers.Real):
+            return "float", float(value)
+    except TypeError as err:  # numpy's bool_ has an __index__ that refuses
+        raise ValueError(f"a {kind.__name__} is not a plain number ({err})") from None
+    if isinstance(value, dict):
+        return "dict", list(itertools.islice(dict.items(value), MAX_ITEMS + 1))
+    base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)), list)
+    try:
+        return _TAGS[base], list(itertools.islice(iter(value), MAX_ITEMS + 1))
+    except TypeError:
+        raise ValueError(f"a {kind.__name__} is not a plain Python value: write it with sets, "
+                         f"lists, tuples, dicts, strings and numbers") from None
+
+
+def decode(node):
+    tag, payload = node[0], node[1] if len(node) > 1 else None
+    if tag == "dict":
+        return {decode(k): decode(v) for k, v in payload}
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](
+            decode(item) for item in payload)
+    if tag == "int":
+        return int(payload)
+    if tag == "float":
+        return float.fromhex(payload)
+    return payload
+
+
+def code_answer(name: str, value, foreign):
+    """The function a code answer runs, or why the judge cannot judge it: a ``def`` as it is;
+    under decorators that keep it (``functools.wraps``, ``cache``, ``lru_cache``) the function
+    itself; a ``functools.partial`` of one, remade from its arguments read as plain values.
+    ``foreign(code)``: whether the code is the submission's."""
+    args, keywords, unwrapped, found = (), {}, False, type(value).__name__
+    for _ in range(_MAX_UNWRAP):
+        if type(value) is functools.partial:
+            args, keywords = value.args + args, {**value.keywords, **keywords}
+            value, unwrapped = value.func, True
+        elif type(value) is types.FunctionType or value is None:
+            break
+        else:  # read as it is stored: no property or __getattr__ of the submission's runs
+            found = type(value).__name__
+            value, unwrapped = inspect.getattr_static(value, "__wrapped__", None), True
+    if type(value) is not types.FunctionType or (unwrapped and not foreign(value.__code__)):
+        if value is not None:
+            found = (type(value).__name__ if type(value) is not types.FunctionType
+                     else f"library function ({value.__module__}.{value.__qualname__})")
+        return (f"`{name}` must be a function your cells define with `def` (alone, in a "
+                f"functools.partial, or under @functools.cache), not a {found}")
+    try:
+        args, keywords = decode(encode(args)), decode(encode(keywords))
+    except Exception as err:  # noqa: BLE001 - an argument's own code (its __iter__) raised
+        return (f"`{name}` is a functools.partial whose arguments are not plain values ({err}): "
+                f"write a `def` that calls your function with them")
+    return functools.partial(value, *args, **keywords) if args or keywords else value
