@@ -20,7 +20,7 @@ import sys
 from overlap_course import progress
 from toy_engine.interrupts import hold_sigint
 
-from . import answers, pool, sandbox
+from . import answers, errors, pool, sandbox
 from .verdict import Verdict, fails
 
 _PRISTINE = sandbox.Pristine()
@@ -37,7 +37,7 @@ def notebook_check(check):
             with hold_sigint():  # a Ctrl-C as the alarm is set waits till `stop` is known
                 stop = sandbox.start_time_limit(limit, trace=False)
             verdict = check(*args, **kwargs)
-        except sandbox.TimeUp as exc:
+        except sandbox.TimeUp as exc:  # no call in here: a TimeUp due fires at a call's entry
             if stop is sandbox.no_limit:
                 raise  # an outer check's limit (none of this check's own)
             stopped = exc
@@ -65,7 +65,8 @@ def notebook_check(check):
             if ctrl_c is not None:
                 raise ctrl_c
         if stopped is not None:
-            verdict = _answer_time_up(stopped, limit)
+            verdict = (_answer_time_up(stopped, limit) if sandbox.is_limits(stopped)
+                       else _learners_time_up(stopped))
         return _cut(verdict)
     return progress.recorded(bounded)
 
@@ -130,6 +131,16 @@ def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:
                  f"value (a number, a string, a list or set of them)")
 
 
+def _learners_time_up(err: BaseException) -> Verdict:
+    """A TimeUp no time limit raised: the learner's own class (its ``__str__``, its
+    ``seconds``), read as any exception of theirs."""
+    verdict = learner_raised(err)  # None where the innermost frame is not the learner's
+    if verdict is not None:
+        return verdict
+    return fails("raised", f"your code raised {errors.quoted(err)}: raise an exception of your "
+                           f"own, not a subclass of the checker's TimeUp")
+
+
 def _not_started() -> None:
     pass
 
@@ -141,7 +152,7 @@ def _time_limited(check, args, kwargs) -> Verdict:
         with hold_sigint():
             stop = sandbox.start_time_limit(limit)
         verdict = check(*args, **kwargs)
-    except (SystemExit, sandbox.TimeUp) as exc:
+    except (SystemExit, sandbox.TimeUp) as exc:  # as in notebook_check, no call in here
         stopped = exc
     except answers.Junk as junk:  # a value the learner's function returned
         verdict = fails("junk", str(junk))
@@ -170,6 +181,8 @@ def _time_limited(check, args, kwargs) -> Verdict:
                      f"your code called `exit()` / `sys.exit({answers.show(code)})` "
                      f"(SystemExit), which would end the notebook's kernel: the checker stopped it "
                      f"there. Return from your function instead")
+    if stopped is not None and not sandbox.is_limits(stopped):
+        return _learners_time_up(stopped)
     if stopped is not None:
         return fails("time_limit",
                      f"your code was {stopped} (the check allows {limit:.0f} s; the reference takes "
@@ -195,13 +208,7 @@ def learner_raised(err: BaseException) -> Verdict | None:
     ordinary = isinstance(err, (Exception, SystemExit, GeneratorExit))
     if where is None or not ordinary and not sandbox._is_learners(innermost):
         return None
-    try:
-        said = str.__str__(str(err))
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # noqa: BLE001 - a message that raises, even SystemExit: still a verdict
-        said = "(its message could not be read)"
-    said = said if len(said) <= answers.SHOW else said[:answers.SHOW - 4] + " ..."
+    said = errors.said(err, answers.SHOW)
     return fails("raised", f"your answer's own code raised {answers.type_name(err)}: {said} (in "
                            f"`{where}`) while the check read it: give a plain value (a number, a "
                            f"string, a list or set of them) or a function that returns one")

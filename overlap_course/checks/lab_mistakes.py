@@ -14,6 +14,7 @@ from . import lab_runs as runs
 from . import sandbox
 from .answers import show
 from .endings import ABORT, LIMIT_AT_ROUND_END
+from .errors import engines, quoted
 from .verdict import Verdict, fails, not_implemented
 
 
@@ -56,7 +57,7 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
                f"own run takes {own.rounds} rounds). A request ends on EOS, a stop string or its "
                f"limit: never plan a finished one again")
         return fails("finished_scheduled", msg)
-    if isinstance(err, EngineStalled):
+    if engines(err, EngineStalled):
         left = [c for c in calls if c[1] in err.prompt_indexes]
         i = left[-1][1] if left else err.prompt_indexes[0]
         has = len(engine.requests[i].output_ids) if i < len(engine.requests) else 0
@@ -68,12 +69,15 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
         msg = (f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
                f"it can never finish ({err.reason})")
         return fails("stalled", msg)
-    return fails("raised", f"your wants_more raised {type(err).__name__}: {err}")
+    return fails("raised", f"your wants_more raised {quoted(err)}")
 
 
 def timed_out(up, what: str, run, now, endings) -> Verdict:
     """A lab run the check's time limit stopped inside the learner's ``what``: where, for which
-    prompt, and how that prompt should have ended."""
+    prompt, and how that prompt should have ended.  A TimeUp of the learner's own class is
+    raised again: the harness's "raised" verdict."""
+    if not sandbox.is_limits(up):
+        raise up
     where = f"{run}: your {what} was {up}"
     if now.prompt is not None:
         where += (f", called for {runs.who(run.prompts, now.prompt)} before round {now.round}, "
@@ -139,8 +143,8 @@ def freed_wrongly(record, run) -> Verdict | None:
 def abort_error(err: Exception, run, ref, engine) -> Verdict:
     """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the
     first request left, how it should have ended and where it stopped."""
-    if not isinstance(err, (EngineStalled, runs.Runaway)):
-        return fails("raised", f"your abort raised {type(err).__name__}: {err}")
+    if not (engines(err, EngineStalled) or isinstance(err, runs.Runaway)):
+        return fails("raised", f"your abort raised {quoted(err)}")
     left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
     left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
     where = f"{run}: a request could not end"
@@ -220,7 +224,7 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     """Lab 4: a run that stalled or ran on: the first request left unfinished, how it should have
     ended and where it stopped."""
     reqs = [r for r in engine.requests if not r.finished or r.finish_reason == "abort"]
-    if isinstance(err, EngineStalled) and err.prompt_indexes:
+    if engines(err, EngineStalled) and err.prompt_indexes:
         reqs = [r for r in engine.requests if r.index in err.prompt_indexes] or reqs
     req = next((r for r in reqs if endings[r.index].how != ABORT), reqs[0]) if reqs else None
     if req is None:

@@ -14,6 +14,7 @@ from toy_engine.run import EngineStalled
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
+from .errors import engines, quoted, said
 from .host_order import HostLog, common_mistakes, prepared_twice
 from .verdict import Verdict, fails, not_implemented
 
@@ -123,7 +124,7 @@ def _stopped_by_checker(err) -> Verdict | None:
         last, cause = err.args
         return fails("none_plan",
                      f"after round {last} every request had finished, so `engine.schedule()` returned None, and "
-                     f"your loop went on with it ({type(cause).__name__}: {cause}). A request can end early, at a "
+                     f"your loop went on with it ({quoted(cause)}). A request can end early, at a "
                      f"stop string or EOS, so neither a number of rounds nor a number of tokens says when the work "
                      f"is done: loop while `engine.scheduler.has_work()`")
     return None
@@ -168,17 +169,18 @@ def _swallowed(refusal) -> Verdict:
 
 def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
     """A lesson-level message for an exception out of a learner's loop."""
-    if isinstance(err, EngineStalled):
+    if engines(err, EngineStalled):
         return _stalled(log, err, mode)
-    if isinstance(err, RaceError):
+    if engines(err, RaceError):
         return _raced(log, err)
     verdict = _went_on_without_plan(log, err, mode)
     if verdict is not None:
         return verdict
     if isinstance(err, DeviceError):
-        return fails("device_error", f"a launch failed on the device: {err}. Check that each round is "
-                                     f"prepared, then its forward launched, then its sample")
-    return fails("raised", f"your loop raised {type(err).__name__}: {err}")
+        return fails("device_error", f"a launch failed on the device: {said(err)}. Check that "
+                                     f"each round is prepared, then its forward launched, then "
+                                     f"its sample")
+    return fails("raised", f"your loop raised {quoted(err)}")
 
 
 def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
@@ -283,14 +285,14 @@ def _went_on_without_plan(log: HostLog, err: BaseException, mode: str) -> Verdic
         if mode == "serial":
             return fails("never_processed",
                          f"after round {r}, `engine.schedule()` returned None and your loop went on with it "
-                         f"({type(err).__name__}: {err}). In the serial loop that only happens when launched "
+                         f"({quoted(err)}). In the serial loop that only happens when launched "
                          f"steps were never processed: every request is still waiting for its results, so no "
                          f"round can be planned. Waiting for the device (`synchronize()`) is not enough: "
                          f"process each step (`engine.process_outputs(step)`) before the next `schedule()`")
         return fails("none_plan",
                      f"after round {r}, `engine.schedule()` returned None (nothing can be launched until "
-                     f"outstanding results are processed) and your loop went on with it: {type(err).__name__}: "
-                     f"{err}. When there is no plan, flush the deferred step and ask again")
+                     f"outstanding results are processed) and your loop went on with it: "
+                     f"{quoted(err)}. When there is no plan, flush the deferred step and ask again")
     return None
 
 

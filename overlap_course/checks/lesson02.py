@@ -16,6 +16,7 @@ from toy_engine.timeline import Timeline
 
 from . import context, pool
 from .answers import name, one_number, returned_real, show
+from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
 from .learner_code import loop_verdict, run_loop
@@ -300,7 +301,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     except NotImplementedError:
         return not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        return fails("raised", f"your idle_fraction raised {type(err).__name__}: {err}")
+        return fails("raised", f"your idle_fraction raised {quoted(err)}")
     value = returned_real(got)
     if value is None:
         return fails("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
@@ -349,7 +350,7 @@ def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:
     try:
         got = returned_real(idle_fraction(decode))
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        got, why = None, f"it raised {type(err).__name__}: {err}"
+        got, why = None, f"it raised {quoted(err)}"
     else:
         why = f"it returned {got!r:.40}"
     if got is None or not abs(got - expected) < 1e-6:

@@ -14,6 +14,7 @@ from toy_engine.kernels import FROM_DEVICE
 
 from . import context, pool
 from .answers import int_list, items, one_number, show
+from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_waits import HostReads, valueless_failure
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -289,13 +290,13 @@ def check_correction(correct_seqlens_qk) -> Verdict:
         except NotImplementedError:
             return not_implemented("`correct_seqlens_qk`")
         except Exception as err:  # noqa: BLE001
-            return fails("raised", f"{label} your correction raised {type(err).__name__}: {err}")
+            return fails("raised", f"{label} your correction raised {quoted(err)}")
         if verdict is not None:
             return verdict
     try:
         verdict = _stays_on_device(correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
-        return fails("raised", f"with 6 requests instead of 3 your correction raised {type(err).__name__}: {err}")
+        return fails("raised", f"with 6 requests instead of 3 your correction raised {quoted(err)}")
     if verdict is not None:
         return verdict
     engine = pool.engine(num_draft_tokens=pool.DRAFTS)
@@ -304,7 +305,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     except Exception as err:  # noqa: BLE001
         return fails("engine_error", f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
                                      f"batches of 1 to 3 requests) your correction failed on the device: "
-                                     f"{type(err).__name__}: {err}")
+                                     f"{quoted(err)}")
     diff = pool.compare([c.token_ids for c in outs], pool.reference())
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
@@ -315,7 +316,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     except Exception as err:  # noqa: BLE001
         return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
                                      "on the device: "
-                                     f"{type(err).__name__}: {err}")
+                                     f"{quoted(err)}")
     diff = pool.compare([c.token_ids for c in outs],
                         [c.token_ids for c in pool.endings_reference()])
     if diff:

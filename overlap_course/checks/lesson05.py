@@ -12,6 +12,7 @@ from toy_engine.run import EngineStalled, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
+from .errors import engines, quoted
 from .harness import exercise_check, notebook_check
 from .learner_code import StepWatch, engine_frames
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
@@ -153,7 +154,7 @@ def check_race_report(answer, err) -> Verdict:
     parsed, problem = _race_answer(answer)
     if parsed is None:
         return fails("shape", problem)
-    if err is None or getattr(err, "kind", None) != "buffer":
+    if not engines(err, RaceError) or err.kind != "buffer":
         return fails("setup", "this run raised no buffer race: run it with te.engine.NUM_SLOTS = 1 on an engine "
                               "with the race checker on (race_check=True)")
     buffer, round = parsed
@@ -357,7 +358,7 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
 
 def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verdict:
     """A lesson-level message for an exception out of a run with the learner's plug-in."""
-    if isinstance(err, RaceError):
+    if engines(err, RaceError):
         call = watch.calls[-1] if watch.calls else {}
         who = _who_step(call["step"]) if call else f"round {err.round}"
         if err.kind == "buffer" and err.buffer.startswith("out"):
@@ -373,14 +374,14 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                          f"extra step: under ZOS the finished request is already in the next launched round). "
                          f"Free a finished request only when `req.num_inflight == 0`")
         return fails("race", f"{who}: the race checker stopped the run ({err.kind}): {err}")
-    if isinstance(err, StepProcessedTwice):
+    if engines(err, StepProcessedTwice):
         call = watch.calls[-1] if watch.calls else {}
         who = _who_step(call["step"]) if call else f"round {err.round}"
         return fails("committed_twice",
                      f"{who}: your process_outputs had the step committed 2 times (prompts "
                      f"{err.prompt_indexes}); the engine refused, since the tokens would be added twice. Call "
                      f"`engine.commit_outputs(step, out)` exactly once per step")
-    if isinstance(err, EngineStalled):
+    if engines(err, EngineStalled):
         return lifetime_runs.stalled(err, engine, reference)
     if isinstance(err, RecursionError):
         called = "flush" if engine_frames(err) & {"flush"} else "process_outputs"
@@ -391,5 +392,5 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                      "another one until Python gave up (RecursionError). Do the steps yourself: "
                      "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
                      "`engine.commit_outputs(step, out)`, then free what is finished")
-    return fails("raised", f"your process_outputs raised {type(err).__name__}: {err}")
+    return fails("raised", f"your process_outputs raised {quoted(err)}")
 

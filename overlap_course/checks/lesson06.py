@@ -11,6 +11,7 @@ from overlap_course.traces import kineto
 
 from . import answers
 from .answers import share, show
+from .errors import said
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -29,7 +30,7 @@ def _trace_figures(trace, what):
         parsed = trace if isinstance(trace, kineto.KinetoTrace) else kineto.KinetoTrace(trace)
         return parsed, kineto.summary(parsed)
     except (ValueError, TypeError) as err:
-        return fails("setup", f"cannot measure {what}: {err}")
+        return fails("setup", f"cannot measure {what}: {said(err)}")
 
 
 @notebook_check

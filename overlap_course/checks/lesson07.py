@@ -17,6 +17,7 @@ from . import lab_mistakes as mistakes
 from . import lab_runs as runs
 from . import pool, sandbox
 from .answers import int_set, items, returned_whole, show, whole
+from .errors import engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_runs import DEPTHS
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -127,7 +128,7 @@ def check_abort_in_flight(answer, err) -> Verdict:
                 _round_set)
     if isinstance(got, Verdict):
         return got
-    if not isinstance(err, RaceError) or err.kind != "free_in_use":
+    if not engines(err, RaceError) or err.kind != "free_in_use":
         return fails("setup", "pass the RaceError of the ZOS run with the shipped abort (the cell above)")
     zos, serial = got
     if (zos, serial) == ({err.round}, set()):
@@ -208,7 +209,7 @@ def check_ring_race(answer, err, ring: int) -> Verdict:
                 whole)
     if isinstance(got, Verdict):
         return got
-    if not isinstance(err, RaceError) or err.kind != "buffer":
+    if not engines(err, RaceError) or err.kind != "buffer":
         return fails("setup", "pass the RaceError of the run above (a ring too small for its depth)")
     want = (err.round, err.round + ring)
     if got == want:
@@ -248,7 +249,7 @@ def check_ring_slots(ring_slots) -> Verdict:
         except NotImplementedError:
             return not_implemented("`ring_slots`")
         except Exception as err:  # noqa: BLE001
-            return fails("raised", f"ring_slots({depth}) raised {type(err).__name__}: {err}")
+            return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
         got, slots = slots, returned_whole(slots)  # a plain int, or None
         if slots is None or not 1 <= slots <= MAX_SLOTS:
             return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole "
@@ -342,10 +343,10 @@ def check_commit(commit) -> Verdict:
         except RecursionError:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
-        except (EngineStalled, runs.Runaway) as err:
-            return mistakes.commit_never_ended(err, engine, run, endings)
         except Exception as err:  # noqa: BLE001
-            return fails("raised", f"your commit raised {type(err).__name__}: {err}")
+            if engines(err, EngineStalled) or isinstance(err, runs.Runaway):
+                return mistakes.commit_never_ended(err, engine, run, endings)
+            return fails("raised", f"your commit raised {quoted(err)}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
             got = (c.token_ids, c.text, c.finish_reason)
             verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)

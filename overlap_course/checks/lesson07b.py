@@ -18,6 +18,7 @@ from toy_engine.run import StepProcessedTwice
 
 from . import pool
 from .answers import items, show, whole
+from .errors import engines, quoted, said
 from .harness import exercise_check, notebook_check
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
@@ -166,15 +167,15 @@ def _run_error(err: Exception, what: str) -> Verdict:
     if isinstance(err, NotImplementedError):
         return not_implemented(what)
     if isinstance(err, plugins_2026.BadAnswer):
-        return fails("shape", str(err))
-    if isinstance(err, StepProcessedTwice):
+        return fails("shape", said(err))
+    if engines(err, StepProcessedTwice):
         return fails("processed_twice", f"a held step was processed twice ({err}): return how "
                                         f"many to process and let the loop do it")
-    if isinstance(err, RaceError):
+    if engines(err, RaceError):
         return fails("race", f"the race checker stopped the run: {err}")
     if isinstance(err, DeviceError):
-        return fails("device_error", f"the device failed: {err}")
-    return fails("raised", f"your code raised {type(err).__name__}: {err}")
+        return fails("device_error", f"the device failed: {said(err)}")
+    return fails("raised", f"your code raised {quoted(err)}")
 
 
 @exercise_check(pool.ring_engine, _title_engine, _warm_queue)

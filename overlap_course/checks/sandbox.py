@@ -21,6 +21,7 @@ import sysconfig
 import threading
 import time
 import types
+import weakref
 
 import toy_engine
 
@@ -39,6 +40,22 @@ class TimeUp(BaseException):
 
     def __str__(self) -> str:
         return f"still running after {self.seconds:.0f} s, at line {self.line} of `{self.function}`"
+
+
+def _limits_class(seconds: float) -> type:
+    """The TimeUp class of one time limit (where it stopped the code is set on the class)."""
+    up = type("TimeUp", (TimeUp,), {"seconds": seconds})
+    _LIMITS_CLASSES.add(up)
+    return up
+
+
+_LIMITS_CLASSES: weakref.WeakSet = weakref.WeakSet()  # changed in place (see _CURRENT)
+
+
+def is_limits(exc: BaseException) -> bool:
+    """Whether a time limit raised ``exc``.  A TimeUp of a class of the learner's (whose
+    ``__str__`` or ``seconds`` are theirs) is the learner's exception, for a "raised" verdict."""
+    return type(exc) in _LIMITS_CLASSES
 
 
 # PyThreadState_SetAsyncExc(thread, exception type): raise it in that thread at its next check.
@@ -95,7 +112,7 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
         alarm = _Alarm.start(seconds, seconds, TimeUp, escalate=True)
         return alarm.end if alarm is not None else no_limit  # None: inside another check's
     deadline, thread = time.monotonic() + seconds, threading.get_ident()
-    up = type("TimeUp", (TimeUp,), {"seconds": seconds})
+    up = _limits_class(seconds)
     stopped, lock = threading.Event(), threading.Lock()
     on_call = _tracer(deadline, thread, up, stopped)[1]
 
@@ -179,7 +196,7 @@ class _Alarm:
         BaseException`` around a blocking call cannot keep catching the alarm's TimeUp.  Again
         at each alarm: a TimeUp landing in a trace function turns tracing off."""
         if self.tracers is None:
-            self.up = type("TimeUp", (TimeUp,), {"seconds": self.seconds})
+            self.up = _limits_class(self.seconds)
             self.tracers = _tracer(self.deadline, threading.get_ident(), self.up, self)
         in_learners_frame, on_call = self.tracers
         while frame is not None:

@@ -1,0 +1,82 @@
+"""What a verdict may read of an exception out of the learner's code.  Its message is the
+learner's (``__str__`` may return a number, or raise), and it may be one of the toy's own
+classes that the learner raised: a subclass whose ``__init__`` skips the engine's, or the class
+itself with other attributes.  Only an error the engine raised is read as the engine's."""
+
+from __future__ import annotations
+
+import os
+
+import toy_engine
+from toy_engine.races import RaceError
+from toy_engine.run import EngineStalled, StepProcessedTwice
+from toy_engine.timeline import Stage
+
+from .answers import MAX_MESSAGE, type_name
+
+UNREAD = "(its message could not be read)"
+_TOY = os.path.dirname(os.path.abspath(toy_engine.__file__)) + os.sep
+
+
+def said(err: BaseException, most: int = MAX_MESSAGE) -> str:
+    """``str(err)``, at most ``most`` characters; never raises (but for Ctrl-C)."""
+    try:
+        text = str.__str__(str(err))
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a message that raises, even SystemExit or a TimeUp
+        text = UNREAD
+    return text if len(text) <= most else text[:most - 4] + " ..."
+
+
+def quoted(err: BaseException) -> str:
+    """``"ValueError: its message"``, as a verdict names what the learner's code raised."""
+    return f"{type_name(err)}: {said(err)}"
+
+
+def _ints(x) -> bool:
+    return type(x) is list and all(type(i) is int and i >= 0 for i in x)
+
+
+def _name(x) -> bool:
+    """A launch's or buffer's name as the engine keeps it: a str, or a Stage (a StrEnum)."""
+    return type(x) in (str, Stage)
+
+
+def _name_or_none(x) -> bool:
+    return x is None or _name(x)
+
+
+def _int_or_none(x) -> bool:
+    return x is None or type(x) is int
+
+
+# Per class, the attributes a verdict reads, and what the engine puts in them.
+_FIELDS = {
+    EngineStalled: {"reason": lambda x: type(x) is str and x in EngineStalled.REASONS,
+                    "prompt_indexes": _ints, "request_ids": lambda x: type(x) is list},
+    RaceError: {"kind": lambda x: type(x) is str and x in RaceError.KINDS,
+                "round": lambda x: type(x) is int, "launch": _name,
+                "buffer": _name_or_none, "access": _name_or_none, "blocks": _ints,
+                "owner": _int_or_none, "prompt": _int_or_none},
+    StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
+}
+
+
+def engines(err, cls: type) -> bool:
+    """Whether ``err`` is the toy's ``cls`` as the engine raised it: that very class, raised in
+    the toy's own code, its attributes of the types the engine sets.  Anything else the
+    learner's code raised is the learner's exception (a "raised" verdict)."""
+    if type(err) is not cls or not _raised_by_toy(err):
+        return False
+    state = vars(err)
+    return all(name in state and fits(state[name]) for name, fits in _FIELDS[cls].items())
+
+
+def _raised_by_toy(err: BaseException) -> bool:
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TOY)
