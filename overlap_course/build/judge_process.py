@@ -38,6 +38,8 @@ def judge_main(argv: list[str]) -> None:
     import overlap_course
     import toy_engine
     from overlap_course import checks
+    import torch._dynamo  # noqa: F401 - a check's meta tensors import it, which rebinds
+    # torch.manual_seed and sets trace hooks: here, before the fingerprint, not inside the check
 
     for package in (overlap_course, toy_engine):
         if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
