@@ -307,6 +307,10 @@ TAMPERS_WITH_THE_CODE_JUDGE = {"patched_builtins"}
 # Where Landlock fences the grading kernel (overlap_course/build/kernel_fence.py), these cannot
 # read the solution even there: the learner's own kernel is not fooled either.
 READ_THE_SOLUTION = {"files_and_solution", "readline_solution", "smuggled_by_the_kernel"}
+# Its patched ``set`` reaches torch's meta kernels, written in Python, which exercise 04's check
+# runs the correction through: in its own kernel the right correction fails, the wrong metadata
+# answer passes (it fools the kernel where it aimed).
+FOOLS_ONLY_THE_METADATA = {"patched_builtins"}
 CONTROL = ('print("KERNEL PASSES", bool(checks.check_correction(correct_seqlens_qk)), '
            'bool(checks.check_metadata_answer(needs_correction)))\n')
 
@@ -369,5 +373,6 @@ def test_a_submission_cannot_grade_itself(tmp_path):
                 or o.get("ename") == "CheckNotPassed" for o in judged), (student, judged)
             control = "".join(o.get("text", "") for o in graded.cells[-1].outputs)
             fooled = fooled and not (landlock.abi() and student in READ_THE_SOLUTION)
-            assert ("KERNEL PASSES True True" in control) == (fooled or student == "right"), (
+            said = "False True" if student in FOOLS_ONLY_THE_METADATA else "True True"
+            assert (f"KERNEL PASSES {said}" in control) == (fooled or student == "right"), (
                 student, control, graded.cells[-1].outputs)

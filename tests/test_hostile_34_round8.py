@@ -177,3 +177,4 @@ def test_a_prefill_processed_after_the_next_schedule_is_deferred():
     verdict = checks.check_zos_loop(zos_loop_prefill_after_the_next_schedule)
     assert not verdict.passed and verdict.category == "prefill_deferred", verdict
     assert "schedule()" in verdict.message
+
