@@ -6,6 +6,7 @@ itself with other attributes.  Only an error the engine raised is read as the en
 from __future__ import annotations
 
 import os
+import sys
 
 import toy_engine
 from toy_engine.races import RaceError
@@ -74,9 +75,22 @@ def engines(err, cls: type) -> bool:
 
 
 def _raised_by_toy(err: BaseException) -> bool:
+    return _raised_in(err).startswith(_TOY)
+
+
+def checkers(err, cls: type) -> bool:
+    """Whether ``err`` is the checker's own ``cls`` (``answers.Junk``, ``lab_runs.Runaway``) as
+    the checker raised it: that very class, raised in the module that defines it.  The learner's
+    code may raise the class, or a subclass whose ``__str__`` raises: that is the learner's."""
+    return type(err) is cls and _raised_in(err) == os.path.abspath(
+        sys.modules[cls.__module__].__file__)
+
+
+def _raised_in(err: BaseException) -> str:
+    """The file of the innermost frame ``err`` was raised in ("" when it was never raised)."""
     tb = err.__traceback__
     if tb is None:
-        return False
+        return ""
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TOY)
+    return os.path.abspath(tb.tb_frame.f_code.co_filename)

@@ -41,8 +41,10 @@ def notebook_check(check):
             if stop is sandbox.no_limit:
                 raise  # an outer check's limit (none of this check's own)
             stopped = exc
-        except answers.Junk as junk:
-            verdict = fails("junk", str(junk))
+        except answers.Junk as junk:  # the checker's, or one the learner's code raised
+            verdict = _junk(junk)
+            if verdict is None:
+                raise
         except KeyboardInterrupt:
             raise  # the person at the keyboard
         except BaseException as err:  # noqa: BLE001 - the learner's code raised it (else: raised)
@@ -154,8 +156,10 @@ def _time_limited(check, args, kwargs) -> Verdict:
         verdict = check(*args, **kwargs)
     except (SystemExit, sandbox.TimeUp) as exc:  # as in notebook_check, no call in here
         stopped = exc
-    except answers.Junk as junk:  # a value the learner's function returned
-        verdict = fails("junk", str(junk))
+    except answers.Junk as junk:  # a value the learner's function returned (or its own Junk)
+        verdict = _junk(junk)
+        if verdict is None:
+            raise
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001 - as in notebook_check
@@ -190,6 +194,13 @@ def _time_limited(check, args, kwargs) -> Verdict:
                      f"after the work is done, or catches the errors that would stop it; the shared "
                      f"engines were recovered and the next check runs normally")
     return verdict
+
+
+def _junk(junk: answers.Junk) -> Verdict | None:
+    """The checker's Junk is its verdict on a value; the learner's is an error like any other."""
+    if errors.checkers(junk, answers.Junk):
+        return fails("junk", errors.said(junk))
+    return learner_raised(junk)
 
 
 def learner_raised(err: BaseException) -> Verdict | None:

@@ -14,7 +14,7 @@ from . import lab_runs as runs
 from . import sandbox
 from .answers import show
 from .endings import ABORT, LIMIT_AT_ROUND_END
-from .errors import engines, quoted
+from .errors import checkers, engines, quoted
 from .verdict import Verdict, fails, not_implemented
 
 
@@ -47,7 +47,7 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
         return fails("calls_itself", "your wants_more calls `req.wants_more()`, which in this run "
                                      "*is* your function: it called itself until Python gave up. "
                                      "Compute the answer from the request's fields")
-    if isinstance(err, runs.Runaway):
+    if checkers(err, runs.Runaway):
         done = next((c for c in calls if c[4] and c[5]), None)
         who = "your policy kept planning finished requests"
         if done:
@@ -143,7 +143,7 @@ def freed_wrongly(record, run) -> Verdict | None:
 def abort_error(err: Exception, run, ref, engine) -> Verdict:
     """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the
     first request left, how it should have ended and where it stopped."""
-    if not (engines(err, EngineStalled) or isinstance(err, runs.Runaway)):
+    if not (engines(err, EngineStalled) or checkers(err, runs.Runaway)):
         return fails("raised", f"your abort raised {quoted(err)}")
     left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
     left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
@@ -152,7 +152,7 @@ def abort_error(err: Exception, run, ref, engine) -> Verdict:
         where = (f"{run}: {runs.who(run.prompts, left[0].index)} should have ended "
                  f"{ref.endings[left[0].index]}; it stopped with {len(left[0].output_ids)} "
                  f"token(s)")
-    if isinstance(err, runs.Runaway):
+    if checkers(err, runs.Runaway):
         msg = (f"{where}, and rounds kept going in for it: the check stopped the run at round "
                f"{err.args[0]} (the engine's own run takes {ref.rounds}). An aborted request is "
                f"finished: set its `finish_reason` to \"abort\"")
@@ -232,7 +232,7 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     has, want = len(req.output_ids), endings[req.index]
     where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with "
              f"{has} token(s), unfinished")
-    if isinstance(err, runs.Runaway):
+    if checkers(err, runs.Runaway):
         msg = (f"{where}, and the check stopped the run at round {err.args[0]}: your commit kept "
                f"it from reaching its end. Set `req.finish_reason` where a request ends")
         return fails("stalled", msg)

@@ -17,7 +17,7 @@ from . import lab_mistakes as mistakes
 from . import lab_runs as runs
 from . import pool, sandbox
 from .answers import int_set, items, returned_whole, show, whole
-from .errors import engines, quoted
+from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_runs import DEPTHS
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -344,7 +344,7 @@ def check_commit(commit) -> Verdict:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
         except Exception as err:  # noqa: BLE001
-            if engines(err, EngineStalled) or isinstance(err, runs.Runaway):
+            if engines(err, EngineStalled) or checkers(err, runs.Runaway):
                 return mistakes.commit_never_ended(err, engine, run, endings)
             return fails("raised", f"your commit raised {quoted(err)}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):

@@ -36,6 +36,7 @@ from overlap_course.traces.recorded import recorded_label, recorded_runs
 from toy_engine.config import (MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS,
                                MAX_TEMPERATURE, EngineConfig)
 from toy_engine.engine import Engine
+from toy_engine.model import GPTConfig
 from toy_engine.validate import check_float, check_int
 
 from . import machine
@@ -136,6 +137,8 @@ def _ratios(m: dict, paced: bool = False) -> dict:
 MODES = ("serial", "zos", "serial+spec", "zos+spec")
 MAX_REPEATS = 100
 MAX_REQUESTS = 10_000
+# A prompt takes at least one of the model's positions; the rest can be new tokens.
+MAX_NEW_TOKENS = GPTConfig.context_len - 1
 
 
 def _configs(modes, device, max_batch_size, num_draft_tokens, host_overhead_ms,
@@ -255,7 +258,8 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {', '.join(MODES)}")
     p.add_argument("--repeats", type=whole_number(1, MAX_REPEATS), default=3)
     p.add_argument("--requests", type=whole_number(1, MAX_REQUESTS), default=16)
-    p.add_argument("--max-new-tokens", type=whole_number(1), default=96)
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_NEW_TOKENS),
+                   default=96)
     p.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE), default=8)
     p.add_argument("--num-draft-tokens", type=whole_number(0, MAX_DRAFT_TOKENS), default=4)
     p.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),

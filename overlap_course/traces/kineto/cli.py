@@ -11,6 +11,7 @@ from overlap_course.command_line import (Parser, emit, fail, finite_number, inte
 from overlap_course.safe_json import dumps, quoted
 from overlap_course.traces.recorded import shipped_trace_file
 from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
+from toy_engine.model import GPTConfig
 from toy_engine.timeline import Timeline
 
 from .exporting import check_exportable, export
@@ -75,6 +76,8 @@ def _out_path(out: Path, mode: str) -> Path:
 PROG = "python -m overlap_course.traces.kineto"
 #: Bounds of what ``export`` records (the engine refuses more, but only after starting).
 MAX_PROMPTS = 10_000
+# A prompt takes at least one of the model's positions; the rest can be new tokens.
+MAX_NEW_TOKENS = GPTConfig.context_len - 1
 #: The most characters of a path that a message quotes.
 PATH_CHARS = 200
 
@@ -93,7 +96,8 @@ def _parser() -> Parser:
                                              "shipped name like cpu_zos) instead of recording")
     e.add_argument("--mode", choices=("serial", "zos", "both"), default="both")
     e.add_argument("--prompts", type=whole_number(1, MAX_PROMPTS), default=8)
-    e.add_argument("--max-new-tokens", type=whole_number(1), default=32)
+    e.add_argument("--max-new-tokens", type=whole_number(1, MAX_NEW_TOKENS),
+                   default=32)
     e.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),
                    default=0.0)
     e.add_argument("--device", choices=DEVICES, default="auto")

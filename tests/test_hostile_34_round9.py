@@ -1,0 +1,85 @@
+"""Issue 34's ninth hostile round: what rounds eight and nine left.  A learner's code that raises
+the checker's own ``answers.Junk`` (or a subclass whose ``__str__`` raises) or the lab runs'
+``Runaway`` (with no round in it) was read as the checker's own signal, and the check raised.
+An error the checker raised is read as the checker's only when raised in the checker's code."""
+
+from __future__ import annotations
+
+import pytest
+
+from hostile_support import a_false_verdict
+from overlap_course import checks
+from overlap_course.checks import answers, sandbox
+from overlap_course.checks import lab_runs as runs
+
+EXERCISES = ("check_serial_loop", "check_zos_loop", "check_correction", "check_process_outputs",
+             "check_wants_more", "check_abort", "check_ring_slots", "check_commit",
+             "check_before_sample", "check_future_key")
+
+
+class LoudJunk(answers.Junk):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def raising(make):
+    def learner(*args, **kwargs):
+        raise make()
+    return learner
+
+
+FORGED = {"junk": lambda: answers.Junk("a forged verdict"), "junk_subclass": LoudJunk,
+          "runaway_no_round": runs.Runaway, "runaway_text": lambda: runs.Runaway("soon")}
+
+
+@pytest.fixture(scope="module")
+def serial(small_serial_engine):
+    return small_serial_engine
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("forged", sorted(FORGED))
+@pytest.mark.parametrize("name", [*EXERCISES, "check_idle_fraction"])
+def test_the_checkers_own_exceptions_raised_by_a_learner_are_the_learners(name, forged, serial,
+                                                                          monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 5.0)
+    call = getattr(checks, name)
+    if name == "check_idle_fraction":
+        call = lambda f: checks.check_idle_fraction(f, serial)  # noqa: E731
+    verdict = a_false_verdict(lambda: call(raising(FORGED[forged])))
+    assert verdict.category == "raised", (verdict.category, verdict.message)
+
+
+class JunkEverywhere:
+    """A value every reading of which raises the learner's own Junk, whose message raises."""
+    def __float__(self):
+        raise LoudJunk()
+    __int__ = __index__ = __len__ = __iter__ = __eq__ = __hash__ = __float__
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("call", [
+    lambda v: checks.check_metadata_answer(v), lambda v: checks.check_three_rounds(v),
+    lambda v: checks.check_swapped_order(v, True, False), lambda v: checks.check_overhead_gap(v),
+], ids=["metadata_answer", "three_rounds", "swapped_order", "overhead_gap"])
+def test_a_value_raising_the_learners_own_junk_gets_a_verdict(call):
+    verdict = a_false_verdict(lambda: call(JunkEverywhere()))
+    assert verdict.category in ("raised", "shape"), (verdict.category, verdict.message)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("argv", [
+    ["-m", "overlap_course.measure.bench", "--max-new-tokens", "100000000", "--requests", "1"],
+    ["-m", "overlap_course.traces.kineto", "export", "OUT.json", "--max-new-tokens", "256"],
+], ids=["bench", "trace_export"])
+def test_max_new_tokens_past_the_models_context_is_refused_before_an_engine_starts(argv,
+                                                                                    tmp_path):
+    """Before: the bench built an engine (and a device process) to say the same, afterwards."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--max-new-tokens: must be from 1 to 255" in done.stderr, done.stderr
+    assert not (tmp_path / "OUT.json").exists()
