@@ -5,6 +5,7 @@ autograde grade a right and a wrong submission of two exercises with the course'
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,13 +70,40 @@ def test_the_shipped_notebooks_carry_no_nbgrader_metadata():
                 assert not any("nbgrader" in c.metadata for c in nb.cells), path
 
 
-def _nbgrader(course_dir: Path, *args: str) -> str:
+def _nbgrader_env() -> dict[str, str]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop(progress.ENV_GRADING, None)  # the grade must not depend on the grader's environment
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return env
+
+
+def _nbgrader(course_dir: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir,
+                          env=_nbgrader_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"nbgrader {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout + done.stderr
+
+
+def _autograde_side_by_side(runs: list[tuple[Path, str]]) -> None:
+    """``nbgrader autograde`` of each (course folder, assignment) at once.  One autograde runs one kernel or
+    judge at a time, so two of them on two cores take little more than one: the cheats' run
+    took 311 s alone (these 2-core machines), and this spares CI about half of it."""
+    started = []
+    for home, assignment in runs:
+        log = open(home / "autograde.log", "w+")  # a file, not a pipe: no run waits on a reader
+        started.append((home, log, subprocess.Popen(
+            [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force"], cwd=home,
+            env=_nbgrader_env(), stdout=log, stderr=subprocess.STDOUT, text=True)))
+    for home, log, run in started:
+        try:
+            run.wait(timeout=900)
+        finally:
+            if run.returncode is None:
+                run.kill()
+                run.wait()
+            log.seek(0)
+            said = log.read()
+            log.close()
+        assert run.returncode == 0, f"nbgrader autograde in {home}:\n{said[-6000:]}"
 
 
 def _submission(released, solution, wrong: tuple[str, str] | None):
@@ -97,8 +125,8 @@ def test_nbgrader_generates_and_autogrades_with_the_course_checkers(tmp_path):
     pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra: pip install -e '.[dev]'")
     from nbgrader.api import Gradebook
 
-    home = grading.course(tmp_path / "course", assignments=ASSIGNMENTS)
-    for a in ASSIGNMENTS:
+    homes = {a: grading.course(tmp_path / a, assignments=[a]) for a in ASSIGNMENTS}
+    for a, home in homes.items():  # each in its own course, graded side by side below
         _nbgrader(home, "generate_assignment", a, "--force")
         released = nbformat.read(home / "release" / a / f"{a}.ipynb", as_version=4)
         # The learner's version: no line of any answer left (lines only the solution has), checkers locked.
@@ -118,19 +146,20 @@ def test_nbgrader_generates_and_autogrades_with_the_course_checkers(tmp_path):
             folder = home / "submitted" / student / a
             folder.mkdir(parents=True)
             nbformat.write(_submission(released, ROOT / "solutions" / f"{a}.ipynb", wrong), folder / f"{a}.ipynb")
-        _nbgrader(home, "autograde", a, "--force")
+    _autograde_side_by_side([(home, a) for a, home in homes.items()])
 
     got = {}
-    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
-        for student, by_assignment in EXPECTED.items():
-            for a, cells in by_assignment.items():
+    for student, by_assignment in EXPECTED.items():
+        for a, cells in by_assignment.items():
+            with Gradebook(f"sqlite:///{homes[a] / 'gradebook.db'}") as gb:
                 got.setdefault(student, {})[a] = {
                     cell: gb.find_grade(cell, a, a, student).score for cell in cells}
                 nb = gb.find_submission_notebook(a, a, student)
                 assert nb.max_score == sum(grading.POINTS[a].values())
     assert got == EXPECTED
     # The feedback a learner would get names the checker's verdict, not only "0 points".
-    graded = nbformat.read(home / "autograded" / "wrong" / "02_serial_loop" / "02_serial_loop.ipynb", as_version=4)
+    graded = nbformat.read(homes["02_serial_loop"] / "autograded" / "wrong" / "02_serial_loop"
+                           / "02_serial_loop.ipynb", as_version=4)
     errors = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_serial_loop"
               for o in c.outputs if o.output_type == "error"]
     assert errors and errors[0].ename == "CheckNotPassed" and "never" in errors[0].evalue, errors
@@ -341,22 +370,26 @@ def test_a_submission_cannot_grade_itself(tmp_path):
     home = grading.course(tmp_path / "course", assignments=[EX04])
     _nbgrader(home, "generate_assignment", EX04, "--force")
     released = nbformat.read(home / "release" / EX04 / f"{EX04}.ipynb", as_version=4)
+    homes = [home, tmp_path / "course_b"]  # the students in two halves, graded side by side
+    shutil.copytree(home, homes[1])
     students = {"right": ((), None, False), **CHEATS}
+    home_of = {student: homes[i % 2] for i, student in enumerate(students)}
     for student, (wrong, cheat, _) in students.items():
-        folder = home / "submitted" / student / EX04
+        folder = home_of[student] / "submitted" / student / EX04
         folder.mkdir(parents=True)
         patching = student == "function_patches_when_called"
         nbformat.write(_cheater(released, wrong, cheat, patching), folder / f"{EX04}.ipynb")
         (folder / "notes.txt").write_text("a file next to the notebook\n")
     try:
-        _nbgrader(home, "autograde", EX04, "--force")
+        _autograde_side_by_side([(h, EX04) for h in homes])
     finally:
         SMUGGLED.unlink(missing_ok=True)
         shadow = ROOT / "hmac.py"  # a fenced grading kernel cannot write it at all
         assert shadow.exists() or landlock.abi(), "the shadow_module cheat wrote no module"
         shadow.unlink(missing_ok=True)
-    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
-        for student, (wrong, _, fooled) in students.items():
+    for student, (wrong, _, fooled) in students.items():
+        home = home_of[student]
+        with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
             patching = student == "function_patches_when_called"
             scores = {cell: gb.find_grade(cell, EX04, EX04, student).score
                       for cell in ("check_correction", "check_metadata_answer")}

@@ -83,3 +83,78 @@ def test_max_new_tokens_past_the_models_context_is_refused_before_an_engine_star
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--max-new-tokens: must be from 1 to 255" in done.stderr, done.stderr
     assert not (tmp_path / "OUT.json").exists()
+
+
+# ------------------------------------------------ round eight's blind notes: three rounds' order
+
+RIGHT_ORDER = [("forward", 1), ("sample", 1), ("forward", 2), ("postprocess", 1), ("sample", 2),
+               ("forward", 3), ("postprocess", 2), ("sample", 3), ("flush", 3)]
+
+
+def test_three_rounds_written_as_a_set_is_told_a_set_keeps_no_order():
+    verdict = a_false_verdict(lambda: checks.check_three_rounds(set(RIGHT_ORDER)))
+    assert verdict.category == "shape" and "a set keeps no order" in verdict.message
+
+
+def test_three_rounds_written_with_the_timelines_stage_members_is_read_by_name():
+    """``Stage.POSTPROCESS`` is "postprocess" (a StrEnum): judged and quoted as that name."""
+    from toy_engine.timeline import Stage
+    order = [(Stage(stage) if stage in ("postprocess", "flush") else stage, r)
+             for stage, r in RIGHT_ORDER]
+    assert checks.check_three_rounds(order)
+    verdict = a_false_verdict(lambda: checks.check_three_rounds(order[::-1]))
+    assert "<Stage." not in verdict.message and "'flush'" in verdict.message, verdict.message
+
+
+# ------------------------------------- round eight's blind notes: mistakes named, not their effect
+
+def frees_the_nearly_finished(engine):
+    """A serial loop that frees a request one token before its limit ("about to finish")."""
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            break
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        for req in engine.commit_outputs(step, engine.read_outputs(step)):
+            if req.finished or len(req.output_ids) >= req.max_new_tokens - 1:
+                engine.scheduler.free(req)
+
+
+def corrects_twice(engine):
+    """The ZOS loop with each round's lengths corrected twice."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        current = engine.launch_sample(inputs)
+        if plan.is_prefill:
+            engine.process_outputs(current)
+            previous = None
+        else:
+            previous = current
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_that_frees_an_unfinished_request_is_told_so():
+    verdict = a_false_verdict(lambda: checks.check_serial_loop(frees_the_nearly_finished))
+    assert verdict.category == "left_unfinished", (verdict.category, verdict.message)
+    assert "never finished" in verdict.message and "`req.finished`" in verdict.message
+
+
+@pytest.mark.timeout(120)
+def test_a_zos_loop_that_corrects_a_round_twice_is_told_so():
+    verdict = a_false_verdict(lambda: checks.check_zos_loop(corrects_twice))
+    assert verdict.category == "launched_twice", (verdict.category, verdict.message)
+    assert "`correct_on_device` was called 2 times" in verdict.message

@@ -6,6 +6,8 @@ returns the Verdict of the first round that breaks it, or None.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from toy_engine.engine import Engine
 from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
 
@@ -42,6 +44,7 @@ class HostLog:
                              "commit")
                 self.events.append((label, e.round))
         self.waits = record.of(Wait)
+        self.corrections = Counter(e.round for e in record.of(Launch) if e.stage == "correct")
         self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
         self.prefill = set(timeline.meta.prefill_rounds)
         self.plans = plans
@@ -98,6 +101,11 @@ def common_mistakes(log: HostLog) -> Verdict | None:
             return fails("launched_twice",
                          f"{log.who(r)}: `{stage}` was called {max(len(fwd), len(smp))} times. Each round is "
                          f"launched once: one forward, one sample, and its step processed once")
+        if log.corrections[r] > 1:
+            return fails("launched_twice",
+                         f"{log.who(r)}: `correct_on_device` was called {log.corrections[r]} times. A "
+                         f"round's lengths are corrected once, by the drafts the round in flight "
+                         f"accepts: each further correction adds them again")
         if len(done) > 1:
             stages = " and ".join(f"`{log.events[i][0]}`" for i in done)
             return fails("processed_twice",

@@ -277,6 +277,9 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Ver
     reference = pool.reference(second=True) if second else pool.reference()
     if drafts is not None:
         reference = [c.token_ids for c in pool.endings_reference()]
+    unfinished = pool.left_unfinished(outs, reference) if verdict is None else None
+    if unfinished:
+        verdict = fails("left_unfinished", unfinished)
     diff = pool.compare([c.token_ids for c in outs], reference) if verdict is None else None
     if diff:
         verdict = fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "

@@ -266,6 +266,9 @@ def check_zos_loop(loop) -> Verdict:
         verdict = waits_beyond_sample(engine, log)
     if verdict is not None:
         return verdict
+    unfinished = pool.left_unfinished(outs, pool.reference(pool.CONSTRAINT))
+    if unfinished:
+        return fails("left_unfinished", unfinished)
     diff = pool.compare([c.token_ids for c in outs], pool.reference(pool.CONSTRAINT))
     if diff:
         return fails("wrong_tokens", f"with the `{pool.CONSTRAINT}` constraint on, {diff}: process every step "
@@ -296,8 +299,11 @@ def _endings_run(loop, drafts: int) -> Verdict | None:
     verdict = loop_verdict(log, err, "zos", zos_overlapped)
     if verdict is not None:
         return verdict
-    diff = pool.compare([c.token_ids for c in outs],
-                        [c.token_ids for c in pool.endings_reference()])
+    reference = [c.token_ids for c in pool.endings_reference()]
+    unfinished = pool.left_unfinished(outs, reference)
+    if unfinished:
+        return fails("left_unfinished", unfinished)
+    diff = pool.compare([c.token_ids for c in outs], reference)
     if diff:
         why = correction_mistake(engine, log) if drafts else ""
         return fails("correction" if why else "wrong_tokens",
@@ -323,6 +329,9 @@ def check_three_rounds(order) -> Verdict:
     if isinstance(order, (str, bytes)):
         return fails("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
                               f"and a round number")
+    if isinstance(order, (set, frozenset)):
+        return fails("shape", f"write {shape}, in the order the host issues them: a set keeps no "
+                              f"order")
     pairs = items(order, shape)
     if isinstance(pairs, Verdict):
         return pairs
@@ -332,6 +341,7 @@ def check_three_rounds(order) -> Verdict:
             stage, rnd = item if not isinstance(item, (str, bytes)) else (None, None)
             if not isinstance(stage, str) or isinstance(rnd, bool):
                 raise TypeError
+            stage = str.__str__(stage)  # a Stage member (a StrEnum) as its plain name
             order.append((stage, operator.index(rnd)))
         except (TypeError, ValueError):
             return fails("shape", f"write {shape}; {show(item)} is not a (stage, round) pair of a string and "

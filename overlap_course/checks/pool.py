@@ -344,3 +344,16 @@ def compare(got, expected) -> str | None:
         first = next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e)))
         return f"prompt {i} differs from the reference from its token {first} on"
     return None
+
+
+def left_unfinished(outs, expected) -> str | None:
+    """The first completion the engine ended "abort" (no run here aborts a request) because the
+    learner's loop let its request go before it finished -- freed it, or returned -- in words;
+    None if every request ran to its end.  Before: "lost its last 1 token(s)", naming no cause."""
+    for i, (c, e) in enumerate(zip(outs, expected)):
+        if c.finish_reason == "abort":
+            return (f"prompt {i} never finished: your loop let it go with {len(c.token_ids)} of "
+                    f"its {len(e)} tokens, and the engine ended it \"abort\". A request stays "
+                    f"scheduled until it has finished: free only requests whose `req.finished` is "
+                    f"true, and loop while `engine.scheduler.has_work()`")
+    return None
