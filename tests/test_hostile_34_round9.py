@@ -158,3 +158,21 @@ def test_a_zos_loop_that_corrects_a_round_twice_is_told_so():
     verdict = a_false_verdict(lambda: checks.check_zos_loop(corrects_twice))
     assert verdict.category == "launched_twice", (verdict.category, verdict.message)
     assert "`correct_on_device` was called 2 times" in verdict.message
+
+
+# ------------------------------------------- the judge imports torch._dynamo only where needed
+
+@pytest.mark.timeout(300)
+def test_the_right_correction_passes_in_the_judge_which_imports_dynamo_for_it_alone():
+    """torch._dynamo (1.2-2.3 s per judge process) is imported only for the checks that run code
+    on meta tensors; the right correction still passes there (its meta run imports dynamo)."""
+    import nbformat
+
+    from overlap_course.build import judge
+    from overlap_course.checks import host_waits
+    assert host_waits.ON_META_TENSORS <= set(dir(checks))
+    solution = nbformat.read(judge.ROOT / "solutions" / "04_seqlen_correction.ipynb", 4)
+    cells = ["import torch"] + [c.source for c in solution.cells if c.cell_type == "code"
+                                and "def correct_seqlens_qk" in c.source]
+    passed, message = judge.judge("check_correction", cells)
+    assert passed, message

@@ -65,6 +65,13 @@ def _bool_index(index) -> bool:
     return False
 
 
+#: The checks that run a learner's code on meta tensors (``valueless_failure``): torch's Python
+#: meta kernels import torch._dynamo on first use, which rebinds ``torch.manual_seed``.  A judge
+#: imports it before its fingerprint for these checks only: the import costs every judge process
+#: 1.2-2.3 s (measured on these 2-core machines, under load 2-5), and most judges never need it.
+ON_META_TENSORS = frozenset({"check_correction"})
+
+
 def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> str | None:
     """What ``fn`` raised when run on copies of its tensors that hold no values (torch's meta
     device, where the tensors it makes go too), or None.  Every read of a value on the host
