@@ -10,9 +10,13 @@
 #   ./run.sh handout   build the one-page "three rounds" handout -> build/handout/three_rounds.{html,pdf}
 #   ./run.sh trace summary FILE      device idle of a PyTorch-profiler (Kineto) trace, as JSON
 #   ./run.sh trace export OUT.json   record serial and ZOS runs (or convert a stored one) as Kineto JSON
-# Extra arguments go to jupyter lab / pytest / voila / the slides builder.
+# Extra arguments go to jupyter lab / pytest / voila / the slides builder.  A path given to site,
+# slides, handout or trace is read from (or written to) the folder run.sh was called from, as
+# any command's; lab, test and explorer run in the repository, and default outputs land there.
 set -euo pipefail
+CALLER=$PWD
 cd "$(dirname "$0")"
+REPO=$PWD
 PY=${PYTHON:-python3}
 VENV=.venv
 # What defines the environment: when none of it changed since the last setup, commands start at
@@ -77,6 +81,12 @@ setup() {
     echo "$want" > "$STAMP"
 }
 
+# The repository's Python, run from the caller's folder (a relative FILE or --out is theirs).
+from_caller() {
+    cd "$CALLER"
+    exec "$REPO/$VENV/bin/python" -P "$@"  # -P: a module in their folder shadows none of ours
+}
+
 case "${1:-}" in
     setup)
         setup "$1" "${2:-}"
@@ -95,7 +105,7 @@ case "${1:-}" in
     # -- the course outside a kernel: website, explorer app, slides --
     site)
         setup "$1"
-        exec "$VENV/bin/python" site/build.py "${@:2}"
+        from_caller "$REPO/site/build.py" "${@:2}"
         ;;
     explorer)
         setup "$1"
@@ -112,15 +122,15 @@ case "${1:-}" in
         ;;
     slides)
         setup "$1"
-        exec "$VENV/bin/python" -m overlap_course.build.slides "${@:2}"
+        from_caller -m overlap_course.build.slides "${@:2}"
         ;;
     handout)
         setup "$1"
-        exec "$VENV/bin/python" -m overlap_course.build.handout "${@:2}"
+        from_caller -m overlap_course.build.handout "${@:2}"
         ;;
     trace)
         setup "$1"
-        exec "$VENV/bin/python" -m overlap_course.traces.kineto "${@:2}"
+        from_caller -m overlap_course.traces.kineto "${@:2}"
         ;;
     *)
         echo "usage: ./run.sh lab | ./run.sh test | ./run.sh setup | ./run.sh site | ./run.sh explorer | ./run.sh slides | ./run.sh handout | ./run.sh trace summary FILE | ./run.sh trace export OUT.json" >&2

@@ -3,10 +3,12 @@
 A command answers bad input with one line, ``PROG: error: WHAT (see --help)``, and exit
 status 2 -- argparse's own errors included (it prints its usage first, which can fill a
 screen above the one line that matters).  Ctrl-C ends it with one line too,
-``PROG: interrupted``, and exit status 130.  Output cut short by its reader (``... | head``)
-ends the command quietly instead of with a ``BrokenPipeError`` traceback; output that cannot be
-written at all (a full disk, ``> /dev/full``) is one line and exit status 2.  Every command's
-``__main__`` goes through :func:`run`, so no command can forget one of these.
+``PROG: interrupted``, and exit status 130 -- while it still imports too (torch takes
+seconds), from the first lines of its ``__main__`` (:func:`interruptible`).  Output cut short
+by its reader (``... | head``) ends the command quietly instead of with a ``BrokenPipeError``
+traceback; output that cannot be written at all (a full disk, ``> /dev/full``) is one line and
+exit status 2.  Every command's ``__main__`` goes through :func:`run`, so no command can forget
+one of these.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import argparse
 import functools
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem", "run"]
+           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem", "interruptible",
+           "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -62,6 +66,33 @@ def interrupted(prog: str) -> int:
     way out.  The exit status a shell gives a SIGINT."""
     print(f"{prog}: interrupted", file=sys.stderr, flush=True)
     return INTERRUPTED
+
+
+def interruptible(module: str, prog: str) -> None:
+    """Called by a command's module first, before its heavy imports: run as ``__main__``, a
+    Ctrl-C before :func:`run` takes over (while torch imports) says ``PROG: interrupted`` and
+    exits 130, instead of a ``KeyboardInterrupt`` traceback from inside an import (or none at
+    all: an import that catches everything swallowed it and the command ran on).  It ends the
+    process at once (``os._exit``): nothing has started that needs closing, and an exception
+    could be swallowed the same way.  A Ctrl-C the process ignores (started in the background,
+    ``nohup``) stays ignored; imported as a module (a notebook, a test) nothing changes."""
+    if module != "__main__" or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    _standard_streams()
+    signal.signal(signal.SIGINT, functools.partial(_stop_importing, prog))
+
+
+def _stop_importing(prog: str, signum, frame) -> None:
+    interrupted(prog)
+    os._exit(INTERRUPTED)
+
+
+def _imports_done() -> None:
+    """From here Ctrl-C is a ``KeyboardInterrupt`` again, which the command catches to close
+    its engines on the way out (:func:`interruptible` had it end the process)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if isinstance(handler, functools.partial) and handler.func is _stop_importing:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def whole_number(minimum: int, maximum: int | None = None):
@@ -280,6 +311,7 @@ def run(prog: str, main) -> None:
     unwritable stderr, a closed stdout and a character the terminal cannot encode change none
     of this: :func:`_standard_streams`."""
     _standard_streams()
+    _imports_done()
     try:
         status = main()
         sys.stdout.flush()

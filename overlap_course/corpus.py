@@ -14,6 +14,10 @@ animals, places) that rejection happens and is worth studying.
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+interruptible(__name__, "corpus")  # first: Ctrl-C while the imports run is one line
+
 import random
 import sys
 from collections.abc import Iterable, Sequence

@@ -42,11 +42,12 @@ from pathlib import Path
 
 try:
     from . import safe_json
-    from .progress_catalogue import CATALOGUE, ORDER, UNANSWERED, home_notebook, known
+    from .progress_catalogue import (CATALOGUE, ORDER, UNANSWERED, home_notebook, known, status,
+                                     well_formed)
 except ImportError:  # copied beside safe_json.py and progress_catalogue.py (docs/jupyterhub.md)
     import safe_json  # type: ignore[no-redef]
     from progress_catalogue import (  # type: ignore[no-redef]
-        CATALOGUE, ORDER, UNANSWERED, home_notebook, known)
+        CATALOGUE, ORDER, UNANSWERED, home_notebook, known, status, well_formed)
 
 RECORD_VERSION = 1
 ENV_FILE = "OVERLAP_PROGRESS_FILE"
@@ -58,8 +59,15 @@ ENV_GRADING = "OVERLAP_GRADING"    # set in nbgrader's grading kernels (overlap_
 
 
 def _record_path() -> Path:
+    """The record's path; a ``ValueError`` saying to set :data:`ENV_FILE` where there is no
+    home to keep it in (HOME unset and a user id the system does not know: a container's)."""
     path = os.environ.get(ENV_FILE)
-    return Path(path) if path else Path.home() / ".overlap_course" / "progress.jsonl"
+    try:
+        return Path(path) if path else Path.home() / ".overlap_course" / "progress.jsonl"
+    except RuntimeError as err:  # Path.home(): "Could not determine home directory"
+        raise ValueError(f"no home folder to keep your progress in ({err}: HOME is unset and "
+                         f"this user has none); set {ENV_FILE} to a file you can write, e.g. "
+                         f"{ENV_FILE}=/tmp/progress.jsonl") from None
 
 
 def _notebook_for(check: str) -> str | None:
@@ -110,9 +118,11 @@ def _keep(verdict, check: str, notebook: str | None) -> None:
             path = _record_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             _append(path, json.dumps(entry))
-        except OSError as err:
-            note += _say_once("not_saved", f"\n(your progress is not saved: {path} cannot be written "
-                                           f"({err.strerror or err}); this answer is unaffected)")
+        except (OSError, ValueError) as err:  # ValueError: no home to keep it in
+            why = (err if isinstance(err, ValueError)
+                   else f"{path} cannot be written ({err.strerror or err})")
+            note += _say_once("not_saved", f"\n(your progress is not saved: {why}; this answer "
+                                           f"is unaffected)")
         _send(entry)
         if _service_trouble:
             note += _say_once("service", f"\n(the room's progress service did not answer "
@@ -235,17 +245,6 @@ def flush_sends(timeout: float = 10.0) -> bool:
 #: The longest line of the record read (one verdict is about 130 bytes); a longer one is
 #: skipped and counted, so a damaged record is read in bounded memory.
 MAX_LINE_BYTES = MAX_BODY_BYTES
-# What each field of a line must be (the service's validate() holds verdicts to the same).
-_FIELD_TYPES = {"notebook": str, "check": str, "passed": bool, "category": str,
-                "time": (int, float)}
-
-
-def _well_formed(entry) -> bool:
-    """A JSON object whose fields have the types :func:`record` writes (a ``time`` that is a
-    number, not a bool): anything else would break the sorting and lookups of :func:`status`."""
-    if not isinstance(entry, dict) or isinstance(entry.get("time"), bool):
-        return False
-    return all(isinstance(entry.get(field), kind) for field, kind in _FIELD_TYPES.items())
 
 
 def _lines(f):
@@ -289,32 +288,13 @@ def read_record(path: Path | None = None) -> tuple[list[dict], int]:
                     entry = None if line is None else safe_json.loads(line, "a progress line")
                 except ValueError:
                     entry = None
-                if not _well_formed(entry):
+                if not well_formed(entry):
                     unreadable += 1
                 elif known(entry["notebook"], entry["check"]):
                     entries.append(entry)
     except OSError:
         return entries, unreadable
     return entries, unreadable
-
-
-def status(entries: list[dict]) -> dict[tuple[str, str], dict]:
-    """(notebook, check) -> {"state": passed|tried|not reached, "category": last mistake,
-    "tries": n} for every check of the course."""
-    out = {(nb, check): {"state": "not reached", "category": None, "tries": 0}
-           for nb in ORDER for check in CATALOGUE[nb]}
-    for entry in sorted(entries, key=lambda e: e.get("time", 0)):
-        cell = out.get((entry["notebook"], entry["check"]))
-        if cell is None:
-            continue
-        if entry.get("passed"):
-            cell["state"] = "passed"
-        elif entry.get("category") not in UNANSWERED:
-            cell["tries"] += 1
-            cell["category"] = entry.get("category")
-            if cell["state"] != "passed":
-                cell["state"] = "tried"
-    return out
 
 
 class Progress:

@@ -60,6 +60,39 @@ def known(notebook: str, check: str) -> bool:
     return check in CATALOGUE.get(notebook, ())
 
 
+# What each field of an entry must be: a line of a learner's record, a row of the service's
+# database (its validate() holds verdicts to the same).
+FIELD_TYPES = {"notebook": str, "check": str, "passed": bool, "category": str,
+               "time": (int, float)}
+
+
+def well_formed(entry) -> bool:
+    """A JSON object whose fields have the types ``progress.record`` writes (a ``time`` that is a
+    number, not a bool): anything else would break the sorting and lookups of :func:`status`."""
+    if not isinstance(entry, dict) or isinstance(entry.get("time"), bool):
+        return False
+    return all(isinstance(entry.get(field), kind) for field, kind in FIELD_TYPES.items())
+
+
+def status(entries: list[dict]) -> dict[tuple[str, str], dict]:
+    """(notebook, check) -> {"state": passed|tried|not reached, "category": last mistake,
+    "tries": n} for every check of the course."""
+    out = {(nb, check): {"state": "not reached", "category": None, "tries": 0}
+           for nb in ORDER for check in CATALOGUE[nb]}
+    for entry in sorted(entries, key=lambda e: e.get("time", 0)):
+        cell = out.get((entry["notebook"], entry["check"]))
+        if cell is None:
+            continue
+        if entry.get("passed"):
+            cell["state"] = "passed"
+        elif entry.get("category") not in UNANSWERED:
+            cell["tries"] += 1
+            cell["category"] = entry.get("category")
+            if cell["state"] != "passed":
+                cell["state"] = "tried"
+    return out
+
+
 # -- the instructor guide's table of mistakes: how to explain each category to a learner --
 
 GUIDE_SECTION = "## Mistakes the checkers catch"

@@ -154,7 +154,8 @@ class RoomHandler(_InstructorHandler):
         if not await self.instructor():
             return
         learners = await self.app.learners()
-        data = room(await self.app.database(self.app.store.entries, read=True), learners)
+        entries = await self.app.database(self.app.store.entries, read=True)
+        data = room(entries, learners, self.app.store.unreadable)
         if self.view == "api":
             self.set_header("Content-Type", "application/json")
             return self.finish(json.dumps(data))
@@ -173,8 +174,9 @@ class GuideHandler(_InstructorHandler):
         try:  # off the event loop: a slow disk holds up this page, not the room
             rows = await ioloop.IOLoop.current().run_in_executor(None, guide_mistakes,
                                                                  self.app.guide_file)
-        except ValueError as err:
-            raise web.HTTPError(500, str(err)) from None
+        except ValueError as err:  # edited since the start (no longer UTF-8, too big): not a 500
+            raise web.HTTPError(503, f"{err}; fix the file: this page reads it again on every "
+                                     f"visit") from None
         if not rows:
             raise web.HTTPError(404, "no instructor guide (start the service with --guide-file)")
         seen, out = set(), []
@@ -219,7 +221,11 @@ def render_table(data: dict, guide_url: str) -> str:
             items.append(f'<li><a href="{html.escape(link)}" data-category="{html.escape(cat)}">{html.escape(cat)}</a>'
                          f" &mdash; {learners} learner(s), {tries} tries</li>")
         mistakes.append(f'<li data-check="{html.escape(c)}"><b>{html.escape(c)}</b><ul>{"".join(items)}</ul></li>')
-    return (f'<p id="summary">{len(data["learners"])} learner(s), {data["verdicts"]} verdict(s)</p>'
+    skipped = data.get("unreadable", 0)
+    skipped = (f" ({skipped} row(s) of the database could not be read and were skipped)"
+               if skipped else "")
+    return (f'<p id="summary">{len(data["learners"])} learner(s), {data["verdicts"]} verdict(s)'
+            f'{skipped}</p>'
             f'<table id="room"><tr><th>learner</th>{head}</tr>{"".join(rows)}</table>'
             f'<h2>The room\'s most common mistakes</h2><ul id="mistakes">{"".join(mistakes) or "<li>none yet</li>"}'
             f"</ul>")

@@ -17,11 +17,11 @@ import time
 
 try:
     from . import safe_json
-    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status
+    from .progress import CATALOGUE, MAX_BODY_BYTES, ORDER, UNANSWERED, status, well_formed
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
     from progress import (CATALOGUE, MAX_BODY_BYTES, ORDER,  # type: ignore[no-redef]
-                          UNANSWERED, status)
+                          UNANSWERED, status, well_formed)
 
 FIELDS = {"notebook", "check", "passed", "category", "time"}
 CATEGORY = re.compile(r"[a-z][a-z0-9_]{0,47}")
@@ -48,6 +48,7 @@ class Store:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                   timeout=self.WRITE_WAIT_S)
         self.locked_until = 0.0
+        self.unreadable = 0  # rows the last entries() skipped
         check = self.db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             self.db.close()
@@ -84,11 +85,23 @@ class Store:
                         (user, v["notebook"], v["check"], int(v["passed"]), v["category"], v.get("time"), time.time()))
 
     def entries(self) -> dict[str, list[dict]]:
+        """Every learner's verdicts.  SQLite keeps a value of any type in any column: a row
+        written by another program (an instructor's ``sqlite3`` shell, two rooms' files merged)
+        whose values are not what :meth:`add` writes is skipped and counted in
+        :attr:`unreadable`, as a learner's record skips a line it cannot read; a text
+        ``received`` would break the room's sorting (every page an HTTP 500)."""
         out: dict[str, list[dict]] = {}
+        unreadable = 0
         for user, nb, check, passed, category, received in self.reader.execute(
                 "SELECT user, notebook, check_name, passed, category, received FROM verdicts ORDER BY id"):
-            out.setdefault(user, []).append({"notebook": nb, "check": check, "passed": bool(passed),
-                                             "category": category, "time": received})
+            entry = {"notebook": nb, "check": check, "passed": passed == 1, "category": category,
+                     "time": received}
+            readable = isinstance(user, str) and type(passed) is int and passed in (0, 1)
+            if readable and well_formed(entry):
+                out.setdefault(user, []).append(entry)
+            else:
+                unreadable += 1
+        self.unreadable = unreadable
         return out
 
     def count(self) -> int:
@@ -197,9 +210,10 @@ def validate(body: bytes, user: str) -> tuple[int, str, dict | None]:
     return 201, "stored", v
 
 
-def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
+def room(entries: dict[str, list[dict]], learners: list[str], unreadable: int = 0) -> dict:
     """The page's data: every learner's status per check, and per check the room's mistakes
-    (category, learners who made it, tries), most learners first."""
+    (category, learners who made it, tries), most learners first; ``unreadable``: the rows
+    :meth:`Store.entries` skipped, which the page counts."""
     checks = [(nb, check) for nb in ORDER for check in CATALOGUE[nb]]
     names = sorted(set(learners) | set(entries))
     grid = {}
@@ -219,4 +233,5 @@ def room(entries: dict[str, list[dict]], learners: list[str]) -> dict:
                           key=lambda r: (-r[1], -r[2], r[0]))
               for key, cats in mistakes.items()}
     return {"checks": [f"{nb}/{check}" for nb, check in checks], "learners": grid, "mistakes": common,
-            "verdicts": sum(len(r) for r in entries.values()), "updated": time.time()}
+            "verdicts": sum(len(r) for r in entries.values()), "unreadable": unreadable,
+            "updated": time.time()}

@@ -23,6 +23,10 @@ two CPU cores.  The choices, briefly:
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+interruptible(__name__, "train")  # first: Ctrl-C while the imports run is one line
+
 import math
 import os
 import shutil

@@ -30,6 +30,10 @@ made (:func:`refuse_foreign`): ``--out`` naming a learner's own folder deletes n
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+interruptible(__name__, "site")  # first: Ctrl-C while the imports run is one line
+
 import base64
 import hashlib
 import html

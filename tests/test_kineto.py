@@ -372,7 +372,8 @@ def test_command_export_converts_a_stored_run(tmp_path, capsys):
 
 def test_run_sh_has_the_trace_command():
     text = (ROOT / "run.sh").read_text()
-    assert '    trace)\n        setup "$1"\n        exec "$VENV/bin/python" -m overlap_course.traces.kineto "${@:2}"' in text
+    assert ('    trace)\n        setup "$1"\n        from_caller -m overlap_course.traces.kineto "${@:2}"'
+            in text)
 
 
 def test_importing_the_engine_does_not_import_kineto_and_kineto_stays_light():

@@ -25,6 +25,10 @@ and the page's CSS ``@page`` rule sets the paper.
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+interruptible(__name__, "handout")  # first: Ctrl-C while the imports run is one line
+
 import base64
 import html
 import re

@@ -29,6 +29,10 @@ as the run left it, read from the widget state before that is dropped.
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+interruptible(__name__, "notebooks")  # first: Ctrl-C while the imports run is one line
+
 import argparse
 import asyncio
 import base64

@@ -24,6 +24,11 @@ CPU h, paced device time P, device compute c per round: both must fit a paced ro
 
 from __future__ import annotations
 
+from overlap_course.command_line import interruptible
+
+PROG = "python -m overlap_course.measure.bench"
+interruptible(__name__, PROG)  # first: Ctrl-C while the imports run is one line
+
 import statistics
 import sys
 from dataclasses import asdict
@@ -247,9 +252,6 @@ def format_table(result: dict) -> str:
     if result.get("busy_warning"):
         lines += ["", result["busy_warning"], result.get("recorded", "")]
     return "\n".join(lines)
-
-
-PROG = "python -m overlap_course.measure.bench"
 
 
 def main(argv=None) -> int:

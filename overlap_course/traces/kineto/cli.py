@@ -1,22 +1,24 @@
 """``python -m overlap_course.traces.kineto summary FILE`` and ``... export OUT.json [STORED]``
-(``./run.sh trace ...``): measure a real trace, or write course runs in Kineto's format."""
+(``./run.sh trace ...``): measure a real trace, or write course runs in Kineto's format.
+
+``summary`` reads JSON and imports no engine: torch's import was three quarters of its run
+time.  What only ``export`` needs (the engine, its bounds) is imported when export runs."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
                                          os_problem, out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted
-from overlap_course.traces.recorded import shipped_trace_file
-from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
-from toy_engine.model import GPTConfig
-from toy_engine.timeline import Timeline
 
-from .exporting import check_exportable, export
 from .idle import summary
 from .reading import KinetoTrace, read_bounded, real_traces
+
+if TYPE_CHECKING:
+    from toy_engine.timeline import Timeline
 
 __all__ = ["main"]
 
@@ -35,6 +37,8 @@ def _stored_file(stored: str) -> Path:
     """The file STORED reads: the path itself, or the shipped timeline a name stands for
     (``cpu_zos`` -> ``overlap_course/traces/cpu_zos.json``), refused unless it is one
     (:func:`shipped_trace_file`: ``/tmp/x/big`` read ``/tmp/x/big.json``)."""
+    from overlap_course.traces.recorded import shipped_trace_file  # imports the engine
+
     if _exists(stored):
         return Path(stored)
     return shipped_trace_file(stored)
@@ -44,6 +48,10 @@ def _load_timeline(source: str) -> Timeline:
     """A stored course timeline: a path, or the name of a shipped one (``cpu_zos``), read as a
     trace is (:func:`read_bounded`): a FIFO or a device refused, not waited on, and at most
     256 MiB (a file of gigabytes was read whole: a ``MemoryError``)."""
+    from toy_engine.timeline import Timeline
+
+    from .exporting import check_exportable
+
     where = f"STORED {quoted(source, PATH_CHARS)}"
     raw = read_bounded(_stored_file(source), where)
     try:
@@ -76,8 +84,6 @@ def _out_path(out: Path, mode: str) -> Path:
 PROG = "python -m overlap_course.traces.kineto"
 #: Bounds of what ``export`` records (the engine refuses more, but only after starting).
 MAX_PROMPTS = 10_000
-# A prompt takes at least one of the model's positions; the rest can be new tokens.
-MAX_NEW_TOKENS = GPTConfig.context_len - 1
 #: The most characters of a path that a message quotes.
 PATH_CHARS = 200
 
@@ -85,23 +91,45 @@ PATH_CHARS = 200
 def _parser() -> Parser:
     p = Parser(prog=PROG, description="PyTorch-profiler (Kineto) traces: measure one, or export "
                                       "course runs.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Subcommand)
     s = sub.add_parser("summary", help="device idle overall and per stream, as JSON")
     s.add_argument("file", help=f"a Kineto trace (.json or .json.gz) or a shipped one: "
                                 f"{', '.join(real_traces())}")
-    e = sub.add_parser("export", help="write course runs as Kineto JSON")
+    sub.add_parser("export", help="write course runs as Kineto JSON", options=_export_options)
+    return p
+
+
+class _Subcommand(Parser):
+    """A subcommand whose arguments are added when it is parsed (``export --help`` too):
+    export's name the engine's bounds, and importing the engine is no part of ``summary``."""
+
+    def __init__(self, *args, options=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._options = options
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._options is not None:
+            self._options, add = None, self._options
+            add(self)
+        return super().parse_known_args(args, namespace)
+
+
+def _export_options(e: Parser) -> None:
+    from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
+    from toy_engine.model import GPTConfig
+
     e.add_argument("out", help="output file (.json or .json.gz); recording both modes writes "
                                "OUT_serial and OUT_zos")
     e.add_argument("stored", nargs="?", help="convert this stored course timeline (path, or a "
                                              "shipped name like cpu_zos) instead of recording")
     e.add_argument("--mode", choices=("serial", "zos", "both"), default="both")
     e.add_argument("--prompts", type=whole_number(1, MAX_PROMPTS), default=8)
-    e.add_argument("--max-new-tokens", type=whole_number(1, MAX_NEW_TOKENS),
+    # A prompt takes at least one of the model's positions; the rest can be new tokens.
+    e.add_argument("--max-new-tokens", type=whole_number(1, GPTConfig.context_len - 1),
                    default=32)
     e.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),
                    default=0.0)
     e.add_argument("--device", choices=DEVICES, default="auto")
-    return p
 
 
 def _writable(text: str, stored: str | None) -> Path:
@@ -137,6 +165,8 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
     failure the temporary files are removed and no target is touched.  The export's report.
     ``names``: how a refusal names each run (STORED, or the mode recorded), never by the
     temporary file, which is gone when the message is read."""
+    from .exporting import export
+
     written, report = {}, {}
     try:
         for mode, tl in runs.items():
@@ -144,7 +174,9 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
             suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.partial{suffix}")
+                # OUT's name cut to 100 characters: a legal name of 255 (the most a file system
+                # allows) would make the temporary one too long to write
+                tmp = path.with_name(f".{path.name[:100]}.{os.getpid()}.partial{suffix}")
                 # made here, new (a pipe left under that name would block the write)
                 os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
                 written[path] = tmp

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlap_course import safe_json
-from overlap_course.traces.recorded import TRACES_DIR
 
 __all__ = ["REAL_TRACES_DIR", "CUDA_TRACES_DIRS", "real_traces", "cuda_profiles", "read_trace", "KinetoTrace",
            "is_launch_call", "is_sync_call"]
 
+#: ``overlap_course/traces``: ``recorded.TRACES_DIR``, not imported (recorded imports the engine).
+TRACES_DIR = Path(__file__).parent.parent
 #: The real A100 traces shipped with the package (HTA's public test data, MIT; README.md there).
 REAL_TRACES_DIR = TRACES_DIR / "a100"
 
