@@ -52,6 +52,10 @@ VAL_FRACTION = 0.05
 #: 800 take minutes).  Past it a run takes weeks, and past ~1e308 the evaluation schedule
 #: (a float) overflowed into a traceback.
 MAX_STEPS = 1_000_000
+#: The most memory one training step may need (:func:`step_bytes`): what a laptop can spare.
+#: Batch 256 of full windows fits (it peaked at ~3.6 GB here); 4096 of them, the parser's
+#: maximum, needed ~50 GB, and the allocator's failure was a torch traceback.
+MAX_STEP_GIB = 4
 
 
 def load_data(tokenizer: CharTokenizer | None = None):
@@ -68,6 +72,36 @@ def _part(out) -> Path:
     out = Path(out)
     folder = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:100]}.", suffix=".partial")
     return Path(folder) / out.name
+
+
+def step_bytes(batch_size: int, block_size: int, cfg: GPTConfig) -> int:
+    """About how many bytes a training step holds at its peak (forward and backward), from
+    measured peaks (batch 16 to 256, blocks 64 and 256; this estimate is a third above): per
+    window and layer, two float32 attention scores per head and pair of positions, and 16 float32
+    activations per position and channel."""
+    per_layer = 2 * cfg.n_head * block_size**2 + 16 * cfg.n_embd * block_size
+    return 4 * batch_size * cfg.n_layer * per_layer
+
+
+def check_shape(batch_size: int, block_size: int, cfg: GPTConfig) -> None:
+    """Refuse, before any work, a window past the model's context and a batch whose step would
+    need more than :data:`MAX_STEP_GIB` (an allocation failure deep in torch otherwise)."""
+    if not 1 <= block_size <= cfg.context_len:
+        raise ValueError(f"block_size must be in 1..{cfg.context_len}, got {block_size}")
+    need = step_bytes(batch_size, block_size, cfg)
+    if need > MAX_STEP_GIB << 30:
+        most = (MAX_STEP_GIB << 30) // step_bytes(1, block_size, cfg)
+        raise ValueError(f"--batch-size {batch_size} with --block-size {block_size} needs about "
+                         f"{need / 2**30:.1f} GiB for one training step, more than the "
+                         f"{MAX_STEP_GIB} GiB a step may take (what a laptop can spare): lower "
+                         f"--batch-size to at most {most} (or --block-size)")
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation that failed: torch's CPU allocator raises a plain
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory"), CUDA's an OutOfMemoryError."""
+    return (isinstance(err, (MemoryError, torch.OutOfMemoryError))
+            or "can't allocate memory" in str(err))
 
 
 def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
@@ -125,6 +159,7 @@ def train(
 ):
     """Train a TinyGPT from scratch; return ``(model, info)`` and save to ``out`` if given,
     whole or not at all (a Ctrl-C or an error leaves the old checkpoint as it was)."""
+    check_shape(batch_size, block_size, GPTConfig(vocab_size=CharTokenizer().vocab_size))
     if out is None:
         return _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +183,6 @@ def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
         tok = CharTokenizer()
         train_tokens, val_tokens = load_data(tok)
         cfg = GPTConfig(vocab_size=tok.vocab_size)
-        if not 1 <= block_size <= cfg.context_len:
-            raise ValueError(f"block_size must be in 1..{cfg.context_len}, got {block_size}")
 
         torch.manual_seed(seed)
         model = TinyGPT(cfg)
@@ -213,7 +246,8 @@ def _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals):
 
 
 def main(argv=None) -> int:
-    context_len = GPTConfig(vocab_size=CharTokenizer().vocab_size).context_len
+    cfg = GPTConfig(vocab_size=CharTokenizer().vocab_size)
+    full = (MAX_STEP_GIB << 30) // step_bytes(1, cfg.context_len, cfg)
     p = Parser(prog="train", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=whole_number(1, MAX_STEPS), default=800,
                    help=f"optimizer steps (at most {MAX_STEPS:,})")
@@ -223,8 +257,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=whole_number(0, 2**63 - 1), default=0,
                    help="seed for initialisation and batch sampling")
     p.add_argument("--batch-size", type=whole_number(1, 4096), default=16,
-                   help="windows per step")
-    p.add_argument("--block-size", type=whole_number(1, context_len), default=256,
+                   help=f"windows per step (a step may take {MAX_STEP_GIB} GiB: at most {full} "
+                        f"full windows)")
+    p.add_argument("--block-size", type=whole_number(1, cfg.context_len), default=256,
                    help="tokens per training window")
     p.add_argument("--lr", type=finite_number(1e-9, 10.0), default=5e-3,
                    help="peak learning rate (warm-up, then cosine decay)")
@@ -240,6 +275,13 @@ def main(argv=None) -> int:
         return fail("train", err)
     except OSError as err:
         return fail("train", f"cannot write the checkpoint: {os_problem(err)}")
+    except (MemoryError, RuntimeError) as err:
+        if not out_of_memory(err):
+            raise
+        return fail("train", f"ran out of memory training --batch-size {a.batch_size} windows of "
+                             f"--block-size {a.block_size} (about "
+                             f"{step_bytes(a.batch_size, a.block_size, cfg) / 2**30:.1f} GiB a "
+                             f"step): lower --batch-size; the checkpoint was not written")
     except KeyboardInterrupt:  # nothing was written: the checkpoint is saved whole or not at all
         return interrupted("train")
     print(f"{model.num_params():,} parameters; saved {out}")

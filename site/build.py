@@ -218,6 +218,17 @@ def refuse_foreign(out: Path, names: tuple[str, ...] = OWNED) -> None:
                              f"{name}/ away; nothing was deleted")
 
 
+def refuse_inside_site(out: Path) -> None:
+    """A ValueError, before any work, for an ``out`` (resolved) that is ``site/`` or under it:
+    the build copies ``site/`` into ``out/src``, which would then lie inside what it copies
+    (copytree went on copying its own copy, 499 folders deep, until a RecursionError)."""
+    site = SITE.resolve()
+    if out == site or site in out.parents:
+        raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} is site/ or inside it, which "
+                         f"the build copies into OUT/src: it would copy its own output into "
+                         f"itself; name a folder outside site/, e.g. --out build/site")
+
+
 def fresh_folder(out: Path, name: str) -> Path:
     """``out/name`` empty and stamped as the build's: an older one removed if the build made it."""
     refuse_foreign(out, (name,))
@@ -273,11 +284,16 @@ def main(argv=None) -> int:
                    help="redraw the stored images of the pages build.py draws (site/figures/), then stop")
     a = p.parse_args(argv)
     if a.draw:
-        print("site: drew " + ", ".join(str(path.relative_to(ROOT)) for path in draw_stored_images()))
+        try:  # no Chromium, or a BROWSER_PATH that names another program: one line
+            drawn = draw_stored_images()
+        except (RuntimeError, ValueError) as exc:
+            return fail("site", exc)
+        print("site: drew " + ", ".join(str(path.relative_to(ROOT)) for path in drawn))
         return 0
     start = time.monotonic()
     try:  # bad input: one line and exit 2, before any work
         out = out_folder(a.out).resolve()
+        refuse_inside_site(out)
         refuse_foreign(out)
     except ValueError as exc:
         return fail("site", exc)

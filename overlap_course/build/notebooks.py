@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import base64
 import io
+import logging
 import os
 import re
 import sys
@@ -183,8 +184,19 @@ def shrink_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
+def _browser_failed() -> Exception:
+    """Chromium closed as it started (choreographer says so in a tuple of sentences); a
+    BROWSER_PATH naming another program (``/bin/true``) is bad input, so a ValueError."""
+    chosen = os.environ.get("BROWSER_PATH")
+    where = f"BROWSER_PATH={quoted(chosen, 200)}" if chosen else _browser() or "the browser on PATH"
+    return (ValueError if chosen else RuntimeError)(
+        f"{where} closed as soon as it started: BROWSER_PATH must name a Chrome or Chromium "
+        f"binary, e.g. {CHROMIUM} (bash scripts/install_browser.sh installs it)")
+
+
 async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
     import kaleido
+    from choreographer.errors import BrowserClosedError, BrowserFailedError
     from kaleido.errors import ChromeNotFoundError, KaleidoError
 
     images = []
@@ -203,6 +215,8 @@ async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -
         raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
                            f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
                            "set BROWSER_PATH to a Chrome/Chromium binary") from None
+    except (BrowserFailedError, BrowserClosedError):
+        raise _browser_failed() from None
     return images
 
 
@@ -212,8 +226,16 @@ def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
     asyncio.run refuses."""
     from overlap_course.figures.config import STATIC_HEIGHT_PX, STATIC_WIDTH_PX  # plotly and the engine: only here
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, _render_images(figures, fmt, (STATIC_WIDTH_PX, STATIC_HEIGHT_PX))).result()
+    size = (STATIC_WIDTH_PX, STATIC_HEIGHT_PX)
+    # not choreographer's watchdog warning too (some runs) when the browser dies: one line
+    chatty = logging.getLogger("choreographer")
+    level = chatty.level
+    chatty.setLevel(logging.ERROR)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, _render_images(figures, fmt, size)).result()
+    finally:
+        chatty.setLevel(level)
 
 
 def add_static_images(nb, widgets: list[tuple[dict, dict]] = (), shown: str = "notebook") -> int:
@@ -239,6 +261,8 @@ def execute(path: Path, timeout: int = 600) -> None:
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    # an earlier run's widget state or junk (null, "x"): the run stores its own, read afterwards
+    nb.metadata.pop("widgets", None)
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                        resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -38,7 +38,7 @@ from overlap_course.build.notebooks import notebook_file
 from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
-from overlap_course.safe_json import quoted, refuse_unwritable, write_file
+from overlap_course.safe_json import clipped, quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
 REVEAL_VERSION = "5.2.1"
@@ -55,6 +55,28 @@ def deck_title(nb, path: Path) -> str:
                 if line.startswith("# "):
                     return f"{line[2:].strip()} — {COURSE}"
     return f"{path.stem} — {COURSE}"
+
+
+#: The slide types reveal.js export knows (JupyterLab's property inspector offers these).
+SLIDE_TYPES = ("slide", "subslide", "fragment", "skip", "notes", "-")
+
+
+def check_slide_metadata(nb, shown: str) -> None:
+    """Refuse, before anything is written, a cell whose ``slideshow`` metadata nbformat lets
+    through but :func:`slide_type` cannot read: not an object, or a ``slide_type`` that is
+    not one of :data:`SLIDE_TYPES` (null and "" mean none, as when it is absent)."""
+    for i, cell in enumerate(nb.cells, 1):
+        show = cell.get("metadata", {}).get("slideshow", {})
+        kind = show.get("slide_type") if isinstance(show, dict) else None
+        if not isinstance(show, dict):
+            field, value, fix = "slideshow", show, 'an object such as {"slide_type": "slide"}'
+        elif kind not in (None, "", *SLIDE_TYPES):
+            field, value, fix = "slideshow.slide_type", kind, f"one of {', '.join(SLIDE_TYPES)}"
+        else:
+            continue
+        raise ValueError(f"{shown}: cell {i}: its metadata.{field} is "
+                         f"{clipped(json.dumps(value), 40)}, which must be {fix}, or absent "
+                         f"(JupyterLab: property inspector, Slide Type); nothing was written")
 
 
 def slide_type(cell) -> str:
@@ -205,7 +227,8 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
     notebooks = notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     stored = {path: nbformat.read(path, as_version=4) for path in notebooks}
     for path in notebooks:  # refused before anything is written: a stored figure that is not
-        check_figures(stored[path], _named(path))  # one, a pipe or a folder at a slide file
+        check_figures(stored[path], _named(path))  # one, a pipe or a folder at a slide file,
+        check_slide_metadata(stored[path], _named(path))  # slideshow metadata it cannot read
         refuse_unwritable(_slide_file(out_dir, path), _named(_slide_file(out_dir, path)))
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_assets(out_dir)
