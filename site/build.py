@@ -156,7 +156,7 @@ def draw_stored_images() -> list[Path]:
 
     from PIL import Image, PngImagePlugin
 
-    from overlap_course.build.notebooks import render_images, shrink_png
+    from overlap_course.build.drawing import render_images, shrink_png
 
     figures = drawn_figures()
     paths = []

@@ -307,12 +307,12 @@ def test_a_browser_that_dies_at_start_is_one_sentence_naming_browser_path(monkey
     (bad input) in words naming BROWSER_PATH, and choreographer logs no warning of its own."""
     import kaleido
 
-    from overlap_course.build import notebooks
+    from overlap_course.build import drawing
 
     monkeypatch.setattr(kaleido, "Kaleido", DeadBrowser)
     monkeypatch.setenv("BROWSER_PATH", "/bin/true")
     with pytest.raises(ValueError) as refusal:
-        notebooks.render_images([{"data": [], "layout": {}}])
+        drawing.render_images([{"data": [], "layout": {}}])
     _one_line(str(refusal.value), "BROWSER_PATH='/bin/true'", "Chrome or Chromium")
     assert "('" not in str(refusal.value)
     assert not [r for r in caplog.records if r.name.startswith("choreographer")], caplog.text
@@ -323,13 +323,13 @@ def test_a_default_browser_that_dies_at_start_is_not_blamed_on_browser_path(monk
     """Without BROWSER_PATH the browser found is broken: a RuntimeError naming it."""
     import kaleido
 
-    from overlap_course.build import notebooks
+    from overlap_course.build import drawing
 
     monkeypatch.setattr(kaleido, "Kaleido", DeadBrowser)
     monkeypatch.delenv("BROWSER_PATH", raising=False)
-    monkeypatch.setattr(notebooks, "_browser", lambda: "/opt/chrome")
+    monkeypatch.setattr(drawing, "_browser", lambda: "/opt/chrome")
     with pytest.raises(RuntimeError, match="/opt/chrome closed as soon as it started") as failed:
-        notebooks.render_images([{"data": [], "layout": {}}])
+        drawing.render_images([{"data": [], "layout": {}}])
     assert not isinstance(failed.value, ValueError)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from overlap_course.build import drawing
 from overlap_course.build import notebooks as course
 from overlap_course.figures.config import STATIC_WIDTH_PX
 
@@ -127,7 +128,7 @@ def test_stored_notebook_within_size_budget(path):
     sizes = [len(o.data.get("image/png", "")) for o in course.figure_outputs(nb)]
     big = [(i, n) for i, n in enumerate(sizes) if n > FIGURE_BUDGET_BYTES]
     assert not big, (f"{_rel(path)}: static figure(s) {big} over {FIGURE_BUDGET_BYTES} bytes: keep them "
-                     f"palette PNGs ({course.STATIC_COLORS} colours, {STATIC_WIDTH_PX} px wide)")
+                     f"palette PNGs ({drawing.STATIC_COLORS} colours, {STATIC_WIDTH_PX} px wide)")
     assert sum(sizes) <= IMAGES_BUDGET_BYTES, (f"{_rel(path)}: its {len(sizes)} static figures take {sum(sizes)} "
                                                f"bytes, over the {IMAGES_BUDGET_BYTES}-byte budget")
     size = path.stat().st_size
@@ -210,8 +211,8 @@ def test_palette_png_keeps_the_figure_colours():
     from PIL import Image
 
     figure = course.figure_outputs(nbformat.read(WITH_FIGURES[0], as_version=4))[0].data[course.PLOTLY_MIME]
-    (raw,) = course.render_images([figure])
-    small = course.shrink_png(raw)
+    (raw,) = drawing.render_images([figure])
+    small = drawing.shrink_png(raw)
     assert len(small) < 0.6 * len(raw), f"palette PNG {len(small)} bytes vs kaleido's {len(raw)}"
     a = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")).reshape(-1, 3).astype(int)
     b = np.asarray(Image.open(io.BytesIO(small)).convert("RGB")).reshape(-1, 3).astype(int)

@@ -18,7 +18,7 @@ The page is A4 *landscape*: an order view of three rounds wants width for its ve
 labels (``docs/measurements/figures.md`` has the sizes).
 
 Figures are SVG drawn by kaleido with the Chromium that draws the notebooks' static images
-(:func:`overlap_course.build.notebooks.render_images`), embedded as ``data:`` URIs, so the page needs
+(:func:`overlap_course.build.drawing.render_images`), embedded as ``data:`` URIs, so the page needs
 no network and prints as vectors; the same Chromium prints the PDF (``--print-to-pdf``),
 and the page's CSS ``@page`` rule sets the paper.
 """
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from overlap_course import figures
-from overlap_course.build import notebooks as course
+from overlap_course.build import drawing
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.rounds import decode_rounds, round_window
 from overlap_course.safe_json import quoted, refuse_unwritable, write_file
@@ -255,9 +255,9 @@ def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
 
 def print_pdf(page: Path, pdf: Path) -> None:
     """Print ``page`` to ``pdf`` with headless Chromium; the page's ``@page`` rule sets the paper."""
-    browser = course._browser()
+    browser = drawing._browser()
     if browser is None:
-        raise RuntimeError(f"no Chromium to print the handout (looked at $BROWSER_PATH and {course.CHROMIUM}): "
+        raise RuntimeError(f"no Chromium to print the handout (looked at $BROWSER_PATH and {drawing.CHROMIUM}): "
                            "run `bash scripts/install_browser.sh`, or set BROWSER_PATH to a Chrome/Chromium binary")
     # the browser would wait forever on a pipe at the PDF's name: a regular file there, or none
     refuse_unwritable(pdf, quoted(str(pdf), PATH_CHARS))
@@ -274,7 +274,7 @@ def print_pdf(page: Path, pdf: Path) -> None:
 def build(out_dir: Path = OUT_DIR) -> list[Path]:
     """Write ``three_rounds.html`` and ``three_rounds.pdf`` into ``out_dir``; returns both paths."""
     runs = load_runs()
-    svgs = course.render_images(_figures(runs), "svg")
+    svgs = drawing.render_images(_figures(runs), "svg")
     out_dir.mkdir(parents=True, exist_ok=True)
     page, pdf = out_dir / "three_rounds.html", out_dir / "three_rounds.pdf"
     for path in (page, pdf):  # a pipe or a folder at either: refused before anything is written

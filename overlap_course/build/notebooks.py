@@ -34,19 +34,15 @@ from overlap_course.command_line import interruptible
 interruptible(__name__, "notebooks")  # first: Ctrl-C while the imports run is one line
 
 import argparse
-import asyncio
 import base64
-import io
-import logging
-import os
 import re
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 
 from overlap_course.build import setup_cell
+from overlap_course.build.drawing import render_images, shrink_png
 from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import Parser, fail, os_problem, run
 from overlap_course import safe_json
@@ -58,10 +54,6 @@ END = re.compile(r"^\s*### END SOLUTION\s*$")
 STUB = 'raise NotImplementedError("exercise: write this part")'
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
-# Quantized to a 256-colour palette: PNGs a few times smaller, colours kept (the measurements,
-# and why not median-cut or 64 colours: docs/measurements/figures.md).
-STATIC_COLORS = 256
-CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Chrome of its own here
 
 
 def strip_solution(source: str, keep: bool) -> str:
@@ -165,77 +157,6 @@ def widget_figures(nb) -> list[tuple[dict, dict]]:
                     break
                 todo += [child.removeprefix("IPY_MODEL_") for child in widget.get("children", [])]
     return found
-
-
-def _browser() -> str | None:
-    """$BROWSER_PATH, else Debian's Chromium; None lets kaleido search (Chrome, Edge, ... on PATH)."""
-    return os.environ.get("BROWSER_PATH") or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
-
-
-def shrink_png(png: bytes) -> bytes:
-    """kaleido's RGBA PNG as a 256-colour palette PNG (see STATIC_COLORS for the measurement)."""
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    palette = image.quantize(colors=STATIC_COLORS, method=Image.Quantize.MAXCOVERAGE, kmeans=2,
-                             dither=Image.Dither.NONE)
-    out = io.BytesIO()
-    palette.save(out, format="PNG", optimize=True)
-    return out.getvalue()
-
-
-def _browser_failed() -> Exception:
-    """Chromium closed as it started (choreographer says so in a tuple of sentences); a
-    BROWSER_PATH naming another program (``/bin/true``) is bad input, so a ValueError."""
-    chosen = os.environ.get("BROWSER_PATH")
-    where = f"BROWSER_PATH={quoted(chosen, 200)}" if chosen else _browser() or "the browser on PATH"
-    return (ValueError if chosen else RuntimeError)(
-        f"{where} closed as soon as it started: BROWSER_PATH must name a Chrome or Chromium "
-        f"binary, e.g. {CHROMIUM} (bash scripts/install_browser.sh installs it)")
-
-
-async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
-    import kaleido
-    from choreographer.errors import BrowserClosedError, BrowserFailedError
-    from kaleido.errors import ChromeNotFoundError, KaleidoError
-
-    images = []
-    try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
-        async with kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120) as k:
-            for fig in figures:
-                layout = fig.get("layout", {})
-                opts = {"format": fmt, "width": layout.get("width") or size[0],
-                        "height": layout.get("height") or size[1]}
-                images.append(await k.calc_fig(fig, opts=opts))
-    except KaleidoError as err:  # a figure check_figures let through that plotly.js refused
-        raise ValueError(f"plotly.js could not draw figure {len(images) + 1} of {len(figures)} "
-                         f"({str(err)[:200]}); clear that output, or run the notebook again to "
-                         f"store the figure its cell draws") from None
-    except ChromeNotFoundError:
-        raise RuntimeError(f"no Chrome/Chromium to draw the notebooks' static figures (looked at $BROWSER_PATH, "
-                           f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
-                           "set BROWSER_PATH to a Chrome/Chromium binary") from None
-    except (BrowserFailedError, BrowserClosedError):
-        raise _browser_failed() from None
-    return images
-
-
-def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
-    """kaleido's images (``fmt``: png, svg, ...) of Plotly figure dicts, from a thread of its own:
-    callers may already run an event loop (a Jupyter kernel, Playwright's sync API), where
-    asyncio.run refuses."""
-    from overlap_course.figures.config import STATIC_HEIGHT_PX, STATIC_WIDTH_PX  # plotly and the engine: only here
-
-    size = (STATIC_WIDTH_PX, STATIC_HEIGHT_PX)
-    # not choreographer's watchdog warning too (some runs) when the browser dies: one line
-    chatty = logging.getLogger("choreographer")
-    level = chatty.level
-    chatty.setLevel(logging.ERROR)
-    try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, _render_images(figures, fmt, size)).result()
-    finally:
-        chatty.setLevel(level)
 
 
 def add_static_images(nb, widgets: list[tuple[dict, dict]] = (), shown: str = "notebook") -> int:
