@@ -210,7 +210,8 @@ def test_each_paced_device_and_run_has_its_own_time_model():
 
 @pytest.mark.parametrize("forward,error,said", [
     ([float("nan"), 0.1], ValueError, r"PACED_MS\['forward'\]\[0\] must be a finite number"),
-    ([1e7, 0.1], ValueError, r"PACED_MS\['forward'\]\[0\] must be a finite number in \[0.0, 1000.0\]"),
+    ([1e7, 0.1], ValueError, r"PACED_MS\['forward'\]\[0\] must be a finite number in "
+                             r"\[0.0, 1000.0\]"),
     ([9.5, -1.0], ValueError, r"PACED_MS\['forward'\]\[1\] must be a finite number"),
     ([9.5], TypeError, r"PACED_MS\['forward'\] must be \[ms, ms per packed token\]"),
 ])
