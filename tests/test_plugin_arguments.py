@@ -19,10 +19,9 @@ def own_abort(engine, request_id):
 
 @pytest.mark.parametrize("name, words", [
     ("wants_mor", r"a request has no method wants_mor \(did you mean wants_more\?\); its methods "
-                  r"are commit, completion, wants_more"),
+                  r"are commit, wants_more"),
     ("comit", r"did you mean commit\?"),
-    ("nonsense", r"a request has no method nonsense; its methods are commit, completion, "
-                 r"wants_more"),
+    ("nonsense", r"a request has no method nonsense; its methods are commit, wants_more"),
     ("finish_reason", r"finish_reason is a request's data, not a method"),
     ("output_ids", r"output_ids is a request's data, not a method"),
     ("finished", r"finished is a request's data, not a method"),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .constraint import CONSTRAINTS
 from .validate import check_bool, check_choice, check_float, check_int, check_seed
 
-__all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size"]
+__all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size", "plain_config"]
 
 MODES = ("serial", "zos")
 DEVICES = ("auto", "cuda", "cpu", "paced")
@@ -80,6 +80,21 @@ class EngineConfig:
 
     def __delattr__(self, name) -> None:
         raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: cannot delete {name}")
+
+
+def plain_config(config: EngineConfig) -> EngineConfig:
+    """``config``, or for a subclass a plain EngineConfig of the values it stored, checked again: a
+    subclass's own attribute lookup may give other values than the ones its checks passed."""
+    if type(config) is EngineConfig:
+        return config
+    values = {}
+    for f in dataclasses.fields(EngineConfig):
+        try:
+            values[f.name] = object.__getattribute__(config, f.name)
+        except AttributeError:
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__} without "
+                            f"the field {f.name}: build te.EngineConfig(...)") from None
+    return EngineConfig(**values)
 
 
 def check_kv_cache_size(config: EngineConfig, model) -> None:

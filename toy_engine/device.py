@@ -134,6 +134,7 @@ class Device:
     def _wait(self, event, timeout): raise NotImplementedError
     def spans(self, paced: bool = False) -> list[tuple]: raise NotImplementedError
     def close(self) -> None: pass
+    def check_sendable(self, name: str, value) -> None: pass  # refuse a plug-in it could not run
 
     def failure(self) -> str | None:
         """Why this device can no longer be used (closed, dead, link broken), or None."""

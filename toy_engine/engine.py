@@ -13,7 +13,7 @@ import warnings
 
 from . import buffers, kernels, loops
 from .buffers import MetaLayout
-from .config import MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_kv_cache_size
+from .config import MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_kv_cache_size, plain_config
 from .constraint import make_constraint
 from .data import CharTokenizer
 from .device import DeviceError, make_device
@@ -47,6 +47,7 @@ class Engine(RoundStages):
         config = EngineConfig() if config is None else config
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        config = plain_config(config)  # a subclass's checked values, not what its attributes say
         self.config = self._built_with = config  # generate refuses another config
         self.model, self.tokenizer = _own_copy(model, tokenizer)
         self.context_len = self.model.cfg.context_len
@@ -91,13 +92,12 @@ class Engine(RoundStages):
         Bad input raises TypeError/ValueError before anything runs, a second call while one runs
         RuntimeError.  After any exception or Interrupt the run's requests end as ``"abort"`` and the
         engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced."""
-        if self._closed:
-            raise RuntimeError("this engine is closed (engine.close() or the end of its `with` block): "
-                               "create a new Engine")
         self._check_config()
         for name, plugin in dict(on_round=on_round, loop=loop, correction=correction,
                                  process_outputs=process_outputs).items():
             check_callable(name, plugin)
+        if correction is not None:  # refused now, not rounds into the run at its first launch
+            self.device.check_sendable("correction", correction)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs, self._slots())
         # An Interrupt waits while the lock is taken or given back, never between the two.
@@ -106,6 +106,9 @@ class Engine(RoundStages):
                 raise RuntimeError("generate is already running on this engine (called again from a plug-in, or "
                                    "from another thread); wait for it to return, or give each thread its own Engine")
             try:
+                if self._closed:  # under the lock: an argument's own code may have closed it
+                    raise RuntimeError("this engine is closed (engine.close() or the end of its "
+                                       "`with` block): create a new Engine")
                 with held.let_through():
                     self._ensure_ready()
                     self._next_id += len(requests)
@@ -190,6 +193,7 @@ class Engine(RoundStages):
         if not isinstance(now, EngineConfig):
             raise TypeError(f"engine.config must stay the EngineConfig the engine was built with, "
                             f"got {type(now).__name__} {shown(now)}: build a new te.Engine")
+        now = plain_config(now)
         changed = [f.name for f in dataclasses.fields(built)
                    if getattr(now, f.name) != getattr(built, f.name)]
         if changed:
@@ -200,16 +204,23 @@ class Engine(RoundStages):
                              f"a new engine from it (engine.close(); engine = te.Engine(engine."
                              f"config)) or put the values back: engine.config = "
                              f"dataclasses.replace(engine.config, {old})")
+        self.config = built  # the same values: the stages read the config the engine was built from
 
     def _ensure_ready(self) -> None:
-        """Before a run: replace a device that died while idle, finish an interrupted recovery."""
+        """Before a run: replace a device that died while idle, finish an interrupted recovery, take
+        back rows and KV blocks the last run's loop left with requests it took out of the scheduler
+        (kept until now: a check reads what the run lost)."""
         failure = self.device.probe(RECOVER_TIMEOUT_S)
         if failure is not None:
             warnings.warn(f"{failure}; starting a new device process (its cache and state start empty)",
                           RuntimeWarning, stacklevel=3)
             self._restart_device()
-        elif not self._clean:
+        elif not self._clean or self._lost_rows_or_blocks():
             self._recover()
+
+    def _lost_rows_or_blocks(self) -> bool:
+        s, c = self.scheduler, self.config
+        return len(s.free_rows) != c.max_batch_size or len(s.blocks.free_ids) != c.num_kv_blocks
 
     def _recover(self) -> None:
         """After an exception: let the device finish (or give it up), forget the run, be ready."""
@@ -295,7 +306,7 @@ class Engine(RoundStages):
         workload = Workload(len(requests), requests[0].max_new_tokens, requests[0].temperature) if requests else None
         return TimelineMeta(mode=c.mode, device=self.device.name, num_draft_tokens=c.num_draft_tokens,
                             max_batch_size=c.max_batch_size, host_overhead_ms=c.host_overhead_ms, workload=workload,
-                            pacing=getattr(self.device, "pacing", None))
+                            pacing=copy.deepcopy(getattr(self.device, "pacing", None)))  # its own
 
     def _finish_stats(self, wall_s: float) -> None:
         tl, run = self.timeline, self._run

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pick
 
 from .device import Device, DeviceContext, DeviceError
 from .interrupts import hold_sigint
+from .validate import check_float, shown
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
@@ -201,7 +203,7 @@ class ProcessDevice(Device):
     def __init__(self, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                  num_threads: int = 1, pace: dict | None = None):
         super().__init__(race_check)
-        self.pacing = pace  # the time model (PACED_MS) of a paced stand-in, else None
+        self.pacing = pace = checked_pacing(pace)  # its own copy of the time model, else None
         self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
         ctx = mp.get_context(start_method())
         if ctx.get_start_method() == "forkserver":
@@ -236,6 +238,16 @@ class ProcessDevice(Device):
         self.pid = msg[1]
 
     # -- the link: whole messages only -----------------------------------------------
+
+    def check_sendable(self, name: str, value) -> None:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
+            what = value.__qualname__ if isinstance(value, types.FunctionType) else shown(value)
+            raise TypeError(f"{name}={what} cannot be sent to the CPU stand-in's device "
+                            f"process, which receives it by value (cloudpickle): {shown(err)}; "
+                            f"have it use only what can be copied (not an engine, a lock, a file "
+                            f"or a generator)") from None
 
     def failure(self) -> str | None:
         if self._failure is None and self._error is None and self._link["ok"] and not self._proc.is_alive():
@@ -353,3 +365,25 @@ class ProcessDevice(Device):
             self._failure = "the device is closed"
         self._finalizer()
         self.buffers = {}  # the last references to the shared-memory storages (one fd each)
+
+
+MAX_PACED_MS = 1000.0  # per kernel and per token: 100 x a forward's; past it, runs take hours
+
+
+def checked_pacing(pace) -> dict | None:
+    """A copy of a time model shaped as ``ProcessDevice.PACED_MS``, its values checked: a device
+    (and each run's ``meta.pacing``) edited in place changes no other engine; NaN or 1e7 ms would
+    crash or hang the device process."""
+    if pace is None:
+        return None
+    if type(pace) is not dict or "launch" not in pace:
+        raise TypeError(f"ProcessDevice.PACED_MS must be a dict of kernel name -> [ms, ms per "
+                        f"packed token] with a 'launch' entry, got {shown(pace)}")
+    checked = {}
+    for kernel, model in pace.items():
+        where = f"ProcessDevice.PACED_MS[{shown(kernel)}]"
+        if type(kernel) is not str or type(model) not in (list, tuple) or len(model) != 2:
+            raise TypeError(f"{where} must be [ms, ms per packed token], got {shown(model)}")
+        checked[kernel] = [check_float(f"{where}[{i}]", value, 0.0, MAX_PACED_MS, " ms")
+                           for i, value in enumerate(model)]
+    return checked

@@ -42,9 +42,11 @@ class StepState:
 class EngineStalled(RuntimeError):
     """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a deferred
     step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep blocks and rows) or
-    ``"loop_returned_with_work"``.  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
+    ``"loop_returned_with_work"``; ``"no_progress"``: a plug-in's rounds commit nothing (the
+    course's ``per_request``).  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
 
-    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work")
+    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work",
+               "no_progress")
 
     def __init__(self, message: str, *, reason: str, requests=()):
         super().__init__(message)
@@ -85,9 +87,13 @@ class Run:
         self.visible = list(self.requests)
 
     def end(self) -> None:
-        """Drop the plug-ins once the call returns (a closure over the engine here is a cycle)."""
+        """Drop the plug-ins once the call returns (a closure over the engine here is a cycle); a
+        request a loop took out of the scheduler unfinished ends "abort", as its completion says."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
+        for req in self.requests:
+            if not req.finished:
+                req.finish_reason = "abort"
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""

@@ -86,6 +86,7 @@ class Request:
 
 
 MAX_PROMPTS = 100_000  # per call: a queue of requests the toy serves in hours, not a typo's size
+MAX_STOPS = 1_000  # stop strings per call: each is compared after every token of every request
 
 
 def check_prompts(prompts) -> list[str]:
@@ -124,6 +125,9 @@ def check_stop(stop) -> tuple[str, ...]:
         raise TypeError(f"stop must be None, a str or a list/tuple of str, got {type(stop).__name__} {shown(stop)}")
     copied = []
     for s in stop:
+        if len(copied) == MAX_STOPS:  # read one by one: a sequence may never end
+            raise ValueError(f"generate() takes at most {MAX_STOPS:,} stop strings per call, got "
+                             f"more (or a sequence that never ends): pass a list of the strings")
         if not isinstance(s, str):
             raise TypeError(f"stop strings must be str, got {type(s).__name__} {shown(s)}")
         copied.append(str.__str__(s))

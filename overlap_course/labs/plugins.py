@@ -15,13 +15,21 @@ import itertools
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
+from toy_engine.run import EngineStalled
 from toy_engine.sequence import Request
 from toy_engine.validate import check_callable, check_int, shown
 
-#: What ``per_request`` may replace: a request's own methods.  Its fields (``finish_reason``,
-#: ``output_ids``, ...) are data the engine reads; a function there would be taken for a value.
+#: What ``per_request`` may replace: a request's own methods that the run calls.  Its fields
+#: (``finish_reason``, ``output_ids``, ...) are data the engine reads; a function there would be
+#: taken for a value.  ``completion`` is called after the run, to build what ``generate`` returns.
+AFTER_THE_RUN = ("completion",)
 REQUEST_METHODS = tuple(sorted(name for name, value in vars(Request).items()
-                               if inspect.isfunction(value) and not name.startswith("_")))
+                               if inspect.isfunction(value) and not name.startswith("_")
+                               and name not in AFTER_THE_RUN))
+#: Rounds in a row in which no request gained a token or ended before ``per_request`` says the
+#: run is stuck: a right run has at most max_new_tokens rounds in flight (the model has 256
+#: positions), so this is never reached by one, drafts, stop strings or constraint included.
+MAX_ROUNDS_WITHOUT_PROGRESS = 1000
 
 
 def per_request(**methods):
@@ -33,12 +41,31 @@ def per_request(**methods):
         params = list(inspect.signature(getattr(Request, name)).parameters)
         check_takes(f"per_request: {name}", method, ["req", *params[1:]])
 
+    run = dict(requests=None, seen=None, since=0)
+
     def on_round(engine, round):
-        if round == 0:
+        if run["requests"] is not engine.requests:  # a new run (the plug-in may serve several)
+            run.update(requests=engine.requests, seen=None)
             for req in engine.requests:
                 for name, method in methods.items():
                     setattr(req, name, functools.partial(method, req))
+        seen = [(len(r.output_ids), r.finished) for r in engine.requests]
+        if seen != run["seen"]:
+            run.update(seen=seen, since=round)
+        elif round - run["since"] >= MAX_ROUNDS_WITHOUT_PROGRESS:
+            raise _no_progress(methods, round - run["since"], engine.requests)
     return on_round
+
+
+def _no_progress(methods: dict, rounds: int, requests) -> EngineStalled:
+    given = ", ".join(f"{name}={getattr(f, '__name__', type(f).__name__)}"
+                      for name, f in methods.items())
+    unfinished = [r for r in requests if not r.finished]
+    return EngineStalled(
+        f"per_request({given}): {rounds} rounds in a row in which no request gained a token or "
+        f"ended ({len(unfinished)} unfinished), so the run would never end: does your function "
+        f"append each kept token to req.output_ids and set req.finish_reason when the request "
+        f"ends?", reason="no_progress", requests=unfinished)
 
 
 def aborts(abort, at):
@@ -46,11 +73,13 @@ def aborts(abort, at):
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
     check_takes("aborts: abort", abort, ["engine", "request_id"])
     at = _abort_points(at)
-    done, ids = set(), []
+    done, ids, run = set(), [], [None]
 
     def on_round(engine, round):
-        if not ids:
-            ids.extend(r.id for r in engine.requests)
+        if run[0] is not engine.requests:  # a new run (the plug-in may serve several): start over
+            run[0] = engine.requests
+            done.clear()
+            ids[:] = [r.id for r in engine.requests]
         for when, index in at:
             if when == round and (when, index) not in done:
                 done.add((when, index))
@@ -141,6 +170,10 @@ def _check_method_name(name: str) -> None:
     if name in REQUEST_METHODS:
         return
     methods = ", ".join(REQUEST_METHODS)
+    if name in AFTER_THE_RUN:
+        raise TypeError(f"per_request: {name} is not called during the run: the engine calls it "
+                        f"after the run to build what generate returns; the methods a run calls "
+                        f"are {methods}")
     if name in Request.__dataclass_fields__ or isinstance(getattr(Request, name, None), property):
         raise TypeError(f"per_request: {name} is a request's data, not a method, and cannot be "
                         f"replaced; a request's methods are {methods}")
