@@ -16,6 +16,7 @@ short excerpt of an answer (:func:`show`).
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import math
 import numbers
@@ -201,7 +202,7 @@ def returned_real(x) -> float | None:
     infinity; a number whose own ``__float__`` gives no float raises Junk."""
     if isinstance(x, bool):
         return None
-    if isinstance(x, numbers.Real):
+    if isinstance(x, (numbers.Real, decimal.Decimal)):  # a Decimal is a real numbers.Real omits
         try:
             return _convert(float, x)
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)

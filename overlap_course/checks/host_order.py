@@ -45,6 +45,8 @@ class HostLog:
                 self.events.append((label, e.round))
         self.waits = record.of(Wait)
         self.corrections = Counter(e.round for e in record.of(Launch) if e.stage == "correct")
+        self.device_order = [(e.stage, e.round) for e in record.of(Launch)
+                             if e.stage in ("correct", "forward", "sample")]
         self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
         self.prefill = set(timeline.meta.prefill_rounds)
         self.plans = plans
@@ -120,6 +122,26 @@ def common_mistakes(log: HostLog) -> Verdict | None:
                          f"{log.who(r)} was scheduled but never prepared or launched: its requests now count "
                          f"a launched round that will never produce a token. Run every plan that "
                          f"`engine.schedule()` returns")
+    return corrected_launched_round(log)
+
+
+def corrected_launched_round(log: HostLog) -> Verdict | None:
+    """A correction given the inputs of a round whose forward and sample were launched already.
+    Notebook 03: "`engine.correct_on_device(inputs)` | fixes stale lengths on the device; needed
+    before `launch_forward`": the inputs of the round about to be launched."""
+    sampled = set()
+    for i, (stage, r) in enumerate(log.device_order):
+        if stage == "sample":
+            sampled.add(r)
+        if stage != "correct" or r not in sampled:
+            continue
+        after = next((f", just before round {n}'s forward" for s, n in log.device_order[i + 1:]
+                      if s == "forward"), "")
+        return fails("correction",
+                     f"{log.who(r)}: `engine.correct_on_device` was given round {r}'s inputs "
+                     f"after that round's forward and sample had been launched{after}. It fixes "
+                     f"the lengths of the round about to run: call it with this iteration's "
+                     f"`inputs`, right before `engine.launch_forward(inputs)`")
     return None
 
 

@@ -19,6 +19,8 @@ class HostReads(TorchFunctionMode):
 
     HOST = frozenset({"item", "tolist", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__",
                       "__complex__", "__array__"})
+    # print(t), f"{t}", repr(t), str(t): the values are copied to the host to be written out
+    SHOWN = frozenset({"__format__", "__repr__", "__str__"})
     DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
                              "bincount", "masked_scatter"})
 
@@ -33,6 +35,9 @@ class HostReads(TorchFunctionMode):
         to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *kwargs.values()))
         if name in self.HOST or to_host:
             self.host.append(name)
+        elif name in self.SHOWN:
+            self.host.append(f"{name} (printing or formatting a tensor copies its values to "
+                             "the host)")
         elif name in self.DATA_SHAPED:
             self.host.append(f"{name} (its output's shape depends on the values)")
         elif name == "where" and len(args) + len(kwargs) == 1:

@@ -82,13 +82,16 @@ def _spinning(calls: int) -> Verdict:
                  f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
 
 
-def run_loop(loop, second: bool = False, endings: bool = False, **config):
+def run_loop(loop, second: bool = False, endings: bool = False, workload=None, **config):
     """Run a learner's loop on the pool's PROMPTS (``second``: exercise 02's second run, with a
-    stop string; ``endings``: the endings run instead, ENDINGS_PROMPTS): (engine, its HostLog,
-    outputs or None, the exception that stopped it or None)."""
+    stop string; ``endings``: the endings run instead, ENDINGS_PROMPTS; ``workload``: a check's
+    own (prompts, generate's arguments)): (engine, its HostLog, outputs or None, the exception
+    that stopped it or None)."""
     engine = pool.engine(**config)
     prompts, args = (pool.ENDINGS_PROMPTS,
                      pool.ENDINGS_RUN) if endings else (pool.PROMPTS, pool.run_args(second))
+    if workload is not None:
+        prompts, args = workload
     observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):

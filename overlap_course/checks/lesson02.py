@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections import defaultdict
 
+from toy_engine import loops
 from toy_engine.engine import Engine
 from toy_engine.timeline import Timeline
 
@@ -230,15 +232,25 @@ def check_overhead_gap(answer_ms, overhead_ms: float = 5.0) -> Verdict:
 # exercise 02's runs: (second, endings, engine config)
 _SERIAL_RUNS = ((False, False, {}), (True, False, {}), (False, True, {}),
                 (False, True, {"num_draft_tokens": pool.DRAFTS}))
+# One request for more rounds than any run above (48 at most): the notebook's loop runs "while
+# `engine.scheduler.has_work()`", so a loop capped at the rounds of the workload it saw stops here.
+_LONG_RUN = (["Once upon a time"], {"max_new_tokens": 50})
+
+
+@functools.lru_cache(maxsize=1)
+def _long_reference() -> list[list[int]]:
+    outs = pool.engine().generate(_LONG_RUN[0], loop=loops.serial_loop, **_LONG_RUN[1])
+    return [c.token_ids for c in outs]
 
 
 @exercise_check(lambda: pool.start({}, {"num_draft_tokens": pool.DRAFTS}), pool.reference,
-                lambda: pool.reference(second=True), pool.endings_reference)
+                lambda: pool.reference(second=True), pool.endings_reference, _long_reference)
 def check_serial_loop(loop) -> Verdict:
-    """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods.  Four runs: the
+    """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods.  Five runs: the
     main one, where every request ends by length; a second whose requests end at a stop string
     at different rounds (so a loop that counts rounds or tokens fails); the endings run, whose
-    requests end every way (EOS, stop, limit), without drafts and with them."""
+    requests end every way (EOS, stop, limit), without drafts and with them; one request for
+    more rounds than any of those (a loop capped at a number of rounds fails)."""
     runs = []
     for second, endings, config in _SERIAL_RUNS:
         engine, log, outs, err = run_loop(loop, second=second, endings=endings, **config)
@@ -248,6 +260,13 @@ def check_serial_loop(loop) -> Verdict:
         if verdict is not None:
             return verdict
         runs.append(engine.stats.rounds)
+    _, log_long, outs, err = run_loop(loop, workload=_LONG_RUN)
+    verdict = _serial_run_verdict(log_long, outs, err, False, None, _long_reference())
+    if verdict is not None:
+        verdict.message = (f"in a longer run (the prompt {_LONG_RUN[0][0]!r} alone, "
+                           f"{_LONG_RUN[1]['max_new_tokens']} new tokens, one round each): "
+                           f"{verdict.message}")
+        return verdict
     note = ""
     if any(stage == "flush" for stage, _ in log.events):
         note = (" (your loop processes each step with `engine.flush`, so the timeline names that work `flush`, "
@@ -261,9 +280,11 @@ def check_serial_loop(loop) -> Verdict:
                   f"step processed before the next round{note}")
 
 
-def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Verdict | None:
+def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None,
+                        reference=None) -> Verdict | None:
     """What one run of a learner's serial loop got wrong, or None (``second``: the stop-string run;
-    ``drafts``: None, or the endings run's drafts per round)."""
+    ``drafts``: None, or the endings run's drafts per round; ``reference``: another run's
+    tokens)."""
     verdict = loop_verdict(log, err, "serial", serial_order)
     extra = [w for w in log.waits if w.stage != "sample"]
     if verdict is None and extra:
@@ -274,7 +295,8 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None) -> Ver
                         f"tokens are right, but the device sat idle while the host waited and then launched the "
                         f"next stage. The serial loop waits once per round, inside `process_outputs`, on the "
                         f"step's `sample_done`")
-    reference = pool.reference(second=True) if second else pool.reference()
+    if reference is None:
+        reference = pool.reference(second=True) if second else pool.reference()
     if drafts is not None:
         reference = [c.token_ids for c in pool.endings_reference()]
     unfinished = pool.left_unfinished(outs, reference) if verdict is None else None

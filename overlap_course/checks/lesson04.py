@@ -7,6 +7,8 @@ then inside a ZOS engine with drafts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from toy_engine import kernels
@@ -115,15 +117,18 @@ def check_corrected_slots(answer, positions, table, accepted: int, block_size: i
 # whose previous round accepted 1, 0 and 2 drafts.  Block tables are per request.
 _CASE = dict(rows=[0, 2, 5], first=[6, 3, 10], tables=[[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]],
              accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
+# The fourth case's first positions: request 1 starts where request 0 stops (3, 4, 5 | 6, 7, 8).
+_RUN_ON = [3, 6, 9]
 
 
-def _case(block_size: int, pending, copies: int = 1) -> tuple[dict, torch.Tensor]:
+def _case(block_size: int, pending, copies: int = 1, first=None) -> tuple[dict, torch.Tensor]:
     """The worked case's requests with another block size or other ``pending`` flags, as
     ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
     known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
-    in other rows (the case for telling a loop over requests from tensor operations)."""
+    in other rows (the case for telling a loop over requests from tensor operations);
+    ``first``: other first positions."""
     q, B = _CASE["k"] + 1, 3 * copies
-    first = _CASE["first"] * copies
+    first = (first or _CASE["first"]) * copies
     positions = torch.tensor([p for f in first for p in range(f, f + q)])
     tables = torch.tensor(_CASE["tables"] * copies)
     owner = torch.arange(B).repeat_interleave(q)
@@ -273,14 +278,20 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
 def check_correction(correct_seqlens_qk) -> Verdict:
     """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
 
-    Three hand-made cases (the worked case; one request not pending; blocks of 8), then
+    Four hand-made cases (the worked case; one request not pending; blocks of 8; positions
+    that run on from one request to the next, so only ``seqlens_q`` tells where a request
+    starts: the notebook packs tokens "request after request, `seqlens_q` tokens each"), then
     a ZOS engine with 3 drafts per round whose text must equal plain greedy decoding.
     """
     meta, accepted, expected = worked_case()
     cases = [(meta, accepted, 4, expected, "in the worked case")]
-    for block_size, pending, label in ((4, [0, 1, 1], "with request 0 not pending (pending = [0, 1, 1])"),
-                                       (8, [1, 1, 1], "with block_size = 8")):
-        m, a = _case(block_size, pending)
+    for block_size, pending, first, label in (
+            (4, [0, 1, 1], None, "with request 0 not pending (pending = [0, 1, 1])"),
+            (8, [1, 1, 1], None, "with block_size = 8"),
+            (4, [1, 1, 1], _RUN_ON, "with positions that run on from one request to the next "
+                                    "(request 0 at 3, 4, 5, request 1 at 6, 7, 8: a request's "
+                                    "tokens are its `seqlens_q` tokens, not a run of positions)")):
+        m, a = _case(block_size, pending, first=first)
         want = {n: t.clone() for n, t in m.items()}
         kernels.correct_seqlens_qk(want, a, block_size)
         cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
@@ -322,9 +333,19 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if diff:
         return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your "
                                         f"correction: {diff}")
-    return passes(f"the three cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain greedy "
-                  f"decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted per "
-                  f"request-round")
+    return passes(f"the four cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain "
+                  f"greedy decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted "
+                  f"per request-round")
+
+
+def _marked(answer: Mapping, shape: str) -> set | Verdict:
+    """The fields a dict {field: True/False} marks True (iterating it would give every key,
+    the fields marked False too); a dict with any other value is refused."""
+    marks = dict(answer)
+    odd = next((v for v in marks.values() if not isinstance(v, bool)), None)
+    if odd is not None:
+        return fails("shape", f"write {shape}; your dict maps a field to {show(odd)}, not a bool")
+    return {field for field, stale in marks.items() if stale}
 
 
 CORRECTED = {"seqlens_k", "positions", "slot_mapping", "input_ids"}
@@ -340,6 +361,10 @@ def check_metadata_answer(answer) -> Verdict:
     shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
     if isinstance(answer, (str, bytes)):
         return fails("shape", f"write {shape}, not one string ({show(answer)}): a string is read letter by letter")
+    if isinstance(answer, Mapping):  # "Answer with a set of field names": a dict's keys are not it
+        answer = _marked(answer, shape)
+        if isinstance(answer, Verdict):
+            return answer
     names = items(answer, shape)
     if isinstance(names, Verdict):
         return names

@@ -121,3 +121,21 @@ def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
                      "(`engine.scheduler.release_if_done(req)`)")
     return fails("stalled", f"the engine could not go on ({err.reason}: "
                             f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")
+
+
+def short_commit(call, who: str) -> Verdict | None:
+    """A commit handed fewer requests' tokens than the round ran: notebook 05 reads them with
+    "`engine.read_outputs(step)` | the round's sampled tokens from its output slot, as a list"
+    and commits that list whole ("hand the tokens to the round's requests")."""
+    step = call["step"]
+    commit = next((c for c in call["commits"] if c.round == step.plan.round and not c.refused),
+                  None)
+    if commit is None or len(commit.offered) >= len(commit.prompts):
+        return None
+    left = list(commit.prompts[len(commit.offered):])
+    return fails("short_commit",
+                 f"{who}: the token list your process_outputs committed holds tokens for "
+                 f"{len(commit.offered)} of the round's {len(commit.prompts)} requests, so "
+                 f"prompt(s) "
+                 f"{left} got none (and still count the round as unprocessed). Commit the whole "
+                 f"list `engine.read_outputs(step)` returns: `engine.commit_outputs(step, out)`")

@@ -56,6 +56,7 @@ CATEGORIES = frozenset({
     "missed_extra_step", "serial_discards_nothing", "nothing_discarded", "too_many", "wrong_slot",
     "wrong_buffer", "writing_round", "waits_other_event", "read_before_wait", "double_free", "free_in_use",
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
+    "short_commit",
     "left_unfinished",
     "kept_blocks", "calls_itself",
     # 06: real traces
