@@ -63,8 +63,12 @@ def clipped(text, limit: int) -> str:
 
 def quoted(value, limit: int = EXCERPT_CHARS) -> str:
     """``value`` as a message quotes it: its ``repr`` if a str (escapes included), else its
-    ``str``, at most ``limit`` characters of it, then ``...`` and how long it was."""
-    text = value if isinstance(value, str) else str(value)
+    ``str``, at most ``limit`` characters of it, then ``...`` and how long it was.  A value
+    nested too deep for ``str`` (a tuple in a tuple 100,000 times) is named by its type."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except RecursionError:
+        return f"a {type.__dict__['__name__'].__get__(type(value))} nested too deep to show"
     head = text[:limit]
     shown = repr(head) if isinstance(value, str) else printable(head)
     return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"

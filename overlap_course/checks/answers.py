@@ -124,11 +124,17 @@ def length(x) -> int:
 def scalar(x):
     """A 0-d or one-element tensor or NumPy array, or a NumPy scalar, as a Python number;
     anything else unchanged."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
+    if _tensor(x) and x.numel() == 1:
         return read_tensor(x, x.item)
     if type(x).__module__ == "numpy" and getattr(x, "size", None) == 1 and hasattr(x, "item"):
         return read_tensor(x, x.item)
     return x
+
+
+def _tensor(x) -> bool:
+    """A torch tensor by its type: ``isinstance`` believes an object whose ``__class__`` claims
+    to be one, and the check would then call tensor methods it has not got."""
+    return issubclass(type(x), torch.Tensor)
 
 
 def read_tensor(x, read):
@@ -207,7 +213,7 @@ def returned_real(x) -> float | None:
             return _convert(float, x)
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
             return math.inf if x > 0 else -math.inf
-    if isinstance(x, torch.Tensor):  # a nested or sparse tensor's shape can raise: read_tensor
+    if _tensor(x):  # a nested or sparse tensor's shape can raise: read_tensor
         if x.is_nested or read_tensor(x, x.dim) or x.dtype == torch.bool or x.is_complex():
             return None
         return read_tensor(x, x.__float__)
@@ -228,11 +234,11 @@ def returned_whole(x) -> int | None:
 def _as_list(x):
     """A 1-d torch tensor or NumPy array as a plain list (``np.full(3, -1)`` is a natural
     answer); anything else unchanged, and an array of any other shape as None."""
-    if isinstance(x, torch.Tensor) or type(x).__module__ == "numpy" and hasattr(x, "ndim"):
+    if _tensor(x) or type(x).__module__ == "numpy" and hasattr(x, "ndim"):
         if x.ndim != 1:
             return None
-        if len(x) > MAX_ITEMS:
-            raise Junk(f"that is {len(x)} values: this question's answer has a few")
+        if length(x) > MAX_ITEMS:
+            raise Junk(f"that is {length(x)} values: this question's answer has a few")
         return read_tensor(x, x.tolist)
     return x
 
@@ -240,22 +246,29 @@ def _as_list(x):
 def _item(v, rounds: bool = False) -> int | None:
     """One item of a list or set as an int (a whole float counts; with ``rounds``, so does a
     round's owner, ``"StepState(round=3)"``), else None."""
-    if rounds and isinstance(v, str):
+    if rounds and _text(v):
         return round_number(v)
     v = scalar(v)
     return None if isinstance(v, bool) or not isinstance(v, numbers.Real) else whole(v)
 
 
-def _sequence(x, kinds=(list, tuple)) -> list | None:
-    """A list, tuple, range or 1-d tensor/array (or another of ``kinds``) as a list, else None."""
+def sequence(x, kinds=(list, tuple)) -> list | None:
+    """A list, tuple, range or 1-d tensor/array (or another of ``kinds``) as a plain list, else
+    None; Junk for one whose own ``__len__`` or ``__iter__`` gives what no length or iterator is."""
     if isinstance(x, range) and max(abs(x.start), abs(x.stop)) > LIMIT:
         raise _far(x.stop if abs(x.stop) > LIMIT else x.start)
     x = _as_list(x)
-    if not isinstance(x, (range, *kinds)):
+    if not issubclass(type(x), (range, *kinds)):  # by type: see _tensor
         return None
     if length(x) > MAX_ITEMS:
         raise Junk(f"that is {length(x)} values: this question's answer has a few")
-    values = list(itertools.islice(iter(x), MAX_ITEMS + 1))  # a plain list (no second __len__)
+    try:
+        values = iter(x)
+    except TypeError as err:  # iter() refuses an __iter__ that returned no iterator
+        if _learners(err):
+            raise
+        raise _odd(x, "iteration", err) from None
+    values = list(itertools.islice(values, MAX_ITEMS + 1))  # a plain list (no second __len__)
     if len(values) > MAX_ITEMS:
         raise Junk(f"that is more than {MAX_ITEMS} values: this question's answer has a few")
     return values
@@ -264,7 +277,7 @@ def _sequence(x, kinds=(list, tuple)) -> list | None:
 def int_list(x, rounds: bool = False, kinds=(list, tuple)) -> list[int] | None:
     """``x`` as a list of ints (a list, tuple, range or 1-d tensor/array of whole numbers, or
     another of ``kinds``), else None."""
-    values = _sequence(x, kinds)
+    values = sequence(x, kinds)
     if values is None:
         return None
     values = [_item(v, rounds) for v in values]
@@ -273,7 +286,7 @@ def int_list(x, rounds: bool = False, kinds=(list, tuple)) -> list[int] | None:
 
 def flag_list(x) -> list[int] | None:
     """``x`` as a list of 0/1 flags: booleans (Python, NumPy) count as 0 and 1, else :func:`int_list`."""
-    values = _sequence(x)
+    values = sequence(x)
     if values and all(_is_bool(v) for v in values):
         return [int(bool(v)) for v in values]
     return None if values is None else int_list(values)
@@ -326,7 +339,12 @@ def name(x) -> str | None:
     """A name (a stage, buffer, step or call) as every check compares it: lower case, without
     surrounding spaces or quotes; None if ``x`` is not a string.  Read as a plain str: a
     subclass's own ``strip``, ``lower`` or ``__eq__`` never decide the answer."""
-    return str.__str__(x).strip().strip("'\"`").strip().lower() if isinstance(x, str) else None
+    return str.__str__(x).strip().strip("'\"`").strip().lower() if _text(x) else None
+
+
+def _text(x) -> bool:
+    """A str by its type (see :func:`_tensor`)."""
+    return issubclass(type(x), str)
 
 
 _OWNER = re.compile(r"\s*StepState\(\s*round\s*=\s*(-?\d{1,12})\s*\)\s*", re.IGNORECASE)
@@ -334,7 +352,7 @@ _OWNER = re.compile(r"\s*StepState\(\s*round\s*=\s*(-?\d{1,12})\s*\)\s*", re.IGN
 
 def round_number(x) -> int | None:
     """A round: a whole number, or the round's owner as the engine names it, ``"StepState(round=3)"``."""
-    if isinstance(x, str):
+    if _text(x):
         found = _OWNER.fullmatch(str.__str__(x))
         return int(found.group(1)) if found else None
     return whole(x)
@@ -342,7 +360,7 @@ def round_number(x) -> int | None:
 
 def share(x) -> float | None:
     """A share: one number, or a percentage string, ``"79%"``, read as the fraction 0.79."""
-    if not isinstance(x, str):
+    if not _text(x):
         return number(x)
     text = str.__str__(x).strip()
     try:

@@ -24,7 +24,7 @@ from toy_engine.runinfo import RunStats
 from toy_engine.runinfo import TimelineMeta
 from toy_engine.timeline import LANES, Span, Timeline
 
-from .answers import MAX_ITEMS, Junk, read_tensor, scalar, show
+from .answers import MAX_ITEMS, Junk, scalar, sequence, show
 from .verdict import fails, unanswered
 
 BIG = 10**9  # no position, length, block or round of the course comes near it
@@ -90,14 +90,13 @@ def number(low: float, high: float, passes: str) -> Arg:
 
 
 def _wholes(x, low: int, high: int, min_len: int):
-    if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1 and len(x) <= MAX_ITEMS:
-        try:
-            x = read_tensor(x, x.tolist)  # a 1-d tensor or array
-        except Junk:
-            return _BAD
-    if not isinstance(x, (list, tuple, range)) or not min_len <= len(x) <= MAX_ITEMS:
+    try:  # a list, tuple, range or 1-d tensor or array, read as the answers are
+        values = sequence(x)
+    except Junk:  # too long, or its own __len__ or __iter__ gives no length or iterator
         return _BAD
-    values = [_whole(v, low, high) for v in x]
+    if values is None or not min_len <= len(values) <= MAX_ITEMS:
+        return _BAD
+    values = [_whole(v, low, high) for v in values]
     return _BAD if any(v is _BAD for v in values) else values
 
 
@@ -238,6 +237,76 @@ def engine_run(passes: str) -> Arg:
 def run_stats(passes: str, optional: bool = False) -> Arg:
     return Arg(f"{'None or ' * optional}a run's RunStats (engine.stats, after the run) with host "
                f"and device times above 0", lambda x: _stats(x, optional), passes)
+
+
+# ------------------------------------------------------------------ fields of a run's engine
+
+def count(x):
+    """A whole number from 0 to 10**9 (a run's count, limit or number of drafts), or _BAD."""
+    return _whole(x, 0, BIG)
+
+
+def text(x):
+    """A plain str (a mode, a finish reason, a completion's text), or _BAD."""
+    return str.__str__(x) if issubclass(type(x), str) else _BAD
+
+
+def text_or_none(x):
+    return None if x is None else text(x)
+
+
+def size(x):
+    """The length of a list of whole numbers (a completion's token ids), or _BAD."""
+    values = _wholes(x, 0, BIG, 0)
+    return _BAD if values is _BAD else len(values)
+
+
+def present(x):
+    """Any value: the check itself asks what it is (``engine.constraint is not None``)."""
+    return x
+
+
+_GONE = object()
+
+
+def run_fields(engine, *fields: tuple[str, Callable]) -> tuple | str:
+    """The fields a check reads off the engine a notebook cell ran, as plain values: each field
+    is (its path, ``"stats.discarded_outputs"``, or one per item, ``"completions[].text"``; its
+    reader, which returns the value or _BAD).  Or, in words, the first field that is not what a
+    run leaves there, for the check's setup verdict: an earlier cell may have changed any of
+    them (``engine.completions = None``, ``engine.stats.discarded_outputs = nan``)."""
+    out = []
+    for path, read in fields:
+        head, _, tail = path.partition("[].")
+        value = _attributes(engine, head)
+        if not tail:
+            out.append(_BAD if value is _GONE else read(value))
+            if out[-1] is _BAD:
+                return _not_a_run(head, value)
+            continue
+        if type(value) not in (list, tuple) or len(value) > MAX_ITEMS:
+            return _not_a_run(head, value)
+        out.append([])
+        for i, item in enumerate(value):
+            field = _attributes(item, tail)
+            out[-1].append(_BAD if field is _GONE else read(field))
+            if out[-1][-1] is _BAD:
+                return _not_a_run(f"{head}[{i}].{tail}", field)
+    return tuple(out)
+
+
+def _attributes(x, path: str):
+    """``x.a.b`` for the path ``"a.b"``, or _GONE where an attribute is missing."""
+    for name in path.split("."):
+        x = getattr(x, name, _GONE)
+        if x is _GONE:
+            break
+    return x
+
+
+def _not_a_run(path: str, value) -> str:
+    found = "missing" if value is _GONE else show(value)
+    return f"its `engine.{path}` is {found}, not what a run leaves there"
 
 
 def setup_verdict(param: str, value, must: str, passes: str):

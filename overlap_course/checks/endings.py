@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from toy_engine import engine as engine_module
 from toy_engine.record import Commit
 
+from . import sandbox
+
 EOS = "eos"
 STOP = "stop"
 LIMIT_AT_ROUND_END = "limit at a round's end"  # the limit's token was the last the round sampled
@@ -106,11 +108,13 @@ def observe():
         if phase == "end":
             seen.update(ending for _, ending in run_endings(engine))
 
+    sandbox.OWN_HOOKS.append(observer)  # a check's restore of the toy keeps it
     engine_module.RUN_OBSERVERS.append(observer)
     try:
         yield seen
     finally:
         engine_module.RUN_OBSERVERS.remove(observer)
+        sandbox.OWN_HOOKS.remove(observer)
 
 
 def _by(completion, max_new: int) -> str:

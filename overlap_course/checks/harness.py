@@ -3,7 +3,8 @@ hang it, and its verdict is recorded in the learner's progress (``overlap_course
 exactly once.
 
 * :func:`notebook_check` -- an answer that is junk gets its sentence (``answers.Junk``), and no
-  message grows with the answer.
+  message grows with the answer; so does an argument disguised as another class (its
+  ``__class__`` says str or Tensor), which ``isinstance`` would believe.
 * Both -- an answer whose own code raises while the check reads or runs it gets a verdict that
   says so (:func:`learner_raised`).
 * :func:`exercise_check` -- the learner's code runs under the time limit on the shared engines
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import itertools
 import sys
 
 from overlap_course import progress
@@ -36,7 +39,8 @@ def notebook_check(check):
         try:
             with hold_sigint():  # a Ctrl-C as the alarm is set waits till `stop` is known
                 stop = sandbox.start_time_limit(limit, trace=False)
-            verdict = check(*args, **kwargs)
+            verdict = _disguised(check, args, kwargs)  # a Verdict is false when it fails
+            verdict = check(*args, **kwargs) if verdict is None else verdict
         except sandbox.TimeUp as exc:  # no call in here: a TimeUp due fires at a call's entry
             if stop is sandbox.no_limit:
                 raise  # an outer check's limit (none of this check's own)
@@ -73,6 +77,53 @@ def notebook_check(check):
     return progress.recorded(bounded)
 
 
+def _disguised(check, args, kwargs) -> Verdict | None:
+    """The verdict on an argument that passes for another class, or None: an object whose
+    ``__class__`` names another class than its own, given or inside a list, tuple, set or dict.
+    ``isinstance`` believes ``__class__``: a "str" or "tensor" in name only breaks the reading
+    of every check that takes it for one."""
+    try:
+        given = inspect.signature(check).bind(*args, **kwargs).arguments
+    except TypeError:
+        return None  # the check's call raises Python's own message, naming the argument
+    for param, value in given.items():
+        found = _passing_for(value)
+        if found is not None:
+            obj, claimed = found
+            where = f"`{param}` is" if obj is value else f"`{param}` holds"
+            said = (f"says it is a {_NAME(claimed)}" if issubclass(type(claimed), type)
+                    else f"is {answers.show(claimed)}")
+            return fails("junk", f"{where} {answers.show(obj)}, a {answers.type_name(obj)} whose "
+                                 f"`__class__` {said}: a check reads a value by what it is. Give "
+                                 f"a plain value (a number, a string, a list or set of them)")
+    return None
+
+
+_NAME = type.__dict__["__name__"].__get__  # a class's name, whatever its metaclass says
+# The containers a disguised item is looked for in, each read by its own base class's method
+# (a subclass's __iter__ is the learner's code, read by the check itself if at all).
+_CONTAINERS = ((dict, lambda d: itertools.chain.from_iterable(dict.items(d))),
+               (list, list.__iter__), (tuple, tuple.__iter__), (set, set.__iter__),
+               (frozenset, frozenset.__iter__))
+
+
+def _passing_for(value) -> tuple | None:
+    """(the object, the class it claims) of the first disguised object in ``value``, looking at
+    most at MAX_ITEMS items (an endless or self-containing list ends the search there)."""
+    todo, budget = [value], answers.MAX_ITEMS
+    while todo:
+        x = todo.pop()
+        claimed = x.__class__  # a learner's property here raises in their frame: "raised"
+        if claimed is not type(x):
+            return x, claimed
+        read = next((read for kind, read in _CONTAINERS if issubclass(type(x), kind)), None)
+        if read is not None and budget > 0:
+            more = list(itertools.islice(read(x), budget))
+            budget -= len(more)
+            todo.extend(more)
+    return None
+
+
 def exercise_check(*warm):
     """``warm`` runs before the time limit starts (engines started, references computed: the
     checker's own time)."""
@@ -83,7 +134,7 @@ def exercise_check(*warm):
                 return _nested(check.__name__)
             try:  # appended inside: a Ctrl-C right after it must not leave the name behind
                 _RUNNING.append(check.__name__)
-                note = sandbox.restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
+                note = restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
                 for step in warm:
                     step()
                 verdict = _cut(_time_limited(check, args, kwargs))
@@ -91,15 +142,41 @@ def exercise_check(*warm):
                 _RUNNING.clear()  # only this check's name: a nested one returned above
             patched = _PRISTINE.restore()
             if patched:
+                names = ", ".join(f"`{n}`" for n in patched[:4])
                 verdict = fails("edits_engine",
-                                f"your code replaced {', '.join(f'`{n}`' for n in patched[:4])} while the check ran: "
-                                f"the checkers share the toy with every check, so an answer may call its functions "
-                                f"but not replace them (restored now). Try such experiments on an engine of your "
-                                f"own, `Engine(EngineConfig(...))`")
+                                f"your code replaced or changed {names} while the check ran: the "
+                                f"checkers share the toy with every check, so an answer may call "
+                                f"its functions but not replace them (restored now). Try such "
+                                f"experiments on an engine of your own, "
+                                f"`Engine(EngineConfig(...))`")
             verdict.message += note
             return verdict
         return progress.recorded(guarded)
     return wrap
+
+
+def restored_note(changed: list[str], was: dict | None = None) -> str:
+    """The sentence a verdict adds when an earlier cell had patched the toy: what was changed
+    (with the values, where they are plain), and that the check put the original back for good."""
+    if not changed:
+        return ""
+    was = was or {}
+    show = answers.show  # short and safe: the value found is any an earlier cell set
+
+    def shown(n: str) -> str:
+        if n not in was:
+            return f"`{n}`"
+        found, original = was[n]
+        if isinstance(found, tuple):  # a list or dict changed in place
+            return f"`{n}` (it held {len(found)} items, now {len(original)} again)"
+        return f"`{n}` (it was {show(found)}, now {show(original)} again)"
+
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    names = ", ".join(map(shown, changed[:4])) + more
+    return (f" (Note: an earlier cell had replaced {names}; before it ran your code, this check "
+            "put the "
+            f"toy's original back, and it stays back for every later cell. Run that cell again to "
+            f"repeat the experiment.)")
 
 
 def _cut(verdict: Verdict) -> Verdict:

@@ -14,7 +14,7 @@ from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 
 from . import context
-from .answers import MAX_ITEMS, bare_number, int_set, length, name, show
+from .answers import MAX_ITEMS, bare_number, int_set, length, name, sequence, show
 from .harness import notebook_check
 from .verdict import Verdict, fails, passes, unanswered
 
@@ -80,7 +80,7 @@ def _parse_order(order, variable: str) -> list[str] | Verdict:
     if length(order) > 4 * len(_STEPS):
         return fails("shape",
                      f"that order has {length(order)} steps: the question needs four or five")
-    steps = [name(s) if isinstance(s, str) else s for s in order]
+    steps = [name(s) if isinstance(s, str) else s for s in sequence(order)]
     bad = [s for s in steps if s not in _STEPS]
     if bad:
         return fails("shape", f"{show(bad[0])} is not a step: use only {', '.join(repr(s) for s in _STEPS)}")

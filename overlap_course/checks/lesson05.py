@@ -88,12 +88,14 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
                         "a count of discarded outputs is one whole number", whole=True)
     if isinstance(answer, Verdict):
         return answer
-    try:
-        want = int(engine.stats.discarded_outputs)
-        mode, drafts = engine.config.mode, engine.config.num_draft_tokens
-        reasons = [r.finish_reason for r in engine.requests]
-    except (AttributeError, TypeError):
-        return fails("setup", "pass the engine whose run the question is about (and run it first)")
+    run = context.run_fields(engine, ("stats.discarded_outputs", context.count),
+                             ("config.mode", context.text),
+                             ("config.num_draft_tokens", context.count),
+                             ("requests[].finish_reason", context.text_or_none))
+    if isinstance(run, str):
+        return fails("setup", f"pass the engine whose run the question is about (and run it "
+                              f"first): {run}")
+    want, mode, drafts, reasons = run
     early = sum(r in ("stop", "eos", "abort") for r in reasons)
     ended = (f"in this run {early} request(s) ended by a stop string, EOS or abort and "
              f"{reasons.count('length')} by the length limit")

@@ -15,7 +15,7 @@ from toy_engine.run import EngineStalled
 
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
-from . import pool, sandbox
+from . import context, pool, sandbox
 from .answers import int_set, items, returned_whole, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
@@ -295,11 +295,15 @@ def check_overshoot(answer, engine) -> Verdict:
     got = whole(answer)
     if got is None:
         return fails("shape", f"write one whole number of tokens, not {show(answer)}")
-    try:
-        k, limit = engine.config.num_draft_tokens, engine.requests[0].max_new_tokens
-        seen = max(len(c.token_ids) - limit for c in engine.completions)
-    except (AttributeError, IndexError, ValueError):
-        return fails("setup", "pass the speculative engine whose last run used the shipped commit")
+    run = context.run_fields(engine, ("config.num_draft_tokens", context.count),
+                             ("requests[].max_new_tokens", context.count),
+                             ("completions[].token_ids", context.size))
+    if isinstance(run, str) or not (run[1] and run[2]):
+        found = f": {run}" if isinstance(run, str) else " (its last run has no requests)"
+        return fails("setup", f"pass the speculative engine whose last run used the shipped "
+                              f"commit{found}")
+    k, (limit, *_), sizes = run
+    seen = max(n - limit for n in sizes)
     if not k:
         return fails("setup", "this engine has no drafts: pass the speculative one")
     if got == k:

@@ -16,7 +16,7 @@ from toy_engine.races import RaceError
 from toy_engine.record import Commit, Launch
 from toy_engine.run import StepProcessedTwice
 
-from . import pool
+from . import context, pool
 from .answers import items, show, whole
 from .errors import engines, quoted, said
 from .harness import exercise_check, notebook_check
@@ -90,12 +90,14 @@ def check_stale_mask(answer, engine, prompt: int = 0) -> Verdict:
     if got is None:
         return fails("shape", f"write one whole number, a character's index in the text, "
                               f"not {show(answer)}")
-    try:
-        text = engine.completions[prompt].text
-        constrained = engine.constraint is not None
-    except (AttributeError, IndexError, TypeError):
-        return fails("setup", "pass the title-case engine right after its run with the shipped "
-                              "queue")
+    run = context.run_fields(engine, ("completions[].text", context.text),
+                             ("constraint", context.present))
+    if isinstance(run, str) or type(prompt) is not int or not -len(run[0]) <= prompt < len(run[0]):
+        found = (f": {run}" if isinstance(run, str)
+                 else f" (its last run has no prompt {show(prompt)})")
+        return fails("setup", f"pass the title-case engine right after its run with the shipped "
+                              f"queue{found}")
+    text, constrained = run[0][prompt], run[1] is not None
     want = first_stray_capital(text)
     if not constrained or want is None:
         return fails("setup", "this engine's last run kept title case: pass the title-case "
