@@ -102,11 +102,11 @@ def test_only_a_report_signed_with_the_runs_secret_is_read(tmp_path):
     report = tmp_path / "report.json"
     body = '{"passed": true, "message": "ok"}'
     report.write_text(f"{judge_process.sign('secret', body)}\n{body}")
-    assert judge._read_report(report, "secret", "check", 0, b"")["passed"] is True
-    assert judge._read_report(report, "other", "check", 0, b"")["passed"] is False
-    assert judge._read_report(report, "secret", "check", 1, b"")["passed"] is False
+    assert judge._read_report(report, "secret", "check", 0, "")["passed"] is True
+    assert judge._read_report(report, "other", "check", 0, "")["passed"] is False
+    assert judge._read_report(report, "secret", "check", 1, "")["passed"] is False
     report.write_text(body)
-    assert judge._read_report(report, "secret", "check", 0, b"")["passed"] is False
+    assert judge._read_report(report, "secret", "check", 0, "")["passed"] is False
 
 
 # A value answer whose cell leaves modules in the folder above the course (ROOT), where the

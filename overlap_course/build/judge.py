@@ -29,7 +29,9 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   system's folders and the judge's own folder (a file the unguarded kernel left in ``/tmp``);
   to write, rename or remove anything under the course, the toy and the folders of Python's
   modules, start-up hooks and interpreter (a venv's ``bin/python`` link too); and to import
-  ``readline``, whose history files read and write any file with no audit event;
+  ``readline``, whose history files read and write any file with no audit event; and to open
+  a folder outside its own, or a relative path that climbs out of its folder (a ``dir_fd``
+  call reads it from a folder the ``open`` event does not report);
 * each judge gets a secret made for its run on stdin (with its request and the report's random
   path; none of them is in argv, the environment or a file) and signs its report with it; a
   report that is not signed, or a process that exits before the judge's own verdict, scores 0;
@@ -51,7 +53,13 @@ sees), walk frames, dig the run's secret out of the judge's memory and sign a fo
 and, without Landlock, write files through ``ctypes`` or a process of its own (the audit hook is
 not inherited; the re-hash after the judge catches such writes to the course's and the toy's
 sources and bytecode, unless the process leaves the judge's process group on purpose and writes
-later) -- all of it in the submission, for the instructor to read.  And the kernel runs as the
+later) -- all of it in the submission, for the instructor to read.  A right answer the judge runs
+differently from the kernel: a helper module submitted next to the notebook is not in the judge's
+folder (only one the cells write there; the kernel's folder may hold what it wrote unguarded),
+and ``Out[N]`` counts only the cells the judge runs (graded cells are left out).  Exercise 04's
+run on valueless tensors catches code that reads values, skips that run or works differently
+there, not code that fakes a correction of its own when ``is_meta`` (it is in the submission,
+for the instructor to read).  And the kernel runs as the
 grader's user, before any judge: it can rewrite torch or the standard library, which are not
 hashed (too large to hash per process), so grade where submissions cannot write the course
 folder or the environment (a container, as otter-grader recommends).
@@ -66,6 +74,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -237,22 +246,31 @@ def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
                "LANG": "C.UTF-8"}
         cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode]
-        judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 start_new_session=True)
-        try:
-            _, err = judge.communicate(ask.encode("utf-8"), timeout=JUDGE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {"passed": False, "message": f"the judge stopped your code after "
-                                                f"{JUDGE_TIMEOUT_S} s without a verdict"}
-        finally:
-            _end_group(judge)
+        with tempfile.TemporaryFile() as err:  # not kept in memory: a judge may write GBs
+            judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=err,
+                                     start_new_session=True)
+            try:
+                judge.communicate(ask.encode("utf-8"), timeout=JUDGE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return {"passed": False, "message": f"the judge stopped your code after "
+                                                    f"{JUDGE_TIMEOUT_S} s without a verdict"}
+            finally:
+                _end_group(judge)
+            last = _last_line(err)
         changed = _changed_files(pristine)
         if changed:
             return {"passed": False, "message": (
                 f"not graded: the judge's process changed {len(changed)} installed file(s) "
                 f"the grader trusts ({', '.join(changed[:3])}): reinstall the course")}
-        return _read_report(answer, secret, mode, judge.returncode, err)
+        return _read_report(answer, secret, mode, judge.returncode, last)
+
+
+def _last_line(err) -> str:
+    """The last line the judge wrote to its stderr (its error), read from the file's end."""
+    err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
+    lines = err.read().decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else "no message"
 
 
 def _end_group(process: subprocess.Popen) -> None:
@@ -264,13 +282,21 @@ def _end_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _read_report(path: Path, secret: str, mode: str, code: int, err: bytes) -> dict:
+def _read_report(path: Path, secret: str, mode: str, code: int, last: str) -> dict:
     """The report: its signature on one line, then its JSON (signed, so that code that reads
-    the written report learns no secret it could sign a forgery with)."""
+    the written report learns no secret it could sign a forgery with).  Opened without blocking
+    and without following a link, and read only if it is a plain file: the judge's folder is
+    the submission's too, and a FIFO put at the report's name (round nine) blocked the grader
+    for ever in ``open``."""
     try:
-        if path.stat().st_size > _MAX_REPORT_BYTES:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a plain file")
+            data = f.read(_MAX_REPORT_BYTES + 1)
+        if len(data) > _MAX_REPORT_BYTES:
             raise ValueError("too large")
-        signature, _, body = path.read_text(encoding="utf-8").partition("\n")
+        signature, _, body = data.decode("utf-8").partition("\n")
         if not hmac.compare_digest(signature, sign(secret, body)):
             raise ValueError("not signed by the judge")
         report = json.loads(body)
@@ -278,9 +304,8 @@ def _read_report(path: Path, secret: str, mode: str, code: int, err: bytes) -> d
         report = None
     if isinstance(report, dict) and code == 0 and _well_formed(report, mode):
         return report
-    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
     return {"passed": False, "message": f"the judge ended (exit {code}) without a verdict: "
-                                        f"{tail[0][:300]}"}
+                                        f"{last}"}
 
 
 _MAX_REPORT_BYTES = 4_000_000

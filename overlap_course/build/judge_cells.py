@@ -1,10 +1,16 @@
 """How a judge process runs the submission's cells: in order, in one namespace, as the
-learner's kernel ran them, IPython's own syntax included (a magic that only times or shows its
-cell runs it as plain code)."""
+learner's kernel ran them -- IPython's own syntax (a magic that only times, shows or sets its
+cell runs as plain code), its history (``_``, ``__``, ``___``, ``_N``, ``Out``, ``In``) and
+top-level ``await`` included: round nine's right answers written with them scored 0."""
 
 from __future__ import annotations
 
+import ast
 import builtins
+import inspect
+import io
+import os
+import tokenize
 
 __all__ = ["run_cells"]
 
@@ -12,34 +18,100 @@ __all__ = ["run_cells"]
 def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
     """The submission's cells in order, as its kernel ran them: a cell that raises is noted
     and the next one runs (nbgrader runs notebooks with errors allowed)."""
-    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
+    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None,
+             "In": [""], "Out": {}, "_": "", "__": "", "___": ""}
     space["get_ipython"] = lambda: _Magics(space)
+    history = _History(space)
     notes = []
     for number, source in enumerate(cells, 1):
+        if not source.strip():
+            continue  # nbclient does not run an empty cell: no execution count
+        history.inputs(source)
         try:
-            exec(_compiled(source, f"<submission cell {number}>"), space)  # noqa: S102
+            shown = _run(source, f"<submission cell {number}>", space)
         except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
             notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
+            continue
+        if shown is not None and not _quiet(source):
+            history.output(shown)
     return space, notes
 
 
-def _compiled(source: str, name: str):
+class _History:
+    """IPython's input and output history in the cells' namespace: ``In``, ``_i``, ``_ii``,
+    ``_iii``, ``_iN``; and its display hook's ``Out``, ``_N``, ``_``, ``__``, ``___`` (these
+    three left alone once the cells assign one of them themselves, as IPython does)."""
+
+    def __init__(self, space: dict):
+        self.space, self.count, self.In, self.Out = space, 0, space["In"], space["Out"]
+        self.unders, self.lines = ["", "", ""], ["", "", "", ""]
+
+    def inputs(self, source: str) -> None:
+        self.count += 1
+        self.In.append(source)
+        self.lines = [source, *self.lines[:3]]
+        self.space.update(zip(("_i", "_ii", "_iii"), self.lines[1:]))
+        self.space[f"_i{self.count}"] = source
+
+    def output(self, value) -> None:
+        names = ("_", "__", "___")
+        mine = all(self.space.get(n, u) is u for n, u in zip(names, self.unders))
+        self.unders = [value, *self.unders[:2]]
+        if mine:
+            self.space.update(zip(names, self.unders))
+        self.space[f"_{self.count}"] = self.Out[self.count] = value
+
+
+def _run(source: str, name: str, space: dict):
+    """Runs a cell; the value of its last line if that is an expression (what the kernel
+    shows), else None."""
+    tree = _parsed(source)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    _execute(ast.Module(tree.body, type_ignores=[]), name, "exec", space)
+    return None if last is None else _execute(ast.Expression(last.value), name, "eval", space)
+
+
+def _execute(tree, name: str, mode: str, space: dict):
+    code = compile(tree, name, mode, flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    result = eval(code, space)  # noqa: S307 - the submission's cell, in the judge's fence
+    if code.co_flags & inspect.CO_COROUTINE:  # a top-level await, as ipykernel runs it
+        import asyncio
+        result = asyncio.run(result)
+    return result
+
+
+def _parsed(source: str) -> ast.Module:
     """A cell as its kernel reads it: plain Python, or IPython's syntax (``%%time``, ``%matplotlib
     inline``) turned into calls of ``get_ipython()`` (:class:`_Magics`), so that a right answer
     under a magic is judged, not refused as a syntax error (round seven: 0 points)."""
     try:
-        return compile(source, name, "exec")
+        return ast.parse(source)
     except SyntaxError:
         from IPython.core.inputtransformer2 import TransformerManager
-        return compile(TransformerManager().transform_cell(source), name, "exec")
+        return ast.parse(TransformerManager().transform_cell(source))
+
+
+def _quiet(source: str) -> bool:
+    """Whether the cell ends with ``;``, which keeps IPython from showing (and keeping) its
+    last value."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE,
+                                    tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT)]
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return bool(tokens) and tokens[-1].string == ";"
 
 
 class _Magics:
-    """The judge's ``get_ipython()``: magics that only time or show run their cell as plain
-    code; any other (``!pip``, ``%run``, ``%%writefile``) is an error that names it."""
+    """The judge's ``get_ipython()``: magics that only time, show or set how things are shown
+    run their cell as plain code or do nothing, ``%env`` sets ``os.environ``; any other
+    (``!pip``, ``%run``, ``%%writefile``) is an error that names it."""
 
-    CELL, LINE = {"time", "timeit", "capture", "prun"}, {"matplotlib", "load_ext", "autoreload",
-                                                          "config", "time", "timeit"}
+    CELL = {"time", "timeit", "capture", "prun"}
+    LINE = {"matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport",
+            "config", "time", "timeit", "xmode", "precision", "pprint", "colors", "pdb",
+            "automagic", "who", "whos", "env", "set_env"}
 
     def __init__(self, space: dict):
         self._space = space
@@ -47,15 +119,30 @@ class _Magics:
     def run_cell_magic(self, magic: str, line: str, cell: str):
         if magic not in self.CELL:
             raise NameError(f"the judge does not run the cell magic %%{magic}: remove it")
-        exec(_compiled(cell, f"<%%{magic} cell>"), self._space)  # noqa: S102
+        exec(compile(_parsed(cell), f"<%%{magic} cell>", "exec"), self._space)  # noqa: S102
 
     def run_line_magic(self, magic: str, line: str, *args):
         if magic not in self.LINE:
             raise NameError(f"the judge does not run the magic %{magic}: remove it")
         if magic in ("time", "timeit"):
-            exec(_compiled(line, f"<%{magic} line>"), self._space)  # noqa: S102
+            exec(compile(_parsed(line), f"<%{magic} line>", "exec"), self._space)  # noqa: S102
+        if magic in ("env", "set_env"):
+            return _env(line.strip())
+        return None
 
     def system(self, command: str, *args):
         raise NameError(f"the judge does not run shell commands (!{command[:40]}): remove it")
 
     getoutput = system
+
+
+def _env(line: str):
+    """IPython's ``%env``: all variables, one (``%env NAME``) or one set (``%env NAME=value``,
+    ``%env NAME value``)."""
+    if not line:
+        return dict(os.environ)
+    name, split, value = line.partition("=" if "=" in line else " ")
+    if not split:
+        return os.environ[name]
+    os.environ[name.strip()] = value.strip()
+    return None

@@ -56,6 +56,9 @@ def judge_main(argv: list[str]) -> None:
     landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
                       [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
     sys.addaudithook(_guard(request["private"], trusted, readable, watch))
+    # a module the cells write next to themselves, found as the kernel finds it (there its folder
+    # comes first; here last, so that no file of the submission shadows an installed module)
+    sys.path.append(os.getcwd())
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
         write(_read_values(request["cells"], names))
@@ -121,12 +124,20 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     folders (the submission's cells cannot exec the solution's cell from disk) and anything
     outside ``readable``, and writing the protected folders -- or opening one of them, or a
     folder above one, as a directory whose descriptor would reach them by a relative path --
-    so that no judge process can rewrite what the next one imports."""
-    folders = [Path(f) for f in private]
+    so that no judge process can rewrite what the next one imports.  A relative path is read
+    from the current folder, but a call with ``dir_fd`` reads it from that descriptor's folder,
+    which the ``open`` event does not report (round nine read any file from ``/proc``'s:
+    ``self/cwd/../..``): so no folder outside the judge's own is opened, and no relative path
+    climbs above the folder it starts from."""
+    folders, home = [Path(f) for f in private], Path(os.getcwd()).resolve()
 
     def resolved(path) -> Path | None:
         if not isinstance(path, (str, bytes, os.PathLike)):
             return None  # a file descriptor: opening it was audited
+        if _climbs(os.fsdecode(path)):
+            raise PermissionError(f"the judge does not let a submission use a relative path "
+                                  f"that leaves its folder ({os.fsdecode(path)[:80]}): give "
+                                  f"the path from /")
         return Path(os.path.realpath(os.fsdecode(path)))
 
     def refuse_write(path) -> None:
@@ -156,13 +167,23 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
         mode, flags = args[1], args[2]
         if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS:
             refuse_write(args[0])
-        if path.is_dir() and any(f.is_relative_to(path) or path.is_relative_to(f)
-                                 for f in protected):
+        if path.is_dir() and (not path.is_relative_to(home) or any(
+                f.is_relative_to(path) or path.is_relative_to(f) for f in protected)):
             raise PermissionError(f"the judge does not let a submission open the folder {path}")
         if (path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders)
                 or not any(path.is_relative_to(f) for f in readable)):
             raise PermissionError(f"the judge does not let a submission read {path}")
     return hook
+
+
+def _climbs(name: str) -> bool:
+    """Whether a relative path leaves the folder it starts from (``a/../../b``)."""
+    depth = 0
+    for part in ([] if os.path.isabs(name) else name.split(os.sep)):
+        depth += -1 if part == ".." else part not in ("", ".")
+        if depth < 0:
+            return True
+    return False
 
 
 def _reporter(path: str, secret: str):

@@ -90,15 +90,25 @@ def decode(node):
 def code_answer(name: str, value, foreign):
     """The function a code answer runs, or why the judge cannot judge it: a ``def`` as it is;
     under decorators that keep it (``functools.wraps``, ``cache``, ``lru_cache``) the function
-    itself; a ``functools.partial`` of one, remade from its arguments read as plain values.
-    ``foreign(code)``: whether the code is the submission's."""
-    args, keywords, unwrapped, found = (), {}, False, type(value).__name__
+    itself; a ``functools.partial`` of one, remade from its arguments read as plain values; a
+    method (``Loops().run``, a classmethod) or an object whose ``__call__`` the submission
+    defines, bound to the submission's own object.  ``foreign(code)``: whether the code is the
+    submission's."""
+    args, keywords, unwrapped, found, bound = (), {}, False, type(value).__name__, _NOTHING
     for _ in range(_MAX_UNWRAP):
+        call = inspect.getattr_static(type(value), "__call__", None)  # what calling it runs
         if type(value) is functools.partial:
             args, keywords = value.args + args, {**value.keywords, **keywords}
             value, unwrapped = value.func, True
         elif type(value) is types.FunctionType or value is None:
             break
+        elif bound is _NOTHING and (type(value) is types.MethodType
+                                    or type(call) is types.FunctionType):
+            found, unwrapped = type(value).__name__, True
+            bound, value = ((value.__self__, value.__func__) if type(value) is types.MethodType
+                            else (value, call))
+            if type(value) is not types.FunctionType:
+                break  # a method of a partial or of a wrapper: not judged
         else:  # read as it is stored: no property or __getattr__ of the submission's runs
             found = type(value).__name__
             value, unwrapped = inspect.getattr_static(value, "__wrapped__", None), True
@@ -106,11 +116,17 @@ def code_answer(name: str, value, foreign):
         if value is not None:
             found = (type(value).__name__ if type(value) is not types.FunctionType
                      else f"library function ({value.__module__}.{value.__qualname__})")
-        return (f"`{name}` must be a function your cells define with `def` (alone, in a "
-                f"functools.partial, or under @functools.cache), not a {found}")
+        return (f"`{name}` must be a function your cells define (with `def`, alone, in a "
+                f"functools.partial, under @functools.cache, or a method of a class they "
+                f"define), not a {found}")
     try:
         args, keywords = decode(encode(args)), decode(encode(keywords))
     except Exception as err:  # noqa: BLE001 - an argument's own code (its __iter__) raised
         return (f"`{name}` is a functools.partial whose arguments are not plain values ({err}): "
                 f"write a `def` that calls your function with them")
+    if bound is not _NOTHING:
+        value = types.MethodType(value, bound)
     return functools.partial(value, *args, **keywords) if args or keywords else value
+
+
+_NOTHING = object()  # no object bound to the function

@@ -77,15 +77,21 @@ def _bool_index(index) -> bool:
 ON_META_TENSORS = frozenset({"check_correction"})
 
 
-def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> str | None:
-    """What ``fn`` raised when run on copies of its tensors that hold no values (torch's meta
-    device, where the tensors it makes go too), or None.  Every read of a value on the host
-    fails there, whatever the code switched off on the way: ``torch._C.DisableTorchFunction``
-    hides a read from :class:`HostReads`, not from this (a hostile round's wrong answer scored
-    full marks that way)."""
+def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
+                      counted_ops: int) -> str | None:
+    """Why ``fn`` failed on copies of its tensors that hold no values (torch's meta device, where
+    the tensors it makes go too), or None.  Every read of a value on the host fails there,
+    whatever the code switched off on the way: ``torch._C.DisableTorchFunction`` hides a read
+    from :class:`HostReads`, not from this (a hostile round's wrong answer scored full marks
+    that way).  Code that does its work only where values exist (``if accepted.is_meta:
+    return``, round nine) changes none of the tensors there, or makes far fewer or more tensor
+    operations than the ``counted_ops`` of its run with values."""
+    copies = {name: t.to("meta") for name, t in meta.items()}
+    given = dict(copies)
+    versions = {name: t._version for name, t in given.items()}  # an in-place change bumps it
     try:
-        with torch.device("meta"):
-            fn({name: t.to("meta") for name, t in meta.items()}, accepted.to("meta"), block_size)
+        with torch.device("meta"), HostReads() as seen:
+            fn(copies, accepted.to("meta"), block_size)
     except Exception as err:  # noqa: BLE001 - the learner's code failed without values
         try:
             said = str.__str__(str(err))
@@ -94,4 +100,9 @@ def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int) -
         except BaseException:  # noqa: BLE001 - a message that cannot be read
             said = "(its message could not be read)"
         return f"{type(err).__name__}: {said[:160]}"
+    if all(copies.get(n) is t and t._version == versions[n] for n, t in given.items()):
+        return "it changed none of the tensors in `meta`, which it corrects when they hold values"
+    if seen.ops * 2 < counted_ops or seen.ops > 2 * counted_ops + 2:
+        return (f"it made {seen.ops} tensor operations there and {counted_ops} on tensors "
+                f"with values: it does its work differently when the values exist")
     return None

@@ -177,7 +177,7 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
                      f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
-    failed = valueless_failure(fn, *_case(4, [1, 1, 1]), 4)
+    failed = valueless_failure(fn, *_case(4, [1, 1, 1]), 4, counts[0])
     if failed is not None:
         return fails("host_read",
                      f"your correction computes the right values, but it needs them on the host: "
