@@ -45,9 +45,16 @@ import sys
 import time
 from pathlib import Path
 
+# Every import the build needs, here under interruptible's Ctrl-C: torch (under figures)
+# swallows a KeyboardInterrupt raised while it first imports numpy, so none may import later.
 import nbformat
+import plotly
+import plotly.io as pio
+from PIL import Image
 
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
+from overlap_course.figures.config import plotly_config
+from overlap_course.figures.payoff import payoff_figure, published_text
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,10 +78,6 @@ WIDGET_NOTE = ("<div class='admonition note'><p class='admonition-title'>Live wi
 
 def live_html(fig: dict, div_id: str) -> str:
     """A figure as a div and its ``Plotly.newPlot`` call, drawn by the page's plotly.js."""
-    import plotly.io as pio
-
-    from overlap_course.figures.config import plotly_config
-
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, validate=False, div_id=div_id,
                        config=plotly_config(responsive=True))
 
@@ -125,8 +128,6 @@ def figure_html(live: str, png: str, alt: str) -> str:
 
 def drawn_figures() -> dict[str, dict]:
     """The figures of the pages that are not notebooks, by page (``site/<page>.md``)."""
-    from overlap_course.figures.payoff import payoff_figure
-
     return {"overlap_pays": payoff_figure().to_dict()}
 
 
@@ -138,8 +139,6 @@ def figure_digest(fig: dict) -> str:
 
 def stored_image(page: str, fig: dict) -> Path:
     """The PNG stored for a drawn page's figure; missing, or drawn from another figure: a ValueError."""
-    from PIL import Image
-
     png = SITE / "figures" / f"{page}.png"
     redraw = "redraw it with `python site/build.py --draw` (needs Chromium)"
     if not png.is_file():
@@ -154,7 +153,7 @@ def draw_stored_images() -> list[Path]:
     a 256-colour palette), with the figure's digest in a text chunk."""
     import io
 
-    from PIL import Image, PngImagePlugin
+    from PIL import PngImagePlugin
 
     from overlap_course.build.drawing import render_images, shrink_png
 
@@ -173,8 +172,6 @@ def draw_stored_images() -> list[Path]:
 def draw_pages(src: Path) -> None:
     """Write each drawn page's figure (live, with its stored PNG) and, for overlap_pays, the
     published numbers into ``src/_generated/``, where the pages include them."""
-    from overlap_course.figures.payoff import published_text
-
     out = src / "_generated"
     out.mkdir()
     for page, fig in drawn_figures().items():
@@ -248,8 +245,6 @@ def stage(out: Path) -> Path:
                     ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build", "figures"))
     for name in DOC_PAGES:
         shutil.copy(ROOT / "docs" / name, src / name)
-    import plotly
-
     static = src / "_static"
     static.mkdir(exist_ok=True)
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from overlap_course.command_line import (Parser, emit, fail, finite_number, interrupted,
-                                         os_problem, out_file, whole_number)
+from overlap_course.command_line import (Parser, emit, fail, finite_number, importing,
+                                         interrupted, os_problem, out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted
 
 from .idle import summary
@@ -115,8 +115,9 @@ class _Subcommand(Parser):
 
 
 def _export_options(e: Parser) -> None:
-    from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
-    from toy_engine.model import GPTConfig
+    with importing(PROG):  # the engine, and torch, imported first here
+        from toy_engine.config import DEVICES, MAX_HOST_OVERHEAD_MS
+        from toy_engine.model import GPTConfig
 
     e.add_argument("out", help="output file (.json or .json.gz); recording both modes writes "
                                "OUT_serial and OUT_zos")
