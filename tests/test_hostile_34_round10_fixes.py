@@ -1,0 +1,80 @@
+"""Issue 34, round ten: three of the fifteen new cases, fixed (the others: the closing note).
+The engine's side of exercise 03(b)'s order printed as an enum; a ``staticmethod`` answer
+passed in the kernel and scored 0 in the judge, named "member_descriptor"; a Chromium stuck
+printing the handout ended in a ``TimeoutExpired`` traceback."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+
+import pytest
+
+from overlap_course import checks
+from overlap_course.build import handout, judge_values
+
+RIGHT_ORDER = [("forward", 1), ("sample", 1), ("forward", 2), ("postprocess", 1), ("sample", 2),
+               ("forward", 3), ("postprocess", 2), ("sample", 3), ("flush", 3)]
+
+
+@pytest.mark.parametrize("order", [
+    RIGHT_ORDER[:-1] + [("postprocess", 3)],
+    [("forward", 1), ("sample", 1), ("forward", 2), ("sample", 2), ("postprocess", 1),
+     ("forward", 3), ("sample", 3), ("postprocess", 2), ("flush", 3)],
+    [("forward", 1), ("sample", 1), ("forward", 2), ("flush", 1), ("sample", 2),
+     ("forward", 3), ("flush", 2), ("sample", 3), ("flush", 3)],
+], ids=["postprocess-for-flush", "sample-first", "flush-mid-run"])
+def test_three_rounds_quotes_the_engines_step_as_the_notebook_does(order):
+    verdict = checks.check_three_rounds(order)
+    assert not verdict.passed
+    assert "<Stage." not in verdict.message and "the engine did ('" in verdict.message, \
+        verdict.message
+
+
+def _mine(code_owner):
+    return lambda code: code is code_owner.__code__
+
+
+def test_a_staticmethod_answer_is_judged_as_its_function():
+    def loop(engine):
+        return engine
+
+    judged = judge_values.code_answer("serial_loop", staticmethod(loop), _mine(loop))
+    assert judged is loop
+
+
+def test_an_object_whose_call_is_a_staticmethod_is_judged_as_that_function():
+    def loop(engine):
+        return engine
+
+    class Runner:
+        __call__ = staticmethod(loop)
+
+    judged = judge_values.code_answer("serial_loop", Runner(), _mine(loop))
+    assert judged is loop
+
+
+def test_a_library_staticmethod_is_still_refused_naming_what_it_wraps():
+    judged = judge_values.code_answer("serial_loop", staticmethod(textwrap.dedent),
+                                      lambda code: False)
+    assert isinstance(judged, str) and "member_descriptor" not in judged, judged
+    assert "textwrap.dedent" in judged, judged
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the stand-in browser is a shell script")
+def test_a_chromium_stuck_printing_the_handout_is_one_line(tmp_path, monkeypatch):
+    stuck = tmp_path / "chromium"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n", encoding="utf-8")
+    stuck.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(stuck))
+    monkeypatch.setattr(handout, "PRINT_TIMEOUT_S", 1)
+    page = tmp_path / "three_rounds.html"
+    page.write_text("<p>x</p>", encoding="utf-8")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as err:
+        handout.print_pdf(page, tmp_path / "three_rounds.pdf")
+    assert time.monotonic() - start < 30
+    message = str(err.value)
+    assert "\n" not in message and "did not print three_rounds.html within 1 s" in message
+    assert not (tmp_path / "three_rounds.pdf").exists()
