@@ -1,7 +1,8 @@
-"""Issue 34, round ten: three of the fifteen new cases, fixed (the others: the closing note).
+"""Issue 34, round ten: four of the fifteen new cases, fixed (the others: the closing note).
 The engine's side of exercise 03(b)'s order printed as an enum; a ``staticmethod`` answer
 passed in the kernel and scored 0 in the judge, named "member_descriptor"; a Chromium stuck
-printing the handout ended in a ``TimeoutExpired`` traceback."""
+printing the handout ended in a ``TimeoutExpired`` traceback; the progress service opened
+``--db /dev/null`` and SQLite wrote ``/dev/null-journal``."""
 
 from __future__ import annotations
 
@@ -78,3 +79,26 @@ def test_a_chromium_stuck_printing_the_handout_is_one_line(tmp_path, monkeypatch
     message = str(err.value)
     assert "\n" not in message and "did not print three_rounds.html within 1 s" in message
     assert not (tmp_path / "three_rounds.pdf").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null") or os.name != "posix",
+                    reason="needs /dev/null (POSIX)")
+@pytest.mark.parametrize("link", [False, True], ids=["device", "link-to-device"])
+def test_the_progress_store_refuses_a_device_before_sqlite_writes_beside_it(tmp_path, link):
+    """Before: SQLite opened /dev/null, wrote /dev/null-journal and the refusal blamed the folder."""
+    from overlap_course.progress_store import open_store
+
+    path = "/dev/null"
+    if link:
+        os.symlink(path, tmp_path / "room.sqlite")
+        path = str(tmp_path / "room.sqlite")
+    journal = "/dev/null-journal"
+    existed = os.path.exists(journal)
+    try:
+        with pytest.raises(ValueError) as err:
+            open_store(path)
+        assert "a pipe or a device, not a file" in str(err.value), err.value
+        assert existed or not os.path.exists(journal), "SQLite wrote a journal beside /dev/null"
+    finally:
+        if not existed and os.path.exists(journal):
+            os.remove(journal)
