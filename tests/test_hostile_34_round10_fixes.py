@@ -1,8 +1,9 @@
-"""Issue 34, round ten: four of the fifteen new cases, fixed (the others: the closing note).
+"""Issue 34, round ten: five of the fifteen new cases, fixed (the others: the closing note).
 The engine's side of exercise 03(b)'s order printed as an enum; a ``staticmethod`` answer
 passed in the kernel and scored 0 in the judge, named "member_descriptor"; a Chromium stuck
 printing the handout ended in a ``TimeoutExpired`` traceback; the progress service opened
-``--db /dev/null`` and SQLite wrote ``/dev/null-journal``."""
+``--db /dev/null`` and SQLite wrote ``/dev/null-journal``; a pacing entry for
+``setup_state`` killed the device process at start, naming nothing."""
 
 from __future__ import annotations
 
@@ -102,3 +103,14 @@ def test_the_progress_store_refuses_a_device_before_sqlite_writes_beside_it(tmp_
     finally:
         if not existed and os.path.exists(journal):
             os.remove(journal)
+
+
+@pytest.mark.parametrize("kernel", ["setup_state", "Forward", "draft"])
+def test_a_pacing_entry_for_a_kernel_the_model_cannot_price_is_refused_when_built(kernel):
+    """Before: ``setup_state`` was accepted, then the device process died at start on a
+    ``KeyError: 'inputs'`` (the round's packed tokens do not exist yet), naming nothing."""
+    from toy_engine.process_device import ProcessDevice, checked_pacing
+
+    with pytest.raises(ValueError, match=rf"PACED_MS\['{kernel}'\]: only launch, upload_inputs"):
+        checked_pacing(dict(ProcessDevice.PACED_MS, **{kernel: [1.0, 0.0]}))
+    assert checked_pacing(dict(ProcessDevice.PACED_MS)) == ProcessDevice.PACED_MS
