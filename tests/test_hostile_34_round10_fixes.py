@@ -1,9 +1,10 @@
-"""Issue 34, round ten: five of the fifteen new cases, fixed (the others: the closing note).
+"""Issue 34, round ten: six of the fifteen new cases, fixed (the others: the closing note).
 The engine's side of exercise 03(b)'s order printed as an enum; a ``staticmethod`` answer
 passed in the kernel and scored 0 in the judge, named "member_descriptor"; a Chromium stuck
 printing the handout ended in a ``TimeoutExpired`` traceback; the progress service opened
 ``--db /dev/null`` and SQLite wrote ``/dev/null-journal``; a pacing entry for
-``setup_state`` killed the device process at start, naming nothing."""
+``setup_state`` killed the device process at start, naming nothing; a ``wants_more`` that forgot
+its ``return`` stopped the run blaming the loop."""
 
 from __future__ import annotations
 
@@ -114,3 +115,24 @@ def test_a_pacing_entry_for_a_kernel_the_model_cannot_price_is_refused_when_buil
     with pytest.raises(ValueError, match=rf"PACED_MS\['{kernel}'\]: only launch, upload_inputs"):
         checked_pacing(dict(ProcessDevice.PACED_MS, **{kernel: [1.0, 0.0]}))
     assert checked_pacing(dict(ProcessDevice.PACED_MS)) == ProcessDevice.PACED_MS
+
+
+def test_a_wants_more_that_forgot_its_return_is_named_and_the_engine_stays_usable():
+    """Before: the run stopped with "the loop stopped with work left ... keep scheduling rounds",
+    blaming a loop the learner never wrote."""
+    from overlap_course.labs import plugins
+    from toy_engine.config import EngineConfig
+    from toy_engine.engine import Engine
+
+    def wants_more(req):
+        not req.finished and len(req.output_ids) + req.num_inflight < req.max_new_tokens
+
+    with Engine(EngineConfig(device="cpu", mode="zos")) as engine:
+        with pytest.raises(TypeError, match=r"per_request\(wants_more=wants_more\) returned "
+                                            r"None for prompt 0: it must return True or False"):
+            engine.generate(["Once upon a time", "The"], 6,
+                            on_round=plugins.per_request(wants_more=wants_more))
+        assert not engine.scheduler.has_work()
+        assert all(r.finish_reason == "abort" for r in engine.requests)
+        again = engine.generate(["The"], 4)
+        assert again[0].finish_reason == "length" and len(again[0].token_ids) == 4

@@ -48,13 +48,30 @@ def per_request(**methods):
             run.update(requests=engine.requests, seen=None)
             for req in engine.requests:
                 for name, method in methods.items():
-                    setattr(req, name, functools.partial(method, req))
+                    setattr(req, name, _answer_checked(name, method, req))
         seen = [(len(r.output_ids), r.finished) for r in engine.requests]
         if seen != run["seen"]:
             run.update(seen=seen, since=round)
         elif round - run["since"] >= MAX_ROUNDS_WITHOUT_PROGRESS:
             raise _no_progress(methods, round - run["since"], engine.requests)
     return on_round
+
+
+def _answer_checked(name: str, method, req):
+    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False: a function
+    that forgot its ``return`` answered None, and the run stopped blaming the loop."""
+    bound = functools.partial(method, req)
+    if name != "wants_more":
+        return bound
+
+    def wants_more():
+        answer = bound()
+        if type(answer) is not bool:
+            raise TypeError(f"per_request(wants_more={getattr(method, '__name__', 'f')}) "
+                            f"returned {shown(answer)} for prompt {req.index}: it must "
+                            f"return True or False (no `return` gives None)")
+        return answer
+    return wants_more
 
 
 def _no_progress(methods: dict, rounds: int, requests) -> EngineStalled:
