@@ -1,10 +1,10 @@
-"""Issue 34, round ten: six of the fifteen new cases, fixed (the others: the closing note).
+"""Issue 34, round ten: seven of the fifteen new cases, fixed (the others: the closing note).
 The engine's side of exercise 03(b)'s order printed as an enum; a ``staticmethod`` answer
 passed in the kernel and scored 0 in the judge, named "member_descriptor"; a Chromium stuck
 printing the handout ended in a ``TimeoutExpired`` traceback; the progress service opened
 ``--db /dev/null`` and SQLite wrote ``/dev/null-journal``; a pacing entry for
 ``setup_state`` killed the device process at start, naming nothing; a ``wants_more`` that forgot
-its ``return`` stopped the run blaming the loop."""
+its ``return`` stopped the run blaming the loop; a lab's engine, once closed, came back closed."""
 
 from __future__ import annotations
 
@@ -136,3 +136,19 @@ def test_a_wants_more_that_forgot_its_return_is_named_and_the_engine_stays_usabl
         assert all(r.finish_reason == "abort" for r in engine.requests)
         again = engine.generate(["The"], 4)
         assert again[0].finish_reason == "length" and len(again[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("hand_out", ["ring_engine", "title_ring_engine"])
+def test_a_labs_engine_closed_by_the_learner_is_handed_out_new(hand_out):
+    """Before: cached, the closed engine came back on every call (notebook 07's cell re-run
+    included) and refused every run until the kernel restarted."""
+    from overlap_course.labs import plugins, plugins_2026
+
+    get = getattr(plugins if hand_out == "ring_engine" else plugins_2026, hand_out)
+    first = get()
+    assert get() is first
+    with first:
+        pass
+    again = get()
+    assert again is not first and not again.closed and get() is again
+    assert again.generate(["The"], 3)[0].finish_reason == "length"

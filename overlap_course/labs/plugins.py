@@ -154,13 +154,25 @@ def ring(slots: int):
         engine_module.NUM_SLOTS = before
 
 
-@functools.lru_cache(maxsize=1)
 def ring_engine() -> Engine:
     """A ZOS engine (batches of 3, race checker on) built with MAX_SLOTS host slots, so that a run
-    may use any ring up to that; closed when Python exits."""
-    with ring(MAX_SLOTS):
-        engine = Engine(EngineConfig(mode="zos", max_batch_size=3))
-    atexit.register(engine.close)
+    may use any ring up to that; the same one on every call until it is closed (a ``with``
+    block, ``close()``), then a new one; closed when Python exits."""
+    return learners_engine("ring", EngineConfig(mode="zos", max_batch_size=3))
+
+
+_LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
+
+
+def learners_engine(name: str, config: EngineConfig) -> Engine:
+    """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
+    host slots; a closed one is replaced (it would refuse every run, and no plain engine has
+    the ring's slots)."""
+    engine = _LEARNERS.get(name)
+    if engine is None or engine.closed:
+        with ring(MAX_SLOTS):
+            engine = _LEARNERS[name] = Engine(config)
+        atexit.register(engine.close)
     return engine
 
 
