@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 import sys
 import time
 
@@ -130,6 +131,14 @@ def open_store(path: str, recover: bool = True) -> Store:
     if path.endswith(("/", os.sep)) or os.path.isdir(path):  # SQLite makes "newdir/" a file
         raise ValueError(f"--db {_named(path)} names a folder: name a file in it, e.g. "
                          f"--db {_named(os.path.join(path, 'course-progress.sqlite'))}")
+    try:  # followed through links: SQLite opens what a link names
+        mode = os.stat(path).st_mode
+    except OSError:  # missing (SQLite makes it) or not ours to look at (SQLite says why)
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # /dev/null: SQLite wrote /dev/null-journal
+        raise ValueError(f"--db {_named(path)} is a pipe or a device, not a file: SQLite would "
+                         f"write its journal beside it and keep nothing; pass a file's path, "
+                         f"e.g. --db course-progress.sqlite")
     try:
         return Store(path)
     except sqlite3.OperationalError as err:

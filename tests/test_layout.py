@@ -20,7 +20,7 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # config subclass read by its stored values, the paced time model copied and checked per device,
 # a correction refused when unpicklable, stop strings capped, rows a loop kept taken back); no
 # budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 2947, 400, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 2956, 400, 40
 COURSE_FILE_MAX_LINES = 400
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

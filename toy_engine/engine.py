@@ -131,6 +131,11 @@ class Engine(RoundStages):
                 self.scheduler.waiting.remove(req)
             self.scheduler.release_if_done(req)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` ran: a closed engine refuses runs (a lab hands out a new one)."""
+        return self._closed
+
     def close(self) -> None:
         """Stop the device process, its pipe and shared memory (as dropping the engine does)."""
         with hold_sigint():

@@ -368,6 +368,8 @@ class ProcessDevice(Device):
 
 
 MAX_PACED_MS = 1000.0  # per kernel and per token: 100 x a forward's; past it, runs take hours
+# What the time model can price: setup_state runs before a round's packed tokens exist.
+PACEABLE = ("launch", "upload_inputs", "correct", "forward", "sample")
 
 
 def checked_pacing(pace) -> dict | None:
@@ -384,6 +386,8 @@ def checked_pacing(pace) -> dict | None:
         where = f"ProcessDevice.PACED_MS[{shown(kernel)}]"
         if type(kernel) is not str or type(model) not in (list, tuple) or len(model) != 2:
             raise TypeError(f"{where} must be [ms, ms per packed token], got {shown(model)}")
+        if kernel not in PACEABLE:
+            raise ValueError(f"{where}: only {', '.join(PACEABLE)} can be paced; remove it")
         checked[kernel] = [check_float(f"{where}[{i}]", value, 0.0, MAX_PACED_MS, " ms")
                            for i, value in enumerate(model)]
     return checked

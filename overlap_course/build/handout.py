@@ -253,6 +253,10 @@ def page_html(runs: dict[str, Timeline], svgs: list[bytes]) -> str:
 """)
 
 
+#: How long headless Chromium may take to print the page; one that takes longer is stuck.
+PRINT_TIMEOUT_S = 120
+
+
 def print_pdf(page: Path, pdf: Path) -> None:
     """Print ``page`` to ``pdf`` with headless Chromium; the page's ``@page`` rule sets the paper."""
     browser = drawing._browser()
@@ -262,11 +266,17 @@ def print_pdf(page: Path, pdf: Path) -> None:
     # the browser would wait forever on a pipe at the PDF's name: a regular file there, or none
     refuse_unwritable(pdf, quoted(str(pdf), PATH_CHARS))
     with tempfile.TemporaryDirectory() as profile:  # a throwaway profile: nothing kept, nothing shared
-        result = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--no-pdf-header-footer", f"--print-to-pdf={pdf}", page.as_uri()],
-            capture_output=True, text=True, timeout=120)
+        try:
+            result = subprocess.run(
+                [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--no-pdf-header-footer", f"--print-to-pdf={pdf}",
+                 page.as_uri()],
+                capture_output=True, text=True, timeout=PRINT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # killed by run(); a stuck browser is one line
+            raise RuntimeError(f"Chromium ({browser}) did not print {page.name} within "
+                               f"{PRINT_TIMEOUT_S} s: check that BROWSER_PATH names a working "
+                               f"Chrome or Chromium, or print the HTML from a browser") from None
     if result.returncode != 0 or not pdf.is_file():
         raise RuntimeError(f"Chromium could not print {page} (exit {result.returncode}):\n{result.stderr[-2000:]}")
 

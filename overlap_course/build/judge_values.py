@@ -92,7 +92,7 @@ def code_answer(name: str, value, foreign):
     under decorators that keep it (``functools.wraps``, ``cache``, ``lru_cache``) the function
     itself; a ``functools.partial`` of one, remade from its arguments read as plain values; a
     method (``Loops().run``, a classmethod) or an object whose ``__call__`` the submission
-    defines, bound to the submission's own object.  ``foreign(code)``: whether the code is the
+    defines, bound to the submission's own object; a ``staticmethod`` object, its function.  ``foreign(code)``: whether the code is the
     submission's."""
     args, keywords, unwrapped, found, bound = (), {}, False, type(value).__name__, _NOTHING
     for _ in range(_MAX_UNWRAP):
@@ -102,6 +102,10 @@ def code_answer(name: str, value, foreign):
             value, unwrapped = value.func, True
         elif type(value) is types.FunctionType or value is None:
             break
+        elif type(value) is staticmethod:  # callable since Python 3.10: its function runs
+            found, value, unwrapped = "staticmethod", value.__func__, True
+        elif bound is _NOTHING and type(call) is staticmethod:  # __call__ = staticmethod(f)
+            found, value, unwrapped = type(value).__name__, call.__func__, True
         elif bound is _NOTHING and (type(value) is types.MethodType
                                     or type(call) is types.FunctionType):
             found, unwrapped = type(value).__name__, True

@@ -48,13 +48,30 @@ def per_request(**methods):
             run.update(requests=engine.requests, seen=None)
             for req in engine.requests:
                 for name, method in methods.items():
-                    setattr(req, name, functools.partial(method, req))
+                    setattr(req, name, _answer_checked(name, method, req))
         seen = [(len(r.output_ids), r.finished) for r in engine.requests]
         if seen != run["seen"]:
             run.update(seen=seen, since=round)
         elif round - run["since"] >= MAX_ROUNDS_WITHOUT_PROGRESS:
             raise _no_progress(methods, round - run["since"], engine.requests)
     return on_round
+
+
+def _answer_checked(name: str, method, req):
+    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False: a function
+    that forgot its ``return`` answered None, and the run stopped blaming the loop."""
+    bound = functools.partial(method, req)
+    if name != "wants_more":
+        return bound
+
+    def wants_more():
+        answer = bound()
+        if type(answer) is not bool:
+            raise TypeError(f"per_request(wants_more={getattr(method, '__name__', 'f')}) "
+                            f"returned {shown(answer)} for prompt {req.index}: it must "
+                            f"return True or False (no `return` gives None)")
+        return answer
+    return wants_more
 
 
 def _no_progress(methods: dict, rounds: int, requests) -> EngineStalled:
@@ -137,13 +154,25 @@ def ring(slots: int):
         engine_module.NUM_SLOTS = before
 
 
-@functools.lru_cache(maxsize=1)
 def ring_engine() -> Engine:
     """A ZOS engine (batches of 3, race checker on) built with MAX_SLOTS host slots, so that a run
-    may use any ring up to that; closed when Python exits."""
-    with ring(MAX_SLOTS):
-        engine = Engine(EngineConfig(mode="zos", max_batch_size=3))
-    atexit.register(engine.close)
+    may use any ring up to that; the same one on every call until it is closed (a ``with``
+    block, ``close()``), then a new one; closed when Python exits."""
+    return learners_engine("ring", EngineConfig(mode="zos", max_batch_size=3))
+
+
+_LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
+
+
+def learners_engine(name: str, config: EngineConfig) -> Engine:
+    """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
+    host slots; a closed one is replaced (it would refuse every run, and no plain engine has
+    the ring's slots)."""
+    engine = _LEARNERS.get(name)
+    if engine is None or engine.closed:
+        with ring(MAX_SLOTS):
+            engine = _LEARNERS[name] = Engine(config)
+        atexit.register(engine.close)
     return engine
 
 

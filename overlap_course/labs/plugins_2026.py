@@ -11,16 +11,14 @@ one decision handed to the learner (the engine's own stages do the rest).
 
 from __future__ import annotations
 
-import atexit
-import functools
 import numbers
 import operator
 
-from toy_engine.config import MAX_SLOTS, EngineConfig
+from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.validate import check_int, shown
 
-from .plugins import check_takes, deep_loop, ring
+from .plugins import check_takes, deep_loop, learners_engine
 
 
 class BadAnswer(ValueError):
@@ -112,11 +110,9 @@ def _prepare_keyed(engine, plan, key):
             req.row = row
 
 
-@functools.lru_cache(maxsize=1)
 def title_ring_engine() -> Engine:
     """A ZOS engine with the title-case constraint (batches of 3, race checker on), built with
-    MAX_SLOTS host slots so that a deeper queue can run on it; closed when Python exits."""
-    with ring(MAX_SLOTS):
-        engine = Engine(EngineConfig(mode="zos", max_batch_size=3, constraint="title_case"))
-    atexit.register(engine.close)
-    return engine
+    MAX_SLOTS host slots so that a deeper queue can run on it; a new one once it is closed
+    (:func:`plugins.learners_engine`)."""
+    return learners_engine("title_ring", EngineConfig(mode="zos", max_batch_size=3,
+                                                      constraint="title_case"))
