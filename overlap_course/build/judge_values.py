@@ -10,7 +10,10 @@ import inspect
 import itertools
 import numbers
 import operator
+import os
+import sysconfig
 import types
+from collections.abc import Mapping
 
 from overlap_course.checks.answers import MAX_ITEMS
 
@@ -19,13 +22,19 @@ _TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str
 _MAX_ITEMS = 10_000
 _MAX_DEPTH = 20
 _MAX_UNWRAP = 20  # partials and decorators around a code answer
+# Where a library's code lives (an `__eq__` found there is not the learner's), read at import,
+# before any line of the submission runs
+_LIBRARY = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                 for k in ("stdlib", "platstdlib", "purelib", "platlib"))
 
 
 def encode(value, depth: int = 0, budget: list | None = None):
     """``value`` as the checker reads it: a ``str`` subclass (numpy's ``str_``) by its text, an
-    integer (numpy's ``int64``) by ``operator.index``, a real number by ``float``, a container
-    (a namedtuple, a dict's keys, an array) by its first ``MAX_ITEMS + 1`` items, as the
-    checker's ``answers.items`` reads them (one more: the checker's own verdict on a longer one).
+    integer (numpy's ``int64``, a 0-d array) by ``operator.index``, a real number by ``float``,
+    any ``Mapping`` (a ``MappingProxyType``, ``UserDict``, ``ChainMap``) as a dict of its items,
+    as the checker's ``dict(answer)`` reads its marks, a container (a namedtuple, a dict's keys,
+    an array, a pandas Series) by its first ``MAX_ITEMS + 1`` items, as the checker's
+    ``answers.items`` reads them (one more: the checker's own verdict on a longer one).
     """
     budget = [0] if budget is None else budget
     budget[0] += 1
@@ -49,28 +58,43 @@ def _plain(value) -> tuple[str, object]:
     kind = type(value)
     if kind in (type(None), bool, int, float, str):
         return _TAGS[kind], value
-    if type(inspect.getattr_static(value, "__eq__", None)) is types.FunctionType:
+    if _learners_eq(value):
         raise ValueError(f"a {kind.__name__} has an `__eq__` of its own: write it with sets, "
                          f"lists, tuples, dicts, strings and numbers")
     if isinstance(value, str):
         return "str", str.__str__(value)
     if isinstance(value, (bytes, bytearray)):
         raise ValueError(f"a {kind.__name__} is not a plain Python value: write a str")
+    refused = f"a {kind.__name__} is not a plain Python value"
     try:
         if isinstance(value, numbers.Integral) or hasattr(kind, "__index__"):
             return "int", operator.index(value)
         if isinstance(value, numbers.Real):
             return "float", float(value)
-    except TypeError as err:  # numpy's bool_ has an __index__ that refuses
-        raise ValueError(f"a {kind.__name__} is not a plain number ({err})") from None
+    except TypeError as err:  # numpy's bool_ refuses its __index__ (refused below), and so
+        # does an array of one or more dimensions: read below by its items, as the checker does
+        refused = f"a {kind.__name__} is not a plain number ({err})"
     if isinstance(value, dict):
         return "dict", list(itertools.islice(dict.items(value), MAX_ITEMS + 1))
+    if isinstance(value, Mapping):  # the checker's dict(answer) reads its keys, then each item
+        keys = list(itertools.islice(iter(value.keys()), MAX_ITEMS + 1))
+        return "dict", [(key, value[key]) for key in keys]
     base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)), list)
     try:
         return _TAGS[base], list(itertools.islice(iter(value), MAX_ITEMS + 1))
     except TypeError:
-        raise ValueError(f"a {kind.__name__} is not a plain Python value: write it with sets, "
-                         f"lists, tuples, dicts, strings and numbers") from None
+        raise ValueError(f"{refused}: write it with sets, lists, tuples, dicts, strings and "
+                         f"numbers") from None
+
+
+def _learners_eq(value) -> bool:
+    """Whether ``value``'s ``__eq__`` is Python code outside the standard library and the
+    installed packages: the learner's (pandas' or ``collections.abc.Mapping``'s is not)."""
+    equals = inspect.getattr_static(value, "__eq__", None)
+    if type(equals) is not types.FunctionType:
+        return False
+    where = equals.__code__.co_filename
+    return not (where.startswith("<frozen ") or os.path.realpath(where).startswith(_LIBRARY))
 
 
 def decode(node):
