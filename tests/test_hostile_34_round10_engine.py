@@ -11,6 +11,9 @@ import multiprocessing as mp
 
 import pytest
 
+import toy_engine as te
+from overlap_course import checks
+from overlap_course.checks import pool, sandbox
 from toy_engine import process_device
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
@@ -62,3 +65,83 @@ def test_a_device_process_that_cannot_start_is_reported_as_it_was(monkeypatch):
     with pytest.raises(OSError, match="no room") as caught:  # not an AttributeError from close()
         Engine(EngineConfig(device="cpu"))
     assert caught.value.__context__ is None, repr(caught.value.__context__)
+
+
+def _zos_loop(sample_first=False, correct_twice=False, change=None):
+    """Exercise 03's loop, or one of two wrong ones (the run fails on the device and the engine
+    starts a new device process); ``change(engine)`` first, as a wrong answer's experiment."""
+    def zos_loop(engine):
+        if change is not None:
+            change(engine)
+        previous = None
+        while engine.scheduler.has_work():
+            plan = engine.schedule()
+            if plan is None:
+                previous = engine.flush(previous)
+                continue
+            inputs = engine.prepare_inputs(plan)
+            if previous is not None:
+                for _ in range(1 + correct_twice):
+                    engine.correct_on_device(inputs)
+            if sample_first:
+                step = engine.launch_sample(inputs)
+            engine.launch_forward(inputs)
+            if previous is not None:
+                engine.process_outputs(previous)
+                previous = None
+            if not sample_first:
+                step = engine.launch_sample(inputs)
+            if plan.is_prefill:
+                engine.process_outputs(step)
+            else:
+                previous = step
+    return zos_loop
+
+
+def _serial_sample_first(engine):
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        step = engine.launch_sample(inputs)
+        engine.launch_forward(inputs)
+        engine.process_outputs(step)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("check, wrong, right, category", [
+    ("check_serial_loop", _serial_sample_first, te.loops.serial_loop, "sample_before_forward"),
+    ("check_zos_loop", _zos_loop(sample_first=True), _zos_loop(), "sample_before_forward"),
+    ("check_zos_loop", _zos_loop(correct_twice=True), _zos_loop(), "launched_twice"),
+], ids=["02-sample-first", "03-sample-first", "03-correct-twice"])
+def test_a_right_loop_after_a_wrong_one_that_failed_the_device_carries_no_note(
+        check, wrong, right, category, monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 60.0)
+    wrong_verdict = getattr(checks, check)(wrong)
+    assert wrong_verdict.category == category, wrong_verdict.message
+    verdict = getattr(checks, check)(right)
+    assert verdict.passed, verdict.message
+    assert "earlier cell" not in verdict.message, verdict.message
+
+
+@pytest.mark.timeout(240)
+def test_a_change_beside_a_failed_device_is_still_named(monkeypatch):
+    """The engine's new device is no change of the learner's; the tokenizer's EOS id is."""
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 60.0)
+    wrong = _zos_loop(sample_first=True, change=lambda e: setattr(e.tokenizer, "eos_id", 5))
+    assert not checks.check_zos_loop(wrong).passed
+    verdict = checks.check_zos_loop(_zos_loop())
+    assert verdict.passed, verdict.message
+    assert "earlier cell had replaced `engine.tokenizer.eos_id" in verdict.message, \
+        verdict.message
+
+
+@pytest.mark.timeout(240)
+def test_a_host_buffer_a_cell_replaced_is_still_named(monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_S", 60.0)
+    assert checks.check_zos_loop(_zos_loop()).passed
+    buffers = pool.engine().device.buffers
+    name = next(iter(buffers))
+    buffers[name] = buffers[name].clone()  # the device process never sees this one
+    verdict = checks.check_zos_loop(_zos_loop())
+    assert verdict.passed, verdict.message
+    assert "earlier cell had replaced `engine.device.buffers[0]" in verdict.message, \
+        verdict.message
