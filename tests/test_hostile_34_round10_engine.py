@@ -6,8 +6,12 @@ mistakes its own checker names."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
+import json
 import multiprocessing as mp
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,8 @@ from toy_engine import process_device
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.process_device import ProcessDevice
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _device_processes() -> list:
@@ -145,3 +151,37 @@ def test_a_host_buffer_a_cell_replaced_is_still_named(monkeypatch):
     assert verdict.passed, verdict.message
     assert "earlier cell had replaced `engine.device.buffers[0]" in verdict.message, \
         verdict.message
+
+
+def _committed_twice(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    engine.commit_outputs(step, out)
+    for req in engine.commit_outputs(step, out):
+        if req.finished and req.num_inflight == 0:
+            engine.scheduler.free(req)
+
+
+def _calls_the_engines(engine, step):
+    engine.process_outputs(step)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("notebook", ["exercises", "solutions"])
+@pytest.mark.parametrize("answer, said", [
+    (_committed_twice, "not yet: StepProcessedTwice - round 0's step was already processed"),
+    (_calls_the_engines, "not yet: your process_outputs calls engine.process_outputs"),
+], ids=["committed-twice", "calls-itself"])
+def test_exercise_05_see_it_work_names_what_its_checker_names(notebook, answer, said):
+    """The cell caught only RaceError and EngineStalled: these ended in a traceback."""
+    nb = json.loads((ROOT / notebook / "05_lifetime.ipynb").read_text(encoding="utf-8"))
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    setup = next(c for c in cells if "PROMPTS = [" in c)
+    see_it_work = next(c for c in cells if "process_outputs=process_outputs" in c)
+    names: dict = {}
+    exec(setup, names)  # noqa: S102 - the notebook's own cells
+    names["process_outputs"] = answer
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        exec(see_it_work, names)  # noqa: S102
+    assert shown.getvalue().startswith(said), shown.getvalue()
