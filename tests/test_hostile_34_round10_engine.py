@@ -46,7 +46,8 @@ def _interrupt_at(monkeypatch, where: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("where", ["pickling the model", "waiting for ready", "the engine's timeline"])
+@pytest.mark.parametrize("where",
+                         ["pickling the model", "waiting for ready", "the engine's timeline"])
 def test_an_engine_start_cut_short_by_ctrl_c_ends_its_device_process(monkeypatch, where):
     before = _device_processes()
     _interrupt_at(monkeypatch, where)
