@@ -65,12 +65,16 @@ class Engine(RoundStages):
         self._closed = False
         self._clean = True  # False from a run's start until it ended or was recovered
         self.record = RunRecord()  # what the current (or last) run did: launches, waits, commits, frees
-        self._start_device()
-        self.timeline = Timeline(meta=self._meta(()))
         self.stats: RunStats | None = None  # the last run's, also in its timeline's meta
         self.completions: list[Completion] = []
         self._run = Run(num_slots=self.num_slots)
         self._next_id = 0
+        self._start_device()
+        try:  # cut short (Ctrl-C), the device ends now: a traceback kept in Jupyter would keep it
+            self.timeline = Timeline(meta=self._meta(()))
+        except BaseException:
+            self.device.close()
+            raise
 
     @property
     def requests(self) -> list[Request]:
@@ -249,17 +253,17 @@ class Engine(RoundStages):
         c = self.config
         device = make_device(c.device, self.model, c.num_kv_blocks, c.block_size, self.buffer_specs,
                              c.race_check, c.device_threads)
-        try:
+        try:  # a failed or interrupted start ends the device it started
             device.launch(kernels.setup_state, self.layout, c.max_batch_size, c.num_draft_tokens,
                           self.ngram, round=0, stage=Stage.SETUP)
             device.synchronize()
             device.spans()  # start-up work is not part of any run
+            device.run_record = self.record  # restarted mid-run, it records into the run's record
+            self.device = device
+            self.scheduler = self._new_scheduler()
         except BaseException:
             device.close()
             raise
-        device.run_record = self.record  # a device restarted during a run keeps recording into the run's record
-        self.device = device
-        self.scheduler = self._new_scheduler()
 
     def _restart_device(self) -> None:
         self.device.close()

@@ -174,7 +174,7 @@ def _shutdown(proc, conn, link: dict) -> None:
         proc._popen.close()
 
 
-def _start(proc) -> None:
+def _start(proc, child) -> None:
     """``proc.start()``; a folder for the forkserver's socket too long for the system named."""
     try:
         proc.start()
@@ -184,6 +184,7 @@ def _start(proc) -> None:
         raise OSError(f"cannot start the device process: the folder for its socket, "
                       f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for the "
                       f"system; set TMPDIR to a short one such as /tmp") from None
+    child.close()  # the pipe's other end: the device process has its own now
 
 
 class ProcessDevice(Device):
@@ -211,14 +212,6 @@ class ProcessDevice(Device):
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace),
                                  daemon=True, name="toy-engine-device")
-        # Held: a Ctrl-C between the forkserver's connect and its fds kills the forkserver, and
-        # with it every engine's device process; one held is delivered once the finalizer is set.
-        with hold_sigint(), without_main_module():
-            _start(self._proc)
-            child.close()
-            self._link = {"ok": True}  # False mid-message, and for good once one broke
-            self._failure: str | None = None
-            self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._link)
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
         self._done_upto = 0  # events complete in order: every id <= this one is done
@@ -226,14 +219,26 @@ class ProcessDevice(Device):
         self._latencies_ns: deque[int] = deque(maxlen=4096)  # the latest: memory stays bounded
         self._last_end_ns = self._events = 0  # the last device span's end; the last event id
         self._error: str | None = None
-        model_bytes = cloudpickle.dumps(model)  # before the held send: Ctrl-C still works here
-        with hold_sigint():
-            self._send(("setup", model_bytes, num_kv_blocks, block_size, self.buffers))
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        while not self._poll(deadline, "start"):
-            pass
-        with hold_sigint():
-            msg = self._recv()
+        self._link = {"ok": True}  # False mid-message, and for good once one broke
+        self._failure: str | None = None
+        try:  # cut short, the process ends now: a traceback kept (as Jupyter does) would keep it
+            # Held (a Ctrl-C mid-start kills the shared forkserver) until the finalizer is set.
+            with hold_sigint(), without_main_module():
+                _start(self._proc, child)
+                self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
+                                                   self._link)
+            model_bytes = cloudpickle.dumps(model)  # before the held send: Ctrl-C still works here
+            with hold_sigint():
+                self._send(("setup", model_bytes, num_kv_blocks, block_size, self.buffers))
+            deadline = time.monotonic() + self.START_TIMEOUT_S
+            while not self._poll(deadline, "start"):
+                pass
+            with hold_sigint():
+                msg = self._recv()
+        except BaseException:
+            if hasattr(self, "_finalizer"):  # the process started
+                self.close()
+            raise
         assert msg[0] == "ready", msg
         self.pid = msg[1]
 
@@ -363,7 +368,8 @@ class ProcessDevice(Device):
         """Stop the device process and release its pipe and shared memory now."""
         if self._failure is None:
             self._failure = "the device is closed"
-        self._finalizer()
+        with hold_sigint():  # a second Ctrl-C must not cut the close short: the process would stay
+            self._finalizer()
         self.buffers = {}  # the last references to the shared-memory storages (one fd each)
 
 

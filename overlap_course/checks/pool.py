@@ -54,6 +54,7 @@ _ENGINES: dict[tuple, Engine] = {}
 _CONFIGS: dict = {}  # each engine's own frozen config, to put back a learner's replace()
 _BUILT: dict = {}  # each engine's state as built (:func:`_state`): to see a change in place
 _PRINTS: dict = {}  # each device as built (device_state.fingerprint): to see a kernel's change
+_DEVICES: dict = {}  # each engine's device as built: to tell one the engine itself replaced
 # The engine's own kernels: any other one run on a shared device may have changed it for good.
 _KERNELS = (kernels.setup_state, kernels.upload_inputs, kernels.correct, kernels.forward,
             kernels.sample, verify)
@@ -78,6 +79,7 @@ def engine(**config) -> Engine:
         _CONFIGS[key] = _ENGINES[key].config
         _BUILT[key] = _state(_ENGINES[key])
         built = _ENGINES[key]
+        _DEVICES[key] = built.device
         _PRINTS[key] = fingerprint(built.model, built.ngram, built.config.num_draft_tokens,
                                            built.config.block_size)
     return _ENGINES[key]
@@ -108,6 +110,7 @@ def heal() -> list[str]:
     what had to be put back."""
     changed = []
     for key, shared in list(_ENGINES.items()):
+        replaced = False
         try:
             if shared.config is not _CONFIGS[key]:
                 changed.append("engine.config")
@@ -120,12 +123,15 @@ def heal() -> list[str]:
                     or shared.scheduler.has_work()):
                 what = f"the shared engine's KV pool ({len(free)} free blocks of {n}"
             else:
-                what = _changed(shared, _BUILT[key]) or _device_changed(shared, _PRINTS[key])
+                replaced = _replaced_device(shared, key)
+                what = _changed(shared, _BUILT[key], replaced) or (
+                    None if replaced else _device_changed(shared, _PRINTS[key]))
                 what = what and f"{what} (the shared engine's: a learner's change in place"
         except Exception:  # noqa: BLE001 - a learner's junk where the engine's parts were
             what = "the shared engine (its parts could not be read"
         if what is not None:
             changed.append(f"{what}; a fresh engine was started)")
+        if what is not None or replaced:  # replaced: its device is new to the state as built
             _retire(_ENGINES.pop(key))
             engine(**dict(key))
     return changed
@@ -201,13 +207,25 @@ def _flatten(value, path: str, out: dict, seen: set) -> None:
                 _flatten(item, f"{path}.{name}", out, seen)
 
 
-def _changed(shared: Engine, built: dict) -> str | None:
-    """Where the engine differs from itself as built, in the parts a run reads, or None."""
+def _replaced_device(shared: Engine, key: tuple) -> bool:
+    """Whether the engine closed its device and started a new one: a run that left the device
+    failing (a learner's sample launched before its forward) ends so.  Not a learner's change,
+    though its buffers and process differ from the state as built."""
+    built = _DEVICES[key]
+    return shared.device is not built and built.failure() is not None
+
+
+def _changed(shared: Engine, built: dict, skip_device: bool = False) -> str | None:
+    """Where the engine differs from itself as built, in the parts a run reads, or None
+    (``skip_device``: apart from its device, which the engine replaced)."""
     now = _state(shared)
-    for path, value in built.items():
-        if path not in now or now[path] != value:
-            return path
-    return next((p for p in now if p not in built), None) or _run_state(shared)
+    mine = [p for p in {**built, **now} if not (skip_device and _on_device(p))]
+    return next((p for p in mine if p not in now or p not in built or now[p] != built[p]),
+                None) or _run_state(shared)
+
+
+def _on_device(path: str) -> bool:
+    return path == "engine.device" or path.startswith(("engine.device.", "engine.device["))
 
 
 def _run_state(shared: Engine) -> str | None:
