@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
 from .device import Device, DeviceContext, DeviceError
-from .interrupts import hold_sigint
+from .interrupts import hold_sigint, sigint_blocked
 from .validate import check_float, shown
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
@@ -213,7 +213,7 @@ class ProcessDevice(Device):
                                  daemon=True, name="toy-engine-device")
         # Held: a Ctrl-C between the forkserver's connect and its fds kills the forkserver, and
         # with it every engine's device process; one held is delivered once the finalizer is set.
-        with hold_sigint(), without_main_module():
+        with hold_sigint(), without_main_module(), sigint_blocked():
             _start(self._proc)
             child.close()
             self._link = {"ok": True}  # False mid-message, and for good once one broke
