@@ -20,12 +20,16 @@ import html
 import json
 import os
 import re
+import signal
 import sqlite3
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote, urlsplit
+
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))  # the hub's stop: clean, even mid-import
 
 from tornado import httpclient, ioloop, web
 
@@ -368,10 +372,7 @@ def serve(store: Store, a: argparse.Namespace, host: str, port: int) -> int:
                        f"in the hub's config")
     print(f"course-progress: {store.count()} verdict(s) in {a.db}; serving {service.prefix} on "
           f"{host}:{port}", flush=True)
-    try:
-        ioloop.IOLoop.current().start()
-    except KeyboardInterrupt:  # the hub stops its services with SIGINT
-        pass
+    ioloop.IOLoop.current().start()  # until the hub stops it with SIGINT (see the imports)
     return 0
 
 

@@ -8,6 +8,7 @@ import _signal
 import contextlib
 import signal
 import threading
+from multiprocessing import resource_tracker
 
 
 class hold_sigint:
@@ -46,3 +47,20 @@ class hold_sigint:
             yield
         finally:
             _signal.signal(signal.SIGINT, self._catch)
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked while the device process starts, as the standard library starts its
+    resource tracker: the forkserver (or a spawned device process) inherits the block until it
+    ignores SIGINT, so a Ctrl-C while it imports torch prints no traceback of its own above the
+    command's line.  The host still gets it; the forkserver's other children start blocked."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process group for Ctrl-C to reach
+        yield
+        return
+    resource_tracker.ensure_running()  # first: starting, it unblocks SIGINT
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
 from .device import Device, DeviceContext, DeviceError
-from .interrupts import hold_sigint
+from .interrupts import hold_sigint, sigint_blocked
 from .validate import check_float, shown
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
@@ -223,7 +223,7 @@ class ProcessDevice(Device):
         self._failure: str | None = None
         try:  # cut short, the process ends now: a traceback kept (as Jupyter does) would keep it
             # Held (a Ctrl-C mid-start kills the shared forkserver) until the finalizer is set.
-            with hold_sigint(), without_main_module():
+            with hold_sigint(), without_main_module(), sigint_blocked():
                 _start(self._proc, child)
                 self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
                                                    self._link)

@@ -1,6 +1,7 @@
 """Plotly figures drawn as static images by kaleido in Chromium (Debian's, or BROWSER_PATH):
-the notebooks' stored PNGs, the website's and the handout's.  A browser that is missing or dies
-as it starts is one sentence naming where it looked and what BROWSER_PATH must be."""
+the notebooks' stored PNGs, the website's and the handout's.  A browser that is missing, dies
+as it starts or never answers is one sentence naming where it looked and what BROWSER_PATH
+must be."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import io
 import logging
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 from overlap_course.safe_json import quoted
@@ -16,6 +18,9 @@ from overlap_course.safe_json import quoted
 # and why not median-cut or 64 colours: docs/measurements/figures.md).
 STATIC_COLORS = 256
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Chrome of its own here
+#: How long a browser may take to start and answer Chrome's protocol (Chromium: ~2.5 s).  A
+#: program that never answers (a Firefox, an old Chromium) would hang kaleido's start forever.
+BROWSER_START_S = 60.0
 
 
 def _browser() -> str | None:
@@ -35,14 +40,34 @@ def shrink_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
-def _browser_failed() -> Exception:
-    """Chromium closed as it started (choreographer says so in a tuple of sentences); a
-    BROWSER_PATH naming another program (``/bin/true``) is bad input, so a ValueError."""
+def _browser_failed(stopped: bool) -> Exception:
+    """Chromium closed as it started (choreographer says so in a tuple of sentences), or was
+    ``stopped`` by :func:`_stop_browser`; a BROWSER_PATH naming another program (``/bin/true``,
+    a Firefox) is bad input, so a ValueError."""
     chosen = os.environ.get("BROWSER_PATH")
     where = f"BROWSER_PATH={quoted(chosen, 200)}" if chosen else _browser() or "the browser on PATH"
+    what = (f"did not answer within {BROWSER_START_S:g} s of starting, so it was stopped"
+            if stopped else "closed as soon as it started")
     return (ValueError if chosen else RuntimeError)(
-        f"{where} closed as soon as it started: BROWSER_PATH must name a Chrome or Chromium "
-        f"binary, e.g. {CHROMIUM} (bash scripts/install_browser.sh installs it)")
+        f"{where} {what}: BROWSER_PATH must name a Chrome or Chromium binary, e.g. {CHROMIUM} "
+        f"(bash scripts/install_browser.sh installs it)")
+
+
+def _stop_browser(k, stopped: list) -> None:
+    """:data:`BROWSER_START_S` passed and the browser has not answered: end it and what it
+    started (choreographer starts it in a session of its own), which makes kaleido's start fail
+    instead of waiting forever."""
+    proc = getattr(k, "subprocess", None)
+    if proc is None:
+        return
+    stopped.append(True)
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # Windows: no process groups
+            proc.kill()
+    except ProcessLookupError:
+        pass
 
 
 async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
@@ -50,9 +75,12 @@ async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -
     from choreographer.errors import BrowserClosedError, BrowserFailedError
     from kaleido.errors import ChromeNotFoundError, KaleidoError
 
-    images = []
+    images, stopped = [], []
     try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
-        async with kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120) as k:
+        k = kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120)
+        stuck = asyncio.get_running_loop().call_later(BROWSER_START_S, _stop_browser, k, stopped)
+        async with k:
+            stuck.cancel()
             for fig in figures:
                 layout = fig.get("layout", {})
                 opts = {"format": fmt, "width": layout.get("width") or size[0],
@@ -67,7 +95,7 @@ async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -
                            f"{CHROMIUM} and PATH): run `bash scripts/install_browser.sh` (Debian's chromium), or "
                            "set BROWSER_PATH to a Chrome/Chromium binary") from None
     except (BrowserFailedError, BrowserClosedError):
-        raise _browser_failed() from None
+        raise _browser_failed(bool(stopped)) from None
     return images
 
 
