@@ -100,7 +100,7 @@ case "${1:-}" in
         ;;
     test)
         setup "$1"
-        exec "$VENV/bin/python" -m pytest "${@:2}"
+        exec "$VENV/bin/python" scripts/run_tests.py "${@:2}"
         ;;
     # -- the course outside a kernel: website, explorer app, slides --
     site)

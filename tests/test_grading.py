@@ -360,6 +360,7 @@ def _cheater(released, wrong: tuple[str, ...], cheat: str | None, patching: bool
     return nb
 
 
+@pytest.mark.alone  # without Landlock, a cheat writes hmac.py beside the course: no test beside it
 @pytest.mark.timeout(1500)
 def test_a_submission_cannot_grade_itself(tmp_path):
     """Real nbgrader autograde of exercise 04: each cheat fools the learner's own kernel (its

@@ -108,7 +108,8 @@ def test_lab3_every_depth_the_check_may_draw_races_one_slot_short_and_not_on_its
         assert isinstance(lab_runs.ring_run(depth, depth), te.RaceError), depth
 
 
-@pytest.mark.parametrize("junk", JUNK, ids=repr)
+@pytest.mark.parametrize("junk", JUNK,  # the same id in every process (pytest-xdist)
+                         ids=lambda junk: "object()" if type(junk) is object else repr(junk))
 def test_no_prediction_check_raises_on_junk(junk):
     for verdict in (checks.check_wasted_round(junk, pool.engine()), checks.check_abort_in_flight(junk, None),
                     checks.check_ring_race(junk, None, ring=3), checks.check_overshoot(junk, pool.engine())):

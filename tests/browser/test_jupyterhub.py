@@ -55,6 +55,9 @@ from test_jupyterlab import (  # noqa: E402  (the JupyterLab page helpers, share
     _JS_HELPERS, _assert_no_errors, _clear_outputs, _code, _command, _log_tail, _write_json)
 import hub_progress  # noqa: E402  (issue 27: the room's progress service, on this test's hub)
 
+# It measures each learner's memory and CPU time (artifacts/hub/usage.json): no test beside it.
+pytestmark = pytest.mark.alone
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "hub"
 PREFIX = Path(os.environ.get("TOY_HUB_PREFIX", "/opt/toy-engine-hub"))
