@@ -14,27 +14,41 @@ course) then run by themselves.  One usable CPU, or options that already pick th
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+from overlap_course.command_line import interruptible, run
 
-from toy_engine.device import usable_cpus  # a hub's 1-CPU container counts as one
+interruptible(__name__, "run_tests")  # first: a Ctrl-C while torch imports is one line
 
-WORKERS = 2  # more would measure nothing new: most tests already keep two processes busy
-NO_TESTS_COLLECTED = 5  # pytest's exit status when a part selects nothing
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from toy_engine.device import usable_cpus  # noqa: E402  (a hub's 1-CPU container counts as one)
+
+WORKERS = 2  # the machines measured have 2 cores; most tests keep two processes busy
+TESTS_FAILED, NO_TESTS_COLLECTED = 1, 5  # pytest's exit statuses (5: a part selects nothing)
+# Options that choose the workers or the tests themselves (pytest-xdist's and pytest's -m).
+ONE_RUN_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx", "--px",
+                   "--rsyncdir", "--rsyncignore", "--max-worker-restart", "-f", "--looponfail",
+                   "-m")
 
 
 def names_tests(args: list[str]) -> bool:
     """Whether the arguments name files or tests (``path``, ``path::test``), pick markers or
     pick the workers themselves: then they mean exactly what pytest makes of them."""
-    plugins = {b for a, b in zip(args, args[1:]) if a == "-p"} | {a[2:] for a in args
-                                                                    if a.startswith("-p")}
-    picks = "no:xdist" in plugins or any(a in ("-n", "-m") or a.startswith(("--numprocesses",
-                                                                             "-m")) for a in args)
-    return picks or any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args)
+    plugins = {b for a, b in zip(args, args[1:]) if a == "-p"}
+    plugins |= {a[2:] for a in args if a.startswith("-p")}
+    picks = any(a.startswith(ONE_RUN_OPTIONS) for a in args)
+    return "no:xdist" in plugins or picks or any(map(_a_path, args))
+
+
+def _a_path(arg: str) -> bool:
+    try:
+        return not arg.startswith("-") and Path(arg.partition("::")[0]).exists()
+    except (OSError, ValueError):  # a name too long for the system, a NUL: a -k expression
+        return False
 
 
 def pytest(args: list[str], part: str) -> int:
@@ -57,13 +71,11 @@ def main(args: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "pytest", *args])
     shared = pytest(["-n", str(WORKERS), "--dist", "loadfile", "-m", "not alone", *args],
                     f"the suite on {WORKERS} workers")
+    if shared not in (0, TESTS_FAILED):  # a usage error, an internal one: said once is enough
+        return shared
     alone = pytest(["-p", "no:xdist", "-m", "alone", *args], "the tests marked alone")
     return shared or alone
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:
-        print("run_tests: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run("run_tests", lambda: main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""``./run.sh test`` (scripts/run_tests.py): which arguments keep one pytest run, what runs
+alone, and the longest files first."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_tests = _load("run_tests", ROOT / "scripts" / "run_tests.py")
+LONGEST_FIRST = _load("root_conftest", ROOT / "conftest.py").LONGEST_FIRST
+
+
+@pytest.mark.parametrize("args, named", [
+    ([], False), (["-p", "no:cacheprovider", "--durations=25"], False), (["-k", "zos"], False),
+    (["-q", "-x"], False), (["tests/test_zos.py"], True), (["tests/test_zos.py::test_x"], True),
+    (["notebooks"], True), (["-m", "alone"], True), (["-n", "4"], True), (["-nauto"], True),
+    (["-p", "no:xdist"], True), (["-pno:xdist"], True), (["--dist=load"], True),
+    (["--maxprocesses=2"], True), (["--tx", "popen"], True), (["--max-worker-restart=1"], True),
+    (["-k", " or ".join(f"test_case_number_{i}" for i in range(15))], False)])
+def test_arguments_that_name_tests_or_workers_keep_one_pytest_run(args, named, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert run_tests.names_tests(args) is named
+
+
+def _collected(*args: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+def test_the_longest_files_are_collected_first_in_their_order():
+    assert all((ROOT / name).is_file() for name in LONGEST_FIRST), "a file was renamed: update it"
+    files = list(dict.fromkeys(node.partition("::")[0] for node in _collected("tests")))
+    assert files[:len(LONGEST_FIRST)] == LONGEST_FIRST
+
+
+def test_what_runs_alone_is_the_hubs_measurement_and_the_cheat_that_writes_beside_the_course():
+    alone = _collected("-m", "alone", "tests")
+    assert "tests/test_grading.py::test_a_submission_cannot_grade_itself" in alone
+    hub = [node for node in alone if node.startswith("tests/browser/test_jupyterhub.py::")]
+    assert hub and len(alone) == len(hub) + 1, alone
