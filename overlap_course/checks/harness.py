@@ -20,6 +20,8 @@ import inspect
 import itertools
 import sys
 
+import torch
+
 from overlap_course import progress
 from toy_engine.interrupts import hold_sigint
 
@@ -34,6 +36,7 @@ def notebook_check(check):
     @functools.wraps(check)
     def bounded(*args, **kwargs) -> Verdict:
         limit, stopped, stop, previous = sandbox.TIME_LIMIT_S, None, _not_started, sys.gettrace()
+        modes = torch._C._len_torch_function_stack()
         if "name" in kwargs:  # the notebook's name for a second question, put in messages
             kwargs["name"] = plain_name(kwargs["name"])
         try:
@@ -68,6 +71,7 @@ def notebook_check(check):
                     ctrl_c = pressed
             if sys.gettrace() is not previous:  # a limit that ran out traces the learner's code
                 sys.settrace(previous)
+            torch_modes_back_to(modes)
             if ctrl_c is not None:
                 raise ctrl_c
         if stopped is not None:
@@ -75,6 +79,16 @@ def notebook_check(check):
                        else _learners_time_up(stopped))
         return _cut(verdict)
     return progress.recorded(bounded)
+
+
+def torch_modes_back_to(depth: int) -> None:
+    """Leave as many torch function modes entered as before the check: a time-up or a Ctrl-C
+    between a mode's push and its pop (``with torch.device("meta")``, the checker's
+    ``HostReads``), or a learner's code that entered one and never left, would leave every later
+    tensor of the kernel on the meta device (a test run on an overloaded machine: hundreds of
+    later tests in one process failed on meta tensors)."""
+    while torch._C._len_torch_function_stack() > depth:
+        torch._C._pop_torch_function_stack()
 
 
 def _disguised(check, args, kwargs) -> Verdict | None:
@@ -227,6 +241,7 @@ def _not_started() -> None:
 def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
+    modes = torch._C._len_torch_function_stack()
     try:
         with hold_sigint():
             stop = sandbox.start_time_limit(limit)
@@ -254,6 +269,7 @@ def _time_limited(check, args, kwargs) -> Verdict:
             except KeyboardInterrupt as pressed:  # as in notebook_check
                 ctrl_c = pressed
         sys.settrace(previous)
+        torch_modes_back_to(modes)
         if ctrl_c is not None:
             raise ctrl_c
     if isinstance(stopped, SystemExit):
