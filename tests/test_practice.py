@@ -1113,15 +1113,25 @@ def test_junk_numbers_are_named(junk, phrase):
         rejects(v, "junk", phrase)
 
 
-def _timeline_with_gap(gap):
+def _timeline_with_gap(gap, gap_before_round_1=0.9):
     tl = Timeline()
     t = 0.0
     for r in range(3):
         tl.add("device", "upload", r, t, t + 0.02)
         tl.add("device", "forward", r, t + 0.05, t + 3.0)
         tl.add("device", "sample", r, t + 3.0, t + 3.3)
-        t += 3.3 + (gap if r == 1 else 0.9)
+        t += 3.3 + (gap if r == 1 else gap_before_round_1)
     return tl
+
+
+def test_an_answer_within_the_rule_passes_where_the_round_before_has_a_gap_as_near():
+    """A run had 0.8204 ms before round 9 and 0.8234 ms before round 10: 0.82, the gap before
+    round 10 to two decimals, is within the rule, and was called the gap before round 9."""
+    tl = _timeline_with_gap(0.8234, gap_before_round_1=0.8204)
+    verdict = checks.check_round_gap(0.82, tl, 2)
+    assert verdict.passed and "within 0.005 ms" in verdict.message, verdict.message
+    wrong = checks.check_round_gap(0.7, _timeline_with_gap(0.8234, gap_before_round_1=0.7), 2)
+    assert wrong.category == "wrong_round", wrong.message  # outside the rule: still named
 
 
 def test_round_gap_read_to_the_hovers_rounding_gets_a_close_hint():
