@@ -123,6 +123,7 @@ def test_recorded_comparison_is_labelled():
 
 # ---------------------------------------------------------------------------- the burner test
 
+@pytest.mark.alone  # its burners keep every core busy: nothing else would be measured fairly
 @pytest.mark.timeout(300)
 def test_under_a_cpu_burner_the_bench_and_the_figures_warn_and_show_the_recorded_run(cpu_burners, shipped):
     """On a machine whose cores are all busy, a live serial/ZOS comparison is not silently shown:

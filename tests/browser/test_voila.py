@@ -311,6 +311,7 @@ def _first_figure_s(page, url: str) -> float:
     return time.monotonic() - start
 
 
+@pytest.mark.alone  # it times the first figure: no test beside it
 @pytest.mark.timeout(3 * START_TIMEOUT_S + 60)
 def test_explorer_app_at_1280x720_fast_on_screen_titled_and_named(voila_app, chromium):
     """With the preheated kernel waiting, the first figure is drawn within FIRST_FIGURE_S of
@@ -351,6 +352,7 @@ def test_explorer_app_at_1280x720_fast_on_screen_titled_and_named(voila_app, chr
                                          f"accessibility tree: {unnamed}\n{tree}")
 
 
+@pytest.mark.alone  # its burners keep every core busy: nothing else would be measured fairly
 @pytest.mark.timeout(3 * START_TIMEOUT_S)
 def test_explorer_app_busy_note_is_one_line(voila_app, chromium, cpu_burners):
     """Run on a machine kept busy: the warning is one line at 1280x720 that opens to its reasons,
