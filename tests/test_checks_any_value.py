@@ -275,6 +275,20 @@ def test_an_idle_fraction_that_empties_the_timeline_is_judged_on_its_value(noteb
     assert checks.check_idle_fraction(right_then_empties, engine).passed
 
 
+def test_an_idle_fraction_rounded_to_five_decimals_is_told_it_is_rounded(notebook):
+    """Round eleven: it was told "got 0.3167, expected 0.3167", the same numbers twice."""
+    engine = notebook["serial"]
+    expected = engine.stats.device_idle_fraction
+    rounded = round(expected, 5)  # what a learner prints; kept where the check can tell it
+    answers = [a for a in (rounded, expected + 2e-6, expected - 2e-6)
+               if abs(a - expected) >= 1e-6 and f"{a:.4f}" == f"{expected:.4f}"]
+    assert len(answers) >= 1
+    for answer in answers:
+        verdict = checks.check_idle_fraction(lambda timeline, a=answer: a, engine)
+        assert verdict.category == "wrong_value" and "rounded" in verdict.message, verdict.message
+        assert f"got {answer:.8f}, expected {expected:.8f}" in verdict.message
+
+
 @pytest.mark.parametrize("check", sorted(NOTEBOOK_CHECKS))
 def test_an_answer_whose_repr_and_hash_raise_too_gets_a_verdict(notebook, check):
     _judged(NOTEBOOK_CHECKS[check], notebook, ReprRaises())

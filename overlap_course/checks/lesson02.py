@@ -362,6 +362,9 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if any(close(got, idle / wall) for wall in (getattr(engine.stats, "wall_ms", extent), extent)):
         return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
+    if f"{got:.4f}" == f"{expected:.4f}":  # "got 0.3167, expected 0.3167" said nothing (round 11)
+        return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction rounded "
+                                    f"or cut; the check allows 1e-6, so return it unrounded")
     return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
                                 f"timeline.device_gaps() and timeline.device_busy_ms()")
 
