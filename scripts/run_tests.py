@@ -25,10 +25,11 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from pytest import ExitCode  # noqa: E402
+
 from toy_engine.device import usable_cpus  # noqa: E402  (a hub's 1-CPU container counts as one)
 
 WORKERS = 2  # the machines measured have 2 cores; most tests keep two processes busy
-TESTS_FAILED, NO_TESTS_COLLECTED = 1, 5  # pytest's exit statuses (5: a part selects nothing)
 # Options that choose the workers or the tests themselves (pytest-xdist's and pytest's -m).
 ONE_RUN_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx", "--px",
                    "--rsyncdir", "--rsyncignore", "--max-worker-restart", "-f", "--looponfail",
@@ -63,7 +64,7 @@ def pytest(args: list[str], part: str) -> int:
     print(f"run_tests: {part} took {time.monotonic() - start:.0f} s (exit {status})", flush=True)
     if pressed:
         raise KeyboardInterrupt
-    return 0 if status == NO_TESTS_COLLECTED else status
+    return 0 if status == ExitCode.NO_TESTS_COLLECTED else status  # a part selected nothing
 
 
 def main(args: list[str]) -> int:
@@ -71,7 +72,7 @@ def main(args: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "pytest", *args])
     shared = pytest(["-n", str(WORKERS), "--dist", "loadfile", "-m", "not alone", *args],
                     f"the suite on {WORKERS} workers")
-    if shared not in (0, TESTS_FAILED):  # a usage error, an internal one: said once is enough
+    if shared not in (ExitCode.OK, ExitCode.TESTS_FAILED):  # a usage error: said once is enough
         return shared
     alone = pytest(["-p", "no:xdist", "-m", "alone", *args], "the tests marked alone")
     return shared or alone
