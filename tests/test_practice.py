@@ -1130,6 +1130,8 @@ def test_an_answer_within_the_rule_passes_where_the_round_before_has_a_gap_as_ne
     tl = _timeline_with_gap(0.8234, gap_before_round_1=0.8204)
     verdict = checks.check_round_gap(0.82, tl, 2)
     assert verdict.passed and "within 0.005 ms" in verdict.message, verdict.message
+    neighbour = checks.check_round_gap(0.8204, tl, 2)  # to more digits: that other gap, named
+    assert neighbour.category == "wrong_round", neighbour.message
     wrong = checks.check_round_gap(0.7, _timeline_with_gap(0.8234, gap_before_round_1=0.7), 2)
     assert wrong.category == "wrong_round", wrong.message  # outside the rule: still named
 

@@ -67,17 +67,22 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     if _close(gap_ms, want):
         return passes(f"{want:.3f} ms between the end of round {round - 1}'s sample and the start of round "
                       f"{round}'s upload: the device had nothing queued")
-    # The rule first: an answer within it passes even where another gap of the run lies as near
-    # (rounded to 2 decimals, a right answer matched the gap before round 9 in a test run).
-    if abs(gap_ms - want) <= GAP_PRECISION_MS:
-        return passes(f"close: {gap_ms:g} ms is within {GAP_PRECISION_MS} ms of the gap, "
-                      f"{want:.3f} ms (the check's one rule: two decimals of a millisecond). It "
-                      f"runs from the end of round {round - 1}'s sample to the start of round "
-                      f"{round}'s upload: the device had nothing queued")
+    # Written to the rule's two decimals, it passes even where another gap of the run lies as
+    # near (0.82 matched the gap before round 9 too in a test run); written to more, an answer
+    # that is another gap is named (0.426983 passed as 0.424478's neighbour, blind round 11).
+    within = abs(gap_ms - want) <= GAP_PRECISION_MS
+    close = (f"close: {gap_ms:g} ms is within {GAP_PRECISION_MS} ms of the gap, {want:.3f} ms "
+             f"(the check's one rule: two decimals of a millisecond). It runs from the end of "
+             f"round {round - 1}'s sample to the start of round {round}'s upload: the device had "
+             f"nothing queued")
+    if within and _decimals(gap_ms) <= 2:
+        return passes(close)
     for value, category, why in _gap_mistakes(timeline, round, want):
         near = abs(gap_ms - value) <= 1e-3 * abs(value)
         if _close(gap_ms, value) and (category != "seconds" or near):
             return fails(category, f"{gap_ms:.3f} ms: {why}")
+    if within:
+        return passes(close)
     digits = _decimals(gap_ms)
     if digits <= 3 and abs(gap_ms - want) < 10 ** -digits + 1e-9:
         cut = "cut or rounded to whole milliseconds (int() drops the decimals)" if digits == 0 else \
