@@ -6,10 +6,16 @@ gap of 0.3, and printed a gap in seconds as "0.000 ms"; check_idle_fraction gave
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
+import numpy as np
 import pytest
+import torch
 
 import toy_engine as te
 from overlap_course import checks
+from toy_engine.timeline import Timeline
 
 # ---- blind3: a StepState of another run ----------------------------------------------------
 
@@ -90,3 +96,68 @@ def test_commit_outputs_refuses_a_step_of_another_run_too():
         with pytest.raises(RuntimeError, match="launched by another run"):
             engine.generate(["Max"], max_new_tokens=4, loop=inline)
         assert not stale.committed
+
+
+# ---- quick-blind a, b: check_round_gap -------------------------------------------------------
+
+def _timeline_with_gap(gap, gap_before_round_1=0.61):
+    """Round 2's gap is ``gap``; the others ``gap_before_round_1`` (tests/test_practice.py's)."""
+    tl = Timeline()
+    t = 0.0
+    for r in range(3):
+        tl.add("device", "upload", r, t, t + 0.02)
+        tl.add("device", "forward", r, t + 0.05, t + 3.0)
+        tl.add("device", "sample", r, t + 3.0, t + 3.3)
+        t += 3.3 + (gap if r == 1 else gap_before_round_1)
+    return tl
+
+
+@pytest.mark.parametrize("gap", [0.3167, 0.42, 0.45, 2.3])
+def test_one_ms_is_not_a_cut_or_rounded_gap_that_is_neither(gap):
+    verdict = checks.check_round_gap(1.0, _timeline_with_gap(gap), 2)
+    assert verdict.category == "wrong", verdict.message
+    assert "whole milliseconds" not in verdict.message
+
+
+@pytest.mark.parametrize("gap, answer, how", [
+    (1.366, 1.0, "cut or rounded to whole milliseconds"), (1.766, 1.0, "cut to whole milliseconds"),
+    (1.566, 2, "rounded to whole milliseconds"), (0.8245, 0, "cut to whole milliseconds"),
+    (1.366, 1.36, "cut to 2 decimals"), (1.366, 1.4, "rounded to 1 decimal"),
+    (0.8245, 0.8, "cut or rounded to 1 decimal")])
+def test_a_gap_cut_or_rounded_is_told_which(gap, answer, how):
+    verdict = checks.check_round_gap(answer, _timeline_with_gap(gap), 2)
+    assert verdict.category == "too_few_digits" and how in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("gap, answer, reads", [
+    (0.8245, 0.0008245, "x1000 gives 0.8245 ms, the gap"),
+    (0.4245, 0.0004245, "x1000 gives 0.4245 ms, the gap"),
+    (0.8245, 0.0008, "x1000 gives 0.8 ms, the gap cut or rounded to 1 decimal"),
+    (0.8245, 0.00082, "x1000 gives 0.82 ms, the gap"),
+    (0.4245, np.float32(0.0004245), "the gap"),
+    (12.3456, 0.0123456, "x1000 gives 12.3456 ms, the gap")])
+def test_a_gap_in_seconds_is_named_with_its_value_in_ms(gap, answer, reads):
+    verdict = checks.check_round_gap(answer, _timeline_with_gap(gap), 2)
+    assert verdict.category == "seconds" and reads in verdict.message, verdict.message
+    assert "0.000 ms" not in verdict.message and "0.001 ms" not in verdict.message
+
+
+@pytest.mark.parametrize("gap", [0.3167, 0.4245, 0.8204, 0.8245, 0.9951, 1.366, 2.0049, 12.3456])
+def test_right_readings_of_the_gap_pass(gap):
+    """Exact, to 3 or 2 decimals, as float32, tensor, list, Fraction: all within the rule."""
+    tl = _timeline_with_gap(gap)
+    want = checks.lesson02._round_extent(tl)[0][2] - checks.lesson02._round_extent(tl)[1][1]
+    for answer in (want, round(want, 3), round(want, 2), np.float32(want),
+                   np.float32(round(want, 2)), torch.tensor(round(want, 2)), [round(want, 2)],
+                   Fraction(f"{want:.2f}"), round(want, 2) + 0.004, round(want, 2) - 0.004,
+                   math.floor(want * 1000) / 1000):
+        if abs(float(answer[0] if isinstance(answer, list) else answer) - want) <= 0.005:
+            verdict = checks.check_round_gap(answer, tl, 2)
+            assert verdict.passed, (gap, answer, verdict.message)
+
+
+def test_the_neighbouring_gap_to_more_digits_is_still_named():
+    """ca52443 and 2d19056: the rule's two decimals pass, the other gap to more digits does not."""
+    tl = _timeline_with_gap(0.8234, gap_before_round_1=0.8204)
+    assert checks.check_round_gap(0.82, tl, 2).passed
+    assert checks.check_round_gap(0.8204, tl, 2).category == "wrong_round"
