@@ -161,3 +161,43 @@ def test_the_neighbouring_gap_to_more_digits_is_still_named():
     tl = _timeline_with_gap(0.8234, gap_before_round_1=0.8204)
     assert checks.check_round_gap(0.82, tl, 2).passed
     assert checks.check_round_gap(0.8204, tl, 2).category == "wrong_round"
+
+
+# ---- quick-blind c: check_idle_fraction ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def serial_run():
+    with te.Engine(te.EngineConfig(mode="serial", max_batch_size=4)) as engine:
+        engine.generate(["Once upon a time", "The bird said", "There was a fox"], max_new_tokens=12)
+        yield engine
+
+
+def _idle(timeline):
+    idle = sum(end - start for start, end in timeline.device_gaps())
+    return idle / (idle + timeline.device_busy_ms())
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3])
+@pytest.mark.parametrize("how", ["rounded", "cut"])
+def test_an_idle_fraction_rounded_or_cut_to_few_decimals_gets_the_rounding_hint(
+        serial_run, digits, how):
+    def answer(timeline):
+        value = _idle(timeline)
+        return round(value, digits) if how == "rounded" else math.trunc(value * 10**digits) / 10**digits
+    verdict = checks.check_idle_fraction(answer, serial_run)
+    assert verdict.category == "wrong_value", verdict.message
+    assert how in verdict.message and "return it unrounded" in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("constant", [0, 0.0, 1.0, 0.987654])
+def test_an_idle_fraction_that_is_no_rounding_gets_no_rounding_hint(serial_run, constant):
+    verdict = checks.check_idle_fraction(lambda timeline: constant, serial_run)
+    assert not verdict.passed and "rounded" not in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("answer", [
+    _idle, lambda tl: np.float64(_idle(tl)), lambda tl: torch.tensor(_idle(tl), dtype=torch.float64),
+    lambda tl: round(_idle(tl), 7), lambda tl: float(np.float32(_idle(tl)))],
+    ids=["float", "np.float64", "tensor", "7 decimals", "float32"])
+def test_right_idle_fractions_pass(serial_run, answer):
+    assert checks.check_idle_fraction(answer, serial_run).passed

@@ -51,18 +51,22 @@ def _decimals(x: float) -> int:
     return len(f"{round(float(x), 6):.6f}".rstrip("0").split(".")[1])
 
 
-def _shortened(answer: float, true: float) -> str | None:
+def _shortened(answer: float, true: float,
+               whole: str | None = "whole milliseconds") -> str | None:
     """How ``answer`` is ``true`` written with fewer digits ("cut to 2 decimals", "rounded to
     whole milliseconds"), or None: written with d decimals, it is ``true`` rounded or cut
-    (``int()``, ``math.trunc``) to d decimals.  Only those: 1.0 for a gap of 0.3 is neither."""
+    (``int()``, ``math.trunc``) to d decimals.  Only those: 1.0 for a gap of 0.3 is neither.
+    ``whole`` None: a whole number is never taken for one (a fraction's 0 or 1 says nothing)."""
     digits = _decimals(answer)
+    if digits == 0 and whole is None:
+        return None
     scale = 10 ** digits
     ways = [how for how, value in (("cut", math.trunc(round(true * scale, 6)) / scale),
                                    ("rounded", round(true, digits)))
             if abs(answer - value) <= 1e-6 * max(1.0, abs(value))]
     if not ways:
         return None
-    to = "whole milliseconds" if digits == 0 else f"{digits} decimal{'s' * (digits != 1)}"
+    to = whole if digits == 0 else f"{digits} decimal{'s' * (digits != 1)}"
     why = " (int() drops the decimals)" if ways == ["cut"] and digits == 0 else ""
     return f"{' or '.join(ways)} to {to}{why}"
 
@@ -399,6 +403,10 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if any(close(got, idle / wall) for wall in (getattr(engine.stats, "wall_ms", extent), extent)):
         return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
+    shortened = _shortened(got, expected, whole=None)
+    if shortened is not None:  # 0.32 for 0.3167 (round 11)
+        return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction "
+                                    f"{shortened}; the check allows 1e-6, so return it unrounded")
     if f"{got:.4f}" == f"{expected:.4f}":  # "got 0.3167, expected 0.3167" said nothing (round 11)
         return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction rounded "
                                     f"or cut; the check allows 1e-6, so return it unrounded")
