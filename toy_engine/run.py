@@ -31,6 +31,7 @@ class StepState:
     plan: Plan
     slot: int
     sample_done: Event
+    run: "Run" = field(repr=False, compare=False)  # the generate call that launched it
     committed: bool = field(default=False, repr=False)
 
     @property
@@ -64,6 +65,19 @@ class StepProcessedTwice(RuntimeError):
                          f"(a second time would hand its tokens out twice)")
         self.round = round
         self.prompt_indexes = [r.index for r in requests]
+
+
+class ForeignStep(RuntimeError):
+    """A step launched by another run (an earlier ``generate``, on this engine or another) was
+    given to this run: its event, output slot and requests are that run's (``round``: its round)."""
+
+    def __init__(self, round: int):
+        super().__init__(f"round {round}'s step was launched by another run (an earlier generate, "
+                         f"on this engine or another, that returned or was interrupted): a "
+                         f"StepState is processed only in the run that launched it. Was `previous` "
+                         f"kept from that run (a global, a default argument)? Start each loop with "
+                         f"`previous = None`")
+        self.round = round
 
 
 @dataclass

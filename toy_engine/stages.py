@@ -13,7 +13,7 @@ from .data import CharTokenizer
 from .device import Device
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import RoundInputs, Run, StepProcessedTwice, StepState
+from .run import ForeignStep, RoundInputs, Run, StepProcessedTwice, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -118,12 +118,13 @@ class RoundStages:
             sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
                                              stage=Stage.SAMPLE, reads=reads, writes={buffers.out_buffer(slot)},
                                              record_event=True, owner=r)
-        return StepState(inputs.plan, slot, sample_done)
+        return StepState(inputs.plan, slot, sample_done, self._run)
 
     def process_outputs(self, step: StepState, stage: str = Stage.POSTPROCESS) -> None:
         """Wait for the step's sample event, read its tokens, commit them to the requests, and free
         the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
         ``generate`` does all of that instead."""
+        self._own(step)  # before the wait: another device's event may never come on this one
         custom = self._run.process_outputs
         if custom is not None:
             with self.timeline.host_span(stage, step.plan.round, step.owner):
@@ -136,6 +137,12 @@ class RoundStages:
             for req in self.commit_outputs(step, out):
                 self.scheduler.release_if_done(req)
 
+    def _own(self, step: StepState) -> None:
+        """Refuse a step of another run: its requests are not this run's, its event not this
+        device's (``ForeignStep``)."""
+        if isinstance(step, StepState) and step.run is not self._run:
+            raise ForeignStep(step.plan.round)
+
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
         k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
@@ -144,6 +151,7 @@ class RoundStages:
 
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests (a finished one's are the extra round: discarded)."""
+        self._own(step)
         plan, run = step.plan, self._run
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         sampled = buffers.unpack_outputs(out, len(plan.requests), k)

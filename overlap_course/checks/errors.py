@@ -10,7 +10,7 @@ import sys
 
 import toy_engine
 from toy_engine.races import RaceError
-from toy_engine.run import EngineStalled, StepProcessedTwice
+from toy_engine.run import EngineStalled, ForeignStep, StepProcessedTwice
 from toy_engine.timeline import Stage
 
 from .answers import MAX_MESSAGE, type_name
@@ -61,6 +61,7 @@ _FIELDS = {
                 "buffer": _name_or_none, "access": _name_or_none, "blocks": _ints,
                 "owner": _int_or_none, "prompt": _int_or_none},
     StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
+    ForeignStep: {"round": lambda x: type(x) is int},
 }
 # Per kind of RaceError, what the engine always puts in the attributes that may be None:
 # a buffer race names its buffer and access, the other kinds the prompt whose blocks they are.

@@ -10,7 +10,7 @@ import inspect
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
-from toy_engine.run import EngineStalled
+from toy_engine.run import EngineStalled, ForeignStep
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
@@ -143,6 +143,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if verdict is not None and verdict.category == "spins":  # name what was left unfinished
         left = [r.index for r in log.requests if r.finish_reason == "abort"]
         verdict.message += log.stopped_at(left)
+    if verdict is None and engines(err, ForeignStep):
+        verdict = _foreign_step(log, err)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:
@@ -152,6 +154,19 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if verdict is None and log.refused:
         verdict = _swallowed(log.refused[0])
     return verdict
+
+
+def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
+    """The loop processed a step an earlier run launched: the engine refused it, so this
+    run's own rounds were not processed twice (what the record alone would say)."""
+    at = f"at round {max(log.rounds)} of this run, " if log.rounds else ""
+    return fails("foreign_step",
+                 f"{at}your loop processed round {err.round}'s StepState, which this run never "
+                 f"launched: it is left from another run (an earlier generate or check, on this "
+                 f"engine or another, that returned or was interrupted), kept in a global, a "
+                 f"default argument or an attribute. Its event, output slot and requests are that "
+                 f"run's, so the engine refused it. Keep `previous` a local of the loop, `None` at "
+                 f"its start")
 
 
 def _swallowed(refusal) -> Verdict:
