@@ -12,6 +12,8 @@ import functools
 import inspect
 import itertools
 
+import numpy as np
+
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
@@ -57,19 +59,32 @@ def per_request(**methods):
     return on_round
 
 
+class NotTrueOrFalse(TypeError):
+    """``wants_more`` (the function ``name``) answered something else than True or False
+    (``answer``, for the prompt ``prompt``): a function that forgot its ``return`` answers
+    None, and the run would stop blaming the loop."""
+
+    def __init__(self, name: str, answer, prompt: int):
+        hint = " (no `return` gives None)" if answer is None else ""
+        super().__init__(f"per_request(wants_more={name}) returned {shown(answer)} for prompt "
+                         f"{prompt}, not True or False{hint}")
+        self.name, self.answer, self.prompt = name, answer, prompt
+
+
 def _answer_checked(name: str, method, req):
-    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False: a function
-    that forgot its ``return`` answered None, and the run stopped blaming the loop."""
+    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False (numpy's
+    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are)."""
     bound = functools.partial(method, req)
     if name != "wants_more":
         return bound
 
     def wants_more():
         answer = bound()
+        if type(answer) is np.bool_:  # numpy's bool type cannot be subclassed: exactly that
+            answer = bool(answer)
         if type(answer) is not bool:
-            raise TypeError(f"per_request(wants_more={getattr(method, '__name__', 'f')}) "
-                            f"returned {shown(answer)} for prompt {req.index}: it must "
-                            f"return True or False (no `return` gives None)")
+            raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
+                                 req.index)
         return answer
     return wants_more
 
