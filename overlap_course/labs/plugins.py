@@ -11,6 +11,7 @@ import difflib
 import functools
 import inspect
 import itertools
+import time
 
 import numpy as np
 
@@ -177,18 +178,44 @@ def ring_engine() -> Engine:
 
 
 _LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
+#: How long Python's exit waits for a learner's engine still running in another thread (its
+#: requests aborted: the run ends within a round or two) before leaving it to its device.
+EXIT_WAIT_S = 2.0
 
 
 def learners_engine(name: str, config: EngineConfig) -> Engine:
     """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
     host slots; a closed one is replaced (it would refuse every run, and no plain engine has
-    the ring's slots)."""
+    the ring's slots); closed when Python exits."""
     engine = _LEARNERS.get(name)
     if engine is None or engine.closed:
         with ring(MAX_SLOTS):
             engine = _LEARNERS[name] = Engine(config)
-        atexit.register(engine.close)
+        # Registered (again) once a device exists: atexit runs the last registered first, and
+        # the devices' finalizers (weakref.finalize's, registered with the first) after this.
+        atexit.unregister(_close_learners)
+        atexit.register(_close_learners)
     return engine
+
+
+def _close_learners() -> None:
+    """Close the engines handed out, quietly, as Python exits: one still running in another
+    thread (a daemon thread's ``generate``) has its requests aborted and is closed once the run
+    returns; past EXIT_WAIT_S the device's own finalizer, which runs after this, stops it."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for engine in _LEARNERS.values():
+        for req in list(engine.requests):
+            with contextlib.suppress(Exception):  # an object a learner put there; a new run
+                engine.abort(req.id)
+        while True:
+            try:
+                engine.close()
+                break
+            except RuntimeError:  # generate still runs
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+    _LEARNERS.clear()
 
 
 def check_takes(name: str, function, params: list[str]) -> None:
