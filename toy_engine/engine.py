@@ -121,19 +121,19 @@ class Engine(RoundStages):
                 self._running.release()
 
     def abort(self, request_id: int) -> None:
-        """Stop a request; results already in flight for it are discarded when they land."""
+        """Stop a request; results already in flight for it are discarded when they land.  Called
+        from another thread than the one running ``generate``, it is queued and applied as the
+        next round is scheduled (before ``on_round``): only the loop's thread changes the run."""
         if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral):
             raise TypeError(f"abort() takes a request's id, an integer (Completion.id), got "
                             f"{type(request_id).__name__} {shown(request_id)}")
-        req = next((r for r in self._run.requests if r.id == request_id), None)
+        run = self._run  # read once: another thread may start the next run meanwhile
+        req = next((r for r in run.requests if r.id == request_id), None)
         if req is None:
             raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
-                             f"{shown([r.id for r in self._run.requests])})")
-        if not req.finished:
-            req.finish_reason = "abort"
-            if req in self.scheduler.waiting:
-                self.scheduler.waiting.remove(req)
-            self.scheduler.release_if_done(req)
+                             f"{shown([r.id for r in run.requests])})")
+        if not run.queue_abort(req):
+            self.scheduler.abort(req)
 
     @property
     def closed(self) -> bool:
@@ -165,6 +165,7 @@ class Engine(RoundStages):
         # as the loop starts, inside the try, so the run is recovered before the call returns.
         with hold_sigint() as held:
             self._clean = False
+            run.loop_thread = threading.get_ident()  # before the run is seen: aborts queue from now
             self._run, self.timeline = run, Timeline(meta=self._meta(run.requests))
             self.record = self.device.run_record = RunRecord()
             self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it

@@ -2,6 +2,7 @@
 an interrupted run leaks into the next), the rounds in flight in it, and the check that the
 loop keeps making progress."""
 
+import threading
 from dataclasses import dataclass, field
 
 from . import kernels
@@ -95,19 +96,42 @@ class Run:
                                                       accepted=0, discarded=0))
     prefill_rounds: set = field(default_factory=set)
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
+    loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
+    queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
+    _aborts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
         self.visible = list(self.requests)
 
+    def queue_abort(self, req: Request) -> bool:
+        """Queue ``req``'s abort if it comes from another thread than the loop's (a server's
+        client): the loop applies it at the next round's schedule, as vLLM's and SGLang's loops
+        drain theirs, so only the loop's thread touches the scheduler.  False: apply it now (the
+        loop's own thread, a plug-in; or the run is over and every request has ended)."""
+        with self._aborts_lock:
+            if self.loop_thread in (None, threading.get_ident()):
+                return False
+            self.queued_aborts.append(req)
+            return True
+
+    def take_aborts(self) -> list[Request]:
+        """The aborts queued since the last call, oldest first (the loop's thread applies them)."""
+        with self._aborts_lock:
+            taken, self.queued_aborts = self.queued_aborts, []
+        return taken
+
     def end(self) -> None:
         """Drop the plug-ins once the call returns (a closure over the engine here is a cycle); a
-        request a loop took out of the scheduler unfinished ends "abort", as its completion says."""
+        request a loop took out of the scheduler unfinished, or whose queued abort no round
+        boundary applied, ends "abort", as its completion says."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
         for req in self.requests:
             if not req.finished:
                 req.finish_reason = "abort"
+        with self._aborts_lock:  # every request has ended: an abort from now on has nothing to do
+            self.loop_thread, self.queued_aborts = None, []
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""

@@ -86,6 +86,15 @@ class Scheduler:
         self.round += 1
         return plan
 
+    def abort(self, req: Request) -> None:
+        """End ``req`` as aborted (a finished one keeps its reason): a waiting one never starts, a
+        running one is freed once no launched round can touch its cache."""
+        if not req.finished:
+            req.finish_reason = "abort"
+            if req in self.waiting:
+                self.waiting.remove(req)
+            self.release_if_done(req)
+
     def release_if_done(self, req: Request) -> None:
         """Free a finished request once no launched round can touch its cache."""
         if req.finished and req.num_inflight == 0:

@@ -33,7 +33,10 @@ class RoundStages:
     _run: Run
 
     def schedule(self) -> Plan | None:
-        """The next round's plan; None when nothing can be launched now (or no work is left)."""
+        """The next round's plan; None when nothing can be launched now (or no work is left).
+        Aborts queued from other threads are applied first, at this round boundary."""
+        for req in self._run.take_aborts():
+            self.scheduler.abort(req)
         if not self.scheduler.has_work():
             return None
         start, run = self.timeline.now_ms(), self._run

@@ -4,9 +4,12 @@ Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refus
 finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
 
+import functools
+import inspect
 import math
 import numbers
 import operator
+import types
 
 SEED_LIMIT = 2**63  # seeds travel to the device as int64
 SHOWN_CHARS = 80  # how much of a rejected value a message repeats
@@ -68,7 +71,42 @@ def check_choice(name: str, value, choices: tuple) -> str:
 
 
 def check_callable(name: str, value, allow_none: bool = True):
-    if callable(value) or (allow_none and value is None):
+    if callable(value):
+        why = never_runs(value)
+        if why is not None:
+            raise TypeError(f"{name} must be a plain function, but {why}")
+        return value
+    if allow_none and value is None:
         return value
     what = "a function or None" if allow_none else "a function"
     raise TypeError(f"{name} must be {what}, got {type(value).__name__} {shown(value)}")
+
+
+# What a call of a function with these code flags makes instead of running its body.
+_NEVER_RUNS = ((inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR,
+                "an async function (`async def`): calling it only makes a coroutine that nothing "
+                "here awaits, so its body would never run; define it with a plain `def`"),
+               (inspect.CO_GENERATOR,
+                "a generator function (it contains `yield`): calling it only makes a generator, "
+                "so its body would never run; use `return`, not `yield`"))
+MAX_WRAPPERS = 100  # partials and bound methods around a function (a partial may wrap itself)
+
+
+def never_runs(value) -> str | None:
+    """Why calling ``value`` would not run its body (it would answer a generator or coroutine,
+    taken for a true answer or ignored), or None.  Reads types only: the attributes of a
+    learner's object are its own code, which may raise."""
+    for _ in range(MAX_WRAPPERS):
+        if type(value) is functools.partial:
+            value = value.func
+        elif type(value) is types.MethodType:
+            value = value.__func__
+        else:
+            break
+    if type(value) is not types.FunctionType:  # an object: its class's own __call__
+        value = inspect.getattr_static(type(value), "__call__", None)
+    if type(value) is not types.FunctionType:  # a builtin, a class, a C type's call
+        return None
+    code = value.__code__
+    return next((f"{code.co_qualname} is {why}" for flags, why in _NEVER_RUNS
+                 if code.co_flags & flags), None)

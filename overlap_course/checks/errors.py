@@ -89,9 +89,10 @@ def _raised_by_toy(err: BaseException) -> bool:
 
 
 def checkers(err, cls: type) -> bool:
-    """Whether ``err`` is the checker's own ``cls`` (``answers.Junk``, ``lab_runs.Runaway``) as
-    the checker raised it: that very class, raised in the module that defines it.  The learner's
-    code may raise the class, or a subclass whose ``__str__`` raises: that is the learner's."""
+    """Whether ``err`` is the checker's own ``cls`` (``answers.Junk``, ``lab_runs.Runaway``, the
+    labs' ``plugins.NotTrueOrFalse``) as the checker raised it: that very class, raised in the
+    module that defines it.  The learner's code may raise the class, or a subclass whose
+    ``__str__`` raises: that is the learner's."""
     return type(err) is cls and _raised_in(err) == os.path.abspath(
         sys.modules[cls.__module__].__file__)
 

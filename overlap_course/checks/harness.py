@@ -24,6 +24,7 @@ import torch
 
 from overlap_course import progress
 from toy_engine.interrupts import hold_sigint
+from toy_engine.validate import never_runs
 
 from . import answers, errors, pool, sandbox
 from .verdict import Verdict, fails
@@ -149,9 +150,11 @@ def exercise_check(*warm):
             try:  # appended inside: a Ctrl-C right after it must not leave the name behind
                 _RUNNING.append(check.__name__)
                 note = restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
-                for step in warm:
-                    step()
-                verdict = _cut(_time_limited(check, args, kwargs))
+                verdict = _never_runs(check, args, kwargs)
+                if verdict is None:
+                    for step in warm:
+                        step()
+                    verdict = _cut(_time_limited(check, args, kwargs))
             finally:
                 _RUNNING.clear()  # only this check's name: a nested one returned above
             patched = _PRISTINE.restore()
@@ -167,6 +170,21 @@ def exercise_check(*warm):
             return verdict
         return progress.recorded(guarded)
     return wrap
+
+
+def _never_runs(check, args, kwargs) -> Verdict | None:
+    """The verdict on a function given to an exercise check that a call would not run (a
+    generator or async function: the check would judge the generator or coroutine it makes
+    as if it were the function's work), or None."""
+    try:
+        given = inspect.signature(check).bind(*args, **kwargs).arguments
+    except TypeError:
+        return None  # the check's call raises Python's own message, naming the argument
+    for param, value in given.items():
+        why = never_runs(value)
+        if why is not None:
+            return fails("shape", f"your `{param}` must be a plain function, but {why}")
+    return None
 
 
 def restored_note(changed: list[str], was: dict | None = None) -> str:

@@ -7,6 +7,7 @@ Each names the run, the prompt and how that prompt ends with the engine's own co
 
 from __future__ import annotations
 
+from overlap_course.labs import plugins
 from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
@@ -43,6 +44,12 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
     last refusal), or a runaway the check stopped."""
     if isinstance(err, NotImplementedError):
         return not_implemented("`wants_more`")
+    if checkers(err, plugins.NotTrueOrFalse):
+        when = f" before round {calls[-1][0]}" if calls else ""
+        hint = " (a function that ends without `return` returns None)" if err.answer is None else ""
+        return fails("shape", f"{run}: your `{err.name}` returned {show(err.answer)} for "
+                              f"{runs.who(run.prompts, err.prompt)}{when}, not True or False"
+                              f"{hint}: return whether the scheduler should plan it again")
     if isinstance(err, RecursionError):
         return fails("calls_itself", "your wants_more calls `req.wants_more()`, which in this run "
                                      "*is* your function: it called itself until Python gave up. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+import types
 from dataclasses import dataclass
 
 from overlap_course.labs import plugins
@@ -145,6 +146,8 @@ def policy_run(policy, run: PolicyRun, cap: int, now: InProgress | None = None):
         calls.append((engine.scheduler.round, req.index, len(req.output_ids), req.num_inflight, req.finished,
                       bool(wanted)))
         return wanted
+    # per_request's messages name the learner's function (its own name read only from a function)
+    spy.__name__ = policy.__name__ if type(policy) is types.FunctionType else "wants_more"
 
     try:
         outs = _policy_generate(run, capped(plugins.per_request(wants_more=spy), cap))

@@ -11,6 +11,9 @@ import difflib
 import functools
 import inspect
 import itertools
+import time
+
+import numpy as np
 
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
@@ -57,19 +60,32 @@ def per_request(**methods):
     return on_round
 
 
+class NotTrueOrFalse(TypeError):
+    """``wants_more`` (the function ``name``) answered something else than True or False
+    (``answer``, for the prompt ``prompt``): a function that forgot its ``return`` answers
+    None, and the run would stop blaming the loop."""
+
+    def __init__(self, name: str, answer, prompt: int):
+        hint = " (no `return` gives None)" if answer is None else ""
+        super().__init__(f"per_request(wants_more={name}) returned {shown(answer)} for prompt "
+                         f"{prompt}, not True or False{hint}")
+        self.name, self.answer, self.prompt = name, answer, prompt
+
+
 def _answer_checked(name: str, method, req):
-    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False: a function
-    that forgot its ``return`` answered None, and the run stopped blaming the loop."""
+    """``method`` bound to ``req``; ``wants_more``'s answer must be True or False (numpy's
+    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are)."""
     bound = functools.partial(method, req)
     if name != "wants_more":
         return bound
 
     def wants_more():
         answer = bound()
+        if type(answer) is np.bool_:  # numpy's bool type cannot be subclassed: exactly that
+            answer = bool(answer)
         if type(answer) is not bool:
-            raise TypeError(f"per_request(wants_more={getattr(method, '__name__', 'f')}) "
-                            f"returned {shown(answer)} for prompt {req.index}: it must "
-                            f"return True or False (no `return` gives None)")
+            raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
+                                 req.index)
         return answer
     return wants_more
 
@@ -162,18 +178,44 @@ def ring_engine() -> Engine:
 
 
 _LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
+#: How long Python's exit waits for a learner's engine still running in another thread (its
+#: requests aborted: the run ends within a round or two) before leaving it to its device.
+EXIT_WAIT_S = 2.0
 
 
 def learners_engine(name: str, config: EngineConfig) -> Engine:
     """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
     host slots; a closed one is replaced (it would refuse every run, and no plain engine has
-    the ring's slots)."""
+    the ring's slots); closed when Python exits."""
     engine = _LEARNERS.get(name)
     if engine is None or engine.closed:
         with ring(MAX_SLOTS):
             engine = _LEARNERS[name] = Engine(config)
-        atexit.register(engine.close)
+        # Registered (again) once a device exists: atexit runs the last registered first, and
+        # the devices' finalizers (weakref.finalize's, registered with the first) after this.
+        atexit.unregister(_close_learners)
+        atexit.register(_close_learners)
     return engine
+
+
+def _close_learners() -> None:
+    """Close the engines handed out, quietly, as Python exits: one still running in another
+    thread (a daemon thread's ``generate``) has its requests aborted and is closed once the run
+    returns; past EXIT_WAIT_S the device's own finalizer, which runs after this, stops it."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for engine in _LEARNERS.values():
+        for req in list(engine.requests):
+            with contextlib.suppress(Exception):  # an object a learner put there; a new run
+                engine.abort(req.id)
+        while True:
+            try:
+                engine.close()
+                break
+            except RuntimeError:  # generate still runs
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+    _LEARNERS.clear()
 
 
 def check_takes(name: str, function, params: list[str]) -> None:
