@@ -22,6 +22,7 @@ from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
 from .learner_code import loop_verdict, run_loop
+from .readings import decimals, gap_in_seconds, near, shortened
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_round_gap", "check_largest_host_stage", "check_overhead_gap", "host_ms_per_round",
@@ -41,36 +42,6 @@ def _round_extent(timeline) -> tuple[dict, dict]:
 GAP_PRECISION_MS = 0.005
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= max(1e-3, 1e-3 * abs(b))
-
-
-def _decimals(x: float) -> int:
-    """How many decimals a number was written with (1.37 -> 2, 8e-05 -> 5; a float32's noise
-    and digits past the sixth ignored)."""
-    return len(f"{round(float(x), 6):.6f}".rstrip("0").split(".")[1])
-
-
-def _shortened(answer: float, true: float,
-               whole: str | None = "whole milliseconds") -> str | None:
-    """How ``answer`` is ``true`` written with fewer digits ("cut to 2 decimals", "rounded to
-    whole milliseconds"), or None: written with d decimals, it is ``true`` rounded or cut
-    (``int()``, ``math.trunc``) to d decimals.  Only those: 1.0 for a gap of 0.3 is neither.
-    ``whole`` None: a whole number is never taken for one (a fraction's 0 or 1 says nothing)."""
-    digits = _decimals(answer)
-    if digits == 0 and whole is None:
-        return None
-    scale = 10 ** digits
-    ways = [how for how, value in (("cut", math.trunc(round(true * scale, 6)) / scale),
-                                   ("rounded", round(true, digits)))
-            if abs(answer - value) <= 1e-6 * max(1.0, abs(value))]
-    if not ways:
-        return None
-    to = whole if digits == 0 else f"{digits} decimal{'s' * (digits != 1)}"
-    why = " (int() drops the decimals)" if ways == ["cut"] and digits == 0 else ""
-    return f"{' or '.join(ways)} to {to}{why}"
-
-
 @notebook_check
 @context.given(timeline=context.timeline("the serial run's timeline (engine.timeline)"),
                round=context.whole(0, context.BIG, "the round asked about (10)"))
@@ -84,7 +55,7 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     if round not in first_start or round - 1 not in last_end:
         return fails("setup", f"this timeline has no rounds {round - 1} and {round} on its device lane")
     want = first_start[round] - last_end[round - 1]
-    if _close(gap_ms, want):
+    if near(gap_ms, want):
         return passes(f"{want:.3f} ms between the end of round {round - 1}'s sample and the start of round "
                       f"{round}'s upload: the device had nothing queued")
     # Written to the rule's two decimals, it passes even where another gap of the run lies as
@@ -95,42 +66,28 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
              f"(the check's one rule: two decimals of a millisecond). It runs from the end of "
              f"round {round - 1}'s sample to the start of round {round}'s upload: the device had "
              f"nothing queued")
-    if within and _decimals(gap_ms) <= 2:
+    if within and decimals(gap_ms) <= 2:
         return passes(close)
     if not within and abs(gap_ms * 1e3 - want) <= 1e-3 * abs(want):  # the very gap, in seconds
-        return _in_seconds(gap_ms, want)
+        return gap_in_seconds(gap_ms, want, GAP_PRECISION_MS)
     for value, category, why in _gap_mistakes(timeline, round, want):
-        if _close(gap_ms, value):
+        if near(gap_ms, value):
             return fails(category, f"{gap_ms:.3f} ms: {why}")
     if within:
         return passes(close)
-    shortened = _shortened(gap_ms, want)
-    if shortened is not None:
+    how = shortened(gap_ms, want)
+    if how is not None:
         return fails("too_few_digits",
-                     f"close: {gap_ms:.{_decimals(gap_ms)}f} ms is the gap {shortened}, but "
+                     f"close: {gap_ms:.{decimals(gap_ms)}f} ms is the gap {how}, but "
                      f"the check's rule is two decimals (within {GAP_PRECISION_MS} ms). Read it "
                      f"to more digits: the hover shows start and end to three decimals, or "
                      f"subtract the two spans' times in code (timeline.lane(\"device\"))")
-    verdict = _in_seconds(gap_ms, want)  # a short reading: a tiny measured mistake may be as near
+    # A short reading in seconds comes after the measured mistakes: a tiny one may be as near.
+    verdict = gap_in_seconds(gap_ms, want, GAP_PRECISION_MS)
     if verdict is not None:
         return verdict
     return fails("wrong", f"{gap_ms:.3f} ms is not the gap: take the start of round {round}'s first device span "
                           f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
-
-
-def _in_seconds(gap_ms: float, want: float) -> Verdict | None:
-    """The gap written in seconds: x1000 it is the gap by the rule, or the gap cut or rounded
-    (0.0008 for 0.8245 ms).  Its own value in ms says nothing ("0.000 ms"), so it is not shown."""
-    ms, shortened = gap_ms * 1e3, _shortened(gap_ms * 1e3, want)
-    if abs(ms - want) <= max(GAP_PRECISION_MS, 1e-3 * abs(want)):
-        read = f"{ms:g} ms, the gap"
-    elif shortened is not None:
-        read = (f"{ms:g} ms, the gap {shortened} (the check's rule is two decimals, within "
-                f"{GAP_PRECISION_MS} ms)")
-    else:
-        return None
-    return fails("seconds", f"{gap_ms:g} looks like the gap in seconds: x1000 gives {read}. The "
-                            f"timeline's times are already in milliseconds: write the gap in ms")
 
 
 def _gap_mistakes(timeline, round: int, want: float) -> list[tuple[float, str, str]]:
@@ -403,10 +360,10 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if any(close(got, idle / wall) for wall in (getattr(engine.stats, "wall_ms", extent), extent)):
         return fails("wall_denominator", "wall_ms also counts host-only time before the first and after the last "
                                          "device work; use idle + busy as the denominator")
-    shortened = _shortened(got, expected, whole=None)
-    if shortened is not None:  # 0.32 for 0.3167 (round 11)
+    how = shortened(got, expected, whole=None)
+    if how is not None:  # 0.32 for 0.3167 (round 11)
         return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction "
-                                    f"{shortened}; the check allows 1e-6, so return it unrounded")
+                                    f"{how}; the check allows 1e-6, so return it unrounded")
     if f"{got:.4f}" == f"{expected:.4f}":  # "got 0.3167, expected 0.3167" said nothing (round 11)
         return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction rounded "
                                     f"or cut; the check allows 1e-6, so return it unrounded")
