@@ -5,6 +5,7 @@ way the checker reads it; and a code answer made of a function the submission wr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -33,8 +34,9 @@ def encode(value, depth: int = 0, budget: list | None = None):
     integer (numpy's ``int64``, a 0-d array) by ``operator.index``, a real number by ``float``,
     any ``Mapping`` (a ``MappingProxyType``, ``UserDict``, ``ChainMap``) as a dict of its items,
     as the checker's ``dict(answer)`` reads its marks, a container (a namedtuple, a dict's keys,
-    an array, a pandas Series) by its first ``MAX_ITEMS + 1`` items, as the checker's
-    ``answers.items`` reads them (one more: the checker's own verdict on a longer one).
+    an array, a pandas Series; a dataclass with the ``__eq__`` dataclasses gave it, as a tuple)
+    by its first ``MAX_ITEMS + 1`` items, as the checker's ``answers.items`` reads them and
+    unpacks a pair (one more: the checker's own verdict on a longer one).
     """
     budget = [0] if budget is None else budget
     budget[0] += 1
@@ -58,7 +60,8 @@ def _plain(value) -> tuple[str, object]:
     kind = type(value)
     if kind in (type(None), bool, int, float, str):
         return _TAGS[kind], value
-    if _learners_eq(value):
+    if _learners_eq(value) and not (_dataclass_eq(kind) and not isinstance(
+            value, (str, numbers.Number, Mapping))):  # a record's is read below, by its items
         raise ValueError(f"a {kind.__name__} has an `__eq__` of its own: write it with sets, "
                          f"lists, tuples, dicts, strings and numbers")
     if isinstance(value, str):
@@ -79,12 +82,15 @@ def _plain(value) -> tuple[str, object]:
     if isinstance(value, Mapping):  # the checker's dict(answer) reads its keys, then each item
         keys = list(itertools.islice(iter(value.keys()), MAX_ITEMS + 1))
         return "dict", [(key, value[key]) for key in keys]
-    base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)), list)
+    record = dataclasses.is_dataclass(kind)  # unpacked by its items, as astuple gives them
+    base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)),
+                tuple if record else list)
     try:
         return _TAGS[base], list(itertools.islice(iter(value), MAX_ITEMS + 1))
     except TypeError:
-        raise ValueError(f"{refused}: write it with sets, lists, tuples, dicts, strings and "
-                         f"numbers") from None
+        fix = ("a tuple of its fields (dataclasses.astuple)" if record
+               else "it with sets, lists, tuples, dicts, strings and numbers")
+        raise ValueError(f"{refused}: write {fix}") from None
 
 
 def _learners_eq(value) -> bool:
@@ -95,6 +101,25 @@ def _learners_eq(value) -> bool:
         return False
     where = equals.__code__.co_filename
     return not (where.startswith("<frozen ") or os.path.realpath(where).startswith(_LIBRARY))
+
+
+def _dataclass_eq(kind) -> bool:
+    """Whether ``kind``'s ``__eq__`` is the one ``dataclasses`` wrote for it (same class, and its
+    compared fields equal as a tuple): the code of a twin dataclass's, with no closure, so that
+    no comparison the learner wrote is taken for it."""
+    equals = inspect.getattr_static(kind, "__eq__", None)
+    try:
+        names = tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+        twin = _twin_eq(names)
+    except (TypeError, ValueError):  # not a dataclass, or fields no dataclass can have
+        return False
+    return (type(equals) is types.FunctionType and equals.__closure__ is None
+            and equals.__defaults__ is None and equals.__code__ == twin)
+
+
+@functools.lru_cache(maxsize=64)
+def _twin_eq(names: tuple) -> types.CodeType:
+    return dataclasses.make_dataclass("Twin", names).__eq__.__code__
 
 
 def decode(node):
