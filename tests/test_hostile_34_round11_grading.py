@@ -181,6 +181,29 @@ def test_a_cached_answer_keeps_its_cache_an_unhashable_argument_raises_in_both()
             call({"seqlens_k": [1]}, 4)
 
 
+TAMPERED = {
+    "parameters": "answer = functools.cache(_record)\n_said = answer.cache_parameters\n"
+                  "dict(zip(_said.__code__.co_freevars, _said.__closure__))['maxsize']"
+                  ".cell_contents = functools.partial(getattr, print)\n",
+    "cache-info": "class _Info:\n    def __new__(cls, *a):\n"
+                  "        return functools._CacheInfo(0, 0, functools.partial(getattr, print), 0)"
+                  "\nanswer = functools._lru_cache_wrapper(_record, None, False, _Info)\n"
+                  "answer.__wrapped__ = _record\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAMPERED))
+def test_a_cache_with_tampered_parameters_is_remade_as_a_plain_cache(kind):
+    """``lru_cache(maxsize=f)`` calls ``f`` on the function: a callable put in the place of
+    the size would choose what the judge runs."""
+    cell = RECORDER + TAMPERED[kind]
+    kernel = _cells_space(cell)["answer"]
+    [judged] = judge_process._code_arguments([cell], ["answer"], toy_engine, {}, Watch())
+    assert type(judged) is type(kernel) and judged("x") == kernel("x") == ["str"]
+    assert judged.cache_info().maxsize is None
+    assert judged.__wrapped__.__code__.co_filename == "<submission cell 1>"
+
+
 @pytest.mark.parametrize("cell", [
     "answer = types.MethodType(functools.partial(max, 1), Holder())\n",
     "class Loops:\n    @functools.cache\n    def run(self):\n        pass\n"

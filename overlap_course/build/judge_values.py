@@ -189,12 +189,14 @@ def _method(bound, function):
 
 
 def _cache_like(wrapper):
-    """A new ``functools.lru_cache`` made as ``wrapper``'s was: its size read from C, ``typed``
-    from functools' own ``cache_parameters`` (no code of the submission's runs)."""
+    """A new ``functools.lru_cache`` made as ``wrapper``'s was, as functools' own
+    ``cache_parameters`` holds it: no code of the submission's runs, and a size that is no
+    number (a callable: ``lru_cache`` would call it on the function) is no size."""
     said = inspect.getattr_static(wrapper, "cache_parameters", None)
-    typed = (type(said) is types.FunctionType and said.__code__ in _PARAMETERS
-             and said()["typed"] is True)
-    return functools.lru_cache(maxsize=_CACHED.cache_info(wrapper).maxsize, typed=typed)
+    made = said() if type(said) is types.FunctionType and said.__code__ in _PARAMETERS else {}
+    maxsize = made.get("maxsize")
+    return functools.lru_cache(maxsize=maxsize if type(maxsize) is int else None,
+                               typed=made.get("typed") is True)
 
 
 # A function under functools.cache or lru_cache: its C wrapper (bound as a method like a
