@@ -55,11 +55,11 @@ not inherited; the re-hash after the judge catches such writes to the course's a
 sources and bytecode, unless the process leaves the judge's process group on purpose and writes
 later) -- all of it in the submission, for the instructor to read.  A right answer the judge runs
 differently from the kernel: a helper module submitted next to the notebook is not in the judge's
-folder (only one the cells write there; the kernel's folder may hold what it wrote unguarded),
-and ``Out[N]`` counts only the cells the judge runs (graded cells are left out).  Exercise 04's
-run on valueless tensors catches code that reads values, skips that run or works differently
-there, not code that fakes a correction of its own when ``is_meta`` (it is in the submission,
-for the instructor to read).  And the kernel runs as the
+folder (only one the cells write there, with ``open`` or ``%%writefile``; the kernel's folder may
+hold what it wrote unguarded), and ``Out[N]`` counts only the cells the judge runs (graded cells
+are left out).  Exercise 04's run on valueless tensors catches code that reads values, skips
+that run or works differently there, not code that fakes a correction of its own when
+``is_meta`` (it is in the submission, for the instructor to read).  And the kernel runs as the
 grader's user, before any judge: it can rewrite torch or the standard library, which are not
 hashed (too large to hash per process), so grade where submissions cannot write the course
 folder or the environment (a container, as otter-grader recommends).

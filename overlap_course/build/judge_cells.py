@@ -10,6 +10,7 @@ import builtins
 import inspect
 import io
 import os
+import re
 import tokenize
 
 __all__ = ["run_cells"]
@@ -105,8 +106,9 @@ def _quiet(source: str) -> bool:
 
 class _Magics:
     """The judge's ``get_ipython()``: magics that only time, show or set how things are shown
-    run their cell as plain code or do nothing, ``%env`` sets ``os.environ``; any other
-    (``!pip``, ``%run``, ``%%writefile``) is an error that names it."""
+    run their cell as plain code or do nothing, ``%env`` sets ``os.environ``, ``%%writefile``
+    writes its file in the judge's folder (for a later cell to import, as the kernel's cells
+    import it from theirs); any other (``!pip``, ``%run``) is an error that names it."""
 
     CELL = {"time", "timeit", "capture", "prun"}
     LINE = {"matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport",
@@ -117,6 +119,8 @@ class _Magics:
         self._space = space
 
     def run_cell_magic(self, magic: str, line: str, cell: str):
+        if magic in ("writefile", "file"):  # %%file: IPython's other name for it
+            return _write_file(self._space, line, cell)
         if magic not in self.CELL:
             raise NameError(f"the judge does not run the cell magic %%{magic}: remove it")
         exec(compile(_parsed(cell), f"<%%{magic} cell>", "exec"), self._space)  # noqa: S102
@@ -146,3 +150,26 @@ def _env(line: str):
         return os.environ[name]
     os.environ[name.strip()] = value.strip()
     return None
+
+
+def _write_file(space: dict, line: str, cell: str) -> None:
+    """IPython's ``%%writefile [-a] NAME`` (its own parser; ``{name}`` and ``$name`` read from
+    the cells' names): the cell's text into NAME, which must be in the judge's folder -- the
+    judge reads no other -- so a path outside it is an error that says how to write it."""
+    from IPython.core.magic_arguments import parse_argstring
+    from IPython.core.magics.osm import OSMagics
+    from IPython.utils.text import DollarFormatter
+
+    try:
+        line = DollarFormatter().vformat(line, args=[], kwargs=space)
+    except Exception:  # noqa: BLE001 - as IPython: the line as written
+        pass
+    args = parse_argstring(OSMagics.writefile, line)
+    quoted = re.match(r"^('.*')|(\".*\")$", args.filename)
+    name = os.path.expanduser(args.filename[1:-1] if quoted else args.filename)
+    if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == "..":
+        raise PermissionError(f"%%writefile: the judge writes only a path inside the notebook's "
+                              f"folder (%%writefile my_helpers.py), where a later cell imports "
+                              f"it from, not {name}")
+    with open(name, "a" if args.append else "w", encoding="utf-8") as f:
+        f.write(cell)

@@ -201,7 +201,9 @@ def _reporter(path: str, secret: str):
 
 
 def _missing(name: str, notes: list[str]) -> str:
-    why = f" ({notes[-1]})" if notes else ""
+    """Why ``name`` is missing: the cells that raised, the first ones (the cause: a file a
+    ``%%writefile`` could not write comes before the import that then failed)."""
+    why = f" ({'; '.join(notes[:3])}{'; ...' if len(notes) > 3 else ''})" if notes else ""
     return f"`{name}` is not defined by your notebook's cells above the check{why}"
 
 

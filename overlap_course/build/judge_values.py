@@ -5,6 +5,7 @@ way the checker reads it; and a code answer made of a function the submission wr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -33,8 +34,9 @@ def encode(value, depth: int = 0, budget: list | None = None):
     integer (numpy's ``int64``, a 0-d array) by ``operator.index``, a real number by ``float``,
     any ``Mapping`` (a ``MappingProxyType``, ``UserDict``, ``ChainMap``) as a dict of its items,
     as the checker's ``dict(answer)`` reads its marks, a container (a namedtuple, a dict's keys,
-    an array, a pandas Series) by its first ``MAX_ITEMS + 1`` items, as the checker's
-    ``answers.items`` reads them (one more: the checker's own verdict on a longer one).
+    an array, a pandas Series; a dataclass with the ``__eq__`` dataclasses gave it, as a tuple)
+    by its first ``MAX_ITEMS + 1`` items, as the checker's ``answers.items`` reads them and
+    unpacks a pair (one more: the checker's own verdict on a longer one).
     """
     budget = [0] if budget is None else budget
     budget[0] += 1
@@ -58,7 +60,8 @@ def _plain(value) -> tuple[str, object]:
     kind = type(value)
     if kind in (type(None), bool, int, float, str):
         return _TAGS[kind], value
-    if _learners_eq(value):
+    if _learners_eq(value) and not (_dataclass_eq(kind) and not isinstance(
+            value, (str, numbers.Number, Mapping))):  # a record's is read below, by its items
         raise ValueError(f"a {kind.__name__} has an `__eq__` of its own: write it with sets, "
                          f"lists, tuples, dicts, strings and numbers")
     if isinstance(value, str):
@@ -79,12 +82,15 @@ def _plain(value) -> tuple[str, object]:
     if isinstance(value, Mapping):  # the checker's dict(answer) reads its keys, then each item
         keys = list(itertools.islice(iter(value.keys()), MAX_ITEMS + 1))
         return "dict", [(key, value[key]) for key in keys]
-    base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)), list)
+    record = dataclasses.is_dataclass(kind)  # unpacked by its items, as astuple gives them
+    base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)),
+                tuple if record else list)
     try:
         return _TAGS[base], list(itertools.islice(iter(value), MAX_ITEMS + 1))
     except TypeError:
-        raise ValueError(f"{refused}: write it with sets, lists, tuples, dicts, strings and "
-                         f"numbers") from None
+        fix = ("a tuple of its fields (dataclasses.astuple)" if record
+               else "it with sets, lists, tuples, dicts, strings and numbers")
+        raise ValueError(f"{refused}: write {fix}") from None
 
 
 def _learners_eq(value) -> bool:
@@ -95,6 +101,25 @@ def _learners_eq(value) -> bool:
         return False
     where = equals.__code__.co_filename
     return not (where.startswith("<frozen ") or os.path.realpath(where).startswith(_LIBRARY))
+
+
+def _dataclass_eq(kind) -> bool:
+    """Whether ``kind``'s ``__eq__`` is the one ``dataclasses`` wrote for it (same class, and its
+    compared fields equal as a tuple): the code of a twin dataclass's, with no closure, so that
+    no comparison the learner wrote is taken for it."""
+    equals = inspect.getattr_static(kind, "__eq__", None)
+    try:
+        names = tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+        twin = _twin_eq(names)
+    except (TypeError, ValueError):  # not a dataclass, or fields no dataclass can have
+        return False
+    return (type(equals) is types.FunctionType and equals.__closure__ is None
+            and equals.__defaults__ is None and equals.__code__ == twin)
+
+
+@functools.lru_cache(maxsize=64)
+def _twin_eq(names: tuple) -> types.CodeType:
+    return dataclasses.make_dataclass("Twin", names).__eq__.__code__
 
 
 def decode(node):
@@ -113,33 +138,36 @@ def decode(node):
 
 def code_answer(name: str, value, foreign):
     """The function a code answer runs, or why the judge cannot judge it: a ``def`` as it is;
-    under decorators that keep it (``functools.wraps``, ``cache``, ``lru_cache``) the function
-    itself; a ``functools.partial`` of one, remade from its arguments read as plain values; a
-    method (``Loops().run``, a classmethod) or an object whose ``__call__`` the submission
-    defines, bound to the submission's own object; a ``staticmethod`` object, its function.  ``foreign(code)``: whether the code is the
-    submission's."""
-    args, keywords, unwrapped, found, bound = (), {}, False, type(value).__name__, _NOTHING
+    a ``def`` under what the kernel's call goes through on its way to it, remade around it as
+    it was, so that the judge's call is the kernel's: a ``functools.partial`` (the same argument
+    objects, of the same types), a ``functools.cache`` / ``lru_cache`` (a new cache of the same
+    size: an unhashable argument raises in both), a method (``Loops().run``, a classmethod, an
+    object whose ``__call__`` the submission defines) bound to the submission's own object; a
+    ``staticmethod`` object, or another decorator's ``__wrapped__``, as the function it holds.
+    ``foreign(code)``: whether the code is the submission's."""
+    remakes, unwrapped, found = [], False, type(value).__name__  # outermost first
     for _ in range(_MAX_UNWRAP):
         call = inspect.getattr_static(type(value), "__call__", None)  # what calling it runs
-        if type(value) is functools.partial:
-            args, keywords = value.args + args, {**value.keywords, **keywords}
-            value, unwrapped = value.func, True
-        elif type(value) is types.FunctionType or value is None:
+        if type(value) is types.FunctionType or value is None:
             break
+        found, unwrapped = type(value).__name__, True
+        if type(value) is functools.partial:
+            remakes.append(functools.partial(_partial, value.args, value.keywords))
+            value = value.func
         elif type(value) is staticmethod:  # callable since Python 3.10: its function runs
-            found, value, unwrapped = "staticmethod", value.__func__, True
-        elif bound is _NOTHING and type(call) is staticmethod:  # __call__ = staticmethod(f)
-            found, value, unwrapped = type(value).__name__, call.__func__, True
-        elif bound is _NOTHING and (type(value) is types.MethodType
-                                    or type(call) is types.FunctionType):
-            found, unwrapped = type(value).__name__, True
+            value = value.__func__
+        elif type(call) is staticmethod:  # __call__ = staticmethod(f)
+            value = call.__func__
+        elif type(value) is types.MethodType or type(call) in (types.FunctionType, _CACHED):
             bound, value = ((value.__self__, value.__func__) if type(value) is types.MethodType
                             else (value, call))
-            if type(value) is not types.FunctionType:
-                break  # a method of a partial or of a wrapper: not judged
+            remakes.append(functools.partial(_method, bound))
+        elif call is None:
+            break  # not callable (a classmethod object): the kernel's call raises
         else:  # read as it is stored: no property or __getattr__ of the submission's runs
-            found = type(value).__name__
-            value, unwrapped = inspect.getattr_static(value, "__wrapped__", None), True
+            if type(value) is _CACHED:
+                remakes.append(_cache_like(value))
+            value = inspect.getattr_static(value, "__wrapped__", None)
     if type(value) is not types.FunctionType or (unwrapped and not foreign(value.__code__)):
         if value is not None:
             found = (type(value).__name__ if type(value) is not types.FunctionType
@@ -147,14 +175,33 @@ def code_answer(name: str, value, foreign):
         return (f"`{name}` must be a function your cells define (with `def`, alone, in a "
                 f"functools.partial, under @functools.cache, or a method of a class they "
                 f"define), not a {found}")
-    try:
-        args, keywords = decode(encode(args)), decode(encode(keywords))
-    except Exception as err:  # noqa: BLE001 - an argument's own code (its __iter__) raised
-        return (f"`{name}` is a functools.partial whose arguments are not plain values ({err}): "
-                f"write a `def` that calls your function with them")
-    if bound is not _NOTHING:
-        value = types.MethodType(value, bound)
-    return functools.partial(value, *args, **keywords) if args or keywords else value
+    for remake in reversed(remakes):
+        value = remake(value)
+    return value
 
 
-_NOTHING = object()  # no object bound to the function
+def _partial(args: tuple, keywords: dict, function):
+    return functools.partial(function, *args, **keywords)
+
+
+def _method(bound, function):
+    return types.MethodType(function, bound)
+
+
+def _cache_like(wrapper):
+    """A new ``functools.lru_cache`` made as ``wrapper``'s was, as functools' own
+    ``cache_parameters`` holds it: no code of the submission's runs, and a size that is no
+    number (a callable: ``lru_cache`` would call it on the function) is no size."""
+    said = inspect.getattr_static(wrapper, "cache_parameters", None)
+    made = said() if type(said) is types.FunctionType and said.__code__ in _PARAMETERS else {}
+    maxsize = made.get("maxsize")
+    return functools.lru_cache(maxsize=maxsize if type(maxsize) is int else None,
+                               typed=made.get("typed") is True)
+
+
+# A function under functools.cache or lru_cache: its C wrapper (bound as a method like a
+# function, it calls the function with the object first), and the code of functools' two
+# ``cache_parameters`` (lru_cache(f), and lru_cache(...)(f))
+_CACHED = type(functools.lru_cache(lambda: None))
+_PARAMETERS = tuple(made(lambda: None).cache_parameters.__code__
+                    for made in (functools.lru_cache, functools.lru_cache(typed=True)))
