@@ -10,6 +10,7 @@ The rule now, for every command: a SIGINT the process receives from its first li
 code (the package ``overlap_course`` for ``python -m``, the script's first line) until its last
 finalizer has run says ``PROG: interrupted`` and ends it with exit status 130, never a
 traceback; one after that finds the command finished: its output and exit status are its own.
+``./run.sh``, before it hands over to the command's Python, says ``run.sh: interrupted`` (130).
 (Python's own start, before any course code, is Python's: not tested here.)
 
 The SIGINT is sent by the process to itself at a chosen point (:data:`SITECUSTOMIZE`, first on
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -312,3 +314,31 @@ def test_a_sigint_while_the_service_ends_changes_nothing(tmp_path):
     assert marks == ["sent in a finalizer"], (marks, err[-1500:])
     assert (status, err.count("\n")) == (2, 1) and "JupyterHub environment" in err, err[-1500:]
 
+
+# A terminal's Ctrl-C (run.sh and its children) as run.sh's Python says which version it is.
+RUN_SH_SITE = """
+import os, signal, sys
+if os.environ.pop("CTRL_C_RUN_SH", ""):
+    sys.addaudithook(lambda event, args: event == "import" and args[0] == "platform"
+                     and os.killpg(0, signal.SIGINT))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_run_sh_checks_its_setup_is_one_line_and_130(tmp_path):
+    """Every ``./run.sh`` command first asks the .venv's Python its version: a Ctrl-C there was
+    that Python's ``KeyboardInterrupt`` traceback, and run.sh died of it without a word."""
+    for name in ("run.sh", "pyproject.toml", "environment.yml", "scripts/install_torch.sh"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(RUN_SH_SITE, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "CTRL_C_RUN_SH": "1"}
+    env.pop("PYTHON", None)
+    done = subprocess.run(["bash", str(tmp_path / "run.sh"), "trace", "summary", TRACE],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                          start_new_session=True, preexec_fn=_as_from_a_terminal)
+    assert (done.returncode, done.stderr) == (130, "run.sh: interrupted\n"), done.stderr[-1500:]
+    assert not (tmp_path / ".venv" / ".run-sh-setup").exists()  # it stopped before setting up
