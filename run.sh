@@ -14,6 +14,8 @@
 # slides, handout or trace is read from (or written to) the folder run.sh was called from, as
 # any command's; lab, test and explorer run in the repository, and default outputs land there.
 set -euo pipefail
+# Ctrl-C before a command's Python takes over (from there the command says it): one line, 130.
+trap 'echo "run.sh: interrupted" >&2; exit 130' INT
 CALLER=$PWD
 cd "$(dirname "$0")"
 REPO=$PWD
@@ -28,7 +30,8 @@ STAMP=$VENV/.run-sh-setup
 
 stamp() {
     echo "setup $SETUP_VERSION"
-    echo "python $("$VENV/bin/python" -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')"
+    # Ctrl-C ignored by this Python (else a KeyboardInterrupt traceback): the trap above says it.
+    echo "python $(trap '' INT; "$VENV/bin/python" -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')"
     echo "folder $PWD"  # the editable install points here
     local f
     for f in "${SETUP_INPUTS[@]}"; do echo "$f $(cksum < "$f" | cut -d' ' -f1,2)"; done

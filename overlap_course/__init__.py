@@ -12,5 +12,21 @@ The engine never imports this package.  Where things live:
 
 Importing this package imports nothing else (the hub's progress service runs without torch);
 ``overlap_course.measure`` installs the contention meter's watch on engine runs, and
-``checks`` and ``figures`` import it.
+``checks`` and ``figures`` import it.  Run as ``python -m overlap_course.X``, it first hands
+Ctrl-C to ``ctrl_c`` (standard library only), before X's parent packages import anything.
 """
+
+import sys
+
+if sys.argv[:1] == ["-m"]:  # Python's value while it locates X, before it imports X's parents
+    import _signal  # loaded at Python's start: no import before SIGINT is held
+
+    _held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+        _signal, "pthread_sigmask") else None  # POSIX: a Ctrl-C waits for ctrl_c's handler
+    try:
+        from overlap_course.ctrl_c import from_the_start
+
+        from_the_start()
+    finally:
+        if _held is not None:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, _held)  # a held Ctrl-C lands now

@@ -3,25 +3,25 @@
 A command answers bad input with one line, ``PROG: error: WHAT (see --help)``, and exit
 status 2 -- argparse's own errors included (it prints its usage first, which can fill a
 screen above the one line that matters).  Ctrl-C ends it with one line too,
-``PROG: interrupted``, and exit status 130 -- while it still imports too (torch takes
-seconds), from the first lines of its ``__main__`` (:func:`interruptible`).  Output cut short
-by its reader (``... | head``) ends the command quietly instead of with a ``BrokenPipeError``
-traceback; output that cannot be written at all (a full disk, ``> /dev/full``) is one line and
-exit status 2.  Every command's ``__main__`` goes through :func:`run`, so no command can forget
-one of these.
+``PROG: interrupted``, and exit status 130 -- from its first line of course code (its imports:
+torch takes seconds) to the end of the interpreter's finalizers (:mod:`overlap_course.ctrl_c`).
+Output cut short by its reader (``... | head``) ends the command quietly instead of with a
+``BrokenPipeError`` traceback; output that cannot be written at all (a full disk,
+``> /dev/full``) is one line and exit status 2.  Every command's ``__main__`` goes through
+:func:`run`, so no command can forget one of these.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
+from overlap_course import ctrl_c
+from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interruptible
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
@@ -32,8 +32,6 @@ __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_
 USAGE_ERROR = 2
 #: The most characters of a path that a message quotes (then "..." and its length).
 PATH_CHARS = 200
-#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports).
-INTERRUPTED = 130
 
 
 def one_line(text) -> str:
@@ -59,76 +57,6 @@ def fail(prog: str, message) -> int:
     except (OSError, ValueError):
         pass
     return USAGE_ERROR
-
-
-def interrupted(prog: str) -> int:
-    """Say in one line that Ctrl-C stopped the command (instead of a ``KeyboardInterrupt``
-    traceback from deep in torch or multiprocessing); the caller has closed its engines on the
-    way out.  The exit status a shell gives a SIGINT."""
-    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-    return INTERRUPTED
-
-
-def interruptible(module: str, prog: str) -> None:
-    """Called by a command's module first, before its heavy imports: run as ``__main__``, a
-    Ctrl-C before :func:`run` takes over (while torch imports) says ``PROG: interrupted`` and
-    exits 130, instead of a ``KeyboardInterrupt`` traceback from inside an import (or none at
-    all: an import that catches everything swallowed it and the command ran on).  It ends the
-    process at once (``os._exit``): nothing has started that needs closing, and an exception
-    could be swallowed the same way.  A Ctrl-C the process ignores (started in the background,
-    ``nohup``) stays ignored; imported as a module (a notebook, a test) nothing changes."""
-    if module != "__main__" or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return
-    _standard_streams()
-    signal.signal(signal.SIGINT, functools.partial(_stop_importing, prog))
-
-
-def _stop_importing(prog: str, signum, frame) -> None:
-    interrupted(prog)
-    os._exit(INTERRUPTED)
-
-
-class _CtrlC:
-    """From :func:`run` on, Ctrl-C is a ``KeyboardInterrupt`` as by default, which the command
-    catches to close its engines on the way out -- and it is remembered, because code the
-    command calls can swallow it: torch's first import clears any exception its import of
-    numpy raised (measured here: a site build given Ctrl-C 0.25-0.32 s into staging, while
-    torch imported, ran on to the end and exited 0 in 6 of 8 tries).  A command that ran on
-    says so at the end."""
-
-    pressed = False
-
-    def __call__(self, signum, frame):
-        self.pressed = True
-        raise KeyboardInterrupt
-
-
-_CTRL_C = _CtrlC()  # the handler itself: a handler is recognised by identity
-
-
-def _imports_done() -> None:
-    """From here Ctrl-C is a ``KeyboardInterrupt`` again (:class:`_CtrlC`): :func:`interruptible`
-    had it end the process.  A Ctrl-C the process ignores stays ignored."""
-    handler = signal.getsignal(signal.SIGINT)
-    ours = isinstance(handler, functools.partial) and handler.func is _stop_importing
-    if ours or handler is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _CTRL_C)
-
-
-@contextlib.contextmanager
-def importing(prog: str):
-    """Around a command's late import of torch (``trace export`` imports the engine only when
-    it runs): Ctrl-C ends the process at once, as while its first imports ran
-    (:func:`interruptible`) -- torch would swallow a ``KeyboardInterrupt`` (:class:`_CtrlC`).
-    Nothing may be open or half-written in the block.  Imported as a module: nothing changes."""
-    if signal.getsignal(signal.SIGINT) is not _CTRL_C:
-        yield
-        return
-    signal.signal(signal.SIGINT, functools.partial(_stop_importing, prog))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, _CTRL_C)
 
 
 def whole_number(minimum: int, maximum: int | None = None):
@@ -344,15 +272,18 @@ def run(prog: str, main) -> None:
     traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
     (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
     the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130), even one that
-    something ``main`` called swallowed (:class:`_CtrlC`).  A closed or unwritable stderr, a
-    closed stdout and a character the terminal cannot encode change none of this:
-    :func:`_standard_streams`."""
+    something ``main`` called swallowed, or one while the interpreter's finalizers run after it
+    (:mod:`overlap_course.ctrl_c`).  A closed or unwritable stderr, a closed stdout and a
+    character the terminal cannot encode change none of this: :func:`_standard_streams`."""
     _standard_streams()
-    _imports_done()
+    ctrl_c.running(prog)
     try:
-        status = main()
+        try:
+            status = main()
+        finally:
+            ctrl_c.ending()
         sys.stdout.flush()
-        if _CTRL_C.pressed and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C
+        if ctrl_c.pressed() and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C
             status = interrupted(prog)
     except BrokenPipeError:
         exit_quietly_on_broken_pipe()

@@ -14,7 +14,7 @@ animals, places) that rejection happens and is worth studying.
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "corpus")  # first: Ctrl-C while the imports run is one line
 

@@ -29,7 +29,7 @@ the service imports it and its catalogue (``progress_catalogue.py``) without tor
 from __future__ import annotations
 
 if __name__ == "__main__":  # first: Ctrl-C while the imports run is one line (not on the hub)
-    from overlap_course.command_line import interruptible
+    from overlap_course.ctrl_c import interruptible
     interruptible(__name__, "python -m overlap_course.progress")
 
 import functools

@@ -15,23 +15,23 @@ plain hub, Zero to JupyterHub and The Littlest JupyterHub.
 
 from __future__ import annotations
 
-import argparse
-import html
-import json
-import os
-import re
 import signal
-import sqlite3
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from urllib.parse import quote, urlsplit
 
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))  # the hub's stop: clean, even mid-import
 
-from tornado import httpclient, ioloop, web
+import argparse  # noqa: E402
+import html  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sqlite3  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+from urllib.parse import quote, urlsplit  # noqa: E402
+from tornado import httpclient, ioloop, web  # noqa: E402
 
 try:
     from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
@@ -39,10 +39,7 @@ try:
 except ImportError:  # no hub here: validate(), room() and the page still work (tests/test_progress_service.py)
     HubOAuth = None
     HubOAuthCallbackHandler = web.RequestHandler  # no login without a hub: the route answers 405
-
-    class HubOAuthenticated:  # type: ignore[no-redef]
-        pass
-
+    HubOAuthenticated = type("HubOAuthenticated", (), {})  # a mixin that adds nothing
     def url_path_join(*parts: str) -> str:  # type: ignore[no-redef]
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
@@ -397,4 +394,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:  # stopping: another SIGINT (the hub's, a Ctrl-C) was a traceback from its exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -23,7 +23,7 @@ two CPU cores.  The choices, briefly:
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "train")  # first: Ctrl-C while the imports run is one line
 

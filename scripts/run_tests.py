@@ -14,7 +14,7 @@ course) then run by themselves.  One usable CPU, or options that already pick th
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible, run
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "run_tests")  # first: a Ctrl-C while torch imports is one line
 
@@ -27,6 +27,7 @@ from pathlib import Path  # noqa: E402
 
 from pytest import ExitCode  # noqa: E402
 
+from overlap_course.command_line import run  # noqa: E402
 from toy_engine.device import usable_cpus  # noqa: E402  (a hub's 1-CPU container counts as one)
 
 WORKERS = 2  # the machines measured have 2 cores; most tests keep two processes busy

@@ -30,7 +30,7 @@ made (:func:`refuse_foreign`): ``--out`` naming a learner's own folder deletes n
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "site")  # first: Ctrl-C while the imports run is one line
 

@@ -19,7 +19,7 @@ Why the grade comes from a judge in fresh processes, and what that judge guards 
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "grading")  # first: Ctrl-C while the imports run is one line
 

@@ -25,7 +25,7 @@ and the page's CSS ``@page`` rule sets the paper.
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "handout")  # first: Ctrl-C while the imports run is one line
 

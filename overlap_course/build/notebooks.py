@@ -29,7 +29,7 @@ as the run left it, read from the widget state before that is dropped.
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "notebooks")  # first: Ctrl-C while the imports run is one line
 

@@ -17,7 +17,7 @@ or a folder).  The cell is the notebook's first code cell, id :data:`CELL_ID`, i
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "setup_cell")  # first: Ctrl-C while the imports run is one line
 

@@ -21,7 +21,7 @@ join the prose above them -- so notebooks without slide metadata still make sens
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "slides")  # first: Ctrl-C while the imports run is one line
 

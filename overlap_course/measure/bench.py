@@ -24,7 +24,7 @@ CPU h, paced device time P, device compute c per round: both must fit a paced ro
 
 from __future__ import annotations
 
-from overlap_course.command_line import interruptible
+from overlap_course.ctrl_c import interruptible
 
 PROG = "python -m overlap_course.measure.bench"
 interruptible(__name__, PROG)  # first: Ctrl-C while the imports run is one line

@@ -1,9 +1,11 @@
 """``python -m overlap_course.traces.kineto``: see :mod:`.cli`."""
 
-from overlap_course.command_line import interruptible, run
+from overlap_course.ctrl_c import interruptible
 
-interruptible(__name__, "python -m overlap_course.traces.kineto")  # first: see command_line
+interruptible(__name__, "python -m overlap_course.traces.kineto")  # first: see ctrl_c
 
-from .cli import PROG, main
+from overlap_course.command_line import run  # noqa: E402
+
+from .cli import PROG, main  # noqa: E402
 
 run(PROG, main)
