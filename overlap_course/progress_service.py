@@ -39,20 +39,24 @@ try:
 except ImportError:  # no hub here: validate(), room() and the page still work (tests/test_progress_service.py)
     HubOAuth = None
     HubOAuthCallbackHandler = web.RequestHandler  # no login without a hub: the route answers 405
-    HubOAuthenticated = type("HubOAuthenticated", (), {})  # a mixin that adds nothing
+
+    class HubOAuthenticated:  # type: ignore[no-redef]
+        pass
+
     def url_path_join(*parts: str) -> str:  # type: ignore[no-redef]
         return "/".join(p.strip("/") for p in parts if p).join(["/" if parts[0].startswith("/") else "", ""])
 
 try:
     from . import safe_json
     from .progress_catalogue import guide_mistakes, read_guide
+    from .progress_page import CSS, page, render_table
     from .progress_store import Store, open_store, room, validate
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
     from progress_catalogue import guide_mistakes, read_guide  # type: ignore[no-redef]
+    from progress_page import CSS, page, render_table  # type: ignore[no-redef]
     from progress_store import Store, open_store, room, validate  # type: ignore[no-redef]
 
-REFRESH_MS = 2000
 USER_CACHE_S = 10.0
 MAX_WRITES = 100  # verdicts queued for the database (each takes ms; a lock, 1 s)
 
@@ -187,63 +191,9 @@ class GuideHandler(_InstructorHandler):
             out.append(f"<tr{anchor}><td>{html.escape(r['exercise'])}</td><td><code>{html.escape(r['category'])}"
                        f"</code></td><td>{html.escape(r['mistake'])}</td><td>{html.escape(r['explain'])}</td></tr>")
         self.finish(f"<!doctype html><meta charset=utf-8><title>Mistakes the checkers catch</title>"
-                    f"<style>{_CSS}</style><h1>Mistakes the checkers catch, and how to explain them</h1>"
+                    f"<style>{CSS}</style><h1>Mistakes the checkers catch, and how to explain them</h1>"
                     f"<p>From the instructor guide.</p><table><tr><th>exercise</th><th>category</th>"
                     f"<th>mistake</th><th>how to explain it</th></tr>{''.join(out)}</table>")
-
-
-_CSS = ("body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:2px 6px;font-size:13px}.passed{background:#c8e6c9}.tried{background:#ffe0b2}"
-        ".not-reached{color:#999}th.check{writing-mode:vertical-rl;transform:rotate(180deg);max-height:14em}")
-
-
-def render_table(data: dict, guide_url: str) -> str:
-    """The learners x checks table and the mistakes list, as an HTML fragment."""
-    checks = data["checks"]
-    head = "".join(f'<th class="check" title="{html.escape(c)}">{html.escape(c)}</th>' for c in checks)
-    rows = []
-    for name, cells in data["learners"].items():
-        tds = []
-        for c in checks:
-            s = cells[c]
-            cls = s["state"].replace(" ", "-")
-            text = {"passed": "passed", "tried": f"tried: {s['category']}", "not reached": "&middot;"}[s["state"]]
-            if s["state"] == "tried":
-                text = html.escape(text)
-            tds.append(f'<td class="{cls}" data-check="{html.escape(c)}" data-state="{s["state"]}">{text}</td>')
-        rows.append(f'<tr data-learner="{html.escape(name)}"><th>{html.escape(name)}</th>{"".join(tds)}</tr>')
-    mistakes = []
-    for c in checks:
-        if c not in data["mistakes"]:
-            continue
-        items = []
-        for cat, learners, tries in data["mistakes"][c][:5]:
-            link = f"{guide_url}#category-{quote(cat)}"
-            items.append(f'<li><a href="{html.escape(link)}" data-category="{html.escape(cat)}">{html.escape(cat)}</a>'
-                         f" &mdash; {learners} learner(s), {tries} tries</li>")
-        mistakes.append(f'<li data-check="{html.escape(c)}"><b>{html.escape(c)}</b><ul>{"".join(items)}</ul></li>')
-    skipped = data.get("unreadable", 0)
-    skipped = (f" ({skipped} row(s) of the database could not be read and were skipped)"
-               if skipped else "")
-    return (f'<p id="summary">{len(data["learners"])} learner(s), {data["verdicts"]} verdict(s)'
-            f'{skipped}</p>'
-            f'<table id="room"><tr><th>learner</th>{head}</tr>{"".join(rows)}</table>'
-            f'<h2>The room\'s most common mistakes</h2><ul id="mistakes">{"".join(mistakes) or "<li>none yet</li>"}'
-            f"</ul>")
-
-
-def page(prefix: str, table: str, xsrf: str = "") -> str:
-    fetch = (f"fetch({json.dumps(prefix + 'room.html')}, {{credentials: 'same-origin', redirect: 'error', "
-             f"headers: {{'X-XSRFToken': {json.dumps(xsrf)}}}}})")
-    return (f"<!doctype html><meta charset=utf-8><title>Course progress</title><style>{_CSS}</style>"
-            f"<h1>Course progress: the room</h1><p id=status>live: refreshed every {REFRESH_MS // 1000} s</p>"
-            f"<div id=live>{table}</div>"
-            f"<script>setInterval(async () => {{ const s = document.getElementById('status');"
-            f" try {{ const r = await {fetch};"
-            f" if (r.ok) {{ document.getElementById('live').innerHTML = await r.text();"
-            f" s.textContent = 'live: updated ' + new Date().toLocaleTimeString(); }}"
-            f" else s.textContent = 'not updated: ' + r.status + ' (log in again?)'; }}"
-            f" catch (e) {{ s.textContent = 'not updated: ' + e; }} }}, {REFRESH_MS});</script>")
 
 
 class ProgressService:

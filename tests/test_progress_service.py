@@ -96,15 +96,15 @@ def test_the_store_keeps_verdicts_across_a_restart(tmp_path):
     assert again.count() == 1 and again.entries()["ada"][0]["category"] == "no_flush"
 
 
-def test_the_service_runs_from_five_copied_files_without_torch(tmp_path):
+def test_the_service_runs_from_six_copied_files_without_torch(tmp_path):
     """Zero to JupyterHub's hub image has no torch: progress_service.py, progress_store.py,
-    progress.py, progress_catalogue.py and safe_json.py suffice."""
+    progress_page.py, progress.py, progress_catalogue.py and safe_json.py suffice."""
     import shutil
     import subprocess
     import sys
 
-    for name in ("progress.py", "progress_catalogue.py", "progress_service.py", "progress_store.py",
-                 "safe_json.py"):
+    for name in ("progress.py", "progress_catalogue.py", "progress_page.py", "progress_service.py",
+                 "progress_store.py", "safe_json.py"):
         shutil.copy(ROOT / "overlap_course" / name, tmp_path / name)
     done = subprocess.run([sys.executable, "-c", "import sys, progress_service as ps; "
                            "print(sorted(m for m in ('torch', 'toy_engine') if m in sys.modules), "
