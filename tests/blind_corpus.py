@@ -2444,8 +2444,9 @@ def po_generator_helper(engine, step):
         engine.scheduler.free(req)
 
 
-@add("05", "po_free_twice_noop", False,
-     "calls scheduler.free twice; the second is a no-op (free ignores a request no longer running)")
+@add("05", "po_free_twice_noop", True,
+     "calls scheduler.free twice: a double free, which the scheduler refuses since round 12 "
+     "(notebook 07: the toy's scheduler.free refuses a second free); it was a silent no-op")
 def po_free_twice_noop(engine, step):
     engine.device.wait(step.sample_done)
     for req in engine.commit_outputs(step, engine.read_outputs(step)):

@@ -74,9 +74,10 @@ class RaceChecker:
     def on_free(self, blocks, prompt: int, double=(), round: int = 0) -> None:
         """Request ``prompt`` frees ``blocks`` (``double``: those already free) during ``round``."""
         if double:
-            raise RaceError(f"KV blocks {sorted(double)} of prompt {prompt} are freed a second time: they are "
-                            f"already free, and freeing them again would let two requests share them. "
-                            f"Free a request once (`engine.scheduler.release_if_done(req)` checks)",
+            raise RaceError(f"KV blocks {sorted(double)} of prompt {prompt} are freed a second "
+                            f"time: they were freed already, and freeing them again would let two "
+                            f"requests share them. Free a request once "
+                            f"(`engine.scheduler.release_if_done(req)` checks)",
                             kind="double_free", round=round, launch="free", blocks=double, prompt=prompt)
         if not self.enabled:
             return

@@ -30,6 +30,12 @@ class BlockManager:
         self.on_free(blocks, prompt, sorted(set(blocks) & set(self.free_ids)))
         self.free_ids.extend(blocks)
 
+    def refuse_second_free(self, blocks: list[int], prompt: int) -> None:
+        """Request ``prompt`` frees again the ``blocks`` it gave back, whoever holds them now:
+        ``on_free`` is told they are all freed twice, which the race checker refuses (RaceError
+        "double_free", checking on or off) and the record keeps; nothing is put back."""
+        self.on_free(blocks, prompt, sorted(blocks))
+
 
 @dataclass
 class Plan:
@@ -48,6 +54,7 @@ class Scheduler:
         self.num_draft_tokens = num_draft_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted, holding a row and blocks
+        self.freed: dict[int, list[int]] = {}  # request id -> the blocks it gave back
         self.free_rows = list(range(max_batch_size))
         self.round = 0
 
@@ -96,15 +103,22 @@ class Scheduler:
             self.release_if_done(req)
 
     def release_if_done(self, req: Request) -> None:
-        """Free a finished request once no launched round can touch its cache."""
-        if req.finished and req.num_inflight == 0:
+        """Free a finished request once no launched round can touch its cache, if it still holds
+        it: called again (a second abort), it frees nothing, where ``free`` refuses."""
+        if req.finished and req.num_inflight == 0 and req in self.running:
             self.free(req)
 
     def free(self, req: Request) -> None:
-        """Give a request's row and KV blocks back (the race checker sees the blocks go)."""
+        """Give a request's row and KV blocks back (the race checker sees the blocks go).  A
+        second free of a request is refused (RaceError "double_free"): a pool that took its
+        blocks back twice would hand them to two requests.  One never admitted holds nothing."""
+        if req.id in self.freed:
+            self.blocks.refuse_second_free(self.freed[req.id], req.index)
         if req in self.running:
-            self.blocks.free(req.blocks, req.index)  # may raise RaceError: change nothing before
+            blocks = req.blocks
+            self.blocks.free(blocks, req.index)  # may raise RaceError: change nothing before
             self.running.remove(req)
             self.free_rows.append(req.row)
             self.free_rows.sort()
             req.blocks, req.row = [], -1
+            self.freed[req.id] = blocks

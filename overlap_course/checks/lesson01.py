@@ -36,7 +36,9 @@ def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> 
         return passes(f"position {pos} is in the request's block index {index} (= {pos} // {block_size}), "
                       f"which is block {table[index]}, at offset {offset}: slot {table[index]} x "
                       f"{block_size} + {offset} = {want}")
-    mistakes = {  # the value a mistake gives -> (category, why); the first listed wins a tie
+    # the value a mistake gives -> (category, why): a later key of the literal wins a tie (9 at
+    # pos 9 in block 9 is its number), then setdefault: an earlier one wins
+    mistakes = {
         pos: ("position_as_slot",
               "that is the position itself, as if the request owned blocks 0, 1, 2, ... in order: go through the "
               "blocks it really owns, its block table"),
@@ -44,10 +46,11 @@ def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> 
                        "that is the block's number, not the slot: multiply it by the block size and add the offset"),
         table[index] * block_size: ("missing_offset", f"that is the block's first slot: add the offset {pos} % "
                                                       f"{block_size}"),
-        table[index] + offset: ("offset_on_block_number",
-                                "you added the offset to the block number: multiply the block number by the block "
-                                "size first"),
     }
+    if offset:  # at offset 0 the block number plus the offset is the number: nothing was added
+        mistakes[table[index] + offset] = ("offset_on_block_number",
+                                           "you added the offset to the block number: multiply the "
+                                           "block number by the block size first")
     if offset < len(table):
         mistakes.setdefault(table[offset] * block_size + index,
                             ("swapped_div_mod",

@@ -352,6 +352,13 @@ def check_three_rounds(order) -> Verdict:
     if order == expected:
         return passes("that is the order the engine just recorded: " +
                       ", ".join(f"{s} {r}" for s, r in expected))
+    if any(stage in _HOST_NAMES for stage, _ in order):
+        return _host_names(order, expected)
+    return _three_rounds_mistake(order, expected)
+
+
+def _three_rounds_mistake(order, expected) -> Verdict:
+    """The first way ``order`` (plain (stage, round) pairs) differs from the engine's."""
     if any(r == 0 for _, r in order):
         return fails("includes_prefill", "leave out round 0: it is the prefill, processed at once before round 1 "
                                          "is scheduled")
@@ -360,3 +367,20 @@ def check_three_rounds(order) -> Verdict:
         return order_mistake(wrong, order[wrong], expected[wrong])
     return fails("length", f"you listed {len(order)} steps, the engine did {len(expected)}: each round is launched "
                            f"once (forward, sample) and processed once (postprocess or flush)")
+
+
+# The host lane's names for the launches (what `engine.timeline.lane("host")` shows), and the
+# exercise's names for them.
+_HOST_NAMES = {"launch_forward": "forward", "launch_sample": "sample"}
+
+
+def _host_names(order, expected) -> Verdict:
+    """An order written with the host lane's launch names: the names named, then the order."""
+    renamed = [(_HOST_NAMES.get(stage, stage), rnd) for stage, rnd in order]
+    if renamed == expected:
+        then = "with those names it is the engine's order"
+    else:
+        then = "with those names: " + _three_rounds_mistake(renamed, expected).message
+    return fails("host_names", f"you wrote the host lane's names (`launch_forward`, "
+                               f"`launch_sample`): this exercise calls those launches \"forward\" "
+                               f"and \"sample\"; {then}")

@@ -236,7 +236,7 @@ def _free_mistake(call, who: str) -> Verdict | None:
         if free.double:
             return fails("double_free",
                          f"{who}: your process_outputs freed the KV blocks of prompt(s) {prompts} a second time "
-                         f"(blocks {list(free.double)} were already free). The engine refused it, but a pool that "
+                         f"(blocks {list(free.double)} were freed already). The engine refused it, but a pool that "
                          f"took them back twice would hand one block to two requests. Free each finished request "
                          f"once: `engine.scheduler.release_if_done(req)` frees only what is still held")
         if free.in_use:

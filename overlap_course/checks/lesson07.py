@@ -251,6 +251,10 @@ def check_ring_slots(ring_slots) -> Verdict:
         except Exception as err:  # noqa: BLE001
             return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
         got, slots = slots, returned_whole(slots)  # a plain int, or None
+        if plugins.whole_float(got):
+            return fails("shape", f"ring_slots({depth}) returned {show(got)}, a float: the "
+                                  f"loop makes a ring of that many slots, and a size must be "
+                                  f"{plugins.AN_INT} (from 1 to {MAX_SLOTS})")
         if slots is None or not 1 <= slots <= MAX_SLOTS:
             return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole "
                                   f"number of slots from 1 to the engine's limit, {MAX_SLOTS}")

@@ -38,7 +38,7 @@ CATEGORIES = frozenset({
     "from_sample_start", "too_few_digits", "wait_is_not_work", "device_stage", "not_a_stage",
     "launch_only_queues", "hidden_by_device", "negative", "partly_hidden", "more_than_overhead",
     "not_a_number", "percentage", "busy_fraction", "idle_over_busy", "idle_ms", "wall_denominator",
-    "wrong_value", "not_from_timeline", "wall_time", "new_gap",
+    "wrong_value", "not_from_timeline", "wall_time", "new_gap", "no_gap", "microseconds",
     # 03: the ZOS order, the future-token map, the ideal; exercise 03's three rounds
     "serial_order", "not_launched_yet", "earlier_round", "nothing_lost", "all_lost", "tokens_kept",
     "more_than_one_step", "plain_changes", "constraint_unaffected", "against_measurement", "serial_ids",
@@ -46,6 +46,7 @@ CATEGORIES = frozenset({
     "upside_down", "device_over_host", "host_over_device", "serial_round_time", "from_idle_fraction",
     "zos_times", "measured_speedup", "one_decimal", "gain", "includes_prefill", "sample_before_postprocess",
     "flush_before_sample", "flush_mid_run", "forward_before_sample", "order", "length",
+    "host_names",
     # 04: stale lengths, and exercise 04's correction and its fields
     "stale", "off_by_one", "plus_one", "subtracted", "slots_shifted", "positions_not_slots", "shifted_by_one",
     "accepted_by_batch", "pending_ignored", "first_token_only", "block_size_hardcoded", "seqlens_q",

@@ -11,6 +11,7 @@ import difflib
 import functools
 import inspect
 import itertools
+import numbers
 import time
 
 import numpy as np
@@ -234,6 +235,23 @@ def check_takes(name: str, function, params: list[str]) -> None:
         call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
         raise TypeError(f"{name}: the run calls it as {call}, and {shown_name}{signature} cannot "
                         f"take those {len(params)} argument(s)") from None
+
+
+def whole_float(value) -> bool:
+    """Whether ``value`` is a float of a whole value (2.0, ``np.float64(0.0)``).  Where a
+    learner's function returns a ring size, a row or a count, the loop sizes, indexes or counts
+    with it, which Python does with an int only: its message says so, where a prediction's 37.0
+    is 37 (``overlap_course.checks.answers``; blind round 12)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or isinstance(
+            value, numbers.Integral):
+        return False
+    try:
+        return float(value).is_integer()
+    except (TypeError, ValueError, OverflowError):  # the value's own __float__
+        return False
+
+
+AN_INT = "an int, even when it is whole: return `int(...)`, or compute it with ints"
 
 
 def _check_method_name(name: str) -> None:

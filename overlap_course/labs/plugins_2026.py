@@ -18,7 +18,7 @@ from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.validate import check_int, shown
 
-from .plugins import check_takes, deep_loop, learners_engine
+from .plugins import AN_INT, check_takes, deep_loop, learners_engine, whole_float
 
 
 class BadAnswer(ValueError):
@@ -54,6 +54,9 @@ def _count(n, held: int) -> int:
     count = _whole(n)
     if count is None or not 0 <= count <= held:
         got = shown(n if count is None else count)
+        if whole_float(n):
+            raise BadAnswer(f"before_sample returned {got}, a float: the loop processes that many "
+                            f"held steps, and a count must be {AN_INT} (from 0 to {held})")
         raise BadAnswer(f"before_sample returned {got}: return how many of the {held} held step(s) "
                         f"to process before this sample, a whole number from 0 to {held}")
     return count
@@ -95,10 +98,15 @@ def _prepare_keyed(engine, plan, key):
     for b, req in enumerate(plan.requests):
         k = key(req, b)
         whole = _whole(k)
+        where = f"for prompt {req.index} (place {b} in round {plan.round}'s batch)"
+        if whole_float(k):
+            raise BadAnswer(f"key returned {shown(k)}, a float, {where}: the device indexes its "
+                            f"{rows} rows with it, and an index must be {AN_INT} (from 0 to "
+                            f"{rows - 1})")
         if whole is None or not 0 <= whole < rows:
-            raise BadAnswer(f"key returned {shown(k if whole is None else whole)} for prompt "
-                            f"{req.index} (place {b} in round {plan.round}'s batch): the device "
-                            f"keeps {rows} rows, so return a whole number from 0 to {rows - 1}")
+            raise BadAnswer(f"key returned {shown(k if whole is None else whole)} {where}: the "
+                            f"device keeps {rows} rows, so return a whole number from 0 to "
+                            f"{rows - 1}")
         keys.append(whole)
     own = [req.row for req in plan.requests]
     try:
