@@ -156,6 +156,25 @@ def serial_until_admitted(engine):
         engine.process_outputs(engine.launch_sample(inputs))
 
 
+def serial_two_rounds_at_a_time(engine):
+    while engine.scheduler.has_work():
+        first = engine.prepare_inputs(engine.schedule())
+        plan = engine.schedule()  # the next round planned and prepared too, "to save a pass"
+        second = engine.prepare_inputs(plan) if plan is not None else None
+        for inputs in (first, second) if second is not None else (first,):
+            engine.launch_forward(inputs)
+            engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_samples_twice(engine):
+    while engine.scheduler.has_work():
+        inputs = engine.prepare_inputs(engine.schedule())
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+        if engine.scheduler.round == 3:
+            engine.process_outputs(engine.launch_sample(inputs))  # "sample it again to compare"
+
+
 # ---------------------------------------------------------------- 02b: the idle fraction
 
 def idle(timeline):
@@ -472,6 +491,19 @@ def process_commits_twice(engine, step):
     engine.device.wait(step.sample_done)
     out = engine.read_outputs(step)
     engine.commit_outputs(step, out)
+    for req in engine.commit_outputs(step, out):
+        engine.scheduler.release_if_done(req)
+
+
+def process_commits_the_slot(engine, step):
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.device.host(f"out{step.slot}")):
+        engine.scheduler.release_if_done(req)
+
+
+def process_commits_the_tokens_only(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)[:len(step.plan.requests)]
     for req in engine.commit_outputs(step, out):
         engine.scheduler.release_if_done(req)
 
@@ -988,6 +1020,10 @@ WRONG = [
            "only prefill steps processed"),
     Answer("02a", "stops once all are admitted", serial_until_admitted, "loop_returned",
            "while scheduler.waiting instead of has_work()"),
+    Answer("02a", "two rounds at a time", serial_two_rounds_at_a_time, "inputs_replaced",
+           "the next round prepared before this one is launched"),
+    Answer("02a", "a round sampled twice", serial_samples_twice, "launched_twice",
+           "launch_sample called again for a round's inputs, both steps processed"),
     Answer("02b", "busy fraction", idle_busy_fraction, "busy_fraction", "busy / (idle + busy)"),
     Answer("02b", "idle over busy", idle_over_busy, "idle_over_busy", "idle / busy"),
     Answer("02b", "idle in ms", idle_in_ms, "idle_ms", "the idle time, not a fraction"),
@@ -1079,6 +1115,10 @@ WRONG = [
            "release_if_done before commit_outputs"),
     Answer("05", "free finished before commit", process_frees_finished_before_commit, "kept_blocks",
            "finished requests freed before commit"),
+    Answer("05", "commits the output slot", process_commits_the_slot, "bad_outputs",
+           "commit_outputs given engine.device.host(f\"out{step.slot}\")"),
+    Answer("05", "tokens without the accepted counts", process_commits_the_tokens_only, "short_commit",
+           "read_outputs(step) cut to one token per request"),
     Answer("03a", "flush right after each sample", zos_flush_each_step, "not_deferred",
            "each decode step flushed in its own round"),
     Answer("03a", "processed right after schedule", make_zos_process_after_schedule(), "not_deferred",

@@ -5,6 +5,8 @@ int64 buffer (``MetaLayout``: one upload per round); ``temps{s}``, temperatures;
 sampling writes back: ``tokens[B, 1 + k]`` then ``accepted[B]`` (``pack_outputs``/``unpack_outputs``).
 """
 
+import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -92,3 +94,41 @@ def unpack_outputs(flat: list[int], num_requests: int, num_drafts: int) -> list[
     width = num_drafts + 1
     accepted = flat[num_requests * width: num_requests * (width + 1)]
     return [flat[b * width: b * width + 1 + a] for b, a in enumerate(accepted)]
+
+
+class BadOutputs(ValueError):
+    """``commit_outputs`` was given an ``out`` that is not round ``round``'s list of ``expected``
+    ints (``length``: its length, None when it is not a list or tuple)."""
+
+    def __init__(self, message: str, *, round: int, expected: int, length: int | None):
+        super().__init__(message)
+        self.round, self.expected, self.length = round, expected, length
+
+
+def checked_outputs(out, n: int, k: int, vocab: int, round: int) -> list[int]:
+    """``out`` as plain ints if it is what the host reads from round ``round``'s output slot
+    (``n`` requests, ``k`` drafts): ``tokens[n, 1 + k]`` in the vocabulary, then ``accepted[n]``
+    from 0 to k; else BadOutputs."""
+    size, tokens = outputs_size(n, k), n * (k + 1)
+
+    def refuse(got: str, length: int | None) -> BadOutputs:
+        return BadOutputs(f"commit_outputs takes round {round}'s outputs as engine.read_outputs("
+                          f"step) returns them, a list of {size} ints ({n} x {k + 1} tokens, then "
+                          f"{n} accepted counts); got {got}", round=round, expected=size,
+                          length=length)
+    if not isinstance(out, (list, tuple)):
+        view = (" (read_outputs copies the output slot out as ints: a view of it changes as later "
+                "rounds write it)" if isinstance(out, torch.Tensor) else "")
+        raise refuse(f"a {type(out).__name__}{view}", None)
+    out, values = list(out), []  # read once: what is checked is what is used
+    if len(out) != size:
+        raise refuse(f"{len(out)} values", len(out))
+    for i, x in enumerate(out):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise refuse(f"out[{i}], a {type(x).__name__}, not an int", size)
+        value, high = int(operator.index(x)), vocab - 1 if i < tokens else k
+        if not 0 <= value <= high:
+            what = "a token" if i < tokens else "an accepted count"
+            raise refuse(f"out[{i}] = {value}, {what} outside 0 to {high}", size)
+        values.append(value)
+    return values

@@ -93,7 +93,11 @@ class Device:
         self.races.on_launch(PendingLaunch(self._seq, stage, round, frozenset(reads), frozenset(writes),
                                            frozenset(blocks), owner))
         self.run_record.launch(self._seq, round, stage, blocks)
-        handle = self._launch(self._seq, kernel, args, round, stage, record_event)
+        try:
+            handle = self._launch(self._seq, kernel, args, round, stage, record_event)
+        except DeviceError:  # nothing was queued: no phantom launch may block the host's accesses
+            self.races.forget(self._seq)
+            raise
         return Event(self._seq, round, handle, stage) if record_event else None
 
     def record_event(self) -> Event:

@@ -56,6 +56,10 @@ class RaceChecker:
                             prompt=freed_by)
         self.pending.append(launch)
 
+    def forget(self, seq: int) -> None:
+        """Launch ``seq`` never went in (its launch failed): nothing of it is pending."""
+        self.pending = [p for p in self.pending if p.seq != seq]
+
     def on_wait(self, seq: int) -> None:
         self.pending = [p for p in self.pending if p.seq > seq]
 

@@ -21,6 +21,7 @@ class RoundInputs:
     num_blocks: int
     max_q: int
     blocks: set
+    run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
 
 
 @dataclass
@@ -42,13 +43,15 @@ class StepState:
 
 
 class EngineStalled(RuntimeError):
-    """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a deferred
-    step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep blocks and rows) or
-    ``"loop_returned_with_work"``; ``"no_progress"``: a plug-in's rounds commit nothing (the
+    """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a
+    deferred step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep
+    blocks and rows), ``"loop_returned_with_work"``, ``"not_planned"`` (a schedule found no
+    round for unfinished requests with nothing in flight: a plug-in's ``wants_more`` or
+    ``commit``, or changed fields); ``"no_progress"``: a plug-in's rounds commit nothing (the
     course's ``per_request``).  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
 
     REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work",
-               "no_progress")
+               "not_planned", "no_progress")
 
     def __init__(self, message: str, *, reason: str, requests=()):
         super().__init__(message)
@@ -59,13 +62,35 @@ class EngineStalled(RuntimeError):
 
 
 class StepProcessedTwice(RuntimeError):
-    """A launched round's results were handed out a second time (``round``, ``prompt_indexes``)."""
+    """A launched round's results were handed out a second time (``round``, ``prompt_indexes``),
+    from the same StepState or (``same_step`` False) another one of the round."""
 
-    def __init__(self, round: int, requests=()):
-        super().__init__(f"round {round}'s step was already processed: process each StepState exactly once "
-                         f"(a second time would hand its tokens out twice)")
+    def __init__(self, round: int, requests=(), same_step: bool = True):
+        why = ("process each StepState exactly once" if same_step else
+               f"it came from another StepState: launch_sample was called more than once for "
+               f"round {round}'s inputs (each call returns a new StepState of the round). Launch "
+               f"each round's sample once, and process its StepState once")
+        super().__init__(f"round {round}'s step was already processed: {why} (a second time "
+                         f"would hand its tokens out twice)")
         self.round = round
         self.prompt_indexes = [r.index for r in requests]
+
+
+class StaleInputs(RuntimeError):
+    """A launch (``stage``) given round ``round``'s inputs when the device holds another's:
+    round ``latest``'s, uploaded since; ``foreign`` (``latest`` None): inputs of another run."""
+
+    def __init__(self, stage: str, round: int, latest: int | None, foreign: bool = False):
+        if foreign:
+            why = ("which another run prepared (an earlier generate, on this engine or another): "
+                   "a RoundInputs is launched only in the run that prepared it")
+        else:
+            why = (f"but round {latest}'s inputs were prepared since, and the device holds one "
+                   f"round's inputs, the latest upload: it would work on round {latest}'s "
+                   f"metadata as round {round}'s. Launch with the inputs the latest "
+                   f"prepare_inputs returned, and launch a round before preparing the next")
+        super().__init__(f"{stage} was given round {round}'s inputs, {why}")
+        self.stage, self.round, self.latest, self.foreign = stage, round, latest, foreign
 
 
 class ForeignStep(RuntimeError):
@@ -95,6 +120,8 @@ class Run:
     counts: dict = field(default_factory=lambda: dict(tokens=0, request_decode_rounds=0, proposed=0,
                                                       accepted=0, discarded=0))
     prefill_rounds: set = field(default_factory=set)
+    committed: set = field(default_factory=set)  # rounds whose tokens were handed out
+    uploaded: RoundInputs | None = None  # the latest prepared round: the inputs the device holds
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
     loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
     queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
@@ -136,12 +163,13 @@ class Run:
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
-            raise stalled(scheduler)
+            raise stalled(scheduler, scheduling=True)
         self.idle_schedule = True
 
 
-def stalled(scheduler) -> EngineStalled:
-    """Why the loop cannot go on, naming the prompts involved."""
+def stalled(scheduler, scheduling: bool = False) -> EngineStalled:
+    """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
+    nothing to launch (the loop is still going), else the loop returned."""
     def names(reqs):
         return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
@@ -157,8 +185,29 @@ def stalled(scheduler) -> EngineStalled:
         reason, reqs, msg = "finished_kept_blocks", kept, (
             f"{names(kept)} finished but still hold their KV blocks and rows, so {blocked}; free "
             f"finished requests")
+    elif scheduling:
+        reason, reqs, msg = "not_planned", left, (
+            f"engine.schedule() found no round to plan for {names(left)}, unfinished with "
+            f"nothing in flight: {_unplanned(left[0])}")
     else:
         reason, reqs, msg = "loop_returned_with_work", left, (
             f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; keep "
             f"scheduling rounds while the scheduler has work")
     return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
+
+
+def _unplanned(req) -> str:
+    """Why no round plans ``req``, unfinished with nothing in flight: a plug-in may set its own
+    ``wants_more`` or ``commit`` on a request (as the course's ``per_request`` does)."""
+    if req.row < 0:
+        return (f"prompt {req.index} waits for a batch row and KV blocks that never come free "
+                f"(were rows or blocks taken out of engine.scheduler?)")
+    has = f"prompt {req.index} has {len(req.output_ids)} of its {req.max_new_tokens} tokens"
+    if "wants_more" in vars(req) and Request.wants_more(req):  # the engine's own would say yes
+        return (f"{has} and no finish_reason, yet its wants_more, replaced on the request by a "
+                f"plug-in, answers False: it must want more rounds until it is finished")
+    why = ("its commit, replaced on the request by a plug-in, did not end it"
+           if "commit" in vars(req) else
+           "its fields were changed outside the engine's commit (by a plug-in or the loop)")
+    return (f"{has} and no finish_reason: {why}, so it wants no more rounds and nothing ends it; "
+            f"set req.finish_reason where a request ends")

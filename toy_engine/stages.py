@@ -13,10 +13,26 @@ from .data import CharTokenizer
 from .device import Device
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import ForeignStep, RoundInputs, Run, StepProcessedTwice, StepState
+from .run import ForeignStep, RoundInputs, Run, StaleInputs, StepProcessedTwice, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
+
+# What returns each stage's argument: a refusal of anything else names it.
+_MADE_BY = {Plan: "engine.schedule()", RoundInputs: "engine.prepare_inputs(plan)",
+            StepState: "engine.launch_sample(inputs)"}
+
+
+def _takes(stage: str, value, cls: type, or_none: bool = False) -> None:
+    """Refuse a ``value`` that is not a ``cls`` (a mix-up of a loop's objects) by name."""
+    if isinstance(value, cls) or (or_none and value is None):
+        return
+    got = "None" if value is None else f"a {type(value).__name__}"
+    hint = (": schedule() returns None when nothing can be launched now; check `if plan is None`"
+            if value is None and cls is Plan else
+            f" (what {_MADE_BY[type(value)]} returns)" if type(value) in _MADE_BY else "")
+    raise TypeError(f"{stage} takes the {cls.__name__} that {_MADE_BY[cls]} returned, "
+                    f"got {got}{hint}")
 
 
 class RoundStages:
@@ -31,10 +47,18 @@ class RoundStages:
     timeline: Timeline
     record: RunRecord
     _run: Run
+    _closed: bool
+
+    def _open(self, stage: str) -> None:
+        """A closed engine's stages refuse at once: its device and buffers are gone."""
+        if self._closed:
+            raise RuntimeError(f"{stage}: this engine is closed (engine.close() or the end of its "
+                               f"`with` block): create a new Engine")
 
     def schedule(self) -> Plan | None:
         """The next round's plan; None when nothing can be launched now (or no work is left).
         Aborts queued from other threads are applied first, at this round boundary."""
+        self._open("schedule")
         for req in self._run.take_aborts():
             self.scheduler.abort(req)
         if not self.scheduler.has_work():
@@ -63,20 +87,39 @@ class RoundStages:
     def prepare_inputs(self, plan: Plan) -> RoundInputs:
         """Write the round's metadata into its slot and launch its upload.  A ``pending`` request (its
         last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
+        self._open("prepare_inputs")
+        _takes("prepare_inputs", plan, Plan)
+        freed = next((r for r in plan.requests if not r.blocks), None)
+        if freed is not None:  # a plan kept from an earlier run, or a request freed since
+            raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
+                             f"{freed.index} in it no longer holds KV blocks (freed, or its run "
+                             f"ended): prepare the plan engine.schedule() just returned")
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)
             # Enough block-table columns for the furthest position a correction can reach.
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // self.config.block_size))
             cols["block_tables"] = [b for r in plan.requests for b in (r.blocks + [0] * nb)[:nb]]
+            blocks = {b for r in plan.requests for b in r.blocks}
             inputs = RoundInputs(plan, plan.round % self._run.num_slots, len(cols["input_ids"]), nb,
-                                 max(cols["seqlens_q"]), {b for r in plan.requests for b in r.blocks})
+                                 max(cols["seqlens_q"]), blocks, self._run)
             buffers.write_inputs(self.device, self.layout, inputs.slot, cols,
                                  [r.temperature for r in plan.requests], nb)
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
                                round=plan.round, stage=Stage.UPLOAD,
                                reads={buffers.meta_buffer(inputs.slot), buffers.temps_buffer(inputs.slot)})
+        self._run.uploaded = inputs
         return inputs
+
+    def _uploaded(self, stage: str, inputs: RoundInputs) -> None:
+        """Launch only the latest upload: the device holds one round's inputs (``StaleInputs``)."""
+        self._open(stage)
+        _takes(stage, inputs, RoundInputs)
+        run = self._run
+        if inputs.run is not run:
+            raise StaleInputs(stage, inputs.plan.round, None, foreign=True)
+        if inputs is not run.uploaded:
+            raise StaleInputs(stage, inputs.plan.round, run.uploaded.plan.round)
 
     def _metadata(self, plan: Plan, k: int) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""
@@ -101,16 +144,19 @@ class RoundStages:
 
     def correct_on_device(self, inputs: RoundInputs) -> None:
         """Fix stale lengths on the device (only speculation makes them stale)."""
+        self._uploaded("correct_on_device", inputs)
         if self.config.num_draft_tokens and self.config.correct_seqlens and not inputs.plan.is_prefill:
             self.device.launch(kernels.correct, self._run.correction, round=inputs.plan.round, stage=Stage.CORRECT)
 
     def launch_forward(self, inputs: RoundInputs) -> None:
+        self._uploaded("launch_forward", inputs)
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
 
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
+        self._uploaded("launch_sample", inputs)
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
@@ -127,7 +173,8 @@ class RoundStages:
         """Wait for the step's sample event, read its tokens, commit them to the requests, and free
         the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
         ``generate`` does all of that instead."""
-        self._own(step)  # before the wait: another device's event may never come on this one
+        # Before the wait: another device's event may never come on this one.
+        self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom = self._run.process_outputs
         if custom is not None:
             with self.timeline.host_span(stage, step.plan.round, step.owner):
@@ -140,28 +187,36 @@ class RoundStages:
             for req in self.commit_outputs(step, out):
                 self.scheduler.release_if_done(req)
 
-    def _own(self, step: StepState) -> None:
-        """Refuse a step of another run: its requests are not this run's, its event not this
-        device's (``ForeignStep``)."""
-        if isinstance(step, StepState) and step.run is not self._run:
+    def _own(self, stage: str, step: StepState) -> None:
+        """Refuse what is not a step of this run: another run's requests are not this run's, its
+        event not this device's, and may never come on it (``ForeignStep``)."""
+        self._open(stage)
+        _takes(stage, step, StepState)
+        if step.run is not self._run:
             raise ForeignStep(step.plan.round)
 
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
+        self._own("read_outputs", step)
         k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
         size = buffers.outputs_size(len(step.plan.requests), k)
         return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
-        """Hand a step's tokens to its requests (a finished one's are the extra round: discarded)."""
-        self._own(step)
+        """Hand a step's tokens to its requests (a finished one's are the extra round: discarded).
+        A round is committed once, whichever StepState of it brings it (``StepProcessedTwice``)."""
+        self._own("commit_outputs", step)
         plan, run = step.plan, self._run
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
-        sampled = buffers.unpack_outputs(out, len(plan.requests), k)
-        self.record.commit(plan.round, [r.index for r in plan.requests], step.committed, sampled)
-        if step.committed:
-            raise StepProcessedTwice(plan.round, plan.requests)
+        n = len(plan.requests)
+        sampled = buffers.unpack_outputs(
+            buffers.checked_outputs(out, n, k, self.tokenizer.vocab_size, plan.round), n, k)
+        twice = step.committed or plan.round in run.committed
+        self.record.commit(plan.round, [r.index for r in plan.requests], twice, sampled)
+        if twice:
+            raise StepProcessedTwice(plan.round, plan.requests, same_step=step.committed)
         step.committed = True
+        run.committed.add(plan.round)
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         for req, kept in zip(plan.requests, sampled):
             req.num_inflight -= 1
@@ -180,6 +235,8 @@ class RoundStages:
     def flush(self, previous: StepState | None) -> StepState | None:
         """Process a deferred step now: there is no next round to overlap it with.  Returns
         what stays deferred, nothing, so ``previous = engine.flush(previous)`` also clears it."""
+        self._open("flush")
+        _takes("flush", previous, StepState, or_none=True)
         if previous is not None:
             self.process_outputs(previous, stage=Stage.FLUSH)
         return None

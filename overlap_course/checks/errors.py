@@ -10,7 +10,8 @@ import sys
 
 import toy_engine
 from toy_engine.races import RaceError
-from toy_engine.run import EngineStalled, ForeignStep, StepProcessedTwice
+from toy_engine.buffers import BadOutputs
+from toy_engine.run import EngineStalled, ForeignStep, StaleInputs, StepProcessedTwice
 from toy_engine.timeline import Stage
 
 from .answers import MAX_MESSAGE, type_name
@@ -62,6 +63,10 @@ _FIELDS = {
                 "owner": _int_or_none, "prompt": _int_or_none},
     StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
     ForeignStep: {"round": lambda x: type(x) is int},
+    StaleInputs: {"stage": lambda x: type(x) is str, "round": lambda x: type(x) is int,
+                  "latest": _int_or_none, "foreign": lambda x: type(x) is bool},
+    BadOutputs: {"round": lambda x: type(x) is int, "expected": lambda x: type(x) is int,
+                 "length": _int_or_none},
 }
 # Per kind of RaceError, what the engine always puts in the attributes that may be None:
 # a buffer race names its buffer and access, the other kinds the prompt whose blocks they are.

@@ -137,12 +137,17 @@ def corrected_launched_round(log: HostLog) -> Verdict | None:
             continue
         after = next((f", just before round {n}'s forward" for s, n in log.device_order[i + 1:]
                       if s == "forward"), "")
-        return fails("correction",
-                     f"{log.who(r)}: `engine.correct_on_device` was given round {r}'s inputs "
-                     f"after that round's forward and sample had been launched{after}. It fixes "
-                     f"the lengths of the round about to run: call it with this iteration's "
-                     f"`inputs`, right before `engine.launch_forward(inputs)`")
+        return corrected_old_inputs(log, r, after)
     return None
+
+
+def corrected_old_inputs(log: HostLog, r: int, after: str) -> Verdict:
+    """``correct_on_device`` given the inputs of round ``r``, already launched (``after``: when)."""
+    return fails("correction",
+                 f"{log.who(r)}: `engine.correct_on_device` was given round {r}'s inputs "
+                 f"after that round's forward and sample had been launched{after}. It fixes "
+                 f"the lengths of the round about to run: call it with this iteration's "
+                 f"`inputs`, right before `engine.launch_forward(inputs)`")
 
 
 def prepared_twice(log: HostLog, r: int) -> Verdict:

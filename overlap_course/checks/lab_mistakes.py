@@ -169,7 +169,7 @@ def abort_error(err: Exception, run, ref, engine) -> Verdict:
                f"round frees its requests, and an aborted request is never scheduled again. Free "
                f"it at once when `num_inflight == 0`")
         return fails("kept_blocks", msg)
-    if err.reason == "loop_returned_with_work":
+    if err.reason == "not_planned":
         msg = (f"{where}, unfinished, and no round plans it again, so the run cannot end: an "
                f"aborted request is finished, with the reason \"abort\" ({err})")
         return fails("stalled", msg)

@@ -10,12 +10,12 @@ import inspect
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
-from toy_engine.run import EngineStalled, ForeignStep
+from toy_engine.run import EngineStalled, ForeignStep, StaleInputs
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
 from .errors import engines, quoted, said
-from .host_order import HostLog, common_mistakes, prepared_twice
+from .host_order import HostLog, common_mistakes, corrected_old_inputs, prepared_twice
 from .verdict import Verdict, fails, not_implemented
 
 
@@ -191,6 +191,8 @@ def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
         return _stalled(log, err, mode)
     if engines(err, RaceError):
         return _raced(log, err)
+    if engines(err, StaleInputs):
+        return _stale_inputs(log, err)
     verdict = _went_on_without_plan(log, err, mode)
     if verdict is not None:
         return verdict
@@ -199,6 +201,25 @@ def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
                                      f"each round is prepared, then its forward launched, then "
                                      f"its sample")
     return fails("raised", f"your loop raised {quoted(err)}")
+
+
+def _stale_inputs(log: HostLog, err: StaleInputs) -> Verdict:
+    """A launch given inputs that are not the device's latest upload (the engine refused it)."""
+    if err.foreign:
+        return fails("foreign_step",
+                     f"your loop called `engine.{err.stage}` with round {err.round}'s inputs, "
+                     f"which this run never prepared: they are left from another run (an earlier "
+                     f"generate or check), kept in a global, a default argument or an attribute. "
+                     f"Launch what this iteration's `engine.prepare_inputs(plan)` returned")
+    if err.stage == "correct_on_device" and log.first("launch_sample", err.round) is not None:
+        return corrected_old_inputs(log, err.round, f", after round {err.latest}'s were prepared")
+    return fails("inputs_replaced",
+                 f"{log.who(err.round)}: your loop called `engine.{err.stage}` with its inputs "
+                 f"after round {err.latest}'s were prepared. The device holds one round's "
+                 f"inputs, the latest upload, so it would have worked on round {err.latest}'s "
+                 f"metadata as round {err.round}'s (the engine refused it). Launch a round "
+                 f"(`launch_forward(inputs)`, `launch_sample(inputs)`) with the inputs that "
+                 f"`prepare_inputs(plan)` just returned, before preparing the next round")
 
 
 def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
+from toy_engine.buffers import BadOutputs
 from toy_engine.run import EngineStalled, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
@@ -200,7 +201,7 @@ def _step_mistake(call) -> Verdict | None:
     """The first rule a single call broke: wait on the step's own event, commit once, free
     exactly the finished requests no launched round uses."""
     who = _who_step(call["step"])
-    for rule in (_wait_mistake, _free_mistake, lifetime_runs.short_commit, _commit_mistake):
+    for rule in (_wait_mistake, _free_mistake, _commit_mistake):
         verdict = rule(call, who)
         if verdict is not None:
             return verdict
@@ -289,16 +290,13 @@ def _commit_mistake(call, who: str) -> Verdict | None:
     for req, (n1, finished, holds, running) in zip(reqs, call["after"]):
         if finished and n1 == 0 and holds:
             return fails("kept_blocks",
-                         f"{who}: {lifetime_runs.ended([req])}, and no launched round "
-                         f"uses it any more "
-                         "(num_inflight == 0), "
-                         "but your process_outputs kept its KV blocks and batch row: a request "
-                         "finishes at its "
-                         "limit, at a stop string, on EOS or by an abort, and each must be "
-                         "freed: free it after "
+                         f"{who}: {lifetime_runs.ended([req])}, and no launched round uses it "
+                         "any more (num_inflight == 0), but your process_outputs kept its KV "
+                         "blocks and batch row: a request finishes at its limit, at a stop "
+                         "string, on EOS or by an abort, and each must be freed: free it after "
                          "committing (`engine.scheduler.free(req)` or "
-                         "`engine.scheduler.release_if_done(req)`), "
-                         f"or waiting requests never start")
+                         "`engine.scheduler.release_if_done(req)`), or waiting requests never "
+                         "start")
     return None
 
 
@@ -376,6 +374,8 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                          f"extra step: under ZOS the finished request is already in the next launched round). "
                          f"Free a finished request only when `req.num_inflight == 0`")
         return fails("race", f"{who}: the race checker stopped the run ({err.kind}): {err}")
+    if engines(err, BadOutputs) and watch.calls:  # refused in commit_outputs, in a watched call
+        return lifetime_runs.bad_outputs(err, _who_step(watch.calls[-1]["step"]), watch.calls[-1])
     if engines(err, StepProcessedTwice):
         call = watch.calls[-1] if watch.calls else {}
         who = _who_step(call["step"]) if call else f"round {err.round}"

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from toy_engine.engine import Engine
 from toy_engine.record import Launch
+from toy_engine.buffers import BadOutputs
 from toy_engine.run import EngineStalled
 
 from . import endings, pool
+from .errors import said
 from .learner_code import StepWatch
 from .verdict import Verdict, fails
 
@@ -123,19 +125,21 @@ def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
                             f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")
 
 
-def short_commit(call, who: str) -> Verdict | None:
-    """A commit handed fewer requests' tokens than the round ran: notebook 05 reads them with
-    "`engine.read_outputs(step)` | the round's sampled tokens from its output slot, as a list"
-    and commits that list whole ("hand the tokens to the round's requests")."""
-    step = call["step"]
-    commit = next((c for c in call["commits"] if c.round == step.plan.round and not c.refused),
-                  None)
-    if commit is None or len(commit.offered) >= len(commit.prompts):
-        return None
-    left = list(commit.prompts[len(commit.offered):])
+def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
+    """``commit_outputs`` refused the ``out`` of a watched ``call`` (a short list is named by
+    what it lacks): notebook 05 reads them with "`engine.read_outputs(step)` | the round's sampled
+    tokens from its output slot, as a list" and commits that list whole ("hand the tokens to the
+    round's requests")."""
+    if err.length is None or err.length >= err.expected:
+        return fails("bad_outputs", f"{who}: `engine.commit_outputs` refused what your "
+                                    f"process_outputs gave it: {said(err)}. Commit the list "
+                                    f"`engine.read_outputs(step)` returns, whole")
+    n = len(call["requests"])
+    counts = max(0, min(n, err.length - (err.expected - n)))  # the accepted counts come last
+    held = (f"only the accepted counts of {counts} of the round's {n} requests" if counts else
+            "none of the accepted counts, which follow the tokens")
     return fails("short_commit",
-                 f"{who}: the token list your process_outputs committed holds tokens for "
-                 f"{len(commit.offered)} of the round's {len(commit.prompts)} requests, so "
-                 f"prompt(s) "
-                 f"{left} got none (and still count the round as unprocessed). Commit the whole "
-                 f"list `engine.read_outputs(step)` returns: `engine.commit_outputs(step, out)`")
+                 f"{who}: the token list your process_outputs committed has {err.length} values "
+                 f"where the round needs {err.expected}: it holds {held}, so the engine refused "
+                 f"it. Commit the whole list `engine.read_outputs(step)` returns: "
+                 f"`engine.commit_outputs(step, out)`")

@@ -25,7 +25,7 @@ CATEGORIES = frozenset({
     "scheduled_before_processing", "not_serial", "prefill_deferred", "not_deferred", "process_before_forward",
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",
     "loop_returned", "dropped_at_prefill", "no_flush", "never_processed", "none_plan", "correction",
-    "skipped_extra_step", "foreign_step",
+    "skipped_extra_step", "foreign_step", "inputs_replaced",
     # 00: stream, launch, event
     "includes_later_kernel", "misses_earlier_kernel", "no_such_kernel", "launch_count", "no_read",
     "wait_without_event", "read_before_launch", "no_race", "still_races",
@@ -57,7 +57,7 @@ CATEGORIES = frozenset({
     "missed_extra_step", "serial_discards_nothing", "nothing_discarded", "too_many", "wrong_slot",
     "wrong_buffer", "writing_round", "waits_other_event", "read_before_wait", "double_free", "free_in_use",
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
-    "short_commit",
+    "short_commit", "bad_outputs",
     "left_unfinished",
     "kept_blocks", "calls_itself",
     # 06: real traces
