@@ -129,7 +129,8 @@ def test_a_wants_more_that_forgot_its_return_is_named_and_the_engine_stays_usabl
 
     with Engine(EngineConfig(device="cpu", mode="zos")) as engine:
         with pytest.raises(TypeError, match=r"per_request\(wants_more=wants_more\) returned "
-                                            r"None for prompt 0: it must return True or False"):
+                                            r"None for prompt 0, not True or False \(no `return` "
+                                            r"gives None\)"):
             engine.generate(["Once upon a time", "The"], 6,
                             on_round=plugins.per_request(wants_more=wants_more))
         assert not engine.scheduler.has_work()
