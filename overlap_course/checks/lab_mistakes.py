@@ -39,6 +39,13 @@ def extra_step(calls, engine, own, run) -> Verdict:
     return fails("extra_step", f"{run}: {where}: {cost}")
 
 
+# Why the engine stalled, per ``EngineStalled.REASONS`` (a category), in the lesson's words.
+_STALLS = {"loop_returned_with_work": "no round plans it again and none is in flight",
+           "finished_kept_blocks": "finished requests still hold their KV blocks and rows",
+           "unprocessed_inflight": "a launched round's results were never processed",
+           "no_progress": "its rounds commit no tokens"}
+
+
 def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
     """Lab 1: a run that ended in an error: the policy's own, or a stall it caused (named by its
     last refusal), or a runaway the check stopped."""
@@ -74,7 +81,7 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
                       f"with {left[-1][2]} of its {run.max_new} tokens and {left[-1][3]} round(s) "
                       f"in flight")
         msg = (f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
-               f"it can never finish ({err.reason})")
+               f"{_STALLS[err.reason]}, so it can never finish")
         return fails("stalled", msg)
     return fails("raised", f"your wants_more raised {quoted(err)}")
 
@@ -173,7 +180,7 @@ def abort_error(err: Exception, run, ref, engine) -> Verdict:
         msg = (f"{where}, unfinished, and no round plans it again, so the run cannot end: an "
                f"aborted request is finished, with the reason \"abort\" ({err})")
         return fails("stalled", msg)
-    return fails("stalled", f"{where}: the engine could not go on ({err.reason}): {err}")
+    return fails("stalled", f"{where}: {_STALLS[err.reason]} ({err})")
 
 
 def abort_outcome(got, ref, engine, calls, run) -> Verdict | None:
