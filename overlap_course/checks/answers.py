@@ -2,10 +2,11 @@
 
 Where a number is asked, it may come as a plain int or float, a NumPy scalar, a 0-d or
 one-element tensor or array, or a list/tuple holding one number: `[37]`, `tensor([37])`,
-`torch.tensor(37)`, `np.int64(37)` and `37.0` all mean 37 (a whole number written as a float is
-that number).  Where a list is asked (one value per request), a list, tuple, range or 1-d
-tensor/array is a list; where a set is asked, any of those or a set, but not one bare number (it
-cannot say whether it means "item 2" or "two items").  A pair is any two-item list or tuple; a
+`torch.tensor(37)`, `np.int64(37)`, `Decimal(37)` and `37.0` all mean 37 (a whole number written
+as a float is that number); :func:`real` says what counts as one, for every check.  Where a
+list is asked (one value per request), a list, tuple, range or 1-d tensor/array is a list;
+where a set is asked, any of those or a set, but not one bare number (it cannot say whether it
+means "item 2" or "two items").  A pair is any two-item list or tuple; a
 yes/no flag is a bool or 0/1.  Names (stages, buffers, steps, calls) are read without case, spaces
 or quotes (:func:`name`); a round may be written as its owner, ``"StepState(round=3)"``
 (:func:`round_number`); a share may be written as a percentage string, ``"79%"`` (:func:`share`).
@@ -66,6 +67,16 @@ def _shown(x) -> str:
     return text if len(text) <= SHOW else text[:SHOW - 4] + " ..."
 
 
+def cut(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters, ended " ..." where it is cut: at the last space
+    that fits, never inside a word.  A "word" longer than half of it is a value quoted whole (a
+    path, a repr): cut where it must, so that the excerpt still shows some of it."""
+    if len(text) <= most:
+        return text
+    end = text.rfind(" ", 0, most - 3)
+    return (text[:end].rstrip() if end > most // 2 else text[:most - 4]) + " ..."
+
+
 def type_name(x) -> str:
     """The name of ``x``'s class as the interpreter keeps it (a metaclass's own ``__name__``
     may raise)."""
@@ -83,8 +94,7 @@ def _far(x) -> Junk:
 def _odd(x, what: str, err: BaseException) -> Junk:
     """The verdict on an answer whose own ``__int__``, ``__float__`` or ``__len__`` gives what no
     number or length can be (the interpreter refuses it in the check's frame, not the learner's)."""
-    said = str(err)
-    said = said if len(said) <= SHOW else said[:SHOW - 4] + " ..."
+    said = cut(str(err), SHOW)
     return Junk(f"{show(x)} cannot be read: its class, {type_name(x)}, breaks its {what} "
                 f"({type_name(err)}: {said}): write a plain value, a number or a list of them")
 
@@ -145,8 +155,7 @@ def read_tensor(x, read):
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
         if _learners(err):
             raise
-        said = str(err).split("\n")[0]
-        said = said if len(said) <= SHOW else said[:SHOW - 4] + " ..."
+        said = cut(str(err).split("\n")[0], SHOW)
         raise Junk(f"{show(x)} holds no values the check can read ({said}): a tensor on the meta "
                    f"device has none, and a sparse one must be made dense first (`.to_dense()`); "
                    f"write the numbers themselves") from None
@@ -163,11 +172,32 @@ def _one(x):
     return x
 
 
+def real(x) -> bool:
+    """Whether ``x`` is one real number: a Python, NumPy or Fraction one, or a ``decimal.Decimal``
+    (rounding half up to two decimals is written with one; ``numbers.Real`` leaves it out), not a
+    bool.  The one test of every check that reads a number."""
+    return not isinstance(x, bool) and isinstance(x, (numbers.Real, decimal.Decimal))
+
+
+def _to_float(x) -> float:
+    """``float(x)`` of a real number (:func:`real`); a Decimal's by Decimal's own methods (a
+    subclass's may lie): nan for its NaNs (``float`` refuses a signaling one), and OverflowError,
+    as for an int, where it is beyond a float's range (``float`` says inf)."""
+    if not isinstance(x, decimal.Decimal):
+        return _convert(float, x)
+    if decimal.Decimal.is_nan(x):
+        return math.nan
+    value = decimal.Decimal.__float__(x)
+    if math.isinf(value) and decimal.Decimal.is_finite(x):
+        raise OverflowError(f"{show(x)} is beyond a float's range")
+    return value
+
+
 def number(x, whole: bool = False) -> int | float | None:
     """The answer as one number (an int if ``whole``), or None if it is not one.  Raises
     ``Junk`` for nan, inf and numbers no question here can have."""
     x = _one(x)
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+    if not real(x):
         return None
     if isinstance(x, numbers.Integral):
         value = _convert(int, x)  # a plain int: the answer's own __eq__ never judges it
@@ -175,7 +205,7 @@ def number(x, whole: bool = False) -> int | float | None:
             raise _far(x)
         return value
     try:
-        value = _convert(float, x)
+        value = _to_float(x)
     except OverflowError:
         raise _far(x) from None
     if not math.isfinite(value):
@@ -206,11 +236,9 @@ def returned_real(x) -> float | None:
     tensor/array; None for anything else (a bool, a string, a list: a function that returns
     a list has a bug to name, not an answer to unwrap).  An int too large for a float is an
     infinity; a number whose own ``__float__`` gives no float raises Junk."""
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, (numbers.Real, decimal.Decimal)):  # a Decimal is a real numbers.Real omits
+    if real(x):
         try:
-            return _convert(float, x)
+            return _to_float(x)
         except OverflowError:  # an int beyond 1.8e308 (copysign would convert it again)
             return math.inf if x > 0 else -math.inf
     if _tensor(x):  # a nested or sparse tensor's shape can raise: read_tensor
@@ -249,7 +277,7 @@ def _item(v, rounds: bool = False) -> int | None:
     if rounds and _text(v):
         return round_number(v)
     v = scalar(v)
-    return None if isinstance(v, bool) or not isinstance(v, numbers.Real) else whole(v)
+    return whole(v) if real(v) else None
 
 
 def sequence(x, kinds=(list, tuple)) -> list | None:
@@ -303,7 +331,7 @@ def bare_number(x) -> bool:
     """One number with no collection around it (5, ``np.int64(5)``, a 0-d tensor): where a set is
     asked, it cannot say whether it means an item or a count."""
     x = x if getattr(x, "ndim", 0) else scalar(x)
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    return real(x)
 
 
 def int_set(x, rounds: bool = False) -> set[int] | None:
@@ -328,7 +356,7 @@ def bool_pair(x) -> tuple[bool, bool] | None:
     for item in pair:
         item = scalar(item)
         if not _is_bool(item):
-            item = whole(item) if isinstance(item, numbers.Real) else None
+            item = whole(item) if real(item) else None
             if item not in (0, 1):
                 return None
         out.append(bool(item))

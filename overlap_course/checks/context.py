@@ -24,7 +24,7 @@ from toy_engine.runinfo import RunStats
 from toy_engine.runinfo import TimelineMeta
 from toy_engine.timeline import LANES, Span, Timeline
 
-from .answers import MAX_ITEMS, Junk, scalar, sequence, show
+from .answers import MAX_ITEMS, Junk, real, scalar, sequence, show
 from .verdict import fails, unanswered
 
 BIG = 10**9  # no position, length, block or round of the course comes near it
@@ -52,7 +52,7 @@ def _scalar(x):
 
 def _whole(x, low: int, high: int):
     x = _scalar(x)
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+    if not real(x):
         return _BAD
     if isinstance(x, numbers.Integral):
         try:  # compared as a plain int: a subclass's own comparisons may lie about its size
@@ -79,7 +79,7 @@ def whole(low: int, high: int, passes: str) -> Arg:
 def number(low: float, high: float, passes: str) -> Arg:
     def read(x):
         x = _scalar(x)
-        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        if not real(x):
             return _BAD
         try:
             value = float(x)
