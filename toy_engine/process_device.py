@@ -52,22 +52,43 @@ def start_method() -> str:
     return chosen
 
 
+class _MainPatch:
+    """without_main_module's patch, shared by the threads inside it (the checkers start engines
+    from several at once).  An object, not a list or class attributes: the checkers' snapshot of
+    the toy's modules would read its count changing as a learner's change."""
+
+    def __init__(self) -> None:
+        self.lock, self.inside, self.original = threading.Lock(), 0, None
+
+
+_MAIN_PATCH = _MainPatch()
+
+
 @contextlib.contextmanager
 def without_main_module():
-    """Start children without re-importing the user's main script (unguarded, it starts an engine)."""
-    original = mp_spawn.get_preparation_data
+    """Start children without re-importing the user's main script (unguarded, it starts an engine).
+    Thread-safe: the patch is installed by the first thread in and put back by the last one out
+    (a thread leaving first would put the original back under one still starting its child)."""
+    patch = _MAIN_PATCH
+    with patch.lock:
+        if patch.inside == 0:
+            patch.original = original = mp_spawn.get_preparation_data
 
-    def preparation_data(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
+            def preparation_data(name):
+                data = original(name)
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+                return data
 
-    mp_spawn.get_preparation_data = preparation_data
+            mp_spawn.get_preparation_data = preparation_data
+        patch.inside += 1
     try:
         yield
     finally:
-        mp_spawn.get_preparation_data = original
+        with patch.lock:
+            patch.inside -= 1
+            if patch.inside == 0:
+                mp_spawn.get_preparation_data, patch.original = patch.original, None
 
 
 def _device_main(conn, num_threads: int, pace: dict | None) -> None:
