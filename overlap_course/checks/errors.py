@@ -14,21 +14,22 @@ from toy_engine.buffers import BadOutputs
 from toy_engine.run import EngineStalled, ForeignStep, StaleInputs, StepProcessedTwice
 from toy_engine.timeline import Stage
 
-from .answers import MAX_MESSAGE, type_name
+from .answers import MAX_MESSAGE, cut, type_name
 
 UNREAD = "(its message could not be read)"
 _TOY = os.path.dirname(os.path.abspath(toy_engine.__file__)) + os.sep
 
 
 def said(err: BaseException, most: int = MAX_MESSAGE) -> str:
-    """``str(err)``, at most ``most`` characters; never raises (but for Ctrl-C)."""
+    """``str(err)``, at most ``most`` characters (:func:`answers.cut`); never raises (but for
+    Ctrl-C)."""
     try:
         text = str.__str__(str(err))
     except KeyboardInterrupt:
         raise
     except BaseException:  # noqa: BLE001 - a message that raises, even SystemExit or a TimeUp
         text = UNREAD
-    return text if len(text) <= most else text[:most - 4] + " ..."
+    return cut(text, most)
 
 
 def quoted(err: BaseException) -> str:

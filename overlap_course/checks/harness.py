@@ -212,10 +212,11 @@ def restored_note(changed: list[str], was: dict | None = None) -> str:
 
 
 def _cut(verdict: Verdict) -> Verdict:
-    """At most :data:`answers.MAX_MESSAGE` characters: a message never grows with the answer."""
+    """At most :data:`answers.MAX_MESSAGE` characters: a message never grows with the answer,
+    and is never cut inside a word (:func:`answers.cut`)."""
     if len(verdict.message) <= answers.MAX_MESSAGE:
         return verdict
-    return dataclasses.replace(verdict, message=verdict.message[:answers.MAX_MESSAGE - 4] + " ...")
+    return dataclasses.replace(verdict, message=answers.cut(verdict.message, answers.MAX_MESSAGE))
 
 
 def _nested(name: str) -> Verdict:

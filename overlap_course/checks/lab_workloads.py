@@ -27,14 +27,19 @@ class PolicyRun:
     drafts: int = 0
     aborts: tuple = ()  # (round, prompt): the engine's own abort just before that round's schedule
 
-    def __str__(self) -> str:
+    @property
+    def setting(self) -> str:
+        """The run without its prompts, as a PASSED message lists every run (with them, the six
+        runs alone pass a message's length)."""
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
         return (loop + (f" with {self.drafts} drafts" if self.drafts else "")
                 + f", limit {self.max_new}"
                 + (f", stop strings {list(self.stop)}" if self.stop else "")
-                + (f", aborts (round, prompt) {list(self.aborts)}" if self.aborts else "")
-                + ("" if self.prompts == tuple(pool.PROMPTS)
-                   else f", prompts {list(self.prompts)}"))
+                + (f", aborts (round, prompt) {list(self.aborts)}" if self.aborts else ""))
+
+    def __str__(self) -> str:
+        return self.setting + ("" if self.prompts == tuple(pool.PROMPTS)
+                               else f", prompts {list(self.prompts)}")
 
 
 # lab 1: the notebook's run; stop strings, stories that end (EOS) and an abort (prompt 1, a round

@@ -107,11 +107,11 @@ def check_wants_more(wants_more) -> Verdict:
                    f"{runs.flushes(engine)} flushes instead of {own.flushes}, the overlap lost "
                    f"there. Count the rounds in flight instead of waiting for them")
             return fails("serializes", msg)
-    runs_made = "; ".join(map(str, runs.POLICY_RUNS))
+    runs_made = "; ".join(run.setting for run in runs.POLICY_RUNS)
     return passes(f"no round went in for a request the rounds in flight already finish, and none "
-                  f"was missing, in {runs_made}: the engine's own rounds and discarded outputs (a "
-                  f"stop, an EOS or a draft's acceptance is known only once processed), and the "
-                  f"same tokens")
+                  f"was missing: the engine's own rounds and discarded outputs (a stop, an EOS or "
+                  f"a draft's acceptance is known only once processed), and the same tokens, in "
+                  f"all {len(runs.POLICY_RUNS)} runs ({runs_made})")
 
 
 # ------------------------------------------------------------------ lab 2: an abort in flight
