@@ -29,8 +29,8 @@ class PolicyRun:
 
     @property
     def setting(self) -> str:
-        """The run without its prompts, as a PASSED message lists every run (with them, the six
-        runs alone pass a message's length)."""
+        """The run without its prompts, as a PASSED message lists every run (with their prompts,
+        lab 1's six runs took most of a message's 800 characters)."""
         loop = {0: "the serial loop", 1: "ZOS"}.get(self.held, f"a loop holding {self.held} rounds")
         return (loop + (f" with {self.drafts} drafts" if self.drafts else "")
                 + f", limit {self.max_new}"
