@@ -1,10 +1,10 @@
-"""Issue 34, round twelve's blind cases (fixed in the thirteenth): after a check's time limit stopped
-the learner's code in one blocking call, the next verdict said an earlier cell had replaced the
-"engine's run state"; lab 1's stall message ended in the checker's category
+"""Issue 34, round twelve's blind cases (fixed in the thirteenth): after a check's time limit
+stopped the learner's code in one blocking call, the next verdict said an earlier cell had
+replaced the "engine's run state"; lab 1's stall message ended in the checker's category
 "(loop_returned_with_work)"; a ``decimal.Decimal`` answer was "not a number" to most checks;
-``without_main_module()`` put the original back under a thread still starting its device process,
-whose child then re-imported the learner's script; lab 1's PASSED message was cut mid-word at 800
-characters before it said what was compared."""
+``without_main_module()`` put the original back under a thread still starting its device
+process, whose child then re-imported the learner's script; lab 1's PASSED message was cut
+mid-word at 800 characters before it said what was compared."""
 
 from __future__ import annotations
 
