@@ -40,7 +40,8 @@ def extra_step(calls, engine, own, run) -> Verdict:
 
 
 # Why the engine stalled, per ``EngineStalled.REASONS`` (a category), in the lesson's words.
-_STALLS = {"loop_returned_with_work": "no round plans it again and none is in flight",
+_STALLS = {"not_planned": "no round plans it again and none is in flight",
+           "loop_returned_with_work": "the loop returned with it unfinished and none in flight",
            "finished_kept_blocks": "finished requests still hold their KV blocks and rows",
            "unprocessed_inflight": "a launched round's results were never processed",
            "no_progress": "its rounds commit no tokens"}
