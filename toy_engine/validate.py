@@ -4,6 +4,7 @@ Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refus
 finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
 
+import decimal
 import functools
 import inspect
 import math
@@ -40,11 +41,16 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
 
 
 def check_float(name: str, value, minimum: float, maximum: float, unit: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {shown(value)}")
+    """``value`` as a plain float: a real number (an int, a float, a Fraction, a Decimal -- not
+    a numbers.Real, but a number all the same -- or a NumPy scalar)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        # a complex number is a number, just not a real one
+        real = not isinstance(value, bool) and isinstance(value, numbers.Complex)
+        kind = "real number" if real else "number"
+        raise TypeError(f"{name} must be a {kind}, got {type(value).__name__} {shown(value)}")
     try:
         number = float.__float__(float(value))
-    except Exception:  # noqa: BLE001 - an int beyond 1.8e308, or a Real whose own __float__ raises
+    except Exception:  # noqa: BLE001 - beyond 1.8e308, a signalling NaN, a Real's own __float__
         number = math.inf
     if not math.isfinite(number) or not minimum <= number <= maximum:
         raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {shown(value)}")
