@@ -125,8 +125,8 @@ def aborts(abort, at):
 
 def keep_in_flight(depth: int):
     """The ZOS loop holding up to ``depth`` decode steps instead of one: round N's forward goes in
-    before round N - depth is processed (a deeper pipeline; without drafts, whose correction
-    covers one round in flight)."""
+    before round N - depth is processed (a deeper pipeline; with drafts only ``depth=1``: their
+    correction covers one round in flight)."""
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
     return deep_loop(depth, None, f"keep_{depth}_in_flight")
 
@@ -134,8 +134,16 @@ def keep_in_flight(depth: int):
 def deep_loop(depth: int, to_process, name: str):
     """The loop behind ``keep_in_flight`` and notebook 07b's ``batch_queue``: up to ``depth``
     decode steps held; ``to_process(engine, plan, held)``, if given, says how many of the oldest
-    held steps to process after round N's forward and before its sample."""
+    held steps to process after round N's forward and before its sample.  With drafts, the
+    seqlen correction runs as in the ZOS loop, and only ``depth=1`` is taken: the correction
+    fixes the lengths of one round in flight, so a deeper queue would silently give other text."""
     def loop(engine):
+        drafts = engine.config.num_draft_tokens
+        if drafts and depth > 1:
+            raise ValueError(f"{name} holds {depth} decode steps, but this engine drafts "
+                             f"{drafts} tokens a round (num_draft_tokens={drafts}): the seqlen "
+                             f"correction covers one round in flight, so its text would be "
+                             f"silently wrong; run it on an engine without drafts, or hold 1")
         held = collections.deque()
         while engine.scheduler.has_work():
             plan = engine.schedule()
@@ -144,6 +152,8 @@ def deep_loop(depth: int, to_process, name: str):
                     engine.flush(held.popleft())
                 continue
             inputs = engine.prepare_inputs(plan)
+            if held:  # a round in flight: its drafts' lengths are fixed on the device
+                engine.correct_on_device(inputs)
             engine.launch_forward(inputs)
             if len(held) == depth:
                 engine.process_outputs(held.popleft())
