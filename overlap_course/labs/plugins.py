@@ -1,17 +1,15 @@
 """How a lab puts a learner's function into a run, through the engine's own plug-in points
-(``on_round``, ``loop``, and ``te.engine.NUM_SLOTS``, the ring of host slots read per run): the
+(``on_round``, ``loop``, and ``te.engine.RING_SLOTS``, the ring of host slots read per run): the
 engine's code calls the learner's function where it would call its own."""
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import difflib
 import functools
 import inspect
 import itertools
-import time
 
 import numpy as np
 
@@ -20,7 +18,7 @@ from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled
 from toy_engine.sequence import Request
-from toy_engine.validate import check_callable, check_int, shown
+from toy_engine.validate import body_checked, check_int, check_takes, shown
 
 #: What ``per_request`` may replace: a request's own methods that the run calls.  Its fields
 #: (``finish_reason``, ``output_ids``, ...) are data the engine reads; a function there would be
@@ -74,10 +72,11 @@ class NotTrueOrFalse(TypeError):
 
 def _answer_checked(name: str, method, req):
     """``method`` bound to ``req``; ``wants_more``'s answer must be True or False (numpy's
-    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are)."""
-    bound = functools.partial(method, req)
+    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are),
+    another's is ignored, so it must not be a generator (whose body never ran)."""
     if name != "wants_more":
-        return bound
+        return functools.partial(body_checked(f"per_request: {name}", method), req)
+    bound = functools.partial(method, req)
 
     def wants_more():
         answer = bound()
@@ -105,6 +104,7 @@ def aborts(abort, at):
     """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
     check_takes("aborts: abort", abort, ["engine", "request_id"])
+    abort = body_checked("aborts: abort", abort)  # its answer ignored: a generator never ran
     at = _abort_points(at)
     done, ids, run = set(), [], [None]
 
@@ -170,80 +170,36 @@ def deep_loop(depth: int, to_process, name: str):
 
 @contextlib.contextmanager
 def ring(slots: int):
-    """Runs started inside use a ring of ``slots`` host slots (round N writes slot N % slots)."""
+    """Engines built and runs started inside, in this thread, use a ring of ``slots`` host slots
+    (round N writes slot N % slots); another thread's keep their own (``te.engine.RING_SLOTS``,
+    per thread: ``te.engine.NUM_SLOTS``, which all share, is left alone)."""
     slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
-    before = engine_module.NUM_SLOTS
-    engine_module.NUM_SLOTS = slots
+    token = engine_module.RING_SLOTS.set(slots)
     try:
         yield
     finally:
-        engine_module.NUM_SLOTS = before
+        engine_module.RING_SLOTS.reset(token)
 
 
 def ring_engine() -> Engine:
     """A ZOS engine (batches of 3, race checker on) built with MAX_SLOTS host slots, so that a run
     may use any ring up to that; the same one on every call until it is closed (a ``with``
-    block, ``close()``), then a new one; closed when Python exits."""
+    block, ``close()``), then a new one; closed when Python exits, as every engine is."""
     return learners_engine("ring", EngineConfig(mode="zos", max_batch_size=3))
 
 
 _LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
-#: How long Python's exit waits for a learner's engine still running in another thread (its
-#: requests aborted: the run ends within a round or two) before leaving it to its device.
-EXIT_WAIT_S = 2.0
 
 
 def learners_engine(name: str, config: EngineConfig) -> Engine:
     """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
     host slots; a closed one is replaced (it would refuse every run, and no plain engine has
-    the ring's slots); closed when Python exits."""
+    the ring's slots)."""
     engine = _LEARNERS.get(name)
     if engine is None or engine.closed:
         with ring(MAX_SLOTS):
             engine = _LEARNERS[name] = Engine(config)
-        # Registered (again) once a device exists: atexit runs the last registered first, and
-        # the devices' finalizers (weakref.finalize's, registered with the first) after this.
-        atexit.unregister(_close_learners)
-        atexit.register(_close_learners)
     return engine
-
-
-def _close_learners() -> None:
-    """Close the engines handed out, quietly, as Python exits: one still running in another
-    thread (a daemon thread's ``generate``) has its requests aborted and is closed once the run
-    returns; past EXIT_WAIT_S the device's own finalizer, which runs after this, stops it."""
-    deadline = time.monotonic() + EXIT_WAIT_S
-    for engine in _LEARNERS.values():
-        for req in list(engine.requests):
-            with contextlib.suppress(Exception):  # an object a learner put there; a new run
-                engine.abort(req.id)
-        while True:
-            try:
-                engine.close()
-                break
-            except RuntimeError:  # generate still runs
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-    _LEARNERS.clear()
-
-
-def check_takes(name: str, function, params: list[str]) -> None:
-    """Refuse, when the plug-in is built, a ``function`` that cannot be called with the
-    arguments the run will give it (``params``, by position): the call would otherwise fail
-    rounds later with an error that names neither the plug-in nor the argument."""
-    check_callable(name, function, allow_none=False)
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # a builtin without a signature: the run will tell
-        return
-    try:
-        signature.bind(*params)
-    except TypeError:
-        shown_name = getattr(function, "__name__", type(function).__name__)
-        call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
-        raise TypeError(f"{name}: the run calls it as {call}, and {shown_name}{signature} cannot "
-                        f"take those {len(params)} argument(s)") from None
 
 
 def _check_method_name(name: str) -> None:
