@@ -195,14 +195,19 @@ def test_a_patch_made_while_the_check_runs_fails_it_and_is_undone():
     assert te.kernels.correct_seqlens_qk is original
 
 
-def test_a_config_replaced_in_a_plugin_is_put_back_before_the_next_check():
+def test_a_config_replaced_in_a_plugin_is_refused_and_one_replaced_between_checks_put_back():
+    """During a run the engine refuses the replacement (its stages read the config every
+    round); one made between runs, as an earlier cell would, is put back by the next check."""
     import dataclasses
 
     def replaces_config(engine, step):
         engine.config = dataclasses.replace(engine.config, race_check=False)
         mistakes.process(engine, step)
 
-    checks.check_process_outputs(replaces_config)
+    v = checks.check_process_outputs(replaces_config)
+    assert not v and "engine.config cannot be replaced while generate runs" in v.message
+    for shared in list(pool._ENGINES.values()):
+        shared.config = dataclasses.replace(shared.config, race_check=False)
     v = checks.check_process_outputs(mistakes.process)
     assert v and "engine.config" in v.message
 

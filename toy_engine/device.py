@@ -11,6 +11,7 @@ the stream; ``Device`` checks every launch, host access and free with the race c
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,21 @@ class DeviceError(RuntimeError):
     """A kernel failed, the device process died, or its link broke; sticky, like a CUDA error."""
 
 
+class ForeignEvent(RuntimeError):
+    """An event recorded on another device was waited for: its id means nothing here (a device
+    process started after a failure numbers its events from 1 again), so the wait would never
+    end, or end on the wrong work.  ``round``: the event's round."""
+
+    def __init__(self, round: int, stage: str):
+        super().__init__(
+            f"round {round}'s {stage or 'event'} was launched on another device (this engine's "
+            f"device process before a failure replaced it, or another engine's): its results "
+            f"are gone with that device, and waiting for it here would never end. Was a step "
+            f"kept from an earlier run (a global `previous`)? Start each loop with "
+            f"`previous = None`, and process a step only in the run that launched it")
+        self.round = round
+
+
 @dataclass
 class Event:
     """A point in the stream: every launch with ``seq <= self.seq`` is before it."""
@@ -35,6 +51,7 @@ class Event:
     round: int
     handle: object = None  # torch.cuda.Event on CUDA, an integer id on the stand-in
     stage: str = ""        # the stage of the last launch before it ("sample" for a step's sample_done)
+    device: int = 0        # the serial number of the device that recorded it (Device.serial)
 
 
 @dataclass
@@ -75,8 +92,10 @@ class Device:
     """The interface the engine uses; subclasses implement the stream."""
 
     name = "device"
+    _serials = itertools.count(1)
 
     def __init__(self, race_check: bool = True):
+        self.serial = next(Device._serials)  # its events carry it: another device's are refused
         self.races = RaceChecker(race_check)
         self._seq = 0
         self._last_round, self._last_stage = 0, ""
@@ -98,13 +117,16 @@ class Device:
         except DeviceError:  # nothing was queued: no phantom launch may block the host's accesses
             self.races.forget(self._seq)
             raise
-        return Event(self._seq, round, handle, stage) if record_event else None
+        return Event(self._seq, round, handle, stage, self.serial) if record_event else None
 
     def record_event(self) -> Event:
-        return Event(self._seq, self._last_round, self._record(), self._last_stage)
+        return Event(self._seq, self._last_round, self._record(), self._last_stage, self.serial)
 
     def wait(self, event: Event, timeout: float | None = None) -> None:
-        """Block until every launch before ``event`` has finished (DeviceError after ``timeout`` s)."""
+        """Block until every launch before ``event`` has finished (DeviceError after ``timeout`` s);
+        an event of another device is refused (``ForeignEvent``)."""
+        if event.device != self.serial:
+            raise ForeignEvent(event.round, event.stage)
         start = time.perf_counter_ns()
         self._wait(event, timeout)
         self.run_record.wait(event.seq, event.round, event.stage, start, time.perf_counter_ns())

@@ -4,12 +4,17 @@ Who owns what: the scheduler owns rows and KV blocks, the ``Run`` (one per call)
 plug-ins and counters, ``buffers`` the host <-> device layout, the device its process.
 """
 
+import atexit
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import numbers
+import operator
 import threading
 import time
 import warnings
+import weakref
 
 from . import buffers, kernels, loops
 from .buffers import MetaLayout
@@ -27,17 +32,31 @@ from .sequence import Completion, Request, check_prompts, check_stop
 from .stages import RoundStages
 from .runinfo import RunStats, TimelineMeta, Workload
 from .timeline import Stage, Timeline, run_stats
-from .validate import check_callable, check_float, check_int, check_seed, shown
+from .validate import (body_checked, check_callable, check_float, check_int, check_seed, check_takes,
+                       shown)
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 
 # Host buffer slots: round N uses slot N % 2; read at build and per run (fewer: notebook 05's race).
 NUM_SLOTS = 2
+#: The host buffer slots of builds and runs started in this thread (or task) instead of
+#: NUM_SLOTS, while set: the labs' ``plugins.ring``.  Per thread: rings in two threads at once
+#: neither mix nor leave one of theirs behind.
+RING_SLOTS: contextvars.ContextVar = contextvars.ContextVar("toy_engine_ring_slots", default=None)
 # How long a recovery waits for queued device work: ~1000 rounds (docs/measurements/engine.md).
 RECOVER_TIMEOUT_S = 10.0
 #: Callables ``observer(engine, phase)`` told when a run starts ("start") and when its timeline
 #: and stats are final ("end"): the course measures the machine around runs.  Must not raise.
 RUN_OBSERVERS: list = []
+#: The arguments ``generate`` gives each of its plug-ins, by position.
+PLUGIN_CALLS = dict(on_round=["engine", "round"], loop=["engine"],
+                    correction=["meta", "accepted", "block_size"],
+                    process_outputs=["engine", "step"])
+#: How long Python's exit waits for an engine still running in another thread (its requests
+#: aborted: the run ends within a round or two) before leaving it to its device's finalizer.
+EXIT_WAIT_S = 2.0
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # the engines not collected yet: closed at exit
+_EXITING = threading.Event()  # Python is exiting: no device process starts from now on
 
 
 class Engine(RoundStages):
@@ -48,7 +67,9 @@ class Engine(RoundStages):
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         config = plain_config(config)  # a subclass's checked values, not what its attributes say
-        self.config = self._built_with = config  # generate refuses another config
+        self._config = self._built_with = config  # generate refuses another config
+        self._config_lock = threading.Lock()  # a replacement against the start of a run
+        self._config_in_use = False  # a run's stages read it: a replacement is refused
         self.model, self.tokenizer = _own_copy(model, tokenizer)
         self.context_len = self.model.cfg.context_len
         check_kv_cache_size(config, self.model)
@@ -75,6 +96,31 @@ class Engine(RoundStages):
         except BaseException:
             self.device.close()
             raise
+        _LIVE.add(self)
+        # Registered (again) once a device exists: atexit runs the last registered first, and
+        # the devices' finalizers (weakref.finalize's, registered with the first) after this.
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
+
+    @property
+    def config(self) -> EngineConfig:
+        """What the engine was built from; a replacement is refused while a run reads it, and
+        by the next ``generate`` (buffers, cache and device were sized from the first)."""
+        return self._config
+
+    @config.setter
+    def config(self, value) -> None:
+        with self._config_lock:
+            if not self._config_in_use:
+                self._config = value  # generate refuses it if it changed anything
+                return
+            changed = _changes(self._built_with, value)
+            if changed:
+                raise RuntimeError(
+                    f"engine.config cannot be replaced while generate runs on this engine "
+                    f"({changed}): the run's stages read it every round, and the engine's "
+                    f"buffers, cache and device were sized from the config it was built with; "
+                    f"once generate returns, build a new engine from the new config")
 
     @property
     def requests(self) -> list[Request]:
@@ -96,14 +142,31 @@ class Engine(RoundStages):
         Bad input raises TypeError/ValueError before anything runs, a second call while one runs
         RuntimeError.  After any exception or Interrupt the run's requests end as ``"abort"`` and the
         engine is ready; a dead device process raises DeviceError (naming its exit code) and is replaced."""
+        _wait_for_exit()  # a thread's next run as Python exits: its device is closing
+        try:
+            return self._generate(prompts, max_new_tokens, stop, temperature, seed,
+                                  dict(on_round=on_round, loop=loop, correction=correction,
+                                       process_outputs=process_outputs))
+        except BaseException:
+            _wait_for_exit()  # a run in another thread, cut by Python's exit: nothing to report
+            raise
+
+    def _generate(self, prompts, max_new_tokens, stop, temperature, seed, plugins: dict):
         self._check_config()
-        for name, plugin in dict(on_round=on_round, loop=loop, correction=correction,
-                                 process_outputs=process_outputs).items():
+        for name, plugin in plugins.items():
             check_callable(name, plugin)
+            if plugin is not None:
+                check_takes(name, plugin, PLUGIN_CALLS[name])
+        correction = plugins["correction"]
         if correction is not None:  # refused now, not rounds into the run at its first launch
             self.device.check_sendable("correction", correction)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
-        run = Run(requests, on_round, correction or kernels.correct_seqlens_qk, process_outputs, self._slots())
+        # Each called through a check of its answer: one that never ran its body is refused.
+        checked = {name: None if plugin is None else body_checked(name, plugin)
+                   for name, plugin in plugins.items()}
+        correction = checked["correction"]  # `is None`: a falsy callable object is a correction
+        run = Run(requests, checked["on_round"], kernels.correct_seqlens_qk if correction is None
+                  else correction, checked["process_outputs"], self._slots())
         # An Interrupt waits while the lock is taken or given back, never between the two.
         with hold_sigint() as held:
             if not self._running.acquire(blocking=False):
@@ -113,10 +176,16 @@ class Engine(RoundStages):
                 if self._closed:  # under the lock: an argument's own code may have closed it
                     raise RuntimeError("this engine is closed (engine.close() or the end of its "
                                        "`with` block): create a new Engine")
-                with held.let_through():
-                    self._ensure_ready()
-                    self._next_id += len(requests)
-                    return self._execute(run, loop)
+                with self._config_lock:  # from here to the run's end, engine.config stays
+                    self._check_config()  # again: another thread may have replaced it meanwhile
+                    self._config_in_use = True
+                try:
+                    with held.let_through():
+                        self._ensure_ready()
+                        self._next_id += len(requests)
+                        return self._execute(run, checked["loop"])
+                finally:
+                    self._config_in_use = False
             finally:
                 self._running.release()
 
@@ -124,13 +193,18 @@ class Engine(RoundStages):
         """Stop a request; results already in flight for it are discarded when they land.  Called
         from another thread than the one running ``generate``, it is queued and applied as the
         next round is scheduled (before ``on_round``): only the loop's thread changes the run."""
-        if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral):
-            raise TypeError(f"abort() takes a request's id, an integer (Completion.id), got "
-                            f"{type(request_id).__name__} {shown(request_id)}")
+        wanted = None
+        if not isinstance(request_id, bool) and isinstance(request_id, numbers.Integral):
+            with contextlib.suppress(Exception):  # an Integral without __index__, or raising
+                wanted = int.__index__(operator.index(request_id))  # plain: its __eq__ may lie
+        if wanted is None:
+            raise TypeError(f"abort() takes a request's id, an integer (Completion.request_id; "
+                            f"req.id in a plug-in), got {type(request_id).__name__} "
+                            f"{shown(request_id)}")
         run = self._run  # read once: another thread may start the next run meanwhile
-        req = next((r for r in run.requests if r.id == request_id), None)
+        req = next((r for r in run.requests if r.id == wanted), None)
         if req is None:
-            raise ValueError(f"no request {shown(request_id)} in the current run (its ids: "
+            raise ValueError(f"no request {wanted} in the current run (its ids: "
                              f"{shown([r.id for r in run.requests])})")
         if not run.queue_abort(req):
             self.scheduler.abort(req)
@@ -151,6 +225,25 @@ class Engine(RoundStages):
                 self.device.close()
             finally:
                 self._running.release()
+
+    def _close_when_idle(self, deadline: float) -> None:
+        """Close, as Python exits; a run going on in another thread is first ended (its
+        requests aborted, applied at its next round) until ``deadline``, then left to the
+        device's finalizer."""
+        aborted = set()
+        while True:
+            try:
+                self.close()
+                return
+            except Exception:  # noqa: BLE001 - generate still runs, or a device a learner replaced
+                if not self._running.locked() or time.monotonic() > deadline:
+                    return  # nothing may be printed now: the finalizer stops the device process
+            with contextlib.suppress(Exception):  # a new run meanwhile, a learner's objects
+                for req in list(self._run.requests):
+                    if not req.finished and id(req) not in aborted:
+                        aborted.add(id(req))
+                        self.abort(req.id)
+            time.sleep(0.01)
 
     def __enter__(self):
         return self
@@ -214,7 +307,7 @@ class Engine(RoundStages):
                              f"a new engine from it (engine.close(); engine = te.Engine(engine."
                              f"config)) or put the values back: engine.config = "
                              f"dataclasses.replace(engine.config, {old})")
-        self.config = built  # the same values: the stages read the config the engine was built from
+        self._config = built  # the same values: the stages read the config it was built from
 
     def _ensure_ready(self) -> None:
         """Before a run: replace a device that died while idle, finish an interrupted recovery, take
@@ -246,11 +339,17 @@ class Engine(RoundStages):
                     req.finish_reason = "abort"
                 req.num_inflight, req.blocks, req.row = 0, [], -1
             self.scheduler = self._new_scheduler()
-        if self.device.failure() is not None:  # dead, out of step or sticky: a fresh "context"
+        failed = self.device.failure() is not None  # dead, out of step or sticky
+        if failed and _EXITING.is_set():  # no new process as Python exits: the error is the news
+            self._closed = True
+        elif failed:  # a fresh "context"
             self._restart_device()
         self._clean = True
 
     def _start_device(self) -> None:
+        if _EXITING.is_set():
+            raise RuntimeError("Python is exiting: no new device process is started (it would be "
+                               "stopped at once, or outlive the interpreter)")
         c = self.config
         device = make_device(c.device, self.model, c.num_kv_blocks, c.block_size, self.buffer_specs,
                              c.race_check, c.device_threads)
@@ -279,6 +378,10 @@ class Engine(RoundStages):
     def _slots(self) -> int:
         """The host buffer slots a run uses, read once per run: at most the engine's."""
         slots = _num_slots()
+        if slots > self.num_slots and RING_SLOTS.get() is not None:
+            raise ValueError(f"this run was started in a ring of {slots} host slots, but this "
+                             f"engine was built with {self.num_slots} buffer slots: build the "
+                             f"engine inside the ring (or use a lab's ring_engine())")
         if slots > self.num_slots:
             raise ValueError(f"te.engine.NUM_SLOTS is {slots} but this engine was built with {self.num_slots} buffer "
                              f"slots: build a new Engine after changing NUM_SLOTS (or set it back to "
@@ -328,7 +431,36 @@ class Engine(RoundStages):
 
 
 def _num_slots() -> int:
+    ring = RING_SLOTS.get()
+    if ring is not None:
+        return check_int("the ring's slots", ring, 1, MAX_SLOTS, " (engine.RING_SLOTS)")
     return check_int("NUM_SLOTS", NUM_SLOTS, 1, MAX_SLOTS, " (te.engine.NUM_SLOTS: host buffer slots)")
+
+
+def _changes(built: EngineConfig, value) -> str:
+    """What ``value``, put in ``engine.config``, changes of ``built``, for a message ("" for
+    nothing: the same values)."""
+    if type(value) is not EngineConfig:  # a subclass's attributes may say anything
+        return f"a {type(value).__name__}"
+    return ", ".join(f"{f.name}={shown(getattr(value, f.name))}" for f in dataclasses.fields(built)
+                     if getattr(value, f.name) != getattr(built, f.name))
+
+
+def _wait_for_exit() -> None:
+    """As Python exits, a thread other than the main one that would start (or report) a run
+    waits here to be stopped with the process: its engine and device are being closed, and a
+    new run, device process or traceback now would only be noise."""
+    if _EXITING.is_set() and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
+
+
+def _close_at_exit() -> None:
+    """As Python exits: no device process starts from now on, and every engine is closed,
+    quietly (one running in another thread once its run, aborted, returns; EXIT_WAIT_S for all)."""
+    _EXITING.set()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for engine in list(_LIVE):
+        engine._close_when_idle(deadline)
 
 
 def _own_copy(model, tokenizer) -> tuple[TinyGPT, CharTokenizer]:
@@ -338,10 +470,10 @@ def _own_copy(model, tokenizer) -> tuple[TinyGPT, CharTokenizer]:
                         f"{type(model).__name__}")
     if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
         raise TypeError(f"tokenizer must be a CharTokenizer or None, got {type(tokenizer).__name__}")
-    if model is None:
+    if model is None:  # `is None`, not `or`: a tokenizer subclass may be falsy (a __len__ of 0)
         model, alphabet = load_model()
-        tokenizer = tokenizer or CharTokenizer(alphabet)
-    tokenizer = tokenizer or CharTokenizer()
+        tokenizer = CharTokenizer(alphabet) if tokenizer is None else tokenizer
+    tokenizer = CharTokenizer() if tokenizer is None else tokenizer
     model = copy.deepcopy(model).double().eval().requires_grad_(False)
     if model.cfg.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab ({model.cfg.vocab_size}) does not match the tokenizer ({tokenizer.vocab_size})")

@@ -143,7 +143,12 @@ class Run:
             return True
 
     def take_aborts(self) -> list[Request]:
-        """The aborts queued since the last call, oldest first (the loop's thread applies them)."""
+        """The aborts queued since the last call, oldest first (the loop's thread applies them).
+        Most rounds have none: read without the lock (one queued meanwhile waits a round), so a
+        KeyboardInterrupt between a round's lines never finds it held (a trace hook's may
+        come between a `with` block's last line and its release)."""
+        if not self.queued_aborts:
+            return []
         with self._aborts_lock:
             taken, self.queued_aborts = self.queued_aborts, []
         return taken

@@ -4,6 +4,7 @@ Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refus
 finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
 
+import decimal
 import functools
 import inspect
 import math
@@ -40,11 +41,16 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
 
 
 def check_float(name: str, value, minimum: float, maximum: float, unit: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {shown(value)}")
+    """``value`` as a plain float: a real number (an int, a float, a Fraction, a Decimal -- not
+    a numbers.Real, but a number all the same -- or a NumPy scalar)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        # a complex number is a number, just not a real one
+        real = not isinstance(value, bool) and isinstance(value, numbers.Complex)
+        kind = "real number" if real else "number"
+        raise TypeError(f"{name} must be a {kind}, got {type(value).__name__} {shown(value)}")
     try:
         number = float.__float__(float(value))
-    except Exception:  # noqa: BLE001 - an int beyond 1.8e308, or a Real whose own __float__ raises
+    except Exception:  # noqa: BLE001 - beyond 1.8e308, a signalling NaN, a Real's own __float__
         number = math.inf
     if not math.isfinite(number) or not minimum <= number <= maximum:
         raise ValueError(f"{name} must be a finite number in [{minimum}, {maximum}]{unit}, got {shown(value)}")
@@ -82,6 +88,56 @@ def check_callable(name: str, value, allow_none: bool = True):
     raise TypeError(f"{name} must be {what}, got {type(value).__name__} {shown(value)}")
 
 
+def check_takes(name: str, function, params: list[str]) -> None:
+    """Refuse, before the run, a ``function`` that cannot be called with the arguments the run
+    will give it (``params``, by position): the call would otherwise fail rounds later with an
+    error that names neither the plug-in nor the argument."""
+    check_callable(name, function, allow_none=False)
+    try:
+        signature = inspect.signature(function)
+    except Exception:  # noqa: BLE001 - a builtin without one, an object whose attributes raise
+        return  # the run will tell
+    try:
+        signature.bind(*params)
+    except TypeError:
+        call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
+        raise TypeError(f"{name}: the run calls it as {call}, and {_label(function)}{signature} "
+                        f"cannot take those {len(params)} argument(s)") from None
+
+
+def body_checked(name: str, plugin):
+    """``plugin`` called through a check of its answer: a generator or coroutine says its body
+    never ran (a lambda returning a generator expression; a decorator that hides a generator
+    or an ``async def`` from never_runs), which only the call shows."""
+    def checked(*args):
+        answer = plugin(*args)
+        kind = type(answer)  # the exact types: a learner's class may claim another
+        if kind in _NOT_RUN:
+            if kind is not types.AsyncGeneratorType:
+                answer.close()  # never started, so none of its body runs: no "never awaited"
+            raise TypeError(f"{name}={_label(plugin)} returned {_NOT_RUN[kind]} instead of "
+                            f"doing its work, so its body never ran (a function that returns "
+                            f"a generator expression, or a decorator around a generator or an "
+                            f"`async def`, does that): do the work in a plain function, with "
+                            f"`return`, not `yield`")
+        return answer
+    return checked
+
+
+_NOT_RUN = {types.GeneratorType: "a generator", types.CoroutineType: "a coroutine",
+            types.AsyncGeneratorType: "an async generator"}
+
+
+def _label(function) -> str:
+    """A function's name for a message; another callable's class (its own attributes may
+    raise)."""
+    if type(function) is types.MethodType:
+        function = function.__func__
+    if type(function) is types.FunctionType:
+        return function.__name__
+    return type.__dict__["__name__"].__get__(type(function))
+
+
 # What a call of a function with these code flags makes instead of running its body.
 _NEVER_RUNS = ((inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR,
                 "an async function (`async def`): calling it only makes a coroutine that nothing "
@@ -89,24 +145,42 @@ _NEVER_RUNS = ((inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR,
                (inspect.CO_GENERATOR,
                 "a generator function (it contains `yield`): calling it only makes a generator, "
                 "so its body would never run; use `return`, not `yield`"))
-MAX_WRAPPERS = 100  # partials and bound methods around a function (a partial may wrap itself)
+#: Wrappers followed around a function: partials, methods, caches, decorators (a partial may
+#: wrap itself, a decorator's __wrapped__ point back at it).
+MAX_WRAPPERS = 100
+_CACHE = type(functools.lru_cache()(lambda: None))  # functools.cache's and lru_cache's wrapper
 
 
 def never_runs(value) -> str | None:
     """Why calling ``value`` would not run its body (it would answer a generator or coroutine,
-    taken for a true answer or ignored), or None.  Reads types only: the attributes of a
+    taken for a true answer or ignored), or None.  Follows partials, bound methods,
+    staticmethods, functools' caches and decorators (``functools.wraps``' ``__wrapped__``)
+    and a callable object's class's ``__call__``.  Reads types only: the attributes of a
     learner's object are its own code, which may raise."""
+    through, looked_up_call = "", False
     for _ in range(MAX_WRAPPERS):
-        if type(value) is functools.partial:
+        kind = type(value)
+        if kind is functools.partial:
             value = value.func
-        elif type(value) is types.MethodType:
+        elif kind is types.MethodType or kind is staticmethod:
             value = value.__func__
-        else:
-            break
-    if type(value) is not types.FunctionType:  # an object: its class's own __call__
-        value = inspect.getattr_static(type(value), "__call__", None)
-    if type(value) is not types.FunctionType:  # a builtin, a class, a C type's call
-        return None
-    code = value.__code__
-    return next((f"{code.co_qualname} is {why}" for flags, why in _NEVER_RUNS
-                 if code.co_flags & flags), None)
+        elif kind is types.FunctionType or kind is _CACHE:
+            if kind is types.FunctionType:
+                code = value.__code__
+                why = next((why for flags, why in _NEVER_RUNS if code.co_flags & flags), None)
+                if why is not None:
+                    return f"{code.co_qualname}{through} is {why}"
+            wrapped = vars(value).get("__wrapped__", _NOTHING)  # a decorator's, a cache's
+            if wrapped is _NOTHING:
+                return None
+            outer = "functools.lru_cache" if kind is _CACHE else value.__code__.co_qualname
+            through, value = f" (wrapped by {outer})", wrapped
+        elif not looked_up_call:  # an object: its class's own __call__
+            looked_up_call = True
+            value = inspect.getattr_static(kind, "__call__", None)
+        else:  # a builtin, a class, a C type's call
+            return None
+    return None
+
+
+_NOTHING = object()

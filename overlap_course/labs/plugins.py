@@ -1,10 +1,9 @@
 """How a lab puts a learner's function into a run, through the engine's own plug-in points
-(``on_round``, ``loop``, and ``te.engine.NUM_SLOTS``, the ring of host slots read per run): the
+(``on_round``, ``loop``, and ``te.engine.RING_SLOTS``, the ring of host slots read per run): the
 engine's code calls the learner's function where it would call its own."""
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import difflib
@@ -12,7 +11,6 @@ import functools
 import inspect
 import itertools
 import numbers
-import time
 
 import numpy as np
 
@@ -21,7 +19,7 @@ from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled
 from toy_engine.sequence import Request
-from toy_engine.validate import check_callable, check_int, shown
+from toy_engine.validate import body_checked, check_int, check_takes, shown
 
 #: What ``per_request`` may replace: a request's own methods that the run calls.  Its fields
 #: (``finish_reason``, ``output_ids``, ...) are data the engine reads; a function there would be
@@ -75,10 +73,11 @@ class NotTrueOrFalse(TypeError):
 
 def _answer_checked(name: str, method, req):
     """``method`` bound to ``req``; ``wants_more``'s answer must be True or False (numpy's
-    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are)."""
-    bound = functools.partial(method, req)
+    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are),
+    another's is ignored, so it must not be a generator (whose body never ran)."""
     if name != "wants_more":
-        return bound
+        return functools.partial(body_checked(f"per_request: {name}", method), req)
+    bound = functools.partial(method, req)
 
     def wants_more():
         answer = bound()
@@ -106,6 +105,7 @@ def aborts(abort, at):
     """An ``on_round`` plug-in calling ``abort(engine, request_id)`` once for each ``(round, prompt
     index)`` in ``at``, just before that round is scheduled (as a client's abort would arrive)."""
     check_takes("aborts: abort", abort, ["engine", "request_id"])
+    abort = body_checked("aborts: abort", abort)  # its answer ignored: a generator never ran
     at = _abort_points(at)
     done, ids, run = set(), [], [None]
 
@@ -126,8 +126,8 @@ def aborts(abort, at):
 
 def keep_in_flight(depth: int):
     """The ZOS loop holding up to ``depth`` decode steps instead of one: round N's forward goes in
-    before round N - depth is processed (a deeper pipeline; without drafts, whose correction
-    covers one round in flight)."""
+    before round N - depth is processed (a deeper pipeline; with drafts only ``depth=1``: their
+    correction covers one round in flight)."""
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
     return deep_loop(depth, None, f"keep_{depth}_in_flight")
 
@@ -135,8 +135,16 @@ def keep_in_flight(depth: int):
 def deep_loop(depth: int, to_process, name: str):
     """The loop behind ``keep_in_flight`` and notebook 07b's ``batch_queue``: up to ``depth``
     decode steps held; ``to_process(engine, plan, held)``, if given, says how many of the oldest
-    held steps to process after round N's forward and before its sample."""
+    held steps to process after round N's forward and before its sample.  With drafts, the
+    seqlen correction runs as in the ZOS loop, and only ``depth=1`` is taken: the correction
+    fixes the lengths of one round in flight, so a deeper queue would silently give other text."""
     def loop(engine):
+        drafts = engine.config.num_draft_tokens
+        if drafts and depth > 1:
+            raise ValueError(f"{name} holds {depth} decode steps, but this engine drafts "
+                             f"{drafts} tokens a round (num_draft_tokens={drafts}): the seqlen "
+                             f"correction covers one round in flight, so its text would be "
+                             f"silently wrong; run it on an engine without drafts, or hold 1")
         held = collections.deque()
         while engine.scheduler.has_work():
             plan = engine.schedule()
@@ -145,6 +153,8 @@ def deep_loop(depth: int, to_process, name: str):
                     engine.flush(held.popleft())
                 continue
             inputs = engine.prepare_inputs(plan)
+            if held:  # a round in flight: its drafts' lengths are fixed on the device
+                engine.correct_on_device(inputs)
             engine.launch_forward(inputs)
             if len(held) == depth:
                 engine.process_outputs(held.popleft())
@@ -161,80 +171,36 @@ def deep_loop(depth: int, to_process, name: str):
 
 @contextlib.contextmanager
 def ring(slots: int):
-    """Runs started inside use a ring of ``slots`` host slots (round N writes slot N % slots)."""
+    """Engines built and runs started inside, in this thread, use a ring of ``slots`` host slots
+    (round N writes slot N % slots); another thread's keep their own (``te.engine.RING_SLOTS``,
+    per thread: ``te.engine.NUM_SLOTS``, which all share, is left alone)."""
     slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
-    before = engine_module.NUM_SLOTS
-    engine_module.NUM_SLOTS = slots
+    token = engine_module.RING_SLOTS.set(slots)
     try:
         yield
     finally:
-        engine_module.NUM_SLOTS = before
+        engine_module.RING_SLOTS.reset(token)
 
 
 def ring_engine() -> Engine:
     """A ZOS engine (batches of 3, race checker on) built with MAX_SLOTS host slots, so that a run
     may use any ring up to that; the same one on every call until it is closed (a ``with``
-    block, ``close()``), then a new one; closed when Python exits."""
+    block, ``close()``), then a new one; closed when Python exits, as every engine is."""
     return learners_engine("ring", EngineConfig(mode="zos", max_batch_size=3))
 
 
 _LEARNERS: dict[str, Engine] = {}  # the engine a lab hands out, by name
-#: How long Python's exit waits for a learner's engine still running in another thread (its
-#: requests aborted: the run ends within a round or two) before leaving it to its device.
-EXIT_WAIT_S = 2.0
 
 
 def learners_engine(name: str, config: EngineConfig) -> Engine:
     """The engine ``name`` a notebook hands the learner to experiment on, built with MAX_SLOTS
     host slots; a closed one is replaced (it would refuse every run, and no plain engine has
-    the ring's slots); closed when Python exits."""
+    the ring's slots)."""
     engine = _LEARNERS.get(name)
     if engine is None or engine.closed:
         with ring(MAX_SLOTS):
             engine = _LEARNERS[name] = Engine(config)
-        # Registered (again) once a device exists: atexit runs the last registered first, and
-        # the devices' finalizers (weakref.finalize's, registered with the first) after this.
-        atexit.unregister(_close_learners)
-        atexit.register(_close_learners)
     return engine
-
-
-def _close_learners() -> None:
-    """Close the engines handed out, quietly, as Python exits: one still running in another
-    thread (a daemon thread's ``generate``) has its requests aborted and is closed once the run
-    returns; past EXIT_WAIT_S the device's own finalizer, which runs after this, stops it."""
-    deadline = time.monotonic() + EXIT_WAIT_S
-    for engine in _LEARNERS.values():
-        for req in list(engine.requests):
-            with contextlib.suppress(Exception):  # an object a learner put there; a new run
-                engine.abort(req.id)
-        while True:
-            try:
-                engine.close()
-                break
-            except RuntimeError:  # generate still runs
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-    _LEARNERS.clear()
-
-
-def check_takes(name: str, function, params: list[str]) -> None:
-    """Refuse, when the plug-in is built, a ``function`` that cannot be called with the
-    arguments the run will give it (``params``, by position): the call would otherwise fail
-    rounds later with an error that names neither the plug-in nor the argument."""
-    check_callable(name, function, allow_none=False)
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # a builtin without a signature: the run will tell
-        return
-    try:
-        signature.bind(*params)
-    except TypeError:
-        shown_name = getattr(function, "__name__", type(function).__name__)
-        call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
-        raise TypeError(f"{name}: the run calls it as {call}, and {shown_name}{signature} cannot "
-                        f"take those {len(params)} argument(s)") from None
 
 
 def whole_float(value) -> bool:
