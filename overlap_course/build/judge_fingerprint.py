@@ -5,6 +5,7 @@ each time the submission's code hands control back to the checker, that nothing 
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 import sys
 import types
@@ -57,10 +58,13 @@ def _watched(marks: dict | None = None):
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _CLASS_DICT = type.__dict__["__dict__"].__get__
-# What a function, a method or a classmethod is made of, read from the objects themselves.
+# What a function, a method or a classmethod is made of, read from the objects themselves.  A
+# holder's function is read to its ``__code__`` (an lru_cache's ``__wrapped__`` is the function
+# it calls: swapping that one's ``__code__`` changed what the cache computes).
 _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
-          staticmethod: ("__func__",), property: ("fget", "fset", "fdel")}
+          staticmethod: ("__func__",), property: ("fget", "fset", "fdel"),
+          functools._lru_cache_wrapper: ("__wrapped__",)}
 _BASES = type.__dict__["__bases__"].__get__
 
 
@@ -68,10 +72,12 @@ def _mark(value, depth: int = 0) -> tuple:
     """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
     function held there as a function (a check is a wrapper around a wrapper around the
     lesson's function: swapping ``cell_contents`` changed the check and no name)."""
-    parts = _PARTS.get(type(value), ())
-    mark = (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
-    if type(value) is not types.FunctionType or depth > 4:
-        return mark
+    parts = [object.__getattribute__(value, a) for a in _PARTS.get(type(value), ())]
+    if depth > 4:
+        return (id(value), *map(id, parts))
+    if type(value) is not types.FunctionType:  # a holder: the functions it holds, whole
+        return (id(value), *(_mark(part, depth + 1) for part in parts))
+    mark = (id(value), *map(id, parts))
     cells = object.__getattribute__(value, "__closure__") or ()
     return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
 
@@ -151,7 +157,10 @@ def _collect(value, parts: dict) -> None:
     if group is None or id(value) in group:
         return
     group[id(value)] = value
-    if type(value) is types.FunctionType:
+    if type(value) is not types.FunctionType:  # a holder: the functions it holds too
+        for attr in _PARTS[type(value)]:
+            _collect(object.__getattribute__(value, attr), parts)
+    else:
         for cell in object.__getattribute__(value, "__closure__") or ():
             parts["cell"][id(cell)] = cell
             _collect(_held(cell), parts)
