@@ -78,6 +78,10 @@ def _plain(value) -> tuple[str, object]:
         # does an array of one or more dimensions: read below by its items, as the checker does
         refused = f"a {kind.__name__} is not a plain number ({err})"
     if isinstance(value, dict):
+        if _learners_reading(kind):
+            raise ValueError(f"a {kind.__name__} is a dict whose reading methods are your own "
+                             f"(the checker and the judge would read it differently): write a "
+                             f"plain dict")
         return "dict", list(itertools.islice(dict.items(value), MAX_ITEMS + 1))
     if isinstance(value, Mapping):  # the checker's dict(answer) reads its keys, then each item
         keys = list(itertools.islice(iter(value.keys()), MAX_ITEMS + 1))
@@ -101,6 +105,33 @@ def _learners_eq(value) -> bool:
         return False
     where = equals.__code__.co_filename
     return not (where.startswith("<frozen ") or os.path.realpath(where).startswith(_LIBRARY))
+
+
+# What a checker's reading of a dict may call: its iteration, ``dict(answer)``'s (``keys`` and
+# ``__getitem__`` when ``__iter__`` is overridden), ``in``, ``len``, ``.get`` and the views
+_READING = ("__iter__", "keys", "items", "values", "__getitem__", "__missing__", "__len__",
+            "__contains__", "get", "__reversed__")
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not C's own
+
+
+def _learners_reading(kind) -> bool:
+    """Whether a dict subclass reads its items through code of the learner's: the judge reads
+    its storage, the checker those methods (a ``Counter``'s or ``OrderedDict``'s are the
+    library's and read the storage)."""
+    for cls in type.__dict__["__mro__"].__get__(kind):
+        if cls is dict or not type.__dict__["__flags__"].__get__(cls) & _HEAP_TYPE:
+            continue
+        for name in _READING:
+            found = type.__dict__["__dict__"].__get__(cls).get(name)
+            if found is None:
+                continue
+            if type(found) is not types.FunctionType:
+                return True
+            where = found.__code__.co_filename
+            if not (where.startswith("<frozen ")
+                    or os.path.realpath(where).startswith(_LIBRARY)):
+                return True
+    return False
 
 
 def _dataclass_eq(kind) -> bool:
