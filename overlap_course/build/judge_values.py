@@ -182,9 +182,17 @@ def code_answer(name: str, value, foreign):
         if type(value) is types.FunctionType or value is None:
             break
         found, unwrapped = type(value).__name__, True
-        if type(value) is functools.partial:
-            remakes.append(functools.partial(_partial, value.args, value.keywords))
-            value = value.func
+        if issubclass(type(value), type):
+            return (f"`{name}` is a class ({value.__name__}): the judge calls a function, whose "
+                    f"result is the answer: write `def {name}(...)` that returns it")
+        if issubclass(type(value), functools.partial) and call is _PARTIAL_CALL:
+            # a subclass that keeps partial's call: read by partial's own fields, as it calls
+            remakes.append(functools.partial(_partial, _ARGS(value), _KEYWORDS(value)))
+            value = _FUNC(value)
+        elif type(call) is functools.partialmethod and type(call.func) is types.FunctionType:
+            # __call__ = partialmethod(f, ...): f(the object, *its args, ...), as its __get__
+            remakes.append(functools.partial(_partial, (value, *call.args), call.keywords))
+            value = call.func
         elif type(value) is staticmethod:  # callable since Python 3.10: its function runs
             value = value.__func__
         elif type(call) is staticmethod:  # __call__ = staticmethod(f)
@@ -209,6 +217,11 @@ def code_answer(name: str, value, foreign):
     for remake in reversed(remakes):
         value = remake(value)
     return value
+
+
+_PARTIAL_CALL = inspect.getattr_static(functools.partial, "__call__")
+_FUNC, _ARGS, _KEYWORDS = (functools.partial.__dict__[f].__get__
+                           for f in ("func", "args", "keywords"))
 
 
 def _partial(args: tuple, keywords: dict, function):
