@@ -24,9 +24,9 @@ __all__ = ["run_cells"]
 def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
     """The submission's cells in order, as its kernel ran them: a cell that raises is noted
     and the next one runs (nbgrader runs notebooks with errors allowed)."""
-    # the cells' namespace is ``__main__``'s, as IPython makes it (dataclasses reads a string
-    # ``ClassVar`` annotation through ``sys.modules[cls.__module__]``)
-    main = sys.modules["__main__"] = types.ModuleType("__main__")
+    # the cells' namespace is ``__main__``'s while they run, as IPython makes it (dataclasses
+    # reads a string ``ClassVar`` annotation through ``sys.modules[cls.__module__]``)
+    boot, main = sys.modules.get("__main__"), types.ModuleType("__main__")
     space = main.__dict__
     space.update({"__builtins__": builtins, "display": lambda *a, **k: None,
                   "In": [""], "Out": {}, "_": "", "__": "", "___": ""})
@@ -34,17 +34,22 @@ def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
     space["get_ipython"] = lambda: _Magics(space, compiler)
     history = _History(space)
     notes = []
-    for number, source in enumerate(cells, 1):
-        if not source.strip():
-            continue  # nbclient does not run an empty cell: no execution count
-        history.inputs(source)
-        try:
-            shown = _run(source, f"<submission cell {number}>", space, compiler)
-        except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
-            notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
-            continue
-        if shown is not None and not _quiet(source):
-            history.output(shown)
+    sys.modules["__main__"] = main
+    try:
+        for number, source in enumerate(cells, 1):
+            if not source.strip():
+                continue  # nbclient does not run an empty cell: no execution count
+            history.inputs(source)
+            try:
+                shown = _run(source, f"<submission cell {number}>", space, compiler)
+            except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell
+                notes.append(f"code cell {number} raised {type(err).__name__}: "
+                             f"{str(err)[:200]}")
+                continue
+            if shown is not None and not _quiet(source):
+                history.output(shown)
+    finally:
+        sys.modules["__main__"] = boot
     return space, notes
 
 
