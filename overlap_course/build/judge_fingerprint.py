@@ -65,6 +65,7 @@ _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
           staticmethod: ("__func__",), property: ("fget", "fset", "fdel"),
           functools._lru_cache_wrapper: ("__wrapped__",)}
+_CACHE = functools._lru_cache_wrapper
 _BASES = type.__dict__["__bases__"].__get__
 
 
@@ -72,7 +73,7 @@ def _mark(value, depth: int = 0) -> tuple:
     """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
     function held there as a function (a check is a wrapper around a wrapper around the
     lesson's function: swapping ``cell_contents`` changed the check and no name)."""
-    parts = [object.__getattribute__(value, a) for a in _PARTS.get(type(value), ())]
+    parts = [_part(value, a) for a in _PARTS.get(type(value), ())]
     if depth > 4:
         return (id(value), *map(id, parts))
     if type(value) is not types.FunctionType:  # a holder: the functions it holds, whole
@@ -80,6 +81,15 @@ def _mark(value, depth: int = 0) -> tuple:
     mark = (id(value), *map(id, parts))
     cells = object.__getattribute__(value, "__closure__") or ()
     return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
+
+
+def _part(value, name: str):
+    """``value``'s part ``name`` as stored (None where it was deleted: an lru_cache's
+    ``__wrapped__`` can be)."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return None
 
 
 def _held(cell):
@@ -156,7 +166,9 @@ class Snapshot:
                         _collect(item, parts)
         self.classes = list(classes.values())
         self.cells = list(parts.pop("cell").values())
-        self.parts = [(operator.attrgetter(a), list(group.values()))
+        self.parts = [(operator.attrgetter(a) if kind is not _CACHE  # C speed; __wrapped__
+                       else functools.partial(_part, name=a),  # can be deleted
+                       list(group.values()))
                       for kind, group in parts.items() for a in _PARTS[kind]]
         self.held = self._read()
 
@@ -191,7 +203,7 @@ def _collect(value, parts: dict) -> None:
     group[id(value)] = value
     if type(value) is not types.FunctionType:  # a holder: the functions it holds too
         for attr in _PARTS[type(value)]:
-            _collect(object.__getattribute__(value, attr), parts)
+            _collect(_part(value, attr), parts)
     else:
         for cell in object.__getattribute__(value, "__closure__") or ():
             parts["cell"][id(cell)] = cell
