@@ -97,7 +97,7 @@ def test_pyexpats_registered_submodules_are_not_strangers():
     assert not [s for s in strangers if s.startswith("pyexpat")], strangers
 
 
-def test_a_module_planted_under_a_package_is_still_a_stranger(tmp_path):
+def test_a_module_planted_under_a_package_is_still_a_stranger():
     import types
     trusted = judge_process._protected_folders(judge_process.Path(judge_process.__file__)
                                                .resolve().parents[2])
