@@ -5,13 +5,18 @@ top-level ``await`` included: round nine's right answers written with them score
 
 from __future__ import annotations
 
+import __future__
 import ast
 import builtins
+import functools
 import inspect
 import io
 import os
+import operator
 import re
+import sys
 import tokenize
+import types
 
 __all__ = ["run_cells"]
 
@@ -19,22 +24,32 @@ __all__ = ["run_cells"]
 def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
     """The submission's cells in order, as its kernel ran them: a cell that raises is noted
     and the next one runs (nbgrader runs notebooks with errors allowed)."""
-    space = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None,
-             "In": [""], "Out": {}, "_": "", "__": "", "___": ""}
-    space["get_ipython"] = lambda: _Magics(space)
+    # the cells' namespace is ``__main__``'s while they run, as IPython makes it (dataclasses
+    # reads a string ``ClassVar`` annotation through ``sys.modules[cls.__module__]``)
+    boot, main = sys.modules.get("__main__"), types.ModuleType("__main__")
+    space = main.__dict__
+    space.update({"__builtins__": builtins, "display": lambda *a, **k: None,
+                  "In": [""], "Out": {}, "_": "", "__": "", "___": ""})
+    compiler = _Compiler()
+    space["get_ipython"] = lambda: _Magics(space, compiler)
     history = _History(space)
     notes = []
-    for number, source in enumerate(cells, 1):
-        if not source.strip():
-            continue  # nbclient does not run an empty cell: no execution count
-        history.inputs(source)
-        try:
-            shown = _run(source, f"<submission cell {number}>", space)
-        except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell too
-            notes.append(f"code cell {number} raised {type(err).__name__}: {str(err)[:200]}")
-            continue
-        if shown is not None and not _quiet(source):
-            history.output(shown)
+    sys.modules["__main__"] = main
+    try:
+        for number, source in enumerate(cells, 1):
+            if not source.strip():
+                continue  # nbclient does not run an empty cell: no execution count
+            history.inputs(source)
+            try:
+                shown = _run(source, f"<submission cell {number}>", space, compiler)
+            except BaseException as err:  # noqa: BLE001 - the kernel goes on to the next cell
+                notes.append(f"code cell {number} raised {type(err).__name__}: "
+                             f"{str(err)[:200]}")
+                continue
+            if shown is not None and not _quiet(source):
+                history.output(shown)
+    finally:
+        sys.modules["__main__"] = boot
     return space, notes
 
 
@@ -63,18 +78,35 @@ class _History:
         self.space[f"_{self.count}"] = self.Out[self.count] = value
 
 
-def _run(source: str, name: str, space: dict):
+class _Compiler:
+    """IPython's compiler: a cell's ``from __future__`` import holds for the later cells too,
+    and none of this module's own (``annotations``) leaks into the cells."""
+
+    def __init__(self) -> None:
+        self.flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+
+    def __call__(self, tree, name: str, mode: str):
+        code = compile(tree, name, mode, flags=self.flags, dont_inherit=True)
+        self.flags |= code.co_flags & _FUTURES
+        return code
+
+
+_FUTURES = functools.reduce(operator.or_, (getattr(__future__, f).compiler_flag
+                                           for f in __future__.all_feature_names))
+
+
+def _run(source: str, name: str, space: dict, compiler: _Compiler):
     """Runs a cell; the value of its last line if that is an expression (what the kernel
     shows), else None."""
     tree = _parsed(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    _execute(ast.Module(tree.body, type_ignores=[]), name, "exec", space)
-    return None if last is None else _execute(ast.Expression(last.value), name, "eval", space)
+    _execute(compiler(ast.Module(tree.body, type_ignores=[]), name, "exec"), space)
+    return None if last is None else _execute(
+        compiler(ast.Expression(last.value), name, "eval"), space)
 
 
-def _execute(tree, name: str, mode: str, space: dict):
-    code = compile(tree, name, mode, flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    result = eval(code, space)  # noqa: S307 - the submission's cell, in the judge's fence
+def _execute(code, space: dict, local: dict | None = None):
+    result = eval(code, space, local)  # noqa: S307 - the submission's cell, in the judge's fence
     if code.co_flags & inspect.CO_COROUTINE:  # a top-level await, as ipykernel runs it
         import asyncio
         result = asyncio.run(result)
@@ -106,30 +138,58 @@ def _quiet(source: str) -> bool:
 
 class _Magics:
     """The judge's ``get_ipython()``: magics that only time, show or set how things are shown
-    run their cell as plain code or do nothing, ``%env`` sets ``os.environ``, ``%%writefile``
-    writes its file in the judge's folder (for a later cell to import, as the kernel's cells
-    import it from theirs); any other (``!pip``, ``%run``) is an error that names it."""
+    run their cell as IPython runs it or do nothing (``obj?`` shows help), ``%env`` sets
+    ``os.environ``, ``%%writefile`` writes its file in the judge's folder (for a later cell to
+    import, as the kernel's cells import it from theirs); any other (``!pip``, ``%run``) is an
+    error that names it."""
 
     CELL = {"time", "timeit", "capture", "prun"}
     LINE = {"matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport",
             "config", "time", "timeit", "xmode", "precision", "pprint", "colors", "pdb",
-            "automagic", "who", "whos", "env", "set_env"}
+            "automagic", "who", "whos", "env", "set_env", "pinfo", "pinfo2", "psearch", "pdoc",
+            "pdef", "psource", "pfile"}
 
-    def __init__(self, space: dict):
-        self._space = space
+    def __init__(self, space: dict, compiler: _Compiler):
+        self._space, self._compile = space, compiler
 
     def run_cell_magic(self, magic: str, line: str, cell: str):
         if magic in ("writefile", "file"):  # %%file: IPython's other name for it
             return _write_file(self._space, line, cell)
         if magic not in self.CELL:
             raise NameError(f"the judge does not run the cell magic %%{magic}: remove it")
-        exec(compile(_parsed(cell), f"<%%{magic} cell>", "exec"), self._space)  # noqa: S102
+        code = self._compile(_parsed(cell), f"<%%{magic} cell>", "exec")
+        if magic != "capture":
+            return _execute(code, self._space)
+        from IPython.core.magic_arguments import parse_argstring
+        from IPython.core.magics.execution import ExecutionMagics
+        from IPython.utils.capture import capture_output
+        args = parse_argstring(ExecutionMagics.capture, line)
+        with capture_output(not args.no_stdout, not args.no_stderr,
+                            not args.no_display) as captured:
+            _execute(code, self._space)
+        if args.output:  # %%capture NAME: the captured output under NAME, as IPython binds it
+            self._space[args.output] = captured
+        return None
 
     def run_line_magic(self, magic: str, line: str, *args):
         if magic not in self.LINE:
             raise NameError(f"the judge does not run the magic %{magic}: remove it")
-        if magic in ("time", "timeit"):
-            exec(compile(_parsed(line), f"<%{magic} line>", "exec"), self._space)  # noqa: S102
+        if magic == "time":  # ``x = %time expr``: the expression's value, as IPython gives it
+            tree = _parsed(line)
+            if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+                return _execute(self._compile(ast.Expression(tree.body[0].value),
+                                              "<%time line>", "eval"), self._space)
+            return _execute(self._compile(tree, "<%time line>", "exec"), self._space)
+        if magic == "timeit":  # its statement after its options, in a scope of its own
+            from IPython.core.magic import Magics
+            options, statement = Magics.parse_options(
+                types.SimpleNamespace(options_table={}), line, "n:r:tcp:qo", posix=False,
+                strict=False, preserve_non_opts=True)
+            if "o" in options:
+                raise NameError("the judge does not run %timeit -o (its TimingResult): remove "
+                                "-o")
+            _execute(self._compile(_parsed(statement), "<%timeit line>", "exec"), self._space,
+                     {})
         if magic in ("env", "set_env"):
             return _env(line.strip())
         return None

@@ -5,6 +5,7 @@ each time the submission's code hands control back to the checker, that nothing 
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 import sys
 import types
@@ -57,10 +58,14 @@ def _watched(marks: dict | None = None):
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _CLASS_DICT = type.__dict__["__dict__"].__get__
-# What a function, a method or a classmethod is made of, read from the objects themselves.
+# What a function, a method or a classmethod is made of, read from the objects themselves.  A
+# holder's function is read to its ``__code__`` (an lru_cache's ``__wrapped__`` is the function
+# it calls: swapping that one's ``__code__`` changed what the cache computes).
 _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           types.MethodType: ("__func__", "__self__"), classmethod: ("__func__",),
-          staticmethod: ("__func__",), property: ("fget", "fset", "fdel")}
+          staticmethod: ("__func__",), property: ("fget", "fset", "fdel"),
+          functools._lru_cache_wrapper: ("__wrapped__",)}
+_CACHE = functools._lru_cache_wrapper
 _BASES = type.__dict__["__bases__"].__get__
 
 
@@ -68,12 +73,23 @@ def _mark(value, depth: int = 0) -> tuple:
     """``value``'s identity and its parts'; a function's closure cells by what they hold, and a
     function held there as a function (a check is a wrapper around a wrapper around the
     lesson's function: swapping ``cell_contents`` changed the check and no name)."""
-    parts = _PARTS.get(type(value), ())
-    mark = (id(value), *(id(object.__getattribute__(value, a)) for a in parts))
-    if type(value) is not types.FunctionType or depth > 4:
-        return mark
+    parts = [_part(value, a) for a in _PARTS.get(type(value), ())]
+    if depth > 4:
+        return (id(value), *map(id, parts))
+    if type(value) is not types.FunctionType:  # a holder: the functions it holds, whole
+        return (id(value), *(_mark(part, depth + 1) for part in parts))
+    mark = (id(value), *map(id, parts))
     cells = object.__getattribute__(value, "__closure__") or ()
     return (*mark, *(_mark(_held(cell), depth + 1) for cell in cells))
+
+
+def _part(value, name: str):
+    """``value``'s part ``name`` as stored (None where it was deleted: an lru_cache's
+    ``__wrapped__`` can be)."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return None
 
 
 def _held(cell):
@@ -85,7 +101,8 @@ def _held(cell):
 
 def _compare(before: dict, after: dict) -> list[str]:
     """Names replaced or removed, and names added to a course module that shadow a builtin."""
-    changed = [key for key, mark in before.items() if after.get(key) != mark]
+    changed = [key for key, mark in before.items()
+               if after.get(key) != mark and not _torchs_own(key, mark)]
     shadow = []
     for key in after.keys() - before.keys():
         module, _, attr = key.rpartition(".")
@@ -95,6 +112,37 @@ def _compare(before: dict, after: dict) -> list[str]:
     return changed + sorted(shadow)
 
 
+
+
+def _torchs_own(key: str, mark: tuple) -> bool:
+    """Whether ``key`` was rebound by torch itself: importing ``torch._dynamo`` (which
+    ``torch.compile``, ``torch.profiler`` and a meta tensor do) wraps ``torch.manual_seed`` in
+    ``torch._disable_dynamo``'s ``inner``, around the very function marked before."""
+    if key != "torch.manual_seed" or "torch._dynamo" not in sys.modules:
+        return False
+    torch = sys.modules["torch"]
+    now = _MODULE_DICT(torch).get("manual_seed")
+    if type(now) is not types.FunctionType or _DISABLE_INNER is None:
+        return False
+    cells = object.__getattribute__(now, "__closure__") or ()
+    held = dict(zip(now.__code__.co_freevars, map(_held, cells)))
+    return (now.__code__ is _DISABLE_INNER and now.__defaults__ is None
+            and now.__kwdefaults__ is None and held.get("recursive") is True
+            and set(held) == {"fn", "recursive"} and _mark(held["fn"]) == mark
+            and held["fn"] is _MODULE_DICT(sys.modules["torch.random"]).get("manual_seed"))
+
+
+def _disable_inner():
+    """The code of ``torch._disable_dynamo``'s wrapper, read before the submission runs."""
+    try:
+        from torch import _compile
+    except ImportError:
+        return None
+    return next((c for c in _compile._disable_dynamo.__code__.co_consts
+                 if type(c) is types.CodeType and c.co_name == "inner"), None)
+
+
+_DISABLE_INNER = _disable_inner()
 
 
 class Snapshot:
@@ -118,7 +166,9 @@ class Snapshot:
                         _collect(item, parts)
         self.classes = list(classes.values())
         self.cells = list(parts.pop("cell").values())
-        self.parts = [(operator.attrgetter(a), list(group.values()))
+        self.parts = [(operator.attrgetter(a) if kind is not _CACHE  # C speed; __wrapped__
+                       else functools.partial(_part, name=a),  # can be deleted
+                       list(group.values()))
                       for kind, group in parts.items() for a in _PARTS[kind]]
         self.held = self._read()
 
@@ -151,7 +201,10 @@ def _collect(value, parts: dict) -> None:
     if group is None or id(value) in group:
         return
     group[id(value)] = value
-    if type(value) is types.FunctionType:
+    if type(value) is not types.FunctionType:  # a holder: the functions it holds too
+        for attr in _PARTS[type(value)]:
+            _collect(_part(value, attr), parts)
+    else:
         for cell in object.__getattribute__(value, "__closure__") or ():
             parts["cell"][id(cell)] = cell
             _collect(_held(cell), parts)

@@ -12,6 +12,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 from pathlib import Path
 
 from overlap_course.build import landlock
@@ -77,9 +78,10 @@ def judge_main(argv: list[str]) -> None:
     verdict = _verdict(check, args, before, threads, checks.Verdict, watch)
     strangers = _strange_modules(modules, trusted)
     if strangers:
-        verdict = {"passed": False, "message": f"modules imported during the check do not come "
-                                               f"from the installation ({', '.join(strangers[:3])})"
-                                               f": graded as not passed"}
+        verdict = {"passed": False, "message": f"modules imported by your cells or the check "
+                                               f"do not come from the installed files "
+                                               f"({', '.join(strangers[:3])}): graded as not "
+                                               f"passed"}
     write(verdict)
 
 
@@ -293,13 +295,31 @@ def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
         top = name.partition(".")[0]
         if top not in names and top not in sys.stdlib_module_names:
             continue
-        spec = getattr(sys.modules.get(name), "__spec__", None)
-        origin = getattr(spec, "origin", None)
-        if origin in ("built-in", "frozen"):
-            continue
-        places = [origin] if origin else list(getattr(spec, "submodule_search_locations", None)
-                                              or [])
-        real = [Path(os.path.realpath(p)) for p in places if isinstance(p, str)]
-        if not real or not all(any(r.is_relative_to(t) for t in trusted) for r in real):
+        if not (_installed(sys.modules.get(name), trusted) or _registered(name, trusted)):
             strange.append(name)
     return strange
+
+
+def _installed(module, trusted: list[Path]) -> bool:
+    """Whether ``module`` was loaded from the installed files (or is built in)."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if origin in ("built-in", "frozen"):
+        return True
+    places = [origin] if origin else list(getattr(spec, "submodule_search_locations", None)
+                                          or [])
+    real = [Path(os.path.realpath(p)) for p in places if isinstance(p, str)]
+    return bool(real) and all(any(r.is_relative_to(t) for t in trusted) for r in real)
+
+
+def _registered(name: str, trusted: list[Path]) -> bool:
+    """Whether ``name`` is a module with no ``__spec__`` that an installed module (not a
+    package) holds as its attribute and put in ``sys.modules`` (pyexpat's C code registers
+    ``pyexpat.errors`` and ``pyexpat.model`` so): no import from a file can reach that name."""
+    parent_name, _, attr = name.rpartition(".")
+    parent, module = sys.modules.get(parent_name), sys.modules.get(name)
+    if (type(parent) is not types.ModuleType or type(module) is not types.ModuleType
+            or not _installed(parent, trusted)):
+        return False
+    space = types.ModuleType.__dict__["__dict__"].__get__(parent)
+    return "__path__" not in space and space.get(attr) is module

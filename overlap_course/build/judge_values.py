@@ -78,6 +78,10 @@ def _plain(value) -> tuple[str, object]:
         # does an array of one or more dimensions: read below by its items, as the checker does
         refused = f"a {kind.__name__} is not a plain number ({err})"
     if isinstance(value, dict):
+        if _learners_reading(kind):
+            raise ValueError(f"a {kind.__name__} is a dict whose reading methods are your own "
+                             f"(the checker and the judge would read it differently): write a "
+                             f"plain dict")
         return "dict", list(itertools.islice(dict.items(value), MAX_ITEMS + 1))
     if isinstance(value, Mapping):  # the checker's dict(answer) reads its keys, then each item
         keys = list(itertools.islice(iter(value.keys()), MAX_ITEMS + 1))
@@ -101,6 +105,33 @@ def _learners_eq(value) -> bool:
         return False
     where = equals.__code__.co_filename
     return not (where.startswith("<frozen ") or os.path.realpath(where).startswith(_LIBRARY))
+
+
+# What a checker's reading of a dict may call: its iteration, ``dict(answer)``'s (``keys`` and
+# ``__getitem__`` when ``__iter__`` is overridden), ``in``, ``len``, ``.get`` and the views
+_READING = ("__iter__", "keys", "items", "values", "__getitem__", "__missing__", "__len__",
+            "__contains__", "get", "__reversed__")
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not C's own
+
+
+def _learners_reading(kind) -> bool:
+    """Whether a dict subclass reads its items through code of the learner's: the judge reads
+    its storage, the checker those methods (a ``Counter``'s or ``OrderedDict``'s are the
+    library's and read the storage)."""
+    for cls in type.__dict__["__mro__"].__get__(kind):
+        if cls is dict or not type.__dict__["__flags__"].__get__(cls) & _HEAP_TYPE:
+            continue
+        for name in _READING:
+            found = type.__dict__["__dict__"].__get__(cls).get(name)
+            if found is None:
+                continue
+            if type(found) is not types.FunctionType:
+                return True
+            where = found.__code__.co_filename
+            if not (where.startswith("<frozen ")
+                    or os.path.realpath(where).startswith(_LIBRARY)):
+                return True
+    return False
 
 
 def _dataclass_eq(kind) -> bool:
@@ -151,9 +182,17 @@ def code_answer(name: str, value, foreign):
         if type(value) is types.FunctionType or value is None:
             break
         found, unwrapped = type(value).__name__, True
-        if type(value) is functools.partial:
-            remakes.append(functools.partial(_partial, value.args, value.keywords))
-            value = value.func
+        if issubclass(type(value), type):
+            return (f"`{name}` is a class ({value.__name__}): the judge calls a function, whose "
+                    f"result is the answer: write `def {name}(...)` that returns it")
+        if issubclass(type(value), functools.partial) and call is _PARTIAL_CALL:
+            # a subclass that keeps partial's call: read by partial's own fields, as it calls
+            remakes.append(functools.partial(_partial, _ARGS(value), _KEYWORDS(value)))
+            value = _FUNC(value)
+        elif type(call) is functools.partialmethod and type(call.func) is types.FunctionType:
+            # __call__ = partialmethod(f, ...): f(the object, *its args, ...), as its __get__
+            remakes.append(functools.partial(_partial, (value, *call.args), call.keywords))
+            value = call.func
         elif type(value) is staticmethod:  # callable since Python 3.10: its function runs
             value = value.__func__
         elif type(call) is staticmethod:  # __call__ = staticmethod(f)
@@ -178,6 +217,11 @@ def code_answer(name: str, value, foreign):
     for remake in reversed(remakes):
         value = remake(value)
     return value
+
+
+_PARTIAL_CALL = inspect.getattr_static(functools.partial, "__call__")
+_FUNC, _ARGS, _KEYWORDS = (functools.partial.__dict__[f].__get__
+                           for f in ("func", "args", "keywords"))
 
 
 def _partial(args: tuple, keywords: dict, function):
