@@ -271,7 +271,8 @@ def ring_engine(drafts: int = 0) -> Engine:
 
 def _ring_generate(depth: int, drafts: int = 0, on_round=None, loop=None):
     """Lab 3's prompts under a loop holding ``depth`` rounds: with drafts only the ZOS loop (one
-    round held), whose correction covers the drafts; ``plugins.keep_in_flight`` has none."""
+    round held), whose correction covers the drafts; ``plugins.keep_in_flight`` runs it with one
+    round held and refuses drafts deeper."""
     if loop is None and not drafts:
         loop = plugins.keep_in_flight(depth)
     return ring_engine(drafts).generate(list(RING_PROMPTS), max_new_tokens=RING_NEW,
