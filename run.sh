@@ -92,6 +92,11 @@ from_caller() {
 
 case "${1:-}" in
     setup)
+        # Anything but --force refused: a typo of it (--forse, -f) ran as a plain setup, exit 0.
+        if [ $# -gt 2 ] || { [ $# = 2 ] && [ "$2" != --force ]; }; then
+            echo "run.sh: setup takes only --force, not '${*:2}' (see the top of run.sh)" >&2
+            exit 2
+        fi
         setup "$1" "${2:-}"
         ;;
     lab)

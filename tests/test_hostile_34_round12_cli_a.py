@@ -139,3 +139,34 @@ def test_a_written_notebook_keeps_its_mode(tmp_path):
     write_notebook(nb, path)
     assert path.stat().st_mode & 0o777 == 0o640
     assert read_notebook(path).cells[0].source == "changed"
+
+
+@pytest.mark.parametrize("junk", [["JUNK"], ["--forse"], ["-f"], ["--force=yes"],
+                                  ["--force", "x"]])
+def test_run_sh_setup_refuses_what_it_does_not_know(junk):
+    """Refused before setup looks at .venv (case 19).  PYTHON names no program, so that a
+    tree without .venv installs nothing where setup would go on (before the fix)."""
+    done = subprocess.run([str(ROOT / "run.sh"), "setup", *junk], capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "PYTHON": "/nonexistent/python3"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and junk[-1] in done.stderr and "--force" in done.stderr
+
+
+def test_run_tests_with_an_option_pytest_does_not_know_is_a_usage_error(tmp_path):
+    """pytest's own refusal, which names the option (case 21), and exit 2: no timing line
+    after it, and not pytest's 4."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_tests.py"),
+                           "--no-such-option-xyz"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=ENV)
+    assert done.returncode == 2, done.stderr
+    assert "--no-such-option-xyz" in done.stderr
+    assert "run_tests:" not in done.stdout + done.stderr
+    assert len((done.stdout + done.stderr).strip().splitlines()) <= 4
+
+
+def test_run_tests_version_is_printed_once():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--version"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0
+    assert (done.stdout + done.stderr).count("pytest") == 1, done.stdout + done.stderr
