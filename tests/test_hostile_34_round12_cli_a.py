@@ -170,3 +170,20 @@ def test_run_tests_version_is_printed_once():
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0
     assert (done.stdout + done.stderr).count("pytest") == 1, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / ".run-sh-setup").is_file() or sys.platform != "linux",
+                    reason="run.sh would set up .venv first; the held folder needs /proc")
+def test_run_sh_trace_from_a_folder_removed_under_the_terminal_runs_there(tmp_path):
+    """Case 20: `cd "$CALLER"` failed, three bash lines and exit 1; the command runs now, in
+    the removed folder, as `python -m` does (bash's own `shell-init` line is before run.sh)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(f"cd {gone} && rmdir {gone} && {ROOT / 'run.sh'} trace summary "
+                          f"a100_alexnet", shell=True, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["trace_name"]
+    # only bash's own lines about the folder, from its start (no script can keep them back)
+    assert all("error retrieving current directory" in line
+               for line in done.stderr.splitlines()), done.stderr
