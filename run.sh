@@ -17,6 +17,8 @@ set -euo pipefail
 # Ctrl-C before a command's Python takes over (from there the command says it): one line, 130.
 trap 'echo "run.sh: interrupted" >&2; exit 130' INT
 CALLER=$PWD
+# The caller's folder held open: one removed under their terminal can still be entered (Linux).
+{ exec 9<.; } 2>/dev/null || true
 cd "$(dirname "$0")"
 REPO=$PWD
 PY=${PYTHON:-python3}
@@ -86,12 +88,22 @@ setup() {
 
 # The repository's Python, run from the caller's folder (a relative FILE or --out is theirs).
 from_caller() {
-    cd "$CALLER"
+    cd "$CALLER" 2>/dev/null || cd -P /proc/self/fd/9 2>/dev/null || {
+        echo "run.sh: the folder you ran it from ($CALLER) is gone: cd to one that exists" >&2
+        exit 2
+    }
+    exec 9<&-
     exec "$REPO/$VENV/bin/python" -P "$@"  # -P: a module in their folder shadows none of ours
 }
 
+case "${1:-}" in site | slides | handout | trace) ;; *) exec 9<&- ;; esac  # theirs: from_caller
 case "${1:-}" in
     setup)
+        # Anything but --force refused: a typo of it (--forse, -f) ran as a plain setup, exit 0.
+        if [ $# -gt 2 ] || { [ $# = 2 ] && [ "$2" != --force ]; }; then
+            echo "run.sh: setup takes only --force, not '${*:2}' (see the top of run.sh)" >&2
+            exit 2
+        fi
         setup "$1" "${2:-}"
         ;;
     lab)

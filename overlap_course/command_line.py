@@ -187,16 +187,19 @@ def exit_quietly_on_broken_pipe() -> None:
 class _Stdout:
     """``sys.stdout`` while a command runs: an ``OSError`` writing it is marked as stdout's, so
     that ``> /dev/full`` is not reported as a problem with the command's own files (the stream
-    drops what it could not write: flushing again afterwards succeeds and tells nothing)."""
+    drops what it could not write: flushing again afterwards succeeds and tells nothing).  The
+    first such error is kept in :attr:`lost`: argparse's ``--help`` swallows it."""
 
     def __init__(self, stream):
         self._stream = stream
+        self.lost: OSError | None = None
 
     def _marked(self, call, *args):
         try:
             return call(*args)
         except OSError as err:
             err.on_stdout = True
+            self.lost = self.lost or err
             raise
 
     def write(self, text):
@@ -280,9 +283,14 @@ def run(prog: str, main) -> None:
     try:
         try:
             status = main()
+        except SystemExit as done:  # argparse's --help: its output is flushed below, or refused
+            status = done.code
         finally:
             ctrl_c.ending()
         sys.stdout.flush()
+        lost = getattr(sys.stdout, "lost", None)
+        if lost is not None and status in (0, None):  # a write that failed and was swallowed
+            raise lost
         if ctrl_c.pressed() and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C
             status = interrupted(prog)
     except BrokenPipeError:

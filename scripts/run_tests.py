@@ -27,14 +27,15 @@ from pathlib import Path  # noqa: E402
 
 from pytest import ExitCode  # noqa: E402
 
-from overlap_course.command_line import run  # noqa: E402
+from overlap_course.command_line import USAGE_ERROR, run  # noqa: E402
 from toy_engine.device import usable_cpus  # noqa: E402  (a hub's 1-CPU container counts as one)
 
 WORKERS = 2  # the machines measured have 2 cores; most tests keep two processes busy
-# Options that choose the workers or the tests themselves (pytest-xdist's and pytest's -m).
+# Options that choose the workers or the tests themselves (pytest-xdist's and pytest's -m), or
+# that run none (--help, --version: printed once, not once per part).
 ONE_RUN_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx", "--px",
                    "--rsyncdir", "--rsyncignore", "--max-worker-restart", "-f", "--looponfail",
-                   "-m")
+                   "-m", "-h", "--help", "-V", "--version")
 
 
 def names_tests(args: list[str]) -> bool:
@@ -62,6 +63,8 @@ def pytest(args: list[str], part: str) -> int:
         status = subprocess.call([sys.executable, "-m", "pytest", *args])
     finally:
         signal.signal(signal.SIGINT, previous)
+    if status == ExitCode.USAGE_ERROR and not pressed:  # pytest named the option, in 4 lines:
+        return USAGE_ERROR  # no timing line after them, and the course's status for bad input
     print(f"run_tests: {part} took {time.monotonic() - start:.0f} s (exit {status})", flush=True)
     if pressed:
         raise KeyboardInterrupt

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.build.setup_cell import read_notebook
 from overlap_course.command_line import PATH_CHARS, Parser, fail, run
 from overlap_course.safe_json import printable, quoted, refuse_unwritable, write_file
 
@@ -141,7 +142,7 @@ def check(root: Path = ROOT) -> list[str]:
     """Source notebooks whose nbgrader metadata is missing or stale."""
     problems = []
     for path in sorted((root / "source").glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         want = expected_metadata(path.stem, nb)
         if [c.metadata.get("nbgrader") for c in nb.cells] != want:
             problems.append(f"{path.relative_to(root)}: nbgrader metadata out of date: run "
@@ -222,7 +223,10 @@ def main(argv=None) -> int:
         for path in sorted((ROOT / "source").glob("*.ipynb")):
             print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
     else:
-        problems = check()
+        try:
+            problems = check()
+        except ValueError as err:  # a source notebook that is not one (read_notebook)
+            return fail("grading check", err)
         print("\n".join(problems) or "nbgrader metadata is up to date")
         return 1 if problems else 0
     return 0

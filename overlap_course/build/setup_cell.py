@@ -21,14 +21,18 @@ from overlap_course.ctrl_c import interruptible
 
 interruptible(__name__, "setup_cell")  # first: Ctrl-C while the imports run is one line
 
+import os
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 import nbformat
 
-from overlap_course.command_line import run
+from overlap_course import safe_json
+from overlap_course.command_line import fail, run
+from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL_ID = "course-setup"
@@ -76,6 +80,76 @@ def notebooks(root: Path = ROOT) -> list[Path]:
                   for p in (root / d).glob("*.ipynb"))
 
 
+#: The largest notebook file a command reads (the course's largest is ~0.3 MB; static figures
+#: of a long run can make one tens of MB).
+NOTEBOOK_MAX_BYTES = 256 << 20
+
+
+def read_notebook(path: Path, shown: str | None = None):
+    """The notebook at ``path``, or a ``ValueError`` in one line naming it (``shown``) and what
+    is wrong: every build command reads through here, since nbformat trusts its JSON (a stored
+    ``{"cells": 5}`` was a TypeError traceback, a cut one a line that named no notebook)."""
+    shown = shown or quoted(str(path), 200)
+    content = ""
+    try:
+        content = _bounded_text(path, shown)
+        nb = nbformat.reads(content, as_version=4)
+        nbformat.validate(nb)
+    except (RecursionError, AssertionError, OverflowError) as err:
+        raise ValueError(f"{shown} is not a notebook ({_distrusted(content, err)})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError,
+            nbformat.ValidationError) as err:
+        raise ValueError(f"{shown} is not a notebook "
+                         f"({type(err).__name__}: {str(err)[:80]})") from None
+    return nb
+
+
+def _bounded_text(path: Path, shown: str) -> str:
+    """The file's text, refused past :data:`NOTEBOOK_MAX_BYTES` (nbformat reads it whole)."""
+    with safe_json.open_regular(path, shown) as f:
+        raw = f.read(NOTEBOOK_MAX_BYTES + 1)
+    if len(raw) > NOTEBOOK_MAX_BYTES:
+        raise ValueError(f"it has more than {NOTEBOOK_MAX_BYTES >> 20} MiB")
+    return raw.decode("utf-8")
+
+
+def _distrusted(content: str, err: BaseException) -> str:
+    """What is wrong with a file nbformat broke on, since it trusts its JSON (100,000 '['
+    raised RecursionError, an nbformat_minor of 1e400 an AssertionError): safe_json says."""
+    try:
+        safe_json.loads(content, "the file")
+    except ValueError as refusal:
+        return f"{type(refusal).__name__}: {refusal}"[:120]
+    return f"{type(err).__name__}: {str(err)[:80]}"
+
+
+def write_notebook(nb, path: Path) -> None:
+    """Write ``nb`` to ``path`` through a temporary file beside it, renamed over it: a full disk
+    or a Ctrl-C leaves the old notebook whole (written in place, it was cut in half), and the
+    ``OSError`` names ``path`` (a failed write names no file)."""
+    text = nbformat.writes(nb)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+        os.chmod(partial, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+        os.replace(partial, path)
+    except BaseException as err:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        if isinstance(err, OSError) and err.filename in (None, partial):
+            err.filename = str(path)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
 def _first_code(nb):
     return next((c for c in nb.cells if c.cell_type == "code"), None)
 
@@ -84,7 +158,7 @@ def problems(root: Path = ROOT) -> list[str]:
     """Notebooks whose first code cell is not the current setup cell."""
     want, found = cell_source(), []
     for path in notebooks(root):
-        first = _first_code(nbformat.read(path, as_version=4))
+        first = _first_code(read_notebook(path))
         if first is None or first.get("id") != CELL_ID or first.source != want:
             found.append(f"{path.relative_to(root)}: its first code cell is not the course setup "
                          f"cell: run `python -m overlap_course.build.setup_cell write`")
@@ -106,7 +180,7 @@ def write(root: Path = ROOT) -> list[Path]:
     source, changed = cell_source(), []
     count = _run_here(source)
     for path in notebooks(root):
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         first = _first_code(nb)
         stored = path.parent.name != "source"  # source/ is stored unexecuted
         if first is not None and first.get("id") == CELL_ID:
@@ -120,7 +194,7 @@ def write(root: Path = ROOT) -> list[Path]:
             at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
             nb.cells.insert(at, first)
         first.outputs, first.execution_count = [], count if stored else None
-        nbformat.write(nb, path)
+        write_notebook(nb, path)
         changed.append(path)
     return changed
 
@@ -132,7 +206,10 @@ def main(argv=None) -> int:
             print(f"setup cell written: {path.relative_to(ROOT)}")
         return 0
     if args == ["check"]:
-        found = problems()
+        try:
+            found = problems()
+        except ValueError as err:  # a stored notebook that is not one (read_notebook)
+            return fail("setup_cell check", err)
         print("\n".join(found) or "every notebook starts with the course setup cell")
         return 1 if found else 0
     print("usage: python -m overlap_course.build.setup_cell write | check", file=sys.stderr)
