@@ -13,15 +13,17 @@ it where the hub has only these files (docs/jupyterhub.md).
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import re
+import shutil
 import stat
+import tempfile
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "open_for_writing", "refuse_unwritable", "write_file", "read_text",
+           "open_regular", "refuse_unwritable", "write_whole",
+           "write_file", "read_text",
            "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
@@ -220,35 +222,37 @@ def refuse_unwritable(path, what: str) -> None:
         raise _not_a_file_to_write(what)
 
 
-def open_for_writing(path, what: str):
-    """``path`` opened for writing in binary (made if missing, emptied only once it is known to
-    be a regular file); anything else is a ``NotAFile`` naming ``what``, without waiting: a FIFO
-    with no reader fails the non-blocking open (ENXIO), one with a reader is asked what it is."""
+def write_whole(path, write) -> None:
+    """``write(part)`` makes the new file at ``part`` (a new folder beside ``path``, the same
+    name: torch names an archive's records after it), then ``part`` replaces ``path`` in one
+    rename.  Writing in place left a full disk's or a Ctrl-C's half-written file; this way
+    ``path`` is whole or as it was, no folder is left, and an ``OSError`` names ``path``."""
+    path = os.fspath(path)
+    folder = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
-    except OSError as exc:
-        if exc.errno in (errno.ENXIO, errno.EISDIR):
-            raise _not_a_file_to_write(what) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _not_a_file_to_write(what)
-        os.ftruncate(fd, 0)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
+        folder = tempfile.mkdtemp(dir=os.path.dirname(path) or ".",
+                                  prefix=f".{os.path.basename(path)[:100]}.", suffix=".partial")
+        part = os.path.join(folder, os.path.basename(path))
+        write(part)
+        os.replace(part, path)
+    except OSError as exc:  # the temporary's name would send the reader to the wrong file
+        raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_file(path, data, what: str) -> None:
-    """``data`` (bytes, or text written as UTF-8) written to the regular file ``path``
-    (:func:`open_for_writing`)."""
+    """``data`` (bytes, or text written as UTF-8) written whole to the regular file ``path``
+    (:func:`write_whole`); a FIFO or a folder there is a ``NotAFile`` naming ``what``."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    with open_for_writing(path, what) as f:
-        f.write(data)
+    refuse_unwritable(path, what)
+
+    def write(part):
+        with open(part, "xb") as f:
+            f.write(data)
+    write_whole(path, write)
 
 
 def read_text(path, what: str, max_bytes: int) -> str:

@@ -1,0 +1,135 @@
+"""Round twelve's command-line cases (issue 34, fixer B): files written whole or not at all on a
+full disk (``RLIMIT_FSIZE`` stands in for ENOSPC) or a Ctrl-C, messages that name the file, and
+the signals that end a run."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _limited(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def _command(args, *, limit=None, env=None, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          env=env or _env(), cwd=cwd, timeout=timeout,
+                          preexec_fn=_limited(limit) if limit else None)
+
+
+def _partials(folder: Path) -> list:
+    return sorted(str(p) for p in folder.rglob("*.partial"))
+
+
+# --- case 6: grading course --------------------------------------------------------------
+
+def test_grading_course_on_a_full_disk_names_the_file_and_tears_none(tmp_path):
+    dest = tmp_path / "course"
+    done = _command(["overlap_course.build.grading", "course", str(dest)], limit=20_000)
+    assert done.returncode == 2, done.stderr
+    assert "None" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "03_zos_loop.ipynb" in done.stderr, done.stderr
+    for f in dest.rglob("*.ipynb"):  # each notebook is whole or absent
+        assert f.read_bytes() == (ROOT / "source" / f.name).read_bytes(), f
+    assert not _partials(tmp_path)
+    again = _command(["overlap_course.build.grading", "course", str(dest)])
+    assert again.returncode == 0, again.stderr
+
+
+_CTRL_C_WHILE_WRITING = '''
+import os, signal, sys
+def hook(event, args):
+    # the moment an old notebook is gone (emptied in place, then opened to write) or its new
+    # copy is being made (the hook's SIGINT is raised in the hook, before the operation)
+    if event == "os.truncate":
+        hook.emptied = True
+    elif event == "open" and not hook.done and (
+            hook.emptied and isinstance(args[0], int) or isinstance(args[0], str)
+            and args[0].endswith(".ipynb") and (args[1] or " ")[0] in "wx"):
+        hook.done = True
+        os.kill(os.getpid(), signal.SIGINT)
+hook.emptied = hook.done = False
+sys.addaudithook(hook)
+'''
+
+
+def test_grading_course_ctrl_c_while_rewriting_leaves_every_file_whole(tmp_path):
+    dest = tmp_path / "course"
+    assert _command(["overlap_course.build.grading", "course", str(dest)]).returncode == 0
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CTRL_C_WHILE_WRITING)
+    cut = _command(["overlap_course.build.grading", "course", str(dest)],
+                   env=_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}"))
+    assert cut.returncode == 130, cut.stderr
+    for f in dest.rglob("*.ipynb"):
+        assert f.read_bytes() == (ROOT / "source" / f.name).read_bytes(), f
+    assert not _partials(tmp_path)
+
+
+# --- case 7: corpus ----------------------------------------------------------------------
+
+def test_corpus_on_a_full_disk_is_one_line_and_keeps_the_table(tmp_path):
+    for package in ("overlap_course", "toy_engine"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    table = tmp_path / "toy_engine" / "checkpoints" / "ngram_table.pt"
+    before = table.read_bytes()
+    done = _command(["overlap_course.corpus"], limit=len(before) // 2, cwd=tmp_path,
+                    env=_env(PYTHONPATH=str(tmp_path)))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "ngram_table.pt" in done.stderr, done.stderr
+    assert table.read_bytes() == before
+    assert not _partials(tmp_path / "toy_engine")
+
+
+# --- cases 8 and 18: train ---------------------------------------------------------------
+
+_TRAIN = ["overlap_course.train", "--batch-size", "1", "--block-size", "8", "--sample", "0"]
+
+
+def test_train_on_a_full_disk_is_one_line_naming_out(tmp_path):
+    out = tmp_path / "model.pt"
+    done = _command([*_TRAIN, "--steps", "1", "--out", str(out)], limit=1_000_000)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(f"{str(out)!r}"), done.stderr
+    assert not out.exists() and not _partials(tmp_path)
+
+
+def test_train_ended_by_sigterm_or_sighup_leaves_no_partial_folder(tmp_path):
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        proc = subprocess.Popen([sys.executable, "-m", *_TRAIN, "--steps", "1000000",
+                                 "--out", str(tmp_path / "model.pt")], env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            # tqdm's bar on stderr: the training runs
+            seen = b""
+            while b"training" not in seen:
+                chunk = proc.stderr.read1(4096)
+                assert chunk, seen
+                seen += chunk
+            time.sleep(0.5)
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stderr.close()
+        assert not _partials(tmp_path), sig
