@@ -18,11 +18,12 @@ import math
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "refuse_unwritable", "write_whole",
+           "open_regular", "refuse_unwritable", "write_whole", "sigint_held",
            "write_file", "read_text",
            "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
@@ -240,6 +241,22 @@ def write_whole(path, write) -> None:
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+class sigint_held:
+    """Ctrl-C held while the block runs, delivered when it ends: around renames that must happen
+    together (a new file and its partner, a new folder in the old one's place), a Ctrl-C
+    between them would leave one new beside one old.  Main thread only; elsewhere a no-op."""
+
+    def __enter__(self):
+        self._held = hasattr(signal, "pthread_sigmask")
+        if self._held:
+            self._before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        return self
+
+    def __exit__(self, *exc):
+        if self._held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._before)
 
 
 def write_file(path, data, what: str) -> None:

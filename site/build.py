@@ -38,6 +38,7 @@ import base64
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -55,7 +56,7 @@ from PIL import Image
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
-from overlap_course.safe_json import quoted
+from overlap_course.safe_json import quoted, sigint_held
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
@@ -65,7 +66,7 @@ NOTEBOOK_DIRS = ("notebooks", "exercises")
 DOC_PAGES = ("instructor_guide.md", "real_engines.md")
 DIGEST_KEY = "figure-sha256"  # a drawn page's stored PNG: the digest of the figure it shows
 # The folders under OUT that each build replaces (MyST-NB writes OUT/jupyter_execute).
-OWNED = ("src", "html", "doctrees", "jupyter_execute")
+OWNED = ("src", "html", "doctrees", "jupyter_execute", "html.partial", "html.old")
 STAMP = ".made-by-site-build"  # in each of them: the build made it, so it may replace it
 DEFAULT_OUT = ROOT / "build" / "site"
 NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
@@ -260,15 +261,29 @@ def stage(out: Path) -> Path:
 
 
 def build(out: Path) -> Path:
-    """Stage and build; returns the folder of index.html."""
+    """Stage and build; returns the folder of index.html.  Sphinx writes ``OUT/html.partial``,
+    which replaces ``OUT/html`` only once it is whole: a Ctrl-C or a failure keeps the earlier
+    site (``fresh_folder`` of ``html`` deleted it before Sphinx began)."""
     src = stage(out)
-    html, doctrees = fresh_folder(out, "html"), fresh_folder(out, "doctrees")
+    new, doctrees = fresh_folder(out, "html.partial"), fresh_folder(out, "doctrees")
     fresh_folder(out, "jupyter_execute")
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
-           "-d", str(doctrees), str(src), str(html)]
+           "-d", str(doctrees), str(src), str(new)]
     # Its own process group: Ctrl-C reaches the build alone, which stops Sphinx and says so in one
     # line (Sphinx would add its own "Interrupted!").
-    subprocess.run(cmd, check=True, process_group=0)
+    try:
+        subprocess.run(cmd, check=True, process_group=0)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    html, old = out / "html", out / "html.old"  # html.old: left by a kill; ours (main)
+    if old.exists():
+        shutil.rmtree(old)
+    with sigint_held():  # both renames or neither: never a site missing between them
+        if html.exists():
+            os.replace(html, old)
+        os.replace(new, html)
+    shutil.rmtree(old)
     return html
 
 
@@ -295,6 +310,9 @@ def main(argv=None) -> int:
     try:
         html = build(out)
     except OSError as exc:
+        if exc.filename2:  # a copy (shutil): the second file is the one being written
+            return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "
+                                f"{quoted(str(exc.filename2), PATH_CHARS)}: {exc.strerror}")
         return fail("site", os_problem(exc))
     except subprocess.CalledProcessError as exc:
         print(f"site: sphinx-build failed (exit {exc.returncode}); its warnings are above", file=sys.stderr)

@@ -133,3 +133,55 @@ def test_train_ended_by_sigterm_or_sighup_leaves_no_partial_folder(tmp_path):
                 proc.wait()
             proc.stderr.close()
         assert not _partials(tmp_path), sig
+
+
+# --- case 15: trace summary / export, a file that fails after it opened --------------------
+
+def test_trace_read_failing_after_open_names_the_file(tmp_path):
+    for args in (["summary", "/proc/self/mem"],
+                 ["export", str(tmp_path / "out.json"), "/proc/self/mem"]):
+        done = _command(["overlap_course.traces.kineto", *args])
+        assert done.returncode == 2, done.stderr
+        assert "'/proc/self/mem'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+# --- cases 16 and 4: the site --------------------------------------------------------------
+
+SITE_BUILD = ROOT / "site" / "build.py"
+
+
+def test_site_on_a_full_disk_names_the_file_it_could_not_write(tmp_path):
+    out = tmp_path / "site"
+    done = subprocess.run([sys.executable, str(SITE_BUILD), "--out", str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limited(1_000_000))
+    assert done.returncode == 2, done.stderr
+    assert str(out) in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_site_ctrl_c_while_sphinx_runs_keeps_the_earlier_site(tmp_path):
+    out = tmp_path / "site"
+    for name in ("src", "html", "doctrees", "jupyter_execute"):  # an earlier build's
+        (out / name).mkdir(parents=True)
+        (out / name / ".made-by-site-build").write_text("made by site/build.py\n")
+        os.utime(out / name / ".made-by-site-build", (0, 0))
+    (out / "html" / "index.html").write_text("<h1>the earlier site</h1>")
+    proc = subprocess.Popen([sys.executable, str(SITE_BUILD), "--out", str(out)], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        end = time.monotonic() + 240
+        stamp = out / "jupyter_execute" / ".made-by-site-build"  # made anew just before Sphinx
+        while not (stamp.exists() and stamp.stat().st_mtime > 0):
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()[-500:]
+            time.sleep(0.05)
+        time.sleep(1)  # Sphinx is reading the sources
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-800:]
+    assert (out / "html" / "index.html").read_text() == "<h1>the earlier site</h1>"
