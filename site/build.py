@@ -280,10 +280,12 @@ def build(out: Path) -> Path:
     if old.exists():
         shutil.rmtree(old)
     with sigint_held():  # both renames or neither: never a site missing between them
-        if html.exists():
+        earlier = html.exists()
+        if earlier:
             os.replace(html, old)
         os.replace(new, html)
-    shutil.rmtree(old)
+    if earlier:
+        shutil.rmtree(old)
     return html
 
 

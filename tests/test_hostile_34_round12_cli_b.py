@@ -185,3 +185,44 @@ def test_site_ctrl_c_while_sphinx_runs_keeps_the_earlier_site(tmp_path):
             proc.wait()
     assert proc.returncode == 130, err[-800:]
     assert (out / "html" / "index.html").read_text() == "<h1>the earlier site</h1>"
+
+
+# --- case 17: trace export, Ctrl-C between its two renames --------------------------------
+
+_CTRL_C_AT_SECOND_RENAME = '''
+import os, signal, sys
+def hook(event, args):
+    if event == "os.rename":
+        hook.seen += 1
+        if hook.seen == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+hook.seen = 0
+sys.addaudithook(hook)
+'''
+
+
+def test_trace_export_ctrl_c_between_its_renames_is_all_or_none(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CTRL_C_AT_SECOND_RENAME)
+    for mode in ("serial", "zos"):
+        (tmp_path / f"ex_{mode}.json").write_text("OLD\n")
+    done = _command(["overlap_course.traces.kineto", "export", "ex.json", "--prompts", "2",
+                     "--max-new-tokens", "4"], cwd=tmp_path,
+                    env=_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}"))
+    assert done.returncode in (0, 130), done.stderr
+    old = {(tmp_path / f"ex_{m}.json").read_text() == "OLD\n" for m in ("serial", "zos")}
+    assert len(old) == 1, "one file of this run beside one of an earlier run"
+
+
+# --- case 14: progress_service with stderr that cannot be written ---------------------------
+
+def test_progress_service_refuses_with_2_when_stderr_cannot_be_written(tmp_path):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "overlap_course.progress_service",
+                               "--bogus"], stdout=subprocess.PIPE, stderr=full, text=True,
+                              env=_env(), timeout=120)
+    assert done.returncode == 2
+    closed = subprocess.run(f"{sys.executable} -m overlap_course.progress_service --bogus 2>&-",
+                            shell=True, capture_output=True, text=True, env=_env(), timeout=120)
+    assert closed.returncode == 2 and closed.stdout == "", closed.stdout
