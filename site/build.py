@@ -53,6 +53,7 @@ import plotly
 import plotly.io as pio
 from PIL import Image
 
+from overlap_course.build.stored_figure import check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
@@ -94,6 +95,11 @@ def interactive_outputs(nb, name: str) -> int:
                 fig = data.pop(PLOTLY_MIME)
                 live = live_html(fig, f"figure-{name}-{n}")
                 png = data.pop("image/png", None)
+                if not (png is None or isinstance(png, str)
+                        or isinstance(png, list) and all(isinstance(p, str) for p in png)):
+                    raise ValueError(f"{name}: a stored PNG (image/png) is {quoted(png, 40)}, "
+                                     f"not base64 text; clear that output, or run the notebook "
+                                     f"again to store the image its cell draws")
                 data["text/html"] = figure_html(live, png, alt_text(fig)) if png else live
                 n += 1
             elif WIDGET_MIME in data:
@@ -103,12 +109,17 @@ def interactive_outputs(nb, name: str) -> int:
 
 def alt_text(fig: dict) -> str:
     """What a stored figure shows, in words: its title, lanes and legend (the PNG's alt text)."""
+    # a figure (check_figures); a part of another shape (a number for a title, a string for
+    # the y axis) is left out of the words, as plotly.js leaves it out of the drawing
     layout = fig.get("layout", {})
     title = layout.get("title", {})
-    title = title.get("text", "") if isinstance(title, dict) else str(title or "")
+    title = title.get("text", "") if isinstance(title, dict) else title
+    title = title if isinstance(title, str) else ""
     title = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", title)).split())
-    names = list(dict.fromkeys(t.get("name") for t in fig.get("data", []) if t.get("name")))
-    lanes = [str(v) for v in (layout.get("yaxis", {}).get("ticktext") or [])]
+    names = list(dict.fromkeys(str(t["name"]) for t in fig.get("data", []) if t.get("name")))
+    yaxis = layout.get("yaxis")
+    ticks = yaxis.get("ticktext") if isinstance(yaxis, dict) else None
+    lanes = [str(v) for v in ticks] if isinstance(ticks, list) else []
     parts = [f"Figure: {title}." if title else "Figure."]
     if lanes:
         parts.append(f"Lanes: {', '.join(lanes)}.")
@@ -253,6 +264,7 @@ def stage(out: Path) -> Path:
         (src / folder).mkdir()
         for path in sorted((ROOT / folder).glob("*.ipynb")):
             nb = read_notebook(path)
+            check_figures(nb, str(path.relative_to(ROOT)))  # as slides and images refuse them
             interactive_outputs(nb, f"{folder}-{path.stem}")
             drop_test_markers(nb)
             nbformat.write(nb, src / folder / path.name)

@@ -226,3 +226,49 @@ def test_progress_service_refuses_with_2_when_stderr_cannot_be_written(tmp_path)
     closed = subprocess.run(f"{sys.executable} -m overlap_course.progress_service --bogus 2>&-",
                             shell=True, capture_output=True, text=True, env=_env(), timeout=120)
     assert closed.returncode == 2 and closed.stdout == "", closed.stdout
+
+
+# --- case 10: site, a stored Plotly output of the wrong shape -----------------------------
+
+def _junk_figure(kind: str):
+    def spoil(output):
+        figure = output["data"]["application/vnd.plotly.v1+json"]
+        if kind == "yaxis a string":
+            figure["layout"]["yaxis"] = "lanes"
+        elif kind == "title a number":
+            figure["layout"]["title"] = {"text": 5}
+        elif kind == "data a string":
+            figure["data"] = "junk"
+        elif kind == "a PNG that is a number":
+            output["data"]["image/png"] = 5
+    return spoil
+
+
+def test_site_refuses_or_describes_a_stored_figure_of_the_wrong_shape(tmp_path):
+    import json
+    for folder in ("site", "notebooks", "exercises"):
+        shutil.copytree(ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "_build"))
+    (tmp_path / "docs").mkdir()
+    for page in ("instructor_guide.md", "real_engines.md"):
+        shutil.copy(ROOT / "docs" / page, tmp_path / "docs" / page)
+    path = tmp_path / "notebooks" / "00_start_here.ipynb"
+    shipped = path.read_text()
+    for kind in ("yaxis a string", "title a number", "data a string", "a PNG that is a number"):
+        nb = json.loads(shipped)
+        spoiled = 0
+        for cell in nb["cells"]:
+            for output in cell.get("outputs", []):
+                if "application/vnd.plotly.v1+json" in output.get("data", {}):
+                    _junk_figure(kind)(output)
+                    spoiled += 1
+        assert spoiled, "the notebook stores no Plotly figure"
+        path.write_text(json.dumps(nb, indent=1))
+        out = tmp_path / "out"
+        done = subprocess.run([sys.executable, str(tmp_path / "site" / "build.py"), "--out",
+                               str(out)], env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert "Traceback" not in done.stderr, (kind, done.stderr[-800:])
+        if kind in ("data a string", "a PNG that is a number"):  # refused in one line
+            assert done.returncode != 0 and done.stderr.count("\n") == 1, (kind, done.stderr)
+            assert "00_start_here" in done.stderr, (kind, done.stderr)
