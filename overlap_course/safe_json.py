@@ -246,17 +246,30 @@ def write_whole(path, write) -> None:
 class sigint_held:
     """Ctrl-C held while the block runs, delivered when it ends: around renames that must happen
     together (a new file and its partner, a new folder in the old one's place), a Ctrl-C
-    between them would leave one new beside one old.  Main thread only; elsewhere a no-op."""
+    between them would leave one new beside one old.  A handler that notes the press, not a
+    blocked signal: the kernel gives a process's SIGINT to any thread that does not block it
+    (torch's), and Python's handler then runs in the main thread all the same.  Main thread
+    only; elsewhere a no-op."""
+
+    _NONE = object()
 
     def __enter__(self):
-        self._held = hasattr(signal, "pthread_sigmask")
-        if self._held:
-            self._before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self._pressed, self._before = False, signal.getsignal(signal.SIGINT)
+        try:  # None: a handler set outside Python, which could not be put back
+            if self._before is None or signal.signal(signal.SIGINT, self._note) is None:
+                self._before = self._NONE
+        except ValueError:  # not the main thread: signals are not its to handle
+            self._before = self._NONE
         return self
 
+    def _note(self, signum, frame) -> None:
+        self._pressed = True
+
     def __exit__(self, *exc):
-        if self._held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._before)
+        if self._before is not self._NONE:
+            signal.signal(signal.SIGINT, self._before)
+            if self._pressed:  # the press, now, to whoever handled it before
+                signal.raise_signal(signal.SIGINT)
 
 
 def write_file(path, data, what: str) -> None:
