@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from overlap_course.command_line import Parser, run
+from overlap_course.safe_json import write_whole
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.drafter import NGRAM, NGRAM_TABLE
 
@@ -201,15 +202,28 @@ def ngram_table_of_the_corpus() -> torch.Tensor:
     return build_ngram_table(torch.tensor(corpus_token_stream(generate_corpus(0), tok)), tok.vocab_size)
 
 
+def save_whole(obj, path) -> None:
+    """``torch.save(obj, path)``, whole or not at all (:func:`write_whole`).  torch reports a
+    failed write (a full disk) as a ``RuntimeError`` ("unexpected pos ..."): it is an
+    ``OSError`` naming ``path`` here, so the commands say it in one line."""
+    def save(part):
+        try:
+            torch.save(obj, part)
+        except RuntimeError as err:
+            raise OSError(0, f"torch.save could not write it, is the disk full? "
+                             f"({str(err).splitlines()[0][:200]})", part) from None
+    write_whole(path, save)
+
+
 def write_ngram_table(path=NGRAM_TABLE) -> None:
     """Store the table as the engine loads it (``toy_engine.drafter.ngram_table``): one byte per entry."""
-    torch.save({"alphabet": ALPHABET, "table": ngram_table_of_the_corpus().to(torch.uint8)}, path)
+    save_whole({"alphabet": ALPHABET, "table": ngram_table_of_the_corpus().to(torch.uint8)}, path)
 
 
 def main(argv=None) -> int:
     Parser(prog="corpus", description="rewrite the drafter's n-gram table from the corpus "
                                       "(takes no arguments)").parse_args(argv)
-    write_ngram_table()
+    write_ngram_table()  # an OSError (a full disk) is one line naming the table (``run``)
     print(f"wrote {NGRAM_TABLE}")
     return 0
 

@@ -283,7 +283,11 @@ def _refuse(message) -> int:
     ``overlap_course/command_line.py`` says it; copied, since the hub may have only this file
     and the four beside it (docs/jupyterhub.md)."""
     text = safe_json.message_line(message)  # a line break as \\n, an ESC as \\x1b, bounded
-    print(f"{PROG}: error: {text}", file=sys.stderr)
+    try:  # stderr closed (None: print would write stdout), full or a pipe nobody reads: status 2
+        if sys.stderr is not None:
+            print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
     return 2
 
 

@@ -13,15 +13,18 @@ it where the hub has only these files (docs/jupyterhub.md).
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import re
+import shutil
+import signal
 import stat
+import tempfile
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "open_for_writing", "refuse_unwritable", "write_file", "read_text",
+           "open_regular", "refuse_unwritable", "write_whole", "sigint_held",
+           "write_file", "read_text",
            "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
@@ -220,35 +223,66 @@ def refuse_unwritable(path, what: str) -> None:
         raise _not_a_file_to_write(what)
 
 
-def open_for_writing(path, what: str):
-    """``path`` opened for writing in binary (made if missing, emptied only once it is known to
-    be a regular file); anything else is a ``NotAFile`` naming ``what``, without waiting: a FIFO
-    with no reader fails the non-blocking open (ENXIO), one with a reader is asked what it is."""
+def write_whole(path, write) -> None:
+    """``write(part)`` makes the new file at ``part`` (a new folder beside ``path``, the same
+    name: torch names an archive's records after it), then ``part`` replaces ``path`` in one
+    rename.  Writing in place left a full disk's or a Ctrl-C's half-written file; this way
+    ``path`` is whole or as it was, no folder is left, and an ``OSError`` names ``path``."""
+    path = os.fspath(path)
+    folder = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
-    except OSError as exc:
-        if exc.errno in (errno.ENXIO, errno.EISDIR):
-            raise _not_a_file_to_write(what) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _not_a_file_to_write(what)
-        os.ftruncate(fd, 0)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
+        folder = tempfile.mkdtemp(dir=os.path.dirname(path) or ".",
+                                  prefix=f".{os.path.basename(path)[:100]}.", suffix=".partial")
+        part = os.path.join(folder, os.path.basename(path))
+        write(part)
+        os.replace(part, path)
+    except OSError as exc:  # the temporary's name would send the reader to the wrong file
+        raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class sigint_held:
+    """Ctrl-C held while the block runs, delivered when it ends: around renames that must happen
+    together (a new file and its partner, a new folder in the old one's place), a Ctrl-C
+    between them would leave one new beside one old.  A handler that notes the press, not a
+    blocked signal: the kernel gives a process's SIGINT to any thread that does not block it
+    (torch's), and Python's handler then runs in the main thread all the same.  Main thread
+    only; elsewhere a no-op."""
+
+    _NONE = object()
+
+    def __enter__(self):
+        self._pressed, self._before = False, signal.getsignal(signal.SIGINT)
+        try:  # None: a handler set outside Python, which could not be put back
+            if self._before is None or signal.signal(signal.SIGINT, self._note) is None:
+                self._before = self._NONE
+        except ValueError:  # not the main thread: signals are not its to handle
+            self._before = self._NONE
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self._pressed = True
+
+    def __exit__(self, *exc):
+        if self._before is not self._NONE:
+            signal.signal(signal.SIGINT, self._before)
+            if self._pressed:  # the press, now, to whoever handled it before
+                signal.raise_signal(signal.SIGINT)
 
 
 def write_file(path, data, what: str) -> None:
-    """``data`` (bytes, or text written as UTF-8) written to the regular file ``path``
-    (:func:`open_for_writing`)."""
+    """``data`` (bytes, or text written as UTF-8) written whole to the regular file ``path``
+    (:func:`write_whole`); a FIFO or a folder there is a ``NotAFile`` naming ``what``."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    with open_for_writing(path, what) as f:
-        f.write(data)
+    refuse_unwritable(path, what)
+
+    def write(part):
+        with open(part, "xb") as f:
+            f.write(data)
+    write_whole(path, write)
 
 
 def read_text(path, what: str, max_bytes: int) -> str:

@@ -29,7 +29,6 @@ interruptible(__name__, "train")  # first: Ctrl-C while the imports run is one l
 
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -42,7 +41,8 @@ from tqdm.auto import tqdm
 
 from overlap_course.command_line import (Parser, fail, finite_number, interrupted, os_problem,
                                          out_file, run, whole_number)
-from overlap_course.corpus import corpus_token_stream, generate_corpus, split_train_val
+from overlap_course.corpus import (corpus_token_stream, generate_corpus, save_whole,
+                                   split_train_val)
 from toy_engine.data import ALPHABET, CharTokenizer
 from toy_engine.model import CHECKPOINT, GPTConfig, TinyGPT
 from toy_engine.validate import check_int
@@ -65,13 +65,14 @@ def load_data(tokenizer: CharTokenizer | None = None):
     return split_train_val(stream, VAL_FRACTION)
 
 
-def _part(out) -> Path:
-    """Where a checkpoint is written before it replaces ``out`` in one step: a new folder of
-    its own beside it (made here, so nothing left there by an earlier run is in the way), under
-    the same name (torch names the archive's records after the file)."""
-    out = Path(out)
-    folder = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:100]}.", suffix=".partial")
-    return Path(folder) / out.name
+def _refuse_unwritable(out: Path) -> None:
+    """Make and remove a folder beside ``out``, as saving will (:func:`save_whole`): a folder
+    that cannot be written is refused before the training, not after it.  Nothing stays there
+    while the training runs, so a run killed then (SIGTERM, SIGHUP) leaves nothing behind."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:100]}.", suffix=".partial"))
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
 
 
 def step_bytes(batch_size: int, block_size: int, cfg: GPTConfig) -> int:
@@ -107,7 +108,8 @@ def out_of_memory(err: BaseException) -> bool:
 def save_checkpoint(model: TinyGPT, alphabet: str, path, **info) -> None:
     """What ``toy_engine.model.load_model`` reads; weights in float32 (half the size: the engine upcasts)."""
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    torch.save({"config": asdict(model.cfg), "alphabet": alphabet, "state_dict": state, "info": info}, path)
+    save_whole({"config": asdict(model.cfg), "alphabet": alphabet, "state_dict": state,
+                "info": info}, path)
 
 
 @torch.no_grad()
@@ -163,15 +165,9 @@ def train(
     if out is None:
         return _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    part = _part(out)
-    try:
-        # made here, new: a path that cannot be written is refused before the training
-        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
-        save_checkpoint(model, ALPHABET, part, **info)
-        os.replace(part, out)
-    finally:
-        shutil.rmtree(part.parent, ignore_errors=True)  # only this run's folder, whatever happened
+    _refuse_unwritable(Path(out))
+    model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
+    save_checkpoint(model, ALPHABET, out, **info)
     return model, info
 
 

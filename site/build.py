@@ -38,6 +38,7 @@ import base64
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,10 +53,11 @@ import plotly
 import plotly.io as pio
 from PIL import Image
 
+from overlap_course.build.stored_figure import check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
-from overlap_course.safe_json import quoted
+from overlap_course.safe_json import quoted, sigint_held
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
@@ -65,7 +67,7 @@ NOTEBOOK_DIRS = ("notebooks", "exercises")
 DOC_PAGES = ("instructor_guide.md", "real_engines.md")
 DIGEST_KEY = "figure-sha256"  # a drawn page's stored PNG: the digest of the figure it shows
 # The folders under OUT that each build replaces (MyST-NB writes OUT/jupyter_execute).
-OWNED = ("src", "html", "doctrees", "jupyter_execute")
+OWNED = ("src", "html", "doctrees", "jupyter_execute", "html.partial", "html.old")
 STAMP = ".made-by-site-build"  # in each of them: the build made it, so it may replace it
 DEFAULT_OUT = ROOT / "build" / "site"
 NBVAL_MARKER = re.compile(r"^\s*# NBVAL_[A-Z_]+\s*$")
@@ -93,6 +95,11 @@ def interactive_outputs(nb, name: str) -> int:
                 fig = data.pop(PLOTLY_MIME)
                 live = live_html(fig, f"figure-{name}-{n}")
                 png = data.pop("image/png", None)
+                if not (png is None or isinstance(png, str)
+                        or isinstance(png, list) and all(isinstance(p, str) for p in png)):
+                    raise ValueError(f"{name}: a stored PNG (image/png) is {quoted(png, 40)}, "
+                                     f"not base64 text; clear that output, or run the notebook "
+                                     f"again to store the image its cell draws")
                 data["text/html"] = figure_html(live, png, alt_text(fig)) if png else live
                 n += 1
             elif WIDGET_MIME in data:
@@ -102,12 +109,17 @@ def interactive_outputs(nb, name: str) -> int:
 
 def alt_text(fig: dict) -> str:
     """What a stored figure shows, in words: its title, lanes and legend (the PNG's alt text)."""
+    # a figure (check_figures); a part of another shape (a number for a title, a string for
+    # the y axis) is left out of the words, as plotly.js leaves it out of the drawing
     layout = fig.get("layout", {})
     title = layout.get("title", {})
-    title = title.get("text", "") if isinstance(title, dict) else str(title or "")
+    title = title.get("text", "") if isinstance(title, dict) else title
+    title = title if isinstance(title, str) else ""
     title = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", title)).split())
-    names = list(dict.fromkeys(t.get("name") for t in fig.get("data", []) if t.get("name")))
-    lanes = [str(v) for v in (layout.get("yaxis", {}).get("ticktext") or [])]
+    names = list(dict.fromkeys(str(t["name"]) for t in fig.get("data", []) if t.get("name")))
+    yaxis = layout.get("yaxis")
+    ticks = yaxis.get("ticktext") if isinstance(yaxis, dict) else None
+    lanes = [str(v) for v in ticks] if isinstance(ticks, list) else []
     parts = [f"Figure: {title}." if title else "Figure."]
     if lanes:
         parts.append(f"Lanes: {', '.join(lanes)}.")
@@ -252,6 +264,7 @@ def stage(out: Path) -> Path:
         (src / folder).mkdir()
         for path in sorted((ROOT / folder).glob("*.ipynb")):
             nb = read_notebook(path)
+            check_figures(nb, str(path.relative_to(ROOT)))  # as slides and images refuse them
             interactive_outputs(nb, f"{folder}-{path.stem}")
             drop_test_markers(nb)
             nbformat.write(nb, src / folder / path.name)
@@ -260,15 +273,31 @@ def stage(out: Path) -> Path:
 
 
 def build(out: Path) -> Path:
-    """Stage and build; returns the folder of index.html."""
+    """Stage and build; returns the folder of index.html.  Sphinx writes ``OUT/html.partial``,
+    which replaces ``OUT/html`` only once it is whole: a Ctrl-C or a failure keeps the earlier
+    site (``fresh_folder`` of ``html`` deleted it before Sphinx began)."""
     src = stage(out)
-    html, doctrees = fresh_folder(out, "html"), fresh_folder(out, "doctrees")
+    new, doctrees = fresh_folder(out, "html.partial"), fresh_folder(out, "doctrees")
     fresh_folder(out, "jupyter_execute")
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
-           "-d", str(doctrees), str(src), str(html)]
+           "-d", str(doctrees), str(src), str(new)]
     # Its own process group: Ctrl-C reaches the build alone, which stops Sphinx and says so in one
     # line (Sphinx would add its own "Interrupted!").
-    subprocess.run(cmd, check=True, process_group=0)
+    try:
+        subprocess.run(cmd, check=True, process_group=0)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    html, old = out / "html", out / "html.old"  # html.old: left by a kill; ours (main)
+    if old.exists():
+        shutil.rmtree(old)
+    with sigint_held():  # both renames or neither: never a site missing between them
+        earlier = html.exists()
+        if earlier:
+            os.replace(html, old)
+        os.replace(new, html)
+    if earlier:
+        shutil.rmtree(old)
     return html
 
 
@@ -295,6 +324,9 @@ def main(argv=None) -> int:
     try:
         html = build(out)
     except OSError as exc:
+        if exc.filename2:  # a copy (shutil): the second file is the one being written
+            return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "
+                                f"{quoted(str(exc.filename2), PATH_CHARS)}: {exc.strerror}")
         return fail("site", os_problem(exc))
     except subprocess.CalledProcessError as exc:
         print(f"site: sphinx-build failed (exit {exc.returncode}); its warnings are above", file=sys.stderr)

@@ -98,7 +98,10 @@ def read_bounded(path: Path, where: str) -> bytes:
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
         raise ValueError(f"cannot read {where}: {getattr(exc, 'strerror', None) or exc}") from None
     with f:
-        raw = f.read(MAX_TRACE_BYTES + 1)
+        try:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+        except OSError as exc:  # opened, then failed (a bad disk): said as the open is
+            raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
     if len(raw) > MAX_TRACE_BYTES:
         raise _too_big(where, "has")
     if raw[:2] != b"\x1f\x8b":
