@@ -191,7 +191,8 @@ class GuideHandler(_InstructorHandler):
             out.append(f"<tr{anchor}><td>{html.escape(r['exercise'])}</td><td><code>{html.escape(r['category'])}"
                        f"</code></td><td>{html.escape(r['mistake'])}</td><td>{html.escape(r['explain'])}</td></tr>")
         self.finish(f"<!doctype html><meta charset=utf-8><title>Mistakes the checkers catch</title>"
-                    f"<style>{CSS}</style><h1>Mistakes the checkers catch, and how to explain them</h1>"
+                    f"<style>{CSS}</style>"
+                    f"<h1>Mistakes the checkers catch, and how to explain them</h1>"
                     f"<p>From the instructor guide.</p><table><tr><th>exercise</th><th>category</th>"
                     f"<th>mistake</th><th>how to explain it</th></tr>{''.join(out)}</table>")
 

@@ -32,8 +32,8 @@ from .sequence import Completion, Request, check_prompts, check_stop
 from .stages import RoundStages
 from .runinfo import RunStats, TimelineMeta, Workload
 from .timeline import Stage, Timeline, run_stats
-from .validate import (body_checked, check_callable, check_float, check_int, check_seed, check_takes,
-                       shown)
+from .validate import (body_checked, check_callable, check_float, check_int, check_seed,
+                       check_takes, shown)
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 

@@ -92,16 +92,21 @@ def torch_modes_back_to(depth: int) -> None:
         torch._C._pop_torch_function_stack()
 
 
+def _given(check, args, kwargs) -> dict:
+    """The check's arguments by parameter name; none where the call does not bind (the check's
+    call then raises Python's own message, naming the argument)."""
+    try:
+        return inspect.signature(check).bind(*args, **kwargs).arguments
+    except TypeError:
+        return {}
+
+
 def _disguised(check, args, kwargs) -> Verdict | None:
     """The verdict on an argument that passes for another class, or None: an object whose
     ``__class__`` names another class than its own, given or inside a list, tuple, set or dict.
     ``isinstance`` believes ``__class__``: a "str" or "tensor" in name only breaks the reading
     of every check that takes it for one."""
-    try:
-        given = inspect.signature(check).bind(*args, **kwargs).arguments
-    except TypeError:
-        return None  # the check's call raises Python's own message, naming the argument
-    for param, value in given.items():
+    for param, value in _given(check, args, kwargs).items():
         found = _passing_for(value)
         if found is not None:
             obj, claimed = found
@@ -176,11 +181,7 @@ def _never_runs(check, args, kwargs) -> Verdict | None:
     """The verdict on a function given to an exercise check that a call would not run (a
     generator or async function: the check would judge the generator or coroutine it makes
     as if it were the function's work), or None."""
-    try:
-        given = inspect.signature(check).bind(*args, **kwargs).arguments
-    except TypeError:
-        return None  # the check's call raises Python's own message, naming the argument
-    for param, value in given.items():
+    for param, value in _given(check, args, kwargs).items():
         why = never_runs(value)
         if why is not None:
             return fails("shape", f"your `{param}` must be a plain function, but {why}")

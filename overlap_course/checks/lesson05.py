@@ -236,10 +236,11 @@ def _free_mistake(call, who: str) -> Verdict | None:
         prompts = sorted({holders[b] for b in free.blocks if b in holders})
         if free.double:
             return fails("double_free",
-                         f"{who}: your process_outputs freed the KV blocks of prompt(s) {prompts} a second time "
-                         f"(blocks {list(free.double)} were freed already). The engine refused it, but a pool that "
-                         f"took them back twice would hand one block to two requests. Free each finished request "
-                         f"once: `engine.scheduler.release_if_done(req)` frees only what is still held")
+                         f"{who}: your process_outputs freed the KV blocks of prompt(s) {prompts} "
+                         f"a second time (blocks {list(free.double)} were freed already). The "
+                         f"engine refused it, but a pool that took them back twice would hand one "
+                         f"block to two requests. Free each finished request once: "
+                         f"`engine.scheduler.release_if_done(req)` frees only what is still held")
         if free.in_use:
             rnd, stage = free.in_use[0]
             swallowed = " (the race checker refused it; catching its error does not make the free safe)" \
