@@ -80,8 +80,8 @@ def test_train_does_not_hang_on_a_pipe_left_at_its_partial_file(tmp_path):
 
 # ------------------------------------------------------------------ slides and handout
 
-def _build(args: list[str], timeout: int = 30) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _build(args: list[str], timeout: int = 30, **more_env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **more_env}
     try:
         return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
                               timeout=timeout, env=env, cwd=ROOT)
@@ -98,11 +98,16 @@ def test_slides_do_not_hang_on_a_pipe_at_the_slide_file(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("browser", ["found", "none"])
 @pytest.mark.parametrize("name", ["three_rounds.html", "three_rounds.pdf"])
-def test_the_handout_does_not_hang_on_a_pipe_at_its_output(tmp_path, name):
+def test_the_handout_does_not_hang_on_a_pipe_at_its_output(tmp_path, name, browser):
+    """The pipe is refused before anything is drawn, so with no browser too (a learner's
+    ``./run.sh test`` before ``install_browser.sh``); ``/bin/false`` stands for no browser."""
     os.mkfifo(tmp_path / name)
-    run = _build(["overlap_course.build.handout", "--out", str(tmp_path)])
+    no_browser = {"BROWSER_PATH": "/bin/false"} if browser == "none" else {}
+    run = _build(["overlap_course.build.handout", "--out", str(tmp_path)], **no_browser)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
+    assert name in run.stderr and "not a file" in run.stderr, run.stderr[-500:]
 
 
 # ------------------------------------------------------------------ grading course

@@ -283,12 +283,13 @@ def print_pdf(page: Path, pdf: Path) -> None:
 
 def build(out_dir: Path = OUT_DIR) -> list[Path]:
     """Write ``three_rounds.html`` and ``three_rounds.pdf`` into ``out_dir``; returns both paths."""
-    runs = load_runs()
-    svgs = drawing.render_images(_figures(runs), "svg")
     out_dir.mkdir(parents=True, exist_ok=True)
     page, pdf = out_dir / "three_rounds.html", out_dir / "three_rounds.pdf"
-    for path in (page, pdf):  # a pipe or a folder at either: refused before anything is written
+    # a pipe or a folder at either: refused before anything is drawn or written, browser or none
+    for path in (page, pdf):
         refuse_unwritable(path, quoted(str(path), PATH_CHARS))
+    runs = load_runs()
+    svgs = drawing.render_images(_figures(runs), "svg")
     write_file(page, page_html(runs, svgs), quoted(str(page), PATH_CHARS))
     print_pdf(page, pdf)
     return [page, pdf]
