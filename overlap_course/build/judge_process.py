@@ -17,7 +17,8 @@ from pathlib import Path
 
 from overlap_course.build import landlock
 from overlap_course.build.judge_cells import run_cells
-from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
+from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
+                                                   forget_caches, watcher)
 from overlap_course.build.judge_values import code_answer
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
@@ -75,6 +76,7 @@ def judge_main(argv: list[str]) -> None:
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
+        forget_caches(watch.foreign)  # what the cells left in them is not the checker's
     verdict = _verdict(check, args, before, threads, checks.Verdict, watch)
     strangers = _strange_modules(modules, trusted)
     if strangers:
