@@ -62,6 +62,7 @@ class _MainPatch:
 
 
 _MAIN_PATCH = _MainPatch()
+_NO_MAIN = object()  # sys.modules had no __main__
 
 
 @contextlib.contextmanager
@@ -75,10 +76,20 @@ def without_main_module():
             patch.original = original = mp_spawn.get_preparation_data
 
             def preparation_data(name):
-                data = original(name)
-                data.pop("init_main_from_path", None)
-                data.pop("init_main_from_name", None)
-                return data
+                """The parent's data read with a bare ``__main__`` in its place, so that none
+                of the user's is in it: after IPython's ``%reset`` its ``__main__`` has no
+                ``__spec__``, which multiprocessing reads (AttributeError), and a cell can
+                leave any object there, or none."""
+                with patch.lock:  # one thread at a time swaps it, and puts the user's back
+                    main = sys.modules.get("__main__", _NO_MAIN)
+                    sys.modules["__main__"] = types.ModuleType("__main__")
+                    try:
+                        return original(name)
+                    finally:  # in its place (the judge's snapshot reads sys.modules in order)
+                        if main is _NO_MAIN:
+                            del sys.modules["__main__"]
+                        else:
+                            sys.modules["__main__"] = main
 
             mp_spawn.get_preparation_data = preparation_data
         patch.inside += 1
