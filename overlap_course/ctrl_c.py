@@ -9,8 +9,9 @@ overlap_course.X`` runs the package's ``__init__`` first, then X's parent packag
 package imports its readers, ``measure`` torch), then X: the ``__init__`` holds SIGINT back (a
 Ctrl-C waits) while it imports this module and calls :func:`from_the_start`.  A script
 (``site/build.py``, ``scripts/run_tests.py``) calls :func:`interruptible` on its first line, as
-every command's module does (where it starts when run another way, by ``runpy``).  Before all
-this, Python's own start (``site``, about 10 ms) is under Python's default.
+every command's module does (where it starts when run another way, by ``runpy``); a script
+blocks SIGINT before it imports this module and hands the mask to it.  Before all this,
+Python's own start (``site``, about 10 ms) is under Python's default.
 
 A command's Ctrl-C, phase by phase:
 
@@ -59,23 +60,28 @@ def interrupted(prog: str) -> int:
     return INTERRUPTED
 
 
-def interruptible(module: str, prog: str) -> None:
+def interruptible(module: str, prog: str, held=None) -> None:
     """A command's first line, before its heavy imports: run as ``__main__``, a Ctrl-C from here
     until ``command_line.run`` takes over (torch takes seconds to import) says ``PROG:
     interrupted`` and ends the process with 130.  A Ctrl-C the process ignores (started in the
     background, ``nohup``) stays ignored; imported as a module (a notebook, a test) nothing
-    changes."""
+    changes.  ``held``: the signal mask a script had before it blocked SIGINT for its import of
+    this module, restored once the handler is set (a Ctrl-C held meanwhile lands then)."""
     global _prog, _last_registered
-    handler = _signal.getsignal(_signal.SIGINT)
-    if module != "__main__" or handler not in (_signal.default_int_handler, _stop_now):
-        return
-    _prog = prog
-    _signal.signal(_signal.SIGINT, _stop_now)
-    if not _last_registered:
-        import atexit  # here: an import, interruptible now
+    try:
+        handler = _signal.getsignal(_signal.SIGINT)
+        if module != "__main__" or handler not in (_signal.default_int_handler, _stop_now):
+            return
+        _prog = prog
+        _signal.signal(_signal.SIGINT, _stop_now)
+        if not _last_registered:
+            import atexit  # here: an import, interruptible now
 
-        atexit.register(_last)
-        _last_registered = True
+            atexit.register(_last)
+            _last_registered = True
+    finally:
+        if held is not None:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
 
 
 def from_the_start() -> None:

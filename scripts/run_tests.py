@@ -14,9 +14,14 @@ course) then run by themselves.  One usable CPU, or options that already pick th
 
 from __future__ import annotations
 
-from overlap_course.ctrl_c import interruptible
+import _signal  # loaded at Python's start: no import before SIGINT is held
 
-interruptible(__name__, "run_tests")  # first: a Ctrl-C while torch imports is one line
+# POSIX: a Ctrl-C while the course package imports waits for interruptible's handler
+_held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+    _signal, "pthread_sigmask") else None
+from overlap_course.ctrl_c import interruptible  # noqa: E402
+
+interruptible(__name__, "run_tests", _held)  # first: a Ctrl-C while torch imports is one line
 
 import os  # noqa: E402
 import signal  # noqa: E402

@@ -30,9 +30,14 @@ made (:func:`refuse_foreign`): ``--out`` naming a learner's own folder deletes n
 
 from __future__ import annotations
 
-from overlap_course.ctrl_c import interruptible
+import _signal  # loaded at Python's start: no import before SIGINT is held
 
-interruptible(__name__, "site")  # first: Ctrl-C while the imports run is one line
+# POSIX: a Ctrl-C while the course package imports waits for interruptible's handler
+_held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+    _signal, "pthread_sigmask") else None
+from overlap_course.ctrl_c import interruptible  # noqa: E402
+
+interruptible(__name__, "site", _held)  # first: Ctrl-C while the imports run is one line
 
 import base64
 import hashlib

@@ -20,6 +20,7 @@ import types
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 
 import cloudpickle
 import torch
@@ -206,17 +207,26 @@ def _shutdown(proc, conn, link: dict) -> None:
         proc._popen.close()
 
 
-def _start(proc, child) -> None:
-    """``proc.start()``; a folder for the forkserver's socket too long for the system named."""
+@contextlib.contextmanager
+def _socket_in_tmpdir(what: str):
+    """A socket of ``what`` lives in TMPDIR (the forkserver's; under spawn, the one that hands
+    the device process its shared buffers): a TMPDIR too long for one is named, not an
+    ``AF_UNIX path too long`` deep in multiprocessing."""
     try:
-        proc.start()
-    except OSError as exc:  # the forkserver's socket lives in TMPDIR
+        yield
+    except OSError as exc:
         if "AF_UNIX path too long" not in str(exc):
             raise
-        raise OSError(f"cannot start the device process: the folder for its socket, "
+        raise OSError(f"cannot start the device process: the folder for {what}, "
                       f"TMPDIR={os.environ.get('TMPDIR')!r}, is a path too long for the "
                       f"system; set TMPDIR to a short one such as /tmp") from None
-    child.close()  # the pipe's other end: the device process has its own now
+
+
+def _start(proc, child) -> None:
+    """``proc.start()``; then the pipe's other end closes: the device process has its own."""
+    with _socket_in_tmpdir("its socket"):
+        proc.start()
+    child.close()
 
 
 class ProcessDevice(Device):
@@ -259,9 +269,12 @@ class ProcessDevice(Device):
                 _start(self._proc, child)
                 self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
                                                    self._link)
-            model_bytes = cloudpickle.dumps(model)  # before the held send: Ctrl-C still works here
+            # Pickled before the held send, where Ctrl-C still works and a failure breaks no pipe
+            with _socket_in_tmpdir("the socket that hands over its shared buffers"):
+                setup = ForkingPickler.dumps(("setup", cloudpickle.dumps(model), num_kv_blocks,
+                                              block_size, self.buffers))
             with hold_sigint():
-                self._send(("setup", model_bytes, num_kv_blocks, block_size, self.buffers))
+                self._whole(lambda: self._conn.send_bytes(setup), "sending")
             deadline = time.monotonic() + self.START_TIMEOUT_S
             while not self._poll(deadline, "start"):
                 pass

@@ -40,7 +40,9 @@ from overlap_course.safe_json import dumps
 from overlap_course.traces.recorded import recorded_label, recorded_runs
 from toy_engine.config import (MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS,
                                MAX_TEMPERATURE, EngineConfig)
+from toy_engine.device import DeviceError
 from toy_engine.engine import Engine
+from toy_engine.interrupts import hold_sigint
 from toy_engine.model import GPTConfig
 from toy_engine.validate import check_float, check_int
 
@@ -196,9 +198,10 @@ def run_bench(modes=("serial", "zos"), num_draft_tokens: int = 4, repeats: int =
                 outputs[mode] = [c.token_ids for c in outs]  # (a run as a dict: medians per key, JSON)
         device_name = next(iter(engines.values())).device.name
         pacing = getattr(next(iter(engines.values())).device, "pacing", None)
-    finally:
-        for engine in engines.values():
-            engine.close()
+    finally:  # every engine, held: a Ctrl-C replayed by one close() would leave the rest to
+        with hold_sigint():  # finalizers, where a press is an "Exception ignored" traceback
+            for engine in engines.values():
+                engine.close()
 
     reference = outputs.get("serial")
     report = machine.machine_report()
@@ -280,6 +283,9 @@ def main(argv=None) -> int:
         return fail(PROG, os_problem(exc))
     except KeyboardInterrupt:  # run_bench closed its engines on the way out
         return interrupted(PROG)
+    except DeviceError as exc:  # a device process died mid-run: no result, a runtime failure
+        fail(PROG, exc)
+        return 1
     emit(dumps(result, "the bench's result", indent=2) if a.json else format_table(result))
     return 0 if all(m["equal_to_serial"] for m in result["modes"].values()) else 1
 

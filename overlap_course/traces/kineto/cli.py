@@ -66,12 +66,20 @@ def _record(mode: str, args) -> Timeline:
     """A fresh run of the engine in ``mode``: what ``export`` writes when given no stored timeline."""
     from overlap_course.measure.bench import default_workload  # the engine (torch) only when recording
     from toy_engine.config import EngineConfig
+    from toy_engine.device import DeviceError
     from toy_engine.engine import Engine
 
     config = EngineConfig(mode=mode, device=args.device, host_overhead_ms=args.host_overhead_ms)
-    with Engine(config) as engine:
-        engine.generate(default_workload(args.prompts), max_new_tokens=args.max_new_tokens)
-        return engine.timeline
+    try:
+        with Engine(config) as engine:
+            engine.generate(default_workload(args.prompts), max_new_tokens=args.max_new_tokens)
+            return engine.timeline
+    except DeviceError as exc:  # its device process died: nothing to export
+        raise RunFailed(f"the {mode} run failed: {exc}") from None
+
+
+class RunFailed(RuntimeError):
+    """A recording that failed on the way (not bad input): one line and exit status 1."""
 
 
 def _out_path(out: Path, mode: str) -> Path:
@@ -235,3 +243,6 @@ def main(argv=None) -> int:
         return fail(PROG, os_problem(exc))
     except KeyboardInterrupt:  # the engine's `with` closed it on the way out
         return interrupted(PROG)
+    except RunFailed as exc:
+        fail(PROG, exc)
+        return 1
