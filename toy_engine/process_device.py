@@ -269,23 +269,27 @@ class ProcessDevice(Device):
                 _start(self._proc, child)
                 self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
                                                    self._link)
-            # Pickled before the held send, where Ctrl-C still works and a failure breaks no pipe
-            with _socket_in_tmpdir("the socket that hands over its shared buffers"):
-                setup = ForkingPickler.dumps(("setup", cloudpickle.dumps(model), num_kv_blocks,
-                                              block_size, self.buffers))
-            with hold_sigint():
-                self._whole(lambda: self._conn.send_bytes(setup), "sending")
-            deadline = time.monotonic() + self.START_TIMEOUT_S
-            while not self._poll(deadline, "start"):
-                pass
-            with hold_sigint():
-                msg = self._recv()
+            self.pid = self._set_up(model, num_kv_blocks, block_size)
         except BaseException:
             if hasattr(self, "_finalizer"):  # the process started
                 self.close()
             raise
+
+    def _set_up(self, model, num_kv_blocks: int, block_size: int) -> int:
+        """Hand the started process its model and buffers; returns its pid once it is ready."""
+        # Pickled before the held send, where Ctrl-C still works and a failure breaks no pipe
+        with _socket_in_tmpdir("the socket that hands over its shared buffers"):
+            setup = ForkingPickler.dumps(("setup", cloudpickle.dumps(model), num_kv_blocks,
+                                          block_size, self.buffers))
+        with hold_sigint():
+            self._whole(lambda: self._conn.send_bytes(setup), "sending")
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while not self._poll(deadline, "start"):
+            pass
+        with hold_sigint():
+            msg = self._recv()
         assert msg[0] == "ready", msg
-        self.pid = msg[1]
+        return msg[1]
 
     # -- the link: whole messages only -----------------------------------------------
 
