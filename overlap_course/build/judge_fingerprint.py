@@ -13,12 +13,15 @@ import types
 
 # Modules whose state the checker depends on: ours whole; the functions of the others it calls;
 # and the classes of ours, of all the standard library (``inspect.Signature.bind`` runs at
-# every check) and ``torch.Tensor``.  Not every standard function: some are rebound as they
-# are first used (``multiprocessing.spawn``'s, ``logging._loggerClass``).
+# every check), ``torch.Tensor`` and ``numpy.vectorize`` (a code answer may be one: its Python
+# methods, and the functions of their module, call the learner's function).  Not every
+# standard function: some are rebound as they are first used (``multiprocessing.spawn``'s,
+# ``logging._loggerClass``).
 _OURS = ("overlap_course", "toy_engine")
 _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
            "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
-           "inspect")
+           "inspect", "numpy.lib._function_base_impl")
+_THEIR_CLASSES = ("Tensor", "vectorize")
 
 
 def _fingerprint() -> dict[str, tuple]:
@@ -31,7 +34,7 @@ def _fingerprint() -> dict[str, tuple]:
         for attr, value in list(_MODULE_DICT(module).items()):
             if ours or (theirs and callable(value)):
                 marks[f"{name}.{attr}"] = _mark(value)
-            if (issubclass(type(value), type) and (ours or std or attr == "Tensor")
+            if (issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES)
                     and (ours or id(value) not in seen)):
                 seen.add(id(value))  # a class the standard library imports again: once
                 marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
@@ -176,7 +179,7 @@ class Snapshot:
             for attr, value in list(self.dicts[-1].items()):
                 if ours or (theirs and callable(value)):
                     _collect(value, parts)
-                if issubclass(type(value), type) and (ours or std or attr == "Tensor"):
+                if issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES):
                     classes[id(value)] = value
                     for item in list(_CLASS_DICT(value).values()):
                         _collect(item, parts)

@@ -16,6 +16,8 @@ import sysconfig
 import types
 from collections.abc import Mapping
 
+import numpy
+
 from overlap_course.checks.answers import MAX_ITEMS
 
 _TAGS = {type(None): "none", bool: "bool", int: "int", float: "float", str: "str", list: "list",
@@ -173,8 +175,11 @@ def code_answer(name: str, value, foreign):
     it was, so that the judge's call is the kernel's: a ``functools.partial`` (the same argument
     objects, of the same types), a ``functools.cache`` / ``lru_cache`` (a new cache of the same
     size: an unhashable argument raises in both), a method (``Loops().run``, a classmethod, an
-    object whose ``__call__`` the submission defines) bound to the submission's own object; a
-    ``staticmethod`` object, or another decorator's ``__wrapped__``, as the function it holds.
+    object whose ``__call__`` the submission defines, or a classmethod ``__call__``) bound to the
+    submission's own object or class, a ``numpy.vectorize`` (a new one made as it was: numpy's
+    code, which the judge's fingerprint watches, calls the function); a ``staticmethod``
+    object, a partial stored as ``__call__`` (called without the object), or another
+    decorator's ``__wrapped__``, as the function it holds.
     ``foreign(code)``: whether the code is the submission's."""
     remakes, unwrapped, found = [], False, type(value).__name__  # outermost first
     for _ in range(_MAX_UNWRAP):
@@ -193,6 +198,18 @@ def code_answer(name: str, value, foreign):
             # __call__ = partialmethod(f, ...): f(the object, *its args, ...), as its __get__
             remakes.append(functools.partial(_partial, (value, *call.args), call.keywords))
             value = call.func
+        elif type(value) is _VECTORIZE:  # before the method below: its __call__ is numpy's
+            remake = _vectorize_like(value)
+            if isinstance(remake, str):
+                return f"`{name}` {remake}"
+            remakes.append(remake)
+            value = _VECTORIZE_FIELDS(value).get("pyfunc")
+        elif type(call) is classmethod and type(call.__func__) is types.FunctionType:
+            # __call__ = classmethod(f): f(the object's class, *args), as its __get__ binds it
+            remakes.append(functools.partial(_method, type(value)))
+            value = call.__func__
+        elif type(call) is functools.partial:  # no __get__: called as it is, without the object
+            value = call
         elif type(value) is staticmethod:  # callable since Python 3.10: its function runs
             value = value.__func__
         elif type(call) is staticmethod:  # __call__ = staticmethod(f)
@@ -212,8 +229,8 @@ def code_answer(name: str, value, foreign):
             found = (type(value).__name__ if type(value) is not types.FunctionType
                      else f"library function ({value.__module__}.{value.__qualname__})")
         return (f"`{name}` must be a function your cells define (with `def`, alone, in a "
-                f"functools.partial, under @functools.cache, or a method of a class they "
-                f"define), not a {found}")
+                f"functools.partial or np.vectorize, under @functools.cache, or a method of a "
+                f"class they define), not a {found}")
     for remake in reversed(remakes):
         value = remake(value)
     return value
@@ -242,6 +259,36 @@ def _cache_like(wrapper):
     return functools.lru_cache(maxsize=maxsize if type(maxsize) is int else None,
                                typed=made.get("typed") is True)
 
+
+def _vectorize_like(wrapper):
+    """A maker of a new ``numpy.vectorize`` around a function, with ``wrapper``'s options as
+    ``np.vectorize`` stores them (read from its ``__dict__``: no code of the submission's
+    runs); or why not, where one was set to something ``np.vectorize`` never stores."""
+    fields = _VECTORIZE_FIELDS(wrapper)
+    otypes, excluded = fields.get("otypes"), fields.get("excluded")
+    cache, signature = fields.get("cache"), fields.get("signature")
+    made = {"otypes": otypes is None or type(otypes) is str or (
+                type(otypes) is list and all(issubclass(type(t), _DTYPE) for t in otypes)),
+            "excluded": type(excluded) is set and all(type(e) in (int, str) for e in excluded),
+            "cache": type(cache) is bool, "signature": signature is None or type(signature) is str}
+    odd = [field for field, plain in made.items() if not plain]
+    if odd:
+        return (f"is an np.vectorize whose `{odd[0]}` ({type(fields.get(odd[0])).__name__}) "
+                f"is not one np.vectorize stores: make it with np.vectorize(your function, "
+                f"...) and leave it as made, or give the plain function")
+    options = {"otypes": list(otypes) if type(otypes) is list else otypes,
+               "excluded": set(excluded), "cache": cache, "signature": signature}
+    return functools.partial(_vectorized, options)
+
+
+def _vectorized(options: dict, function):
+    return _VECTORIZE(function, **options)
+
+
+# numpy's vectorize, read before any line of the submission runs, its instances' own fields, and
+# the type of the dtypes its ``otypes`` holds (no Python class can subclass it)
+_VECTORIZE, _DTYPE = numpy.vectorize, numpy.dtype
+_VECTORIZE_FIELDS = numpy.vectorize.__dict__["__dict__"].__get__
 
 # A function under functools.cache or lru_cache: its C wrapper (bound as a method like a
 # function, it calls the function with the object first), and the code of functools' two
