@@ -41,7 +41,8 @@ def test_blocks_emptied_or_shortened_before_the_free_fail_naming_the_lost_blocks
         verdict = checks.check_process_outputs(fn)
         assert not verdict.passed, fn.__name__
         assert verdict.category == "kept_blocks"
-        assert "never came back to the pool" in verdict.message and "held by prompt(s) [" in verdict.message
+        assert "never came back to the pool" in verdict.message
+        assert "held by prompt(s) [" in verdict.message
 
 
 def test_after_a_leaking_answer_the_next_verdicts_carry_no_note_about_an_earlier_cell():
@@ -125,7 +126,8 @@ def test_a_stage_called_on_another_engine_is_named_so_open_or_closed():
     closed = checks.check_zos_loop(loop)
     for v in (verdict, closed):
         assert v.category == "other_engine", v.message
-        assert "`.process_outputs(...)` on an engine other than" in v.message and "`eng`" in v.message
+        assert "`.process_outputs(...)` on an engine other than" in v.message
+        assert "`eng`" in v.message
         assert "left from another run" not in v.message and "create a new Engine" not in v.message
     assert "a closed one" in closed.message and "a closed one" not in verdict.message
 

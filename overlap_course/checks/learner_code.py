@@ -107,6 +107,20 @@ def _called_other(method: str, param: str | None, closed: bool) -> Verdict:
                  f"notebook")
 
 
+def _edited(names: list[str]) -> Verdict:
+    return fails("edits_engine",
+                 f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
+                 f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
+                 f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+
+
+def _spinning(calls: int) -> Verdict:
+    return fails("spins",
+                 f"your loop called `engine.schedule()` {calls} times without finishing (the reference loops need "
+                 f"about 50 rounds here), so the checker stopped it. It probably catches the engine's errors and "
+                 f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
+
+
 def run_loop(loop, second: bool = False, endings: bool = False, workload=None, **config):
     """Run a learner's loop on the pool's PROMPTS (``second``: exercise 02's second run, with a
     stop string; ``endings``: the endings run instead, ENDINGS_PROMPTS; ``workload``: a check's

@@ -293,10 +293,10 @@ def _commit_mistake(call, who: str) -> Verdict | None:
         if finished and n1 == 0 and holds:
             return fails("kept_blocks",
                          f"{who}: {lifetime_runs.ended([req])}, and no launched round uses it "
-                         "any more (num_inflight == 0), but your process_outputs kept its KV "
-                         "blocks and batch row: a request finishes at its limit, at a stop "
-                         "string, on EOS or by an abort, and each must be freed: free it after "
-                         "committing (`engine.scheduler.free(req)` or "
+                         "any more (num_inflight == 0), but your process_outputs kept "
+                         f"{lifetime_runs.kept(holds, running)}: a request finishes at its "
+                         "limit, at a stop string, on EOS or by an abort, and each must be "
+                         "freed: free it after committing (`engine.scheduler.free(req)` or "
                          "`engine.scheduler.release_if_done(req)`), or waiting requests never "
                          "start")
     return None
