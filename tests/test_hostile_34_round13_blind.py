@@ -159,3 +159,23 @@ def test_zero_d_tensors_and_arrays_from_plugins_are_taken_as_their_values():
     assert not float_count.passed and "tensor(0.), a float" in float_count.message
     number = checks.check_wants_more(lambda req: torch.tensor(int(wants(req))))
     assert not number.passed and "not True or False" in number.message
+
+
+def _blocks_back_row_kept(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    for req in engine.commit_outputs(step, out):
+        if req.finished and req.num_inflight == 0 and req.blocks:
+            engine.scheduler.blocks.free(req.blocks, req.index)
+            req.blocks = []
+
+
+def test_a_free_that_keeps_only_the_row_is_told_only_the_row_was_kept():
+    verdict = checks.check_process_outputs(_blocks_back_row_kept)
+    assert verdict.category == "kept_blocks"
+    assert "kept its batch row" in verdict.message and "KV blocks and batch row" not in verdict.message
+
+
+def test_a_dicts_keys_are_a_set_of_rounds():
+    from overlap_course.checks.answers import int_set
+    assert int_set({3: "a", 4: "b"}.keys()) == {3, 4}
