@@ -100,10 +100,11 @@ def test_lab4_the_shipped_commit_misses_stops_and_limits_inside_a_multi_token_st
         rejects(checks.check_overshoot(answer, spec), category)
 
 
-def test_lab3_every_depth_the_check_may_draw_races_one_slot_short_and_not_on_its_ring():
-    """check_ring_slots draws one depth from 4 to MAX_SLOTS - 1: each must tell depth + 1 from depth."""
-    from overlap_course.checks import lab_runs
-    for depth in range(lab_runs.DEPTHS[-1] + 1, te.config.MAX_SLOTS):
+def test_lab3_every_depth_the_check_runs_races_one_slot_short_and_not_on_its_ring():
+    """check_ring_slots runs depths 1 to MAX_SLOTS - 1: each must tell depth + 1 from depth."""
+    from overlap_course.checks import lab_runs, lab_workloads
+    assert lab_workloads.DEPTHS == tuple(range(1, te.config.MAX_SLOTS))
+    for depth in lab_workloads.DEPTHS:
         assert lab_runs.ring_run(depth, depth + 1) == lab_runs.ring_reference(), depth
         assert isinstance(lab_runs.ring_run(depth, depth), te.RaceError), depth
 
@@ -126,7 +127,7 @@ def test_the_notebooks_learner_cells_start_from_the_shipped_bugs():
 
 def test_the_notebook_states_the_runs_the_fix_checks_make():
     """What a fix cell says its check runs follows the checks' own constants."""
-    from overlap_course.checks import lab_runs
+    from overlap_course.checks import lab_runs, lab_workloads
     text = " ".join(c.source.replace("\n", " ") for c in nbformat.read(NOTEBOOK, as_version=4).cells
                     if c.cell_type == "markdown")
     limits = {r.max_new for r in lab_runs.POLICY_RUNS} - {lab_runs.POLICY_RUNS[0].max_new}
@@ -134,9 +135,9 @@ def test_the_notebook_states_the_runs_the_fix_checks_make():
     held = max(r.held for r in lab_runs.POLICY_RUNS)
     assert {r.held for r in lab_runs.POLICY_RUNS} == {0, 1, held} and \
         f"`plugins.keep_in_flight({held})` on a ring of {held + 1}" in text
-    depths = lab_runs.DEPTHS
-    assert f"depths {depths[0]} to {depths[-1]} and one drawn at random from {depths[-1] + 1} to " \
-           f"{te.config.MAX_SLOTS - 1}" in text
+    depths = lab_workloads.DEPTHS
+    assert f"every depth from {depths[0]} to {depths[-1]} (a ring has at most " \
+           f"{te.config.MAX_SLOTS} slots)" in text
 
 
 def test_the_plugins_refuse_bad_input_naming_it():

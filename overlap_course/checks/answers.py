@@ -334,10 +334,14 @@ def bare_number(x) -> bool:
     return real(x)
 
 
+_SET_VIEWS = (type({}.keys()), type({}.values()))  # ``d.keys()`` of round numbers is a set too
+
+
 def int_set(x, rounds: bool = False) -> set[int] | None:
-    """``x`` as a set of ints (a set, list, tuple, range or 1-d tensor/array of whole numbers),
-    else None -- also for one bare number, which does not say whether it means an item or a count."""
-    values = int_list(x, rounds, kinds=(list, tuple, set, frozenset))
+    """``x`` as a set of ints (a set, list, tuple, range, dict's keys or values, or 1-d
+    tensor/array of whole numbers), else None -- also for one bare number, which does not say
+    whether it means an item or a count."""
+    values = int_list(x, rounds, kinds=(list, tuple, set, frozenset, *_SET_VIEWS))
     return None if values is None else set(values)
 
 

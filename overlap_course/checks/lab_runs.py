@@ -6,7 +6,6 @@ times them."""
 from __future__ import annotations
 
 import functools
-import random
 import types
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 
 from . import endings, pool
-from .lab_workloads import (ABORT_RUNS, COMMIT_RUNS, DEPTHS, POLICY_RUNS, RING_NEW, RING_PROMPTS,
+from .lab_workloads import (ABORT_RUNS, COMMIT_RUNS, POLICY_RUNS, RING_NEW, RING_PROMPTS,
                             RING_STOP, AbortRun, CommitRun, PolicyRun)
 
 
@@ -258,11 +257,6 @@ def recover(engine) -> str:
     pool.heal()
     return (f" (This run left the check's engine with {lost} KV block(s) out of its pool: the check replaced it "
             f"with a fresh engine, so later checks start whole.)")
-
-
-def deeper_depth() -> int:
-    """Lab 3: a depth past DEPTHS, drawn per check, so that only a rule for every depth passes."""
-    return random.SystemRandom().randint(DEPTHS[-1] + 1, MAX_SLOTS - 1)  # a seed set in a cell cannot fix it
 
 
 def ring_engine(drafts: int = 0) -> Engine:

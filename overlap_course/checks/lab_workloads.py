@@ -80,8 +80,9 @@ ABORT_RUNS = (AbortRun((*pool.PROMPTS, "A little cat", STORY_ENDS[1]),
               AbortRun((STORY_ENDS[1], "There was a fox", "One day, the little", STORY_ENDS[0],
                         "A little cat", "The bird said"), ((1, 5), (4, 0), (7, 3), (8, 2)),
                        drafts=pool.DRAFTS))
-# lab 3: rounds a loop keeps in flight, and one more drawn per check (lab_runs.deeper_depth)
-DEPTHS = (1, 2, 3)
+# lab 3: rounds a loop keeps in flight: every depth a ring of at most MAX_SLOTS serves, so that a
+# rule wrong at one depth never passes, and one answer gets one verdict on every run
+DEPTHS = tuple(range(1, MAX_SLOTS))
 # a loop holding MAX_SLOTS - 1 rounds reaches round MAX_SLOTS, where a ring that size races; with
 # drafts one limit falls inside a round's accepted run, one at its end
 RING_NEW = MAX_SLOTS + 4

@@ -19,7 +19,7 @@ from . import context, pool, sandbox
 from .answers import int_set, items, returned_whole, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
-from .lab_runs import DEPTHS
+from .lab_workloads import DEPTHS
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort", "check_ring_race",
@@ -240,9 +240,9 @@ def _warm_ring_runs() -> None:
 @exercise_check(_warm_ring_runs)
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
-    DEPTHS and one deeper, drawn per check, each run on a ring that size, race checker on, and
-    one slot smaller; depth 1 also with drafts (the ZOS loop)."""
-    sizes, depths = [], (*DEPTHS, runs.deeper_depth())
+    every depth in DEPTHS, each run on a ring that size, race checker on, and one slot smaller;
+    depth 1 also with drafts (the ZOS loop)."""
+    sizes, depths = [], DEPTHS
     for depth in depths:
         try:
             slots = ring_slots(depth)

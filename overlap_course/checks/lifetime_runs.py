@@ -77,6 +77,17 @@ def ended(reqs) -> str:
                      f"{len(r.output_ids)} tokens" for r in reqs[:3])
 
 
+def kept(blocks: bool, row: bool) -> str:
+    """What a finished request kept that a free gives back: its KV blocks, its batch row or both
+    (a hand-written free may give back one of them)."""
+    if blocks and row:
+        return "its KV blocks and batch row"
+    if blocks:
+        return "its KV blocks (its batch row was given back, its blocks never were)"
+    return ("its batch row: it stays in `engine.scheduler.running`, though its KV blocks went "
+            "back")
+
+
 def waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch) -> Verdict:
     """A wait on a later event than the step's own: the tokens are right, so say what it waited for,
     read from the run's record (what the host waited on does not depend on how busy the machine
@@ -112,10 +123,12 @@ def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
     stopped."""
     reqs = engine._run.requests
     if err.reason == "finished_kept_blocks":
+        stuck = [reqs[i] for i in err.prompt_indexes]
+        held = kept(any(r.blocks for r in stuck), any(r in engine.scheduler.running for r in stuck))
         return fails("kept_blocks",
                      "the engine could not go on: "
-                     f"{ended([reqs[i] for i in err.prompt_indexes])}, but "
-                     "your process_outputs kept its KV blocks and batch row, so the run could "
+                     f"{ended(stuck)}, but "
+                     f"your process_outputs kept {held}, so the run could "
                      "not end. A "
                      "request finishes at its limit, at a stop string, on EOS or by an abort: "
                      "free every "

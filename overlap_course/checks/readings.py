@@ -28,15 +28,22 @@ def shortened(answer: float, true: float,
     digits = decimals(answer)
     if digits == 0 and whole is None:
         return None
-    scale = 10 ** digits
-    ways = [how for how, value in (("cut", math.trunc(round(true * scale, 6)) / scale),
-                                   ("rounded", round(true, digits)))
-            if abs(answer - value) <= 1e-6 * max(1.0, abs(value))]
+    ways = _ways(answer, true, digits)
     if not ways:
         return None
-    to = whole if digits == 0 else f"{digits} decimal{'s' * (digits != 1)}"
+    # a float keeps no trailing 0: round(x, 4) is 0.606 when x's 4th decimal rounds to 0
+    more = " or more" if digits and _ways(answer, true, digits + 1) else ""
+    to = whole if digits == 0 else f"{digits}{more} decimal{'s' * (digits != 1 or bool(more))}"
     why = " (int() drops the decimals)" if ways == ["cut"] and digits == 0 else ""
     return f"{' or '.join(ways)} to {to}{why}"
+
+
+def _ways(answer: float, true: float, digits: int) -> list[str]:
+    """How ``answer`` is ``true`` with ``digits`` decimals: "cut", "rounded", both or neither."""
+    scale = 10 ** digits
+    return [how for how, value in (("cut", math.trunc(round(true * scale, 6)) / scale),
+                                   ("rounded", round(true, digits)))
+            if abs(answer - value) <= 1e-6 * max(1.0, abs(value))]
 
 
 def gap_in_seconds(gap_ms: float, want: float, precision_ms: float) -> Verdict | None:

@@ -13,6 +13,7 @@ import itertools
 import numbers
 
 import numpy as np
+import torch
 
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
@@ -81,12 +82,13 @@ def _answer_checked(name: str, method, req):
 
     def wants_more():
         answer = bound()
-        if type(answer) is np.bool_:  # numpy's bool type cannot be subclassed: exactly that
-            answer = bool(answer)
-        if type(answer) is not bool:
+        value = zero_d(answer)
+        if type(value) is np.bool_:  # numpy's bool type cannot be subclassed: exactly that
+            value = bool(value)
+        if type(value) is not bool:
             raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
                                  req.index)
-        return answer
+        return value
     return wants_more
 
 
@@ -201,6 +203,21 @@ def learners_engine(name: str, config: EngineConfig) -> Engine:
         with ring(MAX_SLOTS):
             engine = _LEARNERS[name] = Engine(config)
     return engine
+
+
+def zero_d(value):
+    """A 0-d torch tensor or NumPy array as the Python scalar it holds (``torch.tensor(0)``,
+    ``np.array(True)``: what arithmetic or a comparison on tensors returns), as ``np.int64`` and
+    ``np.bool_`` are taken; anything else as it is."""
+    try:
+        if issubclass(type(value), torch.Tensor) and value.dim() == 0 and not value.is_complex():
+            return value.item()
+        if isinstance(value, np.ndarray):  # as a plain array: a subclass's own shape may lie
+            plain = np.ndarray.view(value, np.ndarray)
+            return plain.item() if plain.shape == () and plain.dtype.kind in "biuf" else value
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # a meta tensor: no value
+        pass
+    return value
 
 
 def whole_float(value) -> bool:

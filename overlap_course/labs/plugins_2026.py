@@ -18,7 +18,7 @@ from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.validate import check_int, shown
 
-from .plugins import AN_INT, check_takes, deep_loop, learners_engine, whole_float
+from .plugins import AN_INT, check_takes, deep_loop, learners_engine, whole_float, zero_d
 
 
 class BadAnswer(ValueError):
@@ -40,7 +40,9 @@ def batch_queue(depth: int, before_sample):
 
 def _whole(value) -> int | None:
     """``value`` as a plain int (what is checked is then what is used: an int subclass's
-    comparisons or ``__int__`` may lie), or None if it is no whole number."""
+    comparisons or ``__int__`` may lie), or None if it is no whole number; a 0-d integer tensor
+    or array is the number it holds."""
+    value = zero_d(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return None
     try:
@@ -54,7 +56,7 @@ def _count(n, held: int) -> int:
     count = _whole(n)
     if count is None or not 0 <= count <= held:
         got = shown(n if count is None else count)
-        if whole_float(n):
+        if whole_float(zero_d(n)):
             raise BadAnswer(f"before_sample returned {got}, a float: the loop processes that many "
                             f"held steps, and a count must be {AN_INT} (from 0 to {held})")
         raise BadAnswer(f"before_sample returned {got}: return how many of the {held} held step(s) "
@@ -99,7 +101,7 @@ def _prepare_keyed(engine, plan, key):
         k = key(req, b)
         whole = _whole(k)
         where = f"for prompt {req.index} (place {b} in round {plan.round}'s batch)"
-        if whole_float(k):
+        if whole_float(zero_d(k)):
             raise BadAnswer(f"key returned {shown(k)}, a float, {where}: the device indexes its "
                             f"{rows} rows with it, and an index must be {AN_INT} (from 0 to "
                             f"{rows - 1})")
