@@ -13,7 +13,7 @@ from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled, ForeignStep, StaleInputs
 from toy_engine.record import Commit, Free, Refused, Wait
 
-from . import pool
+from . import other_engine, pool
 from .errors import engines, quoted, said
 from .host_order import HostLog, common_mistakes, corrected_old_inputs, prepared_twice
 from .verdict import Verdict, fails, not_implemented
@@ -68,45 +68,6 @@ class _EngineEdited(AttributeError):
     """A learner's loop tried to replace an attribute of a checker's shared engine."""
 
 
-class _OtherEngine(Exception):
-    """A learner's loop called a stage of an engine other than the one it was given (a global
-    ``engine`` of the notebook), which raised: ``args`` (the method, the loop's parameter, whether
-    that engine is closed)."""
-
-
-def _other_engine(err, engine: Engine, loop) -> _OtherEngine | None:
-    """``err`` raised inside an Engine that is not the check's ``engine``, or None: its own
-    message (a step "left from another run", a closed engine) would blame something else."""
-    calls, tb = [], getattr(err, "__traceback__", None)
-    while tb is not None:
-        me = tb.tb_frame.f_locals.get("self")
-        if isinstance(me, Engine):
-            calls.append((me, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    if not calls or calls[-1][0] is engine:
-        return None
-    other = calls[-1][0]
-    method = next(name for me, name in calls if me is other)
-    try:
-        param = next(iter(inspect.signature(loop).parameters))
-    except (TypeError, ValueError, StopIteration):
-        param = None
-    return _OtherEngine(method, param, getattr(other, "_closed", False) is True)
-
-
-def _called_other(method: str, param: str | None, closed: bool) -> Verdict:
-    """Not the engine's own message: it would blame a step kept from another run, or say to
-    create a new engine."""
-    given = f"`{param}`" if param else "the engine your loop is given"
-    which = ", a closed one," if closed else ""
-    return fails("other_engine",
-                 f"your loop called `.{method}(...)` on an engine other than the one the check "
-                 f"gave it ({given}){which} and that engine refused: the check runs your loop on "
-                 f"an engine of its own, and a plan, inputs or step belong to the engine that "
-                 f"made them. Call every stage on {given}, never on a global `engine` of the "
-                 f"notebook")
-
-
 def _edited(names: list[str]) -> Verdict:
     return fails("edits_engine",
                  f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
@@ -151,7 +112,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
         err = _PastTheEnd(view.done_at, err)
     else:
-        err = _other_engine(err, engine, loop) or err
+        err = other_engine.found(err, engine, loop) or err
     log = HostLog(engine, view.plans if view else {})
     if endings:
         log.reference = pool.endings_reference()
@@ -164,8 +125,8 @@ def _stopped_by_checker(err) -> Verdict | None:
         return _edited(err.args)
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
-    if isinstance(err, _OtherEngine):
-        return _called_other(*err.args)
+    if isinstance(err, other_engine.OtherEngine):
+        return other_engine.verdict(*err.args)
     if isinstance(err, _PastTheEnd):
         last, cause = err.args
         return fails("none_plan",

@@ -308,7 +308,7 @@ def check_process_outputs(process_outputs) -> Verdict:
     runs whose requests end at the limit, a stop string, EOS and by an abort, with drafts or not."""
     for run in lifetime_runs.RUNS:
         verdict = _judge_run(process_outputs, run)
-        _whole_again(lifetime_runs.run_engine(run))
+        lifetime_runs.whole_again(lifetime_runs.run_engine(run))
         if verdict is not None:
             if run.label:
                 verdict.message = f"{run.label}: {verdict.message}"
@@ -317,17 +317,6 @@ def check_process_outputs(process_outputs) -> Verdict:
                   "once, and caches are freed as soon as no launched round can touch them, for "
                   "requests that end at the limit, a stop string, EOS and by an abort, with drafts "
                   "and without")
-
-
-def _whole_again(engine: Engine) -> None:
-    """A pool the learner's run left short (its verdict says so) is made whole at once: left for
-    the next check's heal, it would be reported as an earlier cell's change."""
-    try:
-        short = len(engine.scheduler.blocks.free_ids) != engine.config.num_kv_blocks
-    except Exception:  # noqa: BLE001 - a learner's junk where the pool was: heal replaces it
-        short = True
-    if short:
-        pool.heal()
 
 
 def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
@@ -367,24 +356,7 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
                                     f"blocks at the end of "
                                     "the run: "
                                     f"free them once no launched round uses them")
-    return _lost_blocks(engine, watch)
-
-
-def _lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:
-    """Blocks the run ended without, held by no request: freed requests whose ``req.blocks``
-    was changed before the free (``free`` gives back the blocks the list names then)."""
-    lost = sorted(set(range(engine.config.num_kv_blocks))
-                  - set(engine.scheduler.blocks.free_ids))
-    if not lost:
-        return None
-    owners = sorted({watch.held[b] for b in lost if b in watch.held})
-    return fails("kept_blocks",
-                 f"after the run {len(lost)} KV block(s) never came back to the pool (blocks "
-                 f"{lost[:12]}{' ...' if len(lost) > 12 else ''}, held by prompt(s) {owners}), "
-                 f"though no request holds them any more: `engine.scheduler.free(req)` gives "
-                 f"back the blocks `req.blocks` lists at that moment, so a list emptied or "
-                 f"shortened before the free loses them for good, and waiting requests run out "
-                 f"of cache. Leave `req.blocks` as the engine set it and free the request once")
+    return lifetime_runs.lost_blocks(engine, watch)
 
 
 def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verdict:

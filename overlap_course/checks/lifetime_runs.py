@@ -156,3 +156,31 @@ def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
                  f"where the round needs {err.expected}: it holds {held}, so the engine refused "
                  f"it. Commit the whole list `engine.read_outputs(step)` returns: "
                  f"`engine.commit_outputs(step, out)`")
+
+
+def whole_again(engine: Engine) -> None:
+    """A pool the learner's run left short (its verdict says so) is made whole at once: left for
+    the next check's heal, it would be reported as an earlier cell's change."""
+    try:
+        short = len(engine.scheduler.blocks.free_ids) != engine.config.num_kv_blocks
+    except Exception:  # noqa: BLE001 - a learner's junk where the pool was: heal replaces it
+        short = True
+    if short:
+        pool.heal()
+
+
+def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:
+    """Blocks the run ended without, held by no request: freed requests whose ``req.blocks``
+    was changed before the free (``free`` gives back the blocks the list names then)."""
+    lost = sorted(set(range(engine.config.num_kv_blocks))
+                  - set(engine.scheduler.blocks.free_ids))
+    if not lost:
+        return None
+    owners = sorted({watch.held[b] for b in lost if b in watch.held})
+    return fails("kept_blocks",
+                 f"after the run {len(lost)} KV block(s) never came back to the pool (blocks "
+                 f"{lost[:12]}{' ...' if len(lost) > 12 else ''}, held by prompt(s) {owners}), "
+                 f"though no request holds them any more: `engine.scheduler.free(req)` gives "
+                 f"back the blocks `req.blocks` lists at that moment, so a list emptied or "
+                 f"shortened before the free loses them for good, and waiting requests run out "
+                 f"of cache. Leave `req.blocks` as the engine set it and free the request once")
