@@ -40,7 +40,7 @@ def judge_main(argv: list[str]) -> None:
     import overlap_course
     import toy_engine
     from overlap_course import checks
-    from overlap_course.checks import host_waits
+    from overlap_course.checks import host_waits, pool
 
     for package in (overlap_course, toy_engine):
         if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
@@ -68,6 +68,8 @@ def judge_main(argv: list[str]) -> None:
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}
     before, modules = _fingerprint(), set(sys.modules)
+    # bound before the cells, which could rebind the names
+    close_engines, ring_slots = pool.close_engines, sys.modules["toy_engine.engine"].RING_SLOTS
     threads = set(threading.enumerate())
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
@@ -76,7 +78,12 @@ def judge_main(argv: list[str]) -> None:
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
-        forget_caches(watch.foreign)  # what the cells left in them is not the checker's
+        # What the cells left in the checks' engines and caches is not the checker's: an engine
+        # built while they ran (a piece of the toy swapped for that call) is retired, and the
+        # check builds its own under the watch; and no ring of host slots is left set.
+        close_engines()
+        ring_slots.set(None)
+        forget_caches(watch.foreign)
     verdict = _verdict(check, args, before, threads, checks.Verdict, watch)
     strangers = _strange_modules(modules, trusted)
     if strangers:

@@ -305,9 +305,14 @@ RECOVER_S = 10.0  # how long a heal waits for a shared device's queue (its own k
 
 @atexit.register
 def close_engines() -> None:
-    for shared in _ENGINES.values():
+    """Close every shared engine and forget it with its books: the next check builds its own.
+    The judge calls it after the submission's cells: an engine they built (``pool.Engine`` or a
+    piece of the toy swapped for one ``engine()`` call, then put back) was "as built" for
+    :func:`heal`, and the check ran the answer on it (round thirteen)."""
+    for shared in list(_ENGINES.values()):
         _retire(shared)
-    _ENGINES.clear()
+    for books in (_ENGINES, _CONFIGS, _BUILT, _PRINTS, _DEVICES):
+        books.clear()  # after the closes: an engine a learner's close() built is dropped too
 
 
 def forget_edits(shared: Engine, attributes: set[str]) -> None:
