@@ -148,3 +148,13 @@ def test_the_plugins_refuse_bad_input_naming_it():
             call()
     with pytest.raises(ValueError, match="prompt index 7 is not in this run, which has prompts 0 to 3"):
         pool.engine().generate(PROMPTS, max_new_tokens=4, on_round=plugins.aborts(shipped.abort, [(1, 7)]))
+
+
+def test_checking_lab1_starts_no_engine_of_the_learners():
+    """The check runs on the pool's ring engine; it warmed ``plugins.ring_engine()`` too, the
+    learner's own, started for nothing on every check (and in every graded submission)."""
+    for engine in list(plugins._LEARNERS.values()):
+        engine.close()
+    plugins._LEARNERS.clear()
+    assert checks.check_wants_more(shipped.wants_more).passed is False
+    assert "ring" not in plugins._LEARNERS

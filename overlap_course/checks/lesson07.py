@@ -82,7 +82,7 @@ def _warm_policy_runs() -> None:
         runs.own_run(run)
 
 
-@exercise_check(plugins.ring_engine, _warm_policy_runs)
+@exercise_check(pool.ring_engine, _warm_policy_runs)
 def check_wants_more(wants_more) -> Verdict:
     """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that
     differ in limit, stop strings, stories that end, an abort, drafts and rounds in flight
