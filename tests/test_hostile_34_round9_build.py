@@ -197,10 +197,12 @@ class KernelLeavingNoWidgets:
     """nbclient's client, its run stood in for: the cells ran and made no widget (so nbclient
     leaves the notebook's widget metadata as it found it)."""
 
+    km = None  # no kernel (notebooks runs ``async_execute`` on a loop of its own)
+
     def __init__(self, nb, **kwargs):
         self.nb = nb
 
-    def execute(self):
+    async def async_execute(self):
         for cell in self.nb.cells:
             cell.execution_count = 1
 
