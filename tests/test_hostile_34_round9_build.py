@@ -197,10 +197,12 @@ class KernelLeavingNoWidgets:
     """nbclient's client, its run stood in for: the cells ran and made no widget (so nbclient
     leaves the notebook's widget metadata as it found it)."""
 
+    km = None  # no kernel (notebooks runs ``async_execute`` on a loop of its own)
+
     def __init__(self, nb, **kwargs):
         self.nb = nb
 
-    def execute(self):
+    async def async_execute(self):
         for cell in self.nb.cells:
             cell.execution_count = 1
 
@@ -316,7 +318,8 @@ def test_a_browser_that_dies_at_start_is_one_sentence_naming_browser_path(monkey
     _one_line(str(refusal.value), "BROWSER_PATH='/bin/true'", "Chrome or Chromium")
     assert "('" not in str(refusal.value)
     assert not [r for r in caplog.records if r.name.startswith("choreographer")], caplog.text
-    assert logging.getLogger("choreographer").level == logging.NOTSET  # put back as it was
+    # left silent: its threads can log after the drawing (round twelve, cli 12's JSONError)
+    assert logging.getLogger("choreographer").level > logging.CRITICAL
 
 
 def test_a_default_browser_that_dies_at_start_is_not_blamed_on_browser_path(monkeypatch):

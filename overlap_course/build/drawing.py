@@ -10,7 +10,7 @@ import io
 import logging
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from overlap_course.safe_json import quoted
 
@@ -21,6 +21,10 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's package; kaleido never downloads a Ch
 #: How long a browser may take to start and answer Chrome's protocol (Chromium: ~2.5 s).  A
 #: program that never answers (a Firefox, an old Chromium) would hang kaleido's start forever.
 BROWSER_START_S = 60.0
+#: kaleido's browser driver logs from threads of its own, which can outlive a drawing (a
+#: BROWSER_PATH that writes junk: a JSONError traceback after the command's last line), so
+#: they are silenced from the first drawing on: every failure is the course's one line.
+DRIVER_LOGGERS = ("choreographer", "kaleido", "browser_proc")
 
 
 def _browser() -> str | None:
@@ -54,9 +58,9 @@ def _browser_failed(stopped: bool) -> Exception:
 
 
 def _stop_browser(k, stopped: list) -> None:
-    """:data:`BROWSER_START_S` passed and the browser has not answered: end it and what it
-    started (choreographer starts it in a session of its own), which makes kaleido's start fail
-    instead of waiting forever."""
+    """:data:`BROWSER_START_S` passed and the browser has not answered, or Ctrl-C: end it and
+    what it started (choreographer starts it in a session of its own), which makes kaleido's
+    start (or drawing) fail instead of waiting forever."""
     proc = getattr(k, "subprocess", None)
     if proc is None:
         return
@@ -70,14 +74,18 @@ def _stop_browser(k, stopped: list) -> None:
         pass
 
 
-async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -> list[bytes]:
+async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int], browser: list,
+                         stopped: list) -> list[bytes]:
+    """The images, drawn in one browser (appended to ``browser``, so that a Ctrl-C in the
+    calling thread can end it: :func:`render_images`)."""
     import kaleido
     from choreographer.errors import BrowserClosedError, BrowserFailedError
     from kaleido.errors import ChromeNotFoundError, KaleidoError
 
-    images, stopped = [], []
+    images = []
     try:  # one browser for all figures: starting Chromium costs ~2.5 s, one figure ~0.4 s
         k = kaleido.Kaleido(n=1, path=_browser(), mathjax=False, timeout=120)
+        browser.append(k)
         stuck = asyncio.get_running_loop().call_later(BROWSER_START_S, _stop_browser, k, stopped)
         async with k:
             stuck.cancel()
@@ -102,16 +110,23 @@ async def _render_images(figures: list[dict], fmt: str, size: tuple[int, int]) -
 def render_images(figures: list[dict], fmt: str = "png") -> list[bytes]:
     """kaleido's images (``fmt``: png, svg, ...) of Plotly figure dicts, from a thread of its own:
     callers may already run an event loop (a Jupyter kernel, Playwright's sync API), where
-    asyncio.run refuses."""
+    asyncio.run refuses.  A Ctrl-C ends the browser at once, so the thread's wait for it ends
+    too (a browser that never answers: :data:`BROWSER_START_S`); the interpreter joins the thread
+    as it exits."""
     from overlap_course.figures.config import STATIC_HEIGHT_PX, STATIC_WIDTH_PX  # plotly and the engine: only here
 
     size = (STATIC_WIDTH_PX, STATIC_HEIGHT_PX)
-    # not choreographer's watchdog warning too (some runs) when the browser dies: one line
-    chatty = logging.getLogger("choreographer")
-    level = chatty.level
-    chatty.setLevel(logging.ERROR)
+    for name in DRIVER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    pool, browser, stopped = ThreadPoolExecutor(max_workers=1), [], []
+    drawn = pool.submit(asyncio.run, _render_images(figures, fmt, size, browser, stopped))
     try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, _render_images(figures, fmt, size)).result()
+        return drawn.result()
+    except KeyboardInterrupt:
+        while not (stopped or drawn.done()):  # until the thread has started the browser
+            if browser:
+                _stop_browser(browser[0], stopped)
+            wait([drawn], timeout=0.05)
+        raise
     finally:
-        chatty.setLevel(level)
+        pool.shutdown(wait=False)

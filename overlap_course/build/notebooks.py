@@ -34,9 +34,12 @@ from overlap_course.ctrl_c import interruptible
 interruptible(__name__, "notebooks")  # first: Ctrl-C while the imports run is one line
 
 import argparse
+import asyncio
 import base64
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import nbformat
@@ -184,9 +187,10 @@ def execute(path: Path, timeout: int = 600) -> None:
     nb = read_notebook(path)
     # an earlier run's widget state or junk (null, "x"): the run stores its own, read afterwards
     nb.metadata.pop("widgets", None)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                            resources={"metadata": {"path": str(path.parent)}})
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        _run_cells(client)
     except CellExecutionError as err:  # its message: the cell and a traceback in ANSI colours
         raise RuntimeError(_failed_cell(path, nb, err)) from None
     shown = quoted(str(path), 200)
@@ -195,6 +199,67 @@ def execute(path: Path, timeout: int = 600) -> None:
     nb.metadata.pop("widgets", None)
     add_static_images(nb, widgets, shown)
     write_notebook(nb, path)
+
+
+class _CourseLoop(asyncio.SelectorEventLoop):
+    """An event loop that leaves SIGINT to :func:`_run_cells`: nbclient's own handler would shut
+    the kernel down under the running cell and leave the course's Ctrl-C unseen, a
+    ``DeadKernelError`` and ``AssertionError`` traceback instead of the one line."""
+
+    def add_signal_handler(self, sig, callback, *args):
+        if sig == signal.SIGINT:
+            raise RuntimeError("SIGINT is the course's Ctrl-C")  # nbclient goes on without
+        super().add_signal_handler(sig, callback, *args)
+
+
+def _run_cells(client) -> None:
+    """``client.execute()``, where Ctrl-C cancels the run at its next ``await`` (a
+    ``KeyboardInterrupt`` raised anywhere in jupyter_client or zmq can leave it hanging) and
+    kills the kernel, running a cell or starting; then it is the ``KeyboardInterrupt`` the
+    command expects, whatever the cancelled run raised.  A second Ctrl-C raises it at once."""
+    loop, presses = _CourseLoop(), []
+    run = loop.create_task(client.async_execute())
+
+    def cancel() -> None:
+        client.shutdown_kernel = "immediate"  # the kernel may be busy: no polite request
+        run.cancel()
+
+    def ctrl_c(signum, frame) -> None:
+        presses.append(signum)
+        if len(presses) > 1:
+            raise KeyboardInterrupt
+        loop.call_soon_threadsafe(cancel)
+
+    course = signal.getsignal(signal.SIGINT)
+    ours = course is not signal.SIG_IGN and threading.current_thread() is threading.main_thread()
+    if ours:  # (ignored, as under nohup: it stays so)
+        signal.signal(signal.SIGINT, ctrl_c)
+    try:
+        loop.run_until_complete(run)
+    except (asyncio.CancelledError, Exception):  # "Kernel died", from the cancelled cell
+        if not presses:
+            raise
+    finally:
+        try:
+            _close(loop, client.km)
+        finally:
+            if ours:
+                signal.signal(signal.SIGINT, course)
+            loop.close()
+    if presses:
+        raise KeyboardInterrupt
+
+
+def _close(loop, km) -> None:
+    """End what a cancelled run left: its kernel, if it was starting (nbclient kills it only
+    from its first cell on), and the cell's poller tasks."""
+    if km is not None and km.has_kernel:
+        loop.run_until_complete(km.shutdown_kernel(now=True))
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left))
 
 
 def _failed_cell(path: Path, nb, err) -> str:
