@@ -78,3 +78,35 @@ def test_06_a_dead_forkserver_keeps_the_live_device_and_no_message_says_code_255
                                "forkserver that started it, which reports how, was gone;"), lines[1]
     assert "255" not in lines[1], lines[1]
     assert lines[2] == "new True", lines[2]
+
+
+# ------------------------------------------------------------------ 07: a ring kept and reused
+
+def test_07_a_ring_kept_in_a_variable_can_be_entered_again_nested_and_per_thread():
+    """Before: the second `with three:` raised AttributeError '_GeneratorContextManager' object
+    has no attribute 'args' (a generator context manager is used once)."""
+    three = plugins.ring(3)
+    assert repr(three) == "ring(3)"
+    for _ in range(2):  # the cell run again
+        with three:
+            assert engine_module.RING_SLOTS.get() == 3
+            with plugins.ring(5), three:
+                assert engine_module.RING_SLOTS.get() == 3
+            assert engine_module.RING_SLOTS.get() == 3
+        assert engine_module.RING_SLOTS.get() is None
+    seen, inside = [], threading.Barrier(2)
+
+    def cell():
+        with three:
+            inside.wait(10)
+            seen.append(engine_module.RING_SLOTS.get())
+            inside.wait(10)
+        seen.append(engine_module.RING_SLOTS.get())
+    threads = [threading.Thread(target=cell) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [3, 3, None, None]
+    with pytest.raises(ValueError, match="slots must be in"):
+        plugins.ring(0)
