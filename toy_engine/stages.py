@@ -10,7 +10,7 @@ from .buffers import MetaLayout
 from .config import EngineConfig
 from .constraint import TitleCase
 from .data import CharTokenizer
-from .device import Device
+from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
 from .run import (ForeignStep, RoundInputs, Run, RunEnded, StaleInputs, StepProcessedTwice,
@@ -197,6 +197,8 @@ class RoundStages:
         _takes(stage, step, StepState)
         if step.run is not self._run:
             raise ForeignStep(step.plan.round)
+        if step.sample_done.device != self.device.serial:  # its device was replaced since
+            raise ForeignEvent(step.plan.round, step.sample_done.stage)
         if step.run.ended:
             raise RunEnded(stage, step.plan.round, "step")
 
