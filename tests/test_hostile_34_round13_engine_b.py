@@ -272,6 +272,11 @@ def test_12_what_a_run_reads_afresh_may_change_between_runs_and_the_rest_says_wh
     finally:
         engine.config = built
     assert texts(engine.generate(PROMPTS, max_new_tokens=10)) == reference
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"between runs, set engine\.config "
+                       r"= dataclasses\.replace\(engine\.config, seed=3\) \(a run reads seed"):
+        built.seed = 3
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"the engine was built from it"):
+        built.block_size = 8
 
 
 # ------------------------------------------------------------------ 14: a correction never called

@@ -87,9 +87,13 @@ class EngineConfig:
 
     def __setattr__(self, name, value) -> None:
         if getattr(self, "_frozen", False):
-            raise dataclasses.FrozenInstanceError(
-                f"EngineConfig is frozen: the engine's buffers, cache and device were built from it. To "
-                f"change {name}, make a new engine: Engine(dataclasses.replace(config, {name}={value!r}))")
+            new = f"dataclasses.replace(config, {name}={value!r})"
+            how = (f"a new engine, Engine({new}); or, between runs, set engine.config = "
+                   f"{new.replace('(config', '(engine.config')} (a run reads {name} afresh)"
+                   if name in PER_RUN else
+                   f"a new engine: Engine({new}) (the engine was built from it)")
+            raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: engines read it as "
+                                                  f"it is. To change {name}, make {how}")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name) -> None:
