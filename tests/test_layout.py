@@ -29,12 +29,16 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # added 269 (the run keeps its config; events carry their device; plug-ins' arity and bodies
 # checked; rings per thread; one quiet exit hook; a second free refused; the main-module patch
 # thread-safe), 3,504 until round thirteen's fixes added 28 (the device process started whatever
-# __main__ holds; spawn's socket path checked before the setup is sent, in its own method).
+# __main__ holds; spawn's socket path checked before the setup is sent, in its own method),
+# 3,532 until round thirteen's engine13b added 120 (a dead forkserver told from a dead device by
+# a pidfd; req.completion unreplaceable; lazy iterators refused; a finished run's objects
+# refused; per-run config fields taken and the rest refused with their reasons; a correction
+# that never runs refused).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 3532, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 3652, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

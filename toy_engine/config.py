@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass
 
 from .constraint import CONSTRAINTS
-from .validate import check_bool, check_choice, check_float, check_int, check_seed
+from .validate import _label, check_bool, check_choice, check_float, check_int, check_seed, shown
 
-__all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size", "plain_config"]
+__all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size", "plain_config",
+           "replaced_config", "check_correction"]
 
 MODES = ("serial", "zos")
 DEVICES = ("auto", "cuda", "cpu", "paced")
@@ -22,6 +23,19 @@ MAX_HOST_OVERHEAD_MS = 1000.0
 MAX_DRAFT_TOKENS = 16  # past this, drafts burn device time on tokens that are never accepted
 MAX_KV_CACHE_BYTES = 4 * 2**30  # the cache is allocated whole at start: refuse it here, not in the allocator
 MAX_BATCH_SIZE = 4096  # every row's metadata is allocated up front, double-buffered on host and device
+
+
+#: What a run reads afresh: an engine's config may change these between runs.
+PER_RUN = ("mode", "seed", "correct_seqlens", "host_overhead_ms")
+#: What an engine was built from, and how: these cannot change once it is built.
+BUILT_FROM = dict(device="its device is of that kind",
+                  max_batch_size="its buffers and device state have that many rows",
+                  num_kv_blocks="its KV cache was allocated with that many blocks",
+                  block_size="its KV cache and block tables are laid out in blocks of that size",
+                  num_draft_tokens="its buffers and device state hold that many drafts a row",
+                  race_check="its device's race checker was set up with it",
+                  device_threads="its device process was started with that many threads",
+                  constraint="its mask buffers and constraint were built for it")
 
 
 @dataclass
@@ -73,9 +87,13 @@ class EngineConfig:
 
     def __setattr__(self, name, value) -> None:
         if getattr(self, "_frozen", False):
-            raise dataclasses.FrozenInstanceError(
-                f"EngineConfig is frozen: the engine's buffers, cache and device were built from it. To "
-                f"change {name}, make a new engine: Engine(dataclasses.replace(config, {name}={value!r}))")
+            new = f"dataclasses.replace(config, {name}={value!r})"
+            how = (f"a new engine, Engine({new}); or, between runs, set engine.config = "
+                   f"{new.replace('(config', '(engine.config')} (a run reads {name} afresh)"
+                   if name in PER_RUN else
+                   f"a new engine: Engine({new}) (the engine was built from it)")
+            raise dataclasses.FrozenInstanceError(f"EngineConfig is frozen: engines read it as "
+                                                  f"it is. To change {name}, make {how}")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name) -> None:
@@ -108,3 +126,38 @@ def check_kv_cache_size(config: EngineConfig, model) -> None:
                          f"token slots would need a KV cache of {slots * per_slot / 2**30:.1f} GiB ({per_slot} "
                          f"bytes per slot for this model), above the {MAX_KV_CACHE_BYTES / 2**30:.0f} GiB limit: "
                          f"use at most {fit} blocks of {config.block_size}")
+
+
+def replaced_config(built: EngineConfig, now) -> EngineConfig:
+    """``now``, put in ``engine.config`` between runs, as a plain config; refused if it changes
+    what the engine was built from (BUILT_FROM), which would no longer match it."""
+    if not isinstance(now, EngineConfig):
+        raise TypeError(f"engine.config must stay the EngineConfig the engine was built with, "
+                        f"got {type(now).__name__} {shown(now)}: build a new te.Engine")
+    now = plain_config(now)
+    changed = [name for name in BUILT_FROM if getattr(now, name) != getattr(built, name)]
+    if changed:
+        new = ", ".join(f"{name}={shown(getattr(now, name))}" for name in changed)
+        old = ", ".join(f"{name}={shown(getattr(built, name))}" for name in changed)
+        why = "; ".join(f"{name}: {BUILT_FROM[name]}" for name in changed)
+        raise ValueError(f"engine.config was replaced after the engine was built ({new}), "
+                         f"but the engine was built from those values ({why}): build a new "
+                         f"engine from it (engine.close(); engine = te.Engine(engine.config)) "
+                         f"or put the values back: engine.config = dataclasses.replace("
+                         f"engine.config, {old})")
+    return built if now == built else now
+
+
+def check_correction(correction, config: EngineConfig, loop) -> None:
+    """Refuse a ``correction`` that runs of ``config`` with ``loop`` (None: the mode's) never
+    call: dropped, a broken one would seem to work."""
+    fix = "engine.config = dataclasses.replace(engine.config, "
+    why = ("this engine has no drafts (num_draft_tokens=0), and only accepted drafts make the "
+           "lengths stale: build one with num_draft_tokens > 0" if not config.num_draft_tokens
+           else "correct_seqlens=False turns the correction off (the deliberate bug): set "
+           f"{fix}correct_seqlens=True)" if not config.correct_seqlens
+           else "the serial loop (mode='serial') processes each round before preparing the "
+           f"next, so no length is stale: set {fix}mode='zos') or give a loop that calls "
+           "engine.correct_on_device" if loop is None and config.mode == "serial" else None)
+    if why is not None:
+        raise ValueError(f"correction={_label(correction)} would never be called: {why}")

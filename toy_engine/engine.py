@@ -18,7 +18,8 @@ import weakref
 
 from . import buffers, kernels, loops
 from .buffers import MetaLayout
-from .config import MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_kv_cache_size, plain_config
+from .config import (MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_correction,
+                     check_kv_cache_size, plain_config, replaced_config)
 from .constraint import make_constraint
 from .data import CharTokenizer
 from .device import DeviceError, make_device
@@ -104,8 +105,8 @@ class Engine(RoundStages):
 
     @property
     def config(self) -> EngineConfig:
-        """What the engine was built from; a replacement is refused while a run reads it, and
-        by the next ``generate`` (buffers, cache and device were sized from the first)."""
+        """What the engine runs with; a replacement is refused while a run reads it, and by the
+        next ``generate`` if it changes what the engine was built from (``config.BUILT_FROM``)."""
         return self._config
 
     @config.setter
@@ -114,7 +115,7 @@ class Engine(RoundStages):
             if not self._config_in_use:
                 self._config = value  # generate refuses it if it changed anything
                 return
-            changed = _changes(self._built_with, value)
+            changed = _changes(self._config, value)
             if changed:
                 raise RuntimeError(
                     f"engine.config cannot be replaced while generate runs on this engine "
@@ -159,6 +160,7 @@ class Engine(RoundStages):
                 check_takes(name, plugin, PLUGIN_CALLS[name])
         correction = plugins["correction"]
         if correction is not None:  # refused now, not rounds into the run at its first launch
+            check_correction(correction, self.config, plugins["loop"])
             self.device.check_sendable("correction", correction)
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         # Each called through a check of its answer: one that never ran its body is refused.
@@ -281,33 +283,20 @@ class Engine(RoundStages):
                 raise
             finally:
                 run.end()
-                self.completions = [r.completion() for r in run.requests]
-                self._finish_stats(time.perf_counter() - start)
-                for observer in RUN_OBSERVERS:
-                    observer(self, "end")
+                self.completions, self.stats = [], None  # none of the last run's stays
+                try:  # whatever a request's data makes its completion raise, observers hear "end"
+                    self.completions = [r.completion() for r in run.requests]
+                    self._finish_stats(time.perf_counter() - start)
+                finally:
+                    for observer in RUN_OBSERVERS:
+                        observer(self, "end")
         return self.completions
 
     def _check_config(self) -> None:
-        """Refuse a config replaced after the engine was built: its buffers, cache and device were
-        sized from the first, and would not match."""
-        built, now = self._built_with, self.config
-        if now is built:
-            return
-        if not isinstance(now, EngineConfig):
-            raise TypeError(f"engine.config must stay the EngineConfig the engine was built with, "
-                            f"got {type(now).__name__} {shown(now)}: build a new te.Engine")
-        now = plain_config(now)
-        changed = [f.name for f in dataclasses.fields(built)
-                   if getattr(now, f.name) != getattr(built, f.name)]
-        if changed:
-            new = ", ".join(f"{name}={shown(getattr(now, name))}" for name in changed)
-            old = ", ".join(f"{name}={shown(getattr(built, name))}" for name in changed)
-            raise ValueError(f"engine.config was replaced after the engine was built ({new}), "
-                             f"but its buffers, cache and device were sized from the first: build "
-                             f"a new engine from it (engine.close(); engine = te.Engine(engine."
-                             f"config)) or put the values back: engine.config = "
-                             f"dataclasses.replace(engine.config, {old})")
-        self._config = built  # the same values: the stages read the config it was built from
+        """Take a config replaced between runs as a plain one (the stages read it), unless it
+        changed what the engine was built from (``config.BUILT_FROM``)."""
+        if self.config is not self._built_with:
+            self._config = replaced_config(self._built_with, self.config)
 
     def _ensure_ready(self) -> None:
         """Before a run: replace a device that died while idle, finish an interrupted recovery, take

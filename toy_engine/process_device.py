@@ -10,6 +10,7 @@ time)``, ``("event", id)`` and ``("close",)`` go down; ``("ready", pid)``, ``("e
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.connection  # noqa: F401  (mp.connection.wait)
 import multiprocessing.spawn as mp_spawn
 import os
 import signal
@@ -184,14 +185,24 @@ def _serve(conn, stream: _Stream) -> None:
             stream.stamps = []
 
 
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "is still running but its pipe broke"
+def _exit_description(code: int) -> str:
     signals = {s.value: s.name for s in signal.Signals}
     return f"exited with code {code}" + (f" (killed by {signals[-code]})" if -code in signals else "")
 
 
-def _shutdown(proc, conn, link: dict) -> None:
+def _open_pidfd(proc, method: str) -> int | None:
+    """A pidfd of a device process a forkserver started (Linux): ProcessDevice._ended says why."""
+    if method == "forkserver" and hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            return os.pidfd_open(proc.pid)
+    return None
+
+
+def _has_ended(pidfd: int, timeout_s: float = 0.0) -> bool:
+    return bool(mp.connection.wait([pidfd], timeout_s))  # readable once it has exited
+
+
+def _shutdown(proc, conn, link: dict, pidfd: int | None) -> None:
     """Stop the device process and close the pipe (``close()``, or the device's finalizer)."""
     if link["ok"]:  # a broken pipe might carry half a message: do not talk through it
         try:
@@ -202,6 +213,10 @@ def _shutdown(proc, conn, link: dict) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join(timeout=2)
+    if pidfd is not None:  # its forkserver gone, join() returned at once: the pidfd waits
+        if not _has_ended(pidfd, 2.0):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        os.close(pidfd)
     conn.close()
     if not proc.is_alive():  # the exit code is known: its sentinel pipe can go, and is_alive() still answers
         proc._popen.close()
@@ -263,12 +278,14 @@ class ProcessDevice(Device):
         self._error: str | None = None
         self._link = {"ok": True}  # False mid-message, and for good once one broke
         self._failure: str | None = None
+        self._forkserver_gone = False  # seen gone while the device process ran
         try:  # cut short, the process ends now: a traceback kept (as Jupyter does) would keep it
             # Held (a Ctrl-C mid-start kills the shared forkserver) until the finalizer is set.
             with hold_sigint(), without_main_module(), sigint_blocked():
                 _start(self._proc, child)
+                self._pidfd = _open_pidfd(self._proc, ctx.get_start_method())
                 self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
-                                                   self._link)
+                                                   self._link, self._pidfd)
             self.pid = self._set_up(model, num_kv_blocks, block_size)
         except BaseException:
             if hasattr(self, "_finalizer"):  # the process started
@@ -304,9 +321,23 @@ class ProcessDevice(Device):
                             f"or a generator)") from None
 
     def failure(self) -> str | None:
-        if self._failure is None and self._error is None and self._link["ok"] and not self._proc.is_alive():
-            self._failure = f"the device process {_exit_description(self._proc.exitcode)}"
+        if self._failure is None and self._error is None and self._link["ok"]:
+            ended = self._ended()
+            self._failure = None if ended is None else f"the device process {ended}"
         return self._flagged()
+
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        """How the device process ended, or None while it runs.  Its forkserver reports that,
+        and once gone (killed, out of memory) answers 255 for every process it started, running
+        or not: then the pidfd says (waiting up to ``wait_s`` for a pipe that just broke)."""
+        code = None if self._proc.is_alive() else self._proc.exitcode
+        if code != 255 or self._pidfd is None:
+            return None if code is None else _exit_description(code)
+        if not _has_ended(self._pidfd, wait_s):
+            self._forkserver_gone = True
+            return None
+        fate = "ended" if self._forkserver_gone else "exited with code 255, or ended"
+        return f"{fate} after the forkserver that started it, which reports how, was gone"
 
     def _flagged(self) -> str | None:
         """What is already known to be wrong, without a system call (this runs on every message)."""
@@ -323,7 +354,8 @@ class ProcessDevice(Device):
     def _lost(self, doing: str) -> DeviceError:
         """The pipe failed: say whether and how the device process ended."""
         self._proc.join(timeout=1)
-        self._failure = f"the device process {_exit_description(self._proc.exitcode)} ({doing})"
+        ended = self._ended(wait_s=1.0) or "is still running but its pipe broke"
+        self._failure = f"the device process {ended} ({doing})"
         return DeviceError(self._failure)
 
     def _send(self, msg) -> None:

@@ -106,6 +106,18 @@ class ForeignStep(RuntimeError):
         self.round = round
 
 
+class RunEnded(RuntimeError):
+    """A stage (``stage``) was given round ``round``'s inputs or step after its run ended."""
+
+    def __init__(self, stage: str, round: int, what: str):
+        super().__init__(f"{stage} was given round {round}'s {what} of a run that has ended "
+                         f"(its generate returned, or raised): nothing of it can be launched or "
+                         f"processed any more. Objects a loop kept (globals, a cell run again) "
+                         f"end with their run; to run rounds, call engine.generate (your loop "
+                         f"as loop=)")
+        self.stage, self.round = stage, round
+
+
 @dataclass
 class Run:
     """What one ``generate`` call owns: its requests (in prompt order; a plug-in that changes
@@ -124,6 +136,7 @@ class Run:
     uploaded: RoundInputs | None = None  # the latest prepared round: the inputs the device holds
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
     loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
+    ended: bool = False  # generate returned: its stages take none of its objects any more
     queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
     _aborts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -163,7 +176,7 @@ class Run:
             if not req.finished:
                 req.finish_reason = "abort"
         with self._aborts_lock:  # every request has ended: an abort from now on has nothing to do
-            self.loop_thread, self.queued_aborts = None, []
+            self.loop_thread, self.queued_aborts, self.ended = None, [], True
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""

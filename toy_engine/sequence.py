@@ -20,6 +20,24 @@ class Completion:
     finish_reason: str  # "length" | "stop" | "eos" | "abort"
 
 
+class _Unreplaceable:
+    """A request's method that a plug-in cannot replace on the request: ``completion``, which
+    the engine calls as the run ends, where Ctrl-C is held, and hands out what it answers."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __get__(self, req, owner=None):
+        return self.method if req is None else self.method.__get__(req, owner)
+
+    def __set__(self, req, value):
+        name = self.method.__name__
+        raise AttributeError(f"req.{name} cannot be replaced (prompt {req.index}): the engine "
+                             f"calls it as the run ends, where Ctrl-C is held, to build what "
+                             f"generate returns; during the run change the request's data "
+                             f"(output_ids, text, finish_reason), after it the Completions")
+
+
 @dataclass
 class Request:
     """One prompt's life in the engine.  Under ZOS ``output_ids`` (tokens *committed*, visible) and
@@ -81,6 +99,7 @@ class Request:
                 self.finish_reason = "length"
                 return
 
+    @_Unreplaceable
     def completion(self) -> Completion:
         return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
 

@@ -10,10 +10,11 @@ from .buffers import MetaLayout
 from .config import EngineConfig
 from .constraint import TitleCase
 from .data import CharTokenizer
-from .device import Device
+from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import ForeignStep, RoundInputs, Run, StaleInputs, StepProcessedTwice, StepState
+from .run import (ForeignStep, RoundInputs, Run, RunEnded, StaleInputs, StepProcessedTwice,
+                  StepState)
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -118,6 +119,8 @@ class RoundStages:
         run = self._run
         if inputs.run is not run:
             raise StaleInputs(stage, inputs.plan.round, None, foreign=True)
+        if run.ended:
+            raise RunEnded(stage, inputs.plan.round, "inputs")
         if inputs is not run.uploaded:
             raise StaleInputs(stage, inputs.plan.round, run.uploaded.plan.round)
 
@@ -194,6 +197,10 @@ class RoundStages:
         _takes(stage, step, StepState)
         if step.run is not self._run:
             raise ForeignStep(step.plan.round)
+        if step.sample_done.device != self.device.serial:  # its device was replaced since
+            raise ForeignEvent(step.plan.round, step.sample_done.stage)
+        if step.run.ended:
+            raise RunEnded(stage, step.plan.round, "step")
 
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""

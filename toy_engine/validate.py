@@ -4,6 +4,7 @@ Integers go through ``operator.index`` (NumPy ints pass, 1.5 does not) and refus
 finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature silently run greedy).
 """
 
+import collections.abc
 import decimal
 import functools
 import inspect
@@ -106,9 +107,10 @@ def check_takes(name: str, function, params: list[str]) -> None:
 
 
 def body_checked(name: str, plugin):
-    """``plugin`` called through a check of its answer: a generator or coroutine says its body
-    never ran (a lambda returning a generator expression; a decorator that hides a generator
-    or an ``async def`` from never_runs), which only the call shows."""
+    """``plugin`` called through a check of its answer, which the run ignores: a generator or
+    coroutine says its body never ran (a lambda returning a generator expression; a decorator
+    that hides a generator or an ``async def`` from never_runs), which only the call shows; a
+    lazy iterator (``map``, ``filter``, itertools') that its work never happened."""
     def checked(*args):
         answer = plugin(*args)
         kind = type(answer)  # the exact types: a learner's class may claim another
@@ -120,6 +122,11 @@ def body_checked(name: str, plugin):
                             f"a generator expression, or a decorator around a generator or an "
                             f"`async def`, does that): do the work in a plain function, with "
                             f"`return`, not `yield`")
+        if issubclass(kind, collections.abc.Iterator):
+            raise TypeError(f"{name}={_label(plugin)} returned a lazy iterator ({_label(answer)}) "
+                            f"that nothing iterates (the run ignores what it returns), so the "
+                            f"calls it holds never happened: map, filter, zip and itertools call "
+                            f"nothing until iterated; call the function in a `for` loop")
         return answer
     return checked
 

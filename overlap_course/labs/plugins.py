@@ -5,12 +5,12 @@ engine's code calls the learner's function where it would call its own."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import difflib
 import functools
 import inspect
 import itertools
 import numbers
+import threading
 
 import numpy as np
 import torch
@@ -171,17 +171,25 @@ def deep_loop(depth: int, to_process, name: str):
     return loop
 
 
-@contextlib.contextmanager
-def ring(slots: int):
+class ring:
     """Engines built and runs started inside, in this thread, use a ring of ``slots`` host slots
     (round N writes slot N % slots); another thread's keep their own (``te.engine.RING_SLOTS``,
-    per thread: ``te.engine.NUM_SLOTS``, which all share, is left alone)."""
-    slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
-    token = engine_module.RING_SLOTS.set(slots)
-    try:
-        yield
-    finally:
-        engine_module.RING_SLOTS.reset(token)
+    per thread: ``te.engine.NUM_SLOTS``, which all share, is left alone).  Reusable: a notebook
+    keeps ``three = ring(3)`` in one cell and re-runs ``with three:`` in another."""
+
+    def __init__(self, slots: int):
+        self.slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
+        self._entered = threading.local()  # per thread: each `with` resets its own setting
+
+    def __enter__(self) -> None:
+        tokens = self._entered.__dict__.setdefault("tokens", [])
+        tokens.append(engine_module.RING_SLOTS.set(self.slots))
+
+    def __exit__(self, *exc) -> None:
+        engine_module.RING_SLOTS.reset(self._entered.tokens.pop())
+
+    def __repr__(self) -> str:
+        return f"ring({self.slots})"
 
 
 def ring_engine() -> Engine:
