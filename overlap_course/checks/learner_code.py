@@ -350,7 +350,9 @@ class StepWatch:
     def __call__(self, engine: Engine, step) -> None:
         reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
         call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
-                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks})
+                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks},
+                    pool=pool_of(engine), claims=claims_of(engine),
+                    sizes=(engine.config.num_kv_blocks, engine.config.max_batch_size))
         self.held.update(call["holders"])
         self.calls.append(call)
         record, first = engine.record, len(engine.record.events)
@@ -369,6 +371,34 @@ class StepWatch:
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
+            call["pool_after"], call["claims_after"] = pool_of(engine), claims_of(engine)
+            call["outstanding"] = record.outstanding()
+            call["states"] = {r.index: (r.num_inflight, r.finished, r.row)
+                              for r in engine._run.requests}
+
+
+def pool_of(engine: Engine) -> tuple | None:
+    """The scheduler's free KV blocks and free batch rows, read whatever code changed them
+    (``free``, or a learner's own writes to ``free_ids`` and ``free_rows``, which the race
+    checker never hears of); None where a learner's junk stands in their place."""
+    try:
+        scheduler = engine.scheduler
+        return tuple(scheduler.blocks.free_ids), tuple(scheduler.free_rows)
+    except Exception:  # noqa: BLE001 - judged by the run's exception, then healed
+        return None
+
+
+def claims_of(engine: Engine) -> tuple[dict, dict]:
+    """What the run's requests claim now: block -> prompt (``req.blocks``), row -> prompt."""
+    blocks, rows = {}, {}
+    for req in engine._run.requests:  # the run's own list: a learner may change the visible one
+        try:
+            blocks.update((b, req.index) for b in req.blocks if isinstance(b, int))
+            if isinstance(req.row, int) and req.row >= 0:
+                rows[req.row] = req.index
+        except TypeError:  # a learner's junk in place of a list: the run judges it
+            pass
+    return blocks, rows
 
 
 def engine_frames(err: BaseException) -> set[str]:

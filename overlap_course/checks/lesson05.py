@@ -199,9 +199,9 @@ def _who_step(step) -> str:
 
 def _step_mistake(call) -> Verdict | None:
     """The first rule a single call broke: wait on the step's own event, commit once, free
-    exactly the finished requests no launched round uses."""
+    exactly the finished requests no launched round uses, leave the pool whole."""
     who = _who_step(call["step"])
-    for rule in (_wait_mistake, _free_mistake, _commit_mistake):
+    for rule in (_wait_mistake, _free_mistake, lifetime_runs.pool_mistake, _commit_mistake):
         verdict = rule(call, who)
         if verdict is not None:
             return verdict

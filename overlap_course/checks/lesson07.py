@@ -241,31 +241,54 @@ def _warm_ring_runs() -> None:
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
     every depth in DEPTHS, each run on a ring that size, race checker on, and one slot smaller;
-    depth 1 also with drafts (the ZOS loop)."""
-    sizes, depths = [], DEPTHS
-    for depth in depths:
-        try:
-            slots = ring_slots(depth)
-        except NotImplementedError:
-            return not_implemented("`ring_slots`")
-        except Exception as err:  # noqa: BLE001
-            return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
-        got, slots = slots, returned_whole(slots)  # a plain int, or None
-        if plugins.whole_float(got):
-            return fails("shape", f"ring_slots({depth}) returned {show(got)}, a float: the "
-                                  f"loop makes a ring of that many slots, and a size must be "
-                                  f"{plugins.AN_INT} (from 1 to {MAX_SLOTS})")
-        if slots is None or not 1 <= slots <= MAX_SLOTS:
-            return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole "
-                                  f"number of slots from 1 to the engine's limit, {MAX_SLOTS}")
+    depth 1 also with drafts (the ZOS loop).  Then every depth is asked again, in the reverse
+    order: a size that depends on more than the depth (state kept between calls) would pass
+    asked once."""
+    sizes = []
+    for depth in DEPTHS:
+        slots = _ring_size(ring_slots, depth)
+        if isinstance(slots, Verdict):
+            return slots
         for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:
                 return verdict
         sizes.append(slots)
-    return passes(f"depths {list(depths)} need rings of {sizes} (depth 1 with drafts too): every "
+    for depth, first in reversed(list(zip(DEPTHS, sizes))):
+        again = _ring_size(ring_slots, depth)
+        if isinstance(again, Verdict):
+            again.message = f"asked again after the other depths, {again.message}"
+            return again
+        if again != first:
+            return fails("keeps_state",
+                         f"ring_slots({depth}) returned {first} the first time and {again} when "
+                         "asked again after the other depths: a loop holding that many rounds "
+                         "always needs the same ring, so the size must depend on the depth alone "
+                         "(keep no state between calls)")
+    return passes(f"depths {list(DEPTHS)} need rings of {sizes} (depth 1 with drafts too): every "
                   f"held round keeps its slot until it is waited for, and the round being prepared "
                   f"needs one more")
+
+
+def _ring_size(ring_slots, depth: int) -> int | Verdict:
+    """``ring_slots(depth)`` as a plain int from 1 to MAX_SLOTS (a 0-d tensor or array is the
+    number it holds, as the other plug-ins' answers), or the verdict on what it returned."""
+    try:
+        got = ring_slots(depth)
+    except NotImplementedError:
+        return not_implemented("`ring_slots`")
+    except Exception as err:  # noqa: BLE001
+        return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
+    value = plugins.zero_d(got)
+    slots = returned_whole(value)  # a plain int, or None
+    if plugins.whole_float(value):
+        return fails("shape", f"ring_slots({depth}) returned {show(got)}, a float: the loop "
+                              f"makes a ring of that many slots, and a size must be "
+                              f"{plugins.AN_INT} (from 1 to {MAX_SLOTS})")
+    if slots is None or not 1 <= slots <= MAX_SLOTS:
+        return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole number of "
+                              f"slots from 1 to the engine's limit, {MAX_SLOTS}")
+    return slots
 
 
 def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:

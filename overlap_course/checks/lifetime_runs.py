@@ -5,6 +5,7 @@ completions of each, and the messages that name how a run's requests ended."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from toy_engine.engine import Engine
@@ -13,6 +14,7 @@ from toy_engine.buffers import BadOutputs
 from toy_engine.run import EngineStalled
 
 from . import endings, pool
+from .answers import show
 from .errors import said
 from .learner_code import StepWatch
 from .verdict import Verdict, fails
@@ -31,9 +33,14 @@ class Run:
 
 
 STOP_RUN = dict(max_new_tokens=pool.MAX_NEW_TOKENS, stop=(" the",))
-# The main run (a stop string, the limit), the endings run without and with drafts, and aborts of a
-# request whose round is in flight (round 4, prompt 1), without and with drafts.
+# The main run (a stop string, the limit), the endings run without and with drafts, aborts of a
+# request whose round is in flight (round 4, prompt 1), without and with drafts, and a run whose
+# first two requests end with their first token (EOS, the stop string ","), so they keep no token
+# and code that frees only requests with tokens stalls the two that wait.
 _IN_FLIGHT = "prompt 1 aborted just before round 4, while round 3 holds it"
+_NO_TOKEN = ("Mia smiled.\nAnd they all lived happily ever after.", "Once upon a time",
+             "One day, the little", "There was a fox", "The bird said")
+_NO_TOKEN_RUN = (("max_new_tokens", 8), ("stop", (",",)))
 RUNS = (Run("", tuple(pool.PROMPTS), tuple(STOP_RUN.items())),
         Run(pool.endings_label(0), tuple(pool.ENDINGS_PROMPTS), tuple(pool.ENDINGS_RUN.items())),
         Run(pool.endings_label(pool.DRAFTS), tuple(pool.ENDINGS_PROMPTS),
@@ -41,7 +48,9 @@ RUNS = (Run("", tuple(pool.PROMPTS), tuple(STOP_RUN.items())),
         Run(f"in the abort run ({_IN_FLIGHT})", tuple(pool.PROMPTS), (("max_new_tokens", 12),),
             abort=(4, 1)),
         Run(f"in the abort run with {pool.DRAFTS} drafts per round ({_IN_FLIGHT})",
-            tuple(pool.PROMPTS), (("max_new_tokens", 12),), pool.DRAFTS, (4, 1)))
+            tuple(pool.PROMPTS), (("max_new_tokens", 12),), pool.DRAFTS, (4, 1)),
+        Run(f"in the no-token run (prompts {list(_NO_TOKEN)}: the first two end with their "
+            "first token, on EOS and at the stop string ',')", _NO_TOKEN, _NO_TOKEN_RUN))
 
 
 def aborter(abort):
@@ -73,8 +82,15 @@ def ended(reqs) -> str:
     how = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length": "at its limit",
            "abort": "by an abort"}
     return "; ".join(f"prompt {r.index} ({r.prompt!r}) ended "
-                     f"{how.get(r.finish_reason, 'unfinished')} after "
-                     f"{len(r.output_ids)} tokens" for r in reqs[:3])
+                     f"{how.get(r.finish_reason, 'unfinished')} {_kept_tokens(r)}"
+                     for r in reqs[:3])
+
+
+def _kept_tokens(req) -> str:
+    """How many tokens a request kept: none where its first token was EOS or ended a stop string."""
+    if req.output_ids or req.finish_reason not in ("eos", "stop"):
+        return f"after {len(req.output_ids)} tokens"
+    return "with its first token, so it kept no token"
 
 
 def kept(blocks: bool, row: bool) -> str:
@@ -159,10 +175,12 @@ def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
 
 
 def whole_again(engine: Engine) -> None:
-    """A pool the learner's run left short (its verdict says so) is made whole at once: left for
-    the next check's heal, it would be reported as an earlier cell's change."""
+    """A pool the learner's run left short or with a block or row twice (its verdict says so)
+    is made whole at once: left for the next check's heal, it would be reported as an earlier
+    cell's change."""
     try:
-        short = len(engine.scheduler.blocks.free_ids) != engine.config.num_kv_blocks
+        rows = sorted(engine.scheduler.free_rows) != list(range(engine.config.max_batch_size))
+        short = rows or not pool.whole_pool(engine)
     except Exception:  # noqa: BLE001 - a learner's junk where the pool was: heal replaces it
         short = True
     if short:
@@ -184,3 +202,76 @@ def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:
                  f"back the blocks `req.blocks` lists at that moment, so a list emptied or "
                  f"shortened before the free loses them for good, and waiting requests run out "
                  f"of cache. Leave `req.blocks` as the engine set it and free the request once")
+
+
+_BLOCKS, _ROWS = "`engine.scheduler.blocks.free_ids`", "`engine.scheduler.free_rows`"
+
+
+def pool_mistake(call: dict, who: str) -> Verdict | None:
+    """The pool after one process_outputs call, whatever code gave blocks or rows back (``free``,
+    or writes to ``free_ids``/``free_rows`` the race checker never sees): each entry a real block
+    or row and there once, none a launched round still uses, none a request still lists."""
+    if call["pool"] is None or call.get("pool_after") is None:
+        return None  # junk where the pool was: the run's exception is judged, the pool healed
+    (blocks0, rows0), (blocks1, rows1) = call["pool"], call["pool_after"]
+    for what, where, ids, n in (("KV block", _BLOCKS, blocks1, call["sizes"][0]),
+                                ("batch row", _ROWS, rows1, call["sizes"][1])):
+        junk = [x for x in ids if type(x) is not int or not 0 <= x < n]
+        if junk:
+            return fails("pool_junk", f"{who}: after your process_outputs {where} holds "
+                                      f"{show(junk[0])}, which is no {what} (they are 0 to "
+                                      f"{n - 1}). Give a finished request back with "
+                                      "`engine.scheduler.free(req)`, not by writing the pool")
+        twice = sorted(x for x, k in Counter(ids).items() if k > 1)
+        if twice:
+            return fails("double_free", f"{who}: after your process_outputs {where} holds "
+                                        f"{what}(s) {twice[:12]} twice ({len(ids)} entries for "
+                                        f"{len(set(ids))} distinct ones): each was given back a "
+                                        "second time, and the pool would hand it to two "
+                                        "requests. Give each finished request back once, with "
+                                        "`engine.scheduler.release_if_done(req)`")
+    early = _early_in_pool(call, who, set(blocks1) - set(blocks0), set(rows1) - set(rows0))
+    return early if early is not None else _claimed_in_pool(call, who, blocks1)
+
+
+def _early_in_pool(call: dict, who: str, blocks: set, rows: set) -> Verdict | None:
+    """Blocks or rows that came back during the call from a request a launched round uses."""
+    (holders, row_holders), states = call["claims"], call["states"]
+    early = [(b, holders[b]) for b in sorted(blocks) if b in holders and states[holders[b]][0]]
+    gone = "KV cache of prompt(s) {} (blocks {}) back to the pool (" + _BLOCKS + ")"
+    if not early:
+        early = [(r, row_holders[r]) for r in sorted(rows)
+                 if r in row_holders and states[row_holders[r]][0]]
+        gone = "batch row of prompt(s) {} (rows {}) back to " + _ROWS
+    if not early:
+        return None
+    prompts = sorted({p for _, p in early})
+    used = {b for b, p in holders.items() if p in prompts}  # as held before the call
+    in_use = [(lnch.round, lnch.stage) for lnch in call["outstanding"] if lnch.blocks & used]
+    user = (f"round {in_use[0][0]}'s `{in_use[0][1]}`, launched and not yet waited for," if in_use
+            else f"a launched round (`num_inflight` is {states[early[0][1]][0]})")
+    return fails("free_in_use",
+                 f"{who}: you gave the {gone.format(prompts, [x for x, _ in early])} while "
+                 f"{user} still uses it (the extra step: under ZOS the finished request is "
+                 "already in the next launched round). Whatever code puts it there, the next "
+                 "request admitted gets it while that round still runs. Free a finished request "
+                 "only when `req.num_inflight == 0`, with `engine.scheduler.free(req)`")
+
+
+def _claimed_in_pool(call: dict, who: str, free: tuple) -> Verdict | None:
+    """Blocks in the pool that a request still lists as its own."""
+    holders = call["claims_after"][0]
+    claimed = sorted(b for b in set(free) if b in holders)
+    if not claimed:
+        return None
+    prompt = holders[claimed[0]]
+    _, finished, row = call["states"][prompt]
+    mine = [b for b in claimed if holders[b] == prompt]
+    state = ("it is not finished and still runs with them" if not finished else
+             "its batch row went back too" if row < 0 else "it keeps its batch row")
+    return fails("stale_blocks",
+                 f"{who}: KV blocks {mine[:12]} are back in the pool ({_BLOCKS}), but prompt "
+                 f"{prompt}'s `req.blocks` still lists them ({state}): the request claims "
+                 "blocks the pool already has back, and the next request admitted gets them. "
+                 "Give a finished request back with `engine.scheduler.free(req)`, which empties "
+                 "`req.blocks`, and leave the list as it left it")

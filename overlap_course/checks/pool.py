@@ -119,10 +119,8 @@ def heal() -> list[str]:
                 changed.append("engine.device.races.enabled")
                 shared.device.races.enabled = True
             _finish_recovery(shared)
-            free, n = shared.scheduler.blocks.free_ids, shared.config.num_kv_blocks
-            if (shared.device.failure() or sorted(free) != list(range(n))
-                    or shared.scheduler.has_work()):
-                what = f"the shared engine's KV pool ({len(free)} free blocks of {n}"
+            if shared.device.failure() or not whole_pool(shared) or shared.scheduler.has_work():
+                what = f"the shared engine's KV pool ({pool_size(shared)}"
             else:
                 replaced = _replaced_device(shared, key)
                 what = _changed(shared, _BUILT[key], replaced) or (
@@ -136,6 +134,19 @@ def heal() -> list[str]:
             _retire(_ENGINES.pop(key))
             engine(**dict(key))
     return changed
+
+
+def whole_pool(shared: Engine) -> bool:
+    """Whether the engine's KV pool holds each of its blocks exactly once (a block twice stands
+    in for a missing one at the same length, and would be handed to two requests)."""
+    return sorted(shared.scheduler.blocks.free_ids) == list(range(shared.config.num_kv_blocks))
+
+
+def pool_size(shared: Engine) -> str:
+    """The pool as a note names it: its distinct free blocks, and its entries if some repeat."""
+    free, n = list(shared.scheduler.blocks.free_ids), shared.config.num_kv_blocks
+    twice = f", in {len(free)} entries" if len(set(free)) != len(free) else ""
+    return f"{len(set(free))} free blocks of {n}{twice}"
 
 
 def _finish_recovery(shared: Engine) -> None:

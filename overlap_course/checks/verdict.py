@@ -59,14 +59,14 @@ CATEGORIES = frozenset({
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
     "short_commit", "bad_outputs",
     "left_unfinished",
-    "kept_blocks", "calls_itself",
+    "kept_blocks", "calls_itself", "pool_junk", "stale_blocks",
     # 06: real traces
     "idle_time_not_share", "share_over_one", "whole_trace", "pytorch_call", "launch_call", "not_blocking", "other_sync",
     "not_in_trace",
     # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
     "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
-    "stopped_early", "stop_past_limit", "wrong_request",
+    "stopped_early", "stop_past_limit", "wrong_request", "keeps_state",
     # 07b: bugs of 2026 (a sampler a step behind, the future map keyed by batch place)
     "at_the_space", "waits_without_need", "wrong_reader", "wrong_owner",
     "leaked_tokens", "drafts_lost",
