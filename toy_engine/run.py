@@ -175,9 +175,10 @@ class Run:
         only ends sooner); ``who`` may have changed them."""
         for req in requests:
             fixed = self.fixed.get(id(req))
-            if fixed is None:
+            if fixed is None:  # not this run's: another run's, or the loop's own object
                 continue
-            for name, was in zip(FIXED_FIELDS + ("row",), fixed + placed[id(req)][:1]):
+            row = placed[id(req)][:1] if id(req) in placed else ()  # admitted by the scheduler
+            for name, was in zip(FIXED_FIELDS + ("row",), fixed + row):
                 now = getattr(req, name)
                 if type(now) is type(was) and (now == was or name == "max_new_tokens"
                                                and now < was):
