@@ -34,7 +34,7 @@ from .stages import RoundStages
 from .runinfo import RunStats, TimelineMeta, Workload
 from .timeline import Stage, Timeline, run_stats
 from .validate import (body_checked, check_callable, check_float, check_int, check_seed,
-                       check_takes, shown)
+                       check_takes, plugin_label, shown)
 
 __all__ = ["Engine", "NUM_SLOTS", "RUN_OBSERVERS"]
 
@@ -168,7 +168,9 @@ class Engine(RoundStages):
                    for name, plugin in plugins.items()}
         correction = checked["correction"]  # `is None`: a falsy callable object is a correction
         run = Run(requests, checked["on_round"], kernels.correct_seqlens_qk if correction is None
-                  else correction, checked["process_outputs"], self._slots())
+                  else correction, checked["process_outputs"], self._slots(),
+                  labels={name: f"{name}={plugin_label(plugin)}"
+                          for name, plugin in plugins.items() if plugin is not None})
         # An Interrupt waits while the lock is taken or given back, never between the two.
         with hold_sigint() as held:
             if not self._running.acquire(blocking=False):
@@ -193,8 +195,9 @@ class Engine(RoundStages):
 
     def abort(self, request_id: int) -> None:
         """Stop a request; results already in flight for it are discarded when they land.  Called
-        from another thread than the one running ``generate``, it is queued and applied as the
-        next round is scheduled (before ``on_round``): only the loop's thread changes the run."""
+        from another thread than the one running ``generate``, or from the loop's own thread in
+        the middle of a stage (a signal handler), it is queued and applied as the next round is
+        scheduled (before ``on_round``): the run changes at round boundaries only."""
         wanted = None
         if not isinstance(request_id, bool) and isinstance(request_id, numbers.Integral):
             with contextlib.suppress(Exception):  # an Integral without __index__, or raising

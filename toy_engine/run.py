@@ -9,6 +9,7 @@ from . import kernels
 from .device import Event
 from .scheduler import Plan
 from .sequence import Request
+from .validate import shown
 
 
 @dataclass
@@ -138,22 +139,71 @@ class Run:
     loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
     ended: bool = False  # generate returned: its stages take none of its objects any more
     queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
-    _aborts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Reentrant: a signal handler in the loop's thread may abort while the loop holds it.
+    _aborts_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    labels: dict = field(default_factory=dict)  # generate's plug-ins, as messages name them
+    stage: str | None = None  # the engine's stage running now in the loop's thread
+    plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
         self.visible = list(self.requests)
+        self.fixed = {id(r): tuple(_copy(getattr(r, f)) for f in FIXED_FIELDS)
+                      for r in self.requests}
 
     def queue_abort(self, req: Request) -> bool:
         """Queue ``req``'s abort if it comes from another thread than the loop's (a server's
-        client): the loop applies it at the next round's schedule, as vLLM's and SGLang's loops
-        drain theirs, so only the loop's thread touches the scheduler.  False: apply it now (the
-        loop's own thread, a plug-in; or the run is over and every request has ended)."""
+        client), or from the loop's own thread in the middle of a stage (a signal handler: a
+        timeout, a Ctrl-C handler): the loop applies it at the next round's schedule, as vLLM's
+        and SGLang's loops drain theirs, so the scheduler is changed at round boundaries only.
+        False: apply it now (between stages, from a plug-in; or the run is over)."""
         with self._aborts_lock:
-            if self.loop_thread in (None, threading.get_ident()):
+            if self.loop_thread is None or (self.loop_thread == threading.get_ident() and (
+                    self.stage is None or self.plugin is not None)):
                 return False
             self.queued_aborts.append(req)
             return True
+
+    def enter(self, stage: str) -> str | None:
+        """``stage`` starts (the previous stage, to restore, is returned): refused from another
+        thread than the run's loop, and a round's stage from inside a plug-in."""
+        if self.loop_thread not in (None, threading.get_ident()):
+            raise RuntimeError(
+                f"engine.{stage}() was called from another thread than the one running generate "
+                f"on this engine: only the run's loop calls the stages (a round planned or "
+                f"launched here is one the loop never sees); from another thread call only "
+                f"engine.abort(request_id), or give each thread its own Engine")
+        if self.plugin is not None and stage in ROUND_STAGES:
+            raise RuntimeError(
+                f"engine.{stage}() was called from inside the plug-in {self.plugin}: a stage "
+                f"called there plans or launches a round the loop never processes (and "
+                f"engine.schedule() calls on_round itself); only the loop calls the stages. To "
+                f"see what runs next, read engine.scheduler.waiting and engine.scheduler.running")
+        previous, self.stage = self.stage, stage
+        return previous
+
+    def check_fields(self, requests, placed: dict, who: str) -> None:
+        """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,
+        or whose max_new_tokens rose past what its KV blocks were reserved for (lowered, it
+        only ends sooner); ``who`` may have changed them."""
+        for req in requests:
+            fixed = self.fixed.get(id(req))
+            if fixed is None:  # not this run's: another run's, or the loop's own object
+                continue
+            row = placed[id(req)][:1] if id(req) in placed else ()  # admitted by the scheduler
+            for name, was in zip(FIXED_FIELDS + ("row",), fixed + row):
+                now = getattr(req, name)
+                if type(now) is type(was) and (now == was or name == "max_new_tokens"
+                                               and now < was):
+                    continue
+                rose = " (past the positions its KV blocks were reserved for)" if (
+                    name == "max_new_tokens" and type(now) is int) else ""
+                raise ValueError(
+                    f"prompt {fixed[1]}'s req.{name} was changed from {shown(was)} to "
+                    f"{shown(now)}{rose} {who}: a request's {', '.join(FIXED_FIELDS[2:])} and "
+                    f"row are fixed once it runs (its KV blocks and row were reserved, its "
+                    f"sampling set from them; max_new_tokens may only be lowered); pass them "
+                    f"to generate(), and end a request with engine.abort(req.id)")
 
     def take_aborts(self) -> list[Request]:
         """The aborts queued since the last call, oldest first (the loop's thread applies them).
@@ -177,12 +227,26 @@ class Run:
                 req.finish_reason = "abort"
         with self._aborts_lock:  # every request has ended: an abort from now on has nothing to do
             self.loop_thread, self.queued_aborts, self.ended = None, [], True
+        self.stage = self.plugin = None
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
             raise stalled(scheduler, scheduling=True)
         self.idle_schedule = True
+
+
+#: A request's fields that stay as generate made them (a plug-in changing one is refused).
+FIXED_FIELDS = ("id", "index", "prompt", "prompt_ids", "max_new_tokens", "stop", "temperature",
+                "seed")
+#: The stages that plan or launch a round: never called from inside a plug-in.
+ROUND_STAGES = {"schedule", "prepare_inputs", "correct_on_device", "launch_forward",
+                "launch_sample", "flush"}
+
+
+def _copy(value):
+    """A field's value as it is now (a list is copied: it may be changed in place)."""
+    return list(value) if type(value) is list else value
 
 
 def stalled(scheduler, scheduling: bool = False) -> EngineStalled:

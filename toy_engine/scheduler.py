@@ -56,6 +56,7 @@ class Scheduler:
         self.running: list[Request] = []  # admitted, holding a row and blocks
         self.freed: dict[int, list[int]] = {}  # request id -> the blocks it gave back
         self.free_rows = list(range(max_batch_size))
+        self.placed: dict[int, tuple[int, list[int]]] = {}  # id(request) -> its row and blocks
         self.round = 0
 
     def positions_needed(self, req: Request) -> int:
@@ -68,9 +69,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Plan | None:
-        """The next round's plan, or None when nothing can run until results land (or
-        nothing is left); telling those apart is the run's business, not the scheduler's."""
+    def schedule(self) -> None:
+        """Refused: a round is planned by ``engine.schedule()``, at the engine's round boundary
+        (queued aborts applied, ``on_round`` called), which this would skip silently."""
+        raise RuntimeError("engine.scheduler.schedule() plans a round behind the engine's back: "
+                           "engine.schedule() plans it at the round boundary, where aborts from "
+                           "other threads are applied and on_round plug-ins (plugins.aborts, "
+                           "per_request) run. Call plan = engine.schedule() in your loop")
+
+    def plan_round(self) -> Plan | None:
+        """The next round's plan (``engine.schedule()`` calls it), or None when nothing can run
+        until results land (or nothing is left); telling those apart is the run's business."""
         admitted = []
         while self.waiting and self.free_rows:
             req = self.waiting[0]
@@ -79,6 +88,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.blocks, req.row = self.blocks.allocate(n), self.free_rows.pop(0)
+            self.placed[id(req)] = (req.row, list(req.blocks))
             admitted.append(req)
         self.running += admitted
         if admitted:
@@ -121,4 +131,5 @@ class Scheduler:
             self.free_rows.append(req.row)
             self.free_rows.sort()
             req.blocks, req.row = [], -1
+            self.placed.pop(id(req), None)
             self.freed[req.id] = blocks

@@ -3,6 +3,9 @@
 Each records itself (host span, launches, commits); the loops (loops.py) only choose the order.
 """
 
+import contextlib
+import functools
+import operator
 import time
 
 from . import buffers, kernels
@@ -18,6 +21,7 @@ from .run import (ForeignStep, RoundInputs, Run, RunEnded, StaleInputs, StepProc
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
+from .validate import plugin_label as _label, shown
 
 # What returns each stage's argument: a refusal of anything else names it.
 _MADE_BY = {Plan: "engine.schedule()", RoundInputs: "engine.prepare_inputs(plan)",
@@ -34,6 +38,32 @@ def _takes(stage: str, value, cls: type, or_none: bool = False) -> None:
             f" (what {_MADE_BY[type(value)]} returns)" if type(value) in _MADE_BY else "")
     raise TypeError(f"{stage} takes the {cls.__name__} that {_MADE_BY[cls]} returned, "
                     f"got {got}{hint}")
+
+
+def _stage(method):
+    """A stage of the run: refused from another thread or inside a plug-in (``Run.enter``);
+    while it runs, an abort from its own thread (a signal handler) waits for the next round."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def stage(self, *args, **kwargs):
+        run = self._run
+        previous = run.enter(name)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            run.stage = previous
+    return stage
+
+
+def _bad_token(tok, vocab_size: int) -> bool:
+    """Whether ``tok`` is no token id: an integer (``operator.index``; not a bool) from 0 to
+    ``vocab_size - 1``."""
+    if isinstance(tok, bool):
+        return True
+    with contextlib.suppress(Exception):  # no __index__, or one that raises
+        return not 0 <= operator.index(tok) < vocab_size
+    return True
 
 
 class RoundStages:
@@ -56,18 +86,42 @@ class RoundStages:
             raise RuntimeError(f"{stage}: this engine is closed (engine.close() or the end of its "
                                f"`with` block): create a new Engine")
 
+    @contextlib.contextmanager
+    def calling(self, plugin: str):
+        """A loop's plug-in runs inside (``plugin``: its name in messages), as the engine's do:
+        a round's stage it calls is refused, an abort it makes is applied at once."""
+        run = self._run
+        run.plugin = plugin
+        try:
+            yield
+        finally:
+            run.plugin = None
+
+    @_stage
     def schedule(self) -> Plan | None:
         """The next round's plan; None when nothing can be launched now (or no work is left).
-        Aborts queued from other threads are applied first, at this round boundary."""
+        Aborts queued (from other threads, or a signal handler mid-stage) are applied first, at
+        this round boundary; a request's fixed fields changed since are refused."""
         self._open("schedule")
-        for req in self._run.take_aborts():
+        run, placed = self._run, self.scheduler.placed
+        for req in run.take_aborts():
             self.scheduler.abort(req)
+        run.check_fields(self.scheduler.running, placed, "since the last round (by a plug-in, "
+                         "such as a process_outputs or per_request one, or the loop)")
         if not self.scheduler.has_work():
             return None
-        start, run = self.timeline.now_ms(), self._run
+        start = self.timeline.now_ms()
         if run.on_round is not None:
-            run.on_round(self, self.scheduler.round)
-        plan = self.scheduler.schedule()
+            run.plugin = run.labels["on_round"]
+            try:
+                run.on_round(self, self.scheduler.round)
+            finally:
+                run.plugin = None
+            run.check_fields(self.scheduler.running, placed, f"by {run.labels['on_round']}")
+        plan = self.scheduler.plan_round()
+        if plan is not None and plan.is_prefill:  # admitted now: changed while they waited
+            run.check_fields(plan.requests, placed, "before it was admitted (by on_round or "
+                             "the loop)")
         self.record.schedule(plan.round if plan else None)
         # A schedule that finds nothing to launch belongs to the last round, not a new one.
         self.timeline.add("host", Stage.SCHEDULE, plan.round if plan else max(0, self.scheduler.round - 1),
@@ -85,6 +139,7 @@ class RoundStages:
                     pass
         return plan
 
+    @_stage
     def prepare_inputs(self, plan: Plan) -> RoundInputs:
         """Write the round's metadata into its slot and launch its upload.  A ``pending`` request (its
         last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
@@ -145,18 +200,21 @@ class RoundStages:
                 cols[name].append(value)
         return cols
 
+    @_stage
     def correct_on_device(self, inputs: RoundInputs) -> None:
         """Fix stale lengths on the device (only speculation makes them stale)."""
         self._uploaded("correct_on_device", inputs)
         if self.config.num_draft_tokens and self.config.correct_seqlens and not inputs.plan.is_prefill:
             self.device.launch(kernels.correct, self._run.correction, round=inputs.plan.round, stage=Stage.CORRECT)
 
+    @_stage
     def launch_forward(self, inputs: RoundInputs) -> None:
         self._uploaded("launch_forward", inputs)
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
 
+    @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
         self._uploaded("launch_sample", inputs)
@@ -172,6 +230,7 @@ class RoundStages:
                                              record_event=True, owner=r)
         return StepState(inputs.plan, slot, sample_done, self._run)
 
+    @_stage
     def process_outputs(self, step: StepState, stage: str = Stage.POSTPROCESS) -> None:
         """Wait for the step's sample event, read its tokens, commit them to the requests, and free
         the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
@@ -202,6 +261,7 @@ class RoundStages:
         if step.run.ended:
             raise RunEnded(stage, step.plan.round, "step")
 
+    @_stage
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
         self._own("read_outputs", step)
@@ -209,6 +269,7 @@ class RoundStages:
         size = buffers.outputs_size(len(step.plan.requests), k)
         return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
+    @_stage
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests (a finished one's are the extra round: discarded).
         A round is committed once, whichever StepState of it brings it (``StepProcessedTwice``)."""
@@ -232,6 +293,8 @@ class RoundStages:
                 continue
             before = len(req.output_ids)
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+            if "commit" in vars(req):  # a plug-in's: what it stored goes to the device
+                self._check_committed(req, before)
             run.counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
                 run.counts["request_decode_rounds"] += 1
@@ -239,6 +302,23 @@ class RoundStages:
                 run.counts["accepted"] += len(kept) - 1
         return plan.requests
 
+    def _check_committed(self, req: Request, before: int) -> None:
+        """Refuse what a plug-in's ``commit`` put in ``req.output_ids`` other than token ids:
+        the next round sends the newest to the device, which would fail there."""
+        new = req.output_ids[before:] if type(req.output_ids) is list else None
+        vocab = self.tokenizer.vocab_size
+        bad = next((i for i, tok in enumerate(new or ()) if _bad_token(tok, vocab)), None)
+        if new is None or bad is not None:
+            got = (f"req.output_ids = {shown(req.output_ids)}" if new is None else
+                   f"{type(new[bad]).__name__} {shown(new[bad])} at req.output_ids"
+                   f"[{before + bad}]")
+            raise TypeError(f"prompt {req.index}'s commit, replaced on the request by a plug-in "
+                            f"({_label(vars(req)['commit'])}), stored {got}: output_ids holds "
+                            f"token ids, ints from 0 to {vocab - 1} (the vocabulary has {vocab}), "
+                            f"and the next round sends them to the device; append the token id "
+                            f"(tok) and add decode([tok]) to req.text")
+
+    @_stage
     def flush(self, previous: StepState | None) -> StepState | None:
         """Process a deferred step now: there is no next round to overlap it with.  Returns
         what stays deferred, nothing, so ``previous = engine.flush(previous)`` also clears it."""

@@ -135,6 +135,16 @@ _NOT_RUN = {types.GeneratorType: "a generator", types.CoroutineType: "a coroutin
             types.AsyncGeneratorType: "an async generator"}
 
 
+def plugin_label(function) -> str:
+    """A plug-in's name for a message: a partial a lab labelled (``partial.label``) by that
+    label, another as ``_label`` names it."""
+    if type(function) is functools.partial:
+        label = vars(function).get("label")
+        if type(label) is str:
+            return label
+    return _label(function)
+
+
 def _label(function) -> str:
     """A function's name for a message; another callable's class (its own attributes may
     raise)."""

@@ -11,6 +11,9 @@ from toy_engine.engine import Engine
 from .verdict import Verdict, fails
 
 
+_METHODS = set(dir(Engine))  # a frame of a stage's guard (stages._stage) is none of them
+
+
 class OtherEngine(Exception):
     """A learner's loop called a stage of an engine other than the one it was given (a global
     ``engine`` of the notebook), which raised: ``args`` (the method, the loop's parameter, whether
@@ -22,9 +25,9 @@ def found(err, engine: Engine, loop) -> OtherEngine | None:
     message (a step "left from another run", a closed engine) would blame something else."""
     calls, tb = [], getattr(err, "__traceback__", None)
     while tb is not None:
-        me = tb.tb_frame.f_locals.get("self")
-        if isinstance(me, Engine):
-            calls.append((me, tb.tb_frame.f_code.co_name))
+        me, name = tb.tb_frame.f_locals.get("self"), tb.tb_frame.f_code.co_name
+        if isinstance(me, Engine) and name in _METHODS:
+            calls.append((me, name))
         tb = tb.tb_next
     if not calls or calls[-1][0] is engine:
         return None

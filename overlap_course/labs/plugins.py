@@ -20,7 +20,7 @@ from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled
 from toy_engine.sequence import Request
-from toy_engine.validate import body_checked, check_int, check_takes, shown
+from toy_engine.validate import body_checked, check_int, check_takes, plugin_label, shown
 
 #: What ``per_request`` may replace: a request's own methods that the run calls.  Its fields
 #: (``finish_reason``, ``output_ids``, ...) are data the engine reads; a function there would be
@@ -77,7 +77,9 @@ def _answer_checked(name: str, method, req):
     np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are),
     another's is ignored, so it must not be a generator (whose body never ran)."""
     if name != "wants_more":
-        return functools.partial(body_checked(f"per_request: {name}", method), req)
+        bound = functools.partial(body_checked(f"per_request: {name}", method), req)
+        bound.label = f"per_request({name}={plugin_label(method)})"  # the engine's messages
+        return bound
     bound = functools.partial(method, req)
 
     def wants_more():

@@ -16,7 +16,7 @@ import operator
 
 from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.validate import check_int, shown
+from toy_engine.validate import check_int, plugin_label, shown
 
 from .plugins import AN_INT, check_takes, deep_loop, learners_engine, whole_float, zero_d
 
@@ -33,9 +33,36 @@ def batch_queue(depth: int, before_sample):
     depth = check_int("depth", depth, 1, None, " (decode steps the loop holds)")
     check_takes("batch_queue: before_sample", before_sample, ["engine", "plan", "held"])
 
+    label = f"batch_queue: before_sample={plugin_label(before_sample)}"
+
     def to_process(engine, plan, held):
-        return _count(before_sample(engine, plan, held), len(held))
+        was = _plans(plan, held)
+        with engine.calling(label):
+            n = before_sample(engine, plan, held)
+        _check_plans(was, _plans(plan, held), label)
+        return _count(n, len(held))
     return deep_loop(depth, to_process, f"batch_queue_{depth}")
+
+
+def _plans(plan, held) -> list:
+    """What the loop goes on with, of ``plan`` and the held steps' plans: their rounds, kinds
+    and requests (by identity, in order)."""
+    return [(p.round, p.is_prefill, [id(r) for r in p.requests] if type(p.requests) is list
+             else p.requests) for p in (plan, *(step.plan for step in held))]
+
+
+def _check_plans(was: list, now: list, label: str) -> None:
+    """Refuse plans ``before_sample`` changed: the round's tokens are committed to the requests
+    in its plan's order, so a sorted or shortened plan gives them to the wrong prompts."""
+    for i, (before, after) in enumerate(zip(was, now)):
+        if before != after:
+            what = "plan" if i == 0 else f"held[{i - 1}].plan"
+            raise BadAnswer(f"{label} changed {what} (round {before[0]}): its requests, "
+                            f"round or kind were changed, but the round's metadata went to the "
+                            f"device in the plan's order and its tokens are handed out in that "
+                            f"order, so they would reach the wrong prompts; read the plan and "
+                            f"the held steps, do not change them (sort a copy: "
+                            f"sorted(plan.requests, key=...))")
 
 
 def _whole(value) -> int | None:
