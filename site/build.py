@@ -40,12 +40,14 @@ from overlap_course.ctrl_c import interruptible  # noqa: E402
 interruptible(__name__, "site", _held)  # first: Ctrl-C while the imports run is one line
 
 import base64
+import fcntl
 import hashlib
 import html
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +60,7 @@ import plotly
 import plotly.io as pio
 from PIL import Image
 
+from overlap_course.build.setup_cell import read_notebook as read_stored
 from overlap_course.build.stored_figure import check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
@@ -207,13 +210,37 @@ def drop_test_markers(nb) -> None:
 
 
 def read_notebook(path: Path):
-    """The notebook at ``path``; one that is empty, truncated or not UTF-8 is a ValueError naming it."""
+    """The notebook at ``path``, read as every build command reads one (a pipe or a folder
+    there, or JSON of the wrong shape such as ``{"cells": 5}``, refused, not waited on or a
+    traceback): else a ValueError in one line naming it."""
+    shown = str(path.relative_to(ROOT))
     try:
-        return nbformat.read(path, as_version=4)
-    except (OSError, UnicodeDecodeError, ValueError, nbformat.reader.NotJSONError) as exc:
-        why = str(exc).splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot read the notebook {path.relative_to(ROOT)} (empty, truncated or not UTF-8 "
-                         f"JSON?): {why}; restore it with `git checkout -- {path.relative_to(ROOT)}`") from None
+        return read_stored(path, shown)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; restore it with `git checkout -- {shown}`") from None
+
+
+def stored_notebooks() -> dict[Path, object]:
+    """Every notebook the site shows, read before any work: a broken one is refused at once."""
+    return {path: read_notebook(path) for folder in NOTEBOOK_DIRS
+            for path in sorted((ROOT / folder).glob("*.ipynb"))}
+
+
+def locked(out: Path) -> int:
+    """OUT made and locked for this build (an open file of OUT's, closed at exit): a second
+    build on the same OUT is a ValueError.  Without it, each build's :func:`fresh_folder`
+    deleted the other's ``src/`` and ``html.partial/`` while Sphinx read them: the site one
+    announced was gone."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} is being built by another "
+                         f"site build running now: wait for it to end, or name another --out; "
+                         f"nothing was changed") from None
+    return fd
 
 
 def refuse_foreign(out: Path, names: tuple[str, ...] = OWNED) -> None:
@@ -255,8 +282,10 @@ def fresh_folder(out: Path, name: str) -> Path:
     return folder
 
 
-def stage(out: Path) -> Path:
-    """Lay out the Sphinx source folder under ``out/src`` (replacing an older one)."""
+def stage(out: Path, stored: dict | None = None) -> Path:
+    """Lay out the Sphinx source folder under ``out/src`` (replacing an older one) from the
+    stored notebooks (:func:`stored_notebooks`, read here if not given)."""
+    stored = stored_notebooks() if stored is None else stored
     src = fresh_folder(out, "src")
     shutil.copytree(SITE, src, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("build.py", "__pycache__", "_build", "figures"))
@@ -267,29 +296,81 @@ def stage(out: Path) -> Path:
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
     for folder in NOTEBOOK_DIRS:
         (src / folder).mkdir()
-        for path in sorted((ROOT / folder).glob("*.ipynb")):
-            nb = read_notebook(path)
-            check_figures(nb, str(path.relative_to(ROOT)))  # as slides and images refuse them
-            interactive_outputs(nb, f"{folder}-{path.stem}")
-            drop_test_markers(nb)
-            nbformat.write(nb, src / folder / path.name)
+    for path, nb in stored.items():
+        folder = path.parent.name
+        check_figures(nb, str(path.relative_to(ROOT)))  # as slides and images refuse them
+        interactive_outputs(nb, f"{folder}-{path.stem}")
+        drop_test_markers(nb)
+        nbformat.write(nb, src / folder / path.name)
     draw_pages(src)
     return src
 
 
-def build(out: Path) -> Path:
+#: What a closed terminal (SIGHUP) and ``kill``/``timeout`` (SIGTERM) send: they end the build.
+ENDING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def sphinx(cmd: list[str]) -> None:
+    """Run Sphinx in a process group of its own: Ctrl-C reaches the build alone, which stops
+    Sphinx and says so in one line (Sphinx would add its own "Interrupted!").  A SIGTERM or
+    SIGHUP to the build is passed on to Sphinx's group and waited for, then the build ends by
+    it as every command does: sent to the build's group only, it left Sphinx running as an
+    orphan, writing ``OUT/html.partial``.  Raises ``CalledProcessError`` if Sphinx fails,
+    :class:`Ended` once a signal has ended it."""
+    got, proc = [], None
+
+    def forward(signum, frame):
+        got.append(signum)
+        if proc is not None:
+            _signal_group(proc.pid, signum)
+
+    before = {sig: signal.signal(sig, forward) for sig in ENDING}
+    try:
+        proc = subprocess.Popen(cmd, process_group=0)
+        if got:  # before Popen returned: Sphinx has not had it
+            _signal_group(proc.pid, got[0])
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: Sphinx is stopped, not waited for to the end
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if got:
+        raise Ended(got[0])
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    """``signum`` to the process group ``pgid``, if any of it is left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class Ended(BaseException):
+    """A SIGTERM or SIGHUP while Sphinx ran (:func:`sphinx`): the build ends by that signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def build(out: Path, stored: dict | None = None) -> Path:
     """Stage and build; returns the folder of index.html.  Sphinx writes ``OUT/html.partial``,
-    which replaces ``OUT/html`` only once it is whole: a Ctrl-C or a failure keeps the earlier
-    site (``fresh_folder`` of ``html`` deleted it before Sphinx began)."""
-    src = stage(out)
+    which replaces ``OUT/html`` only once it is whole: a Ctrl-C, a kill or a failure keeps the
+    earlier site (``fresh_folder`` of ``html`` deleted it before Sphinx began)."""
+    src = stage(out, stored)
     new, doctrees = fresh_folder(out, "html.partial"), fresh_folder(out, "doctrees")
     fresh_folder(out, "jupyter_execute")
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
            "-d", str(doctrees), str(src), str(new)]
-    # Its own process group: Ctrl-C reaches the build alone, which stops Sphinx and says so in one
-    # line (Sphinx would add its own "Interrupted!").
     try:
-        subprocess.run(cmd, check=True, process_group=0)
+        sphinx(cmd)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
@@ -324,10 +405,16 @@ def main(argv=None) -> int:
         out = out_folder(a.out).resolve()
         refuse_inside_site(out)
         refuse_foreign(out)
+        stored = stored_notebooks()
+        lock = locked(out)
     except ValueError as exc:
         return fail("site", exc)
     try:
-        html = build(out)
+        html = build(out, stored)
+    except Ended as end:  # the earlier site kept, Sphinx gone: now end as the signal would
+        signal.signal(end.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), end.signum)
+        raise
     except OSError as exc:
         if exc.filename2:  # a copy (shutil): the second file is the one being written
             return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "
@@ -339,6 +426,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"site: {exc}", file=sys.stderr)
         return 1
+    finally:
+        os.close(lock)
     print(f"site: {html / 'index.html'} built in {time.monotonic() - start:.1f} s")
     return 0
 

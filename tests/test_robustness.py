@@ -694,7 +694,7 @@ def test_the_site_build_names_a_notebook_it_cannot_read(tmp_path, monkeypatch, c
     (tmp_path / "notebooks" / "07_broken.ipynb").write_bytes(content)
     monkeypatch.setattr(build, "ROOT", tmp_path)
     monkeypatch.setattr(build, "SITE", tmp_path / "site")
-    assert build.main(["--out", str(tmp_path / "out")]) == 1
+    assert build.main(["--out", str(tmp_path / "out")]) == 2  # refused before any work
     err = capsys.readouterr().err
     assert "notebooks/07_broken.ipynb" in err and "Traceback" not in err, err
     assert len(err) < 600, err

@@ -32,13 +32,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
-
 from overlap_course.build.notebooks import notebook_file
+from overlap_course.build.setup_cell import read_notebook
 from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
 from overlap_course.figures.config import plotly_config
-from overlap_course.safe_json import clipped, quoted, refuse_unwritable, write_file
+from overlap_course.safe_json import (clipped, quoted, refuse_unwritable, write_file,
+                                      write_whole)
 
 ROOT = Path(__file__).resolve().parents[2]
 REVEAL_VERSION = "5.2.1"
@@ -202,14 +202,28 @@ def reveal_dir(cache: Path = ROOT / "build" / f"reveal.js-{REVEAL_VERSION}") -> 
     return package
 
 
-def _copy_assets(out_dir: Path) -> None:
+def _plotly_js() -> Path:
     import plotly
 
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def _copy_whole(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` through a file beside it renamed over it: copied in
+    place, a full disk cut the earlier decks' ``plotly.min.js`` short (every figure gone),
+    and the error named the file read.  A folder or a pipe at ``target`` is refused."""
+    refuse_unwritable(target, _named(target))
+    write_whole(target, lambda part: shutil.copyfile(source, part))
+
+
+def _copy_assets(out_dir: Path) -> None:
     package = reveal_dir()
-    target = out_dir / "reveal.js"
     for part in ("dist", "plugin"):
-        shutil.copytree(package / part, target / part, dirs_exist_ok=True)
-    shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", out_dir / "plotly.min.js")
+        for source in sorted(p for p in (package / part).rglob("*") if p.is_file()):
+            target = out_dir / "reveal.js" / source.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _copy_whole(source, target)
+    _copy_whole(_plotly_js(), out_dir / "plotly.min.js")
 
 
 def _slide_file(out_dir: Path, notebook: Path) -> Path:
@@ -225,11 +239,14 @@ def build(notebooks: list[Path] | None = None, out_dir: Path = ROOT / "build" / 
     from nbconvert import SlidesExporter
 
     notebooks = notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    stored = {path: nbformat.read(path, as_version=4) for path in notebooks}
-    for path in notebooks:  # refused before anything is written: a stored figure that is not
-        check_figures(stored[path], _named(path))  # one, a pipe or a folder at a slide file,
-        check_slide_metadata(stored[path], _named(path))  # slideshow metadata it cannot read
+    # refused before anything is written: a file that is not a notebook, a stored figure that
+    # is not one, slideshow metadata it cannot read, a pipe or a folder at a file it writes
+    stored = {path: read_notebook(path, _named(path)) for path in notebooks}
+    for path in notebooks:
+        check_figures(stored[path], _named(path))
+        check_slide_metadata(stored[path], _named(path))
         refuse_unwritable(_slide_file(out_dir, path), _named(_slide_file(out_dir, path)))
+    refuse_unwritable(out_dir / "plotly.min.js", _named(out_dir / "plotly.min.js"))
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_assets(out_dir)
     # "white": of reveal.js's themes, one whose fonts ship with it (most load fonts from the web)
