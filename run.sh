@@ -50,8 +50,10 @@ setup() {
         echo "run.sh: setting up $VENV with $(command -v "$PY") ($("$PY" -V 2>&1))" >&2
         "$PY" -m venv "$VENV"
     elif [ -n "${PYTHON:-}" ] && [ "$("$PY" -V 2>&1)" != "$("$VENV/bin/python" -V 2>&1)" ]; then
+        # 2>/dev/null: bash's own "run.sh: line N: ...: not found" would split the sentence
         echo "run.sh: $VENV already holds $("$VENV/bin/python" -V 2>&1), not PYTHON=$PYTHON's" \
-             "$("$PY" -V 2>&1 || echo "(not found)"); using $VENV (rm -rf $VENV to switch)" >&2
+             "$("$PY" -V 2>/dev/null || echo "(not found)");" \
+             "using $VENV (rm -rf $VENV to switch)" >&2
     fi
     local want
     want=$(stamp)

@@ -269,23 +269,29 @@ def _lines(f):
 PATH_CHARS, CATEGORY_CHARS = 200, 60  # the most characters of each that the views show
 
 
+class RecordUnreadable(ValueError):
+    """The record is there but the system would not give its bytes (no permission, a failing
+    disk or network home): no view, since one without its verdicts says the learner did none."""
+
+
 def read_record(path: Path | None = None) -> tuple[list[dict], int]:
     """The record's entries, and how many of its lines could not be read (cut short, too long,
     not UTF-8, not JSON, a field of the wrong type): those are skipped, as are entries that are
-    not a known notebook's check.  Read line by line: memory stays bounded however big it is."""
+    not a known notebook's check.  Read line by line: memory stays bounded however big it is.
+    :class:`RecordUnreadable` where the file cannot be opened or read (at the start or partway)."""
     path = path or _record_path()
-    entries, unreadable = [], 0
+    entries, unreadable, lines = [], 0, 0
     where = f"the progress record {safe_json.quoted(str(path), PATH_CHARS)}"
     try:
         f = safe_json.open_regular(path, where)
     except FileNotFoundError:
         return entries, unreadable
     except OSError as err:
-        raise ValueError(f"{where} cannot be read: {err.strerror or err}; give the path of a "
-                         f"progress.jsonl") from None
+        raise RecordUnreadable(f"{where} cannot be read: {err.strerror or err}; give the path "
+                               f"of a progress.jsonl") from None
     try:
         with f:
-            for line in _lines(f):
+            for lines, line in enumerate(_lines(f), 1):
                 if line is not None and not line.strip():
                     continue
                 try:
@@ -296,16 +302,18 @@ def read_record(path: Path | None = None) -> tuple[list[dict], int]:
                     unreadable += 1
                 elif known(entry["notebook"], entry["check"]):
                     entries.append(entry)
-    except OSError:
-        return entries, unreadable
+    except OSError as err:  # what was read so far would pass for the whole record
+        raise RecordUnreadable(f"{where} could not be read ({err.strerror or err}, at line "
+                               f"{lines + 1}): try again later") from None
     return entries, unreadable
 
 
 class Progress:
     """What :func:`your_progress` returns: a table in a notebook, text elsewhere."""
 
-    def __init__(self, entries: list[dict], path: Path, unreadable: int = 0):
+    def __init__(self, entries: list[dict], path: Path, unreadable: int = 0, error: str = ""):
         self.path, self.status, self.unreadable = path, status(entries), unreadable
+        self.error = error  # the record could not be read: said instead of the table
 
     def unreadable_note(self) -> str:
         """Said once per view, however many lines were skipped."""
@@ -319,6 +327,8 @@ class Progress:
         return {k: states.count(k) for k in ("passed", "tried", "not reached")}
 
     def __repr__(self) -> str:
+        if self.error:
+            return f"your progress is not known: {self.error}"
         c = self.counts()
         lines = [f"your progress: {c['passed']} passed, {c['tried']} tried, {c['not reached']} not reached "
                  f"(of {sum(c.values())} checks; "
@@ -335,6 +345,8 @@ class Progress:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
+        if self.error:
+            return f"<p>Your progress is not known: {html.escape(self.error)}</p>"
         colour = {"passed": "#c8e6c9", "tried": "#ffe0b2", "not reached": "#eeeeee"}
         c = self.counts()
         rows = []
@@ -360,7 +372,10 @@ def your_progress(path: str | os.PathLike | None = None) -> Progress:
         raise TypeError(f"your_progress(path): path must be a file's path (a str), "
                         f"not a {type(path).__name__}")
     path = Path(path) if path else _record_path()
-    entries, unreadable = read_record(path)
+    try:
+        entries, unreadable = read_record(path)
+    except RecordUnreadable as err:  # said in the view, as a notebook shows it
+        return Progress([], path, error=str(err))
     return Progress(entries, path, unreadable)
 
 
@@ -373,9 +388,12 @@ def main(argv=None) -> int:
     parser.add_argument("record", nargs="?", help="a progress.jsonl (default: your own)")
     args = parser.parse_args(argv)
     try:
-        emit(str(your_progress(args.record)))
+        mine = your_progress(args.record)
     except ValueError as exc:
         return fail(prog, exc)
+    if mine.error:
+        return fail(prog, mine.error)
+    emit(str(mine))
     return 0
 
 

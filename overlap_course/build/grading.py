@@ -28,10 +28,8 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
-
-from overlap_course.build.setup_cell import read_notebook
-from overlap_course.command_line import PATH_CHARS, Parser, fail, run
+from overlap_course.build.setup_cell import read_notebook, read_notebook_text, write_notebook
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, run
 from overlap_course.safe_json import printable, quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +122,7 @@ def expected_metadata(notebook: str, nb) -> list[dict | None]:
 
 def annotate(path: Path) -> bool:
     """Write the nbgrader metadata into a source notebook; True if it changed."""
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     changed = False
     for cell, meta in zip(nb.cells, expected_metadata(path.stem, nb)):
         if cell.metadata.get("nbgrader") != meta:
@@ -134,7 +132,7 @@ def annotate(path: Path) -> bool:
             else:
                 cell.metadata["nbgrader"] = meta
     if changed:
-        nbformat.write(nb, path)
+        write_notebook(nb, path)  # whole or as it was: in place, a full disk cut it in half
     return changed
 
 
@@ -177,7 +175,7 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
                          f"{', '.join(sources)}")
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"DEST {str(dest)!r} is a file: give a folder (new or existing)")
-    files = {dest / "source" / name / path.name: path.read_bytes()
+    files = {dest / "source" / name / path.name: read_notebook_text(path).encode("utf-8")
              for name, path in sources.items() if not assignments or name in assignments}
     files[dest / "nbgrader_config.py"] = NBGRADER_CONFIG.encode()
     for f in files:  # a pipe or a folder at a file's name: refused before anything is written
@@ -220,8 +218,13 @@ def main(argv=None) -> int:
             return fail("grading course", why)
         print(f"nbgrader course in {printable(home)}")  # a name's odd bytes escaped
     elif a.cmd == "annotate":
-        for path in sorted((ROOT / "source").glob("*.ipynb")):
-            print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
+        try:
+            for path in sorted((ROOT / "source").glob("*.ipynb")):
+                print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
+        except ValueError as err:  # a source notebook that is not one, a cell with no answer
+            return fail("grading annotate", err)
+        except OSError as err:  # a full disk: write_notebook names the notebook
+            return fail("grading annotate", os_problem(err))
     else:
         try:
             problems = check()

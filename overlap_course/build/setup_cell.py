@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course import safe_json
-from overlap_course.command_line import fail, run
+from overlap_course.command_line import fail, os_problem, run
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,19 +89,31 @@ def read_notebook(path: Path, shown: str | None = None):
     """The notebook at ``path``, or a ``ValueError`` in one line naming it (``shown``) and what
     is wrong: every build command reads through here, since nbformat trusts its JSON (a stored
     ``{"cells": 5}`` was a TypeError traceback, a cut one a line that named no notebook)."""
+    return _read(path, shown)[1]
+
+
+def read_notebook_text(path: Path, shown: str | None = None) -> str:
+    """The text of the notebook at ``path``, refused as :func:`read_notebook` refuses it: for a
+    command that copies the file as it is (``grading course`` read a FIFO there forever)."""
+    return _read(path, shown)[0]
+
+
+def _read(path: Path, shown: str | None):
     shown = shown or quoted(str(path), 200)
     content = ""
     try:
         content = _bounded_text(path, shown)
         nb = nbformat.reads(content, as_version=4)
         nbformat.validate(nb)
+    except safe_json.NotAFile:  # a FIFO, a folder, a device: its message names the file
+        raise
     except (RecursionError, AssertionError, OverflowError) as err:
         raise ValueError(f"{shown} is not a notebook ({_distrusted(content, err)})") from None
     except (ValueError, KeyError, TypeError, AttributeError, OSError,
             nbformat.ValidationError) as err:
         raise ValueError(f"{shown} is not a notebook "
                          f"({type(err).__name__}: {str(err)[:80]})") from None
-    return nb
+    return content, nb
 
 
 def _bounded_text(path: Path, shown: str) -> str:
@@ -202,8 +214,15 @@ def write(root: Path = ROOT) -> list[Path]:
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["write"]:
-        for path in write():
-            print(f"setup cell written: {path.relative_to(ROOT)}")
+        try:
+            for path in write():
+                print(f"setup cell written: {path.relative_to(ROOT)}")
+        except (ValueError, RuntimeError) as err:  # a stored notebook that is not one; the cell
+            return fail("setup_cell write", err)
+        except subprocess.TimeoutExpired as err:
+            return fail("setup_cell write", f"the setup cell ran past {err.timeout:g} s here")
+        except OSError as err:  # a full disk: write_notebook names the notebook
+            return fail("setup_cell write", os_problem(err))
         return 0
     if args == ["check"]:
         try:
