@@ -183,7 +183,7 @@ def code_answer(name: str, value, foreign):
     ``foreign(code)``: whether the code is the submission's."""
     remakes, unwrapped, found = [], False, type(value).__name__  # outermost first
     for _ in range(_MAX_UNWRAP):
-        call = inspect.getattr_static(type(value), "__call__", None)  # what calling it runs
+        call = _own_call(type(value))  # what calling it runs
         if type(value) is types.FunctionType or value is None:
             break
         found, unwrapped = type(value).__name__, True
@@ -236,6 +236,18 @@ def code_answer(name: str, value, foreign):
     return value
 
 
+def _own_call(kind: type):
+    """``__call__`` as Python finds it to call an instance of ``kind``: in the ``__dict__`` of
+    ``kind`` and its bases only, never its metaclass's (which ``inspect.getattr_static`` falls
+    back to: a ``__call__`` there makes the class callable, not its instances)."""
+    for klass in _MRO(kind):
+        found = _CLASS_DICT(klass)
+        if "__call__" in found:
+            return found["__call__"]
+    return None
+
+
+_MRO, _CLASS_DICT = type.__dict__["__mro__"].__get__, type.__dict__["__dict__"].__get__
 _PARTIAL_CALL = inspect.getattr_static(functools.partial, "__call__")
 _FUNC, _ARGS, _KEYWORDS = (functools.partial.__dict__[f].__get__
                            for f in ("func", "args", "keywords"))
