@@ -121,7 +121,7 @@ def _held(cell):
 def _compare(before: dict, after: dict) -> list[str]:
     """Names replaced or removed, and names added to a course module that shadow a builtin."""
     changed = [key for key, mark in before.items()
-               if after.get(key) != mark and not _torchs_own(key, mark)]
+               if after.get(key) != mark and not _torchs_own(key, mark, before)]
     shadow = []
     for key in after.keys() - before.keys():
         module, _, attr = key.rpartition(".")
@@ -133,13 +133,16 @@ def _compare(before: dict, after: dict) -> list[str]:
 
 
 
-def _torchs_own(key: str, mark: tuple) -> bool:
+def _torchs_own(key: str, mark: tuple, before: dict) -> bool:
     """Whether ``key`` was rebound by torch itself: importing ``torch._dynamo`` (which
     ``torch.compile``, ``torch.profiler`` and a meta tensor do) wraps ``torch.manual_seed`` in
-    ``torch._disable_dynamo``'s ``inner``, around the very function marked before."""
+    ``torch._disable_dynamo``'s ``inner``, around the very function marked before; and
+    ``torch.set_default_dtype`` rebinds ``torch.Storage`` to that dtype's storage class."""
+    torch = sys.modules.get("torch")
+    if key == "torch.Storage" and type(torch) is types.ModuleType:
+        return _torchs_storage(torch, before)
     if key != "torch.manual_seed" or "torch._dynamo" not in sys.modules:
         return False
-    torch = sys.modules["torch"]
     now = _MODULE_DICT(torch).get("manual_seed")
     if type(now) is not types.FunctionType or _DISABLE_INNER is None:
         return False
@@ -149,6 +152,20 @@ def _torchs_own(key: str, mark: tuple) -> bool:
             and now.__kwdefaults__ is None and held.get("recursive") is True
             and set(held) == {"fn", "recursive"} and _mark(held["fn"]) == mark
             and held["fn"] is _MODULE_DICT(sys.modules["torch.random"]).get("manual_seed"))
+
+
+def _torchs_storage(torch, before: dict) -> bool:
+    """Whether ``torch.Storage`` is one of torch's own ``<dtype>Storage`` classes, as marked
+    before under its own name (``set_default_dtype(torch.float64)``: ``DoubleStorage``)."""
+    now = _MODULE_DICT(torch).get("Storage")
+    if not issubclass(type(now), type):
+        return False
+    name = _NAME(now)
+    return (type(name) is str and name.endswith("Storage") and name != "Storage"
+            and _MODULE_DICT(torch).get(name) is now and before.get(f"torch.{name}") == _mark(now))
+
+
+_NAME = type.__dict__["__name__"].__get__
 
 
 def _disable_inner():
