@@ -33,7 +33,7 @@ def _fingerprint() -> dict[str, tuple]:
     for name, module, ours, theirs, std in _watched(marks):
         for attr, value in list(_MODULE_DICT(module).items()):
             if ours or (theirs and callable(value)):
-                marks[f"{name}.{attr}"] = _mark(value)
+                marks[f"{name}.{attr}"] = _mark(value) + _contents(name, attr, value)
             if (issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES)
                     and (ours or id(value) not in seen)):
                 seen.add(id(value))  # a class the standard library imports again: once
@@ -43,6 +43,62 @@ def _fingerprint() -> dict[str, tuple]:
                 # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
                 marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
     return marks
+
+
+# The course's module-level lists, dicts and sets that change as the checker runs (its
+# registries, books and caches, the engine's observers): every other one is its data (a check's
+# workload, a reference's prompts), compared by value as well as by identity.
+_BOOKS = {"overlap_course.build.judge_fingerprint": {"_KEPT"},
+          "overlap_course.checks.harness": {"_RUNNING"},
+          "overlap_course.checks.pool": {"_ENGINES", "_CONFIGS", "_BUILT", "_PRINTS", "_DEVICES"},
+          "overlap_course.checks.sandbox": {"_CURRENT", "OWN_HOOKS"},
+          "overlap_course.labs.plugins": {"_LEARNERS"},
+          "overlap_course.progress": {"_said", "_service_trouble"},
+          "toy_engine.engine": {"RUN_OBSERVERS"}}
+_PLAIN = (str, int, float, complex, bool, bytes, type(None), type(Ellipsis))
+_CONTAINERS = (list, tuple, dict, set, frozenset, bytearray)
+_MAX_DEPTH = 8
+
+
+def _contents(module: str, attr: str, value) -> tuple:
+    """A course module's list, dict, set (or tuple holding one) by value, unless it is one of the
+    books above: a cell that changed a check's workload in place (``_LONG_RUN[1]["max_new_tokens"]
+    = 24``) kept every identity, and the check then passed a loop that stops too early."""
+    return (_plain(value, 0),) if _is_data(module, attr, value) else ()
+
+
+def _is_data(module: str, attr: str, value) -> bool:
+    """Whether ``value`` is data that can change in place (a tuple of strings cannot; a module's
+    ``__builtins__`` is the builtins' names, watched as such)."""
+    return (_mutable(value, 0) and not attr.startswith("__")
+            and attr not in _BOOKS.get(module, ()))
+
+
+def _mutable(value, depth: int) -> bool:
+    kind = type(value)
+    if kind in (tuple, frozenset) and depth <= _MAX_DEPTH:
+        return any(_mutable(item, depth + 1) for item in value)
+    return kind in _CONTAINERS
+
+
+def _plain(value, depth: int):
+    """``value`` as nested tuples of plain values, types and ids (an object that is neither is
+    read by identity, and kept so that its id is not reused): compared with ``==``, no code of
+    the submission's runs."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)  # 50.0 is not 50, nor True 1
+    if kind not in _CONTAINERS or depth > _MAX_DEPTH:
+        _KEPT[id(value)] = value
+        return (object, id(value))
+    if kind is dict:
+        return (dict, *((_plain(k, depth + 1), _plain(v, depth + 1)) for k, v in value.items()))
+    if kind in (set, frozenset):
+        return (kind, frozenset(_plain(item, depth + 1) for item in value))
+    return (kind, *(_plain(item, depth + 1) for item in value))
+
+
+_KEPT: dict[int, object] = {}
 
 
 def _watched(marks: dict | None = None):
@@ -191,11 +247,14 @@ class Snapshot:
 
     def __init__(self) -> None:
         self.dicts, classes, parts = [], {}, {kind: {} for kind in (*_PARTS, "cell")}
+        self.boxes = []  # the course's data by value: (the container, what it held)
         for name, module, ours, theirs, std in _watched():
             self.dicts.append(_MODULE_DICT(module))
             for attr, value in list(self.dicts[-1].items()):
                 if ours or (theirs and callable(value)):
                     _collect(value, parts)
+                if ours and _is_data(name, attr, value):
+                    self.boxes.append((value, _plain(value, 0)))
                 if issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES):
                     classes[id(value)] = value
                     for item in list(_CLASS_DICT(value).values()):
@@ -225,9 +284,11 @@ class Snapshot:
         return found
 
     def same(self) -> bool:
-        """Whether each object read now is the one read then (``is``: no ``__eq__`` runs)."""
+        """Whether each object read now is the one read then (``is``: no ``__eq__`` runs), and the
+        course's data holds what it held."""
         now = self._read()
-        return len(now) == len(self.held) and all(map(operator.is_, now, self.held))
+        return (len(now) == len(self.held) and all(map(operator.is_, now, self.held))
+                and all(_plain(box, 0) == held for box, held in self.boxes))
 
 
 def _collect(value, parts: dict) -> None:
