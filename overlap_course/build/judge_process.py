@@ -50,6 +50,10 @@ def judge_main(argv: list[str]) -> None:
     if request["check"] in host_waits.ON_META_TENSORS:
         import torch._dynamo  # noqa: F401 - the check's meta tensors import it, which rebinds
         # torch.manual_seed and sets trace hooks: here, before the fingerprint, not in the check
+    # What torch.set_default_device imports: imported by a cell, its device mode's code counts as
+    # the submission's, and the watch compared the checker's world at every torch call it
+    # intercepts (round 13: a right loop under set_default_device('cpu') timed out in the judge)
+    import torch.utils._device  # noqa: F401
     write = _reporter(sent.pop("report"), sent.pop("secret"))
     trusted = _protected_folders(Path(root))
     watch = Watch()
@@ -282,8 +286,9 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
                                                    ("sys.setprofile", sys.getprofile()))
                            if hook is not None]
-    if watch.lost and (type(verdict) is not verdict_type or verdict.passed is not False):
-        hooks.append("sys.setprofile")  # else lost to the time limit's TimeUp: the check failed
+    if type(verdict) is not verdict_type or verdict.passed is not False:
+        # else lost to the time limit's TimeUp, or turned off by it: the check failed
+        hooks += ["sys.setprofile"] * watch.lost + watch.tracing
     if changed or left or hooks:
         what = changed[:4] + [f"thread {n!r}" for n in left[:2]] + sorted(set(hooks))
         return {"passed": False, "message": f"your code changed what the checker runs on "

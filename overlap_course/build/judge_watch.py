@@ -12,6 +12,8 @@ import threading
 import types
 import weakref
 
+from overlap_course.checks import sandbox
+
 _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
 
 
@@ -36,6 +38,7 @@ class Watch:
         self.codes: dict[int, types.CodeType] = {}  # id -> code (kept: an id is not reused)
         self.changed: list[str] = []
         self.hooks: list[str] = []
+        self.tracing: list[str] = []  # trace hooks set or unset while the time limit's was set
         self.changes = None
         self.lost = False  # the hook, turned off by an exception raised in it
         # what was registered before the submission's first line (a finalizer its cells
@@ -61,7 +64,14 @@ class Watch:
         if not self._on_stack():
             return
         if event in ("sys.settrace", "sys.setprofile"):
-            if self.changes is not None:  # while the check runs (its cells may run checks too)
+            if self.changes is None:  # only while the check runs (its cells may run checks too)
+                return
+            if event == "sys.settrace" and self._time_limits(sys.gettrace()):
+                # also CPython turning the time limit's trace off, as it does when its TimeUp
+                # fires inside the trace function (round 13: a slow check read as "your code
+                # changed sys.settrace"): judged as a lost profile hook is, by the verdict
+                self.tracing.append(event)
+            else:
                 self.hooks.append(event)
             return
         made = args[2] if event == "object.__setattr__" else args[0]  # f.__code__ = made
@@ -70,6 +80,12 @@ class Watch:
             code = stack.pop()
             self.codes[id(code)] = code
             stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+
+    def _time_limits(self, function) -> bool:
+        """Whether ``function`` is a trace function of the checker's time limit."""
+        return (type(function) is types.FunctionType
+                and any(function.__code__ is c for c in _TIME_LIMITS)
+                and not self.foreign(function.__code__))
 
     def profile(self, frame, event: str, arg) -> None:
         if event != "return" or self.changed or not self.foreign(frame.f_code):
@@ -117,6 +133,10 @@ class Watch:
         sys.setprofile(None)
         threading.setprofile(None)
         self.changes = None
+
+
+# The code of the time limit's trace functions (the checker's, read at import)
+_TIME_LIMITS = tuple(c for c in sandbox._tracer.__code__.co_consts if type(c) is types.CodeType)
 
 
 def _code_of(function):
