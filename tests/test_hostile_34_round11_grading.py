@@ -8,9 +8,6 @@ cell).  The kernel's checker and the judge must agree.  Each failed when written
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
 import sys
 import threading
 import uuid
@@ -24,6 +21,9 @@ from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
 
+from judged import needs_the_engine
+
+
 RIGHT_ORDER = [("forward", 1), ("sample", 1), ("forward", 2), ("postprocess", 1), ("sample", 2),
                ("forward", 3), ("postprocess", 2), ("sample", 3), ("flush", 3)]
 
@@ -33,22 +33,6 @@ def _cells_space(source: str) -> dict:
     space: dict = {}
     exec(compile(source, "<submission cell 1>", "exec"), space)  # noqa: S102 - the test's text
     return space
-
-
-@functools.lru_cache(maxsize=1)
-def _judge_runs_the_engine() -> bool:
-    """Whether a judge process can start the engine's device process: where the course is
-    installed from ROOT (a worktree beside an editable install elsewhere: its device process
-    imports the other tree, outside the judge's fence)."""
-    found = subprocess.run([sys.executable, "-I", "-c",
-                            "import toy_engine as t; print(t.__file__)"],
-                           capture_output=True, text=True, timeout=120, cwd=os.sep)
-    return found.stdout.strip().startswith(str(judge.ROOT) + os.sep)
-
-
-def _needs_the_engine():
-    if not _judge_runs_the_engine():
-        pytest.skip("the judge's engine imports toy_engine from another tree than ROOT")
 
 
 def _judged_here(check: str, cells: list[str], names: list[str], runs: dict | None = None):
@@ -270,7 +254,7 @@ def test_a_partial_of_an_array_and_a_namedtuple_gets_the_kernels_verdict():
 
 @pytest.mark.timeout(600)
 def test_the_judge_passes_a_partial_of_an_array_and_a_namedtuple():
-    _needs_the_engine()
+    needs_the_engine()
     passed, message = judge.judge("check_idle_fraction", [ENGINE, SHARE])
     assert passed, message
 
@@ -322,7 +306,7 @@ def test_the_judges_reading_of_an_order_from_a_writefile_module_is_the_kernels()
 
 @pytest.mark.timeout(600)
 def test_the_judge_passes_a_cached_method_from_a_writefile_module():
-    _needs_the_engine()
+    needs_the_engine()
     passed, message = judge.judge("check_serial_loop", [
         f"%%writefile r11_loops.py\n{LOOP}",
         "from r11_loops import Loops\nserial_loop = Loops().run\n"])

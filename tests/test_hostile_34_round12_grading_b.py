@@ -19,7 +19,8 @@ from overlap_course.build import judge, judge_fingerprint as jf, judge_process, 
 from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
-from tests.test_hostile_34_round11_grading import _needs_the_engine
+from judged import needs_the_engine
+
 
 np = pytest.importorskip("numpy")
 
@@ -171,7 +172,7 @@ def test_a_wrong_np_vectorize_and_a_patched_vectorize_score_zero(runs):
 
 @pytest.mark.timeout(600)
 def test_the_real_judge_passes_these_styles_and_fails_the_wrong_one():
-    _needs_the_engine()
+    needs_the_engine()
     for style in sorted(RIGHT):
         passed, message = judge.judge("check_idle_fraction", [ENGINE, IDLE, RIGHT[style]])
         assert passed, (style, message)

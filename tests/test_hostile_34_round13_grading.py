@@ -7,61 +7,21 @@ IPython's ``%reset`` a check that starts an engine raised AttributeError (``__ma
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
 
 from overlap_course.build import judge
 from overlap_course.build.judge_cells import run_cells
 
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+
+
 # ---- (1) the checker's caches are emptied after the cells --------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _judge_runs_the_engine() -> bool:
-    """Whether a judge process can start the engine's device process: where the course is
-    installed from ROOT (a worktree beside an editable install elsewhere: its device process
-    imports the other tree, outside the judge's fence)."""
-    found = subprocess.run([sys.executable, "-I", "-c",
-                            "import toy_engine as t; print(t.__file__)"],
-                           capture_output=True, text=True, timeout=120, cwd=os.sep)
-    return found.stdout.strip().startswith(str(judge.ROOT) + os.sep)
-
-
-def _needs_the_engine():
-    if not _judge_runs_the_engine():
-        pytest.skip("the judge's engine imports toy_engine from another tree than ROOT")
-
-
-_IMPORTS = "import toy_engine as te\nfrom overlap_course import checks\n"
-_WRONG_LOOP = '''
-from toy_engine import buffers
-
-def serial_loop(engine):   # wrong: the first sampled token of each round is overwritten
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        if len(engine.requests) == 4:
-            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
-        engine.process_outputs(step)
-'''
-_RIGHT_LOOP = '''
-def serial_loop(engine):
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        engine.process_outputs(step)
-'''
 _POISON = '''
 from toy_engine import loops as _loops
 from overlap_course.checks import pool as _pool
@@ -76,17 +36,17 @@ finally:
 
 
 def test_a_reference_cache_filled_by_the_cells_with_a_wrong_loop_does_not_pass_it():
-    _needs_the_engine()
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, _WRONG_LOOP, _POISON])
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP, _POISON])
     assert passed is False, message
     assert "differs from the reference" in message
 
 
 def test_a_right_loop_after_a_cell_that_fills_the_caches_still_passes():
-    _needs_the_engine()
+    needs_the_engine()
     fills = ("from overlap_course.checks import pool\n"
              "pool.reference(); pool.reference(second=True); pool.endings_reference()\n")
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, _RIGHT_LOOP, fills])
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP, fills])
     assert passed is True, message
 
 
@@ -145,7 +105,7 @@ def test_a_statement_after_percent_percent_time_is_refused_as_ipython_refuses_it
 
 
 def test_the_judge_passes_the_right_order_under_the_time_magics():
-    _needs_the_engine()
+    needs_the_engine()
     for cells in ([f"order = {_RIGHT}", "%%timeit -n 1 -r 1\norder = [('forward', 1)]\n"],
                   [f"%%time\n{_RIGHT}", "order = _"]):
         passed, message = judge.judge("check_three_rounds",

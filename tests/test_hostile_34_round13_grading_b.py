@@ -7,59 +7,15 @@ built.  Each failed when written."""
 
 from __future__ import annotations
 
-import functools
 import inspect
-import os
-import subprocess
-import sys
 
-import pytest
 
 from overlap_course.build import judge
 from overlap_course.checks import pool
 
-
-@functools.lru_cache(maxsize=1)
-def _judge_runs_the_engine() -> bool:
-    """Whether a judge process can start the engine's device process: where the course is
-    installed from ROOT (a worktree beside an editable install elsewhere: its device process
-    imports the other tree, outside the judge's fence)."""
-    found = subprocess.run([sys.executable, "-I", "-c",
-                            "import toy_engine as t; print(t.__file__)"],
-                           capture_output=True, text=True, timeout=120, cwd=os.sep)
-    return found.stdout.strip().startswith(str(judge.ROOT) + os.sep)
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
 
 
-def _needs_the_engine():
-    if not _judge_runs_the_engine():
-        pytest.skip("the judge's engine imports toy_engine from another tree than ROOT")
-
-
-_IMPORTS = "import toy_engine as te\nfrom overlap_course import checks\n"
-_WRONG_LOOP = '''
-from toy_engine import buffers
-
-def serial_loop(engine):   # wrong: the first sampled token of each round is overwritten
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        if len(engine.requests) == 4:
-            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
-        engine.process_outputs(step)
-'''
-_RIGHT_LOOP = '''
-def serial_loop(engine):
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        engine.process_outputs(step)
-'''
 _POISON = '''
 from toy_engine import loops as _loops
 from overlap_course.checks import pool as _pool
@@ -78,27 +34,27 @@ finally:
 
 
 def test_engines_a_cell_built_with_a_swapped_engine_class_do_not_pass_a_wrong_loop():
-    _needs_the_engine()
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, _WRONG_LOOP, _POISON])
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP, _POISON])
     assert passed is False, message
     assert "differs from the reference" in message
 
 
 def test_a_right_loop_after_a_cell_that_runs_the_pools_engines_still_passes():
-    _needs_the_engine()
+    needs_the_engine()
     runs = ("from overlap_course.checks import pool\n"
             "pool.start({}, {'num_draft_tokens': pool.DRAFTS})\n"
             "pool.engine().generate(['Once'], max_new_tokens=3)\n")
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, _RIGHT_LOOP, runs])
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP, runs])
     assert passed is True, message
 
 
 def test_a_ring_of_slots_a_cell_left_set_does_not_reach_the_checks_engines():
-    _needs_the_engine()
+    needs_the_engine()
     from toy_engine import loops
     zos = "from toy_engine.run import StepState\n" + inspect.getsource(loops.zos_loop)
     passed, message = judge.judge("check_zos_loop",
-                                  [_IMPORTS, zos, "te.engine.RING_SLOTS.set(1)\n"])
+                                  [IMPORTS, zos, "te.engine.RING_SLOTS.set(1)\n"])
     assert passed is True, message
 
 

@@ -9,9 +9,6 @@ when written."""
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -24,34 +21,9 @@ from overlap_course.build.judge_values import code_answer
 from overlap_course.build.judge_watch import Watch
 from overlap_course.checks import lesson02, lifetime_runs, pool, sandbox
 
-
-@functools.lru_cache(maxsize=1)
-def _judge_runs_the_engine() -> bool:
-    """Whether a judge process can start the engine's device process: where the course is
-    installed from ROOT (a worktree beside an editable install elsewhere: its device process
-    imports the other tree, outside the judge's fence)."""
-    found = subprocess.run([sys.executable, "-I", "-c",
-                            "import toy_engine as t; print(t.__file__)"],
-                           capture_output=True, text=True, timeout=120, cwd=os.sep)
-    return found.stdout.strip().startswith(str(judge.ROOT) + os.sep)
+from judged import IMPORTS, RIGHT_LOOP, needs_the_engine
 
 
-def _needs_the_engine():
-    if not _judge_runs_the_engine():
-        pytest.skip("the judge's engine imports toy_engine from another tree than ROOT")
-
-
-_IMPORTS = "import toy_engine as te\nfrom overlap_course import checks\n"
-_RIGHT_LOOP = '''
-def serial_loop(engine):
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        engine.process_outputs(step)
-'''
 _CAPPED_LOOP = '''
 def serial_loop(engine):   # wrong: stops after 48 rounds, whatever work is left
     for _ in range(48):
@@ -71,8 +43,8 @@ _l2._LONG_RUN[1]["max_new_tokens"] = 24    # the check's own workload, changed i
 
 
 def test_a_workload_changed_in_place_does_not_pass_a_loop_that_stops_early():
-    _needs_the_engine()
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, _CAPPED_LOOP, _SHORTEN])
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, _CAPPED_LOOP, _SHORTEN])
     assert passed is False, message
     assert "changed what the checker runs on (overlap_course.checks.lesson02._LONG_RUN)" in message
 
@@ -112,9 +84,9 @@ def test_the_checkers_books_change_freely():
 
 
 def test_a_right_loop_after_set_default_dtype_passes_in_the_judge():
-    _needs_the_engine()
+    needs_the_engine()
     dtype = "import torch\ntorch.set_default_dtype(torch.float64)  # work in double precision"
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, dtype, _RIGHT_LOOP])
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, dtype, RIGHT_LOOP])
     assert passed is True, message
 
 
@@ -133,9 +105,9 @@ def test_torch_storage_rebound_by_set_default_dtype_is_torchs_own_and_another_is
 
 
 def test_a_right_loop_after_set_default_device_cpu_passes_in_the_judge():
-    _needs_the_engine()
+    needs_the_engine()
     device = "import torch\ntorch.set_default_device('cpu')  # keep every tensor on the CPU"
-    passed, message = judge.judge("check_serial_loop", [_IMPORTS, device, _RIGHT_LOOP])
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, device, RIGHT_LOOP])
     assert passed is True, message
 
 

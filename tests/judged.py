@@ -1,0 +1,57 @@
+"""What the tests that run the real grading judge share: whether a judge process here can start
+the engine, and the serial loops they hand it (one right, one wrong in a way only the
+reference shows)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+from overlap_course.build import judge
+
+
+@functools.lru_cache(maxsize=1)
+def _judge_runs_the_engine() -> bool:
+    """Whether a judge process can start the engine's device process: where the course is
+    installed from ROOT (a worktree beside an editable install elsewhere: its device process
+    imports the other tree, outside the judge's fence)."""
+    found = subprocess.run([sys.executable, "-I", "-c",
+                            "import toy_engine as t; print(t.__file__)"],
+                           capture_output=True, text=True, timeout=120, cwd=os.sep)
+    return found.stdout.strip().startswith(str(judge.ROOT) + os.sep)
+
+
+def needs_the_engine() -> None:
+    if not _judge_runs_the_engine():
+        pytest.skip("the judge's engine imports toy_engine from another tree than ROOT")
+
+
+IMPORTS = "import toy_engine as te\nfrom overlap_course import checks\n"
+WRONG_LOOP = '''
+from toy_engine import buffers
+
+def serial_loop(engine):   # wrong: the first sampled token of each round is overwritten
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        if len(engine.requests) == 4:
+            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
+        engine.process_outputs(step)
+'''
+RIGHT_LOOP = '''
+def serial_loop(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        engine.process_outputs(step)
+'''
