@@ -26,14 +26,16 @@ _THEIR_CLASSES = ("Tensor", "vectorize")
 
 def _fingerprint() -> dict[str, tuple]:
     """What the checker reads, by identity: every module of the course and the toy (each name
-    in it, each class's attributes), and the functions of the modules it calls.  Read without
-    running any code of the objects read (no ``getattr``, ``isinstance`` or ``vars`` that a
-    ``__getattr__``, a ``__class__`` or a metaclass of the submission's could answer)."""
+    in it, each class's attributes), and the functions of the modules it calls; and the course's
+    data by value (:class:`_Reader`).  Read without running any code of the objects read (no
+    ``getattr``, ``isinstance`` or ``vars`` that a ``__getattr__``, a ``__class__`` or a
+    metaclass of the submission's could answer)."""
     marks, seen = {}, set()
+    read = _Reader(_our_classes())
     for name, module, ours, theirs, std in _watched(marks):
         for attr, value in list(_MODULE_DICT(module).items()):
             if ours or (theirs and callable(value)):
-                marks[f"{name}.{attr}"] = _mark(value) + _contents(name, attr, value)
+                marks[f"{name}.{attr}"] = _mark(value) + read.contents(name, attr, value)
             if (issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES)
                     and (ours or id(value) not in seen)):
                 seen.add(id(value))  # a class the standard library imports again: once
@@ -42,14 +44,19 @@ def _fingerprint() -> dict[str, tuple]:
                     if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
                 # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
                 marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
+                for key, item in list(_CLASS_DICT(value).items()) if ours else ():
+                    if read.is_data(f"{name}.{attr}", key, item):  # ``HostLog._LAUNCHES``
+                        marks[f"{name}.{attr}.{key}"] = (read.plain(item, 0),)
     return marks
 
 
-# The course's module-level lists, dicts and sets that change as the checker runs (its
-# registries, books and caches, the engine's observers): every other one is its data (a check's
-# workload, a reference's prompts), compared by value as well as by identity.
+# The course's module-level and class-level containers and objects that change as the checker
+# runs (its registries, books and caches, the engine's observers, the machine's watch, what the
+# sandbox restored): every other one is its data (a check's workload, a reference's prompts),
+# compared by value as well as by identity.
 _BOOKS = {"overlap_course.build.judge_fingerprint": {"_KEPT"},
-          "overlap_course.checks.harness": {"_RUNNING"},
+          "overlap_course.checks.harness": {"_RUNNING", "_PRISTINE"},
+          "overlap_course.measure.contention": {"_WATCH"},
           "overlap_course.checks.pool": {"_ENGINES", "_CONFIGS", "_BUILT", "_PRINTS", "_DEVICES"},
           "overlap_course.checks.sandbox": {"_CURRENT", "OWN_HOOKS"},
           "overlap_course.labs.plugins": {"_LEARNERS"},
@@ -58,46 +65,94 @@ _BOOKS = {"overlap_course.build.judge_fingerprint": {"_KEPT"},
 _PLAIN = (str, int, float, complex, bool, bytes, type(None), type(Ellipsis))
 _CONTAINERS = (list, tuple, dict, set, frozenset, bytearray)
 _MAX_DEPTH = 8
+_MAX_OBJECTS = 20_000  # read by value in one pass; past it, by identity (about 10 ms)
 
 
-def _contents(module: str, attr: str, value) -> tuple:
-    """A course module's list, dict, set (or tuple holding one) by value, unless it is one of the
-    books above: a cell that changed a check's workload in place (``_LONG_RUN[1]["max_new_tokens"]
-    = 24``) kept every identity, and the check then passed a loop that stops too early."""
-    return (_plain(value, 0),) if _is_data(module, attr, value) else ()
+def _our_classes() -> dict[int, type]:
+    """The classes defined in the course's and the toy's modules (each found in the module
+    that names it as its ``__module__``), and those defined in them: the only classes whose
+    instances are read by value, through their own ``__dict__`` and slot descriptors."""
+    found, todo = {}, []
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] in _OURS and type(module) is types.ModuleType:
+            todo += [(name, value) for value in list(_MODULE_DICT(module).values())]
+    while todo:
+        name, value = todo.pop()
+        if (issubclass(type(value), type) and id(value) not in found
+                and _CLASS_DICT(value).get("__module__") == name):
+            found[id(value)] = value
+            todo += [(name, item) for item in list(_CLASS_DICT(value).values())]
+    return found
 
 
-def _is_data(module: str, attr: str, value) -> bool:
-    """Whether ``value`` is data that can change in place (a tuple of strings cannot; a module's
-    ``__builtins__`` is the builtins' names, watched as such)."""
-    return (_mutable(value, 0) and not attr.startswith("__")
-            and attr not in _BOOKS.get(module, ()))
+class _Reader:
+    """The course's data by value: containers, and instances of the course's and the toy's
+    classes (their ``__dict__`` and slots: a frozen dataclass's fields, which
+    ``object.__setattr__`` changes), to ``_MAX_DEPTH`` and ``_MAX_OBJECTS``, each object once
+    (cycles).  Anything else (a tensor, a function, an object of the submission's classes) is
+    read by identity.  One reader per pass: the same data read in the same order reads the
+    same."""
+
+    def __init__(self, ours: dict[int, type]) -> None:
+        self.ours, self.left, self.seen = ours, _MAX_OBJECTS, set()
+
+    def contents(self, where: str, attr: str, value) -> tuple:
+        """``value`` by value if it is data, else nothing."""
+        return (self.plain(value, 0),) if self.is_data(where, attr, value) else ()
+
+    def is_data(self, where: str, attr: str, value) -> bool:
+        """Whether ``value`` can change in place and is not one of the books above (a tuple of
+        strings cannot; a module's ``__builtins__`` is the builtins' names, watched as such)."""
+        return (self.mutable(value, 0) and not attr.startswith("__")
+                and attr not in _BOOKS.get(where, ()))
+
+    def mutable(self, value, depth: int) -> bool:
+        kind = type(value)
+        if kind in (tuple, frozenset) and depth <= _MAX_DEPTH:
+            return any(self.mutable(item, depth + 1) for item in value)
+        return kind in _CONTAINERS or id(kind) in self.ours
+
+    def plain(self, value, depth: int):
+        """``value`` as nested tuples of plain values, types and ids (an object that is
+        neither is read by identity, and kept so that its id is not reused): compared with
+        ``==``, no code of the submission's runs."""
+        kind = type(value)
+        if kind in _PLAIN:
+            return (kind, value)  # 50.0 is not 50, nor True 1
+        ours = id(kind) in self.ours
+        if ((kind not in _CONTAINERS and not ours) or depth > _MAX_DEPTH or self.left <= 0
+                or id(value) in self.seen):
+            _KEPT[id(value)] = value
+            return (object, id(value))
+        self.left -= 1
+        self.seen.add(id(value))
+        deeper = functools.partial(self.plain, depth=depth + 1)
+        if ours:
+            return (object, id(kind), *_fields(value, kind, deeper))
+        if kind is dict:
+            return (dict, *((deeper(k), deeper(v)) for k, v in value.items()))
+        if kind in (set, frozenset):
+            return (kind, frozenset(map(deeper, value)))
+        return (kind, *map(deeper, value))
 
 
-def _mutable(value, depth: int) -> bool:
-    kind = type(value)
-    if kind in (tuple, frozenset) and depth <= _MAX_DEPTH:
-        return any(_mutable(item, depth + 1) for item in value)
-    return kind in _CONTAINERS
+def _fields(value, kind: type, deeper) -> list:
+    """An instance of one of our classes, read by its classes' own slot and ``__dict__``
+    descriptors (C code: no property of anyone's runs)."""
+    fields = []
+    for cls in _MRO(kind):
+        for key, entry in list(_CLASS_DICT(cls).items()):
+            if type(entry) is types.MemberDescriptorType:
+                try:
+                    fields.append((key, deeper(entry.__get__(value, kind))))
+                except AttributeError:  # a slot never set
+                    fields.append((key, None))
+            elif key == "__dict__" and type(entry) is types.GetSetDescriptorType:
+                fields.append((key, deeper(entry.__get__(value, kind))))
+    return fields
 
 
-def _plain(value, depth: int):
-    """``value`` as nested tuples of plain values, types and ids (an object that is neither is
-    read by identity, and kept so that its id is not reused): compared with ``==``, no code of
-    the submission's runs."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)  # 50.0 is not 50, nor True 1
-    if kind not in _CONTAINERS or depth > _MAX_DEPTH:
-        _KEPT[id(value)] = value
-        return (object, id(value))
-    if kind is dict:
-        return (dict, *((_plain(k, depth + 1), _plain(v, depth + 1)) for k, v in value.items()))
-    if kind in (set, frozenset):
-        return (kind, frozenset(_plain(item, depth + 1) for item in value))
-    return (kind, *(_plain(item, depth + 1) for item in value))
-
-
+_MRO = type.__dict__["__mro__"].__get__
 _KEPT: dict[int, object] = {}
 
 
@@ -247,14 +302,13 @@ class Snapshot:
 
     def __init__(self) -> None:
         self.dicts, classes, parts = [], {}, {kind: {} for kind in (*_PARTS, "cell")}
-        self.boxes = []  # the course's data by value: (the container, what it held)
+        self.ours = _our_classes()
+        self.boxes = self._boxes()  # the course's data by value: (the container, what it held)
         for name, module, ours, theirs, std in _watched():
             self.dicts.append(_MODULE_DICT(module))
             for attr, value in list(self.dicts[-1].items()):
                 if ours or (theirs and callable(value)):
                     _collect(value, parts)
-                if ours and _is_data(name, attr, value):
-                    self.boxes.append((value, _plain(value, 0)))
                 if issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES):
                     classes[id(value)] = value
                     for item in list(_CLASS_DICT(value).values()):
@@ -286,9 +340,24 @@ class Snapshot:
     def same(self) -> bool:
         """Whether each object read now is the one read then (``is``: no ``__eq__`` runs), and the
         course's data holds what it held."""
-        now = self._read()
+        now, read = self._read(), _Reader(self.ours)
         return (len(now) == len(self.held) and all(map(operator.is_, now, self.held))
-                and all(_plain(box, 0) == held for box, held in self.boxes))
+                and all(read.plain(box, 0) == held for box, held in self.boxes))
+
+    def _boxes(self) -> list[tuple]:
+        """The course's data, module-level and class attributes, each once, as the fingerprint
+        reads it."""
+        boxes, read, classes = [], _Reader(self.ours), set()
+        for name, module, ours, _, _ in _watched():
+            for attr, value in list(_MODULE_DICT(module).items()) if ours else ():
+                if read.is_data(name, attr, value):
+                    boxes.append(value)
+                if issubclass(type(value), type) and id(value) not in classes:
+                    classes.add(id(value))
+                    boxes += [item for key, item in list(_CLASS_DICT(value).items())
+                              if read.is_data(f"{name}.{attr}", key, item)]
+        read = _Reader(self.ours)
+        return [(box, read.plain(box, 0)) for box in boxes]
 
 
 def _collect(value, parts: dict) -> None:
