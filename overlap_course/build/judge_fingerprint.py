@@ -61,7 +61,8 @@ _BOOKS = {"overlap_course.build.judge_fingerprint": {"_KEPT"},
           "overlap_course.checks.sandbox": {"_CURRENT", "OWN_HOOKS"},
           "overlap_course.labs.plugins": {"_LEARNERS"},
           "overlap_course.progress": {"_said", "_service_trouble"},
-          "toy_engine.engine": {"RUN_OBSERVERS"}}
+          "toy_engine.engine": {"RUN_OBSERVERS"},
+          "toy_engine.process_device": {"_MAIN_PATCH"}}
 _PLAIN = (str, int, float, complex, bool, bytes, type(None), type(Ellipsis))
 _CONTAINERS = (list, tuple, dict, set, frozenset, bytearray)
 _MAX_DEPTH = 8
