@@ -12,7 +12,7 @@ from toy_engine.record import Free
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
-from . import sandbox
+from . import lifetime_runs, sandbox
 from .answers import show
 from .endings import ABORT, LIMIT_AT_ROUND_END
 from .errors import checkers, engines, quoted
@@ -155,6 +155,19 @@ def freed_wrongly(record, run) -> Verdict | None:
     return None
 
 
+def pool_misused(calls, run) -> Verdict | None:
+    """Lab 2: the pool after each abort call, judged as exercise 05 judges it after each
+    process_outputs (``lifetime_runs.pool_mistake``): blocks or rows given back while a launched
+    round holds the request, a block or row twice, junk, or ``req.blocks`` naming free blocks."""
+    for call in calls:
+        if call.pool is not None:
+            who = f"{run}: aborting {runs.who(run.prompts, call.prompt)} before round {call.round}"
+            verdict = lifetime_runs.pool_mistake(call.pool, who, "abort")
+            if verdict is not None:
+                return verdict
+    return None
+
+
 def abort_error(err: Exception, run, ref, engine) -> Verdict:
     """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the
     first request left, how it should have ended and where it stopped."""
@@ -189,8 +202,9 @@ def abort_outcome(got, ref, engine, calls, run) -> Verdict | None:
     later round), each request against the engine's own abort, then the discarded outputs."""
     lost = runs.lost_blocks(engine)
     if lost:
-        msg = (f"{run}: after the run {lost} KV blocks never came back to the pool: an aborted "
-               f"request left `running` without its blocks being freed")
+        msg = (f"{run}: after the run {len(lost)} KV block(s) never came back to the pool (blocks "
+               f"{lost[:12]}{' ...' if len(lost) > 12 else ''}): an aborted request left "
+               f"`running` without its blocks being freed")
         return fails("kept_blocks", msg)
     events = engine.record.events
     started = next((c for c in calls

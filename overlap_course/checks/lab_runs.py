@@ -17,6 +17,7 @@ from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 
 from . import endings, pool
+from .learner_code import pool_after, pool_before
 from .lab_workloads import (ABORT_RUNS, COMMIT_RUNS, POLICY_RUNS, RING_NEW, RING_PROMPTS,
                             RING_STOP, AbortRun, CommitRun, PolicyRun)
 
@@ -174,7 +175,8 @@ class AbortCall:
     """Lab 2: one call of an abort: before ``round`` was scheduled, to ``prompt``, ``waiting`` then or
     not, the device waits the call made (``waits``), the other prompts it aborted (``others``), and
     whether it left the request as it was (``untouched``: unfinished, in the same queue; None for a
-    request finished before the call)."""
+    request finished before the call), and the pool before and after it (``pool``: what
+    ``lifetime_runs.pool_mistake`` judges)."""
 
     round: int
     prompt: int
@@ -182,6 +184,7 @@ class AbortCall:
     waits: int = 0
     others: tuple = ()
     untouched: bool | None = None
+    pool: dict | None = None
 
 
 def abort_engine(run: AbortRun):
@@ -205,7 +208,9 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         unfinished = [r for r in engine.requests if r is not req and not r.finished]
         queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
         now.at(engine, req)
+        call.pool = pool_before(engine)
         abort(engine, request_id)
+        call.pool.update(pool_after(engine))
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
         call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
         if not queued[0]:
@@ -244,19 +249,10 @@ def abort_reference(index: int) -> AbortReference:
                           engine.stats.discarded_outputs, engine.stats.rounds, ended(engine, outs))
 
 
-def lost_blocks(engine) -> int:
-    return engine.config.num_kv_blocks - len(engine.scheduler.blocks.free_ids)
-
-
-def recover(engine) -> str:
-    """Put a check's shared engine back whole when its run lost KV blocks, and say so: the next check
-    then starts whole, with nothing to report."""
-    lost = lost_blocks(engine)
-    if not lost:
-        return ""
-    pool.heal()
-    return (f" (This run left the check's engine with {lost} KV block(s) out of its pool: the check replaced it "
-            f"with a fresh engine, so later checks start whole.)")
+def lost_blocks(engine) -> list[int]:
+    """The KV blocks a run ended without: in the pool nowhere (a block there twice is judged per
+    call, by ``lifetime_runs.pool_mistake``)."""
+    return sorted(set(range(engine.config.num_kv_blocks)) - set(engine.scheduler.blocks.free_ids))
 
 
 def ring_engine(drafts: int = 0) -> Engine:

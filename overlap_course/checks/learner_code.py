@@ -351,8 +351,7 @@ class StepWatch:
         reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
         call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
                     after=None, holders={b: r.index for r in engine.requests for b in r.blocks},
-                    pool=pool_of(engine), claims=claims_of(engine),
-                    sizes=(engine.config.num_kv_blocks, engine.config.max_batch_size))
+                    **pool_before(engine))
         self.held.update(call["holders"])
         self.calls.append(call)
         record, first = engine.record, len(engine.record.events)
@@ -371,10 +370,22 @@ class StepWatch:
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
                              for r in reqs]
-            call["pool_after"], call["claims_after"] = pool_of(engine), claims_of(engine)
-            call["outstanding"] = record.outstanding()
-            call["states"] = {r.index: (r.num_inflight, r.finished, r.row)
-                              for r in engine._run.requests}
+            call.update(pool_after(engine))
+
+
+def pool_before(engine: Engine) -> dict:
+    """What ``lifetime_runs.pool_mistake`` reads before a learner's call (a process_outputs, an
+    abort): the pool, who claims which block and row, and the pool's sizes."""
+    return dict(pool=pool_of(engine), claims=claims_of(engine),
+                sizes=(engine.config.num_kv_blocks, engine.config.max_batch_size))
+
+
+def pool_after(engine: Engine) -> dict:
+    """What ``lifetime_runs.pool_mistake`` reads after that call: the pool and claims, the
+    launches not yet waited for, and each request's (num_inflight, finished, row)."""
+    return dict(pool_after=pool_of(engine), claims_after=claims_of(engine),
+                outstanding=engine.record.outstanding(),
+                states={r.index: (r.num_inflight, r.finished, r.row) for r in engine._run.requests})
 
 
 def pool_of(engine: Engine) -> tuple | None:

@@ -308,7 +308,7 @@ def check_process_outputs(process_outputs) -> Verdict:
     runs whose requests end at the limit, a stop string, EOS and by an abort, with drafts or not."""
     for run in lifetime_runs.RUNS:
         verdict = _judge_run(process_outputs, run)
-        lifetime_runs.whole_again(lifetime_runs.run_engine(run))
+        pool.whole_again(lifetime_runs.run_engine(run))
         if verdict is not None:
             if run.label:
                 verdict.message = f"{run.label}: {verdict.message}"

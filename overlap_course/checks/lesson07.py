@@ -164,6 +164,7 @@ def check_abort(abort) -> Verdict:
     whether it waited for the device."""
     for index, run in enumerate(runs.ABORT_RUNS):
         verdict = _abort_verdict(abort, index, run)
+        pool.whole_again(runs.abort_engine(run))
         if verdict is not None:
             return verdict
     return passes("each aborted request stopped at once and kept what it had; its cache went back "
@@ -186,6 +187,8 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
         outs, err = None, exc
     verdict = mistakes.freed_wrongly(engine.record, run)
     if verdict is None:
+        verdict = mistakes.pool_misused(calls, run)
+    if verdict is None:
         verdict = mistakes.aborted_another(calls, run)
     if verdict is None:
         verdict = mistakes.waited(calls, run)
@@ -194,8 +197,6 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
     if verdict is None:
         got = [(c.token_ids, c.finish_reason) for c in outs]
         verdict = mistakes.abort_outcome(got, ref, engine, calls, run)
-    if verdict is not None:
-        verdict.message += runs.recover(engine)
     return verdict
 
 

@@ -174,19 +174,6 @@ def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
                  f"`engine.commit_outputs(step, out)`")
 
 
-def whole_again(engine: Engine) -> None:
-    """A pool the learner's run left short or with a block or row twice (its verdict says so)
-    is made whole at once: left for the next check's heal, it would be reported as an earlier
-    cell's change."""
-    try:
-        rows = sorted(engine.scheduler.free_rows) != list(range(engine.config.max_batch_size))
-        short = rows or not pool.whole_pool(engine)
-    except Exception:  # noqa: BLE001 - a learner's junk where the pool was: heal replaces it
-        short = True
-    if short:
-        pool.heal()
-
-
 def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:
     """Blocks the run ended without, held by no request: freed requests whose ``req.blocks``
     was changed before the free (``free`` gives back the blocks the list names then)."""
@@ -207,9 +194,17 @@ def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:
 _BLOCKS, _ROWS = "`engine.scheduler.blocks.free_ids`", "`engine.scheduler.free_rows`"
 
 
-def pool_mistake(call: dict, who: str) -> Verdict | None:
-    """The pool after one process_outputs call, whatever code gave blocks or rows back (``free``,
-    or writes to ``free_ids``/``free_rows`` the race checker never sees): each entry a real block
+# Why a request is still in a launched round when a learner's code gives its cache back
+_IN_ROUND = {"process_outputs": " (the extra step: under ZOS the finished request is already "
+                                "in the next launched round)",
+             "abort": " (an aborted request stays in the rounds already launched until they "
+                      "are processed)"}
+
+
+def pool_mistake(call: dict, who: str, code: str = "process_outputs") -> Verdict | None:
+    """The pool after one call of the learner's ``code`` (process_outputs, watched by StepWatch;
+    an abort, by ``lab_runs.abort_run``), whatever code gave blocks or rows back (``free``, or
+    writes to ``free_ids``/``free_rows`` the race checker never sees): each entry a real block
     or row and there once, none a launched round still uses, none a request still lists."""
     if call["pool"] is None or call.get("pool_after") is None:
         return None  # junk where the pool was: the run's exception is judged, the pool healed
@@ -218,23 +213,23 @@ def pool_mistake(call: dict, who: str) -> Verdict | None:
                                 ("batch row", _ROWS, rows1, call["sizes"][1])):
         junk = [x for x in ids if type(x) is not int or not 0 <= x < n]
         if junk:
-            return fails("pool_junk", f"{who}: after your process_outputs {where} holds "
+            return fails("pool_junk", f"{who}: after your {code} {where} holds "
                                       f"{show(junk[0])}, which is no {what} (they are 0 to "
                                       f"{n - 1}). Give a finished request back with "
                                       "`engine.scheduler.free(req)`, not by writing the pool")
         twice = sorted(x for x, k in Counter(ids).items() if k > 1)
         if twice:
-            return fails("double_free", f"{who}: after your process_outputs {where} holds "
+            return fails("double_free", f"{who}: after your {code} {where} holds "
                                         f"{what}(s) {twice[:12]} twice ({len(ids)} entries for "
                                         f"{len(set(ids))} distinct ones): each was given back a "
                                         "second time, and the pool would hand it to two "
                                         "requests. Give each finished request back once, with "
                                         "`engine.scheduler.release_if_done(req)`")
-    early = _early_in_pool(call, who, set(blocks1) - set(blocks0), set(rows1) - set(rows0))
+    early = _early_in_pool(call, who, set(blocks1) - set(blocks0), set(rows1) - set(rows0), code)
     return early if early is not None else _claimed_in_pool(call, who, blocks1)
 
 
-def _early_in_pool(call: dict, who: str, blocks: set, rows: set) -> Verdict | None:
+def _early_in_pool(call: dict, who: str, blocks: set, rows: set, code: str) -> Verdict | None:
     """Blocks or rows that came back during the call from a request a launched round uses."""
     (holders, row_holders), states = call["claims"], call["states"]
     early = [(b, holders[b]) for b in sorted(blocks) if b in holders and states[holders[b]][0]]
@@ -252,8 +247,7 @@ def _early_in_pool(call: dict, who: str, blocks: set, rows: set) -> Verdict | No
             else f"a launched round (`num_inflight` is {states[early[0][1]][0]})")
     return fails("free_in_use",
                  f"{who}: you gave the {gone.format(prompts, [x for x, _ in early])} while "
-                 f"{user} still uses it (the extra step: under ZOS the finished request is "
-                 "already in the next launched round). Whatever code puts it there, the next "
+                 f"{user} still uses it{_IN_ROUND[code]}. Whatever code puts it there, the next "
                  "request admitted gets it while that round still runs. Free a finished request "
                  "only when `req.num_inflight == 0`, with `engine.scheduler.free(req)`")
 

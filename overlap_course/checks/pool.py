@@ -142,6 +142,19 @@ def whole_pool(shared: Engine) -> bool:
     return sorted(shared.scheduler.blocks.free_ids) == list(range(shared.config.num_kv_blocks))
 
 
+def whole_again(engine: Engine) -> None:
+    """A pool a learner's run left short or with a block or row twice (its verdict says so) is
+    made whole at once, after each run of a check (exercise 05, lab 2): left for the next
+    check's heal, it would be reported as an earlier cell's change."""
+    try:
+        rows = sorted(engine.scheduler.free_rows) != list(range(engine.config.max_batch_size))
+        short = rows or not whole_pool(engine)
+    except Exception:  # noqa: BLE001 - a learner's junk where the pool was: heal replaces it
+        short = True
+    if short:
+        heal()
+
+
 def pool_size(shared: Engine) -> str:
     """The pool as a note names it: its distinct free blocks, and its entries if some repeat."""
     free, n = list(shared.scheduler.blocks.free_ids), shared.config.num_kv_blocks
