@@ -17,7 +17,7 @@ from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 
 from . import endings, pool
-from .learner_code import pool_after, pool_before
+from .pool_reading import pool_after, pool_before
 from .lab_workloads import (ABORT_RUNS, COMMIT_RUNS, POLICY_RUNS, RING_NEW, RING_PROMPTS,
                             RING_STOP, AbortRun, CommitRun, PolicyRun)
 
