@@ -366,13 +366,15 @@ def build(out: Path, stored: dict | None = None) -> Path:
     html, old = out / "html", out / "html.old"  # html.old: left by a kill; ours (main)
     if old.exists():
         shutil.rmtree(old)
-    with signals_held():  # both renames or neither, a kill too: never a site missing between them
-        earlier = html.exists()
-        if earlier:
-            os.replace(html, old)
-        os.replace(new, html)
-    if earlier:
-        shutil.rmtree(old)
+    earlier = html.exists()
+    try:
+        with signals_held():  # both renames or neither, a kill too: never a site missing between
+            if earlier:
+                os.replace(html, old)
+            os.replace(new, html)
+    finally:  # the new site in place: the earlier one goes, a kill held above arriving or not
+        if earlier and not new.exists():
+            shutil.rmtree(old, ignore_errors=True)
     return html
 
 
