@@ -170,15 +170,15 @@ class _Kill:
     """The SIGTERM/SIGHUP handler while a command runs: a :class:`Killed`, remembered as a
     Ctrl-C is (:class:`_CtrlC`).  A child forked from the command (multiprocessing) inherits
     the handler but is not the command: there the signal ends it as by default (``terminate``
-    sends SIGTERM)."""
+    sends SIGTERM).  A second kill while the command cleans up ends it at once."""
 
     def __init__(self):
         self.pid, self.signum = None, None
 
     def __call__(self, signum, frame):
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or self.signum:
             die_of(signum)
-        self.signum = self.signum or signum
+        self.signum = signum
         raise Killed(signum)
 
 

@@ -124,3 +124,44 @@ def test_progress_of_a_record_that_does_not_exist_is_one_line_and_exit_2(tmp_pat
     assert done.stdout == ""
     err = done.stderr.strip()
     assert len(err.splitlines()) == 1 and "does not exist" in err and record in err, err
+
+
+# -- the shared rule, in command_line.run ------------------------------------------------------
+
+RUN_KILLED = """\
+import os, signal, sys, time
+from overlap_course.command_line import run
+mark, how = sys.argv[1], sys.argv[2]
+
+def main():
+    if how == "child":  # a forked child (multiprocessing's fork) dies as by default
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(3)
+        open(mark, "w").write(str(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])))
+        return 0
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    finally:
+        if how == "twice":  # a second kill while cleaning up: at once
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(30)
+        open(mark, "w").write("cleaned")
+
+run("killed", main)
+"""
+
+
+@pytest.mark.parametrize("how, status, mark", [("once", -signal.SIGTERM, "cleaned"),
+                                               ("twice", -signal.SIGHUP, None),
+                                               ("child", 0, str(-signal.SIGTERM))])
+def test_a_killed_command_cleans_up_then_ends_by_the_signal(tmp_path, how, status, mark):
+    script, marker = tmp_path / "killed.py", tmp_path / "mark"
+    script.write_text(RUN_KILLED)
+    done = subprocess.run([sys.executable, str(script), str(marker), how], capture_output=True,
+                          text=True, timeout=25, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (marker.read_text() if marker.exists() else None) == mark
