@@ -275,7 +275,8 @@ def run(prog: str, main) -> None:
     traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
     (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
     the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130), even one that
-    something ``main`` called swallowed, or one while the interpreter's finalizers run after it
+    something ``main`` called swallowed, or one while the interpreter's finalizers run after it;
+    SIGTERM or SIGHUP, by that signal once ``main``'s ``finally`` blocks have cleaned up
     (:mod:`overlap_course.ctrl_c`).  A closed or unwritable stderr, a closed stdout and a
     character the terminal cannot encode change none of this: :func:`_standard_streams`."""
     _standard_streams()
@@ -293,6 +294,10 @@ def run(prog: str, main) -> None:
             raise lost
         if ctrl_c.pressed() and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C
             status = interrupted(prog)
+        if ctrl_c.killed():  # a kill swallowed on its way up: the command still ends by it
+            ctrl_c.die_of(ctrl_c.killed())
+    except ctrl_c.Killed as kill:  # its ``finally`` blocks have cleaned up: now end as killed
+        ctrl_c.die_of(kill.signum)
     except BrokenPipeError:
         exit_quietly_on_broken_pipe()
     except KeyboardInterrupt:

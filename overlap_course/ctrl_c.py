@@ -26,14 +26,19 @@ A command's Ctrl-C, phase by phase:
   first, so run last); a second Ctrl-C ends the process at once;
 * finished (after :func:`_last`): ignored -- the command ended with its own exit status (Python
   would otherwise drop the handler and die of the signal without a word).
+
+A SIGTERM (``kill``, ``timeout``) or SIGHUP (a closed terminal) while a command runs is a
+:class:`Killed`, so that its ``finally`` blocks remove what it half-wrote (a
+``.NAME.XXXX.partial`` folder), then the command ends by that signal (:func:`die_of`), as by
+default; held like Ctrl-C around renames that must happen together (``safe_json.signals_held``).
 """
 
 import _signal
 import os
 import sys
 
-__all__ = ["INTERRUPTED", "interrupted", "interruptible", "from_the_start", "importing",
-           "running", "ending", "pressed"]
+__all__ = ["INTERRUPTED", "KILLS", "Killed", "interrupted", "interruptible", "from_the_start",
+           "importing", "running", "ending", "pressed", "killed", "die_of"]
 
 #: The exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports).
 INTERRUPTED = 130
@@ -140,6 +145,63 @@ def running(prog: str) -> None:
     _prog = prog
     if _signal.getsignal(_signal.SIGINT) in (_stop_now, _signal.default_int_handler):
         _signal.signal(_signal.SIGINT, _CTRL_C)
+    _KILL.pid = os.getpid()
+    for signum in KILLS:  # one ignored (``nohup``) or handled by whoever imported us: kept
+        if _signal.getsignal(signum) == _signal.SIG_DFL:
+            _signal.signal(signum, _KILL)
+
+
+#: What ``kill``/``timeout`` (SIGTERM) and a closed terminal (SIGHUP) send: they end a command.
+KILLS = (_signal.SIGTERM, _signal.SIGHUP)
+
+
+class Killed(BaseException):
+    """A SIGTERM or SIGHUP while a command ran: raised so that its ``finally`` blocks remove
+    what it half-wrote (the default ended the process there and then), then the command ends
+    by that signal (:func:`die_of`).  Not an ``Exception``: nothing that handles errors
+    catches it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Kill:
+    """The SIGTERM/SIGHUP handler while a command runs: a :class:`Killed`, remembered as a
+    Ctrl-C is (:class:`_CtrlC`).  A child forked from the command (multiprocessing) inherits
+    the handler but is not the command: there the signal ends it as by default (``terminate``
+    sends SIGTERM).  A second kill while the command cleans up ends it at once."""
+
+    def __init__(self):
+        self.pid, self.signum = None, None
+
+    def __call__(self, signum, frame):
+        if os.getpid() != self.pid or self.signum:
+            die_of(signum)
+        self.signum = signum
+        raise Killed(signum)
+
+
+_KILL = _Kill()
+
+
+def die_of(signum: int) -> None:
+    """End the process by ``signum`` as its default would (exit status -SIGNUM to a parent,
+    what a shell reports as 128 + SIGNUM), once what must be cleaned up is."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    _signal.signal(signum, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached: the signal ends the process
+
+
+def killed() -> int | None:
+    """The SIGTERM or SIGHUP that reached the running command, even one something swallowed."""
+    return _KILL.signum
 
 
 def pressed() -> bool:
@@ -152,6 +214,9 @@ def ending() -> None:
     ends the command (:func:`_last`); a second one ends it at once."""
     if _last_registered and _signal.getsignal(_signal.SIGINT) is _CTRL_C:
         _signal.signal(_signal.SIGINT, _late)
+    for signum in KILLS:  # nothing left half-written: a kill ends the process at once again
+        if _signal.getsignal(signum) is _KILL:
+            _signal.signal(signum, _signal.SIG_DFL)
 
 
 def _late(signum, frame) -> None:

@@ -388,6 +388,14 @@ def main(argv=None) -> int:
     parser.add_argument("record", nargs="?", help="a progress.jsonl (default: your own)")
     args = parser.parse_args(argv)
     try:
+        if args.record is not None:
+            os.stat(args.record)
+    except FileNotFoundError:  # a typo: the missing default record means nothing done, not this
+        return fail(prog, f"the progress record {safe_json.quoted(args.record, PATH_CHARS)} does "
+                          f"not exist: give the path of a progress.jsonl, or none for your own")
+    except (OSError, ValueError):  # a loop, a NUL: said by the reader below
+        pass
+    try:
         mine = your_progress(args.record)
     except ValueError as exc:
         return fail(prog, exc)

@@ -23,7 +23,7 @@ import stat
 import tempfile
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "refuse_unwritable", "write_whole", "sigint_held",
+           "open_regular", "refuse_unwritable", "write_whole", "signals_held",
            "write_file", "read_text",
            "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
@@ -243,33 +243,39 @@ def write_whole(path, write) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-class sigint_held:
-    """Ctrl-C held while the block runs, delivered when it ends: around renames that must happen
-    together (a new file and its partner, a new folder in the old one's place), a Ctrl-C
-    between them would leave one new beside one old.  A handler that notes the press, not a
-    blocked signal: the kernel gives a process's SIGINT to any thread that does not block it
-    (torch's), and Python's handler then runs in the main thread all the same.  Main thread
-    only; elsewhere a no-op."""
+#: Held around renames that must happen together: Ctrl-C, ``kill`` and a closed terminal.
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    _NONE = object()
+
+class signals_held:
+    """Ctrl-C, SIGTERM and SIGHUP held while the block runs, delivered when it ends: around
+    renames that must happen together (a new file and its partner, a new folder in the old
+    one's place), one between them would leave one new beside one old, or no site at all.  A
+    handler that notes the signal, not a blocked signal: the kernel gives a process's signal to
+    any thread that does not block it (torch's), and Python's handler then runs in the main
+    thread all the same.  Main thread only; elsewhere a no-op."""
 
     def __enter__(self):
-        self._pressed, self._before = False, signal.getsignal(signal.SIGINT)
-        try:  # None: a handler set outside Python, which could not be put back
-            if self._before is None or signal.signal(signal.SIGINT, self._note) is None:
-                self._before = self._NONE
-        except ValueError:  # not the main thread: signals are not its to handle
-            self._before = self._NONE
+        self._got, self._before = [], {}
+        for signum in HELD_SIGNALS:
+            before = signal.getsignal(signum)
+            if before is None:  # a handler set outside Python, which could not be put back
+                continue
+            try:
+                signal.signal(signum, self._note)
+            except ValueError:  # not the main thread: signals are not its to handle
+                break
+            self._before[signum] = before
         return self
 
     def _note(self, signum, frame) -> None:
-        self._pressed = True
+        self._got.append(signum)
 
     def __exit__(self, *exc):
-        if self._before is not self._NONE:
-            signal.signal(signal.SIGINT, self._before)
-            if self._pressed:  # the press, now, to whoever handled it before
-                signal.raise_signal(signal.SIGINT)
+        for signum, before in self._before.items():
+            signal.signal(signum, before)
+        for signum in dict.fromkeys(self._got):  # each, now, to whoever handled it before
+            signal.raise_signal(signum)
 
 
 def write_file(path, data, what: str) -> None:

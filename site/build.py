@@ -63,9 +63,10 @@ from PIL import Image
 from overlap_course.build.setup_cell import read_notebook as read_stored
 from overlap_course.build.stored_figure import check_figures
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
+from overlap_course.ctrl_c import KILLS, Killed
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
-from overlap_course.safe_json import quoted, sigint_held
+from overlap_course.safe_json import quoted, signals_held
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
@@ -306,17 +307,13 @@ def stage(out: Path, stored: dict | None = None) -> Path:
     return src
 
 
-#: What a closed terminal (SIGHUP) and ``kill``/``timeout`` (SIGTERM) send: they end the build.
-ENDING = (signal.SIGTERM, signal.SIGHUP)
-
-
 def sphinx(cmd: list[str]) -> None:
     """Run Sphinx in a process group of its own: Ctrl-C reaches the build alone, which stops
     Sphinx and says so in one line (Sphinx would add its own "Interrupted!").  A SIGTERM or
     SIGHUP to the build is passed on to Sphinx's group and waited for, then the build ends by
     it as every command does: sent to the build's group only, it left Sphinx running as an
     orphan, writing ``OUT/html.partial``.  Raises ``CalledProcessError`` if Sphinx fails,
-    :class:`Ended` once a signal has ended it."""
+    :class:`Killed` once a signal has ended it."""
     got, proc = [], None
 
     def forward(signum, frame):
@@ -324,7 +321,7 @@ def sphinx(cmd: list[str]) -> None:
         if proc is not None:
             _signal_group(proc.pid, signum)
 
-    before = {sig: signal.signal(sig, forward) for sig in ENDING}
+    before = {sig: signal.signal(sig, forward) for sig in KILLS}
     try:
         proc = subprocess.Popen(cmd, process_group=0)
         if got:  # before Popen returned: Sphinx has not had it
@@ -339,7 +336,7 @@ def sphinx(cmd: list[str]) -> None:
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if got:
-        raise Ended(got[0])
+        raise Killed(got[0])
     if code:
         raise subprocess.CalledProcessError(code, cmd)
 
@@ -350,14 +347,6 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
     except ProcessLookupError:
         pass
-
-
-class Ended(BaseException):
-    """A SIGTERM or SIGHUP while Sphinx ran (:func:`sphinx`): the build ends by that signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def build(out: Path, stored: dict | None = None) -> Path:
@@ -377,13 +366,15 @@ def build(out: Path, stored: dict | None = None) -> Path:
     html, old = out / "html", out / "html.old"  # html.old: left by a kill; ours (main)
     if old.exists():
         shutil.rmtree(old)
-    with sigint_held():  # both renames or neither: never a site missing between them
-        earlier = html.exists()
-        if earlier:
-            os.replace(html, old)
-        os.replace(new, html)
-    if earlier:
-        shutil.rmtree(old)
+    earlier = html.exists()
+    try:
+        with signals_held():  # both renames or neither, a kill too: never a site missing between
+            if earlier:
+                os.replace(html, old)
+            os.replace(new, html)
+    finally:  # the new site in place: the earlier one goes, a kill held above arriving or not
+        if earlier and not new.exists():
+            shutil.rmtree(old, ignore_errors=True)
     return html
 
 
@@ -411,10 +402,6 @@ def main(argv=None) -> int:
         return fail("site", exc)
     try:
         html = build(out, stored)
-    except Ended as end:  # the earlier site kept, Sphinx gone: now end as the signal would
-        signal.signal(end.signum, signal.SIG_DFL)
-        os.kill(os.getpid(), end.signum)
-        raise
     except OSError as exc:
         if exc.filename2:  # a copy (shutil): the second file is the one being written
             return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "

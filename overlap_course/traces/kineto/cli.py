@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, importing,
                                          interrupted, os_problem, out_file, whole_number)
-from overlap_course.safe_json import dumps, quoted, sigint_held
+from overlap_course.safe_json import dumps, quoted, signals_held
 
 from .idle import summary
 from .reading import KinetoTrace, read_bounded, real_traces
@@ -202,7 +202,7 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
             report[str(path)] = {"mode": tl.meta.mode,
                                  "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
                                  "summary_device_idle_fraction": measured["device_idle_fraction"]}
-        with sigint_held():  # a Ctrl-C between the renames: one new file beside an old one
+        with signals_held():  # a Ctrl-C or kill between the renames: one new file, one old
             for path, tmp in written.items():
                 try:
                     os.replace(tmp, path)
