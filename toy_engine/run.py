@@ -144,6 +144,7 @@ class Run:
     labels: dict = field(default_factory=dict)  # generate's plug-ins, as messages name them
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
+    plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -181,6 +182,25 @@ class Run:
                 f"see what runs next, read engine.scheduler.waiting and engine.scheduler.running")
         previous, self.stage = self.stage, stage
         return previous
+
+    def planned(self, plan: Plan) -> None:
+        """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
+        self.plans[plan.round] = plan.snapshot()
+        if plan.is_prefill:
+            self.prefill_rounds.add(plan.round)
+
+    def check_plan(self, stage: str, plan: Plan) -> None:
+        """Refuse a plan changed since engine.schedule() returned it (its requests reordered,
+        added or removed): the round's tokens are committed in its requests' order, and its
+        metadata went to the device in the order prepare_inputs saw."""
+        was = self.plans.get(plan.round)
+        if was is not None and was != plan.snapshot():
+            raise ValueError(
+                f"{stage} was given round {plan.round}'s plan changed since engine.schedule() "
+                f"returned it (its requests reordered, added or removed, or its kind): the "
+                f"round's metadata goes to the device in the plan's order and its tokens are "
+                f"handed out in that order, so they would reach the wrong prompts; do not "
+                f"change a plan, sort a copy: sorted(plan.requests, key=...)")
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,

@@ -130,8 +130,7 @@ class RoundStages:
             if self.scheduler.has_work():
                 run.note_idle_schedule(self.scheduler)
             return None
-        if plan.is_prefill:
-            run.prefill_rounds.add(plan.round)
+        run.planned(plan)
         if self.config.host_overhead_ms:
             with self.timeline.host_span(Stage.OVERHEAD, plan.round):
                 end = time.perf_counter() + self.config.host_overhead_ms / 1e3
@@ -145,6 +144,7 @@ class RoundStages:
         last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
         self._open("prepare_inputs")
         _takes("prepare_inputs", plan, Plan)
+        self._run.check_plan("prepare_inputs", plan)
         freed = next((r for r in plan.requests if not r.blocks), None)
         if freed is not None:  # a plan kept from an earlier run, or a request freed since
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
@@ -275,6 +275,7 @@ class RoundStages:
         A round is committed once, whichever StepState of it brings it (``StepProcessedTwice``)."""
         self._own("commit_outputs", step)
         plan, run = step.plan, self._run
+        run.check_plan("commit_outputs", plan)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         n = len(plan.requests)
         sampled = buffers.unpack_outputs(

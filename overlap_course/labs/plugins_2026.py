@@ -47,8 +47,7 @@ def batch_queue(depth: int, before_sample):
 def _plans(plan, held) -> list:
     """What the loop goes on with, of ``plan`` and the held steps' plans: their rounds, kinds
     and requests (by identity, in order)."""
-    return [(p.round, p.is_prefill, [id(r) for r in p.requests] if type(p.requests) is list
-             else p.requests) for p in (plan, *(step.plan for step in held))]
+    return [p.snapshot() for p in (plan, *(step.plan for step in held))]
 
 
 def _check_plans(was: list, now: list, label: str) -> None:

@@ -1,0 +1,57 @@
+"""Round fourteen's engine cases (issue 34): a plan changed after engine.schedule() returned it
+is refused by the stage given it, not committed to the wrong prompts."""
+
+import pytest
+
+from toy_engine.config import EngineConfig
+from toy_engine.engine import Engine
+
+PROMPTS = ["Once upon", "There was", "The cat sat"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(EngineConfig(mode="zos", max_batch_size=3)) as eng:
+        yield eng
+
+
+def _reversing_process_outputs(engine, step):
+    step.plan.requests.reverse()  # "commit in another order"
+    engine.device.wait(step.sample_done)
+    for req in engine.commit_outputs(step, engine.read_outputs(step)):
+        engine.scheduler.release_if_done(req)
+
+
+def _loop_reversing_after_prepare(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        inputs = engine.prepare_inputs(plan)
+        plan.requests.reverse()
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def _loop_sorting_before_prepare(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        plan.requests.sort(key=lambda r: -r.index)
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+@pytest.mark.parametrize("plugins, stage", [
+    (dict(process_outputs=_reversing_process_outputs), "commit_outputs"),
+    (dict(loop=_loop_reversing_after_prepare), "commit_outputs"),
+    (dict(loop=_loop_sorting_before_prepare), "prepare_inputs"),
+])
+def test_a_plan_changed_after_schedule_is_refused(engine, plugins, stage):
+    reference = [c.text for c in engine.generate(PROMPTS, 12)]
+    with pytest.raises(ValueError, match=rf"{stage} was given round \d+'s plan changed since "
+                       r"engine.schedule\(\) returned it.*sort a copy"):
+        engine.generate(PROMPTS, 12, **plugins)
+    assert [c.text for c in engine.generate(PROMPTS, 12)] == reference  # the engine goes on
