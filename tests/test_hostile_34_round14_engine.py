@@ -55,3 +55,33 @@ def test_a_plan_changed_after_schedule_is_refused(engine, plugins, stage):
                        r"engine.schedule\(\) returned it.*sort a copy"):
         engine.generate(PROMPTS, 12, **plugins)
     assert [c.text for c in engine.generate(PROMPTS, 12)] == reference  # the engine goes on
+
+
+def _sample_first(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        inputs = engine.prepare_inputs(plan)
+        step = engine.launch_sample(inputs)
+        engine.launch_forward(inputs)
+        engine.process_outputs(step)
+
+
+def _no_forward(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            continue
+        engine.process_outputs(engine.launch_sample(engine.prepare_inputs(plan)))
+
+
+@pytest.mark.parametrize("loop", [_sample_first, _no_forward])
+def test_a_sample_before_its_forward_is_refused_on_the_host(engine, loop):
+    from toy_engine.run import SampleBeforeForward
+    serial = engine.device.serial
+    with pytest.raises(SampleBeforeForward, match=r"launch_sample was given round 0's inputs "
+                       r"before their forward was launched.*launch_forward\(inputs\) first"):
+        engine.generate(PROMPTS, 12, loop=loop)
+    assert engine.device.serial == serial  # nothing reached the device: it was not replaced
+    assert len(engine.generate(PROMPTS, 12)) == 3

@@ -23,6 +23,7 @@ class RoundInputs:
     max_q: int
     blocks: set
     run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
+    forwarded: bool = field(default=False, repr=False)  # launch_forward was given it
 
 
 @dataclass
@@ -92,6 +93,18 @@ class StaleInputs(RuntimeError):
                    f"prepare_inputs returned, and launch a round before preparing the next")
         super().__init__(f"{stage} was given round {round}'s inputs, {why}")
         self.stage, self.round, self.latest, self.foreign = stage, round, latest, foreign
+
+
+class SampleBeforeForward(RuntimeError):
+    """launch_sample was given round ``round``'s inputs before launch_forward was (refused on
+    the host: the device's sample would read logits no forward computed)."""
+
+    def __init__(self, round: int):
+        super().__init__(f"launch_sample was given round {round}'s inputs before their forward "
+                         f"was launched: sampling picks tokens from the logits the round's "
+                         f"forward computes. Call engine.launch_forward(inputs) first, then "
+                         f"engine.launch_sample(inputs)")
+        self.round = round
 
 
 class ForeignStep(RuntimeError):

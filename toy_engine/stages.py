@@ -16,8 +16,8 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import (ForeignStep, RoundInputs, Run, RunEnded, StaleInputs, StepProcessedTwice,
-                  StepState)
+from .run import (ForeignStep, RoundInputs, Run, RunEnded, SampleBeforeForward, StaleInputs,
+                  StepProcessedTwice, StepState)
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -213,11 +213,14 @@ class RoundStages:
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
+        inputs.forwarded = True
 
     @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
         self._uploaded("launch_sample", inputs)
+        if not inputs.forwarded:
+            raise SampleBeforeForward(inputs.plan.round)
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
