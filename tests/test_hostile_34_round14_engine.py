@@ -85,3 +85,23 @@ def test_a_sample_before_its_forward_is_refused_on_the_host(engine, loop):
         engine.generate(PROMPTS, 12, loop=loop)
     assert engine.device.serial == serial  # nothing reached the device: it was not replaced
     assert len(engine.generate(PROMPTS, 12)) == 3
+
+
+def _schedules_twice(engine):
+    while engine.scheduler.has_work():
+        peek = engine.schedule()  # "just to see the plan"
+        if peek is None:
+            continue
+        plan = engine.schedule() or peek
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        engine.process_outputs(engine.launch_sample(inputs))
+
+
+def test_a_plan_never_launched_is_named_not_a_dropped_deferred_step(engine):
+    from toy_engine.run import EngineStalled
+    with pytest.raises(EngineStalled) as caught:
+        engine.generate(PROMPTS, 12, loop=_schedules_twice)
+    message = str(caught.value)
+    assert "round 0's plan was scheduled but never prepared or launched" in message
+    assert "deferred step" not in message and "launched rounds" not in message

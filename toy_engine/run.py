@@ -158,6 +158,7 @@ class Run:
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
     plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
+    prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -262,10 +263,14 @@ class Run:
             self.loop_thread, self.queued_aborts, self.ended = None, [], True
         self.stage = self.plugin = None
 
+    def dropped(self) -> list[int]:
+        """Rounds engine.schedule() planned whose plan was never prepared (nor launched)."""
+        return sorted(set(self.plans) - self.prepared)
+
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
-            raise stalled(scheduler, scheduling=True)
+            raise stalled(scheduler, scheduling=True, dropped=self.dropped())
         self.idle_schedule = True
 
 
@@ -282,16 +287,22 @@ def _copy(value):
     return list(value) if type(value) is list else value
 
 
-def stalled(scheduler, scheduling: bool = False) -> EngineStalled:
+def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
     """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
-    nothing to launch (the loop is still going), else the loop returned."""
+    nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
+    planned but never prepared, whose requests wait for them."""
     def names(reqs):
         return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
     stuck = [r for r in scheduler.running if r.num_inflight]
     kept = [r for r in scheduler.running if r.finished]
     left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
-    if stuck:
+    if stuck and dropped:
+        reason, reqs, msg = "unprocessed_inflight", stuck, (
+            f"{names(stuck)} still count a round that will never run: round {dropped[0]}'s "
+            f"plan was scheduled but never prepared or launched (was engine.schedule() called "
+            f"again before it ran?); run every plan engine.schedule() returns, once")
+    elif stuck:
         reason, reqs, msg = "unprocessed_inflight", stuck, (
             f"{names(stuck)} still wait for launched rounds whose results were never processed; "
             f"was a deferred step dropped instead of processed or flushed?")

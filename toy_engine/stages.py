@@ -145,6 +145,7 @@ class RoundStages:
         self._open("prepare_inputs")
         _takes("prepare_inputs", plan, Plan)
         self._run.check_plan("prepare_inputs", plan)
+        self._run.prepared.add(plan.round)
         freed = next((r for r in plan.requests if not r.blocks), None)
         if freed is not None:  # a plan kept from an earlier run, or a request freed since
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
