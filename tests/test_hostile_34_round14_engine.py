@@ -105,3 +105,43 @@ def test_a_plan_never_launched_is_named_not_a_dropped_deferred_step(engine):
     message = str(caught.value)
     assert "round 0's plan was scheduled but never prepared or launched" in message
     assert "deferred step" not in message and "launched rounds" not in message
+
+
+def _scheduling_cases(engine):
+    from overlap_course.labs import plugins, plugins_2026
+    from toy_engine.sequence import Request
+
+    def process_outputs(eng, step):
+        eng.device.wait(step.sample_done)
+        for req in eng.commit_outputs(step, eng.read_outputs(step)):
+            eng.scheduler.release_if_done(req)
+        if step.plan.round == 3:
+            eng.schedule()  # "what runs next?"
+
+    def commit(req, tokens, eos_id, decode):
+        Request.commit(req, tokens, eos_id, decode)
+        if req.index == 0 and len(req.output_ids) == 3:
+            engine.schedule()
+
+    def wants_more(req):
+        if req.index == 0 and len(req.output_ids) == 3:
+            engine.schedule()
+        return Request.wants_more(req)
+
+    def key(req, b):
+        if b == 0 and len(req.output_ids) == 4:
+            engine.schedule()
+        return req.row
+    return {"the plug-in process_outputs=process_outputs": dict(process_outputs=process_outputs),
+            "the plug-in per_request(commit=commit)": dict(on_round=plugins.per_request(commit=commit)),
+            "engine.schedule() (a plug-in it calls": dict(
+                on_round=plugins.per_request(wants_more=wants_more)),
+            "the plug-in future_key: key=key": dict(loop=plugins_2026.future_key(key))}
+
+
+def test_a_stage_called_from_any_plug_in_is_refused_by_name(engine):
+    for where, plugins in _scheduling_cases(engine).items():
+        with pytest.raises(RuntimeError) as caught:
+            engine.generate(PROMPTS, 12, **plugins)
+        assert f"engine.schedule() was called from inside {where}" in str(caught.value), where
+    assert len(engine.generate(PROMPTS, 12)) == 3

@@ -188,9 +188,11 @@ class Run:
                 f"on this engine: only the run's loop calls the stages (a round planned or "
                 f"launched here is one the loop never sees); from another thread call only "
                 f"engine.abort(request_id), or give each thread its own Engine")
-        if self.plugin is not None and stage in ROUND_STAGES:
+        inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
+                  f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
+        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):
             raise RuntimeError(
-                f"engine.{stage}() was called from inside the plug-in {self.plugin}: a stage "
+                f"engine.{stage}() was called from inside {inside}: a stage "
                 f"called there plans or launches a round the loop never processes (and "
                 f"engine.schedule() calls on_round itself); only the loop calls the stages. To "
                 f"see what runs next, read engine.scheduler.waiting and engine.scheduler.running")

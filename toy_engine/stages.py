@@ -91,11 +91,11 @@ class RoundStages:
         """A loop's plug-in runs inside (``plugin``: its name in messages), as the engine's do:
         a round's stage it calls is refused, an abort it makes is applied at once."""
         run = self._run
-        run.plugin = plugin
+        previous, run.plugin = run.plugin, plugin
         try:
             yield
         finally:
-            run.plugin = None
+            run.plugin = previous
 
     @_stage
     def schedule(self) -> Plan | None:
@@ -243,7 +243,8 @@ class RoundStages:
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom = self._run.process_outputs
         if custom is not None:
-            with self.timeline.host_span(stage, step.plan.round, step.owner):
+            with (self.timeline.host_span(stage, step.plan.round, step.owner),
+                  self.calling(self._run.labels["process_outputs"])):
                 custom(self, step)
             return
         with self.timeline.host_span(Stage.WAIT, step.plan.round, step.owner):
@@ -297,7 +298,9 @@ class RoundStages:
                 run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+            with (self.calling(_label(vars(req)["commit"])) if "commit" in vars(req)
+                  else contextlib.nullcontext()):
+                req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             if "commit" in vars(req):  # a plug-in's: what it stored goes to the device
                 self._check_committed(req, before)
             run.counts["tokens"] += len(req.output_ids) - before

@@ -122,9 +122,10 @@ def future_key(key):
 def _prepare_keyed(engine, plan, key):
     """``engine.prepare_inputs(plan)`` with each request's row replaced by its key meanwhile."""
     rows = engine.config.max_batch_size
-    keys = []
+    keys, label = [], f"future_key: key={plugin_label(key)}"
     for b, req in enumerate(plan.requests):
-        k = key(req, b)
+        with engine.calling(label):
+            k = key(req, b)
         whole = _whole(k)
         where = f"for prompt {req.index} (place {b} in round {plan.round}'s batch)"
         if whole_float(zero_d(k)):
