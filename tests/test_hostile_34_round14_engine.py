@@ -133,7 +133,8 @@ def _scheduling_cases(engine):
             engine.schedule()
         return req.row
     return {"the plug-in process_outputs=process_outputs": dict(process_outputs=process_outputs),
-            "the plug-in per_request(commit=commit)": dict(on_round=plugins.per_request(commit=commit)),
+            "the plug-in per_request(commit=commit)": dict(
+                on_round=plugins.per_request(commit=commit)),
             "engine.schedule() (a plug-in it calls": dict(
                 on_round=plugins.per_request(wants_more=wants_more)),
             "the plug-in future_key: key=key": dict(loop=plugins_2026.future_key(key))}

@@ -46,7 +46,7 @@ class Plan:
     requests: list[Request]
 
     def snapshot(self) -> tuple:
-        """Its round, kind and requests (by identity, in order): what a stage checks is unchanged."""
+        """Its round, kind and requests (by identity, in order): what stages check unchanged."""
         return (self.round, self.is_prefill, [id(r) for r in self.requests]
                 if type(self.requests) is list else self.requests)
 
