@@ -23,6 +23,7 @@ class RoundInputs:
     max_q: int
     blocks: set
     run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
+    forwarded: bool = field(default=False, repr=False)  # launch_forward was given it
 
 
 @dataclass
@@ -94,6 +95,18 @@ class StaleInputs(RuntimeError):
         self.stage, self.round, self.latest, self.foreign = stage, round, latest, foreign
 
 
+class SampleBeforeForward(RuntimeError):
+    """launch_sample was given round ``round``'s inputs before launch_forward was (refused on
+    the host: the device's sample would read logits no forward computed)."""
+
+    def __init__(self, round: int):
+        super().__init__(f"launch_sample was given round {round}'s inputs before their forward "
+                         f"was launched: sampling picks tokens from the logits the round's "
+                         f"forward computes. Call engine.launch_forward(inputs) first, then "
+                         f"engine.launch_sample(inputs)")
+        self.round = round
+
+
 class ForeignStep(RuntimeError):
     """A step launched by another run (an earlier ``generate``, on this engine or another) was
     given to this run: its event, output slot and requests are that run's (``round``: its round)."""
@@ -144,6 +157,8 @@ class Run:
     labels: dict = field(default_factory=dict)  # generate's plug-ins, as messages name them
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
+    plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
+    prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -173,14 +188,35 @@ class Run:
                 f"on this engine: only the run's loop calls the stages (a round planned or "
                 f"launched here is one the loop never sees); from another thread call only "
                 f"engine.abort(request_id), or give each thread its own Engine")
-        if self.plugin is not None and stage in ROUND_STAGES:
+        inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
+                  f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
+        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):
             raise RuntimeError(
-                f"engine.{stage}() was called from inside the plug-in {self.plugin}: a stage "
+                f"engine.{stage}() was called from inside {inside}: a stage "
                 f"called there plans or launches a round the loop never processes (and "
                 f"engine.schedule() calls on_round itself); only the loop calls the stages. To "
                 f"see what runs next, read engine.scheduler.waiting and engine.scheduler.running")
         previous, self.stage = self.stage, stage
         return previous
+
+    def planned(self, plan: Plan) -> None:
+        """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
+        self.plans[plan.round] = plan.snapshot()
+        if plan.is_prefill:
+            self.prefill_rounds.add(plan.round)
+
+    def check_plan(self, stage: str, plan: Plan) -> None:
+        """Refuse a plan changed since engine.schedule() returned it (its requests reordered,
+        added or removed): the round's tokens are committed in its requests' order, and its
+        metadata went to the device in the order prepare_inputs saw."""
+        was = self.plans.get(plan.round)
+        if was is not None and was != plan.snapshot():
+            raise ValueError(
+                f"{stage} was given round {plan.round}'s plan changed since engine.schedule() "
+                f"returned it (its requests reordered, added or removed, or its kind): the "
+                f"round's metadata goes to the device in the plan's order and its tokens are "
+                f"handed out in that order, so they would reach the wrong prompts; do not "
+                f"change a plan, sort a copy: sorted(plan.requests, key=...)")
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,
@@ -229,10 +265,14 @@ class Run:
             self.loop_thread, self.queued_aborts, self.ended = None, [], True
         self.stage = self.plugin = None
 
+    def dropped(self) -> list[int]:
+        """Rounds engine.schedule() planned whose plan was never prepared (nor launched)."""
+        return sorted(set(self.plans) - self.prepared)
+
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
-            raise stalled(scheduler, scheduling=True)
+            raise stalled(scheduler, scheduling=True, dropped=self.dropped())
         self.idle_schedule = True
 
 
@@ -249,16 +289,22 @@ def _copy(value):
     return list(value) if type(value) is list else value
 
 
-def stalled(scheduler, scheduling: bool = False) -> EngineStalled:
+def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
     """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
-    nothing to launch (the loop is still going), else the loop returned."""
+    nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
+    planned but never prepared, whose requests wait for them."""
     def names(reqs):
         return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
     stuck = [r for r in scheduler.running if r.num_inflight]
     kept = [r for r in scheduler.running if r.finished]
     left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
-    if stuck:
+    if stuck and dropped:
+        reason, reqs, msg = "unprocessed_inflight", stuck, (
+            f"{names(stuck)} still count a round that will never run: round {dropped[0]}'s "
+            f"plan was scheduled but never prepared or launched (was engine.schedule() called "
+            f"again before it ran?); run every plan engine.schedule() returns, once")
+    elif stuck:
         reason, reqs, msg = "unprocessed_inflight", stuck, (
             f"{names(stuck)} still wait for launched rounds whose results were never processed; "
             f"was a deferred step dropped instead of processed or flushed?")

@@ -45,6 +45,11 @@ class Plan:
     is_prefill: bool
     requests: list[Request]
 
+    def snapshot(self) -> tuple:
+        """Its round, kind and requests (by identity, in order): what stages check unchanged."""
+        return (self.round, self.is_prefill, [id(r) for r in self.requests]
+                if type(self.requests) is list else self.requests)
+
 
 class Scheduler:
     """FIFO admission limited by batch size and KV capacity; prefill before decode."""

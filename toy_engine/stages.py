@@ -16,8 +16,8 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import (ForeignStep, RoundInputs, Run, RunEnded, StaleInputs, StepProcessedTwice,
-                  StepState)
+from .run import (ForeignStep, RoundInputs, Run, RunEnded, SampleBeforeForward, StaleInputs,
+                  StepProcessedTwice, StepState)
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -91,11 +91,11 @@ class RoundStages:
         """A loop's plug-in runs inside (``plugin``: its name in messages), as the engine's do:
         a round's stage it calls is refused, an abort it makes is applied at once."""
         run = self._run
-        run.plugin = plugin
+        previous, run.plugin = run.plugin, plugin
         try:
             yield
         finally:
-            run.plugin = None
+            run.plugin = previous
 
     @_stage
     def schedule(self) -> Plan | None:
@@ -130,8 +130,7 @@ class RoundStages:
             if self.scheduler.has_work():
                 run.note_idle_schedule(self.scheduler)
             return None
-        if plan.is_prefill:
-            run.prefill_rounds.add(plan.round)
+        run.planned(plan)
         if self.config.host_overhead_ms:
             with self.timeline.host_span(Stage.OVERHEAD, plan.round):
                 end = time.perf_counter() + self.config.host_overhead_ms / 1e3
@@ -145,6 +144,8 @@ class RoundStages:
         last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
         self._open("prepare_inputs")
         _takes("prepare_inputs", plan, Plan)
+        self._run.check_plan("prepare_inputs", plan)
+        self._run.prepared.add(plan.round)
         freed = next((r for r in plan.requests if not r.blocks), None)
         if freed is not None:  # a plan kept from an earlier run, or a request freed since
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
@@ -213,11 +214,14 @@ class RoundStages:
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
+        inputs.forwarded = True
 
     @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
         self._uploaded("launch_sample", inputs)
+        if not inputs.forwarded:
+            raise SampleBeforeForward(inputs.plan.round)
         r, slot = inputs.plan.round, inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
@@ -239,7 +243,8 @@ class RoundStages:
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom = self._run.process_outputs
         if custom is not None:
-            with self.timeline.host_span(stage, step.plan.round, step.owner):
+            with (self.timeline.host_span(stage, step.plan.round, step.owner),
+                  self.calling(self._run.labels["process_outputs"])):
                 custom(self, step)
             return
         with self.timeline.host_span(Stage.WAIT, step.plan.round, step.owner):
@@ -275,6 +280,7 @@ class RoundStages:
         A round is committed once, whichever StepState of it brings it (``StepProcessedTwice``)."""
         self._own("commit_outputs", step)
         plan, run = step.plan, self._run
+        run.check_plan("commit_outputs", plan)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         n = len(plan.requests)
         sampled = buffers.unpack_outputs(
@@ -292,7 +298,9 @@ class RoundStages:
                 run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+            with (self.calling(_label(vars(req)["commit"])) if "commit" in vars(req)
+                  else contextlib.nullcontext()):
+                req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             if "commit" in vars(req):  # a plug-in's: what it stored goes to the device
                 self._check_committed(req, before)
             run.counts["tokens"] += len(req.output_ids) - before

@@ -11,7 +11,8 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.run import EngineStalled, ForeignStep, StaleInputs, StepProcessedTwice
+from toy_engine.run import (EngineStalled, ForeignStep, SampleBeforeForward, StaleInputs,
+                            StepProcessedTwice)
 from toy_engine.timeline import Stage
 
 from .answers import MAX_MESSAGE, cut, type_name
@@ -64,6 +65,7 @@ _FIELDS = {
                 "owner": _int_or_none, "prompt": _int_or_none},
     StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
     ForeignStep: {"round": lambda x: type(x) is int},
+    SampleBeforeForward: {"round": lambda x: type(x) is int},
     StaleInputs: {"stage": lambda x: type(x) is str, "round": lambda x: type(x) is int,
                   "latest": _int_or_none, "foreign": lambda x: type(x) is bool},
     BadOutputs: {"round": lambda x: type(x) is int, "expected": lambda x: type(x) is int,

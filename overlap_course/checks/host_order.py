@@ -91,11 +91,8 @@ def common_mistakes(log: HostLog) -> Verdict | None:
     for r in log.rounds:
         fwd, smp, done = log.pos("launch_forward", r), log.pos("launch_sample", r), log.processing(r)
         if smp and (not fwd or smp[0] < fwd[0]):
-            what = "came before `launch_forward`" if fwd else "was called but `launch_forward` never was"
-            return fails("sample_before_forward",
-                         f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens "
-                         f"from the logits that the round's forward computes, so the forward must be launched "
-                         f"first (on the device the sample then read a stale or missing forward's logits)")
+            return sample_before_forward(log, r, "came before `launch_forward`" if fwd else
+                                         "was called but `launch_forward` never was")
         if len(log.pos("prepare", r)) > 1:
             return prepared_twice(log, r)
         if len(fwd) > 1 or len(smp) > 1:
@@ -123,6 +120,14 @@ def common_mistakes(log: HostLog) -> Verdict | None:
                          f"a launched round that will never produce a token. Run every plan that "
                          f"`engine.schedule()` returns")
     return corrected_launched_round(log)
+
+
+def sample_before_forward(log: HostLog, r: int, what: str) -> Verdict:
+    """Round ``r``'s sample launched (or, refused by the engine, asked for) before its forward."""
+    return fails("sample_before_forward",
+                 f"{log.who(r)}: `launch_sample` {what}. Sampling picks tokens from the logits "
+                 f"that the round's forward computes, so the forward must be launched first (the "
+                 f"engine refuses a sample whose forward was not launched)")
 
 
 def corrected_launched_round(log: HostLog) -> Verdict | None:

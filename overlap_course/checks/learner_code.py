@@ -10,13 +10,14 @@ import inspect
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
-from toy_engine.run import EngineStalled, ForeignStep, StaleInputs
+from toy_engine.run import EngineStalled, ForeignStep, SampleBeforeForward, StaleInputs
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import other_engine, pool
 from .pool_reading import pool_after, pool_before
 from .errors import engines, quoted, said
-from .host_order import HostLog, common_mistakes, corrected_old_inputs, prepared_twice
+from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
+                         sample_before_forward)
 from .verdict import Verdict, fails, not_implemented
 
 
@@ -150,6 +151,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict.message += log.stopped_at(left)
     if verdict is None and engines(err, ForeignStep):
         verdict = _foreign_step(log, err)
+    if verdict is None and engines(err, SampleBeforeForward):
+        verdict = sample_before_forward(log, err.round, "came before `launch_forward`")
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:

@@ -47,8 +47,7 @@ def batch_queue(depth: int, before_sample):
 def _plans(plan, held) -> list:
     """What the loop goes on with, of ``plan`` and the held steps' plans: their rounds, kinds
     and requests (by identity, in order)."""
-    return [(p.round, p.is_prefill, [id(r) for r in p.requests] if type(p.requests) is list
-             else p.requests) for p in (plan, *(step.plan for step in held))]
+    return [p.snapshot() for p in (plan, *(step.plan for step in held))]
 
 
 def _check_plans(was: list, now: list, label: str) -> None:
@@ -123,9 +122,10 @@ def future_key(key):
 def _prepare_keyed(engine, plan, key):
     """``engine.prepare_inputs(plan)`` with each request's row replaced by its key meanwhile."""
     rows = engine.config.max_batch_size
-    keys = []
+    keys, label = [], f"future_key: key={plugin_label(key)}"
     for b, req in enumerate(plan.requests):
-        k = key(req, b)
+        with engine.calling(label):
+            k = key(req, b)
         whole = _whole(k)
         where = f"for prompt {req.index} (place {b} in round {plan.round}'s batch)"
         if whole_float(zero_d(k)):
