@@ -44,6 +44,7 @@ def test_a_command_whose_stdout_is_closed_does_its_work(tmp_path):
     """``cmd >&-`` (cron, a daemon): stdout is None; wrapping it was an AttributeError, exit
     120, and the course half written."""
     dest = tmp_path / "course"
+    (tmp_path / "none.jsonl").touch()  # a record that does not exist is refused (round 14)
     for args in (["overlap_course.progress", str(tmp_path / "none.jsonl")],
                  ["overlap_course.build.grading", "course", str(dest)]):
         run = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", *args],
@@ -242,6 +243,7 @@ def test_a_stdout_that_cannot_encode_a_name_is_escaped(tmp_path):
     """PYTHONIOENCODING=ascii: ``grading course cours_é`` wrote the course, then died with a
     UnicodeEncodeError traceback; ``progress élève.jsonl`` blamed the record ("codec")."""
     env = {**ENV, "PYTHONIOENCODING": "ascii"}
+    (tmp_path / "\u00e9l\u00e8ve.jsonl").touch()  # a record that does not exist is refused
     for args in (["overlap_course.build.grading", "course", str(tmp_path / "cours_\u00e9")],
                  ["overlap_course.progress", str(tmp_path / "\u00e9l\u00e8ve.jsonl")]):
         run = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,

@@ -120,6 +120,18 @@ class ForeignStep(RuntimeError):
         self.round = round
 
 
+class StageInPlugin(RuntimeError):
+    """A round's stage (``stage``) called from inside a plug-in or another stage (``inside``)."""
+
+    def __init__(self, stage: str, inside: str):
+        super().__init__(f"engine.{stage}() was called from inside {inside}: a stage called "
+                         f"there plans or launches a round the loop never processes (and "
+                         f"engine.schedule() calls on_round itself); only the loop calls the "
+                         f"stages. To see what runs next, read engine.scheduler.waiting and "
+                         f"engine.scheduler.running")
+        self.stage = stage
+
+
 class RunEnded(RuntimeError):
     """A stage (``stage``) was given round ``round``'s inputs or step after its run ended."""
 
@@ -191,11 +203,7 @@ class Run:
         inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
                   f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
         if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):
-            raise RuntimeError(
-                f"engine.{stage}() was called from inside {inside}: a stage "
-                f"called there plans or launches a round the loop never processes (and "
-                f"engine.schedule() calls on_round itself); only the loop calls the stages. To "
-                f"see what runs next, read engine.scheduler.waiting and engine.scheduler.running")
+            raise StageInPlugin(stage, inside)
         previous, self.stage = self.stage, stage
         return previous
 

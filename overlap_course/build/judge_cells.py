@@ -1,6 +1,7 @@
 """How a judge process runs the submission's cells: in order, in one namespace, as the
 learner's kernel ran them -- IPython's own syntax (a magic that only times, shows or sets its
-cell runs its cell as IPython does: ``%%timeit`` in a function of its own), its history (``_``, ``__``, ``___``, ``_N``, ``Out``, ``In``) and
+cell runs its cell as IPython does: ``%%timeit`` in a function of its own), its history
+(``_``, ``__``, ``___``, ``_N``, ``Out``, ``In``) and
 top-level ``await`` included: round nine's right answers written with them scored 0."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.run import (EngineStalled, ForeignStep, SampleBeforeForward, StaleInputs,
-                            StepProcessedTwice)
+from toy_engine.run import (EngineStalled, ForeignStep, SampleBeforeForward, StageInPlugin,
+                            StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
 
 from .answers import MAX_MESSAGE, cut, type_name
@@ -66,6 +66,7 @@ _FIELDS = {
     StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
     ForeignStep: {"round": lambda x: type(x) is int},
     SampleBeforeForward: {"round": lambda x: type(x) is int},
+    StageInPlugin: {"stage": lambda x: type(x) is str},
     StaleInputs: {"stage": lambda x: type(x) is str, "round": lambda x: type(x) is int,
                   "latest": _int_or_none, "foreign": lambda x: type(x) is bool},
     BadOutputs: {"round": lambda x: type(x) is int, "expected": lambda x: type(x) is int,

@@ -98,8 +98,9 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
         verdict = unit(gap_ms, want, GAP_PRECISION_MS)
         if verdict is not None:
             return verdict
-    return fails("wrong", f"{shown} ms is not the gap: take the start of round {round}'s first device span "
-                          f"minus the end of round {round - 1}'s last device span (timeline.lane(\"device\"))")
+    return fails("wrong", f"{shown} ms is not the gap: take the start of round {round}'s first "
+                          f"device span minus the end of round {round - 1}'s last device span "
+                          f"(timeline.lane(\"device\"))")
 
 
 def _gap_mistakes(timeline, round: int, want: float) -> list[tuple[float, str, str]]:

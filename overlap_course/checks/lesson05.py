@@ -9,7 +9,7 @@ from __future__ import annotations
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
 from toy_engine.buffers import BadOutputs
-from toy_engine.run import EngineStalled, StepProcessedTwice
+from toy_engine.run import EngineStalled, StageInPlugin, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
@@ -388,6 +388,14 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
                      f"`engine.commit_outputs(step, out)` exactly once per step")
     if engines(err, EngineStalled):
         return lifetime_runs.stalled(err, engine, reference)
+    if engines(err, StageInPlugin):  # the engine refuses a stage inside the plug-in
+        return fails("calls_itself",
+                     f"your process_outputs called `engine.{err.stage}(step)`: in this run the "
+                     "engine's `process_outputs` calls *your* function (that is how it is plugged "
+                     "in), and a stage called from inside it would process the step again, so "
+                     "the engine refused. Do the steps yourself: "
+                     "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
+                     "`engine.commit_outputs(step, out)`, then free what is finished")
     if isinstance(err, RecursionError):
         called = "flush" if engine_frames(err) & {"flush"} else "process_outputs"
         via = " (`flush` processes the step through `process_outputs`)" if called == "flush" else ""
