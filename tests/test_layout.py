@@ -40,12 +40,14 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 59 (a plan changed since engine.schedule() returned it refused by prepare and commit; a
 # sample whose forward was not launched refused on the host; a stall names a plan never
 # prepared; a stage called from any plug-in refused by name), 3,879 until the refusal got its
-# own class (StageInPlugin), which exercise 05's check names as calls_itself: 8.
+# own class (StageInPlugin), which exercise 05's check names as calls_itself: 8, 3,887 until
+# round fifteen's engine15 added 4 (what a process_outputs plug-in commits itself is checked as a
+# per_request commit's is).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 3887, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 3891, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

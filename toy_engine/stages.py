@@ -241,11 +241,14 @@ class RoundStages:
         ``generate`` does all of that instead."""
         # Before the wait: another device's event may never come on this one.
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
-        custom = self._run.process_outputs
+        custom, label = self._run.process_outputs, self._run.labels.get("process_outputs")
         if custom is not None:
-            with (self.timeline.host_span(stage, step.plan.round, step.owner),
-                  self.calling(self._run.labels["process_outputs"])):
+            before = [(req, len(req.output_ids)) for req in step.plan.requests]
+            with self.timeline.host_span(stage, step.plan.round, step.owner), self.calling(label):
                 custom(self, step)
+            for req, length in before:  # it may commit itself: what it stored goes to the device
+                self._check_committed(req, length, f"{label}, committing prompt {req.index}'s "
+                                                   f"tokens itself,")
             return
         with self.timeline.host_span(Stage.WAIT, step.plan.round, step.owner):
             self.device.wait(step.sample_done)
@@ -302,7 +305,8 @@ class RoundStages:
                   else contextlib.nullcontext()):
                 req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             if "commit" in vars(req):  # a plug-in's: what it stored goes to the device
-                self._check_committed(req, before)
+                self._check_committed(req, before, f"prompt {req.index}'s commit, replaced on the "
+                                                   f"request by a plug-in ({_label(req.commit)}),")
             run.counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
                 run.counts["request_decode_rounds"] += 1
@@ -310,9 +314,10 @@ class RoundStages:
                 run.counts["accepted"] += len(kept) - 1
         return plan.requests
 
-    def _check_committed(self, req: Request, before: int) -> None:
-        """Refuse what a plug-in's ``commit`` put in ``req.output_ids`` other than token ids:
-        the next round sends the newest to the device, which would fail there."""
+    def _check_committed(self, req: Request, before: int, plugin: str) -> None:
+        """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
+        ``req.output_ids`` other than token ids: the next round sends the newest to the device,
+        which would fail there."""
         new = req.output_ids[before:] if type(req.output_ids) is list else None
         vocab = self.tokenizer.vocab_size
         bad = next((i for i, tok in enumerate(new or ()) if _bad_token(tok, vocab)), None)
@@ -320,11 +325,10 @@ class RoundStages:
             got = (f"req.output_ids = {shown(req.output_ids)}" if new is None else
                    f"{type(new[bad]).__name__} {shown(new[bad])} at req.output_ids"
                    f"[{before + bad}]")
-            raise TypeError(f"prompt {req.index}'s commit, replaced on the request by a plug-in "
-                            f"({_label(vars(req)['commit'])}), stored {got}: output_ids holds "
-                            f"token ids, ints from 0 to {vocab - 1} (the vocabulary has {vocab}), "
-                            f"and the next round sends them to the device; append the token id "
-                            f"(tok) and add decode([tok]) to req.text")
+            raise TypeError(f"{plugin} stored {got}: output_ids holds token ids, ints from 0 "
+                            f"to {vocab - 1} (the vocabulary has {vocab}), and the next round "
+                            f"sends them to the device; append the token id (tok) and add "
+                            f"decode([tok]) to req.text")
 
     @_stage
     def flush(self, previous: StepState | None) -> StepState | None:
