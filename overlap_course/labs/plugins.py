@@ -173,22 +173,38 @@ def deep_loop(depth: int, to_process, name: str):
     return loop
 
 
+_OPEN_RINGS = threading.local()  # per thread: (ring, token) for each ring entered, innermost last
+
+
 class ring:
     """Engines built and runs started inside, in this thread, use a ring of ``slots`` host slots
     (round N writes slot N % slots); another thread's keep their own (``te.engine.RING_SLOTS``,
     per thread: ``te.engine.NUM_SLOTS``, which all share, is left alone).  Reusable: a notebook
-    keeps ``three = ring(3)`` in one cell and re-runs ``with three:`` in another."""
+    keeps ``three = ring(3)`` in one cell and re-runs ``with three:`` in another.  Entered by
+    hand (``__enter__``), rings are exited innermost first, as ``with`` blocks are: an exit out
+    of that order is refused and changes nothing, since it would leave the outer ring's setting
+    behind."""
 
     def __init__(self, slots: int):
         self.slots = check_int("slots", slots, 1, MAX_SLOTS, " (host slots in the ring)")
-        self._entered = threading.local()  # per thread: each `with` resets its own setting
 
     def __enter__(self) -> None:
-        tokens = self._entered.__dict__.setdefault("tokens", [])
-        tokens.append(engine_module.RING_SLOTS.set(self.slots))
+        opened = _OPEN_RINGS.__dict__.setdefault("rings", [])
+        opened.append((self, engine_module.RING_SLOTS.set(self.slots)))
 
     def __exit__(self, *exc) -> None:
-        engine_module.RING_SLOTS.reset(self._entered.tokens.pop())
+        opened = _OPEN_RINGS.__dict__.setdefault("rings", [])
+        mine = [i for i, (entered, _) in enumerate(opened) if entered is self]
+        if not mine:
+            raise RuntimeError(f"{self!r} is not entered in this thread (exited already, or "
+                               f"entered in another thread): there is nothing to exit")
+        later = [repr(entered) for entered, _ in reversed(opened[mine[-1] + 1:])]
+        if later:
+            raise RuntimeError(f"{self!r} exited while {', '.join(later)}, entered after it, "
+                               f"{'is' if len(later) == 1 else 'are'} still entered; nothing was "
+                               f"changed: exit {', then '.join(later)} first, then {self!r} "
+                               f"(with blocks exit in that order)")
+        engine_module.RING_SLOTS.reset(opened.pop()[1])
 
     def __repr__(self) -> str:
         return f"ring({self.slots})"
