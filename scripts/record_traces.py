@@ -88,7 +88,7 @@ def _machine() -> dict:
     info = dict(node=platform.node(), platform=platform.platform(), python=platform.python_version(),
                 cpus=report["cpu_count"], usable_cpus=report["allowed"], affinity=report["affinity"],
                 cgroup_quota=report["cgroup_quota"], load_average=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__)
+                torch=str(torch.__version__))
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
@@ -121,7 +121,7 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
     made = Recording(
         command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
+        commit=_commit(), machine=_machine(), torch=str(torch.__version__), model=model_desc,
         prompts="overlap_course.measure.bench.default_workload", race_check=False, kept=kept, nice=os.nice(0),
         tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
         device_cpu_share_all_runs=[r[2]["device_cpu_share"] for r in runs], contention=meter)
