@@ -39,20 +39,36 @@ stamp() {
     for f in "${SETUP_INPUTS[@]}"; do echo "$f $(cksum < "$f" | cut -d' ' -f1,2)"; done
 }
 
+# What PY's -V says, for a message: its version only when it answers as a Python does (/bin/echo
+# answers "-V", /bin/true nothing); "(not found)" when it does not run (bash's own "line N: ...:
+# not found" thrown away: it would split the sentence).
+py_version() {
+    local said rc=0
+    said=$("$PY" -V 2>&1 </dev/null) 2>/dev/null || rc=$?
+    if [ "$rc" = 126 ] || [ "$rc" = 127 ]; then
+        echo "(not found)"
+    elif [[ "$said" =~ ^Python\ [0-9]+\.[0-9]+[^[:space:]]*$ ]]; then
+        echo "$said"
+    else
+        echo "(not a Python: its -V names no Python version)"
+    fi
+}
+
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         # pyproject.toml's requires-python (>=3.11); tests/test_packaging.py keeps the two equal.
-        if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; then
-            echo "run.sh: $PY is $("$PY" -V 2>/dev/null || echo "not found"); the course needs Python" \
+        # Its answer, not its exit status: /bin/true and /bin/echo exit 0 too.
+        if [ "$("$PY" -c 'import sys; print(sys.version_info[:2] < (3, 11))' 2>/dev/null)" \
+                != False ]; then
+            echo "run.sh: $PY is $(py_version); the course needs Python" \
                  "3.11 or newer (3.11 to 3.14). Pick one with PYTHON, e.g. PYTHON=python3.13 ./run.sh $1" >&2
             exit 2
         fi
         echo "run.sh: setting up $VENV with $(command -v "$PY") ($("$PY" -V 2>&1))" >&2
         "$PY" -m venv "$VENV"
     elif [ -n "${PYTHON:-}" ] && [ "$("$PY" -V 2>&1)" != "$("$VENV/bin/python" -V 2>&1)" ]; then
-        # 2>/dev/null: bash's own "run.sh: line N: ...: not found" would split the sentence
         echo "run.sh: $VENV already holds $("$VENV/bin/python" -V 2>&1), not PYTHON=$PYTHON's" \
-             "$("$PY" -V 2>/dev/null || echo "(not found)");" \
+             "$(py_version);" \
              "using $VENV (rm -rf $VENV to switch)" >&2
     fi
     local want

@@ -23,22 +23,34 @@ drift from the course: ``tests/test_course_shape.py`` fails when they would chan
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
-import re
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-from pathlib import Path
+import _signal  # loaded at Python's start: no import before SIGINT is held
 
-import nbformat
-import psutil
+# POSIX: a Ctrl-C while the course package imports waits for interruptible's handler
+_held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+    _signal, "pthread_sigmask") else None
+from overlap_course.ctrl_c import interruptible  # noqa: E402
 
-from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID
+interruptible(__name__, "measure_notebooks", _held)  # first: a Ctrl-C from here is one line
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nbformat  # noqa: E402
+import psutil  # noqa: E402
+
+from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID  # noqa: E402
+from overlap_course.command_line import run  # noqa: E402
+from overlap_course.safe_json import signals_held, write_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
@@ -99,8 +111,10 @@ def measure(path: Path, workdir: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "overlap_course.build.notebooks", "execute", str(copy)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its own session: a Ctrl-C reaches it once, from here (_stop), not twice (the terminal's too).
+    proc = subprocess.Popen([sys.executable, "-m", "overlap_course.build.notebooks", "execute",
+                             str(copy)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
     peak = {"uss_mb": 0.0, "pss_mb": 0.0, "kernel_uss_mb": 0.0, "device_processes": 0}
     done = threading.Event()
 
@@ -130,16 +144,32 @@ def measure(path: Path, workdir: Path) -> dict:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    status = None
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        done.set()
+        if status is None:  # Ctrl-C (or a kill): the notebook is stopped too, not left running
+            _stop(proc)
+        sampler.join()
     wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{path} failed to execute:\n{proc.stderr.read().decode()[-2000:]}")
     return {"notebook": str(path.relative_to(REPO)), "cells": len(nb.cells), "words": words,
             "reading_min": round(words / WORDS_PER_MINUTE, 1), "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "load_average": round(load, 1),
             **{k: round(v) for k, v in peak.items()}}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the notebook being measured as Ctrl-C stops it (it shuts its kernel down) and wait
+    for it; a second Ctrl-C meanwhile kills it at once."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait()
+    except BaseException:
+        proc.kill()
+        raise
 
 
 def _answer_names(rel: str) -> set[str]:
@@ -328,9 +358,7 @@ def main(argv=None) -> int:
                    help=f"only rewrite the headers' time lines and the tables from {TIMES.relative_to(REPO)}")
     a = p.parse_args(argv)
     if a.update and not a.record:
-        for path, text in updated_files(json.loads(TIMES.read_text())).items():
-            path.write_text(text)
-            print(f"updated {path.relative_to(REPO)}")
+        _write_all(updated_files(json.loads(TIMES.read_text())))
         return 0
     only = []  # --record PATH...: re-measure these, keep the file's other measurements
     if a.record and a.notebooks:
@@ -357,25 +385,31 @@ def main(argv=None) -> int:
                   f"{r['cpu_s']:.0f} s / {r['wall_s']:.0f} s ({r['load_average']:.1f}) | "
                   f"{r['uss_mb']} / {r['pss_mb']} MB ({r['device_processes']}) |", flush=True)
     if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
+        write_file(a.json, json.dumps(results, indent=1), "--json")
     if a.record and only:
         stored = json.loads(TIMES.read_text())
         for rel, r in zip(only, results):
             stored["runs"][rel] = {**r, "date": time.strftime("%Y-%m-%d"), "commit": _git_commit()}
         stored["runs"] = {rel: stored["runs"][rel] for rel in COURSE if rel in stored["runs"]}
-        TIMES.write_text(json.dumps(stored, indent=1) + "\n")
-        for path, text in updated_files(json.loads(TIMES.read_text())).items():
-            path.write_text(text)
-            print(f"updated {path.relative_to(REPO)}")
     elif a.record:
-        runs = {rel: r for rel, r in zip(COURSE, results)}
-        TIMES.write_text(json.dumps({"commit": _git_commit(), "date": time.strftime("%Y-%m-%d"),
-                                     "runs": runs}, indent=1) + "\n")
-        for path, text in updated_files(json.loads(TIMES.read_text())).items():
-            path.write_text(text)
-            print(f"updated {path.relative_to(REPO)}")
+        stored = {"commit": _git_commit(), "date": time.strftime("%Y-%m-%d"),
+                  "runs": {rel: r for rel, r in zip(COURSE, results)}}
+    if a.record:
+        text = json.dumps(stored, indent=1) + "\n"
+        _write_all({TIMES: text, **updated_files(json.loads(text))})
     return 0
 
 
+def _write_all(files: dict[Path, str]) -> None:
+    """Each file whole, and a Ctrl-C waits until all are written: the headers, the README and
+    the guide must agree with docs/learner_times.json (tests/test_course_shape.py)."""
+    with signals_held():
+        for path, text in files.items():
+            write_file(path, text, str(path.relative_to(REPO)))
+    for path in files:
+        if path != TIMES:
+            print(f"updated {path.relative_to(REPO)}")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run("measure_notebooks", main)  # Ctrl-C: one line, 130 (a second one ends it at once)

@@ -22,14 +22,27 @@ stand-in's host process instead, which has no device events: a check of this cod
 
 from __future__ import annotations
 
-import argparse
-import json
+import _signal  # loaded at Python's start, as are os and sys: no import before SIGINT is held
+import os.path
 import sys
-import time
-from pathlib import Path
+
+# POSIX: a Ctrl-C while the course package imports waits for interruptible's handler
+_held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+    _signal, "pthread_sigmask") else None
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
+from overlap_course.ctrl_c import interruptible  # noqa: E402
+
+interruptible(__name__, "profile_cuda", _held)  # first: a Ctrl-C from here is one line, 130
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from overlap_course.command_line import importing, run  # noqa: E402
+from overlap_course.safe_json import write_file, write_whole  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 MODES = ("serial", "zos")
 
@@ -64,7 +77,8 @@ def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int)
         if device == "cuda":
             torch.cuda.synchronize()
     path = out / f"torch_profile_{mode}.json.gz"
-    prof.export_chrome_trace(str(path))  # torch writes gzip when the name ends in .gz
+    # Whole or not at all (a Ctrl-C while torch writes): torch writes gzip, the name ends in .gz
+    write_whole(path, prof.export_chrome_trace)
     return path
 
 
@@ -75,7 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     a = p.parse_args(argv)
-    import torch
+    with importing("profile_cuda"):  # torch would swallow a Ctrl-C while it first imports
+        import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
         print("profile_cuda: skipped: no CUDA GPU visible to torch, so there are no GPU kernels to profile "
@@ -97,10 +112,11 @@ def main(argv=None) -> int:
                             "idle_after_syncs_us": idle["by_sync_us"], "rounds": idle["rounds"]}
         except ValueError as err:  # e.g. --device cpu: a host-only profile
             report[mode] = {"file": path.name, "error": str(err)}
-    (a.out / "torch_profile_summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_file(a.out / "torch_profile_summary.json", json.dumps(report, indent=1) + "\n",
+               "the summary")
     print(json.dumps(report, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("profile_cuda", main)  # Ctrl-C: one line, 130 (a second one ends it at once)

@@ -25,26 +25,39 @@ picture, not a benchmark (< 200 KB).
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import platform
-import shlex
-import statistics
-import subprocess
-import sys
-from dataclasses import asdict
-from pathlib import Path
+import _signal  # loaded at Python's start: no import before SIGINT is held
 
-import torch
+# POSIX: a Ctrl-C while the course package imports waits for interruptible's handler
+_held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT}) if hasattr(
+    _signal, "pthread_sigmask") else None
+from overlap_course.ctrl_c import interruptible  # noqa: E402
 
-from toy_engine import CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT, load_model
-from overlap_course.measure.bench import default_workload
-from overlap_course.measure.machine import machine_report
-from toy_engine.model import CHECKPOINT
-from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording, device_kind, recording,
-                                           trace_name)
-from overlap_course.measure.contention import BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE, contention
+interruptible(__name__, "record_traces", _held)  # first: a Ctrl-C while torch imports is one line
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
+                        load_model)
+from overlap_course.command_line import run  # noqa: E402
+from overlap_course.measure.bench import default_workload  # noqa: E402
+from overlap_course.measure.machine import machine_report  # noqa: E402
+from overlap_course.safe_json import signals_held, write_file  # noqa: E402
+from toy_engine.model import CHECKPOINT  # noqa: E402
+from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording,  # noqa: E402
+                                            device_kind, recording, trace_name)
+from overlap_course.measure.contention import (BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE,  # noqa: E402
+                                               contention)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +88,7 @@ def _machine() -> dict:
     info = dict(node=platform.node(), platform=platform.platform(), python=platform.python_version(),
                 cpus=report["cpu_count"], usable_cpus=report["allowed"], affinity=report["affinity"],
                 cgroup_quota=report["cgroup_quota"], load_average=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__)
+                torch=str(torch.__version__))
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
@@ -108,7 +121,7 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
     made = Recording(
         command=" ".join(shlex.quote(a) for a in ["python"] + sys.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=_commit(), machine=_machine(), torch=torch.__version__, model=model_desc,
+        commit=_commit(), machine=_machine(), torch=str(torch.__version__), model=model_desc,
         prompts="overlap_course.measure.bench.default_workload", race_check=False, kept=kept, nice=os.nice(0),
         tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
         device_cpu_share_all_runs=[r[2]["device_cpu_share"] for r in runs], contention=meter)
@@ -150,9 +163,11 @@ def main(argv=None) -> int:
               f"--allow-busy", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    for timeline, stem in recorded:
-        path = args.out / f"{stem}.json"
-        timeline.to_json(path)
+    texts = {args.out / f"{stem}.json": timeline.to_json() for timeline, stem in recorded}
+    with signals_held():  # each trace whole, and a Ctrl-C waits until the set is written
+        for path, text in texts.items():
+            write_file(path, text, f"the trace {path.name}")
+    for path in texts:
         size = path.stat().st_size
         print(f"{path}  {size / 1024:.1f} KB")
         if size > 200_000:
@@ -161,4 +176,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("record_traces", main)  # Ctrl-C: one line, 130 (a second one ends it at once)

@@ -26,6 +26,7 @@ from overlap_course.labs import plugins, plugins_2026
 from toy_engine import engine as engine_module
 from toy_engine.config import MAX_SLOTS
 from toy_engine import device as device_module
+from loops_for_tests import zos_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Once upon", "The cat", "A dog"]
@@ -129,23 +130,7 @@ def test_a_step_kept_from_a_run_whose_device_was_replaced_is_refused_not_waited_
     def bad_correction(meta, accepted, block_size):
         raise ValueError("the learner's correction has a bug")
 
-    def loop(eng):  # the ZOS loop, keeping each deferred step (a global `previous`)
-        previous = None
-        while eng.scheduler.has_work():
-            plan = eng.schedule()
-            if plan is None:
-                previous = eng.flush(previous)
-                continue
-            inputs = eng.prepare_inputs(plan)
-            if previous is not None:
-                eng.correct_on_device(inputs)
-            eng.launch_forward(inputs)
-            if previous is not None:
-                eng.process_outputs(previous)
-            previous = eng.launch_sample(inputs)
-            kept.append(previous)
-            if plan.is_prefill:
-                previous = eng.flush(previous)
+    loop = zos_loop(seen=lambda inputs, step: kept.append(step))  # keeps each step
     pid = engine.device.pid
     with pytest.raises(te.DeviceError, match="the learner's correction has a bug"):
         engine.generate(PROMPTS, max_new_tokens=20, loop=loop, correction=bad_correction)

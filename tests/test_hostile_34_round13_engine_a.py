@@ -280,8 +280,9 @@ def _bypassing_loop(engine):
 def test_a_loop_calling_the_schedulers_schedule_is_refused_naming_engine_schedule(engine_pool):
     engine = engine_pool(mode="serial", max_batch_size=3)
     reference = texts(engine.generate(PROMPTS, max_new_tokens=8))
-    with pytest.raises(RuntimeError, match=r"engine\.scheduler\.schedule\(\) plans a round "
-                                           r"behind the engine's back.*plan = engine\.schedule\(\)"):
+    with pytest.raises(RuntimeError,
+                       match=r"engine\.scheduler\.schedule\(\) plans a round behind the "
+                             r"engine's back.*plan = engine\.schedule\(\)"):
         engine.generate(PROMPTS, max_new_tokens=8, loop=_bypassing_loop,
                         on_round=plugins.aborts(lambda eng, rid: eng.abort(rid), [(2, 0)]))
     assert texts(engine.generate(PROMPTS, max_new_tokens=8)) == reference
@@ -294,7 +295,8 @@ def test_an_abort_from_another_thread_is_applied_with_the_engines_schedule(engin
     def slow(eng, r):
         started.set()
         time.sleep(0.01)
-    aborter = threading.Thread(target=lambda: (started.wait(30), engine.abort(engine.requests[0].id)))
+    aborter = threading.Thread(
+        target=lambda: (started.wait(30), engine.abort(engine.requests[0].id)))
     aborter.start()
     out = engine.generate(PROMPTS, max_new_tokens=60, on_round=slow)
     aborter.join(30)

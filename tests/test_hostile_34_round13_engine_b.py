@@ -21,6 +21,7 @@ import toy_engine as te
 from overlap_course.labs import plugins
 from toy_engine import engine as engine_module
 from toy_engine import run
+from loops_for_tests import zos_loop
 
 PROMPTS = ["Once upon", "The cat", "A dog"]
 
@@ -193,27 +194,7 @@ def test_09_a_plugin_answering_a_list_or_none_still_runs(engine):
 # ------------------------------------------------------------------ 11: after the run
 
 def _keeping_loop(kept):
-    def loop(eng):
-        previous = None
-        while eng.scheduler.has_work():
-            plan = eng.schedule()
-            if plan is None:
-                previous = eng.flush(previous)
-                continue
-            inputs = eng.prepare_inputs(plan)
-            if previous is not None:
-                eng.correct_on_device(inputs)
-            eng.launch_forward(inputs)
-            if previous is not None:
-                eng.process_outputs(previous)
-            current = eng.launch_sample(inputs)
-            kept.update(inputs=inputs, step=current)
-            if plan.is_prefill:
-                eng.process_outputs(current)
-                previous = None
-            else:
-                previous = current
-    return loop
+    return zos_loop(seen=lambda inputs, step: kept.update(inputs=inputs, step=step))
 
 
 def test_11_stages_refuse_the_objects_of_a_run_that_has_ended(engine):
