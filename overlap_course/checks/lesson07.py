@@ -272,8 +272,9 @@ def check_ring_slots(ring_slots) -> Verdict:
 def _ring_sizes(ring_slots, calls: tuple = (3, 8), again: bool = False) -> list[int] | Verdict:
     """``ring_slots`` asked for each depth a random number of times within ``calls``, in a
     shuffled order; the sizes per depth, or the verdict on an answer, or on one that changed
-    (from an earlier call, or an earlier check unless ``again``: this check's second asking). A function that changes only past every call
-    made here still passes: no number of calls can rule that out."""
+    (from an earlier call, or an earlier check unless ``again``: this check's second asking).
+    A function that changes only past every call made here still passes: no number of calls
+    can rule that out."""
     rng, got = random.Random(), {}
     asks = [d for d in DEPTHS for _ in range(rng.randint(*calls))]
     rng.shuffle(asks)

@@ -234,8 +234,8 @@ def _queue_verdict(before_sample) -> Verdict:
 
 def _kept(before_sample, answers: list):
     """``before_sample`` as the queue calls it, each call's (plan, held, answer, the device waits
-    it made: record.Wait) kept in ``answers``; the plug-in still checks the learner's own function (its
-    signature)."""
+    it made: record.Wait) kept in ``answers``; the plug-in still checks the learner's own
+    function (its signature)."""
     if not callable(before_sample):
         return before_sample  # the plug-in refuses it, named
 
