@@ -7,18 +7,14 @@ discarded rounds and flushes, the frees and race reports of its record.
 
 from __future__ import annotations
 
-import random
-import weakref
-
 from overlap_course.labs import plugins
-from toy_engine.config import MAX_SLOTS
 from toy_engine.races import RaceError
 from toy_engine.run import EngineStalled
 
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
-from . import context, pool, sandbox
-from .answers import int_set, items, returned_whole, show, whole
+from . import context, pool, ring_sizes, sandbox
+from .answers import int_set, items, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_workloads import DEPTHS
@@ -240,11 +236,6 @@ def _warm_ring_runs() -> None:
     runs.ring_engine(pool.DRAFTS)
 
 
-# What each ring_slots function answered per depth, across checks in this kernel: a size that
-# changes between checks on the same function is named, wherever the change comes.
-_ASKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 @exercise_check(_warm_ring_runs)
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
@@ -252,73 +243,23 @@ def check_ring_slots(ring_slots) -> Verdict:
     depth 1 also with drafts (the ZOS loop).  Each depth is asked a random number of times, in a
     shuffled order, before the runs and once more after: a size that depends on more than the
     depth (state kept between calls) is named where it changed."""
-    sizes = _ring_sizes(ring_slots)
+    sizes = ring_sizes.asked(ring_slots)
     if isinstance(sizes, Verdict):
         return sizes
     for depth, slots in zip(DEPTHS, sizes):
+        if isinstance(slots, Verdict):  # what it returned the first time, in depth order
+            return slots
         for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:
                 return verdict
-    again = _ring_sizes(ring_slots, calls=(1, 1), again=True)
+    again = ring_sizes.asked(ring_slots, calls=(1, 1), again=True)
     if isinstance(again, Verdict):
         again.message = f"asked again after the runs, {again.message}"
         return again
     return passes(f"depths {list(DEPTHS)} need rings of {sizes} (depth 1 with drafts too): every "
                   f"held round keeps its slot until it is waited for, and the round being prepared "
                   f"needs one more")
-
-
-def _ring_sizes(ring_slots, calls: tuple = (3, 8), again: bool = False) -> list[int] | Verdict:
-    """``ring_slots`` asked for each depth a random number of times within ``calls``, in a
-    shuffled order; the sizes per depth, or the verdict on an answer, or on one that changed
-    (from an earlier call, or an earlier check unless ``again``: this check's second asking).
-    A function that changes only past every call made here still passes: no number of calls
-    can rule that out."""
-    rng, got = random.Random(), {}
-    asks = [d for d in DEPTHS for _ in range(rng.randint(*calls))]
-    rng.shuffle(asks)
-    try:
-        earlier = _ASKED.setdefault(ring_slots, {})
-    except TypeError:  # an object that takes no weak reference: this check's calls only
-        earlier = {}
-    before = set() if again else set(earlier)
-    for n, depth in enumerate(asks, 1):
-        slots = _ring_size(ring_slots, depth)
-        if isinstance(slots, Verdict):
-            return slots
-        first = earlier.setdefault(depth, slots)
-        if slots != first:
-            when = ("in an earlier check" if depth in before else
-                    "earlier in this check, the depths asked in a shuffled order")
-            return fails("keeps_state",
-                         f"ring_slots({depth}) returned {first} {when}, then {slots} (call {n} "
-                         f"of this check): a loop holding that "
-                         f"many rounds always needs the same ring, so the size must depend on "
-                         f"the depth alone (keep no state between calls)")
-        got[depth] = slots
-    return [got[d] for d in DEPTHS]
-
-
-def _ring_size(ring_slots, depth: int) -> int | Verdict:
-    """``ring_slots(depth)`` as a plain int from 1 to MAX_SLOTS (a 0-d tensor or array is the
-    number it holds, as the other plug-ins' answers), or the verdict on what it returned."""
-    try:
-        got = ring_slots(depth)
-    except NotImplementedError:
-        return not_implemented("`ring_slots`")
-    except Exception as err:  # noqa: BLE001
-        return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
-    value = plugins.zero_d(got)
-    slots = returned_whole(value)  # a plain int, or None
-    if plugins.whole_float(value):
-        return fails("shape", f"ring_slots({depth}) returned {show(got)}, a float: the loop "
-                              f"makes a ring of that many slots, and a size must be "
-                              f"{plugins.AN_INT} (from 1 to {MAX_SLOTS})")
-    if slots is None or not 1 <= slots <= MAX_SLOTS:
-        return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole number of "
-                              f"slots from 1 to the engine's limit, {MAX_SLOTS}")
-    return slots
 
 
 def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:
