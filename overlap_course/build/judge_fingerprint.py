@@ -56,6 +56,7 @@ def _fingerprint() -> dict[str, tuple]:
 # compared by value as well as by identity.
 _BOOKS = {"overlap_course.build.judge_fingerprint": {"_KEPT"},
           "overlap_course.checks.harness": {"_RUNNING", "_PRISTINE"},
+          "overlap_course.checks.ring_sizes": {"ASKED"},
           "overlap_course.measure.contention": {"_WATCH"},
           "overlap_course.checks.pool": {"_ENGINES", "_CONFIGS", "_BUILT", "_PRINTS", "_DEVICES"},
           "overlap_course.checks.sandbox": {"_CURRENT", "OWN_HOOKS"},

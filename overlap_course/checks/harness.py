@@ -26,7 +26,7 @@ from overlap_course import progress
 from toy_engine.interrupts import hold_sigint
 from toy_engine.validate import never_runs
 
-from . import answers, errors, pool, sandbox
+from . import answers, errors, other_engine, pool, sandbox
 from .verdict import Verdict, fails
 
 _PRISTINE = sandbox.Pristine()
@@ -261,12 +261,12 @@ def _not_started() -> None:
 def _time_limited(check, args, kwargs) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
-    modes = torch._C._len_torch_function_stack()
+    modes, watch = torch._C._len_torch_function_stack(), other_engine.Watch()
     try:
         with hold_sigint():
-            stop = sandbox.start_time_limit(limit)
+            stop = sandbox.start_time_limit(limit, watched=watch.codes)
         verdict = check(*args, **kwargs)
-    except (SystemExit, sandbox.TimeUp) as exc:  # as in notebook_check, no call in here
+    except (SystemExit, sandbox.TimeUp, other_engine.Stopped) as exc:  # no call in here
         stopped = exc
     except answers.Junk as junk:  # a value the learner's function returned (or its own Junk)
         verdict = _junk(junk)
@@ -292,6 +292,8 @@ def _time_limited(check, args, kwargs) -> Verdict:
         torch_modes_back_to(modes)
         if ctrl_c is not None:
             raise ctrl_c
+    if watch.found is not None:  # first: what the other engine did next follows from it
+        return other_engine.verdict(*watch.found)
     if isinstance(stopped, SystemExit):
         code = SystemExit.code.__get__(stopped)  # the slot itself: a subclass's property may raise
         return fails("raised",

@@ -13,7 +13,7 @@ from toy_engine.engine import Engine
 from toy_engine.run import EngineStalled, ForeignStep, SampleBeforeForward, StaleInputs
 from toy_engine.record import Commit, Free, Refused, Wait
 
-from . import other_engine, pool
+from . import pool
 from .pool_reading import pool_after, pool_before
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -113,8 +113,6 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
         err = _EngineEdited(view.edits[0])
     elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
         err = _PastTheEnd(view.done_at, err)
-    else:
-        err = other_engine.found(err, engine, loop) or err
     log = HostLog(engine, view.plans if view else {})
     if endings:
         log.reference = pool.endings_reference()
@@ -127,8 +125,6 @@ def _stopped_by_checker(err) -> Verdict | None:
         return _edited(err.args)
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
-    if isinstance(err, other_engine.OtherEngine):
-        return other_engine.verdict(*err.args)
     if isinstance(err, _PastTheEnd):
         last, cause = err.args
         return fails("none_plan",

@@ -371,6 +371,10 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     if f"{got:.4f}" == f"{expected:.4f}":  # "got 0.3167, expected 0.3167" said nothing (round 11)
         return fails("wrong_value", f"got {got:.8f}, expected {expected:.8f}: the fraction rounded "
                                     f"or cut; the check allows 1e-6, so return it unrounded")
+    if 1 < got <= 100:  # no slip's percentage, but no fraction either (round 13)
+        return fails("percentage", f"got {got:g}, which looks like a percentage: give a fraction "
+                                   f"from 0 to 1, idle / (idle + busy) from timeline.device_gaps() "
+                                   f"and timeline.device_busy_ms(), not times 100")
     return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
                                 f"timeline.device_gaps() and timeline.device_busy_ms()")
 

@@ -7,16 +7,14 @@ discarded rounds and flushes, the frees and race reports of its record.
 
 from __future__ import annotations
 
-
 from overlap_course.labs import plugins
-from toy_engine.config import MAX_SLOTS
 from toy_engine.races import RaceError
 from toy_engine.run import EngineStalled
 
 from . import lab_mistakes as mistakes
 from . import lab_runs as runs
-from . import context, pool, sandbox
-from .answers import int_set, items, returned_whole, show, whole
+from . import context, pool, ring_sizes, sandbox
+from .answers import int_set, items, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_workloads import DEPTHS
@@ -242,54 +240,26 @@ def _warm_ring_runs() -> None:
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
     every depth in DEPTHS, each run on a ring that size, race checker on, and one slot smaller;
-    depth 1 also with drafts (the ZOS loop).  Then every depth is asked again, in the reverse
-    order: a size that depends on more than the depth (state kept between calls) would pass
-    asked once."""
-    sizes = []
-    for depth in DEPTHS:
-        slots = _ring_size(ring_slots, depth)
-        if isinstance(slots, Verdict):
+    depth 1 also with drafts (the ZOS loop).  Each depth is asked a random number of times, in a
+    shuffled order, before the runs and once more after: a size that depends on more than the
+    depth (state kept between calls) is named where it changed."""
+    sizes = ring_sizes.asked(ring_slots)
+    if isinstance(sizes, Verdict):
+        return sizes
+    for depth, slots in zip(DEPTHS, sizes):
+        if isinstance(slots, Verdict):  # what it returned the first time, in depth order
             return slots
         for drafts in (0, pool.DRAFTS) if depth == 1 else (0,):
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:
                 return verdict
-        sizes.append(slots)
-    for depth, first in reversed(list(zip(DEPTHS, sizes))):
-        again = _ring_size(ring_slots, depth)
-        if isinstance(again, Verdict):
-            again.message = f"asked again after the other depths, {again.message}"
-            return again
-        if again != first:
-            return fails("keeps_state",
-                         f"ring_slots({depth}) returned {first} the first time and {again} when "
-                         "asked again after the other depths: a loop holding that many rounds "
-                         "always needs the same ring, so the size must depend on the depth alone "
-                         "(keep no state between calls)")
+    again = ring_sizes.asked(ring_slots, calls=(1, 1), again=True)
+    if isinstance(again, Verdict):
+        again.message = f"asked again after the runs, {again.message}"
+        return again
     return passes(f"depths {list(DEPTHS)} need rings of {sizes} (depth 1 with drafts too): every "
                   f"held round keeps its slot until it is waited for, and the round being prepared "
                   f"needs one more")
-
-
-def _ring_size(ring_slots, depth: int) -> int | Verdict:
-    """``ring_slots(depth)`` as a plain int from 1 to MAX_SLOTS (a 0-d tensor or array is the
-    number it holds, as the other plug-ins' answers), or the verdict on what it returned."""
-    try:
-        got = ring_slots(depth)
-    except NotImplementedError:
-        return not_implemented("`ring_slots`")
-    except Exception as err:  # noqa: BLE001
-        return fails("raised", f"ring_slots({depth}) raised {quoted(err)}")
-    value = plugins.zero_d(got)
-    slots = returned_whole(value)  # a plain int, or None
-    if plugins.whole_float(value):
-        return fails("shape", f"ring_slots({depth}) returned {show(got)}, a float: the loop "
-                              f"makes a ring of that many slots, and a size must be "
-                              f"{plugins.AN_INT} (from 1 to {MAX_SLOTS})")
-    if slots is None or not 1 <= slots <= MAX_SLOTS:
-        return fails("shape", f"ring_slots({depth}) returned {show(got)}: return a whole number of "
-                              f"slots from 1 to the engine's limit, {MAX_SLOTS}")
-    return slots
 
 
 def _ring_verdict(depth: int, slots: int, drafts: int) -> Verdict | None:

@@ -14,7 +14,7 @@ from overlap_course.labs import plugins, plugins_2026
 from toy_engine import loops
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
-from toy_engine.record import Commit, Launch
+from toy_engine.record import Commit, Launch, Wait
 from toy_engine.run import StepProcessedTwice
 
 from . import context, pool
@@ -217,6 +217,9 @@ def _queue_verdict(before_sample) -> Verdict:
         held, shipped = in_flight_at_samples(_queue_engine(constrained).record.events), None
         if not constrained:
             shipped = queue_depths(depth, stop)
+        waited = _waited(what, answers)
+        if waited is not None:
+            return waited
         if shipped is not None and held != shipped:
             at = next(i for i, (a, b) in enumerate(zip(held, shipped)) if a != b)
             return fails("waits_without_need",
@@ -230,25 +233,52 @@ def _queue_verdict(before_sample) -> Verdict:
 
 
 def _kept(before_sample, answers: list):
-    """``before_sample`` as the queue calls it, each call's (plan, held, answer) kept in
-    ``answers``; the plug-in still checks the learner's own function (its signature)."""
+    """``before_sample`` as the queue calls it, each call's (plan, held, answer, the device waits
+    it made: record.Wait) kept in ``answers``; the plug-in still checks the learner's own
+    function (its signature)."""
     if not callable(before_sample):
         return before_sample  # the plug-in refuses it, named
 
     @functools.wraps(before_sample)
     def kept(engine, plan, held):
+        events = engine.record.events
+        before = len(events)
         answer = before_sample(engine, plan, held)
-        answers.append((plan, held, answer))
+        waits = [e for e in events[before:] if isinstance(e, Wait)]
+        answers.append((plan, held, answer, waits))
         return answer
     return kept
+
+
+def _waited(what: str, answers: list) -> Verdict | None:
+    """A run where ``before_sample`` itself waited for the device past the held steps it returned
+    to process (read from the run's record, as lab 2's abort is judged): the host stalls at that
+    sample for work the sampler does not read, and the overlap the queue keeps is lost."""
+    calls = []
+    for plan, held, answer, waits in answers:
+        n = min(max(whole(answer) or 0, 0), len(held))
+        last = held[n - 1].sample_done.seq if n else -1  # what the loop then waits for itself
+        beyond = [w for w in waits if w.seq > last]
+        if beyond:
+            calls.append((plan.round, n, beyond[0]))
+    if not calls:
+        return None
+    rnd, n, first = calls[0]
+    return fails("serializes",
+                 f"{what}: your before_sample waited for the device itself in {len(calls)} of "
+                 f"its {len(answers)} calls, first before round {rnd}'s sample, on round "
+                 f"{first.round}'s `{first.stage}`, beyond the {n} held step(s) it returned to "
+                 f"process: the host stalls there though the sampler does not read that work, "
+                 f"and the overlap is lost. Only return how many held steps to process; the "
+                 f"loop waits for those it processes")
 
 
 def _by_name(before_sample, answers: list) -> str:
     """Why a title-case run got 0 at every sample, where the function tests the constraint by
     its name (blind round 12: `engine.constraint == "title_case"` is never true): it is asked
     again with an engine whose constraint is that name.  "" if it is not that."""
-    asked = [(plan, held) for plan, held, answer in answers if held]
-    if not asked or any(whole(answer) != 0 for _, _, answer in answers):
+    asked = [(plan, held) for plan, held, _, _ in answers if held]
+    if not asked or any(whole(answer) != 0 for _, _, answer, _ in answers):
         return ""
     title = _title_engine()
     named = types.SimpleNamespace(constraint=pool.CONSTRAINT, config=title.config)

@@ -140,6 +140,12 @@ def idle_slips(timeline, stats, expected: float) -> list[tuple]:
             slips.append(("wall_denominator", idle / denominator, "idle over the wall time",
                           "wall_ms also counts host-only time before the first and after the "
                           "last device work: use idle + busy as the denominator", None))
+    # the same slips given as a percentage (72.2 for a busy fraction of 0.722: round 13)
+    slips += [("percentage", 100 * value, f"{what} as a percentage ({100 * value:.2f}%)",
+               f"give a fraction from 0 to 1, not a percentage; {fix}",
+               _whole_if_two_digits(100 * value, "a whole percent"))
+              for category, value, what, fix, _ in slips[1:]
+              if category in ("busy_fraction", "idle_over_busy", "wall_denominator")]
     return slips
 
 

@@ -78,7 +78,7 @@ def _is_learners(filename: str) -> bool:
     return not (path.startswith(_PACKAGE_DIRS) or path.startswith(_LIBRARY_DIRS))
 
 
-def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
+def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True, watched=None):
     """Stop the learner's code once ``seconds`` have passed; returns ``stop``, to call when the
     check ends.  At each line of the learner's code after that, TimeUp is scheduled in this thread.
     On the main thread (a notebook's kernel, a script) an alarm also raises TimeUp from
@@ -86,6 +86,8 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     ``Event().wait()``, a lock taken twice -- never reaches a line, but a signal wakes it.
     ``trace=False`` (a notebook check, whose quick path must stay quick): on the main thread,
     the alarm alone, at the deadline; elsewhere (or with no setitimer), as with ``trace``.
+    ``watched`` (traced only): {code: hook}, each hook called with a frame of that code as it
+    starts (``other_engine.Watch``).
 
     Not raised by the trace function itself: Python turns tracing off for good when a trace
     function raises, and a learner's ``except BaseException`` would then spin on untraced.
@@ -114,7 +116,7 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
     deadline, thread = time.monotonic() + seconds, threading.get_ident()
     up = _limits_class(seconds)
     stopped, lock = threading.Event(), threading.Lock()
-    on_call = _tracer(deadline, thread, up, stopped)[1]
+    on_call = _tracer(deadline, thread, up, stopped, watched)[1]
 
     def watchdog():
         if stopped.wait(seconds + _GRACE_S):
@@ -145,10 +147,12 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True):
 _GRACE_S, _RETRY_S = 0.5, 0.02
 
 
-def _tracer(deadline: float, thread: int, up: type, stopped):
+def _tracer(deadline: float, thread: int, up: type, stopped, watched: dict | None = None):
     """The trace functions of a time limit: (for a learner's frame, for every call).  Past the
     deadline, each line of the learner's code schedules ``up`` in ``thread`` until ``stopped``
-    is set."""
+    is set; a call of a ``watched`` code runs its hook."""
+    watched = watched or {}
+
     def in_learners_frame(frame, event, arg):
         if event == "line" and time.monotonic() > deadline and not stopped.is_set():
             if not up.line:  # the first of the learner's lines past the deadline: where it was
@@ -157,6 +161,8 @@ def _tracer(deadline: float, thread: int, up: type, stopped):
         return in_learners_frame
 
     def on_call(frame, event, arg):
+        if frame.f_code in watched:
+            watched[frame.f_code](frame)
         return in_learners_frame if _is_learners(frame.f_code.co_filename) else None
 
     return in_learners_frame, on_call
