@@ -178,8 +178,8 @@ def test_08_a_failed_launch_leaves_no_pending_launch():
 def test_08_a_plan_kept_from_an_earlier_run_is_refused_by_prepare_inputs():
     eng, kept = _kept_from_a_run()
     with eng:
-        with pytest.raises(ValueError, match=r"prepare_inputs was given round \d+'s plan, but "
-                                             r"prompt 0 in it no longer holds KV blocks"):
+        with pytest.raises(RuntimeError, match=r"prepare_inputs was given round \d+'s plan of a "
+                                               r"run that has ended"):  # as its inputs and step
             eng.prepare_inputs(kept["plan"])
         _usable(eng)
 

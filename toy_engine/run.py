@@ -46,8 +46,9 @@ class StepState:
 
 class EngineStalled(RuntimeError):
     """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a
-    deferred step dropped or not flushed), ``"finished_kept_blocks"`` (finished requests keep
-    blocks and rows), ``"loop_returned_with_work"``, ``"not_planned"`` (a schedule found no
+    round in flight never processed: a deferred step dropped, a plan never launched),
+    ``"finished_kept_blocks"`` (finished requests keep blocks and rows),
+    ``"loop_returned_with_work"``, ``"not_planned"`` (a schedule found no
     round for unfinished requests with nothing in flight: a plug-in's ``wants_more`` or
     ``commit``, or changed fields); ``"no_progress"``: a plug-in's rounds commit nothing (the
     course's ``per_request``).  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
@@ -108,16 +109,37 @@ class SampleBeforeForward(RuntimeError):
 
 
 class ForeignStep(RuntimeError):
-    """A step launched by another run (an earlier ``generate``, on this engine or another) was
-    given to this run: its event, output slot and requests are that run's (``round``: its round)."""
+    """A step (``what``: "step") or plan ("plan") of another run (an earlier ``generate``, or one
+    still going on another engine) was given to this run: its requests (and a step's event and
+    output slot) are that run's (``round``: its round)."""
 
-    def __init__(self, round: int):
-        super().__init__(f"round {round}'s step was launched by another run (an earlier generate, "
-                         f"on this engine or another, that returned or was interrupted): a "
-                         f"StepState is processed only in the run that launched it. Was `previous` "
-                         f"kept from that run (a global, a default argument)? Start each loop with "
-                         f"`previous = None`")
-        self.round = round
+    def __init__(self, round: int, what: str = "step"):
+        whose = ("another run (an earlier generate, on this engine or another, or one still "
+                 "going on another engine)")
+        super().__init__(
+            f"round {round}'s step was launched by {whose}: a StepState is processed only in "
+            f"the run that launched it. Was `previous` kept from that run (a global, a default "
+            f"argument)? Start each loop with `previous = None`" if what == "step" else
+            f"round {round}'s plan was scheduled by {whose}, or built by hand: a plan is "
+            f"prepared only in the run whose engine.schedule() returned it (its requests, KV "
+            f"blocks and rows are that run's). Was `plan` kept from that run (a global, a "
+            f"default argument)? Prepare the plan this loop's engine.schedule() just returned")
+        self.round, self.what = round, what
+
+
+class PreparedTwice(RuntimeError):
+    """prepare_inputs was given round ``round``'s plan again (prepared before; ``ran``: its
+    tokens handed out); ``latest``: the last round engine.schedule() planned."""
+
+    def __init__(self, round: int, latest: int, ran: bool):
+        done = " and its round ran (its tokens were handed out)" if ran else ""
+        since = (f"; engine.schedule() has returned round {latest}'s plan since, and that plan "
+                 f"never runs" if latest > round else "")
+        super().__init__(f"prepare_inputs was given round {round}'s plan, which was already "
+                         f"prepared{done}{since}. Prepare each plan once, the one "
+                         f"engine.schedule() just returned (a plan kept from an earlier round, "
+                         f"in a variable the loop reuses, runs nothing new)")
+        self.round, self.latest, self.ran = round, latest, ran
 
 
 class StageInPlugin(RuntimeError):
@@ -171,6 +193,7 @@ class Run:
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
     plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
     prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
+    sampled: set = field(default_factory=set)  # rounds whose sample was launched
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -209,7 +232,7 @@ class Run:
 
     def planned(self, plan: Plan) -> None:
         """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
-        self.plans[plan.round] = plan.snapshot()
+        self.plans[plan.round], plan.run = plan.snapshot(), self
         if plan.is_prefill:
             self.prefill_rounds.add(plan.round)
 
@@ -273,9 +296,10 @@ class Run:
             self.loop_thread, self.queued_aborts, self.ended = None, [], True
         self.stage = self.plugin = None
 
-    def dropped(self) -> list[int]:
-        """Rounds engine.schedule() planned whose plan was never prepared (nor launched)."""
-        return sorted(set(self.plans) - self.prepared)
+    def dropped(self) -> list[tuple[int, bool]]:
+        """Rounds engine.schedule() planned whose sample was never launched, each with whether
+        its plan was prepared."""
+        return [(r, r in self.prepared) for r in sorted(set(self.plans) - self.sampled)]
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
@@ -300,7 +324,7 @@ def _copy(value):
 def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
     """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
     nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
-    planned but never prepared, whose requests wait for them."""
+    planned but never launched (``Run.dropped``), whose requests wait for them."""
     def names(reqs):
         return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
@@ -308,14 +332,19 @@ def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
     kept = [r for r in scheduler.running if r.finished]
     left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
     if stuck and dropped:
+        r, prepared = dropped[0]
+        how = ("was prepared but its sample never launched (engine.launch_forward(inputs), "
+               "then engine.launch_sample(inputs), then process the step)" if prepared else
+               "was scheduled but never prepared or launched (was engine.schedule() called "
+               "again before it ran?)")
         reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still count a round that will never run: round {dropped[0]}'s "
-            f"plan was scheduled but never prepared or launched (was engine.schedule() called "
-            f"again before it ran?); run every plan engine.schedule() returns, once")
+            f"{names(stuck)} still count{'s' * (len(stuck) == 1)} a round that will never "
+            f"run: round {r}'s plan {how}; run every plan engine.schedule() returns, once")
     elif stuck:
         reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still wait for launched rounds whose results were never processed; "
-            f"was a deferred step dropped instead of processed or flushed?")
+            f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for launched rounds whose "
+            f"results were never processed; was a deferred step dropped instead of processed or "
+            f"flushed?")
     elif kept:
         blocked = "waiting requests can never start" if scheduler.waiting else "the scheduler always has work"
         reason, reqs, msg = "finished_kept_blocks", kept, (

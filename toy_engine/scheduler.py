@@ -1,7 +1,7 @@
 """Continuous batching: which requests run in the next round, and where their KV lives."""
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .sequence import Request
 
@@ -44,6 +44,7 @@ class Plan:
     round: int
     is_prefill: bool
     requests: list[Request]
+    run: object = field(default=None, repr=False, compare=False)  # the run that scheduled it
 
     def snapshot(self) -> tuple:
         """Its round, kind and requests (by identity, in order): what stages check unchanged."""

@@ -16,8 +16,8 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import (ForeignStep, RoundInputs, Run, RunEnded, SampleBeforeForward, StaleInputs,
-                  StepProcessedTwice, StepState)
+from .run import (ForeignStep, PreparedTwice, RoundInputs, Run, RunEnded, SampleBeforeForward,
+                  StaleInputs, StepProcessedTwice, StepState)
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -144,13 +144,20 @@ class RoundStages:
         last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
         self._open("prepare_inputs")
         _takes("prepare_inputs", plan, Plan)
-        self._run.check_plan("prepare_inputs", plan)
-        self._run.prepared.add(plan.round)
+        run = self._run
+        if plan.run is not run:  # as a step's run is checked (_own)
+            raise ForeignStep(plan.round, what="plan")
+        if run.ended:
+            raise RunEnded("prepare_inputs", plan.round, "plan")
+        run.check_plan("prepare_inputs", plan)
+        if plan.round in run.prepared:
+            raise PreparedTwice(plan.round, max(run.plans), plan.round in run.committed)
+        run.prepared.add(plan.round)
         freed = next((r for r in plan.requests if not r.blocks), None)
-        if freed is not None:  # a plan kept from an earlier run, or a request freed since
+        if freed is not None:  # a plan kept, never prepared, past the round that freed it
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
-                             f"{freed.index} in it no longer holds KV blocks (freed, or its run "
-                             f"ended): prepare the plan engine.schedule() just returned")
+                             f"{freed.index} in it no longer holds KV blocks (freed since): "
+                             f"prepare the plan engine.schedule() just returned")
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)
@@ -232,6 +239,7 @@ class RoundStages:
             sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
                                              stage=Stage.SAMPLE, reads=reads, writes={buffers.out_buffer(slot)},
                                              record_event=True, owner=r)
+        self._run.sampled.add(r)
         return StepState(inputs.plan, slot, sample_done, self._run)
 
     @_stage

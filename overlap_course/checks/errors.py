@@ -11,8 +11,8 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.run import (EngineStalled, ForeignStep, SampleBeforeForward, StageInPlugin,
-                            StaleInputs, StepProcessedTwice)
+from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
+                            StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
 
 from .answers import MAX_MESSAGE, cut, type_name
@@ -64,7 +64,9 @@ _FIELDS = {
                 "buffer": _name_or_none, "access": _name_or_none, "blocks": _ints,
                 "owner": _int_or_none, "prompt": _int_or_none},
     StepProcessedTwice: {"round": lambda x: type(x) is int, "prompt_indexes": _ints},
-    ForeignStep: {"round": lambda x: type(x) is int},
+    ForeignStep: {"round": lambda x: type(x) is int,
+                  "what": lambda x: type(x) is str and x in ("step", "plan")},
+    PreparedTwice: {"round": lambda x: type(x) is int, "latest": lambda x: type(x) is int},
     SampleBeforeForward: {"round": lambda x: type(x) is int},
     StageInPlugin: {"stage": lambda x: type(x) is str},
     StaleInputs: {"stage": lambda x: type(x) is str, "round": lambda x: type(x) is int,

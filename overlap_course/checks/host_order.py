@@ -93,8 +93,6 @@ def common_mistakes(log: HostLog) -> Verdict | None:
         if smp and (not fwd or smp[0] < fwd[0]):
             return sample_before_forward(log, r, "came before `launch_forward`" if fwd else
                                          "was called but `launch_forward` never was")
-        if len(log.pos("prepare", r)) > 1:
-            return prepared_twice(log, r)
         if len(fwd) > 1 or len(smp) > 1:
             stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
             return fails("launched_twice",
@@ -155,12 +153,22 @@ def corrected_old_inputs(log: HostLog, r: int, after: str) -> Verdict:
                  f"`inputs`, right before `engine.launch_forward(inputs)`")
 
 
-def prepared_twice(log: HostLog, r: int) -> Verdict:
+def prepared_twice(log: HostLog, r: int, latest: int) -> Verdict:
+    """``prepare_inputs`` was given round ``r``'s plan again (the engine refused it), after
+    round ``latest``'s was scheduled."""
+    if latest > r:
+        return fails("prepared_twice",
+                     f"{log.who(r)}: your loop gave `prepare_inputs` its plan again after "
+                     f"`engine.schedule()` had returned round {latest}'s plan, so round "
+                     f"{latest}'s plan never ran (the engine refused the call). Prepare the plan "
+                     f"this iteration's `engine.schedule()` returned, not one kept from an "
+                     f"earlier round")
     return fails("prepared_twice",
-                 f"{log.who(r)}: `prepare_inputs` was called twice for the same plan. Each call writes the "
-                 f"round's metadata into the round's host buffer slot and launches an upload that reads it, so "
-                 f"the second call rewrites the slot while the first upload may still be reading it. Prepare "
-                 f"each plan once and launch with those inputs")
+                 f"{log.who(r)}: `prepare_inputs` was called twice for the same plan. Each call "
+                 f"writes the round's metadata into the round's host buffer slot and launches an "
+                 f"upload that reads it, so the second call would rewrite the slot while the first "
+                 f"upload may still be reading it (the engine refused it). Prepare each plan once "
+                 f"and launch with those inputs")
 
 
 def serial_order(log: HostLog) -> Verdict | None:

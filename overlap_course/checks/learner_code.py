@@ -10,7 +10,8 @@ import inspect
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 from toy_engine.engine import Engine
-from toy_engine.run import EngineStalled, ForeignStep, SampleBeforeForward, StaleInputs
+from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
+                            StaleInputs)
 from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
@@ -149,6 +150,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = _foreign_step(log, err)
     if verdict is None and engines(err, SampleBeforeForward):
         verdict = sample_before_forward(log, err.round, "came before `launch_forward`")
+    if verdict is None and engines(err, PreparedTwice):
+        verdict = prepared_twice(log, err.round, err.latest)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:
@@ -161,9 +164,16 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
 
 
 def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
-    """The loop processed a step an earlier run launched: the engine refused it, so this
-    run's own rounds were not processed twice (what the record alone would say)."""
+    """The loop processed a step (or prepared a plan) another run made: the engine refused it,
+    so this run's own rounds were not processed twice (what the record alone would say)."""
     at = f"at round {max(log.rounds)} of this run, " if log.rounds else ""
+    if err.what == "plan":
+        return fails("foreign_step",
+                     f"{at}your loop prepared round {err.round}'s plan, which this run never "
+                     f"scheduled: it is left from another run (an earlier generate or check, on "
+                     f"this engine or another), kept in a global, a default argument or an "
+                     f"attribute. Its requests, KV blocks and rows are that run's, so the engine "
+                     f"refused it. Prepare the plan this iteration's `engine.schedule()` returned")
     return fails("foreign_step",
                  f"{at}your loop processed round {err.round}'s StepState, which this run never "
                  f"launched: it is left from another run (an earlier generate or check, on this "
@@ -265,9 +275,22 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
                      f"for and processed (`engine.process_outputs(step)`)")
     if err.reason == "finished_kept_blocks":
         return fails("kept_blocks", kept_blocks_message(log, err))
-    return fails("stalled", f"the engine could not go on ({err.reason}, prompts "
-                            f"{err.prompt_indexes})"
+    unlaunched = [r for r in log.rounds if log.first("launch_sample", r) is None]
+    if err.reason == "unprocessed_inflight" and unlaunched:
+        return never_launched(log, unlaunched[0])
+    return fails("stalled", f"the engine could not go on (prompts {err.prompt_indexes})"
                             f"{log.stopped_at(err.prompt_indexes)}: {err}")
+
+
+def never_launched(log: HostLog, r: int) -> Verdict:
+    """Round ``r`` was prepared, and its sample never launched: its requests wait for it."""
+    forward = (", its forward launched but never its sample"
+               if log.first("launch_forward", r) is not None else "")
+    return fails("never_launched",
+                 f"{log.who(r)} was prepared but never launched{forward}: its requests now count "
+                 f"a round in flight that will never produce a token, so the run could not go "
+                 f"on. Launch every round you prepare, `engine.launch_forward(inputs)` then "
+                 f"`engine.launch_sample(inputs)`, and process its step")
 
 
 def skipped_step_message(log: HostLog, r: int, held) -> str:
@@ -303,9 +326,6 @@ _ENDED = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length
 
 
 def _raced(log: HostLog, err: RaceError) -> Verdict:
-    planned = max((q for s, q in log.events if s == "schedule"), default=-1)
-    if err.kind == "buffer" and err.access == "w" and err.launch == "upload" and err.round == planned:
-        return prepared_twice(log, planned)  # the second prepare of a plan was refused
     if err.kind == "buffer" and err.access == "w":
         r = err.round
         return fails("never_processed",

@@ -150,7 +150,7 @@ def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
                      "free every "
                      "finished request once no launched round uses it "
                      "(`engine.scheduler.release_if_done(req)`)")
-    return fails("stalled", f"the engine could not go on ({err.reason}: "
+    return fails("stalled", f"the engine could not go on ("
                             f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")
 
 

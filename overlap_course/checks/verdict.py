@@ -22,6 +22,7 @@ CATEGORIES = frozenset({
     "nested",
     # a learner's loop (exercises 02 and 03), read from the host's order of stages
     "sample_before_forward", "prepared_twice", "launched_twice", "processed_twice", "plan_dropped",
+    "never_launched",
     "scheduled_before_processing", "not_serial", "prefill_deferred", "not_deferred", "process_before_forward",
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",
     "loop_returned", "dropped_at_prefill", "no_flush", "never_processed", "none_plan", "correction",
