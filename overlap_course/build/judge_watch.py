@@ -41,6 +41,7 @@ class Watch:
         self.tracing: list[str] = []  # trace hooks set or unset while the time limit's was set
         self.changes = None
         self.lost = False  # the hook, turned off by an exception raised in it
+        self.called = False  # whether the check has called code of the submission's yet
         # what was registered before the submission's first line (a finalizer its cells
         # register may fire during the check)
         self.finalizers = set(weakref.finalize._registry)
@@ -93,10 +94,16 @@ class Watch:
                 and not self.foreign(function.__code__))
 
     def profile(self, frame, event: str, arg) -> None:
-        if event != "return" or self.changed or not self.foreign(frame.f_code):
+        """At each hand-back, and as the check first calls code of the submission's: what the
+        cells left is compared then, before that code runs, not only once it returns (round
+        15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
+        before any hand-back, after filling the references with a wrong loop's tokens)."""
+        if ((event != "return" and (event != "call" or self.called)) or self.changed
+                or not self.foreign(frame.f_code)):
             return
         caller = frame.f_back
         if caller is None or not self.foreign(caller.f_code):
+            self.called = True
             self.changed = self.changes() + self.deferred()
 
     def deferred(self) -> list[str]:
