@@ -41,6 +41,7 @@ class Watch:
         self.tracing: list[str] = []  # trace hooks set or unset while the time limit's was set
         self.changes = None
         self.lost = False  # the hook, turned off by an exception raised in it
+        self.called = False  # whether the check has called code of the submission's yet
         # what was registered before the submission's first line (a finalizer its cells
         # register may fire during the check)
         self.finalizers = set(weakref.finalize._registry)
@@ -66,7 +67,12 @@ class Watch:
         if event in ("sys.settrace", "sys.setprofile"):
             if self.changes is None:  # only while the check runs (its cells may run checks too)
                 return
-            if event == "sys.settrace" and self._time_limits(sys.gettrace()):
+            if event == "sys.setprofile" and sys.getprofile() is self.hook:
+                # also CPython turning this hook off, as it does when the time limit's TimeUp
+                # fires inside it (round 15: a time-out read as "your code changed
+                # sys.setprofile"): a lost hook, judged by the verdict
+                self.lost = True
+            elif event == "sys.settrace" and self._time_limits(sys.gettrace()):
                 # also CPython turning the time limit's trace off, as it does when its TimeUp
                 # fires inside the trace function (round 13: a slow check read as "your code
                 # changed sys.settrace"): judged as a lost profile hook is, by the verdict
@@ -88,10 +94,16 @@ class Watch:
                 and not self.foreign(function.__code__))
 
     def profile(self, frame, event: str, arg) -> None:
-        if event != "return" or self.changed or not self.foreign(frame.f_code):
+        """At each hand-back, and as the check first calls code of the submission's: what the
+        cells left is compared then, before that code runs, not only once it returns (round
+        15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
+        before any hand-back, after filling the references with a wrong loop's tokens)."""
+        if ((event != "return" and (event != "call" or self.called)) or self.changed
+                or not self.foreign(frame.f_code)):
             return
         caller = frame.f_back
         if caller is None or not self.foreign(caller.f_code):
+            self.called = True
             self.changed = self.changes() + self.deferred()
 
     def deferred(self) -> list[str]:
@@ -126,10 +138,11 @@ class Watch:
         sys.setprofile(self.hook)
 
     def stop(self) -> None:
-        """Stop watching.  A hook gone with no ``sys.setprofile`` of the submission's (which
-        ``hooks`` has) was turned off by CPython, as it does when a profile function raises: the
-        time limit's TimeUp, scheduled at the learner's last line, fires at the hook's entry."""
-        self.lost = sys.getprofile() is not self.hook
+        """Stop watching.  A hook gone, or turned off while it was set (``audited``), is lost:
+        CPython turns it off when a profile function raises, as the time limit's TimeUp does
+        when it fires at the hook's entry (scheduled at the learner's last line, or sent by the
+        watchdog into a ``time.sleep``); the verdict judges it (a pass is voided)."""
+        self.lost = self.lost or sys.getprofile() is not self.hook
         sys.setprofile(None)
         threading.setprofile(None)
         self.changes = None

@@ -154,7 +154,8 @@ def exercise_check(*warm):
                 return _nested(check.__name__)
             try:  # appended inside: a Ctrl-C right after it must not leave the name behind
                 _RUNNING.append(check.__name__)
-                note = restored_note(_PRISTINE.restore() + pool.heal(), _PRISTINE.was)
+                changed, was = _PRISTINE.restore()
+                note = restored_note(changed + pool.heal(), was)
                 verdict = _never_runs(check, args, kwargs)
                 if verdict is None:
                     for step in warm:
@@ -162,7 +163,7 @@ def exercise_check(*warm):
                     verdict = _cut(_time_limited(check, args, kwargs))
             finally:
                 _RUNNING.clear()  # only this check's name: a nested one returned above
-            patched = _PRISTINE.restore()
+            patched, _ = _PRISTINE.restore()
             if patched:
                 names = ", ".join(f"`{n}`" for n in patched[:4])
                 verdict = fails("edits_engine",

@@ -318,19 +318,20 @@ class Pristine:
                    for a, v in state.items())]
         self.contents = {path: (v, _held(v)) for path, v in boxes if type(v) in (list, dict)}
 
-    def restore(self) -> list[str]:
+    def restore(self) -> tuple[list[str], dict]:
         """Put back every changed or added module attribute and class attribute; returns
-        their names (``toy_engine.engine.NUM_SLOTS``) for the verdict.  ``self.was`` then holds,
-        per name, the value found, where it is a plain number or string (the note shows it).
+        their names (``toy_engine.engine.NUM_SLOTS``) for the verdict, and per name the value
+        found, where it is a plain number or string (the note shows it).  Returned, not kept:
+        the grading judge reads this record by value, which a restore must not change.
         An attribute put on a class with the very value it inherits (a learner's "put it back",
         ``Engine.flush = RoundStages.flush``) changes nothing: removed silently."""
-        changed, self.was = [], {}
+        changed, was = [], {}
         for name, (module, state) in self.modules.items():
             now = vars(module)
             for attr, value in state.items():
                 if now.get(attr, _MISSING) is not value:
                     changed.append(f"{name}.{attr}")
-                    self._note(changed[-1], now.get(attr, _MISSING), value)
+                    _note(was, changed[-1], now.get(attr, _MISSING), value)
                     setattr(module, attr, value)
         for (name, cls_name), (cls, state) in self.classes.items():
             now = dict(vars(cls))
@@ -351,17 +352,18 @@ class Pristine:
             if len(now) != len(want) or any(a is not b for p, q in zip(now, want)
                                             for a, b in zip(p, q)):
                 changed.append(path)
-                self.was[path] = (now, want)
+                was[path] = (now, want)
                 box.clear()  # put back in place: the engine and others hold this very object
                 if type(box) is dict:
                     box.update(want)
                 else:
                     box.extend(x for x, in want)
-        return changed
+        return changed, was
 
-    def _note(self, name: str, found, original) -> None:
-        if isinstance(found, (int, float, str)) and isinstance(original, (int, float, str)):
-            self.was[name] = (found, original)
+
+def _note(was: dict, name: str, found, original) -> None:
+    if isinstance(found, (int, float, str)) and isinstance(original, (int, float, str)):
+        was[name] = (found, original)
 
 
 # Hooks the course itself puts in the toy's lists for a while (endings.observe's observer):
