@@ -14,6 +14,7 @@ Output cut short by its reader (``... | head``) ends the command quietly instead
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import math
 import os
@@ -106,6 +107,17 @@ def _not_under_a_file(path: Path, name: str) -> None:
             return
 
 
+def _not_a_loop(path: Path) -> None:
+    """The ``OSError`` of a path that is (or is under) a symbolic link loop, which ``exists()``
+    reads as a new file: ``resolve()`` then raised ``RuntimeError`` (a traceback, or a line
+    with no ``PROG: error:``)."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise
+
+
 def _os_errors_named(check):
     """``check(text, name, ...)`` with an ``OSError`` met while looking at the path (a name too
     long for the system, a folder it may not search) refused as a ``ValueError`` naming it."""
@@ -124,7 +136,8 @@ def _os_errors_named(check):
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
     or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
-    would read as a file ``newdir``), under a file, or a path the system refuses to look at."""
+    would read as a file ``newdir``), under a file, a symbolic link loop, or a path the system
+    refuses to look at."""
     return _out_file(text, name, example)
 
 
@@ -140,12 +153,14 @@ def _out_file(text: str, name: str, example: str) -> Path:
         raise ValueError(f"{name} {_path(text)} names a folder: name a file in it, e.g. "
                          f"{_path(out / example)}")
     _not_under_a_file(out, name)
+    _not_a_loop(out)
     return out
 
 
 def out_folder(text: str, name: str = "--out") -> Path:
     """``text`` as a folder to write into (made if missing), refused before any work if it is
-    empty, an existing file, under a file, or a path the system refuses to look at."""
+    empty, an existing file, under a file, a symbolic link loop, or a path the system refuses
+    to look at."""
     return _out_folder(text, name)
 
 
@@ -157,6 +172,7 @@ def _out_folder(text: str, name: str) -> Path:
     if out.exists() and not out.is_dir():
         raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")
     _not_under_a_file(out, name)
+    _not_a_loop(out)
     return out
 
 

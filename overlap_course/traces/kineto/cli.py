@@ -25,9 +25,13 @@ __all__ = ["main"]
 
 def _exists(stored: str) -> bool:
     """Whether STORED names an existing path (else it may be a shipped name); a path the system
-    refuses to look at (a name too long) is refused naming STORED."""
+    refuses to look at (a name too long, a symbolic link loop: not "no recorded trace") is
+    refused naming STORED."""
     try:
-        return Path(stored).exists()
+        os.stat(stored)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
     except OSError as exc:
         raise ValueError(f"STORED {quoted(stored, PATH_CHARS)} cannot be read: "
                          f"{exc.strerror or exc}") from None
