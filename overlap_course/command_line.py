@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import functools
 import math
 import os
@@ -26,8 +27,8 @@ from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interrupt
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem", "interruptible",
-           "importing", "run"]
+           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
+           "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -174,6 +175,22 @@ def _out_folder(text: str, name: str) -> Path:
     _not_under_a_file(out, name)
     _not_a_loop(out)
     return out
+
+
+def locked(folder: Path, busy: str) -> int:
+    """``folder`` made and locked for this command: an open file of the folder's, closed by the
+    caller or at exit (an ``flock`` on the folder itself, so nothing is left in it).  Another
+    command holding it is refused before any work: a ``ValueError`` saying ``busy``.  Two
+    writing one output at once each announced a result the other had half replaced (a site's
+    pages deleted while Sphinx read them, a trace pair from two runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(busy) from None
+    return fd
 
 
 def os_problem(err: OSError) -> str:
