@@ -6,9 +6,10 @@ screen above the one line that matters).  Ctrl-C ends it with one line too,
 ``PROG: interrupted``, and exit status 130 -- from its first line of course code (its imports:
 torch takes seconds) to the end of the interpreter's finalizers (:mod:`overlap_course.ctrl_c`).
 Output cut short by its reader (``... | head``) ends the command quietly instead of with a
-``BrokenPipeError`` traceback; output that cannot be written at all (a full disk,
-``> /dev/full``) is one line and exit status 2.  Every command's ``__main__`` goes through
-:func:`run`, so no command can forget one of these.
+``BrokenPipeError`` traceback, by its own exit status if it had one -- where the output is the
+product; a command whose product is files goes on with its work (:func:`progress`).  Output
+that cannot be written at all (a full disk, ``> /dev/full``) is one line and exit status 2.
+Every command's ``__main__`` goes through :func:`run`, so no command can forget one of these.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interrupt
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
+           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
            "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
@@ -210,6 +211,18 @@ def emit(text: str) -> None:
         exit_quietly_on_broken_pipe()
 
 
+def progress(text: str) -> None:
+    """Print a progress line of a command whose product is files (``executing a.ipynb``).  A
+    reader that closed the pipe (``| head -1``) does not stop the work: what is printed from
+    then on is dropped, and the command ends by its work's result.  Ending quietly there, as
+    :func:`emit` does for a command whose output is its product, skipped the rest of the files
+    and exited 0."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _point_stdout_at_devnull()
+
+
 def exit_quietly_on_broken_pipe() -> None:
     """Point stdout at /dev/null (so the interpreter's last flush cannot fail) and exit 0: the
     reader took what it wanted."""
@@ -305,13 +318,14 @@ def _point_stdout_at_devnull() -> None:
 def run(prog: str, main) -> None:
     """A command's ``__main__``: ``main()``'s exit status, its output flushed while the command
     can still say what went wrong.  What ``main`` did not catch ends in one line, not a
-    traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
-    (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
-    the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130), even one that
-    something ``main`` called swallowed, or one while the interpreter's finalizers run after it;
-    SIGTERM or SIGHUP, by that signal once ``main``'s ``finally`` blocks have cleaned up
-    (:mod:`overlap_course.ctrl_c`).  A closed or unwritable stderr, a closed stdout and a
-    character the terminal cannot encode change none of this: :func:`_standard_streams`."""
+    traceback: a reader that closed the pipe, quietly (exit 0, or ``main``'s status); a stdout
+    that cannot be written (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a
+    socket path too long for the system, a file gone mid-read), naming it (exit 2); Ctrl-C
+    (exit 130), even one that something ``main`` called swallowed, or one while the
+    interpreter's finalizers run after it; SIGTERM or SIGHUP, by that signal once ``main``'s
+    ``finally`` blocks have cleaned up (:mod:`overlap_course.ctrl_c`).  A closed or unwritable
+    stderr, a closed stdout and a character the terminal cannot encode change none of this:
+    :func:`_standard_streams`."""
     _standard_streams()
     ctrl_c.running(prog)
     try:
@@ -321,8 +335,13 @@ def run(prog: str, main) -> None:
             status = done.code
         finally:
             ctrl_c.ending()
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader took what it wanted; main's status still stands
+            _point_stdout_at_devnull()
         lost = getattr(sys.stdout, "lost", None)
+        if isinstance(lost, BrokenPipeError):  # a reader gone is no failure of the command
+            lost = None
         if lost is not None and status in (0, None):  # a write that failed and was swallowed
             raise lost
         if ctrl_c.pressed() and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C
