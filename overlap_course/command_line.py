@@ -6,14 +6,17 @@ screen above the one line that matters).  Ctrl-C ends it with one line too,
 ``PROG: interrupted``, and exit status 130 -- from its first line of course code (its imports:
 torch takes seconds) to the end of the interpreter's finalizers (:mod:`overlap_course.ctrl_c`).
 Output cut short by its reader (``... | head``) ends the command quietly instead of with a
-``BrokenPipeError`` traceback; output that cannot be written at all (a full disk,
-``> /dev/full``) is one line and exit status 2.  Every command's ``__main__`` goes through
-:func:`run`, so no command can forget one of these.
+``BrokenPipeError`` traceback, by its own exit status if it had one -- where the output is the
+product; a command whose product is files goes on with its work (:func:`progress`).  Output
+that cannot be written at all (a full disk, ``> /dev/full``) is one line and exit status 2.
+Every command's ``__main__`` goes through :func:`run`, so no command can forget one of these.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import functools
 import math
 import os
@@ -25,8 +28,8 @@ from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interrupt
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "exit_quietly_on_broken_pipe", "out_file", "out_folder", "os_problem", "interruptible",
-           "importing", "run"]
+           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
+           "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -106,6 +109,17 @@ def _not_under_a_file(path: Path, name: str) -> None:
             return
 
 
+def _not_a_loop(path: Path) -> None:
+    """The ``OSError`` of a path that is (or is under) a symbolic link loop, which ``exists()``
+    reads as a new file: ``resolve()`` then raised ``RuntimeError`` (a traceback, or a line
+    with no ``PROG: error:``)."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise
+
+
 def _os_errors_named(check):
     """``check(text, name, ...)`` with an ``OSError`` met while looking at the path (a name too
     long for the system, a folder it may not search) refused as a ``ValueError`` naming it."""
@@ -124,7 +138,8 @@ def _os_errors_named(check):
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
     or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
-    would read as a file ``newdir``), under a file, or a path the system refuses to look at."""
+    would read as a file ``newdir``), under a file, a symbolic link loop, or a path the system
+    refuses to look at."""
     return _out_file(text, name, example)
 
 
@@ -140,12 +155,14 @@ def _out_file(text: str, name: str, example: str) -> Path:
         raise ValueError(f"{name} {_path(text)} names a folder: name a file in it, e.g. "
                          f"{_path(out / example)}")
     _not_under_a_file(out, name)
+    _not_a_loop(out)
     return out
 
 
 def out_folder(text: str, name: str = "--out") -> Path:
     """``text`` as a folder to write into (made if missing), refused before any work if it is
-    empty, an existing file, under a file, or a path the system refuses to look at."""
+    empty, an existing file, under a file, a symbolic link loop, or a path the system refuses
+    to look at."""
     return _out_folder(text, name)
 
 
@@ -157,7 +174,24 @@ def _out_folder(text: str, name: str) -> Path:
     if out.exists() and not out.is_dir():
         raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")
     _not_under_a_file(out, name)
+    _not_a_loop(out)
     return out
+
+
+def locked(folder: Path, busy: str) -> int:
+    """``folder`` made and locked for this command: an open file of the folder's, closed by the
+    caller or at exit (an ``flock`` on the folder itself, so nothing is left in it).  Another
+    command holding it is refused before any work: a ``ValueError`` saying ``busy``.  Two
+    writing one output at once each announced a result the other had half replaced (a site's
+    pages deleted while Sphinx read them, a trace pair from two runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(busy) from None
+    return fd
 
 
 def os_problem(err: OSError) -> str:
@@ -175,6 +209,18 @@ def emit(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         exit_quietly_on_broken_pipe()
+
+
+def progress(text: str) -> None:
+    """Print a progress line of a command whose product is files (``executing a.ipynb``).  A
+    reader that closed the pipe (``| head -1``) does not stop the work: what is printed from
+    then on is dropped, and the command ends by its work's result.  Ending quietly there, as
+    :func:`emit` does for a command whose output is its product, skipped the rest of the files
+    and exited 0."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _point_stdout_at_devnull()
 
 
 def exit_quietly_on_broken_pipe() -> None:
@@ -272,13 +318,14 @@ def _point_stdout_at_devnull() -> None:
 def run(prog: str, main) -> None:
     """A command's ``__main__``: ``main()``'s exit status, its output flushed while the command
     can still say what went wrong.  What ``main`` did not catch ends in one line, not a
-    traceback: a reader that closed the pipe, quietly (exit 0); a stdout that cannot be written
-    (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a socket path too long for
-    the system, a file gone mid-read), naming it (exit 2); Ctrl-C (exit 130), even one that
-    something ``main`` called swallowed, or one while the interpreter's finalizers run after it;
-    SIGTERM or SIGHUP, by that signal once ``main``'s ``finally`` blocks have cleaned up
-    (:mod:`overlap_course.ctrl_c`).  A closed or unwritable stderr, a closed stdout and a
-    character the terminal cannot encode change none of this: :func:`_standard_streams`."""
+    traceback: a reader that closed the pipe, quietly (exit 0, or ``main``'s status); a stdout
+    that cannot be written (``> /dev/full``), naming it (exit 2); any other ``OSError`` (a
+    socket path too long for the system, a file gone mid-read), naming it (exit 2); Ctrl-C
+    (exit 130), even one that something ``main`` called swallowed, or one while the
+    interpreter's finalizers run after it; SIGTERM or SIGHUP, by that signal once ``main``'s
+    ``finally`` blocks have cleaned up (:mod:`overlap_course.ctrl_c`).  A closed or unwritable
+    stderr, a closed stdout and a character the terminal cannot encode change none of this:
+    :func:`_standard_streams`."""
     _standard_streams()
     ctrl_c.running(prog)
     try:
@@ -288,8 +335,13 @@ def run(prog: str, main) -> None:
             status = done.code
         finally:
             ctrl_c.ending()
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader took what it wanted; main's status still stands
+            _point_stdout_at_devnull()
         lost = getattr(sys.stdout, "lost", None)
+        if isinstance(lost, BrokenPipeError):  # a reader gone is no failure of the command
+            lost = None
         if lost is not None and status in (0, None):  # a write that failed and was swallowed
             raise lost
         if ctrl_c.pressed() and status != INTERRUPTED:  # swallowed on its way up: still a Ctrl-C

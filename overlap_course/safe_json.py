@@ -227,20 +227,24 @@ def write_whole(path, write) -> None:
     """``write(part)`` makes the new file at ``part`` (a new folder beside ``path``, the same
     name: torch names an archive's records after it), then ``part`` replaces ``path`` in one
     rename.  Writing in place left a full disk's or a Ctrl-C's half-written file; this way
-    ``path`` is whole or as it was, no folder is left, and an ``OSError`` names ``path``."""
+    ``path`` is whole or as it was, no folder is left, and an ``OSError`` names ``path``.
+    Making the folder and removing it are held from Ctrl-C and kills (:class:`signals_held`):
+    one arriving there left the folder, made but not yet named, or half removed."""
     path = os.fspath(path)
     folder = None
     try:
-        folder = tempfile.mkdtemp(dir=os.path.dirname(path) or ".",
-                                  prefix=f".{os.path.basename(path)[:100]}.", suffix=".partial")
+        with signals_held():
+            folder = tempfile.mkdtemp(dir=os.path.dirname(path) or ".",
+                                      prefix=f".{os.path.basename(path)[:100]}.", suffix=".partial")
         part = os.path.join(folder, os.path.basename(path))
         write(part)
         os.replace(part, path)
     except OSError as exc:  # the temporary's name would send the reader to the wrong file
         raise OSError(exc.errno, exc.strerror, path) from None
     finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        with signals_held():
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 #: Held around renames that must happen together: Ctrl-C, ``kill`` and a closed terminal.

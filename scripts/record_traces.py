@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
                         load_model)
-from overlap_course.command_line import run  # noqa: E402
+from overlap_course.command_line import progress, run  # noqa: E402
 from overlap_course.measure.bench import default_workload  # noqa: E402
 from overlap_course.measure.machine import machine_report  # noqa: E402
 from overlap_course.safe_json import signals_held, write_file  # noqa: E402
@@ -151,9 +151,9 @@ def main(argv=None) -> int:
         for mode in args.modes:
             timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
             c = recording(timeline).contention
-            print(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
-                  f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs used "
-                  f"{c['others_cpus']} CPUs, busy {c['busy']}")
+            progress(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
+                     f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs "
+                     f"used {c['others_cpus']} CPUs, busy {c['busy']}")
             recorded.append((timeline, stem))
             if was_busy:
                 busy.append(stem)

@@ -40,7 +40,6 @@ from overlap_course.ctrl_c import interruptible  # noqa: E402
 interruptible(__name__, "site", _held)  # first: Ctrl-C while the imports run is one line
 
 import base64
-import fcntl
 import hashlib
 import html
 import json
@@ -62,7 +61,8 @@ from PIL import Image
 
 from overlap_course.build.setup_cell import read_notebook as read_stored
 from overlap_course.build.stored_figure import check_figures
-from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, out_folder, run
+from overlap_course.command_line import (PATH_CHARS, Parser, fail, locked as lock_folder,
+                                         os_problem, out_folder, run)
 from overlap_course.ctrl_c import KILLS, Killed
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
@@ -228,20 +228,12 @@ def stored_notebooks() -> dict[Path, object]:
 
 
 def locked(out: Path) -> int:
-    """OUT made and locked for this build (an open file of OUT's, closed at exit): a second
-    build on the same OUT is a ValueError.  Without it, each build's :func:`fresh_folder`
-    deleted the other's ``src/`` and ``html.partial/`` while Sphinx read them: the site one
-    announced was gone."""
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(f"--out {quoted(str(out), PATH_CHARS)} is being built by another "
-                         f"site build running now: wait for it to end, or name another --out; "
-                         f"nothing was changed") from None
-    return fd
+    """OUT made and locked for this build (``command_line.locked``): without it, each
+    build's :func:`fresh_folder` deleted the other's ``src/`` and ``html.partial/`` while Sphinx
+    read them: the site one announced was gone."""
+    return lock_folder(out, f"--out {quoted(str(out), PATH_CHARS)} is being written by another "
+                            f"site build (or a trace export into it) running now: wait for it "
+                            f"to end, or name another --out; nothing was changed")
 
 
 def refuse_foreign(out: Path, names: tuple[str, ...] = OWNED) -> None:

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from overlap_course.build.setup_cell import read_notebook, read_notebook_text, write_notebook
-from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, run
+from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, progress, run
 from overlap_course.safe_json import printable, quoted, refuse_unwritable, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     elif a.cmd == "annotate":
         try:
             for path in sorted((ROOT / "source").glob("*.ipynb")):
-                print(f"{path.relative_to(ROOT)}: {'updated' if annotate(path) else 'up to date'}")
+                done = "updated" if annotate(path) else "up to date"
+                progress(f"{path.relative_to(ROOT)}: {done}")
         except ValueError as err:  # a source notebook that is not one, a cell with no answer
             return fail("grading annotate", err)
         except OSError as err:  # a full disk: write_notebook names the notebook

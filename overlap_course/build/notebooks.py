@@ -48,7 +48,7 @@ from overlap_course.build import setup_cell
 from overlap_course.build.setup_cell import read_notebook, write_notebook
 from overlap_course.build.drawing import render_images, shrink_png
 from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
-from overlap_course.command_line import Parser, fail, os_problem, run
+from overlap_course.command_line import Parser, fail, os_problem, progress, run
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,7 +314,7 @@ def build(root: Path = ROOT, run: bool = True) -> None:
             path.parent.mkdir(exist_ok=True)
             write_notebook(rendered, path)
             if run:
-                print(f"executing {path.relative_to(root)}", flush=True)
+                progress(f"executing {path.relative_to(root)}")
                 execute(path)
 
 
@@ -344,11 +344,11 @@ def _run(a) -> int:
         build(run=not a.no_execute)
     elif a.cmd == "execute":
         for path in a.paths:
-            print(f"executing {path}", flush=True)
+            progress(f"executing {path}")
             execute(path.resolve())
     elif a.cmd == "images":
         for path in a.paths:
-            print(f"{path}: {refresh_images(path.resolve())} static figure(s)", flush=True)
+            progress(f"{path}: {refresh_images(path.resolve())} static figure(s)")
     else:
         problems = check()
         print("\n".join(problems) or "course notebooks are up to date")

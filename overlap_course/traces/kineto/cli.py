@@ -7,11 +7,13 @@ time.  What only ``export`` needs (the engine, its bounds) is imported when expo
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlap_course.command_line import (Parser, emit, fail, finite_number, importing,
-                                         interrupted, os_problem, out_file, whole_number)
+                                         interrupted, locked, os_problem, out_file,
+                                         whole_number)
 from overlap_course.safe_json import dumps, quoted, signals_held
 
 from .idle import summary
@@ -25,9 +27,13 @@ __all__ = ["main"]
 
 def _exists(stored: str) -> bool:
     """Whether STORED names an existing path (else it may be a shipped name); a path the system
-    refuses to look at (a name too long) is refused naming STORED."""
+    refuses to look at (a name too long, a symbolic link loop: not "no recorded trace") is
+    refused naming STORED."""
     try:
-        return Path(stored).exists()
+        os.stat(stored)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
     except OSError as exc:
         raise ValueError(f"STORED {quoted(stored, PATH_CHARS)} cannot be read: "
                          f"{exc.strerror or exc}") from None
@@ -168,6 +174,21 @@ def _cannot_write(path: Path, exc: OSError) -> ValueError:
                       f"choose a path in a directory you can write")
 
 
+def _temporary(path: Path, suffix: str) -> Path:
+    """A new empty file beside ``path`` for its export, under a name no other file has (a pipe
+    left under it would block the write).  A name fixed by the process id was taken, after a
+    ``kill -9``, by the leftover of a run with the same id (a container's PID 1): each later
+    export failed with "File exists".  OUT's name is cut to 100 characters: one of 255 (the
+    most a file system allows) would make the temporary one too long to write."""
+    while True:
+        tmp = path.with_name(f".{path.name[:100]}.{secrets.token_hex(6)}.partial{suffix}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
 def _export_all(runs: dict, targets: dict, names: dict) -> dict:
     """Every run exported to its file, all or none: each is written beside its target under a
     temporary name, measured, and only when all are written are they renamed into place; on a
@@ -183,11 +204,7 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
             suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                # OUT's name cut to 100 characters: a legal name of 255 (the most a file system
-                # allows) would make the temporary one too long to write
-                tmp = path.with_name(f".{path.name[:100]}.{os.getpid()}.partial{suffix}")
-                # made here, new (a pipe left under that name would block the write)
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                tmp = _temporary(path, suffix)
                 written[path] = tmp
                 export(tl, tmp, name=path.name)
             except OSError as exc:
@@ -215,8 +232,40 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
     return report
 
 
+def _locked(out: Path) -> int:
+    """OUT's folder locked for this export, before a run is recorded (``command_line.locked``,
+    the site build's lock): two exports on one OUT each renamed their pair into place, which
+    left one run's serial file beside the other's ZOS file, and both reported the pair."""
+    try:
+        return locked(out.parent, f"OUT {quoted(str(out), PATH_CHARS)}: its folder is being "
+                                  f"written by another trace export (or a site build) running "
+                                  f"now: wait for it to end, or name OUT in another folder; "
+                                  f"nothing was written")
+    except OSError as exc:  # a folder that cannot be made (/proc/x/OUT): named as before
+        raise _cannot_write(out, exc) from None
+
+
 def _summary_text(source) -> str:
     return dumps(summary(source), f"the summary of {quoted(source, PATH_CHARS)}", indent=2)
+
+
+def _export(args) -> dict:
+    """The export's report: OUT checked, the STORED timeline read, OUT's folder locked, then
+    the runs recorded (seconds) and written."""
+    out = _writable(args.out, args.stored)
+    if args.stored is not None:
+        timeline = _load_timeline(args.stored)
+        targets, run = {None: out}, lambda mode: timeline
+        names = {None: f"STORED {quoted(args.stored, PATH_CHARS)}"}
+    else:
+        modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
+        targets = _targets(out, modes)  # every file checked before a run is recorded
+        run, names = (lambda mode: _record(mode, args)), {m: f"the {m} run" for m in modes}
+    lock = _locked(out)
+    try:
+        return _export_all({mode: run(mode) for mode in targets}, targets, names)
+    finally:
+        os.close(lock)
 
 
 def main(argv=None) -> int:
@@ -225,17 +274,7 @@ def main(argv=None) -> int:
         if args.cmd == "summary":
             emit(_summary_text(args.file))
             return 0
-        out = _writable(args.out, args.stored)
-        if args.stored is not None:
-            targets = {None: out}
-            runs = {None: _load_timeline(args.stored)}
-            names = {None: f"STORED {quoted(args.stored, PATH_CHARS)}"}
-        else:
-            modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
-            targets = _targets(out, modes)  # every file checked before a run is recorded
-            runs = {m: _record(m, args) for m in modes}
-            names = {m: f"the {m} run" for m in modes}
-        emit(dumps(_export_all(runs, targets, names), "the export's report", indent=2))
+        emit(dumps(_export(args), "the export's report", indent=2))
         return 0
     except ValueError as exc:
         return fail(PROG, exc)
