@@ -867,7 +867,8 @@ def correction_loop_over_requests(meta, accepted, block_size):
     """Right values, tensor indexing only, but one Python iteration per request."""
     for b in range(len(meta["rows"])):
         d = accepted[meta["rows"][b]] * meta["pending"][b]
-        q = meta["seqlens_q"].shape[0] and slice(b * 3, b * 3 + 3)
+        n = len(meta["positions"]) // len(meta["rows"])  # 1 + k tokens each, from shapes
+        q = slice(b * n, b * n + n)
         meta["seqlens_k"][b] += d
         meta["positions"][q] += d
         meta["slot_mapping"][q] = (meta["block_tables"][b][meta["positions"][q] // block_size] * block_size

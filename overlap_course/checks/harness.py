@@ -144,9 +144,11 @@ def _passing_for(value) -> tuple | None:
     return None
 
 
-def exercise_check(*warm):
+def exercise_check(*warm, calls: str | None = None):
     """``warm`` runs before the time limit starts (engines started, references computed: the
-    checker's own time)."""
+    checker's own time).  ``calls``: how the check calls the function it is given first, as
+    the exercise names it (``"commit(req, tokens, eos_id, decode)"``); anything that cannot be
+    called is refused with it (:func:`not_a_function`), not judged as the function raising."""
     def wrap(check):
         @functools.wraps(check)
         def guarded(*args, **kwargs) -> Verdict:
@@ -156,7 +158,9 @@ def exercise_check(*warm):
                 _RUNNING.append(check.__name__)
                 changed, was = _PRISTINE.restore()
                 note = restored_note(changed + pool.heal(), was)
-                verdict = _never_runs(check, args, kwargs)
+                verdict = not_a_function(check, args, kwargs, calls)
+                if verdict is None:
+                    verdict = _never_runs(check, args, kwargs)
                 if verdict is None:
                     for step in warm:
                         step()
@@ -176,6 +180,20 @@ def exercise_check(*warm):
             return verdict
         return progress.recorded(guarded)
     return wrap
+
+
+def not_a_function(check, args, kwargs, calls: str | None) -> Verdict | None:
+    """The verdict on a check's first argument, given where a function belongs (``calls``:
+    its call), that cannot be called; None otherwise, and when none was given (Python's own
+    message for the call then names it).  The learner's code never ran: not "your ... raised"."""
+    given = _given(check, args, kwargs)
+    if calls is None or not given:
+        return None
+    value = next(iter(given.values()))
+    if callable(value):
+        return None
+    return fails("shape", f"{calls.partition('(')[0]} must be a function, {calls}; got "
+                          f"{answers.show(value)}")
 
 
 def _never_runs(check, args, kwargs) -> Verdict | None:

@@ -137,6 +137,21 @@ def aborted_another(calls, run) -> Verdict | None:
     return fails("wrong_request", msg)
 
 
+def left_unmarked(calls, run) -> Verdict | None:
+    """Lab 2: an abort that took its request out of every queue without a finish reason: read
+    right after the call (only the run's end marks a request left so "abort")."""
+    call = next((c for c in calls if c.unmarked), None)
+    if call is None:
+        return None
+    where = "waiting" if call.waiting else "running"
+    msg = (f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round {call.round} "
+           f"took it out of `engine.scheduler.{where}` but left it unfinished (`finish_reason` "
+           f"None, right after your abort returned): set `req.finish_reason = \"abort\"` there "
+           f"too, so it ends aborted at once (the run's end reports any request left unfinished "
+           f"as aborted, which hides this)")
+    return fails("not_marked", msg)
+
+
 def freed_wrongly(record, run) -> Verdict | None:
     """Lab 2: a free the race checker saw under a launched round, or a second free, from the record
     (there even when the learner's code swallowed the RaceError)."""

@@ -175,8 +175,9 @@ class AbortCall:
     """Lab 2: one call of an abort: before ``round`` was scheduled, to ``prompt``, ``waiting`` then or
     not, the device waits the call made (``waits``), the other prompts it aborted (``others``), and
     whether it left the request as it was (``untouched``: unfinished, in the same queue; None for a
-    request finished before the call), and the pool before and after it (``pool``: what
-    ``lifetime_runs.pool_mistake`` judges)."""
+    request finished before the call), whether it took it out of every queue unfinished
+    (``unmarked``: read right after the call; the run's end would mark it "abort" later), and the
+    pool before and after it (``pool``: what ``lifetime_runs.pool_mistake`` judges)."""
 
     round: int
     prompt: int
@@ -184,6 +185,7 @@ class AbortCall:
     waits: int = 0
     others: tuple = ()
     untouched: bool | None = None
+    unmarked: bool = False
     pool: dict | None = None
 
 
@@ -216,6 +218,7 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         if not queued[0]:
             after = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
             call.untouched = queued == after
+            call.unmarked = after == (False, False, False)
     on_round = plugins.aborts(watched, run.aborts)
     if cap is not None:
         on_round = capped(on_round, cap)

@@ -257,7 +257,8 @@ def _long_reference() -> list[list[int]]:
 
 
 @exercise_check(lambda: pool.start({}, {"num_draft_tokens": pool.DRAFTS}), pool.reference,
-                lambda: pool.reference(second=True), pool.endings_reference, _long_reference)
+                lambda: pool.reference(second=True), pool.endings_reference, _long_reference,
+                calls="serial_loop(engine)")
 def check_serial_loop(loop) -> Verdict:
     """Exercise 2: ``loop(engine)`` runs the serial engine with the stage methods.  Five runs: the
     main one, where every request ends by length; a second whose requests end at a stop string
@@ -327,7 +328,7 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None,
     return verdict
 
 
-@exercise_check()
+@exercise_check(calls="idle_fraction(timeline)")
 @context.given(engine=context.engine_run("the serial engine after its run (`engine`)"))
 def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     """Exercise 2(b): ``idle_fraction(timeline)`` against ``engine.stats.device_idle_fraction``.

@@ -249,7 +249,8 @@ def check_ideal_ratio(answer, serial_stats: RunStats, zos_stats: RunStats | None
 # ------------------------------------------------------------------ exercise 03
 
 @exercise_check(lambda: pool.start({"constraint": pool.CONSTRAINT}, {"num_draft_tokens": pool.DRAFTS}, {}),
-                lambda: pool.reference(pool.CONSTRAINT), pool.reference, pool.endings_reference)
+                lambda: pool.reference(pool.CONSTRAINT), pool.reference, pool.endings_reference,
+                calls="zos_loop(engine)")
 def check_zos_loop(loop) -> Verdict:
     """Exercise 3: ``loop(engine)`` is the overlapped loop, flush included.
 
@@ -326,7 +327,7 @@ def expected_three_rounds() -> list[tuple[str, int]]:
 def check_three_rounds(order) -> Verdict:
     """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
     if order is None or order is NotImplemented:
-        return not_implemented("the list of (stage, round) pairs")
+        return not_implemented("the list of (stage, round) pairs", f"`order` is still {order}")
     shape = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
     if isinstance(order, (str, bytes)):
         return fails("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "

@@ -14,7 +14,9 @@ import torch
 from toy_engine import kernels
 from toy_engine.kernels import FROM_DEVICE
 
-from . import context, pool
+from overlap_course.device_state import key_lengths_message, watched_correction
+
+from . import context, correction_cases, pool
 from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
@@ -274,14 +276,16 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
 
 
 @exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
-                pool.endings_reference)
+                pool.endings_reference, calls="correct_seqlens_qk(meta, accepted, block_size)")
 def check_correction(correct_seqlens_qk) -> Verdict:
     """Exercise 4: ``correct_seqlens_qk(meta, accepted, block_size)`` fixes meta in place.
 
     Four hand-made cases (the worked case; one request not pending; blocks of 8; positions
     that run on from one request to the next, so only ``seqlens_q`` tells where a request
-    starts: the notebook packs tokens "request after request, `seqlens_q` tokens each"), then
-    a ZOS engine with 3 drafts per round whose text must equal plain greedy decoding.
+    starts: the notebook packs tokens "request after request, `seqlens_q` tokens each"), four
+    with other k and batch sizes (``correction_cases``), then a ZOS engine with 3 drafts per
+    round whose text must equal plain greedy decoding and whose every batch's seqlens_k must
+    be the engine's own correction's (``device_state.watched_correction``).
     """
     meta, accepted, expected = worked_case()
     cases = [(meta, accepted, 4, expected, "in the worked case")]
@@ -295,7 +299,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
         want = {n: t.clone() for n, t in m.items()}
         kernels.correct_seqlens_qk(want, a, block_size)
         cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
-    for meta, accepted, block_size, expected, label in cases:
+    for meta, accepted, block_size, expected, label in cases + correction_cases.cases():
         try:
             verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
         except NotImplementedError:
@@ -311,9 +315,12 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if verdict is not None:
         return verdict
     engine = pool.engine(num_draft_tokens=pool.DRAFTS)
+    watched = watched_correction(correct_seqlens_qk)
     try:
-        outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, correction=correct_seqlens_qk)
+        outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, correction=watched)
     except Exception as err:  # noqa: BLE001
+        if key_lengths_message(err):
+            return _wrong_key_lengths(err, engine)
         return fails("engine_error", f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
                                      f"batches of 1 to 3 requests) your correction failed on the device: "
                                      f"{quoted(err)}")
@@ -322,9 +329,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
     # requests that end on EOS, a stop string, the limit inside a speculative step and at its end
     try:
-        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=correct_seqlens_qk,
-                               **pool.ENDINGS_RUN)
+        outs = engine.generate(pool.ENDINGS_PROMPTS, correction=watched, **pool.ENDINGS_RUN)
     except Exception as err:  # noqa: BLE001
+        if key_lengths_message(err):
+            return _wrong_key_lengths(err, engine)
         return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
                                      "on the device: "
                                      f"{quoted(err)}")
@@ -333,9 +341,20 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if diff:
         return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your "
                                         f"correction: {diff}")
-    return passes(f"the four cases are right and ZOS + speculation (k={pool.DRAFTS}) matches plain "
-                  f"greedy decoding; {engine.stats.mean_accepted_per_round:.2f} drafts accepted "
-                  f"per request-round")
+    made = 4 + len(correction_cases.CASES)
+    return passes(f"the {made} cases are right and ZOS + speculation (k={pool.DRAFTS}) matches "
+                  f"plain greedy decoding; {engine.stats.mean_accepted_per_round:.2f} drafts "
+                  f"accepted per request-round")
+
+
+def _wrong_key_lengths(err: BaseException, engine) -> Verdict:
+    """A run's batch whose corrected seqlens_k was wrong (``device_state.watched_correction``)."""
+    return fails("seqlens_k",
+                 f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts), "
+                 f"{key_lengths_message(err)}. The toy's attention masks keys by position, so its "
+                 "tokens do not show it, but a real attention kernel reads seqlens_k to know how "
+                 "many keys each request has: it must grow by the accepted drafts of every pending "
+                 "request, whatever k and the batch size")
 
 
 def _marked(answer: Mapping, shape: str) -> set | Verdict:
@@ -357,7 +376,7 @@ INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row,
 def check_metadata_answer(answer) -> Verdict:
     """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
     if answer is None or answer is NotImplemented:
-        return not_implemented("the set of field names")
+        return not_implemented("the set of field names", f"`needs_correction` is still {answer}")
     shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
     if isinstance(answer, (str, bytes)):
         return fails("shape", f"write {shape}, not one string ({show(answer)}): a string is read letter by letter")

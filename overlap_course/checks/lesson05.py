@@ -302,7 +302,7 @@ def _commit_mistake(call, who: str) -> Verdict | None:
     return None
 
 
-@exercise_check(lifetime_runs.warm)
+@exercise_check(lifetime_runs.warm, calls="process_outputs(engine, step)")
 def check_process_outputs(process_outputs) -> Verdict:
     """Exercise 5: ``process_outputs(engine, step)`` waits, reads, commits and frees; judged on
     runs whose requests end at the limit, a stop string, EOS and by an abort, with drafts or not."""

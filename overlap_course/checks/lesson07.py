@@ -18,7 +18,7 @@ from .answers import int_set, items, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_workloads import DEPTHS
-from .verdict import Verdict, fails, not_implemented, passes, unanswered
+from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort", "check_ring_race",
            "check_ring_slots", "check_overshoot", "check_commit"]
@@ -80,7 +80,7 @@ def _warm_policy_runs() -> None:
         runs.own_run(run)
 
 
-@exercise_check(pool.ring_engine, _warm_policy_runs)
+@exercise_check(pool.ring_engine, _warm_policy_runs, calls="wants_more(req)")
 def check_wants_more(wants_more) -> Verdict:
     """Lab 1's fix: ``wants_more(req)``, asked by the scheduler before each round, on runs that
     differ in limit, stop strings, stories that end, an abort, drafts and rounds in flight
@@ -154,7 +154,7 @@ def _warm_abort_runs() -> None:
         runs.abort_reference(i)
 
 
-@exercise_check(_warm_abort_runs)
+@exercise_check(_warm_abort_runs, calls="abort(engine, request_id)")
 def check_abort(abort) -> Verdict:
     """Lab 2's fix: ``abort(engine, request_id)`` before chosen rounds of ZOS runs with and without
     drafts (a waiting request, one in flight, the same again, one just prefilled, ones finished by
@@ -189,6 +189,8 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
     if verdict is None:
         verdict = mistakes.aborted_another(calls, run)
     if verdict is None:
+        verdict = mistakes.left_unmarked(calls, run)
+    if verdict is None:
         verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
         verdict = mistakes.abort_error(err, run, ref, engine)
@@ -216,6 +218,8 @@ def check_ring_race(answer, err, ring: int) -> Verdict:
                       f"round {want[0]}, whose step the loop still holds: its upload was never waited for. "
                       f"The checker: {err}")
     named, prepared = got
+    if min(got) < 0:
+        return no_such_round(min(got))
     if prepared <= named:
         return fails("order", f"the round being prepared comes after the round whose upload the report names: "
                               f"write (that earlier round, the round being prepared)")
@@ -236,7 +240,7 @@ def _warm_ring_runs() -> None:
     runs.ring_engine(pool.DRAFTS)
 
 
-@exercise_check(_warm_ring_runs)
+@exercise_check(_warm_ring_runs, calls="ring_slots(depth)")
 def check_ring_slots(ring_slots) -> Verdict:
     """Lab 3's fix: ``ring_slots(depth)``, the host slots for a loop holding ``depth`` rounds;
     every depth in DEPTHS, each run on a ring that size, race checker on, and one slot smaller;
@@ -325,14 +329,11 @@ def _warm_commit_runs() -> None:
         runs.commit_endings(i)
 
 
-@exercise_check(_warm_commit_runs)
+@exercise_check(_warm_commit_runs, calls="commit(req, tokens, eos_id, decode)")
 def check_commit(commit) -> Verdict:
     """Lab 4's fix: ``commit(req, tokens, eos_id, decode)``, called by the engine's commit_outputs
     with each round's accepted run, on ZOS runs with and without drafts against the serial run's
     outputs."""
-    if not callable(commit):  # a run without one would use the engine's own commit, and pass
-        return fails("shape", "commit must be a function, commit(req, tokens, eos_id, decode); "
-                              f"got {show(commit)}")
     for index, run in enumerate(runs.COMMIT_RUNS):
         (endings, rounds), now = runs.commit_endings(index), runs.InProgress()
         engine = runs.commit_engine(run)

@@ -181,7 +181,8 @@ def _run_error(err: Exception, what: str) -> Verdict:
     return fails("raised", f"your code raised {quoted(err)}")
 
 
-@exercise_check(pool.ring_engine, _title_engine, _warm_queue)
+@exercise_check(pool.ring_engine, _title_engine, _warm_queue,
+                calls="before_sample(engine, plan, held)")
 def check_before_sample(before_sample) -> Verdict:
     """Lab 5's fix: ``before_sample(engine, plan, held)`` in queues holding 2 and 3 steps, with and
     without the title-case constraint: the constrained runs must give the serial run's tokens, and
@@ -371,7 +372,7 @@ def _warm_keys():
         key_reference(index)
 
 
-@exercise_check(_warm_keys)
+@exercise_check(_warm_keys, calls="key(req, b)")
 def check_future_key(key) -> Verdict:
     """Lab 6's fix: ``key(req, b)``, under which the device keeps each request's newest token,
     drafts and accepted count, on runs where requests leave the batch, one joins mid-run, and

@@ -67,7 +67,7 @@ CATEGORIES = frozenset({
     # 07: bugs that shipped (the labs' fixes: scheduling, aborts, commits)
     "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
-    "stopped_early", "stop_past_limit", "wrong_request", "keeps_state",
+    "stopped_early", "stop_past_limit", "wrong_request", "keeps_state", "not_marked",
     # 07b: bugs of 2026 (a sampler a step behind, the future map keyed by batch place)
     "at_the_space", "waits_without_need", "wrong_reader", "wrong_owner",
     "leaked_tokens", "drafts_lost",
@@ -110,6 +110,7 @@ def unanswered(what: str) -> Verdict:
     return fails("unanswered", f"not answered yet: {what}, then run this cell again")
 
 
-def not_implemented(what: str) -> Verdict:
-    """An exercise whose function still raises NotImplementedError."""
-    return fails("not_implemented", f"not implemented yet: fill in {what} (it still raises NotImplementedError)")
+def not_implemented(what: str, still: str = "it still raises NotImplementedError") -> Verdict:
+    """An exercise whose function still raises NotImplementedError, or whose answer is still
+    the shipped placeholder (``still`` says which: `order` is still None)."""
+    return fails("not_implemented", f"not implemented yet: fill in {what} ({still})")

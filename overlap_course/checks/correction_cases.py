@@ -1,0 +1,59 @@
+"""Exercise 04's hand-made cases beyond the worked case's k = 2 and three requests: other draft
+counts (0, 1, 3, 4), batches of 1, 2, 4 and 5 requests, history lengths that differ per request,
+and rows and accepted counts drawn so that each likely slip gives another answer than the
+right one (k or the batch size written in, ``accepted[:B]``, pending ignored, blocks of 4,
+a correction done only for the worked case's shape)."""
+
+from __future__ import annotations
+
+import torch
+
+from toy_engine import kernels
+from toy_engine.kernels import FROM_DEVICE
+
+FIELDS = ("seqlens_q", "seqlens_k", "positions", "slot_mapping")
+# accepted drafts by row (8 rows), per k: each row its own count, none of them the next row's
+_ACCEPTED = {0: [0] * 8, 1: [0, 1, 1, 1, 0, 1, 0, 1], 3: [0, 1, 3, 1, 2, 2, 0, 3],
+             4: [2, 3, 0, 1, 3, 2, 4, 1]}
+# (k, block_size, rows, first positions, pending): the block tables are drawn from the rows
+CASES = ((3, 4, [5], [6], [1]),
+          (1, 4, [3, 0], [4, 9], [1, 1]),
+          (4, 8, [6, 1, 2, 7], [3, 20, 9, 14], [1, 0, 1, 1]),
+          (0, 4, [2, 7, 4, 0, 1], [5, 1, 12, 8, 3], [1, 1, 1, 1, 1]))
+
+
+def decode_case(k: int, block_size: int, rows, first, pending) -> tuple[dict, torch.Tensor]:
+    """A decode batch as ``prepare_inputs`` writes it: 1 + k tokens per request from its
+    ``first`` position, FROM_DEVICE where the host does not know a token (a pending request's
+    every token, the others' drafts)."""
+    q, B = k + 1, len(rows)
+    positions = torch.tensor([p for f in first for p in range(f, f + q)])
+    tables = torch.tensor([[(3 * r + 5 * j + 1) % 32 for j in range(8)] for r in rows])
+    owner = torch.arange(B).repeat_interleave(q)
+    meta = {
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else 37 for p in pending
+                                   for j in range(q)]),
+        "positions": positions,
+        "slot_mapping": (tables[owner, positions // block_size] * block_size
+                         + positions % block_size),
+        "seqlens_q": torch.tensor([q] * B),
+        "seqlens_k": torch.tensor([f + q for f in first]),
+        "rows": torch.tensor(rows),
+        "pending": torch.tensor(pending),
+        "block_tables": tables,
+    }
+    return meta, torch.tensor(_ACCEPTED[k])
+
+
+def cases() -> list[tuple]:
+    """(meta, accepted, block_size, the engine's correction of each field, label) per case."""
+    made = []
+    for k, block_size, rows, first, pending in CASES:
+        meta, accepted = decode_case(k, block_size, rows, first, pending)
+        want = {n: t.clone() for n, t in meta.items()}
+        kernels.correct_seqlens_qk(want, accepted.clone(), block_size)
+        label = (f"with k = {k} ({k + 1} tokens per request), {len(rows)} request(s) in rows "
+                 f"{rows}, pending {pending}, accepted = {_ACCEPTED[k]} by row, blocks of "
+                 f"{block_size}")
+        made.append((meta, accepted, block_size, {n: want[n].tolist() for n in FIELDS}, label))
+    return made
