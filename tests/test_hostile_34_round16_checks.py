@@ -79,10 +79,11 @@ def _logged(answer):
 
 def _named_call(message: str, log: list) -> None:
     """The call the message names is the call the learner's log shows changing."""
-    got = re.search(r"ring_slots\((\d)\) returned \d+ .*when asked for depth (\d) a (\d+)\w\w "
-                    r"time \(call (\d+) of this check's calls to ring_slots\)", message)
+    got = re.search(r"ring_slots\((\d)\) returned \d+ .*when asked again \(the (\d+)\w\w time "
+                    r"this check asked for depth (\d); call (\d+) of its calls to ring_slots\)",
+                    message)
     assert got, message
-    depth, again, nth, call = map(int, got.groups())
+    depth, nth, again, call = map(int, got.groups())
     assert depth == again and log[-1] == depth and len(log) == call
     assert log.count(depth) == nth
 
@@ -108,3 +109,14 @@ def test_a_change_after_the_runs_counts_the_calls_of_both_askings(monkeypatch):
     assert v.message.startswith("asked again after the runs"), v.message
     _named_call(v.message, log)
     assert log.count(log[-1]) >= 4  # 3 to 8 times before the runs, once after
+
+
+def test_a_bad_size_when_asked_again_names_its_call_too():
+    ring_slots, log = _logged(lambda d, n: d + 1 if n <= 2 else 0)
+    v = checks.check_ring_slots(ring_slots)
+    assert v.category == "shape", v.message
+    got = re.search(r"asked again \(the 3rd time this check asked for depth (\d); call (\d+) of "
+                    r"its calls to ring_slots\), ring_slots\((\d)\) returned 0", v.message)
+    assert got, v.message
+    depth, call, again = map(int, got.groups())
+    assert depth == again == log[-1] and call == len(log) and log.count(depth) == 3

@@ -45,15 +45,15 @@ def asked(ring_slots, calls: tuple = (3, 8), again: bool = False,
         if isinstance(slots, Verdict) and first is slots:
             continue
         if isinstance(slots, Verdict):
-            slots.message = f"{_which_call(counts, depth)}, {slots.message}"
+            slots.message = f"asked again ({_which_call(counts, depth)}), {slots.message}"
             return slots
         earlier.setdefault(depth, slots)
         if slots != first:
             when = ("in an earlier check" if depth in before else
                     "earlier in this check, the depths asked in a shuffled order")
             return fails("keeps_state",
-                         f"ring_slots({depth}) returned {first} {when}, and {slots} when "
-                         f"{_which_call(counts, depth)}: a loop holding that many rounds "
+                         f"ring_slots({depth}) returned {first} {when}, and {slots} when asked "
+                         f"again ({_which_call(counts, depth)}): a loop holding that many rounds "
                          f"always needs the same ring, so the size must depend on the depth "
                          f"alone (keep no state between calls)")
         got[depth] = slots
@@ -65,8 +65,9 @@ def _which_call(counts: Counter, depth: int) -> str:
     with this depth, and the how-manieth in all (the check's askings together)."""
     nth, total = counts[depth], sum(counts.values())
     suffix = "th" if 10 <= nth % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
-    when = "first in this check" if nth == 1 else f"a {nth}{suffix} time"
-    return f"asked for depth {depth} {when} (call {total} of this check's calls to ring_slots)"
+    when = "first" if nth == 1 else f"{nth}{suffix}"
+    return (f"the {when} time this check asked for depth {depth}; call {total} of its calls "
+            f"to ring_slots")
 
 
 def size(ring_slots, depth: int) -> int | Verdict:
