@@ -359,11 +359,15 @@ def _wrong_key_lengths(err: BaseException, engine) -> Verdict:
 
 def _marked(answer: Mapping, shape: str) -> set | Verdict:
     """The fields a dict {field: True/False} marks True (iterating it would give every key,
-    the fields marked False too); a dict with any other value is refused."""
+    the fields marked False too); a dict with any other value, None included (``dict.fromkeys``
+    gives None), is refused as a dict: its keys are not read as the answer."""
     marks = dict(answer)
-    odd = next((v for v in marks.values() if not isinstance(v, bool)), None)
-    if odd is not None:
-        return fails("shape", f"write {shape}; your dict maps a field to {show(odd)}, not a bool")
+    odd = [(field, v) for field, v in marks.items() if not isinstance(v, bool)]
+    if odd:
+        field, value = odd[0]
+        return fails("shape", f"write {shape}, not a dict: a dict is read as {{field: True or "
+                              f"False}}, and yours maps {show(field)} to {show(value)}, not a "
+                              f"bool")
     return {field for field, stale in marks.items() if stale}
 
 

@@ -7,6 +7,8 @@ discarded rounds and flushes, the frees and race reports of its record.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from overlap_course.labs import plugins
 from toy_engine.races import RaceError
 from toy_engine.run import EngineStalled
@@ -247,7 +249,8 @@ def check_ring_slots(ring_slots) -> Verdict:
     depth 1 also with drafts (the ZOS loop).  Each depth is asked a random number of times, in a
     shuffled order, before the runs and once more after: a size that depends on more than the
     depth (state kept between calls) is named where it changed."""
-    sizes = ring_sizes.asked(ring_slots)
+    counts = Counter()  # calls per depth, over both askings: a change names its call
+    sizes = ring_sizes.asked(ring_slots, counts=counts)
     if isinstance(sizes, Verdict):
         return sizes
     for depth, slots in zip(DEPTHS, sizes):
@@ -257,7 +260,7 @@ def check_ring_slots(ring_slots) -> Verdict:
             verdict = _ring_verdict(depth, slots, drafts)
             if verdict is not None:
                 return verdict
-    again = ring_sizes.asked(ring_slots, calls=(1, 1), again=True)
+    again = ring_sizes.asked(ring_slots, calls=(1, 1), again=True, counts=counts)
     if isinstance(again, Verdict):
         again.message = f"asked again after the runs, {again.message}"
         return again

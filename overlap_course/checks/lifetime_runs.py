@@ -104,10 +104,15 @@ def kept(blocks: bool, row: bool) -> str:
             "back")
 
 
+_LATER = ("an event recorded after the step's sample (`engine.device.synchronize()`, or a "
+          "freshly recorded event)")
+
+
 def waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch) -> Verdict:
-    """A wait on a later event than the step's own: the tokens are right, so say what it waited for,
-    read from the run's record (what the host waited on does not depend on how busy the machine
-    is)."""
+    """A wait on a later event than the step's own: the tokens are right, so say what the named
+    call did and what it cost, read from the run's record (its waits, in order with its
+    commit), not from which function it called; the cost does not depend on how busy the
+    machine is."""
     clock = engine.timeline.ns_to_ms
     forwards = {lnch.round: (lnch.seq, clock(lnch.t_ns)) for lnch in engine.record.of(Launch)
                 if lnch.stage == "forward"}
@@ -120,18 +125,35 @@ def waited_too_long(mistake: Verdict, engine: Engine, watch: StepWatch) -> Verdi
         if launched_ms <= call["waits"][0][1]:  # a deferred step: the next forward went in first
             steps += 1
             covered += max(w[0] for w in call["waits"]) >= seq
-    mistake.message = (
-        f"{mistake.message}: your process_outputs waited on an event recorded after the step's sample "
-        f"(`engine.device.synchronize()`, or a freshly recorded event) instead of `step.sample_done`. The "
-        f"tokens are right, but the host now also waits for the next round's forward before it commits: in "
-        f"this run {covered} of {steps} deferred decode steps waited for the next round's forward "
-        "too (their "
-        "wait came after that forward's launch, so nothing was left to hide the commit under; "
-        "the engine's "
-        "own process_outputs waits for none). Wait on exactly `step.sample_done`: it covers the "
-        "step's "
-        f"sample and nothing after it")
+    did, cost, fix = _later_wait(next(c for c in watch.calls if _waits_later(c)), clock)
+    mistake.message = (f"{mistake.message}: your process_outputs {did}. The tokens are right, but "
+                       f"{cost}: in this run {covered} of {steps} deferred decode steps waited "
+                       f"for the next round's forward too (the engine's own process_outputs "
+                       f"waits for none). {fix}")
     return mistake
+
+
+def _waits_later(call: dict) -> bool:
+    return any(seq > call["step"].sample_done.seq for seq, _, _, _ in call["waits"])
+
+
+def _later_wait(call: dict, clock) -> tuple[str, str, str]:
+    """What one call did (did it also wait on its own event; did the later wait come before or
+    after its commit), what that cost and the fix, each as the message words it."""
+    own = any(seq == call["step"].sample_done.seq for seq, _, _, _ in call["waits"])
+    later = next(start for seq, start, _, _ in call["waits"] if seq > call["step"].sample_done.seq)
+    if call["commits"] and clock(call["commits"][0].t_ns) < later:
+        did = ("waited on `step.sample_done`, committed the step, then waited again, on "
+               if own else "committed the step, then waited on ")
+        return (did + _LATER, "that extra wait also waits for the next round's forward, so the "
+                "host stands idle until the forward ends instead of queueing the round's sample "
+                "behind it and preparing the next round while the device works",
+                "Drop the extra wait: `step.sample_done` alone covers what the step needs")
+    did = (f"waited on `step.sample_done` and also, before it committed, on {_LATER}" if own
+           else f"waited on {_LATER} instead of `step.sample_done`")
+    return (did, "the host now also waits for the next round's forward before it commits, so "
+            "nothing is left to hide the commit under", "Wait on exactly `step.sample_done`: it "
+            "covers the step's sample and nothing after it")
 
 
 def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:

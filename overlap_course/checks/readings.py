@@ -110,8 +110,9 @@ def slip_reading(got: float, true: float, name: str, slips) -> Verdict | None:
             continue
         if own is not None:
             return fails("wrong_value", f"got {got:g}, expected {true:.8f}: {name} {own}, or "
-                                        f"{what} ({value:.4f}) {how}; return it unrounded (the "
-                                        f"check allows 1e-6), and the check tells which")
+                                        f"{what} ({value:.4f}) {how}: both give {got:g}, so only "
+                                        f"the unrounded value tells them apart. Return it "
+                                        f"unrounded (the check allows 1e-6)")
         return fails(category, f"got {got:g}: that is {what} ({value:.4f}) {how}. "
                                f"{fix[0].upper()}{fix[1:]}, unrounded (the check allows 1e-6)")
     return None
