@@ -1,8 +1,9 @@
-"""Exercise 04's hand-made cases beyond the worked case's k = 2 and three requests: other draft
-counts (0, 1, 3, 4), batches of 1, 2, 4 and 5 requests, history lengths that differ per request,
-and rows and accepted counts drawn so that each likely slip gives another answer than the
-right one (k or the batch size written in, ``accepted[:B]``, pending ignored, blocks of 4,
-a correction done only for the worked case's shape)."""
+"""Exercise 04's hand-made cases: the notebook's worked case (k = 2, three requests) and its
+variants, then cases beyond it: other draft counts (0, 1, 3, 4), batches of 1, 2, 4 and 5
+requests, history lengths that differ per request, and rows and accepted counts drawn so that
+each likely slip gives another answer than the right one (k or the batch size written in,
+``accepted[:B]``, pending ignored, blocks of 4, a correction done only for the worked case's
+shape)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,54 @@ CASES = ((3, 4, [5], [6], [1]),
           (1, 4, [3, 0], [4, 9], [1, 1]),
           (4, 8, [6, 1, 2, 7], [3, 20, 9, 14], [1, 0, 1, 1]),
           (0, 4, [2, 7, 4, 0, 1], [5, 1, 12, 8, 3], [1, 1, 1, 1, 1]))
+
+
+# The worked case, as the host prepared it: k = 2, three pending requests in rows 0, 2, 5
+# whose previous round accepted 1, 0 and 2 drafts.  Block tables are per request.
+WORKED = dict(rows=[0, 2, 5], first=[6, 3, 10],
+              tables=[[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]],
+              accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
+# The fourth case's first positions: request 1 starts where request 0 stops (3, 4, 5 | 6, 7, 8).
+RUN_ON = [3, 6, 9]
+
+
+def worked_requests(block_size: int, pending, copies: int = 1,
+                    first=None) -> tuple[dict, torch.Tensor]:
+    """The worked case's requests with another block size or other ``pending`` flags, as
+    ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
+    known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
+    in other rows (the case for telling a loop over requests from tensor operations);
+    ``first``: other first positions."""
+    q, B = WORKED["k"] + 1, 3 * copies
+    first = (first or WORKED["first"]) * copies
+    positions = torch.tensor([p for f in first for p in range(f, f + q)])
+    tables = torch.tensor(WORKED["tables"] * copies)
+    owner = torch.arange(B).repeat_interleave(q)
+    pending = list(pending) * copies
+    newest = 37  # any real token id
+    meta = {
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else newest for p in pending
+                                   for j in range(q)]),
+        "positions": positions,
+        "slot_mapping": (tables[owner, positions // block_size] * block_size
+                         + positions % block_size),
+        "seqlens_q": torch.tensor([q] * B),
+        "seqlens_k": torch.tensor([f + q for f in first]),
+        "rows": torch.tensor(WORKED["rows"] + [1, 3, 4, 6, 7][: B - 3]),
+        "pending": torch.tensor(pending),
+        "block_tables": tables,
+    }
+    return meta, torch.tensor(WORKED["accepted"])
+
+
+def worked_case():
+    """The notebook's worked case (block size 4, k = 2): three pending decode requests
+    whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""
+    meta, accepted = worked_requests(4, [1, 1, 1])
+    expected = {"seqlens_q": [3, 3, 3], "seqlens_k": [10, 6, 15],
+                "positions": [7, 8, 9, 3, 4, 5, 12, 13, 14],
+                "slot_mapping": [31, 4, 5, 11, 16, 17, 20, 21, 22]}
+    return meta, accepted, expected
 
 
 def decode_case(k: int, block_size: int, rows, first, pending) -> tuple[dict, torch.Tensor]:

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 import torch
 
 from toy_engine import kernels
-from toy_engine.kernels import FROM_DEVICE
 
 from overlap_course.device_state import key_lengths_message, watched_correction
 
 from . import context, correction_cases, pool
+from .correction_cases import RUN_ON, worked_case, worked_requests
 from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
@@ -115,47 +115,13 @@ def check_corrected_slots(answer, positions, table, accepted: int, block_size: i
 
 # ------------------------------------------------------------------ exercise 04
 
-# The worked case, as the host prepared it: k = 2, three pending requests in rows 0, 2, 5
-# whose previous round accepted 1, 0 and 2 drafts.  Block tables are per request.
-_CASE = dict(rows=[0, 2, 5], first=[6, 3, 10], tables=[[3, 7, 1, 0], [2, 4, 9, 0], [6, 0, 8, 5]],
-             accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
-# The fourth case's first positions: request 1 starts where request 0 stops (3, 4, 5 | 6, 7, 8).
-_RUN_ON = [3, 6, 9]
-
-
-def _case(block_size: int, pending, copies: int = 1, first=None) -> tuple[dict, torch.Tensor]:
-    """The worked case's requests with another block size or other ``pending`` flags, as
-    ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
-    known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
-    in other rows (the case for telling a loop over requests from tensor operations);
-    ``first``: other first positions."""
-    q, B = _CASE["k"] + 1, 3 * copies
-    first = (first or _CASE["first"]) * copies
-    positions = torch.tensor([p for f in first for p in range(f, f + q)])
-    tables = torch.tensor(_CASE["tables"] * copies)
-    owner = torch.arange(B).repeat_interleave(q)
-    pending = list(pending) * copies
-    newest = 37  # any real token id
-    meta = {
-        "input_ids": torch.tensor([FROM_DEVICE if j or p else newest for p in pending for j in range(q)]),
-        "positions": positions,
-        "slot_mapping": tables[owner, positions // block_size] * block_size + positions % block_size,
-        "seqlens_q": torch.tensor([q] * B),
-        "seqlens_k": torch.tensor([f + q for f in first]),
-        "rows": torch.tensor(_CASE["rows"] + [1, 3, 4, 6, 7][: B - 3]),
-        "pending": torch.tensor(pending),
-        "block_tables": tables,
-    }
-    return meta, torch.tensor(_CASE["accepted"])
-
-
 def _stays_on_device(fn) -> Verdict | None:
     """Exercise 04's rule, on the worked case and on twice as many requests: no value read
     on the host, and as many tensor operations for 6 requests as for 3 (no loop over them);
     then run on tensors without values, which no read can hide from."""
     counts = []
     for copies in (1, 2):
-        meta, accepted = _case(4, [1, 1, 1], copies)
+        meta, accepted = worked_requests(4, [1, 1, 1], copies)
         with HostReads() as seen:
             fn(meta, accepted, 4)
         if seen.host:
@@ -179,7 +145,7 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
                      f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
-    failed = valueless_failure(fn, *_case(4, [1, 1, 1]), 4, counts[0])
+    failed = valueless_failure(fn, *worked_requests(4, [1, 1, 1]), 4, counts[0])
     if failed is not None:
         return fails("host_read",
                      f"your correction computes the right values, but it needs them on the host: "
@@ -187,16 +153,6 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"({failed}). On a GPU such a read makes the host wait for the device, "
                      f"which is what ZOS removes: keep every step a tensor operation")
     return None
-
-
-def worked_case():
-    """The notebook's worked case (block size 4, k = 2): three pending decode requests
-    whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""
-    meta, accepted = _case(4, [1, 1, 1])
-    expected = {"seqlens_q": [3, 3, 3], "seqlens_k": [10, 6, 15],
-                "positions": [7, 8, 9, 3, 4, 5, 12, 13, 14],
-                "slot_mapping": [31, 4, 5, 11, 16, 17, 20, 21, 22]}
-    return meta, accepted, expected
 
 
 _FIELDS = ("seqlens_q", "seqlens_k", "positions", "slot_mapping")
@@ -292,10 +248,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     for block_size, pending, first, label in (
             (4, [0, 1, 1], None, "with request 0 not pending (pending = [0, 1, 1])"),
             (8, [1, 1, 1], None, "with block_size = 8"),
-            (4, [1, 1, 1], _RUN_ON, "with positions that run on from one request to the next "
+            (4, [1, 1, 1], RUN_ON, "with positions that run on from one request to the next "
                                     "(request 0 at 3, 4, 5, request 1 at 6, 7, 8: a request's "
                                     "tokens are its `seqlens_q` tokens, not a run of positions)")):
-        m, a = _case(block_size, pending, first=first)
+        m, a = worked_requests(block_size, pending, first=first)
         want = {n: t.clone() for n, t in m.items()}
         kernels.correct_seqlens_qk(want, a, block_size)
         cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
