@@ -289,13 +289,14 @@ def _standard_streams() -> None:
     escapes instead of a ``UnicodeEncodeError`` after the work is done (or blamed on the input).
     A descriptor closed at start (``cmd >&-``: Python makes the stream ``None``) is pointed at
     /dev/null, so that output is dropped (as Python does) and no file the command opens takes
-    descriptor 1 or 2 and receives what is printed."""
-    for name, fd in (("stdout", 1), ("stderr", 2)):
+    descriptor 1 or 2 and receives what is printed -- nor a child's (:func:`_devnull_at`)."""
+    for fd in (1, 2):  # both before a stream is opened: one took the other's descriptor
+        try:
+            os.fstat(fd)
+        except OSError:
+            _devnull_at(fd)
+    for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
-            try:
-                os.fstat(fd)
-            except OSError:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
         try:
             getattr(sys, name).reconfigure(errors="backslashreplace")
@@ -307,10 +308,21 @@ def _standard_streams() -> None:
         sys.stderr = _Stderr(sys.stderr)
 
 
+def _devnull_at(fd: int) -> None:
+    """Descriptor ``fd`` open on /dev/null and inherited by the command's children.  With ``fd``
+    closed, ``os.open`` returns ``fd`` itself, close-on-exec, and ``dup2(fd, fd)`` changed
+    nothing: a Jupyter kernel started with stdout or stderr closed and died in its start-up."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    os.set_inheritable(fd, True)
+
+
 def _point_stdout_at_devnull() -> None:
     """So that the interpreter's last flush cannot fail again at exit."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+        _devnull_at(sys.__stdout__.fileno())
     except (OSError, ValueError, AttributeError):  # no real file (captured in-process)
         pass
 
