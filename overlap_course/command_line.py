@@ -178,20 +178,52 @@ def _out_folder(text: str, name: str) -> Path:
     return out
 
 
-def locked(folder: Path, busy: str) -> int:
-    """``folder`` made and locked for this command: an open file of the folder's, closed by the
-    caller or at exit (an ``flock`` on the folder itself, so nothing is left in it).  Another
-    command holding it is refused before any work: a ``ValueError`` saying ``busy``.  Two
-    writing one output at once each announced a result the other had half replaced (a site's
-    pages deleted while Sphinx read them, a trace pair from two runs)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(busy) from None
-    return fd
+class locked:
+    """``folder`` made and locked for this command, in a ``with`` block: an ``flock`` on the
+    folder itself, so nothing is left in it.  Another command holding it is refused before any
+    work: a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
+    result the other had half replaced (a site's pages deleted while Sphinx read them, a trace
+    pair from two runs).  A folder one may write into but not list (mode ``-wx``) cannot be
+    opened to lock: the command goes on unlocked, as it did before the lock, rather than be
+    refused as unwritable.  The folders it made are removed again if the block ends in an
+    exception (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves
+    nothing."""
+
+    def __init__(self, folder: Path, busy: str):
+        self._made = [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:  # the folders made before a deeper one failed (a full disk) go too
+            self._remove_made()
+            raise
+        try:
+            self._fd = os.open(folder, os.O_RDONLY)
+        except PermissionError:  # no read permission on the folder: no lock can be had
+            self._fd = None
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise ValueError(busy) from None
+
+    def _remove_made(self) -> None:
+        for path in self._made:  # deepest first; a folder something else wrote into stays
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, trace):
+        if kind is not None:
+            self._remove_made()
+        if self._fd is not None:
+            os.close(self._fd)
 
 
 def os_problem(err: OSError) -> str:
@@ -289,13 +321,14 @@ def _standard_streams() -> None:
     escapes instead of a ``UnicodeEncodeError`` after the work is done (or blamed on the input).
     A descriptor closed at start (``cmd >&-``: Python makes the stream ``None``) is pointed at
     /dev/null, so that output is dropped (as Python does) and no file the command opens takes
-    descriptor 1 or 2 and receives what is printed."""
-    for name, fd in (("stdout", 1), ("stderr", 2)):
+    descriptor 1 or 2 and receives what is printed -- nor a child's (:func:`_devnull_at`)."""
+    for fd in (1, 2):  # both before a stream is opened: one took the other's descriptor
+        try:
+            os.fstat(fd)
+        except OSError:
+            _devnull_at(fd)
+    for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
-            try:
-                os.fstat(fd)
-            except OSError:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
         try:
             getattr(sys, name).reconfigure(errors="backslashreplace")
@@ -307,10 +340,21 @@ def _standard_streams() -> None:
         sys.stderr = _Stderr(sys.stderr)
 
 
+def _devnull_at(fd: int) -> None:
+    """Descriptor ``fd`` open on /dev/null and inherited by the command's children.  With ``fd``
+    closed, ``os.open`` returns ``fd`` itself, close-on-exec, and ``dup2(fd, fd)`` changed
+    nothing: a Jupyter kernel started with stdout or stderr closed and died in its start-up."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    os.set_inheritable(fd, True)
+
+
 def _point_stdout_at_devnull() -> None:
     """So that the interpreter's last flush cannot fail again at exit."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+        _devnull_at(sys.__stdout__.fileno())
     except (OSError, ValueError, AttributeError):  # no real file (captured in-process)
         pass
 

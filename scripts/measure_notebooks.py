@@ -48,8 +48,8 @@ from pathlib import Path  # noqa: E402
 import nbformat  # noqa: E402
 import psutil  # noqa: E402
 
-from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID  # noqa: E402
-from overlap_course.command_line import run  # noqa: E402
+from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
+from overlap_course.command_line import Parser, fail, out_file, run  # noqa: E402
 from overlap_course.safe_json import signals_held, write_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,8 +103,13 @@ def _role(proc: psutil.Process) -> str | None:
     return None
 
 
+def shown(path: Path) -> str:
+    """``path`` as the table names it: from the repository, or whole if it is outside."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def measure(path: Path, workdir: Path) -> dict:
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     words = prose_words(nb)
     copy = workdir / path.name
     nbformat.write(nb, copy)
@@ -154,8 +159,10 @@ def measure(path: Path, workdir: Path) -> dict:
         sampler.join()
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{path} failed to execute:\n{proc.stderr.read().decode()[-2000:]}")
-    return {"notebook": str(path.relative_to(REPO)), "cells": len(nb.cells), "words": words,
+        said = proc.stderr.read().decode(errors="replace").strip().splitlines() or ["nothing"]
+        raise RuntimeError(f"{shown(path)} failed to execute (exit "
+                           f"{os.waitstatus_to_exitcode(status)}): {said[-1]}")
+    return {"notebook": shown(path), "cells": len(nb.cells), "words": words,
             "reading_min": round(words / WORDS_PER_MINUTE, 1), "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "load_average": round(load, 1),
             **{k: round(v) for k, v in peak.items()}}
@@ -346,23 +353,39 @@ def _git_commit() -> str:
                           text=True).stdout.strip() or "unknown"
 
 
+def _notebook(text: str) -> Path:
+    """An argparse ``type``: a notebook read before any is measured (measuring takes minutes)."""
+    try:
+        read_notebook(Path(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return Path(text).resolve()
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("notebooks", nargs="*", type=Path,
+    p = Parser(prog="measure_notebooks", description=__doc__.split("\n\n")[0])
+    p.add_argument("notebooks", nargs="*", type=_notebook,
                    help="default: notebooks/*.ipynb and exercises/*.ipynb")
-    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--json", help="also write the results here")
     p.add_argument("--record", action="store_true",
                    help=f"measure the whole course (or only the notebooks given), store it in "
                         f"{TIMES.relative_to(REPO)}, then --update")
     p.add_argument("--update", action="store_true",
                    help=f"only rewrite the headers' time lines and the tables from {TIMES.relative_to(REPO)}")
     a = p.parse_args(argv)
+    try:
+        a.json = a.json and out_file(a.json, "--json", "times.json")
+    except ValueError as exc:  # a folder, under a file: before a notebook is measured
+        return fail("measure_notebooks", exc)
     if a.update and not a.record:
         _write_all(updated_files(json.loads(TIMES.read_text())))
         return 0
     only = []  # --record PATH...: re-measure these, keep the file's other measurements
     if a.record and a.notebooks:
-        only = [str(n.resolve().relative_to(REPO).with_suffix("")).replace("solutions/", "exercises/", 1)
+        outside = [str(n) for n in a.notebooks if not n.is_relative_to(REPO)]
+        if outside:
+            p.error(f"--record measures the course's notebooks; not in {REPO}: {outside}")
+        only = [str(n.relative_to(REPO).with_suffix("")).replace("solutions/", "exercises/", 1)
                 for n in a.notebooks]
         unknown = [rel for rel in only if rel not in COURSE]
         if unknown:
@@ -370,7 +393,7 @@ def main(argv=None) -> int:
     if a.record:  # an exercise runs as its solution: answered, its checkers start their engines
         paths = [REPO / f"{_measured_as(rel)}.ipynb" for rel in (only or COURSE)]
     else:
-        paths = [n.resolve() for n in a.notebooks] or sorted((REPO / "notebooks").glob("*.ipynb")) + \
+        paths = a.notebooks or sorted((REPO / "notebooks").glob("*.ipynb")) + \
             sorted((REPO / "exercises").glob("*.ipynb"))
     from overlap_course.measure.machine import usable_cpus
     results = []
@@ -378,7 +401,11 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
-            r = measure(path, Path(tmp))
+            try:
+                r = measure(path, Path(tmp))
+            except RuntimeError as exc:  # the notebook raised: its last line says why
+                fail("measure_notebooks", exc)
+                return 1
             r["cpus"] = usable_cpus()
             results.append(r)
             print(f"| `{r['notebook']}` | {r['cells']} | {r['words']:,} | {r['reading_min']:.0f} min | "

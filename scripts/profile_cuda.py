@@ -34,12 +34,12 @@ from overlap_course.ctrl_c import interruptible  # noqa: E402
 
 interruptible(__name__, "profile_cuda", _held)  # first: a Ctrl-C from here is one line, 130
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from overlap_course.command_line import importing, run  # noqa: E402
+from overlap_course.command_line import (Parser, fail, importing, locked, out_folder,  # noqa: E402
+                                         run, whole_number)
 from overlap_course.safe_json import write_file, write_whole  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,21 +83,33 @@ def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=REPO / "artifacts" / "gpu")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    a = p.parse_args(argv)
     with importing("profile_cuda"):  # torch would swallow a Ctrl-C while it first imports
         import torch
+        from overlap_course.measure.bench import MAX_NEW_TOKENS, MAX_REQUESTS
+    # Bounded as the bench bounds them: junk is one line before an engine starts.
+    p = Parser(prog="profile_cuda", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(REPO / "artifacts" / "gpu"))
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--prompts", type=whole_number(1, MAX_REQUESTS), default=8)
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_NEW_TOKENS), default=32)
+    a = p.parse_args(argv)
+    try:
+        a.out = out_folder(a.out)
+    except ValueError as exc:  # a file, under a file: before an engine starts
+        return fail("profile_cuda", exc)
 
     if a.device == "cuda" and not torch.cuda.is_available():
         print("profile_cuda: skipped: no CUDA GPU visible to torch, so there are no GPU kernels to profile "
               "(the lesson then uses the shipped A100 trace and your CPU stand-in exports)")
         return 0
-    a.out.mkdir(parents=True, exist_ok=True)
-    paths = {mode: record(mode, a.out, a.device, a.prompts, a.max_new_tokens) for mode in MODES}
+    try:  # --out is made for the traces, and removed again if the engine refuses the workload
+        busy = (f"--out {str(a.out)!r} is being written by another command running now: wait "
+                f"for it to end, or name another --out; nothing was written")
+        with locked(a.out, busy):
+            paths = {mode: record(mode, a.out, a.device, a.prompts, a.max_new_tokens)
+                     for mode in MODES}
+    except ValueError as exc:  # a prompt too long for the model's context, or --out busy
+        return fail("profile_cuda", exc)
     report = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (host process only)",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "workload": {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens},

@@ -49,10 +49,13 @@ import torch  # noqa: E402
 
 from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
                         load_model)
-from overlap_course.command_line import progress, run  # noqa: E402
-from overlap_course.measure.bench import default_workload  # noqa: E402
+from overlap_course.command_line import (Parser, fail, finite_number, out_folder,  # noqa: E402
+                                         progress, run, whole_number)
+from overlap_course.measure.bench import (MAX_NEW_TOKENS, MAX_REPEATS, MAX_REQUESTS,  # noqa: E402
+                                          default_workload)
 from overlap_course.measure.machine import machine_report  # noqa: E402
 from overlap_course.safe_json import signals_held, write_file  # noqa: E402
+from toy_engine.config import MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS  # noqa: E402
 from toy_engine.model import CHECKPOINT  # noqa: E402
 from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording,  # noqa: E402
                                             device_kind, recording, trace_name)
@@ -129,27 +132,47 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
     return timeline, trace_name(mode, overhead, device_kind(device_name), args.drafts), bool(meter["busy"])
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+PROG = "record_traces"
+
+
+def _parser() -> Parser:
+    """Every argument bounded as the bench bounds it: junk is one line before an engine starts
+    (``--repeats 0`` was ``max()`` of nothing after a warm-up, ``--batch-size 0`` a traceback)."""
+    p = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--modes", nargs="+", default=["serial", "zos"], choices=["serial", "zos"])
     # The notebooks' live comparisons' workload: a RECORDED row beside a live one compares like with like.
-    p.add_argument("--requests", type=int, default=RECORDED_WORKLOAD["requests"])
-    p.add_argument("--max-new-tokens", type=int, default=RECORDED_WORKLOAD["max_new_tokens"])
-    p.add_argument("--batch-size", type=int, default=RECORDED_WORKLOAD["batch_size"])
-    p.add_argument("--drafts", type=int, default=0)
-    p.add_argument("--host-overheads", type=float, nargs="+", default=[0.0, 2.0],
+    p.add_argument("--requests", type=whole_number(1, MAX_REQUESTS),
+                   default=RECORDED_WORKLOAD["requests"])
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_NEW_TOKENS),
+                   default=RECORDED_WORKLOAD["max_new_tokens"])
+    p.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE),
+                   default=RECORDED_WORKLOAD["batch_size"])
+    p.add_argument("--drafts", type=whole_number(0, MAX_DRAFT_TOKENS), default=0)
+    p.add_argument("--host-overheads", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS), nargs="+",
+                   default=[0.0, 2.0],
                    help="host overheads (ms/round) to record; 0 writes <device>_<mode>.json")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=whole_number(1, MAX_REPEATS), default=5)
     p.add_argument("--allow-busy", action="store_true",
                    help="write traces even when the kept run was busy (they say so in meta)")
-    p.add_argument("--out", type=Path, default=TRACES_DIR)
-    args = p.parse_args(argv)
+    p.add_argument("--out", default=str(TRACES_DIR))
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        args.out = out_folder(args.out)
+    except ValueError as exc:  # a file, under a file: before an engine starts
+        return fail(PROG, exc)
     model, tokenizer, desc = _model()
     recorded, busy = [], []
     for overhead in args.host_overheads:
         for mode in args.modes:
-            timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
+            try:
+                timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
+            except ValueError as exc:  # the engine refused the workload (a prompt too long)
+                return fail(PROG, exc)
             c = recording(timeline).contention
             progress(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
                      f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs "
@@ -176,4 +199,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run("record_traces", main)  # Ctrl-C: one line, 130 (a second one ends it at once)
+    run(PROG, main)  # Ctrl-C: one line, 130 (a second one ends it at once)

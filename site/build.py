@@ -227,7 +227,7 @@ def stored_notebooks() -> dict[Path, object]:
             for path in sorted((ROOT / folder).glob("*.ipynb"))}
 
 
-def locked(out: Path) -> int:
+def locked(out: Path) -> lock_folder:
     """OUT made and locked for this build (``command_line.locked``): without it, each
     build's :func:`fresh_folder` deleted the other's ``src/`` and ``html.partial/`` while Sphinx
     read them: the site one announced was gone."""
@@ -393,7 +393,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         return fail("site", exc)
     try:
-        html = build(out, stored)
+        with lock:  # a build that failed leaves no --out folder it made (empty) behind
+            html = build(out, stored)
     except OSError as exc:
         if exc.filename2:  # a copy (shutil): the second file is the one being written
             return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "
@@ -405,8 +406,6 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"site: {exc}", file=sys.stderr)
         return 1
-    finally:
-        os.close(lock)
     print(f"site: {html / 'index.html'} built in {time.monotonic() - start:.1f} s")
     return 0
 

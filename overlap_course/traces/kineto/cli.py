@@ -232,7 +232,7 @@ def _export_all(runs: dict, targets: dict, names: dict) -> dict:
     return report
 
 
-def _locked(out: Path) -> int:
+def _locked(out: Path) -> locked:
     """OUT's folder locked for this export, before a run is recorded (``command_line.locked``,
     the site build's lock): two exports on one OUT each renamed their pair into place, which
     left one run's serial file beside the other's ZOS file, and both reported the pair."""
@@ -261,11 +261,8 @@ def _export(args) -> dict:
         modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
         targets = _targets(out, modes)  # every file checked before a run is recorded
         run, names = (lambda mode: _record(mode, args)), {m: f"the {m} run" for m in modes}
-    lock = _locked(out)
-    try:
+    with _locked(out):
         return _export_all({mode: run(mode) for mode in targets}, targets, names)
-    finally:
-        os.close(lock)
 
 
 def main(argv=None) -> int:
