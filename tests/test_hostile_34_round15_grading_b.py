@@ -100,7 +100,11 @@ def test_a_wrong_loop_that_edits_the_cached_references_does_not_pass():
 
 
 def test_the_references_cannot_be_changed_in_place():
-    for ref in (pool.reference(), [e.token_ids for e in pool.endings_reference()]):
+    """Those of the graded checks (exercises 02 to 05), which the learner's code can call."""
+    from overlap_course.checks import lesson02, lifetime_runs
+    ends = lifetime_runs.completions(lifetime_runs.RUNS[0])
+    for ref in (pool.reference(), pool.reference(second=True), lesson02._long_reference(),
+                [e.token_ids for e in pool.endings_reference()], [e.token_ids for e in ends]):
         with pytest.raises(TypeError):
             ref[0][0] = 5
     with pytest.raises(AttributeError):

@@ -355,8 +355,12 @@ class Ended(typing.NamedTuple):
 def endings_reference() -> tuple[Ended, ...]:
     """The serial loop's completions of the endings run (greedy: the same with drafts or
     without)."""
-    outs = engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN)
-    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason) for c in outs)
+    return ended(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
+
+
+def ended(completions) -> tuple[Ended, ...]:
+    """A reference run's completions, as a cache of the checker's keeps them."""
+    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason) for c in completions)
 
 
 @functools.lru_cache(maxsize=3)
