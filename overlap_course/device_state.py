@@ -1,5 +1,6 @@
 """What the checks' shared devices keep for good, as a digest: a learner's kernel that changed a
-device's weights shows as a different one (``checks.pool.heal``).  A light module: a device
+device's weights shows as a different one (``checks.pool.heal``), and so does a model that
+reached a device changed on its way there (``checks.pool.engine``).  A light module: a device
 process imports it to run :func:`verify`, and torch is all it needs."""
 
 import functools
@@ -7,25 +8,55 @@ import hashlib
 
 import torch
 
+# A module's own tensors and submodules: read by value below, not as its settings
+_HELD = ("_parameters", "_buffers", "_modules")
+
 
 def fingerprint(model, ngram_table, num_drafts: int, block_size: int) -> str:
-    """A digest of the model's weights and the drafter's table, the same on the host and on any
-    device (their bytes, not float sums)."""
-    digest = hashlib.sha256(repr((type(model).__qualname__, num_drafts, block_size)).encode())
-    for name, t in list(model.state_dict().items()) + [("ngram", ngram_table)]:
+    """A digest of the model and the drafter's table, the same on the host and on any device
+    (their bytes, not float sums)."""
+    return combined(model_print(model), table_print(ngram_table), num_drafts, block_size)
+
+
+def combined(model: str, table: str, num_drafts: int, block_size: int) -> str:
+    """:func:`fingerprint` from the model's and the table's own digests."""
+    return hashlib.sha256(repr((model, table, num_drafts, block_size)).encode()).hexdigest()
+
+
+def model_print(model) -> str:
+    """A digest of the model as a device runs it: each module's class and settings (its instance
+    attributes other than its tensors and submodules: a changed ``n_head``, a ``forward`` or a
+    hook set on it, its ``training`` flag) and the bytes of its weights."""
+    digest = hashlib.sha256(repr(type(model).__qualname__).encode())
+    for name, module in model.named_modules():
+        settings = sorted((k, repr(v)) for k, v in vars(module).items() if k not in _HELD)
+        kind = type(module)
+        digest.update(repr((name, kind.__module__, kind.__qualname__, settings)).encode())
+    for name, t in list(model.state_dict().items()):
         digest.update(name.encode())
-        if t is not None:
-            digest.update(repr((str(t.dtype), tuple(t.shape))).encode())
-            digest.update(t.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy())
-    digest.update(repr([m.training for m in model.modules()]).encode())
+        _tensor(digest, t)
     return digest.hexdigest()
+
+
+def table_print(ngram_table) -> str:
+    """A digest of the drafter's table (None: an engine without drafts has none)."""
+    digest = hashlib.sha256(b"ngram")
+    if ngram_table is not None:
+        _tensor(digest, ngram_table)
+    return digest.hexdigest()
+
+
+def _tensor(digest, t) -> None:
+    digest.update(repr((str(t.dtype), tuple(t.shape))).encode())
+    digest.update(t.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy())
 
 
 def verify(ctx, expected: str) -> None:
     """A kernel: raise (a sticky device error) unless the device's model and lasting state are
     as the engine built them."""
     st = ctx.state
-    if fingerprint(ctx.model, st.get("ngram_table"), st.get("num_drafts"), ctx.block_size) != expected:
+    found = fingerprint(ctx.model, st.get("ngram_table"), st.get("num_drafts"), ctx.block_size)
+    if found != expected:
         raise RuntimeError("the device's model or lasting state is not as the engine built it")
 
 

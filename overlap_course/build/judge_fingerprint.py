@@ -11,6 +11,8 @@ import operator
 import sys
 import types
 
+from overlap_course.build.judge_benign import REDUCERS, made_by_reading, sent
+
 # Modules whose state the checker depends on: ours whole; the functions of the others it calls;
 # and the classes of ours, of all the standard library (``inspect.Signature.bind`` runs at
 # every check), ``torch.Tensor`` and ``numpy.vectorize`` (a code answer may be one: its Python
@@ -20,8 +22,9 @@ import types
 _OURS = ("overlap_course", "toy_engine")
 _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
            "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
-           "inspect", "numpy.lib._function_base_impl")
-_THEIR_CLASSES = ("Tensor", "vectorize")
+           "inspect", "numpy.lib._function_base_impl", "cloudpickle", "cloudpickle.cloudpickle")
+# (cloudpickle: what the device process gets, the model and each kernel, goes through it)
+_THEIR_CLASSES = ("Tensor", "vectorize", "Pickler")
 
 
 def _fingerprint() -> dict[str, tuple]:
@@ -41,7 +44,7 @@ def _fingerprint() -> dict[str, tuple]:
                 seen.add(id(value))  # a class the standard library imports again: once
                 marks[f"{name}.{attr}.__dict__"] = tuple(sorted(
                     (str.__str__(key), _mark(item)) for key, item in _CLASS_DICT(value).items()
-                    if key != "__slotnames__"))  # copyreg's cache, filled by the first copy
+                    if not made_by_reading(key, item)))
                 # re-based (``__bases__`` assigned) or given another metaclass: same __dict__
                 marks[f"{name}.{attr}.__bases__"] = (id(type(value)), *map(id, _BASES(value)))
                 for key, item in list(_CLASS_DICT(value).items()) if ours else ():
@@ -133,7 +136,8 @@ class _Reader:
         if ours:
             return (object, id(kind), *_fields(value, kind, deeper))
         if kind is dict:
-            return (dict, *((deeper(k), deeper(v)) for k, v in value.items()))
+            return (dict, *((deeper(k), deeper(v)) for k, v in value.items()
+                            if id(value) not in REDUCERS or sent(k)))
         if kind in (set, frozenset):
             return (kind, frozenset(map(deeper, value)))
         return (kind, *map(deeper, value))
@@ -256,8 +260,6 @@ def _compare(before: dict, after: dict) -> list[str]:
                 and attr in vars(builtins) and not attr.startswith("__")):
             shadow.append(key)
     return changed + sorted(shadow)
-
-
 
 
 def _torchs_own(key: str, mark: tuple, before: dict) -> bool:

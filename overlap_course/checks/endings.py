@@ -131,7 +131,7 @@ def stopped_at(requests, reference, indexes) -> str:
     for i in list(indexes)[:3]:
         req, ref = requests[i], reference[i]
         should = f"should end {_by(ref, req.max_new_tokens)} after {len(ref.token_ids)} tokens"
-        if req.finish_reason == ref.finish_reason and req.output_ids == ref.token_ids:
+        if req.finish_reason == ref.finish_reason and req.output_ids == list(ref.token_ids):
             where = "it did, but was never released"
         elif not req.output_ids:
             where = "it stopped before its first token (it never got a batch row)"

@@ -251,9 +251,9 @@ _LONG_RUN = (["Once upon a time"], {"max_new_tokens": 50})
 
 
 @functools.lru_cache(maxsize=1)
-def _long_reference() -> list[list[int]]:
+def _long_reference() -> tuple[tuple[int, ...]]:
     outs = pool.engine().generate(_LONG_RUN[0], loop=loops.serial_loop, **_LONG_RUN[1])
-    return [c.token_ids for c in outs]
+    return tuple(tuple(c.token_ids) for c in outs)  # immutable: see pool.Ended
 
 
 @exercise_check(lambda: pool.start({}, {"num_draft_tokens": pool.DRAFTS}), pool.reference,

@@ -66,9 +66,10 @@ def run_engine(run: Run) -> Engine:
 
 @functools.lru_cache(maxsize=len(RUNS))
 def completions(run: Run) -> tuple:
-    """The engine's own process_outputs on this run: its completions."""
-    return tuple(run_engine(run).generate(list(run.prompts), on_round=aborter(run.abort),
-                                           **dict(run.args)))
+    """The engine's own process_outputs on this run: its completions (immutable:
+    ``pool.Ended``)."""
+    return pool.ended(run_engine(run).generate(list(run.prompts), on_round=aborter(run.abort),
+                                               **dict(run.args)))
 
 
 def warm() -> None:

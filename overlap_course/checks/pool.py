@@ -14,16 +14,17 @@ import collections
 import contextlib
 import enum
 import functools
+import typing
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from toy_engine.data import CharTokenizer
 from toy_engine.config import MAX_SLOTS, EngineConfig
-from toy_engine import kernels, loops
-from overlap_course.device_state import fingerprint, verify
+from toy_engine import loops
+from overlap_course.checks import devices
 from overlap_course.labs import plugins
-from toy_engine.device import Device, DeviceError
+from toy_engine.device import Device
 from toy_engine.engine import Engine
 from toy_engine.model import load_model
 from toy_engine.process_device import ProcessDevice
@@ -55,9 +56,7 @@ _CONFIGS: dict = {}  # each engine's own frozen config, to put back a learner's 
 _BUILT: dict = {}  # each engine's state as built (:func:`_state`): to see a change in place
 _PRINTS: dict = {}  # each device as built (device_state.fingerprint): to see a kernel's change
 _DEVICES: dict = {}  # each engine's device as built: to tell one the engine itself replaced
-# The engine's own kernels: any other one run on a shared device may have changed it for good.
-_KERNELS = (kernels.setup_state, kernels.upload_inputs, kernels.correct, kernels.forward,
-            kernels.sample, verify)
+
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,8 +79,11 @@ def engine(**config) -> Engine:
         _BUILT[key] = _state(_ENGINES[key])
         built = _ENGINES[key]
         _DEVICES[key] = built.device
-        _PRINTS[key] = fingerprint(built.model, built.ngram, built.config.num_draft_tokens,
-                                           built.config.block_size)
+        _PRINTS[key] = devices.expected(built.config.num_draft_tokens, built.config.block_size)
+        what = devices.changed(built, _PRINTS[key])
+        if what is not None:  # a model changed on its way to the device
+            _retire(_ENGINES.pop(key))
+            raise RuntimeError(devices.not_shipped(key, what))
     return _ENGINES[key]
 
 
@@ -124,7 +126,7 @@ def heal() -> list[str]:
             else:
                 replaced = _replaced_device(shared, key)
                 what = _changed(shared, _BUILT[key], replaced) or (
-                    None if replaced else _device_changed(shared, _PRINTS[key]))
+                    None if replaced else devices.changed(shared, _PRINTS[key]))
                 what = what and f"{what} (the shared engine's: a learner's change in place"
         except Exception:  # noqa: BLE001 - a learner's junk where the engine's parts were
             what = "the shared engine (its parts could not be read"
@@ -295,38 +297,6 @@ def _run_state(shared: Engine) -> str | None:
     return None
 
 
-def _device_changed(shared: Engine, expected: str) -> str | None:
-    """What a learner's run left in the device, or None: a kernel of its own (it may have changed
-    the device's weights), bookkeeping that is not plain, a launch or a freed block a wait and
-    an idle pool do not explain, or a model or lasting state that differs
-    (``device_state.verify``)."""
-    device = shared.device
-    if type(device) is not ProcessDevice:  # CUDA: not verified here (no GPU to test it on yet)
-        return None
-    if not all(any(k is own for own in _KERNELS) for k in device._kernel_ids):
-        return "engine.device (a kernel that is not the engine's ran on it"
-    books = device._latencies_ns
-    if (type(books) is not collections.deque or books.maxlen is None
-            or not all(type(n) is int for n in books) or type(device._last_end_ns) is not int
-            or type(device._sent_ns) is not dict or type(device._stamps) is not list):
-        return "engine.device's bookkeeping (its launch latencies and times"
-    try:
-        device.launch(verify, expected, round=0, stage="verify")
-        device.synchronize(timeout=RECOVER_S)
-    except DeviceError:
-        return "engine.device's model or lasting state (changed by a kernel"
-    races, n = device.races, shared.config.num_kv_blocks
-    if races.pending or device._sent_ns:
-        return "engine.device.races.pending (a launch no wait covers"
-    freed = races.free_blocks.items()
-    if not all(type(b) is int and 0 <= b < n and type(p) is int for b, p in freed):
-        return "engine.device.races.free_blocks"
-    return None
-
-
-RECOVER_S = 10.0  # how long a heal waits for a shared device's queue (its own kernel: a few ms)
-
-
 @atexit.register
 def close_engines() -> None:
     """Close every shared engine and forget it with its books: the next check builds its own.
@@ -371,21 +341,36 @@ def endings_label(drafts: int = 0) -> str:
             f"{with_drafts})")
 
 
+class Ended(typing.NamedTuple):
+    """A reference completion, as the checks read it: immutable, as the cache that holds it is
+    the checker's and the learner's code can call it (round 15: a wrong loop edited
+    ``pool.reference()``'s lists in place to its own tokens, and passed)."""
+
+    prompt: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+
+
 @functools.lru_cache(maxsize=1)
-def endings_reference() -> tuple:
+def endings_reference() -> tuple[Ended, ...]:
     """The serial loop's completions of the endings run (greedy: the same with drafts or
     without)."""
-    return tuple(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
+    return ended(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
+
+
+def ended(completions) -> tuple[Ended, ...]:
+    """A reference run's completions, as a cache of the checker's keeps them."""
+    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason) for c in completions)
 
 
 @functools.lru_cache(maxsize=3)
-def reference(constraint: str | None = None, *, second: bool = False) -> list[list[int]]:
+def reference(constraint: str | None = None, *, second: bool = False) -> tuple[tuple[int, ...]]:
     """The serial loop's tokens for PROMPTS (greedy, optionally constrained, or the second
     run's stop strings), computed once (call it as ``reference()`` for the plain run: the cache
-    keys on how it is called)."""
+    keys on how it is called); tuples, which no code can change in place (:class:`Ended`)."""
     shared = engine(**({"constraint": constraint} if constraint else {}))
     outs = shared.generate(PROMPTS, loop=loops.serial_loop, **run_args(second))
-    return [c.token_ids for c in outs]
+    return tuple(tuple(c.token_ids) for c in outs)
 
 
 def compare(got, expected) -> str | None:
@@ -393,7 +378,7 @@ def compare(got, expected) -> str | None:
     if len(got) != len(expected):
         return (f"the run returned {len(got)} completions for {len(expected)} prompts: every prompt must end with "
                 f"one (did your code remove requests from `engine.requests`? it is the run's own list)")
-    for i, (g, e) in enumerate(zip(got, expected)):
+    for i, (g, e) in enumerate(zip(map(list, got), map(list, expected))):
         if g == e:
             continue
         if e[: len(g)] == g:
