@@ -65,11 +65,58 @@ class WrongKeyLengths(ValueError):
     """A batch of a run whose corrected ``seqlens_k`` is not the engine's own correction's."""
 
 
+class ChangedInputs(ValueError):
+    """A batch of a run whose correction changed what it must leave alone (``changed_inputs``)."""
+
+
+#: What exercise 04's correction corrects; every other field of ``meta`` is an input it reads.
+CORRECTED = ("seqlens_k", "positions", "slot_mapping")
+
+
+def changed_inputs(given: dict, was, meta: dict, accepted) -> str | None:
+    """What a correction changed that it must leave alone, given ``meta`` and ``accepted`` as
+    they were before it (``given``, ``was``): a corrected field's dtype (a kernel indexes with
+    integer lengths, positions and slots), ``accepted`` (the host reads it after the round to
+    commit tokens), or a field it does not correct; None when it changed none of them."""
+    for name in CORRECTED:
+        now = meta.get(name)
+        if isinstance(now, torch.Tensor) and now.dtype != given[name].dtype:
+            return (f"`meta['{name}']` is now {now.dtype}, the host wrote {given[name].dtype}: a "
+                    "kernel reads lengths, positions and slots as whole numbers, so keep each "
+                    "field's dtype (`+=` and `.copy_` keep it)")
+    if not _same(accepted, was):
+        return (f"your correction changed `accepted`: it held {_shown(was, accepted)} and now "
+                f"holds {_shown(accepted, was)}. The host reads those counts after the round to "
+                "commit each request's tokens: read `accepted`, never write it")
+    for name, held in given.items():
+        if name not in CORRECTED and not _same(meta.get(name), held):
+            now = meta.get(name)
+            return (f"your correction changed `meta['{name}']`: it held {_shown(held, now)} and "
+                    f"now holds {_shown(now, held)}. Only "
+                    f"{', '.join(CORRECTED)} are corrected; the other fields are inputs the "
+                    "forward and the next rounds read as the host wrote them")
+    return None
+
+
+def _same(now, held: torch.Tensor) -> bool:
+    return (isinstance(now, torch.Tensor) and now.dtype == held.dtype
+            and now.shape == held.shape and now.equal(held))
+
+
+def _shown(value, other) -> str:
+    """A tensor's values, with its dtype where ``other``'s differs; another value's type."""
+    if not isinstance(value, torch.Tensor):
+        return "nothing" if value is None else f"a {type(value).__name__}"
+    differs = isinstance(other, torch.Tensor) and other.dtype != value.dtype
+    return f"{value.dtype} {value.tolist()}" if differs else str(value.tolist())
+
+
 def watched_correction(correction):
     """``correction`` as exercise 04's engine runs call it, each batch's ``seqlens_k`` then
     compared with the engine's own correction of the same inputs; a difference raises
     WrongKeyLengths (a sticky device error).  The toy's attention masks keys by position and
-    never reads ``seqlens_k``, so its tokens cannot show a wrong one; a real kernel's would."""
+    never reads ``seqlens_k``, so its tokens cannot show a wrong one; a real kernel's would.
+    A batch whose correction changed an input or a field's dtype raises ChangedInputs."""
     from toy_engine.kernels import correct_seqlens_qk  # the engine's: a device process has it
 
     @functools.wraps(correction)
@@ -82,6 +129,9 @@ def watched_correction(correction):
         got, right = meta.get("seqlens_k"), want["seqlens_k"]
         if not (isinstance(got, torch.Tensor) and got.shape == right.shape and got.equal(right)):
             raise WrongKeyLengths(_key_lengths_differ(given, was, got, right))
+        changed = changed_inputs(given, was, meta, accepted)
+        if changed:
+            raise ChangedInputs(f"in a batch of {len(given['seqlens_q'])} request(s), {changed}")
         return answer
     return watched
 
@@ -95,12 +145,13 @@ def _key_lengths_differ(given: dict, accepted, got, right) -> str:
             f"{given['seqlens_k'].tolist()}): your seqlens_k is {shown}, expected {right.tolist()}")
 
 
-def key_lengths_message(err: BaseException) -> str | None:
-    """What a run's WrongKeyLengths said, raised here (a CUDA device runs kernels in this
-    process) or reported by a device process (``"WrongKeyLengths: ... (in kernel ...)"``)."""
-    if isinstance(err, WrongKeyLengths):
+def watched_message(err: BaseException, kind: type) -> str | None:
+    """What a run's ``kind`` (WrongKeyLengths or ChangedInputs) said, raised here (a CUDA device
+    runs kernels in this process) or reported by a device process (``"WrongKeyLengths: ... (in
+    kernel ...)"``)."""
+    if isinstance(err, kind):
         return str(err)
-    text, mark = str(err), f"{WrongKeyLengths.__name__}: "
+    text, mark = str(err), f"{kind.__name__}: "
     if not text.startswith(mark):
         return None
     return text[len(mark):].rpartition(" (in kernel")[0] or text[len(mark):]

@@ -112,8 +112,8 @@ def test_check_wants_more_passes_a_policy_answering_numpy_bools():
     assert verdict.passed, verdict.message
 
 
-def answers_zero(req):
-    return 0
+def answers_two(req):
+    return 2  # 1 and 0 are taken as True and False (round sixteen): 2 is neither
 
 
 def answers_none(req):
@@ -121,10 +121,10 @@ def answers_none(req):
 
 
 def test_check_wants_more_names_a_wrong_answer_and_the_learners_function():
-    verdict = lesson07.check_wants_more(answers_zero)
+    verdict = lesson07.check_wants_more(answers_two)
     assert verdict.category == "shape", verdict.message
     message = verdict.message
-    assert "`answers_zero` returned 0" in message and "not True or False" in message, message
+    assert "`answers_two` returned 2" in message and "not True or False" in message, message
     assert "spy" not in message and "raised" not in message and "None" not in message, message
 
 
@@ -139,8 +139,8 @@ def test_per_request_names_the_function_and_gives_the_none_hint_only_for_none(en
     engine = engine_pool(mode="zos")
     with pytest.raises(plugins.NotTrueOrFalse) as caught:
         engine.generate("Once upon a time", max_new_tokens=4,
-                        on_round=plugins.per_request(wants_more=answers_zero))
-    assert "wants_more=answers_zero) returned 0" in str(caught.value)
+                        on_round=plugins.per_request(wants_more=answers_two))
+    assert "wants_more=answers_two) returned 2" in str(caught.value)
     assert "None" not in str(caught.value)
 
 

@@ -140,7 +140,7 @@ def test_zero_d_tensors_and_arrays_from_plugins_are_taken_as_their_values():
         assert verdict.passed, verdict.message
     float_count = checks.check_before_sample(lambda engine, plan, held: torch.tensor(0.0))
     assert not float_count.passed and "tensor(0.), a float" in float_count.message
-    number = checks.check_wants_more(lambda req: torch.tensor(int(wants(req))))
+    number = checks.check_wants_more(lambda req: torch.tensor(2 * int(wants(req))))  # 1/0 are bools
     assert not number.passed and "not True or False" in number.message
 
 

@@ -13,7 +13,8 @@ import torch
 
 from toy_engine import kernels
 
-from overlap_course.device_state import key_lengths_message, watched_correction
+from overlap_course.device_state import (ChangedInputs, WrongKeyLengths, changed_inputs,
+                                         watched_message, watched_correction)
 
 from . import context, correction_cases, pool
 from .correction_cases import RUN_ON, worked_case, worked_requests
@@ -210,25 +211,44 @@ def _variants(meta, accepted, block_size) -> dict:
 
 
 def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict | None:
-    before = {n: meta[n].tolist() for n in _FIELDS}
+    """One hand-made case: the corrected fields' values, then what the correction must leave
+    alone (``device_state.changed_inputs``)."""
+    given, was = {n: t.clone() for n, t in meta.items()}, accepted.clone()
+    held = {n: (t, t._version) for n, t in meta.items()}  # an in-place change bumps _version
     variants = _variants(meta, accepted, block_size)
     fn(meta, accepted, block_size)
     got = {n: meta[n].tolist() for n in _FIELDS}
-    if got == expected:
-        return None
+    if got != expected:
+        wrote = any(meta.get(n) is not t or t._version != v for n, (t, v) in held.items())
+        return _wrong_values(got, expected, {n: given[n].tolist() for n in _FIELDS}, wrote,
+                             variants, label, (given, was))
+    changed = changed_inputs(given, was, meta, accepted)
+    return None if changed is None else fails("changed_input", f"{label}: {changed}")
+
+
+def _wrong_values(got, expected, before, wrote, variants, label, inputs) -> Verdict:
+    """Name a case's wrong values: untouched (``wrote``: whether the correction wrote into
+    ``meta``'s tensors or replaced them), a classic slip (``variants``) in every field or in the
+    first wrong one, or the first wrong field."""
+    wrong = next(n for n in _FIELDS if got[n] != expected[n])
+    said = f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}"
+    if got == before and not wrote:
+        return fails("stale", f"{said} (still the host's stale values): change the tensors in "
+                              "`meta` in place (`+=`, `.copy_`), do not build new ones")
     if got == before:
-        wrong = next(n for n in _FIELDS if got[n] != expected[n])
-        return fails("stale", f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]} (still the host's stale "
-                              f"values): change the tensors in `meta` in place (`+=`, `.copy_`), do not build "
-                              f"new ones")
+        meta, accepted = inputs
+        return fails("no_shift", f"{said}: your correction wrote into `meta`, but it shifted "
+                                 f"nothing here: a pending request moves by its accepted drafts, "
+                                 f"`accepted[meta['rows']] * meta['pending']` (accepted "
+                                 f"{accepted[meta['rows']].tolist()} for rows "
+                                 f"{meta['rows'].tolist()}, pending {meta['pending'].tolist()})")
     for category, (result, why) in variants.items():
         if result is not None and got == result:
-            wrong = next(n for n in _FIELDS if got[n] != expected[n])
-            return fails(category, f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}: {why}")
-    for name in _FIELDS:
-        if got[name] != expected[name]:
-            return fails(name, f"{label}: {name} is {got[name]}, expected {expected[name]}: {_WHY[name]}")
-    return None
+            return fails(category, f"{said}: {why}")
+    for category, (result, why) in variants.items():
+        if result is not None and got[wrong] == result[wrong]:
+            return fails(category, f"{said}: {why}")
+    return fails(wrong, f"{said}: {_WHY[wrong]}")
 
 
 @exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
@@ -275,8 +295,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     try:
         outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, correction=watched)
     except Exception as err:  # noqa: BLE001
-        if key_lengths_message(err):
+        if watched_message(err, WrongKeyLengths):
             return _wrong_key_lengths(err, engine)
+        if watched_message(err, ChangedInputs):
+            return fails("changed_input", f"in the engine: {watched_message(err, ChangedInputs)}")
         return fails("engine_error", f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
                                      f"batches of 1 to 3 requests) your correction failed on the device: "
                                      f"{quoted(err)}")
@@ -287,8 +309,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     try:
         outs = engine.generate(pool.ENDINGS_PROMPTS, correction=watched, **pool.ENDINGS_RUN)
     except Exception as err:  # noqa: BLE001
-        if key_lengths_message(err):
+        if watched_message(err, WrongKeyLengths):
             return _wrong_key_lengths(err, engine)
+        if watched_message(err, ChangedInputs):
+            return fails("changed_input", f"in the engine: {watched_message(err, ChangedInputs)}")
         return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
                                      "on the device: "
                                      f"{quoted(err)}")
@@ -307,7 +331,8 @@ def _wrong_key_lengths(err: BaseException, engine) -> Verdict:
     """A run's batch whose corrected seqlens_k was wrong (``device_state.watched_correction``)."""
     return fails("seqlens_k",
                  f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts), "
-                 f"{key_lengths_message(err)}. The toy's attention masks keys by position, so its "
+                 f"{watched_message(err, WrongKeyLengths)}. The toy's attention masks keys by "
+                 "position, so its "
                  "tokens do not show it, but a real attention kernel reads seqlens_k to know how "
                  "many keys each request has: it must grow by the accepted drafts of every pending "
                  "request, whatever k and the batch size")

@@ -74,8 +74,9 @@ class NotTrueOrFalse(TypeError):
 
 def _answer_checked(name: str, method, req):
     """``method`` bound to ``req``; ``wants_more``'s answer must be True or False (numpy's
-    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are),
-    another's is ignored, so it must not be a generator (whose body never ran)."""
+    np.True_ and np.False_, a comparison of numpy values, are taken as the bools they are, and
+    so are the whole numbers 1 and 0: the scheduler uses only the truth value), another's is
+    ignored, so it must not be a generator (whose body never ran)."""
     if name != "wants_more":
         bound = functools.partial(body_checked(f"per_request: {name}", method), req)
         bound.label = f"per_request({name}={plugin_label(method)})"  # the engine's messages
@@ -85,8 +86,8 @@ def _answer_checked(name: str, method, req):
     def wants_more():
         answer = bound()
         value = zero_d(answer)
-        if type(value) is np.bool_:  # numpy's bool type cannot be subclassed: exactly that
-            value = bool(value)
+        if type(value) is np.bool_ or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+            value = bool(value)  # numpy's bool type cannot be subclassed: exactly that
         if type(value) is not bool:
             raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
                                  req.index)
