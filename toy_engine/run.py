@@ -9,7 +9,7 @@ from . import kernels
 from .device import Event
 from .scheduler import Plan
 from .sequence import Request
-from .validate import shown
+from .validate import plugin_label, shown
 
 
 @dataclass
@@ -50,8 +50,9 @@ class EngineStalled(RuntimeError):
     ``"finished_kept_blocks"`` (finished requests keep blocks and rows),
     ``"loop_returned_with_work"``, ``"not_planned"`` (a schedule found no
     round for unfinished requests with nothing in flight: a plug-in's ``wants_more`` or
-    ``commit``, or changed fields); ``"no_progress"``: a plug-in's rounds commit nothing (the
-    course's ``per_request``).  ``prompt_indexes``: positions in the call; ``request_ids``: ids."""
+    ``commit``, or changed fields); ``"no_progress"``: rounds commit nothing (a per_request
+    commit or a process_outputs plug-in, ``Run.check_progress``).  ``prompt_indexes``:
+    positions in the call; ``request_ids``: ids."""
 
     REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work",
                "not_planned", "no_progress")
@@ -194,6 +195,7 @@ class Run:
     plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
     prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
     sampled: set = field(default_factory=set)  # rounds whose sample was launched
+    progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -301,6 +303,31 @@ class Run:
         its plan was prepared."""
         return [(r, r in self.prepared) for r in sorted(set(self.plans) - self.sampled)]
 
+    def check_progress(self, scheduler) -> None:
+        """Stall a run whose commits added no token and ended no request in
+        MAX_ROUNDS_WITHOUT_PROGRESS rounds, naming what commits (rounds are planned on)."""
+        rounds = scheduler.round - self.progress_round
+        if rounds < MAX_ROUNDS_WITHOUT_PROGRESS:
+            return
+        commits = [vars(r)["commit"] for r in scheduler.running if "commit" in vars(r)]
+        if self.process_outputs is not None:
+            who, hint = self.labels["process_outputs"], (
+                "it never commits: does it hand each round's tokens to its requests "
+                "(engine.commit_outputs(step, tokens), or append each kept token to "
+                "req.output_ids) and set req.finish_reason when a request ends?")
+        elif commits:
+            who, hint = plugin_label(commits[0]), ("does your function append each kept token "
+                                                   "to req.output_ids and set req.finish_reason "
+                                                   "when the request ends?")
+        else:
+            who, hint = self.labels.get("loop", "the loop"), (
+                "does it process each round's step (engine.process_outputs(step))?")
+        unfinished = [r for r in self.requests if not r.finished]
+        raise EngineStalled(
+            f"{who}: {rounds} rounds in a row in which no request gained a token or ended "
+            f"({len(unfinished)} unfinished), so the run would never end: {hint}",
+            reason="no_progress", requests=unfinished)
+
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
@@ -308,6 +335,10 @@ class Run:
         self.idle_schedule = True
 
 
+#: Rounds in a row in which no request gained a token or ended before a run is stalled: a right
+#: run has at most max_new_tokens rounds in flight (the model has 256 positions), so this is
+#: never reached by one, drafts, stop strings or constraint included.
+MAX_ROUNDS_WITHOUT_PROGRESS = 1000
 #: A request's fields that stay as generate made them (a plug-in changing one is refused).
 FIXED_FIELDS = ("id", "index", "prompt", "prompt_ids", "max_new_tokens", "stop", "temperature",
                 "seed")

@@ -56,14 +56,34 @@ def _stage(method):
     return stage
 
 
-def _bad_token(tok, vocab_size: int) -> bool:
-    """Whether ``tok`` is no token id: an integer (``operator.index``; not a bool) from 0 to
-    ``vocab_size - 1``."""
+def _ids(req: Request) -> list:
+    """A copy of ``req.output_ids`` before a plug-in commits ([] for no list: refused after)."""
+    return req.output_ids[:] if type(req.output_ids) is list else []
+
+
+def _changed_at(old: list, ids: list) -> int | None:
+    """The first index where ``ids`` no longer holds ``old``'s token id (None: one is a prefix
+    of the other).  Most rounds leave every token the same object: checked at C speed."""
+    if all(map(operator.is_, old, ids)):
+        return None
+    return next((i for i, (a, b) in enumerate(zip(old, ids))
+                 if a is not b and (_value(b) is None or _value(a) != _value(b))), None)
+
+
+def _value(tok) -> int | None:
+    """``tok``'s integer value (``operator.index``: a numpy integer's too), None for a bool or
+    anything else."""
     if isinstance(tok, bool):
-        return True
+        return None
     with contextlib.suppress(Exception):  # no __index__, or one that raises
-        return not 0 <= operator.index(tok) < vocab_size
-    return True
+        return operator.index(tok)
+    return None
+
+
+def _bad_token(tok, vocab_size: int) -> bool:
+    """Whether ``tok`` is no token id: an integer (not a bool) from 0 to ``vocab_size - 1``."""
+    value = _value(tok)
+    return value is None or not 0 <= value < vocab_size
 
 
 class RoundStages:
@@ -110,6 +130,7 @@ class RoundStages:
                          "such as a process_outputs or per_request one, or the loop)")
         if not self.scheduler.has_work():
             return None
+        run.check_progress(self.scheduler)
         start = self.timeline.now_ms()
         if run.on_round is not None:
             run.plugin = run.labels["on_round"]
@@ -251,12 +272,12 @@ class RoundStages:
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom, label = self._run.process_outputs, self._run.labels.get("process_outputs")
         if custom is not None:
-            before = [(req, len(req.output_ids)) for req in step.plan.requests]
+            before = [(req, _ids(req), req.finished) for req in step.plan.requests]
             with self.timeline.host_span(stage, step.plan.round, step.owner), self.calling(label):
                 custom(self, step)
-            for req, length in before:  # it may commit itself: what it stored goes to the device
-                self._check_committed(req, length, f"{label}, committing prompt {req.index}'s "
-                                                   f"tokens itself,")
+            for req, ids, finished in before:  # it may commit itself: the device reads what it kept
+                self._check_committed(req, ids, f"{label}, committing prompt {req.index}'s "
+                                                f"tokens itself,", finished)
             return
         with self.timeline.host_span(Stage.WAIT, step.plan.round, step.owner):
             self.device.wait(step.sample_done)
@@ -309,12 +330,15 @@ class RoundStages:
                 run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            with (self.calling(_label(vars(req)["commit"])) if "commit" in vars(req)
-                  else contextlib.nullcontext()):
+            if "commit" not in vars(req):
                 req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-            if "commit" in vars(req):  # a plug-in's: what it stored goes to the device
-                self._check_committed(req, before, f"prompt {req.index}'s commit, replaced on the "
-                                                   f"request by a plug-in ({_label(req.commit)}),")
+                run.progress_round = self.scheduler.round  # a token, or EOS: it ended
+            else:  # a plug-in's: the device reads what it kept
+                ids = _ids(req)
+                with self.calling(_label(vars(req)["commit"])):
+                    req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+                self._check_committed(req, ids, f"prompt {req.index}'s commit, replaced on the "
+                                                f"request by a plug-in ({_label(req.commit)}),")
             run.counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
                 run.counts["request_decode_rounds"] += 1
@@ -322,21 +346,33 @@ class RoundStages:
                 run.counts["accepted"] += len(kept) - 1
         return plan.requests
 
-    def _check_committed(self, req: Request, before: int, plugin: str) -> None:
+    def _check_committed(self, req: Request, old: list, plugin: str, finished=False) -> None:
         """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
-        ``req.output_ids`` other than token ids: the next round sends the newest to the device,
-        which would fail there."""
-        new = req.output_ids[before:] if type(req.output_ids) is list else None
+        ``req.output_ids`` (``old`` before the call) other than token ids appended, or the
+        newest removed (a stop string): the device's cache holds the tokens committed, the next
+        round sends it the newest, and generate returns them.  Adding one, or ending the
+        request, is progress (``Run.check_progress``)."""
+        new = req.output_ids[len(old):] if type(req.output_ids) is list else None
         vocab = self.tokenizer.vocab_size
         bad = next((i for i, tok in enumerate(new or ()) if _bad_token(tok, vocab)), None)
         if new is None or bad is not None:
             got = (f"req.output_ids = {shown(req.output_ids)}" if new is None else
                    f"{type(new[bad]).__name__} {shown(new[bad])} at req.output_ids"
-                   f"[{before + bad}]")
+                   f"[{len(old) + bad}]")
             raise TypeError(f"{plugin} stored {got}: output_ids holds token ids, ints from 0 "
                             f"to {vocab - 1} (the vocabulary has {vocab}), and the next round "
                             f"sends them to the device; append the token id (tok) and add "
                             f"decode([tok]) to req.text")
+        i = _changed_at(old, req.output_ids)
+        if i is not None:
+            was, now = old[i], req.output_ids[i]
+            raise (TypeError if _bad_token(now, vocab) else ValueError)(
+                f"{plugin} changed req.output_ids[{i}] from {shown(was)} to {type(now).__name__} "
+                f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
+                f"the next round sends the newest, generate returns them); append new tokens "
+                f"only (a stop string may remove the newest from the end)")
+        if new or (req.finished and not finished):
+            self._run.progress_round = self.scheduler.round
 
     @_stage
     def flush(self, previous: StepState | None) -> StepState | None:

@@ -242,15 +242,21 @@ class Timeline:
 
 def run_stats(timeline: Timeline, counts: dict, prefill_rounds: set, wall_s: float,
               launch_latencies_ms: list[float]) -> RunStats:
-    """From the run's per-request tallies (``counts``) and which rounds were prefills."""
+    """From the run's per-request tallies (``counts``) and which rounds were prefills; linear in
+    the spans (Ctrl-C is held meanwhile): 512/1,024/2,048 rounds took 0.07/0.3/1.3 s after the
+    loop when each round scanned all spans (10 s at 2,048 on a busy machine), 0.01/0.02/0.05."""
     rounds = timeline.rounds()
     forwards = sorted({s.round for s in timeline.spans if s.stage == Stage.FORWARD})
     decode = [r for r in forwards if r not in prefill_rounds]
 
-    def per_round(lane: str) -> float:  # the union of a round's work (waiting is not work), averaged
-        work = (union_ms(s for s in timeline.spans if s.lane == lane and s.round == r and s.stage != Stage.WAIT)
-                for r in rounds)
-        return sum(work) / len(rounds) if rounds else 0.0
+    work: dict[tuple[str, int], list[Span]] = {}  # each lane's work by round (waiting is not work)
+    for span in timeline.spans:  # grouped once: a scan of all spans per round took rounds^2
+        if span.stage != Stage.WAIT:
+            work.setdefault((span.lane, span.round), []).append(span)
+
+    def per_round(lane: str) -> float:  # the union of a round's work, averaged
+        total = sum(union_ms(work.get((lane, r), ())) for r in rounds)
+        return total / len(rounds) if rounds else 0.0
 
     c = counts
     return RunStats(

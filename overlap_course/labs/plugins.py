@@ -18,7 +18,6 @@ import torch
 import toy_engine.engine as engine_module
 from toy_engine.config import MAX_SLOTS, EngineConfig
 from toy_engine.engine import Engine
-from toy_engine.run import EngineStalled
 from toy_engine.sequence import Request
 from toy_engine.validate import body_checked, check_int, check_takes, plugin_label, shown
 
@@ -29,10 +28,6 @@ AFTER_THE_RUN = ("completion",)
 REQUEST_METHODS = tuple(sorted(name for name, value in vars(Request).items()
                                if inspect.isfunction(value) and not name.startswith("_")
                                and name not in AFTER_THE_RUN))
-#: Rounds in a row in which no request gained a token or ended before ``per_request`` says the
-#: run is stuck: a right run has at most max_new_tokens rounds in flight (the model has 256
-#: positions), so this is never reached by one, drafts, stop strings or constraint included.
-MAX_ROUNDS_WITHOUT_PROGRESS = 1000
 
 
 def per_request(**methods):
@@ -44,19 +39,14 @@ def per_request(**methods):
         params = list(inspect.signature(getattr(Request, name)).parameters)
         check_takes(f"per_request: {name}", method, ["req", *params[1:]])
 
-    run = dict(requests=None, seen=None, since=0)
+    run = dict(requests=None)  # a commit that commits nothing: the engine's check_progress
 
     def on_round(engine, round):
         if run["requests"] is not engine.requests:  # a new run (the plug-in may serve several)
-            run.update(requests=engine.requests, seen=None)
+            run.update(requests=engine.requests)
             for req in engine.requests:
                 for name, method in methods.items():
                     setattr(req, name, _answer_checked(name, method, req))
-        seen = [(len(r.output_ids), r.finished) for r in engine.requests]
-        if seen != run["seen"]:
-            run.update(seen=seen, since=round)
-        elif round - run["since"] >= MAX_ROUNDS_WITHOUT_PROGRESS:
-            raise _no_progress(methods, round - run["since"], engine.requests)
     return on_round
 
 
@@ -93,17 +83,6 @@ def _answer_checked(name: str, method, req):
                                  req.index)
         return value
     return wants_more
-
-
-def _no_progress(methods: dict, rounds: int, requests) -> EngineStalled:
-    given = ", ".join(f"{name}={getattr(f, '__name__', type(f).__name__)}"
-                      for name, f in methods.items())
-    unfinished = [r for r in requests if not r.finished]
-    return EngineStalled(
-        f"per_request({given}): {rounds} rounds in a row in which no request gained a token or "
-        f"ended ({len(unfinished)} unfinished), so the run would never end: does your function "
-        f"append each kept token to req.output_ids and set req.finish_reason when the request "
-        f"ends?", reason="no_progress", requests=unfinished)
 
 
 def aborts(abort, at):
