@@ -119,12 +119,22 @@ def test_placeholders_are_named_as_the_values_they_are():
 
 
 def test_a_non_function_is_refused_before_anything_runs():
-    for v, call in ((checks.check_serial_loop(None), "serial_loop(engine)"),
-                    (checks.check_wants_more(None), "wants_more(req)"),
+    for v, call in ((checks.check_serial_loop(0), "serial_loop(engine)"),
+                    (checks.check_wants_more("x"), "wants_more(req)"),
                     (checks.check_ring_slots("2"), "ring_slots(depth)"),
                     (checks.check_correction(3), "correct_seqlens_qk(meta, accepted, block_size)"),
-                    (checks.check_commit(None), "commit(req, tokens, eos_id, decode)")):
+                    (checks.check_commit([]), "commit(req, tokens, eos_id, decode)")):
         assert not v and v.category == "shape", v
+        assert "must be a function, " + call in v.message and "raised" not in v.message
+
+
+def test_the_stub_none_is_not_answered_yet_in_every_check_that_takes_a_function():
+    """None is the shipped stub: "not answered yet" (round 2's rule), never "raised"."""
+    for v, call in ((checks.check_serial_loop(None), "serial_loop(engine)"),
+                    (checks.check_idle_fraction(None, None), "idle_fraction(timeline)"),
+                    (checks.check_wants_more(None), "wants_more(req)"),
+                    (checks.check_commit(None), "commit(req, tokens, eos_id, decode)")):
+        assert not v and v.category == "unanswered", v
         assert "must be a function, " + call in v.message and "raised" not in v.message
 
 

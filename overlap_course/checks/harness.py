@@ -27,7 +27,7 @@ from toy_engine.interrupts import hold_sigint
 from toy_engine.validate import never_runs
 
 from . import answers, errors, other_engine, pool, sandbox
-from .verdict import Verdict, fails
+from .verdict import Verdict, fails, unanswered
 
 _PRISTINE = sandbox.Pristine()
 _RUNNING: list[str] = []  # the exercise check running now (any thread): they share the engines
@@ -185,15 +185,18 @@ def exercise_check(*warm, calls: str | None = None):
 def not_a_function(check, args, kwargs, calls: str | None) -> Verdict | None:
     """The verdict on a check's first argument, given where a function belongs (``calls``:
     its call), that cannot be called; None otherwise, and when none was given (Python's own
-    message for the call then names it).  The learner's code never ran: not "your ... raised"."""
+    message for the call then names it).  The learner's code never ran: not "your ... raised";
+    None, the stub, is "not answered yet"."""
     given = _given(check, args, kwargs)
     if calls is None or not given:
         return None
     value = next(iter(given.values()))
     if callable(value):
         return None
-    return fails("shape", f"{calls.partition('(')[0]} must be a function, {calls}; got "
-                          f"{answers.show(value)}")
+    name = calls.partition("(")[0]
+    if value is None:  # the stub still in place: not answered, as each check said before
+        return unanswered(f"{name} must be a function, {calls}; define it")
+    return fails("shape", f"{name} must be a function, {calls}; got {answers.show(value)}")
 
 
 def _never_runs(check, args, kwargs) -> Verdict | None:
