@@ -22,8 +22,12 @@ from overlap_course.build.judge_benign import REDUCERS, made_by_reading, sent
 _OURS = ("overlap_course", "toy_engine")
 _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
            "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
-           "inspect", "numpy.lib._function_base_impl", "cloudpickle", "cloudpickle.cloudpickle")
-# (cloudpickle: what the device process gets, the model and each kernel, goes through it)
+           "inspect", "numpy.lib._function_base_impl", "cloudpickle", "cloudpickle.cloudpickle",
+           "multiprocessing.util", "multiprocessing.forkserver", "multiprocessing.connection",
+           "multiprocessing.popen_forkserver", "multiprocessing.reduction")
+# (cloudpickle: what the device process gets, the model and each kernel, goes through it;
+# multiprocessing's: how the device process starts, round 16.  Not ``multiprocessing.spawn``:
+# toy_engine.process_device swaps its get_preparation_data while a device process starts)
 _THEIR_CLASSES = ("Tensor", "vectorize", "Pickler")
 
 

@@ -39,6 +39,7 @@ def judge_main(argv: list[str]) -> None:
     sys.stdin.close()
     import overlap_course
     import toy_engine
+    from toy_engine import judged_forkserver
     from overlap_course import checks
     from overlap_course.checks import host_waits, pool
 
@@ -69,6 +70,10 @@ def judge_main(argv: list[str]) -> None:
     if mode == "answers":
         write(_read_values(request["cells"], names))
         return
+    # The device processes' forkserver, started before any submission line and the only one
+    # used (round 16: one the check started after the cells ran the code they put in it)
+    device = sys.modules["toy_engine.process_device"]
+    judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}
     before, modules = _fingerprint(), set(sys.modules)
