@@ -66,3 +66,26 @@ def test_a_right_loop_still_passes_and_spawn_asked_for_is_the_judges_forkserver(
     cell = "import os\nos.environ['TOY_ENGINE_START_METHOD'] = 'spawn'"
     passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP, cell])
     assert passed is True, message
+
+
+def test_a_reducer_for_a_renamed_torch_class_is_still_the_submissions_change():
+    """The reducers' table counted a key by its ``__module__`` as it read then: a cell that set
+    ``torch.UntypedStorage.__module__ = "elsewhere"`` first hid the reducer."""
+    import torch
+    from multiprocessing.reduction import ForkingPickler
+
+    import toy_engine.process_device  # noqa: F401 - the picklers' tables, as the judge reads them
+    from overlap_course import checks  # noqa: F401
+    from overlap_course.build import judge_benign
+    from overlap_course.build.judge_fingerprint import _compare, _fingerprint
+
+    judge_benign.remember_modules()
+    before, module = _fingerprint(), torch.UntypedStorage.__module__
+    try:
+        torch.UntypedStorage.__module__ = "elsewhere"
+        ForkingPickler._extra_reducers[torch.UntypedStorage] = lambda s: (bytearray, (b"x",))
+        changed = _compare(before, _fingerprint())
+    finally:
+        ForkingPickler._extra_reducers.pop(torch.UntypedStorage, None)
+        torch.UntypedStorage.__module__ = module
+    assert any(c.endswith("ForkingPickler._extra_reducers") for c in changed), changed

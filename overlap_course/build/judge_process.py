@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 from overlap_course.build import landlock
+from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
                                                    forget_caches, watcher)
@@ -76,6 +77,7 @@ def judge_main(argv: list[str]) -> None:
     judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}
+    remember_modules()
     before, modules = _fingerprint(), set(sys.modules)
     # bound before the cells, which could rebind the names
     close_engines, ring_slots = pool.close_engines, sys.modules["toy_engine.engine"].RING_SLOTS
