@@ -52,14 +52,23 @@ def test_a_forkserver_the_cells_restarted_does_not_pass_a_wrong_loop():
     needs_the_engine()
     passed, message = judge.judge("check_serial_loop",
                                   [IMPORTS, WRONG_LOOP, _RESTARTS_THE_FORKSERVER])
-    assert passed is False, message
+    assert passed is False and "forkserver" in message, message
 
 
 def test_a_killed_forkserver_started_again_is_refused():
     needs_the_engine()
     passed, message = judge.judge("check_serial_loop",
                                   [IMPORTS, RIGHT_LOOP, _KILLS_THE_FORKSERVER])
+    assert passed is False and "forkserver" in message, message
+
+
+def test_a_forkserver_started_again_with_another_executable_is_refused():
+    cell = ("import sys, multiprocessing.spawn as s, multiprocessing.forkserver as fs\n"
+            "s.set_executable(sys.executable)\nfs._forkserver._stop()")
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP, cell])
     assert passed is False, message
+    assert "forkserver" in message, message
 
 
 def test_a_right_loop_still_passes_and_spawn_asked_for_is_the_judges_forkserver():
