@@ -29,12 +29,11 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pick
 
 from .device import Device, DeviceContext, DeviceError
 from .interrupts import hold_sigint, sigint_blocked
+from . import judged_forkserver
 from .validate import check_float, shown
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
-
-
 START_METHOD_ENV = "TOY_ENGINE_START_METHOD"
 
 
@@ -263,7 +262,7 @@ class ProcessDevice(Device):
         super().__init__(race_check)
         self.pacing = pace = checked_pacing(pace)  # its own copy of the time model, else None
         self.buffers = {n: torch.zeros(*shape, dtype=dt).share_memory_() for n, (shape, dt) in buffer_specs.items()}
-        ctx = mp.get_context(start_method())
+        ctx = mp.get_context(judged_forkserver.method(start_method()))
         if ctx.get_start_method() == "forkserver":
             ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
         self._conn, child = ctx.Pipe()
@@ -286,6 +285,7 @@ class ProcessDevice(Device):
                 self._pidfd = _open_pidfd(self._proc, ctx.get_start_method())
                 self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn,
                                                    self._link, self._pidfd)
+            judged_forkserver.check_parent(self._proc.pid)
             self.pid = self._set_up(model, num_kv_blocks, block_size)
         except BaseException:
             if hasattr(self, "_finalizer"):  # the process started

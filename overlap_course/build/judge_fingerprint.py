@@ -22,8 +22,10 @@ from overlap_course.build.judge_benign import REDUCERS, made_by_reading, sent
 _OURS = ("overlap_course", "toy_engine")
 _THEIRS = ("builtins", "torch", "json", "os", "io", "math", "operator", "functools", "threading",
            "dataclasses", "copy", "collections", "itertools", "types", "sys", "numpy",
-           "inspect", "numpy.lib._function_base_impl", "cloudpickle", "cloudpickle.cloudpickle")
-# (cloudpickle: what the device process gets, the model and each kernel, goes through it)
+           "inspect", "numpy.lib._function_base_impl", "cloudpickle", "cloudpickle.cloudpickle",
+           "multiprocessing.util", "multiprocessing.forkserver", "multiprocessing.connection",
+           "multiprocessing.popen_forkserver", "multiprocessing.reduction")
+# (cloudpickle: what the device process gets goes through it; multiprocessing's: how it starts)
 _THEIR_CLASSES = ("Tensor", "vectorize", "Pickler")
 
 
@@ -205,16 +207,14 @@ _CLEAR = _CACHE.cache_clear  # the type's own: a cache's attribute of that name 
 
 
 def forget_caches(foreign) -> None:
-    """Empties every ``functools`` cache in the process but the submission's own (its function's
-    code ``foreign``), after the submission's cells and before the check.  A cell could fill the
-    checker's cache (``pool.reference()``) while a name the cached function reads was its own,
-    and put the name back: the check then compared a wrong answer with itself (round
-    thirteen).  Emptied, each is filled again by the checker's own code, under the watch."""
+    """Empties every ``functools`` cache but the submission's own (code ``foreign``), after its
+    cells, before the check.  A cell could fill the checker's cache (``pool.reference()``) while
+    a name the cached function reads was its own, and put the name back: the check compared a
+    wrong answer with itself (round 13).  Emptied, each is filled again under the watch."""
     for cache in gc.get_objects():
         if type(cache) is _CACHE:
             wrapped = _part(cache, "__wrapped__")
-            if not (type(wrapped) is types.FunctionType
-                    and foreign(object.__getattribute__(wrapped, "__code__"))):
+            if not (type(wrapped) is types.FunctionType and foreign(_part(wrapped, "__code__"))):
                 _CLEAR(cache)
 _BASES = type.__dict__["__bases__"].__get__
 

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 from overlap_course.build import landlock
+from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
                                                    forget_caches, watcher)
@@ -39,6 +40,7 @@ def judge_main(argv: list[str]) -> None:
     sys.stdin.close()
     import overlap_course
     import toy_engine
+    from toy_engine import judged_forkserver
     from overlap_course import checks
     from overlap_course.checks import host_waits, pool
 
@@ -69,8 +71,14 @@ def judge_main(argv: list[str]) -> None:
     if mode == "answers":
         write(_read_values(request["cells"], names))
         return
+    # The device processes' forkserver, started before any submission line and the only one
+    # used (round 16: one the check started after the cells ran the code they put in it)
+    device = sys.modules["toy_engine.process_device"]
+    judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
+    forkserver = judged_forkserver.PINNED.pid  # by value, before the cells
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}
+    remember_modules()
     before, modules = _fingerprint(), set(sys.modules)
     # bound before the cells, which could rebind the names
     close_engines, ring_slots = pool.close_engines, sys.modules["toy_engine.engine"].RING_SLOTS
@@ -88,7 +96,7 @@ def judge_main(argv: list[str]) -> None:
         close_engines()
         ring_slots.set(None)
         forget_caches(watch.foreign)
-    verdict = _verdict(check, args, before, threads, checks.Verdict, watch)
+    verdict = _verdict(check, args, (before, forkserver), threads, checks.Verdict, watch)
     strangers = _strange_modules(modules, trusted)
     if strangers:
         verdict = {"passed": False, "message": f"modules imported by your cells or the check "
@@ -269,18 +277,23 @@ def _judges_run(run: dict, toy_engine):
     return engine
 
 
-def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch: Watch) -> dict:
+def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
-    each time the submission's code handed control back to the checker, and at the end."""
+    (``began``: the fingerprint and the forkserver's pid) each time the submission's code handed
+    control back to the checker, and at the end."""
+    before, forkserver = began
     watch.start(watcher(before))
     try:
         verdict = check(*args)
     except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
         watch.stop()
+        if moved := _forkserver_moved(forkserver):
+            return {"passed": False, "message": f"your code changed what the checker runs on "
+                                                f"({moved[0]}): graded as not passed"}
         return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
                                             f"was changed or your code stopped it"}
     watch.stop()
-    changed = watch.changed or _compare(before, _fingerprint())
+    changed = (watch.changed or _compare(before, _fingerprint())) + _forkserver_moved(forkserver)
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
@@ -296,6 +309,20 @@ def _verdict(check, args: list, before: dict, threads: set, verdict_type, watch:
     if type(verdict) is not verdict_type or type(verdict.message) is not str:
         return {"passed": False, "message": "the check returned something that is not its verdict"}
     return {"passed": verdict.passed is True, "message": verdict.message}
+
+
+def _forkserver_moved(pid: int) -> list[str]:
+    """The forkserver the judge started before the cells, if it is gone or another one serves:
+    a cell that stopped it had the check start one with the cell's code (round 16)."""
+    now = sys.modules["multiprocessing.forkserver"]._forkserver._forkserver_pid
+    try:
+        alive = os.waitpid(pid, os.WNOHANG) == (0, 0)  # the judge's child
+    except ChildProcessError:
+        alive = False
+    if alive and now == pid:
+        return []
+    return [f"the forkserver {pid} the judge started was {'replaced' if alive else 'stopped'}: "
+            f"devices now come from {now}"]
 
 
 def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
