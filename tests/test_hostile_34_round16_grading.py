@@ -90,11 +90,14 @@ def test_a_reducer_for_a_renamed_torch_class_is_still_the_submissions_change():
 
     judge_benign.remember_modules()
     before, module = _fingerprint(), torch.UntypedStorage.__module__
+    torchs = ForkingPickler._extra_reducers.get(torch.UntypedStorage)  # torch's own, if set
     try:
         torch.UntypedStorage.__module__ = "elsewhere"
         ForkingPickler._extra_reducers[torch.UntypedStorage] = lambda s: (bytearray, (b"x",))
         changed = _compare(before, _fingerprint())
-    finally:
+    finally:  # torch's reducer back: without it no tensor reaches a device in this process
         ForkingPickler._extra_reducers.pop(torch.UntypedStorage, None)
+        if torchs is not None:
+            ForkingPickler._extra_reducers[torch.UntypedStorage] = torchs
         torch.UntypedStorage.__module__ = module
     assert any(c.endswith("ForkingPickler._extra_reducers") for c in changed), changed
