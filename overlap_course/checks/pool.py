@@ -29,7 +29,7 @@ from toy_engine.engine import Engine
 from toy_engine.model import load_model
 from toy_engine.process_device import ProcessDevice
 from toy_engine.races import RaceChecker
-from toy_engine.record import RunRecord
+from toy_engine.record import Commit, RunRecord
 from toy_engine.scheduler import BlockManager, Scheduler
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
@@ -349,28 +349,78 @@ class Ended(typing.NamedTuple):
     prompt: str
     token_ids: tuple[int, ...]
     finish_reason: str
+    text: str = ""
+
+
+class SerialRun(typing.NamedTuple):
+    """A checker's workload as the serial loop ran it: its completions, and each round's
+    prompts as the round's commit handed them tokens (what a loop's run is compared with)."""
+
+    ends: tuple[Ended, ...]
+    rounds: tuple[tuple[int, ...], ...]
+
+
+@functools.lru_cache(maxsize=4)
+def serial_run(constraint: str | None = None, *, second: bool = False,
+               endings: bool = False) -> SerialRun:
+    """The serial loop's run of PROMPTS (optionally constrained, or exercise 02's second run)
+    or of the endings run (``endings``; greedy: the same tokens with drafts or without)."""
+    shared = engine(**({"constraint": constraint} if constraint else {}))
+    prompts, args = (ENDINGS_PROMPTS, ENDINGS_RUN) if endings else (PROMPTS, run_args(second))
+    outs = shared.generate(prompts, loop=loops.serial_loop, **args)
+    return SerialRun(ended(outs), committed_rounds(shared.record.of(Commit)))
+
+
+def committed_rounds(commits) -> tuple[tuple[int, ...], ...]:
+    """Each round's prompts, in the order its commit (``record.Commit``) handed them tokens
+    (refused commits left out): the plans a run carried out."""
+    return tuple(c.prompts for c in commits if not c.refused)
 
 
 @functools.lru_cache(maxsize=1)
 def endings_reference() -> tuple[Ended, ...]:
     """The serial loop's completions of the endings run (greedy: the same with drafts or
     without)."""
-    return ended(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
+    return serial_run(endings=True).ends
 
 
 def ended(completions) -> tuple[Ended, ...]:
     """A reference run's completions, as a cache of the checker's keeps them."""
-    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason) for c in completions)
+    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason, c.text) for c in completions)
 
 
 @functools.lru_cache(maxsize=3)
 def reference(constraint: str | None = None, *, second: bool = False) -> tuple[tuple[int, ...]]:
     """The serial loop's tokens for PROMPTS (greedy, optionally constrained, or the second
-    run's stop strings), computed once (call it as ``reference()`` for the plain run: the cache
-    keys on how it is called); tuples, which no code can change in place (:class:`Ended`)."""
-    shared = engine(**({"constraint": constraint} if constraint else {}))
-    outs = shared.generate(PROMPTS, loop=loops.serial_loop, **run_args(second))
-    return tuple(tuple(c.token_ids) for c in outs)
+    run's stop strings), computed once (:func:`serial_run`); tuples, which no code can change
+    in place (:class:`Ended`)."""
+    return tuple(e.token_ids for e in serial_run(constraint, second=second).ends)
+
+
+def same_run(commits, outs, reference: SerialRun, rounds: bool = True) -> str | None:
+    """Where a run (its ``record.Commit`` events, its completions) whose tokens are the
+    reference's still differs from it, in words, or None: the rounds' prompts (a loop that
+    reordered or edited the scheduler's queues; ``rounds``: a serial run without drafts, as
+    drafts or ZOS's extra steps change them), then each completion's text and finish reason
+    (a loop that rewrote them after the engine's commit)."""
+    ran_rounds = committed_rounds(commits)
+    if rounds and ran_rounds != reference.rounds:
+        r = next((i for i, (a, b) in enumerate(zip(ran_rounds, reference.rounds)) if a != b),
+                 min(len(ran_rounds), len(reference.rounds)))
+        ran = list(ran_rounds[r]) if r < len(ran_rounds) else "nothing"
+        want = list(reference.rounds[r]) if r < len(reference.rounds) else "nothing"
+        return (f"the tokens are right, but round {r} committed prompts {ran} where the "
+                f"reference's round {r} committed {want} ({len(ran_rounds)} rounds against "
+                f"{len(reference.rounds)}): your loop changed what the scheduler holds "
+                f"(`engine.scheduler.waiting` or `running`). A loop must not reorder or edit "
+                f"the scheduler's queues: `engine.schedule()` admits first come, first served")
+    for i, (c, e) in enumerate(zip(outs, reference.ends)):
+        if (c.text, c.finish_reason) != (e.text, e.finish_reason):
+            return (f"prompt {i}'s tokens are right, but its completion has text {c.text!r:.60} "
+                    f"and finish_reason {c.finish_reason!r}, where the reference's has "
+                    f"{e.text!r:.60} and {e.finish_reason!r}: the engine's commit writes "
+                    f"`req.text` and `req.finish_reason`; your loop must not change them")
+    return None
 
 
 def compare(got, expected) -> str | None:
