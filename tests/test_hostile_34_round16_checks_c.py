@@ -85,3 +85,73 @@ def test_a_loop_that_edits_the_requests_is_told_so_not_the_stage_order():
         v = checks.check_serial_loop(loop)
         assert not v.passed and v.category == "edits_requests", (loop.__name__, v)
         assert said in v.message and "launch sample, then process" not in v.message, v
+
+
+def _commit(cut):
+    """A commit as the engine's, but ``cut(req)`` decides where a stop string ends the text."""
+    def commit(req, tokens, eos_id, decode):
+        for tok in tokens:
+            if tok == eos_id:
+                req.finish_reason = "eos"
+                return
+            req.output_ids.append(tok)
+            req.text += decode([tok])
+            if cut(req):
+                req.finish_reason = "stop"
+                return
+            if len(req.output_ids) >= req.max_new_tokens:
+                req.finish_reason = "length"
+                return
+    return commit
+
+
+def _first_stop_only(req):
+    s = req.stop[0]
+    if req.text.endswith(s):
+        req.text = req.text[: -len(s)]
+        del req.output_ids[len(req.output_ids) - len(s):]
+        return True
+    return False
+
+
+def _rstrip(req):
+    for s in req.stop:
+        if req.text.endswith(s):
+            req.text = req.text.rstrip(s)
+            del req.output_ids[len(req.text):]
+            return True
+    return False
+
+
+def list_order(req, tokens, eos_id, decode):
+    """The whole run appended, cut at the limit, then at the first stop in list order."""
+    for tok in tokens:
+        if tok == eos_id:
+            req.finish_reason = "eos"
+            break
+        req.output_ids.append(tok)
+        req.text += decode([tok])
+    if len(req.output_ids) >= req.max_new_tokens:
+        del req.output_ids[req.max_new_tokens:]
+        req.text = decode(req.output_ids)
+        req.finish_reason = req.finish_reason or "length"
+    for s in req.stop:
+        i = req.text.find(s)
+        if i >= 0:
+            req.text, req.finish_reason = req.text[:i], "stop"
+            del req.output_ids[i:]
+            return
+
+
+def test_check_commit_sees_a_later_stop_a_string_cut_and_two_stops_in_one_run():
+    v = checks.check_commit(_commit(_first_stop_only))
+    assert not v.passed and "' was'" in v.message and "whatever its place" in v.message, v
+    v = checks.check_commit(_commit(_rstrip))
+    assert not v.passed and "str.rstrip" in v.message and "' cam'" in v.message, v
+    v = checks.check_commit(list_order)
+    assert not v.passed and "whatever its place in the list" in v.message, v
+
+
+def test_check_commit_still_passes_the_engines_commit():
+    from toy_engine.sequence import Request
+    assert checks.check_commit(lambda req, t, e, d: Request.commit(req, t, e, d)).passed
