@@ -5,8 +5,6 @@ in the lesson's terms -- never raised to the learner.
 
 from __future__ import annotations
 
-import collections
-import copy
 import inspect
 
 from toy_engine.device import DeviceError
@@ -18,6 +16,7 @@ from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
 from .pool_reading import pool_after, pool_before
+from .run_edits import settings, settings_edit
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
@@ -87,48 +86,6 @@ def _spinning(calls: int) -> Verdict:
                  f"tries again (`except Exception: pass`): let them out, and the checker says what went wrong")
 
 
-_SETTINGS = ("prompt", "prompt_ids", "max_new_tokens", "stop", "temperature", "seed")
-
-
-def _settings(requests) -> list[tuple]:
-    """Each request's settings as the run gave them, before the learner's loop ran."""
-    return [tuple(copy.copy(getattr(r, f)) for f in _SETTINGS) for r in requests]
-
-
-def _settings_edit(before: list[tuple], requests) -> str | None:
-    """The first request setting the learner's loop changed, in words; None if none was."""
-    for r, was in zip(requests, before):
-        for field, old in zip(_SETTINGS, was):
-            if getattr(r, field) != old:
-                return f"prompt {r.index}'s `{field}` from {old!r:.40} to {getattr(r, field)!r:.40}"
-    return None
-
-
-def edited_requests(log, outs, reference) -> str | None:
-    """Why a run's tokens fell short of ``reference`` when its loop edited the requests, in
-    words; None where it did not (the stage order is then to blame).  A setting changed, tokens
-    removed after the engine's commit, or a request ended before its limit by the loop."""
-    fix = ("a loop must not edit the requests: the engine's commit adds their tokens and "
-           "ends them (EOS, a stop string or the limit)")
-    if log.settings_edit:
-        return f"your loop changed {log.settings_edit}: {fix}"
-    handed = collections.Counter()
-    for c in log.record_commits:
-        for j, prompt in enumerate(c.prompts):
-            handed[prompt] += c.offered[j] if c.offered else 1
-    for i, (c, req, want) in enumerate(zip(outs, log.requests, reference)):
-        got = len(c.token_ids)
-        short = got < len(want) and list(want[:got]) == list(c.token_ids)
-        if not short or c.finish_reason in (None, "abort"):
-            continue
-        if c.finish_reason == "length" and got < min(handed[i], req.max_new_tokens):
-            return (f"prompt {i} holds {got} tokens, but the engine's commits handed it "
-                    f"{min(handed[i], req.max_new_tokens)}: your loop removed tokens; {fix}")
-        return (f"prompt {i} ended {c.finish_reason!r} with {got} tokens, where the reference "
-                f"went on to {len(want)}: your loop ended it itself (`req.finish_reason`); {fix}")
-    return None
-
-
 def run_loop(loop, second: bool = False, endings: bool = False, workload=None, **config):
     """Run a learner's loop on the pool's PROMPTS (``second``: exercise 02's second run, with a
     stop string; ``endings``: the endings run instead, ENDINGS_PROMPTS; ``workload``: a check's
@@ -143,7 +100,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
 
     def watched(real_engine):
         view = _Observed(real_engine)
-        observed["view"], observed["settings"] = view, _settings(real_engine._run.requests)
+        observed["view"], observed["settings"] = view, settings(real_engine._run.requests)
         loop(view)
 
     try:
@@ -159,7 +116,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
         err = _PastTheEnd(view.done_at, err)
     log = HostLog(engine, view.plans if view else {})
-    log.settings_edit = _settings_edit(observed.get("settings", []), log.requests)
+    log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.record_commits = engine.record.of(Commit)
     if endings:
         log.reference = pool.endings_reference()

@@ -21,7 +21,8 @@ from .answers import name, one_number, returned_real, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
-from .learner_code import edited_requests, loop_verdict, run_loop
+from .learner_code import loop_verdict, run_loop
+from .run_edits import edited_requests, serial_same_run
 from .readings import (decimals, gap_in_microseconds, gap_in_seconds, hover_gaps, idle_slips, near,
                        no_gap, shortened, slip_reading)
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -272,7 +273,7 @@ def check_serial_loop(loop) -> Verdict:
                                       config.get("num_draft_tokens", 0) if endings
                                       else None)
         if verdict is None:
-            verdict = _same_run(log, outs, second, endings, config)
+            verdict = serial_same_run(log, outs, second, endings, config)
         if verdict is not None:
             return verdict
         runs.append(engine.stats.rounds)
@@ -294,20 +295,6 @@ def check_serial_loop(loop) -> Verdict:
                   f"end on EOS, a stop string and the limit ({runs[2]} rounds, {runs[3]} with "
                   "drafts); every "
                   f"step processed before the next round{note}")
-
-
-def _same_run(log, outs, second: bool, endings: bool, config: dict) -> Verdict | None:
-    """What a run whose tokens are right still did differently from the serial loop's run of
-    the same workload (:func:`pool.same_run`), or None."""
-    drafts = config.get("num_draft_tokens", 0)
-    reference = pool.serial_run(second=second, endings=endings)
-    why = pool.same_run(log.record_commits, outs, reference, rounds=not drafts)
-    if why is None:
-        return None
-    where = (pool.endings_label(drafts) if endings else
-             f"in the second run (stop string {pool.SECOND_RUN['stop']!r})" if second
-             else "in the main run")
-    return fails("edits_run", f"{where}: {why}")
 
 
 def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None,

@@ -353,8 +353,7 @@ class Ended(typing.NamedTuple):
 
 
 class SerialRun(typing.NamedTuple):
-    """A checker's workload as the serial loop ran it: its completions, and each round's
-    prompts as the round's commit handed them tokens (what a loop's run is compared with)."""
+    """A checker's workload as the serial loop ran it: completions, each round's prompts."""
 
     ends: tuple[Ended, ...]
     rounds: tuple[tuple[int, ...], ...]
@@ -363,8 +362,7 @@ class SerialRun(typing.NamedTuple):
 @functools.lru_cache(maxsize=4)
 def serial_run(constraint: str | None = None, *, second: bool = False,
                endings: bool = False) -> SerialRun:
-    """The serial loop's run of PROMPTS (optionally constrained, or exercise 02's second run)
-    or of the endings run (``endings``; greedy: the same tokens with drafts or without)."""
+    """The serial loop's run of PROMPTS (constrained, or ex. 02's second) or the endings run."""
     shared = engine(**({"constraint": constraint} if constraint else {}))
     prompts, args = (ENDINGS_PROMPTS, ENDINGS_RUN) if endings else (PROMPTS, run_args(second))
     outs = shared.generate(prompts, loop=loops.serial_loop, **args)
@@ -372,15 +370,13 @@ def serial_run(constraint: str | None = None, *, second: bool = False,
 
 
 def committed_rounds(commits) -> tuple[tuple[int, ...], ...]:
-    """Each round's prompts, in the order its commit (``record.Commit``) handed them tokens
-    (refused commits left out): the plans a run carried out."""
+    """Each round's prompts as its ``record.Commit`` handed them tokens: the plans carried out."""
     return tuple(c.prompts for c in commits if not c.refused)
 
 
 @functools.lru_cache(maxsize=1)
 def endings_reference() -> tuple[Ended, ...]:
-    """The serial loop's completions of the endings run (greedy: the same with drafts or
-    without)."""
+    """The serial loop's completions of the endings run (the same with drafts or without)."""
     return serial_run(endings=True).ends
 
 
@@ -391,36 +387,9 @@ def ended(completions) -> tuple[Ended, ...]:
 
 @functools.lru_cache(maxsize=3)
 def reference(constraint: str | None = None, *, second: bool = False) -> tuple[tuple[int, ...]]:
-    """The serial loop's tokens for PROMPTS (greedy, optionally constrained, or the second
-    run's stop strings), computed once (:func:`serial_run`); tuples, which no code can change
-    in place (:class:`Ended`)."""
+    """The serial loop's tokens for PROMPTS (:func:`serial_run`); tuples, which no code can
+    change in place (:class:`Ended`)."""
     return tuple(e.token_ids for e in serial_run(constraint, second=second).ends)
-
-
-def same_run(commits, outs, reference: SerialRun, rounds: bool = True) -> str | None:
-    """Where a run (its ``record.Commit`` events, its completions) whose tokens are the
-    reference's still differs from it, in words, or None: the rounds' prompts (a loop that
-    reordered or edited the scheduler's queues; ``rounds``: a serial run without drafts, as
-    drafts or ZOS's extra steps change them), then each completion's text and finish reason
-    (a loop that rewrote them after the engine's commit)."""
-    ran_rounds = committed_rounds(commits)
-    if rounds and ran_rounds != reference.rounds:
-        r = next((i for i, (a, b) in enumerate(zip(ran_rounds, reference.rounds)) if a != b),
-                 min(len(ran_rounds), len(reference.rounds)))
-        ran = list(ran_rounds[r]) if r < len(ran_rounds) else "nothing"
-        want = list(reference.rounds[r]) if r < len(reference.rounds) else "nothing"
-        return (f"the tokens are right, but round {r} committed prompts {ran} where the "
-                f"reference's round {r} committed {want} ({len(ran_rounds)} rounds against "
-                f"{len(reference.rounds)}): your loop changed what the scheduler holds "
-                f"(`engine.scheduler.waiting` or `running`). A loop must not reorder or edit "
-                f"the scheduler's queues: `engine.schedule()` admits first come, first served")
-    for i, (c, e) in enumerate(zip(outs, reference.ends)):
-        if (c.text, c.finish_reason) != (e.text, e.finish_reason):
-            return (f"prompt {i}'s tokens are right, but its completion has text {c.text!r:.60} "
-                    f"and finish_reason {c.finish_reason!r}, where the reference's has "
-                    f"{e.text!r:.60} and {e.finish_reason!r}: the engine's commit writes "
-                    f"`req.text` and `req.finish_reason`; your loop must not change them")
-    return None
 
 
 def compare(got, expected) -> str | None:
