@@ -342,9 +342,8 @@ def endings_label(drafts: int = 0) -> str:
 
 
 class Ended(typing.NamedTuple):
-    """A reference completion, as the checks read it: immutable, as the cache that holds it is
-    the checker's and the learner's code can call it (round 15: a wrong loop edited
-    ``pool.reference()``'s lists in place to its own tokens, and passed)."""
+    """A reference completion, immutable: the learner's code can call the cache that holds it
+    (round 15: a wrong loop edited ``pool.reference()``'s lists in place, and passed)."""
 
     prompt: str
     token_ids: tuple[int, ...]
@@ -358,23 +357,25 @@ class SerialRun(typing.NamedTuple):
     ends: tuple[Ended, ...]
     rounds: tuple[tuple[int, ...], ...]
 
+    @staticmethod
+    def rounds_of(commits) -> tuple[tuple[int, ...], ...]:
+        """Each round's prompts as its ``record.Commit`` handed them tokens (refused left out)."""
+        return tuple(c.prompts for c in commits if not c.refused)
+
+
+def serial_run(constraint: str | None = None, *, second=False, endings=False) -> SerialRun:
+    """The serial loop's run of PROMPTS (constrained, or ex. 02's second) or the endings run."""
+    return _serial_run(constraint, second, endings)  # one cache key however it is called
+
 
 @functools.lru_cache(maxsize=4)
-def serial_run(constraint: str | None = None, *, second: bool = False,
-               endings: bool = False) -> SerialRun:
-    """The serial loop's run of PROMPTS (constrained, or ex. 02's second) or the endings run."""
+def _serial_run(constraint: str | None, second: bool, endings: bool) -> SerialRun:
     shared = engine(**({"constraint": constraint} if constraint else {}))
     prompts, args = (ENDINGS_PROMPTS, ENDINGS_RUN) if endings else (PROMPTS, run_args(second))
     outs = shared.generate(prompts, loop=loops.serial_loop, **args)
-    return SerialRun(ended(outs), committed_rounds(shared.record.of(Commit)))
+    return SerialRun(ended(outs), SerialRun.rounds_of(shared.record.of(Commit)))
 
 
-def committed_rounds(commits) -> tuple[tuple[int, ...], ...]:
-    """Each round's prompts as its ``record.Commit`` handed them tokens: the plans carried out."""
-    return tuple(c.prompts for c in commits if not c.refused)
-
-
-@functools.lru_cache(maxsize=1)
 def endings_reference() -> tuple[Ended, ...]:
     """The serial loop's completions of the endings run (the same with drafts or without)."""
     return serial_run(endings=True).ends
@@ -387,8 +388,7 @@ def ended(completions) -> tuple[Ended, ...]:
 
 @functools.lru_cache(maxsize=3)
 def reference(constraint: str | None = None, *, second: bool = False) -> tuple[tuple[int, ...]]:
-    """The serial loop's tokens for PROMPTS (:func:`serial_run`); tuples, which no code can
-    change in place (:class:`Ended`)."""
+    """The serial loop's tokens for PROMPTS (:func:`serial_run`), immutable (:class:`Ended`)."""
     return tuple(e.token_ids for e in serial_run(constraint, second=second).ends)
 
 

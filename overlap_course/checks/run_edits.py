@@ -61,7 +61,7 @@ def same_run(commits, outs, reference: SerialRun, rounds: bool = True) -> str | 
     reordered or edited the scheduler's queues; ``rounds``: a serial run without drafts, as
     drafts or ZOS's extra steps change them), then each completion's text and finish reason
     (a loop that rewrote them after the engine's commit)."""
-    ran_rounds = pool.committed_rounds(commits)
+    ran_rounds = pool.SerialRun.rounds_of(commits)
     if rounds and ran_rounds != reference.rounds:
         r = next((i for i, (a, b) in enumerate(zip(ran_rounds, reference.rounds)) if a != b),
                  min(len(ran_rounds), len(reference.rounds)))
