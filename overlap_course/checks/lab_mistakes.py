@@ -319,9 +319,12 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
                                          f"your commit ended the request as 'length' with the stop string still in "
                                          f"{show(text)}: the serial run looks at each token, once appended, for a "
                                          f"stop string, then for the limit")
+        later = (" (or your commit ended it at a later stop string and missed this one: after "
+                 "each token look for every string in `req.stop`; the first completed ends it, "
+                 "whatever its place in the list)") if len(stop) > 1 else ""
         return fails("kept_stop" if kept else "missed_stop",
                      f"{who}: the serial run ends at {show(ref_text)} (stop); yours {show(text)}: "
-                     + ("the stop string stays in the text: cut it off" if kept else
+                     + (f"the stop string stays in the text: cut it off{later}" if kept else
                         "the stop string was completed inside a round's run, or across two, and missed"))
     if reason == "stop" and ref_reason == "length" and ref_ids[: len(ids)] == ids:
         msg = (f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a stop string "
@@ -329,6 +332,10 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
                f"token at a time, the limit's token ends it first: check the limit after each "
                f"token, not after the run")
         return fails("stop_past_limit", msg)
+    if reason == "stop" and any((ref_text + s).rstrip(s) == text != ref_text for s in stop):
+        return fails("stopped_early", f"{who}: yours ends at {show(text)}, the serial run at "
+                                      f"{show(ref_text)}: `str.rstrip(s)` strips any of the "
+                                      f"characters of `s`, not the string; cut `len(s)` off")
     if ref_ids[: len(ids)] == ids:
         return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")

@@ -113,4 +113,10 @@ class CommitRun:
 COMMIT_RUNS = (CommitRun(tuple(pool.PROMPTS), 30, (" was", ".")),
                CommitRun((*STORY_ENDS[:2], "One day, the little"), 28, (" the",)),
                CommitRun(tuple(pool.PROMPTS), 12, (" a",)),
-               CommitRun((*pool.PROMPTS[:2], *STORY_ENDS), 12, (" the",), drafts=0))
+               CommitRun((*pool.PROMPTS[:2], *STORY_ENDS), 12, (" the",), drafts=0),
+               # round 16: the second stop string ends prompt 0 (", there was"), and " a" completes
+               # in the same accepted run: checking stop[0] only, or cutting at the first stop in
+               # list order, keeps " was"; " the" ends "The sun" at " came the", which
+               # str.rstrip(" the") cuts to " cam" (characters, not the string)
+               CommitRun((pool.PROMPTS[0], "Tom was happy"), 30, (" a", " was")),
+               CommitRun(("The sun",), 30, (" the",)))

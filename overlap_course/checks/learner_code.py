@@ -16,6 +16,7 @@ from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
 from .pool_reading import pool_after, pool_before
+from .run_edits import settings, settings_edit
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
@@ -99,7 +100,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
 
     def watched(real_engine):
         view = _Observed(real_engine)
-        observed["view"] = view
+        observed["view"], observed["settings"] = view, settings(real_engine._run.requests)
         loop(view)
 
     try:
@@ -115,6 +116,8 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
         err = _PastTheEnd(view.done_at, err)
     log = HostLog(engine, view.plans if view else {})
+    log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
+    log.record_commits = engine.record.of(Commit)
     if endings:
         log.reference = pool.endings_reference()
     return engine, log, outs, err

@@ -22,6 +22,7 @@ from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
 from .learner_code import loop_verdict, run_loop
+from .run_edits import edited_requests, serial_same_run
 from .readings import (decimals, gap_in_microseconds, gap_in_seconds, hover_gaps, idle_slips, near,
                        no_gap, shortened, slip_reading)
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -271,6 +272,8 @@ def check_serial_loop(loop) -> Verdict:
         verdict = _serial_run_verdict(log, outs, err, second,
                                       config.get("num_draft_tokens", 0) if endings
                                       else None)
+        if verdict is None:
+            verdict = serial_same_run(log, outs, second, endings, config)
         if verdict is not None:
             return verdict
         runs.append(engine.stats.rounds)
@@ -285,8 +288,8 @@ def check_serial_loop(loop) -> Verdict:
     if any(stage == "flush" for stage, _ in log.events):
         note = (" (your loop processes each step with `engine.flush`, so the timeline names that work `flush`, "
                 "ZOS's name for processing a last step, where the engine's serial loop records `postprocess`)")
-    return passes(f"the serial loop reproduces the reference: {len(pool.PROMPTS)} prompts, "
-                  f"{runs[0]} rounds, a "
+    return passes(f"your serial loop's runs are the reference's, round for round: "
+                  f"{len(pool.PROMPTS)} prompts, {runs[0]} rounds, a "
                   f"second run whose prompts end at a stop string, {runs[1]} rounds, and runs "
                   "whose requests "
                   f"end on EOS, a stop string and the limit ({runs[2]} rounds, {runs[3]} with "
@@ -317,7 +320,10 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None,
     if unfinished:
         verdict = fails("left_unfinished", unfinished)
     diff = pool.compare([c.token_ids for c in outs], reference) if verdict is None else None
-    if diff:
+    edited = edited_requests(log, outs, reference) if diff else None
+    if edited:
+        verdict = fails("edits_requests", f"{diff}: {edited}")
+    elif diff:
         verdict = fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
                                         f"process that step before the next round")
     if verdict is not None and drafts is not None:

@@ -19,6 +19,7 @@ from .answers import bool_pair, flag_list, int_list, items, one_number, round_nu
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
 from .learner_code import loop_verdict, run_loop
+from .run_edits import same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
@@ -274,6 +275,9 @@ def check_zos_loop(loop) -> Verdict:
     if diff:
         return fails("wrong_tokens", f"with the `{pool.CONSTRAINT}` constraint on, {diff}: process every step "
                                      f"exactly once, in round order, before the next sample")
+    why = same_run(log.record_commits, outs, pool.serial_run(pool.CONSTRAINT), rounds=False)
+    if why:
+        return fails("edits_run", f"with the `{pool.CONSTRAINT}` constraint on, {why}")
     spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
     verdict = loop_verdict(spec_log, err, "zos", zos_overlapped)  # its rounds end differently: a new order
     if verdict is not None:
@@ -309,7 +313,8 @@ def _endings_run(loop, drafts: int) -> Verdict | None:
         why = correction_mistake(engine, log) if drafts else ""
         return fails("correction" if why else "wrong_tokens",
                      f"{diff}: {why or 'process every step exactly once, in round order'}")
-    return None
+    why = same_run(log.record_commits, outs, pool.serial_run(endings=True), rounds=False)
+    return fails("edits_run", why) if why else None
 
 
 def expected_three_rounds() -> list[tuple[str, int]]:

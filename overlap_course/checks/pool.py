@@ -29,7 +29,7 @@ from toy_engine.engine import Engine
 from toy_engine.model import load_model
 from toy_engine.process_device import ProcessDevice
 from toy_engine.races import RaceChecker
-from toy_engine.record import RunRecord
+from toy_engine.record import Commit, RunRecord
 from toy_engine.scheduler import BlockManager, Scheduler
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
@@ -342,35 +342,54 @@ def endings_label(drafts: int = 0) -> str:
 
 
 class Ended(typing.NamedTuple):
-    """A reference completion, as the checks read it: immutable, as the cache that holds it is
-    the checker's and the learner's code can call it (round 15: a wrong loop edited
-    ``pool.reference()``'s lists in place to its own tokens, and passed)."""
+    """A reference completion, immutable: the learner's code can call the cache that holds it
+    (round 15: a wrong loop edited ``pool.reference()``'s lists in place, and passed)."""
 
     prompt: str
     token_ids: tuple[int, ...]
     finish_reason: str
+    text: str = ""
 
 
-@functools.lru_cache(maxsize=1)
+class SerialRun(typing.NamedTuple):
+    """A checker's workload as the serial loop ran it: completions, each round's prompts."""
+
+    ends: tuple[Ended, ...]
+    rounds: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def rounds_of(commits) -> tuple[tuple[int, ...], ...]:
+        """Each round's prompts as its ``record.Commit`` handed them tokens (refused left out)."""
+        return tuple(c.prompts for c in commits if not c.refused)
+
+
+def serial_run(constraint: str | None = None, *, second=False, endings=False) -> SerialRun:
+    """The serial loop's run of PROMPTS (constrained, or ex. 02's second) or the endings run."""
+    return _serial_run(constraint, second, endings)  # one cache key however it is called
+
+
+@functools.lru_cache(maxsize=4)
+def _serial_run(constraint: str | None, second: bool, endings: bool) -> SerialRun:
+    shared = engine(**({"constraint": constraint} if constraint else {}))
+    prompts, args = (ENDINGS_PROMPTS, ENDINGS_RUN) if endings else (PROMPTS, run_args(second))
+    outs = shared.generate(prompts, loop=loops.serial_loop, **args)
+    return SerialRun(ended(outs), SerialRun.rounds_of(shared.record.of(Commit)))
+
+
 def endings_reference() -> tuple[Ended, ...]:
-    """The serial loop's completions of the endings run (greedy: the same with drafts or
-    without)."""
-    return ended(engine().generate(ENDINGS_PROMPTS, loop=loops.serial_loop, **ENDINGS_RUN))
+    """The serial loop's completions of the endings run (the same with drafts or without)."""
+    return serial_run(endings=True).ends
 
 
 def ended(completions) -> tuple[Ended, ...]:
     """A reference run's completions, as a cache of the checker's keeps them."""
-    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason) for c in completions)
+    return tuple(Ended(c.prompt, tuple(c.token_ids), c.finish_reason, c.text) for c in completions)
 
 
 @functools.lru_cache(maxsize=3)
 def reference(constraint: str | None = None, *, second: bool = False) -> tuple[tuple[int, ...]]:
-    """The serial loop's tokens for PROMPTS (greedy, optionally constrained, or the second
-    run's stop strings), computed once (call it as ``reference()`` for the plain run: the cache
-    keys on how it is called); tuples, which no code can change in place (:class:`Ended`)."""
-    shared = engine(**({"constraint": constraint} if constraint else {}))
-    outs = shared.generate(PROMPTS, loop=loops.serial_loop, **run_args(second))
-    return tuple(tuple(c.token_ids) for c in outs)
+    """The serial loop's tokens for PROMPTS (:func:`serial_run`), immutable (:class:`Ended`)."""
+    return tuple(e.token_ids for e in serial_run(constraint, second=second).ends)
 
 
 def compare(got, expected) -> str | None:
