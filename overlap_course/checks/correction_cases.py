@@ -32,6 +32,27 @@ WORKED = dict(rows=[0, 2, 5], first=[6, 3, 10],
 RUN_ON = [3, 6, 9]
 
 
+def _batch(k: int, block_size: int, rows, first, pending, tables) -> dict:
+    """The metadata ``prepare_inputs`` writes for a decode batch: 1 + k tokens per request from
+    its ``first`` position; FROM_DEVICE where the host does not know a token (a pending
+    request's every token, the others' drafts), else any real token id (37)."""
+    q, B = k + 1, len(rows)
+    positions = torch.tensor([p for f in first for p in range(f, f + q)])
+    owner = torch.arange(B).repeat_interleave(q)
+    return {
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else 37 for p in pending
+                                   for j in range(q)]),
+        "positions": positions,
+        "slot_mapping": (tables[owner, positions // block_size] * block_size
+                         + positions % block_size),
+        "seqlens_q": torch.tensor([q] * B),
+        "seqlens_k": torch.tensor([f + q for f in first]),
+        "rows": torch.tensor(rows),
+        "pending": torch.tensor(pending),
+        "block_tables": tables,
+    }
+
+
 def worked_requests(block_size: int, pending, copies: int = 1,
                     first=None) -> tuple[dict, torch.Tensor]:
     """The worked case's requests with another block size or other ``pending`` flags, as
@@ -39,25 +60,10 @@ def worked_requests(block_size: int, pending, copies: int = 1,
     known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
     in other rows (the case for telling a loop over requests from tensor operations);
     ``first``: other first positions."""
-    q, B = WORKED["k"] + 1, 3 * copies
     first = (first or WORKED["first"]) * copies
-    positions = torch.tensor([p for f in first for p in range(f, f + q)])
     tables = torch.tensor(WORKED["tables"] * copies)
-    owner = torch.arange(B).repeat_interleave(q)
-    pending = list(pending) * copies
-    newest = 37  # any real token id
-    meta = {
-        "input_ids": torch.tensor([FROM_DEVICE if j or p else newest for p in pending
-                                   for j in range(q)]),
-        "positions": positions,
-        "slot_mapping": (tables[owner, positions // block_size] * block_size
-                         + positions % block_size),
-        "seqlens_q": torch.tensor([q] * B),
-        "seqlens_k": torch.tensor([f + q for f in first]),
-        "rows": torch.tensor(WORKED["rows"] + [1, 3, 4, 6, 7][: B - 3]),
-        "pending": torch.tensor(pending),
-        "block_tables": tables,
-    }
+    rows = WORKED["rows"] + [1, 3, 4, 6, 7][: 3 * copies - 3]
+    meta = _batch(WORKED["k"], block_size, rows, first, list(pending) * copies, tables)
     return meta, torch.tensor(WORKED["accepted"])
 
 
@@ -75,22 +81,8 @@ def decode_case(k: int, block_size: int, rows, first, pending) -> tuple[dict, to
     """A decode batch as ``prepare_inputs`` writes it: 1 + k tokens per request from its
     ``first`` position, FROM_DEVICE where the host does not know a token (a pending request's
     every token, the others' drafts)."""
-    q, B = k + 1, len(rows)
-    positions = torch.tensor([p for f in first for p in range(f, f + q)])
     tables = torch.tensor([[(3 * r + 5 * j + 1) % 32 for j in range(8)] for r in rows])
-    owner = torch.arange(B).repeat_interleave(q)
-    meta = {
-        "input_ids": torch.tensor([FROM_DEVICE if j or p else 37 for p in pending
-                                   for j in range(q)]),
-        "positions": positions,
-        "slot_mapping": (tables[owner, positions // block_size] * block_size
-                         + positions % block_size),
-        "seqlens_q": torch.tensor([q] * B),
-        "seqlens_k": torch.tensor([f + q for f in first]),
-        "rows": torch.tensor(rows),
-        "pending": torch.tensor(pending),
-        "block_tables": tables,
-    }
+    meta = _batch(k, block_size, rows, first, pending, tables)
     return meta, torch.tensor(_ACCEPTED[k])
 
 
