@@ -5,13 +5,15 @@ reference shows)."""
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
 
 import pytest
 
-from overlap_course.build import judge
+from overlap_course.build import judge, judge_process
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,3 +57,15 @@ def serial_loop(engine):
         engine.device.wait(step.sample_done)
         engine.process_outputs(step)
 '''
+
+
+def judge_began() -> tuple:
+    """What the judge notes before the cells, for tests that call its verdict in this process:
+    the forkserver's pid (started as the judge starts its own, not pinned: later tests here use
+    any) and the fingerprint, taken after it as the judge takes it."""
+    from toy_engine import process_device as device
+
+    mp.get_context("forkserver").set_forkserver_preload(device._FORKSERVER_PRELOAD)
+    with device.without_main_module():
+        multiprocessing.forkserver.ensure_running()
+    return judge_process._fingerprint(), multiprocessing.forkserver._forkserver._forkserver_pid

@@ -21,7 +21,7 @@ from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
 
-from judged import needs_the_engine
+from judged import judge_began, needs_the_engine
 
 
 RIGHT_ORDER = [("forward", 1), ("sample", 1), ("forward", 2), ("postprocess", 1), ("sample", 2),
@@ -39,10 +39,10 @@ def _judged_here(check: str, cells: list[str], names: list[str], runs: dict | No
     """The check process's own steps, in this process (without the audit hook and Landlock,
     which no test process can take back): the fingerprint before the cells, the judge's
     arguments read from them, the check's watched verdict."""
-    before, threads, watch = judge_process._fingerprint(), set(threading.enumerate()), Watch()
+    began, threads, watch = judge_began(), set(threading.enumerate()), Watch()
     args = judge_process._code_arguments(cells, names, toy_engine, runs or {}, watch)
     assert not isinstance(args, str), args
-    return judge_process._verdict(getattr(checks, check), args, before, threads,
+    return judge_process._verdict(getattr(checks, check), args, began, threads,
                                   checks.Verdict, watch)
 
 

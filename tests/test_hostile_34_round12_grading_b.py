@@ -19,7 +19,7 @@ from overlap_course.build import judge, judge_fingerprint as jf, judge_process, 
 from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
-from judged import needs_the_engine
+from judged import judge_began, needs_the_engine
 
 
 np = pytest.importorskip("numpy")
@@ -143,12 +143,12 @@ def runs():
 
 def _judged_here(style: str, runs: dict) -> dict:
     """The check process's steps in this process (without its audit hook and Landlock)."""
-    before, threads, watch = judge_process._fingerprint(), set(threading.enumerate()), Watch()
+    began, threads, watch = judge_began(), set(threading.enumerate()), Watch()
     args = judge_process._code_arguments([ENGINE, IDLE, style], ["idle_fraction", "engine"],
                                          toy_engine, runs, watch)
     if isinstance(args, str):
         return {"passed": False, "message": args}
-    return judge_process._verdict(checks.check_idle_fraction, args, before, threads,
+    return judge_process._verdict(checks.check_idle_fraction, args, began, threads,
                                   checks.Verdict, watch)
 
 

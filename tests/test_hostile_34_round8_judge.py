@@ -19,6 +19,8 @@ from overlap_course.build import judge, judge_process
 from overlap_course.build.judge_watch import Watch
 from overlap_course.checks import sandbox
 
+from judged import judge_began
+
 
 def _watcher():
     from overlap_course.build.judge_fingerprint import watcher
@@ -100,7 +102,7 @@ def test_a_hook_lost_to_the_time_limit_is_not_blamed_on_the_learner(passed):
             return checks.Verdict(passed, "your code was still running after 30 s", kind)
         return checks.Verdict(passed, "no time up", kind)
 
-    verdict = judge_process._verdict(check, [space["answer"]], judge_process._fingerprint(),
+    verdict = judge_process._verdict(check, [space["answer"]], judge_began(),
                                      set(threading.enumerate()), checks.Verdict,
                                      _TimeUpInTheHook())
     if passed:  # a hook gone and a pass: never trusted
