@@ -5,8 +5,6 @@ reference shows)."""
 from __future__ import annotations
 
 import functools
-import multiprocessing as mp
-import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -63,9 +61,7 @@ def judge_began() -> tuple:
     """What the judge notes before the cells, for tests that call its verdict in this process:
     the forkserver's pid (started as the judge starts its own, not pinned: later tests here use
     any) and the fingerprint, taken after it as the judge takes it."""
-    from toy_engine import process_device as device
+    from toy_engine import judged_forkserver, process_device as device
 
-    mp.get_context("forkserver").set_forkserver_preload(device._FORKSERVER_PRELOAD)
-    with device.without_main_module():
-        multiprocessing.forkserver.ensure_running()
-    return judge_process._fingerprint(), multiprocessing.forkserver._forkserver._forkserver_pid
+    pid = judged_forkserver.running(device._FORKSERVER_PRELOAD, device.without_main_module)
+    return judge_process._fingerprint(), pid

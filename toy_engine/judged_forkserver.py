@@ -14,12 +14,17 @@ from .device import DeviceError
 PINNED = types.SimpleNamespace(pid=None)
 
 
-def start(preload: list[str], without_main) -> None:
-    """Start the forkserver now, preloading ``preload``, and use only it from now on."""
+def running(preload: list[str], without_main) -> int:
+    """The forkserver's pid, started now (preloading ``preload``) if it is not running."""
     mp.get_context("forkserver").set_forkserver_preload(preload)
     with without_main():
         mp.forkserver.ensure_running()
-    PINNED.pid = mp.forkserver._forkserver._forkserver_pid
+    return mp.forkserver._forkserver._forkserver_pid
+
+
+def start(preload: list[str], without_main) -> None:
+    """Start the forkserver now, preloading ``preload``, and use only it from now on."""
+    PINNED.pid = running(preload, without_main)
 
 
 def method(chosen: str) -> str:
