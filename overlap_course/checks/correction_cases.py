@@ -30,6 +30,13 @@ WORKED = dict(rows=[0, 2, 5], first=[6, 3, 10],
               accepted=[1, 0, 0, 0, 0, 2, 0, 0], k=2)
 # The fourth case's first positions: request 1 starts where request 0 stops (3, 4, 5 | 6, 7, 8).
 RUN_ON = [3, 6, 9]
+# (block_size, pending, first positions, label): the worked requests in the checker's next cases
+_WORKED_VARIANTS = (
+    (4, [0, 1, 1], None, "with request 0 not pending (pending = [0, 1, 1])"),
+    (8, [1, 1, 1], None, "with block_size = 8"),
+    (4, [1, 1, 1], RUN_ON, "with positions that run on from one request to the next (request 0 "
+                           "at 3, 4, 5, request 1 at 6, 7, 8: a request's tokens are its "
+                           "`seqlens_q` tokens, not a run of positions)"))
 
 
 def _batch(k: int, block_size: int, rows, first, pending, tables) -> dict:
@@ -86,15 +93,32 @@ def decode_case(k: int, block_size: int, rows, first, pending) -> tuple[dict, to
     return meta, torch.tensor(_ACCEPTED[k])
 
 
+def _answered(meta, accepted, block_size: int, label: str) -> tuple:
+    """A case with the engine's correction of each field as its expected values."""
+    want = {n: t.clone() for n, t in meta.items()}
+    kernels.correct_seqlens_qk(want, accepted.clone(), block_size)
+    return meta, accepted, block_size, {n: want[n].tolist() for n in FIELDS}, label
+
+
 def cases() -> list[tuple]:
     """(meta, accepted, block_size, the engine's correction of each field, label) per case."""
     made = []
     for k, block_size, rows, first, pending in CASES:
-        meta, accepted = decode_case(k, block_size, rows, first, pending)
-        want = {n: t.clone() for n, t in meta.items()}
-        kernels.correct_seqlens_qk(want, accepted.clone(), block_size)
         label = (f"with k = {k} ({k + 1} tokens per request), {len(rows)} request(s) in rows "
                  f"{rows}, pending {pending}, accepted = {_ACCEPTED[k]} by row, blocks of "
                  f"{block_size}")
-        made.append((meta, accepted, block_size, {n: want[n].tolist() for n in FIELDS}, label))
+        made.append(_answered(*decode_case(k, block_size, rows, first, pending), block_size,
+                              label))
     return made
+
+
+def every_case() -> list[tuple]:
+    """The checker's cases in its order, made afresh (a correction changes them in place, and a
+    slip is named only when a second run shows it in every case): the worked case, the worked
+    requests not all pending, in blocks of 8 and with positions running on, then ``cases()``."""
+    meta, accepted, expected = worked_case()
+    made = [(meta, accepted, 4, expected, "in the worked case")]
+    for block_size, pending, first, label in _WORKED_VARIANTS:
+        made.append(_answered(*worked_requests(block_size, pending, first=first), block_size,
+                              label))
+    return made + cases()

@@ -11,13 +11,12 @@ from collections.abc import Mapping
 
 import torch
 
-from toy_engine import kernels
-
 from overlap_course.device_state import (ChangedInputs, WrongKeyLengths, changed_inputs,
                                          watched_message, watched_correction)
 
 from . import context, correction_cases, pool
-from .correction_cases import RUN_ON, worked_case, worked_requests
+from .correction_cases import FIELDS, worked_case, worked_requests
+from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
@@ -156,99 +155,20 @@ def _stays_on_device(fn) -> Verdict | None:
     return None
 
 
-_FIELDS = ("seqlens_q", "seqlens_k", "positions", "slot_mapping")
-_WHY = {
-    "seqlens_k": "the key length must grow by the accepted drafts of the in-flight round",
-    "positions": "every query token moves right by the accepted drafts",
-    "slot_mapping": "slots must be recomputed from the corrected positions through the block table",
-    "seqlens_q": "query lengths must not change: a decode request always feeds 1 + k tokens",
-}
-
-
-def _variants(meta, accepted, block_size) -> dict:
-    """What the classic wrong corrections produce on a case, to name them when seen."""
-    delta = accepted[meta["rows"]] * meta["pending"]
-    owner = torch.arange(len(delta)).repeat_interleave(meta["seqlens_q"])
-
-    def applied(delta_, slots="table", first_only=False, queries=False, bs=block_size):
-        m = {n: t.clone() for n, t in meta.items()}
-        shift = delta_[owner]
-        if first_only:
-            starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
-            shift = torch.zeros_like(shift).index_copy(0, starts, delta_)
-        m["seqlens_k"] += delta_
-        m["positions"] += shift
-        if slots == "table":
-            m["slot_mapping"] = m["block_tables"][owner, m["positions"] // bs] * bs + m["positions"] % bs
-        else:
-            m["slot_mapping"] += shift
-        if queries:
-            m["seqlens_q"] += delta_
-        return {n: m[n].tolist() for n in _FIELDS}
-
-    B = len(delta)
-    return {
-        "accepted_by_batch": (applied(accepted[:B] * meta["pending"]),
-                              "you took `accepted[:B]` (batch positions) instead of `accepted[meta['rows']]`: "
-                              "accepted is indexed by the request's row"),
-        "pending_ignored": (applied(accepted[meta["rows"]]),
-                            "a request with pending = 0 was processed before this round was prepared, so its "
-                            "host lengths are already right: shift only pending requests "
-                            "(`accepted[meta['rows']] * meta['pending']`)"),
-        "off_by_one": (applied(delta + meta["pending"]),
-                       "you shifted by 1 + accepted: the host already counted the in-flight round's one token; "
-                       "only the accepted drafts are missing"),
-        "slots_shifted": (applied(delta, slots="add"),
-                          "you added the shift to the old slots: a position that crosses into the next block "
-                          "lives in another block, so recompute slots through the block table"),
-        "first_token_only": (applied(delta, first_only=True),
-                             "you moved only each request's first token: every one of its 1 + k query tokens "
-                             "moves (expand the per-request shift to tokens)"),
-        "block_size_hardcoded": (applied(delta, bs=4) if block_size != 4 else None,
-                                 f"these are the slots for blocks of 4: use the `block_size` argument (the engine "
-                                 f"runs with 16, this case with {block_size})"),
-    }
-
-
 def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict | None:
     """One hand-made case: the corrected fields' values, then what the correction must leave
     alone (``device_state.changed_inputs``)."""
     given, was = {n: t.clone() for n, t in meta.items()}, accepted.clone()
     held = {n: (t, t._version) for n, t in meta.items()}  # an in-place change bumps _version
-    variants = _variants(meta, accepted, block_size)
+    slips = variants(meta, accepted, block_size)
     fn(meta, accepted, block_size)
-    got = {n: meta[n].tolist() for n in _FIELDS}
+    got = {n: meta[n].tolist() for n in FIELDS}
     if got != expected:
         wrote = any(meta.get(n) is not t or t._version != v for n, (t, v) in held.items())
-        return _wrong_values(got, expected, {n: given[n].tolist() for n in _FIELDS}, wrote,
-                             variants, label, (given, was))
+        return wrong_values(fn, got, expected, {n: given[n].tolist() for n in FIELDS}, wrote,
+                            slips, label, (given, was))
     changed = changed_inputs(given, was, meta, accepted)
     return None if changed is None else fails("changed_input", f"{label}: {changed}")
-
-
-def _wrong_values(got, expected, before, wrote, variants, label, inputs) -> Verdict:
-    """Name a case's wrong values: untouched (``wrote``: whether the correction wrote into
-    ``meta``'s tensors or replaced them), a classic slip (``variants``) in every field or in the
-    first wrong one, or the first wrong field."""
-    wrong = next(n for n in _FIELDS if got[n] != expected[n])
-    said = f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}"
-    if got == before and not wrote:
-        return fails("stale", f"{said} (still the host's stale values): change the tensors in "
-                              "`meta` in place (`+=`, `.copy_`), do not build new ones")
-    if got == before:
-        meta, accepted = inputs
-        return fails("no_shift", f"{said}: your correction wrote into `meta`, but it shifted "
-                                 f"nothing here: a pending request moves by its accepted drafts, "
-                                 f"`accepted[meta['rows']] * meta['pending']` (accepted "
-                                 f"{accepted[meta['rows']].tolist()} for rows "
-                                 f"{meta['rows'].tolist()}, pending {meta['pending'].tolist()})")
-    for category, (result, why) in variants.items():
-        if result is not None and got == result:
-            return fails(category, f"{said}: {why}")
-    for category, (result, why) in variants.items():
-        if result is not None and got[wrong] == result[wrong]:
-            return fails(category, f"{said}: {why}")
-    return fails(wrong, f"{said}: {_WHY[wrong]}")
 
 
 @exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
@@ -263,19 +183,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     round whose text must equal plain greedy decoding and whose every batch's seqlens_k must
     be the engine's own correction's (``device_state.watched_correction``).
     """
-    meta, accepted, expected = worked_case()
-    cases = [(meta, accepted, 4, expected, "in the worked case")]
-    for block_size, pending, first, label in (
-            (4, [0, 1, 1], None, "with request 0 not pending (pending = [0, 1, 1])"),
-            (8, [1, 1, 1], None, "with block_size = 8"),
-            (4, [1, 1, 1], RUN_ON, "with positions that run on from one request to the next "
-                                    "(request 0 at 3, 4, 5, request 1 at 6, 7, 8: a request's "
-                                    "tokens are its `seqlens_q` tokens, not a run of positions)")):
-        m, a = worked_requests(block_size, pending, first=first)
-        want = {n: t.clone() for n, t in m.items()}
-        kernels.correct_seqlens_qk(want, a, block_size)
-        cases.append((m, a, block_size, {n: want[n].tolist() for n in _FIELDS}, label))
-    for meta, accepted, block_size, expected, label in cases + correction_cases.cases():
+    for meta, accepted, block_size, expected, label in correction_cases.every_case():
         try:
             verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
         except NotImplementedError:
