@@ -358,11 +358,12 @@ def _stop_cut_mistake(who: str, text: str, ref_text: str, stop) -> Verdict | Non
         if cut is not None:
             break
     if cut is not None:
-        return fails("stop_tie", f"{who}: {show(ends[0])} and {show(cut)} both end on the same "
-                                 f"token; the serial run cuts {show(ends[0])}, the first of them in "
-                                 f"`req.stop`, and ends at {show(ref_text)}, yours cut {show(cut)} "
-                                 f"and ends at {show(text)}. Look for the strings in the list's "
-                                 f"order after each token and cut the first that matches")
+        first = show(ends[0])
+        return fails("stop_tie", f"{who}: {first} and {show(cut)} both end on the same token; "
+                                 f"the serial run cuts {first}, the first of them in `req.stop`, "
+                                 f"and ends at {show(ref_text)}, yours cut {show(cut)} and ends "
+                                 f"at {show(text)}. Look for the strings in the list's order "
+                                 f"after each token and cut the first that matches")
     if text != ref_text and text == ref_text.rstrip():
         return fails("stripped_space", f"{who}: yours ends at {show(text)}, the serial run at "
                                        f"{show(ref_text)}: your commit cut the stop string, then "
