@@ -185,7 +185,7 @@ def _zos_then_appends(eng):
 def test_zos_check_names_the_loops_edits_not_the_order():
     for loop, said in ((_zos_editing(_lowers), "`max_new_tokens` from 24 to 20"),
                        (_zos_editing(_ends_2), "when your loop ended it itself"),
-                       (_zos_editing(_pops), "your loop removed 1 token(s)"),
+                       (_zos_editing(_pops), "your loop removed tokens from prompt 0's `req.output_ids` (1 of them)"),
                        (_zos_then_appends, "your loop appended 1 token(s)")):
         v = checks.check_zos_loop(loop)
         assert not v.passed and v.category == "edits_requests", v

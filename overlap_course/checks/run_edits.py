@@ -106,7 +106,7 @@ def _edit_words(req, was: tuple, new: tuple, by: str = "your loop") -> str:
         if new_ids[: len(ids)] == ids:
             return f"{by} appended {n} token(s) to {who}'s `req.output_ids` itself"
         if ids[: len(new_ids)] == new_ids:
-            return f"{by} removed {-n} token(s) from {who}'s `req.output_ids`"
+            return f"{by} removed tokens from {who}'s `req.output_ids` ({-n} of them)"
         j = next(j for j, (a, b) in enumerate(zip(ids, new_ids)) if a != b)
         return f"{by} changed {who}'s token {j} in `req.output_ids`"
     if reason != new_reason:
