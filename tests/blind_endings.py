@@ -1564,8 +1564,9 @@ def cm_eos_then_pop(req, tokens, eos_id, decode):
             return
 
 
-@add(CM, "cm_stop_in_text", False, "`s in req.text` instead of endswith, then cuts at its first "
-     "occurrence: checked after every token, the first occurrence is the one just completed")
+@add(CM, "cm_stop_in_text", True, "`s in req.text` instead of endswith, then cuts at the earliest "
+     "occurrence: where two strings end on one token it cuts the longest, the engine the first "
+     "in `req.stop` (round 17's run: 'as' before ' was')")
 def cm_stop_in_text(req, tokens, eos_id, decode):
     for tok in tokens:
         if tok == eos_id:

@@ -310,6 +310,10 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
     if len(ids) > max_new:
         return fails("past_limit", f"{who}: {len(ids)} tokens, {len(ids) - max_new} past its limit: a round's "
                                    f"accepted run crossed it and was kept whole. Stop at the limit's token")
+    if reason == ref_reason == "stop":
+        verdict = _stop_cut_mistake(who, text, ref_text, stop)
+        if verdict is not None:
+            return verdict
     if ids[: len(ref_ids)] == ref_ids and ref_reason == "eos":
         return fails("past_eos", f"{who}: it goes on after the EOS the serial run stops at: {show(text)}")
     if ids[: len(ref_ids)] == ref_ids and ref_reason == "stop":
@@ -339,3 +343,30 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
     if ref_ids[: len(ids)] == ids:
         return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")
+
+
+def _stop_cut_mistake(who: str, text: str, ref_text: str, stop) -> Verdict | None:
+    """Lab 4: a stop cut in the wrong place where both runs end on a stop string: another of two
+    strings that end on the same token (the engine cuts the first in ``req.stop``), or the
+    whitespace before the stop string stripped too (round 17: both passed)."""
+    cut = None
+    for s in stop:  # each text the engine could have cut to ref_text: s, the first it ends with
+        full = ref_text + s
+        ends = [t for t in stop if full.endswith(t)]
+        if ends[0] == s:
+            cut = next((t for t in ends[1:] if full[: -len(t)] == text), cut)
+        if cut is not None:
+            break
+    if cut is not None:
+        first = show(ends[0])
+        return fails("stop_tie", f"{who}: {first} and {show(cut)} both end on the same token; "
+                                 f"the serial run cuts {first}, the first of them in `req.stop`, "
+                                 f"and ends at {show(ref_text)}, yours cut {show(cut)} and ends "
+                                 f"at {show(text)}. Look for the strings in the list's order "
+                                 f"after each token and cut the first that matches")
+    if text != ref_text and text == ref_text.rstrip():
+        return fails("stripped_space", f"{who}: yours ends at {show(text)}, the serial run at "
+                                       f"{show(ref_text)}: your commit cut the stop string, then "
+                                       f"also the whitespace before it. Cut `len(s)` off the text "
+                                       f"and the tokens, and nothing more")
+    return None

@@ -16,7 +16,7 @@ from toy_engine.engine import Engine
 from toy_engine.races import RaceError
 from toy_engine.record import Commit, Schedule, Wait
 
-from . import endings, pool
+from . import endings, pool, run_edits
 from .pool_reading import pool_after, pool_before
 from .lab_workloads import (ABORT_RUNS, COMMIT_RUNS, POLICY_RUNS, RING_NEW, RING_PROMPTS,
                             RING_STOP, AbortRun, CommitRun, PolicyRun)
@@ -134,15 +134,22 @@ def capped(on_round, cap: int):
     return bounded
 
 
-def policy_run(policy, run: PolicyRun, cap: int, now: InProgress | None = None):
+def policy_run(policy, run: PolicyRun, cap: int, now: InProgress | None = None,
+               edits: list | None = None):
     """Lab 1: ``run`` with the scheduler asking ``policy``: (the engine, its outputs or error, the
     policy's calls as (round, prompt, committed, in flight, finished, wanted)).  Past round ``cap``
-    it raises Runaway; each call is noted in ``now`` first."""
+    it raises Runaway; each call is noted in ``now`` first, and each change it made to the
+    request in ``edits`` (the round, in words)."""
     engine, calls, now = policy_engine(run), [], now or InProgress()
+    edits = [] if edits is None else edits
 
     def spy(req):
         now.at(engine, req)
+        before = run_edits.snapshot(req)
         wanted = policy(req)
+        edit = run_edits.edit_of(req, before, "your policy")
+        if edit:
+            edits.append((engine.scheduler.round, edit))
         calls.append((engine.scheduler.round, req.index, len(req.output_ids), req.num_inflight, req.finished,
                       bool(wanted)))
         return wanted
@@ -300,15 +307,22 @@ def commit_engine(run: CommitRun):
 
 
 def commit_run(index: int, commit=None, loop=None, cap: int | None = None,
-               now: InProgress | None = None):
+               now: InProgress | None = None, edits: list | None = None):
     """Lab 4: COMMIT_RUNS[index] under ZOS (or ``loop``), with ``commit`` for each request's own,
-    each call noted in ``now`` first; past round ``cap`` it raises Runaway."""
+    each call noted in ``now`` first, and each setting of the request it changed in ``edits``;
+    past round ``cap`` it raises Runaway."""
     run, on_round, now = COMMIT_RUNS[index], None, now or InProgress()
-    engine = commit_engine(run)
+    engine, edits = commit_engine(run), [] if edits is None else edits
 
     def noted(req, tokens, eos_id, decode):
         now.at(engine, req)
-        return commit(req, tokens, eos_id, decode)
+        before = run_edits.snapshot(req)
+        try:
+            return commit(req, tokens, eos_id, decode)
+        finally:
+            edit = run_edits.edit_of(req, before, "your commit", state=False)
+            if edit:
+                edits.append(edit)
     if commit is not None:
         on_round = plugins.per_request(commit=noted)
     if cap is not None:

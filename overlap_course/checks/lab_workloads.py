@@ -119,4 +119,10 @@ COMMIT_RUNS = (CommitRun(tuple(pool.PROMPTS), 30, (" was", ".")),
                # list order, keeps " was"; " the" ends "The sun" at " came the", which
                # str.rstrip(" the") cuts to " cam" (characters, not the string)
                CommitRun((pool.PROMPTS[0], "Tom was happy"), 30, (" a", " was")),
-               CommitRun(("The sun",), 30, (" the",)))
+               CommitRun(("The sun",), 30, (" the",)),
+               # round 17: two stop strings end on one token, one the other's suffix. The engine
+               # (`Request.commit`, one token at a time) cuts the first in the list: "as" before
+               # " was" leaves prompt 0 ", there w" (a cut that takes the longest keeps ", there"),
+               # " frog" before "og" leaves prompt 1 "" (one that takes the shortest keeps " fr");
+               # "called" follows a space, which prompt 2 keeps (" "): a commit that strips it too
+               CommitRun(tuple(pool.PROMPTS[:3]), 30, ("as", " was", " frog", "og", "called")))

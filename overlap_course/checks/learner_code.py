@@ -16,7 +16,7 @@ from toy_engine.record import Commit, Free, Refused, Wait
 
 from . import pool
 from .pool_reading import pool_after, pool_before
-from .run_edits import settings, settings_edit
+from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
@@ -32,8 +32,9 @@ class _Observed:
     # more None plans in ZOS) and judge the spin.
     MAX_SCHEDULES = 1000
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, watch: RequestWatch):
         object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "watch", watch)
         object.__setattr__(self, "plans", {})
         object.__setattr__(self, "edits", [])
         object.__setattr__(self, "schedules", 0)
@@ -43,7 +44,7 @@ class _Observed:
         object.__setattr__(self, "schedules", self.schedules + 1)
         if self.schedules > self.MAX_SCHEDULES:
             raise _Spinning(self.schedules - 1)
-        plan = self._engine.schedule()
+        plan = self.watch.around(self._engine.schedule)()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
         elif self.done_at is None and not self._engine.scheduler.has_work():
@@ -51,7 +52,9 @@ class _Observed:
         return plan
 
     def __getattr__(self, name):
-        return getattr(self._engine, name)
+        value = getattr(self._engine, name)
+        mine = inspect.ismethod(value) and value.__self__ is self._engine
+        return self.watch.around(value) if mine else value
 
     def __setattr__(self, name, value):
         self.edits.append(name)
@@ -99,9 +102,12 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
-        view = _Observed(real_engine)
+        view = _Observed(real_engine, RequestWatch(real_engine._run.requests))
         observed["view"], observed["settings"] = view, settings(real_engine._run.requests)
-        loop(view)
+        try:
+            loop(view)
+        finally:
+            view.watch.look()
 
     try:
         outs = engine.generate(prompts, loop=watched, **args)
@@ -117,6 +123,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
         err = _PastTheEnd(view.done_at, err)
     log = HostLog(engine, view.plans if view else {})
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
+    log.watch = view.watch if view is not None else RequestWatch([])
     log.record_commits = engine.record.of(Commit)
     if endings:
         log.reference = pool.endings_reference()
@@ -277,7 +284,9 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
                      f"every launched step must be waited "
                      f"for and processed (`engine.process_outputs(step)`)")
     if err.reason == "finished_kept_blocks":
-        return fails("kept_blocks", kept_blocks_message(log, err))
+        edit = kept_by_edit(log, err.prompt_indexes)
+        return fails("edits_requests", edit) if edit else fails("kept_blocks",
+                                                                kept_blocks_message(log, err))
     unlaunched = [r for r in log.rounds if log.first("launch_sample", r) is None]
     if err.reason == "unprocessed_inflight" and unlaunched:
         return never_launched(log, unlaunched[0])

@@ -22,7 +22,7 @@ from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
 from .learner_code import loop_verdict, run_loop
-from .run_edits import edited_requests, serial_same_run
+from .run_edits import run_verdict, serial_same_run
 from .readings import (decimals, gap_in_microseconds, gap_in_seconds, hover_gaps, idle_slips, near,
                        no_gap, shortened, slip_reading)
 from .verdict import Verdict, fails, not_implemented, passes, unanswered
@@ -316,14 +316,10 @@ def _serial_run_verdict(log, outs, err, second: bool, drafts: int | None,
         reference = pool.reference(second=True) if second else pool.reference()
     if drafts is not None:
         reference = [c.token_ids for c in pool.endings_reference()]
-    unfinished = pool.left_unfinished(outs, reference) if verdict is None else None
-    if unfinished:
-        verdict = fails("left_unfinished", unfinished)
+    if verdict is None:
+        verdict = run_verdict(log, outs, reference)
     diff = pool.compare([c.token_ids for c in outs], reference) if verdict is None else None
-    edited = edited_requests(log, outs, reference) if diff else None
-    if edited:
-        verdict = fails("edits_requests", f"{diff}: {edited}")
-    elif diff:
+    if diff:
         verdict = fails("wrong_tokens", f"{diff}: each round must prepare, launch forward, launch sample, then "
                                         f"process that step before the next round")
     if verdict is not None and drafts is not None:

@@ -19,7 +19,7 @@ from .answers import bool_pair, flag_list, int_list, items, one_number, round_nu
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
 from .learner_code import loop_verdict, run_loop
-from .run_edits import same_run
+from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
@@ -268,9 +268,10 @@ def check_zos_loop(loop) -> Verdict:
         verdict = waits_beyond_sample(engine, log)
     if verdict is not None:
         return verdict
-    unfinished = pool.left_unfinished(outs, pool.reference(pool.CONSTRAINT))
-    if unfinished:
-        return fails("left_unfinished", unfinished)
+    verdict = run_verdict(log, outs, pool.reference(pool.CONSTRAINT),
+                          f"with the `{pool.CONSTRAINT}` constraint on, ")
+    if verdict is not None:
+        return verdict
     diff = pool.compare([c.token_ids for c in outs], pool.reference(pool.CONSTRAINT))
     if diff:
         return fails("wrong_tokens", f"with the `{pool.CONSTRAINT}` constraint on, {diff}: process every step "
@@ -280,6 +281,10 @@ def check_zos_loop(loop) -> Verdict:
         return fails("edits_run", f"with the `{pool.CONSTRAINT}` constraint on, {why}")
     spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
     verdict = loop_verdict(spec_log, err, "zos", zos_overlapped)  # its rounds end differently: a new order
+    if verdict is not None:
+        return verdict
+    verdict = run_verdict(spec_log, spec_outs, pool.reference(),
+                          f"with speculative decoding ({pool.DRAFTS} drafts per round) ")
     if verdict is not None:
         return verdict
     diff = pool.compare([c.token_ids for c in spec_outs], pool.reference())
@@ -305,9 +310,9 @@ def _endings_run(loop, drafts: int) -> Verdict | None:
     if verdict is not None:
         return verdict
     reference = [c.token_ids for c in pool.endings_reference()]
-    unfinished = pool.left_unfinished(outs, reference)
-    if unfinished:
-        return fails("left_unfinished", unfinished)
+    verdict = run_verdict(log, outs, reference)
+    if verdict is not None:
+        return verdict
     diff = pool.compare([c.token_ids for c in outs], reference)
     if diff:
         why = correction_mistake(engine, log) if drafts else ""

@@ -89,29 +89,42 @@ def check_wants_more(wants_more) -> Verdict:
     (runs.POLICY_RUNS), against the engine's own policy: no round may go in for a request the
     rounds in flight already finish, and none may be missing."""
     for run in runs.POLICY_RUNS:
-        own, now = runs.own_run(run), runs.InProgress()
+        own, now, edits = runs.own_run(run), runs.InProgress(), []
         try:
-            engine, got, calls = runs.policy_run(wants_more, run, 3 * own.rounds, now)
+            verdict = _policy_verdict(wants_more, run, own, now, edits)
         except sandbox.TimeUp as up:
-            return mistakes.timed_out(up, "wants_more", run, now, own.endings)
-        if isinstance(got, Exception):
-            return mistakes.policy_error(got, calls, run, own, engine)
-        if [c.token_ids for c in got] != own.ids:
-            differ = pool.compare([c.token_ids for c in got], own.ids)
-            return fails("wrong_tokens", f"{run}: {differ}")
-        if engine.stats.discarded_outputs > own.discarded:
-            return mistakes.extra_step(calls, engine, own, run)
-        if runs.flushes(engine) > own.flushes:
-            msg = (f"{run}: your policy declined rounds the engine's own plans, so the loop "
-                   f"ran out of rounds to launch and waited for the device: "
-                   f"{runs.flushes(engine)} flushes instead of {own.flushes}, the overlap lost "
-                   f"there. Count the rounds in flight instead of waiting for them")
-            return fails("serializes", msg)
+            verdict = mistakes.timed_out(up, "wants_more", run, now, own.endings)
+        if verdict is not None and edits:  # what went wrong came from the policy's edit
+            msg = (f"{run}: before round {edits[0][0]}, {edits[0][1]}: `wants_more` only says "
+                   f"whether the scheduler plans another round for the request; it must not "
+                   f"change it (the engine's commit adds its tokens and ends it)")
+            return fails("edits_requests", msg)
+        if verdict is not None:
+            return verdict
     runs_made = "; ".join(run.setting for run in runs.POLICY_RUNS)
     return passes(f"no round went in for a request the rounds in flight already finish, and none "
                   f"was missing: the engine's own rounds and discarded outputs (a stop, an EOS or "
                   f"a draft's acceptance is known only once processed), and the same tokens, in "
                   f"all {len(runs.POLICY_RUNS)} runs ({runs_made})")
+
+
+def _policy_verdict(wants_more, run, own, now, edits: list) -> Verdict | None:
+    """Lab 1: the policy on one run against the engine's own (``own``): a mistake, or None."""
+    engine, got, calls = runs.policy_run(wants_more, run, 3 * own.rounds, now, edits)
+    if isinstance(got, Exception):
+        return mistakes.policy_error(got, calls, run, own, engine)
+    if [c.token_ids for c in got] != own.ids:
+        differ = pool.compare([c.token_ids for c in got], own.ids)
+        return fails("wrong_tokens", f"{run}: {differ}")
+    if engine.stats.discarded_outputs > own.discarded:
+        return mistakes.extra_step(calls, engine, own, run)
+    if runs.flushes(engine) > own.flushes:
+        msg = (f"{run}: your policy declined rounds the engine's own plans, so the loop "
+               f"ran out of rounds to launch and waited for the device: "
+               f"{runs.flushes(engine)} flushes instead of {own.flushes}, the overlap lost "
+               f"there. Count the rounds in flight instead of waiting for them")
+        return fails("serializes", msg)
+    return None
 
 
 # ------------------------------------------------------------------ lab 2: an abort in flight
@@ -339,9 +352,9 @@ def check_commit(commit) -> Verdict:
     outputs."""
     for index, run in enumerate(runs.COMMIT_RUNS):
         (endings, rounds), now = runs.commit_endings(index), runs.InProgress()
-        engine = runs.commit_engine(run)
+        engine, edits = runs.commit_engine(run), []
         try:
-            outs = runs.commit_run(index, commit, cap=3 * rounds, now=now)
+            outs = runs.commit_run(index, commit, cap=3 * rounds, now=now, edits=edits)
         except sandbox.TimeUp as up:
             return mistakes.timed_out(up, "commit", run, now, endings)
         except NotImplementedError:
@@ -350,15 +363,27 @@ def check_commit(commit) -> Verdict:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
         except Exception as err:  # noqa: BLE001
+            if edits and (engines(err, EngineStalled) or checkers(err, runs.Runaway)):
+                return _commit_edited(run, edits)
             if engines(err, EngineStalled) or checkers(err, runs.Runaway):
                 return mistakes.commit_never_ended(err, engine, run, endings)
             return fails("raised", f"your commit raised {quoted(err)}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
             got = (c.token_ids, c.text, c.finish_reason)
             verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)
+            if verdict is not None and edits:  # what went wrong came from the commit's edit
+                return _commit_edited(run, edits)
             if verdict is not None:
                 return verdict
     return passes(f"each run stops exactly where the serial run does: a stop string, EOS or the "
                   f"length limit inside a round's accepted run ({pool.DRAFTS} drafts) cuts it "
                   f"there, a limit at a round's end (one token a round, without drafts) ends it, "
                   f"and the text matches the tokens")
+
+
+def _commit_edited(run, edits: list) -> Verdict:
+    """Lab 4: a run that went wrong where the learner's commit changed a request's setting (a
+    lowered limit was told to set the finish reason, round 17): that edit named."""
+    return fails("edits_requests", f"{run}: {edits[0]}: a commit appends the round's tokens and "
+                                   f"ends the request (`req.output_ids`, `req.text`, "
+                                   f"`req.finish_reason`); it must not change its settings")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 
 from . import pool
 from .verdict import Verdict, fails
@@ -30,14 +31,143 @@ def settings_edit(before: list[tuple], requests) -> str | None:
     return None
 
 
+class RequestWatch:
+    """A learner's loop's own edits of the run's requests: their tokens, text and finish reason
+    looked at before and after each call of the engine's methods (``around``), so that a change
+    between two calls is the loop's (``edit``, the first, in words), and the requests it aborted
+    (``aborted``: prompt, tokens, limit), with ``engine.abort`` or between two calls.  Where the
+    tokens alone would blame the stage order or say the engine ended a request (blind round 17)."""
+
+    def __init__(self, requests):
+        self.requests, self.aborted = requests, []
+        self.edit, self.edited = None, None  # the first edit in words, and its prompt
+        self.seen = self._state()
+
+    def _state(self) -> list[tuple]:
+        return [_state_of(r) for r in self.requests]
+
+    def look(self) -> None:
+        """Note the first change since the engine's last call returned (the loop's own)."""
+        now = self._state()
+        for r, was, new in zip(self.requests, self.seen, now):
+            if was[2] is None and new[2] == "abort":  # engine.scheduler.abort(req), say
+                self.aborted.append((r.index, len(was[0]), r.max_new_tokens))
+            elif self.edit is None and was != new:
+                self.edit, self.edited = _edit_words(r, was, new), r.index
+        self.seen = now
+
+    def around(self, method):
+        """``method`` of the engine, with the requests looked at before it and noted after."""
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            self.look()
+            if method.__name__ == "abort":
+                self._note_abort(args[0] if args else kwargs.get("request_id"))
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seen = self._state()
+        return call
+
+    def _note_abort(self, request_id) -> None:
+        req = next((r for r in self.requests if type(request_id) is int and r.id == request_id
+                    and not r.finished), None)
+        if req is not None:
+            self.aborted.append((req.index, len(req.output_ids), req.max_new_tokens))
+
+
+def _state_of(req) -> tuple:
+    """What a request's commit writes: its tokens, text and finish reason."""
+    return list(req.output_ids), req.text, req.finish_reason
+
+
+def snapshot(req) -> tuple:
+    """A request's settings and what its commit writes, before a learner's function is called."""
+    return settings([req])[0], _state_of(req)
+
+
+def edit_of(req, before: tuple, by: str, state: bool = True) -> str | None:
+    """What ``by`` (the learner's function, in words) changed in ``req`` since ``before``
+    (:func:`snapshot`): a setting, or (``state``) what the engine's commit writes; None if
+    nothing."""
+    setting = settings_edit([before[0]], [req])
+    if setting:
+        return f"{by} changed {setting}"
+    now = _state_of(req)
+    return _edit_words(req, before[1], now, by) if state and now != before[1] else None
+
+
+def _edit_words(req, was: tuple, new: tuple, by: str = "your loop") -> str:
+    """What ``by`` did to ``req`` (between two of the engine's calls, for a loop), in words."""
+    (ids, text, reason), (new_ids, new_text, new_reason) = was, new
+    who = f"prompt {req.index}"
+    if ids != new_ids:
+        n = len(new_ids) - len(ids)
+        if new_ids[: len(ids)] == ids:
+            return f"{by} appended {n} token(s) to {who}'s `req.output_ids` itself"
+        if ids[: len(new_ids)] == new_ids:
+            return f"{by} removed tokens from {who}'s `req.output_ids` ({-n} of them)"
+        j = next(j for j, (a, b) in enumerate(zip(ids, new_ids)) if a != b)
+        return f"{by} changed {who}'s token {j} in `req.output_ids`"
+    if reason != new_reason:
+        if reason is None:
+            return (f"{who} had {len(ids)} of its {req.max_new_tokens} tokens when {by} ended "
+                    f"it itself (`req.finish_reason = {new_reason!r}`)")
+        return f"{by} changed {who}'s `req.finish_reason` from {reason!r} to {new_reason!r}"
+    return f"{by} changed {who}'s `req.text` from {text!r:.40} to {new_text!r:.40}"
+
+
+_FIX = ("a loop must not edit the requests: the engine's commit adds their tokens and ends them "
+        "(EOS, a stop string or the limit)")
+
+
+def loop_aborted(watch: RequestWatch, prompt: int | None = None) -> str | None:
+    """The request (``prompt``, or the first) the learner's loop aborted itself, in words."""
+    for index, tokens, limit in watch.aborted:
+        if prompt in (None, index):
+            return (f"your loop aborted prompt {index} itself, with {tokens} of its {limit} "
+                    f"tokens: a loop must not end requests itself; the engine's commit "
+                    f"ends them (EOS, a stop string or the limit), and an abort is the user's "
+                    f"call (notebook 07, lab 2)")
+    return None
+
+
+def kept_by_edit(log, prompts) -> str | None:
+    """A stall on finished requests that kept their blocks (``prompts``), where the loop ended
+    one of them itself: that edit named, not the frees (the loop was told "free it" before)."""
+    if log.watch.edited not in prompts:
+        return None
+    return (f"the engine could not go on: {log.watch.edit}, and no step processed after that "
+            f"found it finished and freed it: it kept its KV blocks and batch row, and the run "
+            f"could not end. {_FIX[0].upper()}{_FIX[1:]}")
+
+
+def run_verdict(log, outs, reference, where: str = "") -> Verdict | None:
+    """What a loop's run (its completions ``outs``) did to its requests, first thing first: a
+    request let go unfinished (one the loop aborted itself named), then tokens that differ from
+    ``reference`` where the loop edited the requests; None where neither (a check then judges a
+    difference by the stage order).  One path for exercises 02 and 03 (blind round 17)."""
+    aborted = next((i for i, c in enumerate(outs) if c.finish_reason == "abort"), None)
+    why = loop_aborted(log.watch, aborted) if aborted is not None else None
+    if why:
+        return fails("edits_requests", f"{where}prompt {aborted} never finished: {why}")
+    unfinished = pool.left_unfinished(outs, reference)
+    if unfinished:
+        return fails("left_unfinished", f"{where}{unfinished}")
+    diff = pool.compare([c.token_ids for c in outs], reference)
+    edited = edited_requests(log, outs, reference) if diff else None
+    return fails("edits_requests", f"{where}{diff}: {edited}") if edited else None
+
+
 def edited_requests(log, outs, reference) -> str | None:
     """Why a run's tokens fell short of ``reference`` when its loop edited the requests, in
-    words; None where it did not (the stage order is then to blame).  A setting changed, tokens
-    removed after the engine's commit, or a request ended before its limit by the loop."""
-    fix = ("a loop must not edit the requests: the engine's commit adds their tokens and "
-           "ends them (EOS, a stop string or the limit)")
+    words; None where it did not (the stage order is then to blame).  A setting changed, an edit
+    or abort the loop's RequestWatch saw, or (made where no watch sees it) tokens removed after
+    the engine's commit or a request ended before its limit."""
     if log.settings_edit:
-        return f"your loop changed {log.settings_edit}: {fix}"
+        return f"your loop changed {log.settings_edit}: {_FIX}"
+    if log.watch.edit or log.watch.aborted:
+        return f"{log.watch.edit}: {_FIX}" if log.watch.edit else loop_aborted(log.watch)
     handed = collections.Counter()
     for c in log.record_commits:
         for j, prompt in enumerate(c.prompts):
@@ -49,9 +179,9 @@ def edited_requests(log, outs, reference) -> str | None:
             continue
         if c.finish_reason == "length" and got < min(handed[i], req.max_new_tokens):
             return (f"prompt {i} holds {got} tokens, but the engine's commits handed it "
-                    f"{min(handed[i], req.max_new_tokens)}: your loop removed tokens; {fix}")
+                    f"{min(handed[i], req.max_new_tokens)}: your loop removed tokens; {_FIX}")
         return (f"prompt {i} ended {c.finish_reason!r} with {got} tokens, where the reference "
-                f"went on to {len(want)}: your loop ended it itself (`req.finish_reason`); {fix}")
+                f"went on to {len(want)}: your loop ended it itself (`req.finish_reason`); {_FIX}")
     return None
 
 
