@@ -144,9 +144,9 @@ class RoundStages:
             run.check_fields(plan.requests, placed, "before it was admitted (by on_round or "
                              "the loop)")
         self.record.schedule(plan.round if plan else None)
-        # A schedule that finds nothing to launch belongs to the last round, not a new one.
-        self.timeline.add("host", Stage.SCHEDULE, plan.round if plan else max(0, self.scheduler.round - 1),
-                          start, self.timeline.now_ms())
+        # A schedule that finds nothing belongs to the last round: before round 0 there is none.
+        if (rnd := plan.round if plan else self.scheduler.round - 1) >= 0:
+            self.timeline.add("host", Stage.SCHEDULE, rnd, start, self.timeline.now_ms())
         if plan is None:
             if self.scheduler.has_work():
                 run.note_idle_schedule(self.scheduler)
