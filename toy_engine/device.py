@@ -159,6 +159,7 @@ class Device:
     def _record(self): raise NotImplementedError
     def _wait(self, event, timeout): raise NotImplementedError
     def spans(self, paced: bool = False) -> list[tuple]: raise NotImplementedError
+    def take_launch_latencies_ms(self) -> list[float]: return []  # since the last call; none here
     def close(self) -> None: pass
     def check_sendable(self, name: str, value) -> None: pass  # refuse a plug-in it could not run
 

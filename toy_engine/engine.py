@@ -267,6 +267,7 @@ class Engine(RoundStages):
             self._run, self.timeline = run, Timeline(meta=self._meta(run.requests))
             self.record = self.device.run_record = RunRecord()
             self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
+            self.device.take_launch_latencies_ms()  # nor are its launches' latencies
             self.scheduler.round = 0
             start = time.perf_counter()
             try:
@@ -418,7 +419,7 @@ class Engine(RoundStages):
         for stage, rnd, start_ns, end_ns, cpu_ns, paced_ns in self.device.spans(paced=True):
             tl.add_device_ns(stage, rnd, start_ns, end_ns, rnd if stage == Stage.SAMPLE else None, cpu_ns, paced_ns)
         tl.meta.prefill_rounds = sorted(run.prefill_rounds)
-        latencies = getattr(self.device, "launch_latencies_ms", lambda: [])()
+        latencies = self.device.take_launch_latencies_ms()  # of this run's launches only
         self.stats = tl.meta.stats = run_stats(tl, run.counts, run.prefill_rounds, wall_s, latencies)
 
 

@@ -442,8 +442,8 @@ class ProcessDevice(Device):
         out, self._stamps = self._stamps, []
         return out if paced else [stamp[:5] for stamp in out]
 
-    def launch_latencies_ms(self) -> list[float]:
-        return [ns / 1e6 for ns in self._latencies_ns]
+    def take_launch_latencies_ms(self) -> list[float]:
+        return [self._latencies_ns.popleft() / 1e6 for _ in range(len(self._latencies_ns))]
 
     def close(self) -> None:
         """Stop the device process and release its pipe and shared memory now."""

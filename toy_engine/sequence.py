@@ -20,6 +20,24 @@ class Completion:
     finish_reason: str  # "length" | "stop" | "eos" | "abort"
 
 
+#: How a request ends: what Completion.finish_reason says.
+FINISH_REASONS = ("length", "stop", "eos", "abort")
+
+
+class _FinishReason:
+    """``req.finish_reason``'s assignments, checked (reads are the request's own, at C speed): a
+    reason outside FINISH_REASONS ("stopped", True, "") would be handed out as the request's end,
+    and ``finished`` takes anything but None as one."""
+
+    def __set__(self, req, value):
+        if value is not None and not (isinstance(value, str)
+                                      and str.__str__(value) in FINISH_REASONS):
+            raise (ValueError if isinstance(value, str) else TypeError)(
+                f"req.finish_reason = {type(value).__name__} {shown(value)} (prompt {req.index}): "
+                f"a request ends with one of {FINISH_REASONS} (the str), or is unfinished (None)")
+        vars(req)["finish_reason"] = None if value is None else str.__str__(value)
+
+
 class _Unreplaceable:
     """A request's method that a plug-in cannot replace on the request: ``completion``, which
     the engine calls as the run ends, where Ctrl-C is held, and hands out what it answers."""
@@ -102,6 +120,9 @@ class Request:
     @_Unreplaceable
     def completion(self) -> Completion:
         return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
+
+
+Request.finish_reason = _FinishReason()  # after the dataclass took None as the field's default
 
 
 MAX_PROMPTS = 100_000  # per call: a queue of requests the toy serves in hours, not a typo's size

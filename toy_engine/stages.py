@@ -86,6 +86,20 @@ def _bad_token(tok, vocab_size: int) -> bool:
     return value is None or not 0 <= value < vocab_size
 
 
+def _past_limit(run: Run, req: Request) -> str:
+    """Who planned ``req`` past its ``max_new_tokens``, and what to change."""
+    commit = vars(req).get("commit")
+    who = (f"its commit, replaced on the request by a plug-in ({_label(commit)})," if commit
+           else run.labels.get("process_outputs", "a plug-in"))
+    end = (f"{who} must end it (req.finish_reason = \"length\") once len(req.output_ids) "
+           f"reaches max_new_tokens")
+    if "wants_more" not in vars(req):
+        return end
+    return (f"its wants_more, replaced on the request by a plug-in, must answer False once it "
+            f"is finished or len(req.output_ids) + req.num_inflight reaches max_new_tokens"
+            + (f", and {end}" if commit else ""))
+
+
 class RoundStages:
     """The stages of a round, as methods of ``Engine``; what they use of it is declared here."""
 
@@ -144,9 +158,9 @@ class RoundStages:
             run.check_fields(plan.requests, placed, "before it was admitted (by on_round or "
                              "the loop)")
         self.record.schedule(plan.round if plan else None)
-        # A schedule that finds nothing to launch belongs to the last round, not a new one.
-        self.timeline.add("host", Stage.SCHEDULE, plan.round if plan else max(0, self.scheduler.round - 1),
-                          start, self.timeline.now_ms())
+        # A schedule that finds nothing belongs to the last round: before round 0 there is none.
+        if (rnd := plan.round if plan else self.scheduler.round - 1) >= 0:
+            self.timeline.add("host", Stage.SCHEDULE, rnd, start, self.timeline.now_ms())
         if plan is None:
             if self.scheduler.has_work():
                 run.note_idle_schedule(self.scheduler)
@@ -174,13 +188,9 @@ class RoundStages:
         if plan.round in run.prepared:
             raise PreparedTwice(plan.round, max(run.plans), plan.round in run.committed)
         run.prepared.add(plan.round)
-        freed = next((r for r in plan.requests if not r.blocks), None)
-        if freed is not None:  # a plan kept, never prepared, past the round that freed it
-            raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
-                             f"{freed.index} in it no longer holds KV blocks (freed since): "
-                             f"prepare the plan engine.schedule() just returned")
+        k = 0 if plan.is_prefill else self.config.num_draft_tokens
+        self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
-            k = 0 if plan.is_prefill else self.config.num_draft_tokens
             cols = self._metadata(plan, k)
             # Enough block-table columns for the furthest position a correction can reach.
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // self.config.block_size))
@@ -207,6 +217,27 @@ class RoundStages:
             raise RunEnded(stage, inputs.plan.round, "inputs")
         if inputs is not run.uploaded:
             raise StaleInputs(stage, inputs.plan.round, run.uploaded.plan.round)
+
+    def _check_blocks(self, plan: Plan, k: int) -> None:
+        """Refuse a plan whose request has no KV block for a position the round writes: freed
+        since (a plan kept), or past its reservation (planned after ``max_new_tokens``)."""
+        freed = next((r for r in plan.requests if not r.blocks), None)
+        if freed is not None:  # a plan kept, never prepared, past the round that freed it
+            raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
+                             f"{freed.index} in it no longer holds KV blocks (freed since): "
+                             f"prepare the plan engine.schedule() just returned")
+        bs = self.config.block_size  # a decode writes up to position planned_len - 2 + k
+        past = next((r for r in plan.requests if not plan.is_prefill and (
+            r.planned_len - 2 + k >= len(r.blocks) * bs
+            or not r.finished and len(r.output_ids) >= r.max_new_tokens)), None)
+        if past is not None:
+            raise ValueError(
+                f"round {plan.round} plans prompt {past.index} for more tokens, but it has "
+                f"{len(past.output_ids)} of its max_new_tokens {past.max_new_tokens}, "
+                f"{'finished' if past.finished else 'unfinished'}, and {past.num_inflight} "
+                f"rounds in flight (this round writes position {past.planned_len - 2 + k}; its "
+                f"KV blocks hold {len(past.blocks) * bs}, reserved for its prompt and "
+                f"max_new_tokens): {_past_limit(self._run, past)}")
 
     def _metadata(self, plan: Plan, k: int) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""

@@ -67,8 +67,25 @@ class Measured:
 
 def measured(serial_stats, overlapped_stats, label: str = "your runs") -> Measured:
     """The point of a serial run's stats and an overlapped run's (e.g. ``engine.stats``)."""
+    _produced(serial_stats, "serial_stats", "serial")
+    _produced(overlapped_stats, "overlapped_stats", "overlapped")
     return Measured(label, _stat(serial_stats, HOST), _stat(serial_stats, DEVICE),
                     _stat(overlapped_stats, "tokens_per_s") / _stat(serial_stats, "tokens_per_s"))
+
+
+def _produced(stats, name: str, run: str) -> None:
+    """Refuse the stats of a run that produced no tokens or ran no round (interrupted at once,
+    every request aborted; None: no run finished): its speed-up and host share would divide
+    by zero."""
+    again = f"run the {run} run's cell again to the end, then this one"
+    if stats is None:
+        raise ValueError(f"measured: {name} is None: the {run} run made no stats (it raised, or "
+                         f"never ran); {again}")
+    tps, host, device = (_stat(stats, key) for key in ("tokens_per_s", HOST, DEVICE))
+    if not (tps > 0 and host + device > 0):
+        raise ValueError(f"measured: {name} has tokens_per_s {tps!r} and {host!r} + {device!r} "
+                         f"host + device ms per round: the {run} run produced no tokens "
+                         f"(interrupted, or its requests aborted before a round ran); {again}")
 
 
 def bench_points(result: dict) -> list[Measured]:
