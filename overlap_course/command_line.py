@@ -28,8 +28,8 @@ from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interrupt
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
-           "os_problem", "interruptible", "importing", "run"]
+           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "made_folder",
+           "locked", "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -178,43 +178,33 @@ def _out_folder(text: str, name: str) -> Path:
     return out
 
 
-class locked:
-    """``folder`` made and locked for this command, in a ``with`` block: an ``flock`` on the
-    folder itself, so nothing is left in it.  Another command holding it is refused before any
-    work: a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
-    result the other had half replaced (a site's pages deleted while Sphinx read them, a trace
-    pair from two runs).  A folder one may write into but not list (mode ``-wx``) cannot be
-    opened to lock: the command goes on unlocked, as it did before the lock, rather than be
-    refused as unwritable.  The folders it made are removed again if the block ends in an
-    exception (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves
-    nothing."""
+class made_folder:
+    """``folder`` made with its missing parents, in a ``with`` block; the folders it made are
+    removed again if the block ends in an exception (refused input, a failed run, Ctrl-C, a
+    kill): a command that wrote nothing leaves nothing.  Each is noted as made, by its real
+    path, as it is made: ``a/../b`` makes ``a`` and ``b``, and ``a/..`` is no folder to remove."""
 
-    def __init__(self, folder: Path, busy: str):
-        self._made = [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
+    def __init__(self, folder: Path):
+        self._made = []
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            for path in (*reversed(folder.parents), folder):
+                try:
+                    os.mkdir(path)
+                except OSError:  # there already (made by another, or not ours to make)
+                    if not os.path.isdir(path):
+                        raise
+                    continue
+                self._made.append(os.path.realpath(path))
         except OSError:  # the folders made before a deeper one failed (a full disk) go too
             self._remove_made()
             raise
-        try:
-            self._fd = os.open(folder, os.O_RDONLY)
-        except PermissionError:  # no read permission on the folder: no lock can be had
-            self._fd = None
-            return
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise ValueError(busy) from None
 
     def _remove_made(self) -> None:
-        for path in self._made:  # deepest first; a folder something else wrote into stays
+        for path in reversed(self._made):  # deepest first; one something wrote into stays
             try:
-                path.rmdir()
-            except FileNotFoundError:
-                continue
+                os.rmdir(path)
             except OSError:
-                break
+                continue
 
     def __enter__(self):
         return self
@@ -222,6 +212,34 @@ class locked:
     def __exit__(self, kind, value, trace):
         if kind is not None:
             self._remove_made()
+
+
+class locked(made_folder):
+    """``folder`` made (:class:`made_folder`: removed again if the block ends in an exception)
+    and locked for this command, in a ``with`` block: an ``flock`` on the folder itself, so
+    nothing is left in it.  Another command holding it is refused before any work: a
+    ``ValueError`` saying ``busy``.  Two writing one output at once each announced a result the
+    other had half replaced (a site's pages deleted while Sphinx read them, a trace pair from
+    two runs).  A folder one may write into but not list (mode ``-wx``) cannot be opened to
+    lock: the command goes on unlocked, as it did before the lock, rather than be refused as
+    unwritable."""
+
+    def __init__(self, folder: Path, busy: str):
+        super().__init__(folder)
+        try:
+            self._fd = os.open(folder, os.O_RDONLY)
+        except PermissionError:  # no read permission on the folder: no lock can be had
+            self._fd = None
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # (made here, then locked by another first: removed again)
+            os.close(self._fd)
+            self._remove_made()
+            raise ValueError(busy) from None
+
+    def __exit__(self, kind, value, trace):
+        super().__exit__(kind, value, trace)
         if self._fd is not None:
             os.close(self._fd)
 
