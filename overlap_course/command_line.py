@@ -137,9 +137,9 @@ def _os_errors_named(check):
 
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
-    or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
-    would read as a file ``newdir``), under a file, a symbolic link loop, or a path the system
-    refuses to look at."""
+    or a device (an output is a new file renamed into its place, which would replace
+    ``/dev/null`` for root), a folder (``newdir/`` too, which ``Path`` would read as a file
+    ``newdir``), under a file, a symbolic link loop, or a path the system refuses to look at."""
     return _out_file(text, name, example)
 
 
@@ -149,8 +149,9 @@ def _out_file(text: str, name: str, example: str) -> Path:
         raise ValueError(f"{name} is empty: name the file to write, e.g. {example}")
     out = Path(text)
     if out.exists() and not out.is_dir() and not out.is_file():
-        raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: writing would "
-                         f"wait for a reader; name a file")
+        raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: the output is "
+                         f"written as a new file renamed into its place, which replaces what is "
+                         f"there rather than writing to it; name a file")
     if text.endswith(("/", os.sep)) or out.is_dir():
         raise ValueError(f"{name} {_path(text)} names a folder: name a file in it, e.g. "
                          f"{_path(out / example)}")
