@@ -152,8 +152,8 @@ def check_store(path: str) -> None:
     service refused for another reason (no hub) left a new database, or its schema written into
     an empty file.  A file that is not a readable SQLite database is refused, left as it is."""
     _refuse_path(path)
-    if not os.path.lexists(path):  # SQLite would make it: its folder must let it
-        if not os.access(os.path.dirname(path) or ".", os.W_OK | os.X_OK):
+    if not os.path.exists(path):  # SQLite would make it, where a link points: if its folder lets
+        if not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK | os.X_OK):
             raise _cannot_open(path, "unable to open database file")
         return
     if not os.access(path, os.R_OK | os.W_OK):
