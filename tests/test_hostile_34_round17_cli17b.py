@@ -122,6 +122,10 @@ def test_the_service_refused_for_no_hub_makes_no_database(tmp_path, monkeypatch,
     (tmp_path / "empty.sqlite").write_bytes(b"")
     _refused_without_a_hub(monkeypatch, capsys, tmp_path / "empty.sqlite", "install jupyterhub")
     assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == [("empty.sqlite", 0)]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").symlink_to("sub/new.sqlite")  # SQLite would make it where it points
+    _refused_without_a_hub(monkeypatch, capsys, tmp_path / "link", "install jupyterhub")
+    assert list((tmp_path / "sub").iterdir()) == []
 
 
 def test_the_service_refused_for_no_hub_names_a_bad_db_first_and_writes_nothing(
