@@ -14,6 +14,12 @@
 # slides, handout or trace is read from (or written to) the folder run.sh was called from, as
 # any command's; lab, test and explorer run in the repository, and default outputs land there.
 set -euo pipefail
+# A stdout or stderr closed by the caller (>&-, 2>&-) is /dev/null, as for the course's Python
+# commands: else the first echo failed and ended the script with exit 1, whatever it meant to say.
+# Closed: copying it fails (3>&1; bash skips 1>&1).  Bash may have opened this script, to read
+# it, on the free descriptor (read-only: -ef tells).
+if ! { true 3>&1; } 2>/dev/null || [ /dev/fd/1 -ef "$0" ]; then exec >/dev/null; fi
+if ! true 3>&2 || [ /dev/fd/2 -ef "$0" ]; then exec 2>/dev/null; fi
 # Ctrl-C before a command's Python takes over (from there the command says it): one line, 130.
 trap 'echo "run.sh: interrupted" >&2; exit 130' INT
 CALLER=$PWD

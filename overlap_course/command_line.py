@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import functools
 import math
 import os
@@ -25,11 +24,12 @@ from pathlib import Path
 
 from overlap_course import ctrl_c
 from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interruptible
+from overlap_course.out_folders import locked, made_folder
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
-           "os_problem", "interruptible", "importing", "run"]
+           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "made_folder",
+           "locked", "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -137,9 +137,9 @@ def _os_errors_named(check):
 
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
-    or a device (writing would wait for a reader), a folder (``newdir/`` too, which ``Path``
-    would read as a file ``newdir``), under a file, a symbolic link loop, or a path the system
-    refuses to look at."""
+    or a device (an output is a new file renamed into its place, which would replace
+    ``/dev/null`` for root), a folder (``newdir/`` too, which ``Path`` would read as a file
+    ``newdir``), under a file, a symbolic link loop, or a path the system refuses to look at."""
     return _out_file(text, name, example)
 
 
@@ -149,8 +149,9 @@ def _out_file(text: str, name: str, example: str) -> Path:
         raise ValueError(f"{name} is empty: name the file to write, e.g. {example}")
     out = Path(text)
     if out.exists() and not out.is_dir() and not out.is_file():
-        raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: writing would "
-                         f"wait for a reader; name a file")
+        raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: the output is "
+                         f"written as a new file renamed into its place, which replaces what is "
+                         f"there rather than writing to it; name a file")
     if text.endswith(("/", os.sep)) or out.is_dir():
         raise ValueError(f"{name} {_path(text)} names a folder: name a file in it, e.g. "
                          f"{_path(out / example)}")
@@ -176,54 +177,6 @@ def _out_folder(text: str, name: str) -> Path:
     _not_under_a_file(out, name)
     _not_a_loop(out)
     return out
-
-
-class locked:
-    """``folder`` made and locked for this command, in a ``with`` block: an ``flock`` on the
-    folder itself, so nothing is left in it.  Another command holding it is refused before any
-    work: a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
-    result the other had half replaced (a site's pages deleted while Sphinx read them, a trace
-    pair from two runs).  A folder one may write into but not list (mode ``-wx``) cannot be
-    opened to lock: the command goes on unlocked, as it did before the lock, rather than be
-    refused as unwritable.  The folders it made are removed again if the block ends in an
-    exception (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves
-    nothing."""
-
-    def __init__(self, folder: Path, busy: str):
-        self._made = [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:  # the folders made before a deeper one failed (a full disk) go too
-            self._remove_made()
-            raise
-        try:
-            self._fd = os.open(folder, os.O_RDONLY)
-        except PermissionError:  # no read permission on the folder: no lock can be had
-            self._fd = None
-            return
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise ValueError(busy) from None
-
-    def _remove_made(self) -> None:
-        for path in self._made:  # deepest first; a folder something else wrote into stays
-            try:
-                path.rmdir()
-            except FileNotFoundError:
-                continue
-            except OSError:
-                break
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, trace):
-        if kind is not None:
-            self._remove_made()
-        if self._fd is not None:
-            os.close(self._fd)
 
 
 def os_problem(err: OSError) -> str:

@@ -50,12 +50,12 @@ try:
     from . import safe_json
     from .progress_catalogue import guide_mistakes, read_guide
     from .progress_page import CSS, page, render_table
-    from .progress_store import Store, open_store, room, validate
+    from .progress_store import Store, check_store, open_store, room, validate
 except ImportError:  # a script beside copies of the files docs/jupyterhub.md names
     import safe_json  # type: ignore[no-redef]
     from progress_catalogue import guide_mistakes, read_guide  # type: ignore[no-redef]
     from progress_page import CSS, page, render_table  # type: ignore[no-redef]
-    from progress_store import Store, open_store, room, validate  # type: ignore[no-redef]
+    from progress_store import Store, check_store, open_store, room, validate  # type: ignore[no-redef]
 
 USER_CACHE_S = 10.0
 MAX_WRITES = 100  # verdicts queued for the database (each takes ms; a lock, 1 s)
@@ -339,10 +339,11 @@ def main(argv=None) -> int:
         host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
         if a.guide_file is not None and read_guide(Path(a.guide_file)) is None:
             raise ValueError(f"--guide-file {safe_json.quoted(a.guide_file, 200)}: no such file")
-        store = open_store(a.db, recover=HubOAuth is not None)  # no hub: a bad file stays put
-        if HubOAuth is None:
+        if HubOAuth is None:  # refused: --db's refusals first, with no database made
+            check_store(a.db)
             raise ValueError("the service runs in a JupyterHub environment: install jupyterhub "
                              "(4 to 6) where it runs")
+        store = open_store(a.db)
     except ValueError as err:
         return _refuse(err)
     return serve(store, a, host, port)

@@ -15,6 +15,7 @@ import sqlite3
 import stat
 import sys
 import time
+from urllib.parse import quote
 
 try:
     from . import safe_json
@@ -50,18 +51,7 @@ class Store:
                                   timeout=self.WRITE_WAIT_S)
         self.locked_until = 0.0
         self.unreadable = 0  # rows the last entries() skipped
-        check = self.db.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            self.db.close()
-            raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
-        # checked before anything is written: another program's database is left as it was
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(verdicts)")}
-        if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
-            self.db.close()
-            raise ValueError(f"the database {_named(path)} has a table 'verdicts' that is not this "
-                             f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
-                             f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
-                             f"something else, so it is left as it is; pass another --db")
+        _refuse_contents(self.db, path)  # before anything is written: another's is left as it was
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("""CREATE TABLE IF NOT EXISTS verdicts (
@@ -114,15 +104,26 @@ def _named(path) -> str:
     return safe_json.quoted(str(path), 200)
 
 
-def open_store(path: str, recover: bool = True) -> Store:
-    """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
-    ``ValueError`` naming the file and what to do; a file that is not a readable SQLite database
-    is moved aside (kept, with its -wal and -shm files, for recovery) and a fresh one started,
-    saying so: a restarted service keeps serving the room and nothing is silently lost.  With
-    ``recover`` false (a run that will not serve) such a file is refused and left where it is.
-    No file at all (``--db ""``, SQLite's ``:memory:``) is refused: those databases vanish when
-    the service restarts, with every verdict in them; so is a ``file:`` URI, which SQLite may
-    read as one of them (``file::memory:``)."""
+def _refuse_contents(db: sqlite3.Connection, path: str) -> None:
+    """A damaged file (``sqlite3.DatabaseError``) or another program's ``verdicts`` table (a
+    ``ValueError``) refused, read only; ``db`` closed if so."""
+    check = db.execute("PRAGMA quick_check").fetchone()[0]
+    if check != "ok":
+        db.close()
+        raise sqlite3.DatabaseError(f"damaged: {' '.join(check.split())[:200]}")  # one line
+    columns = {row[1] for row in db.execute("PRAGMA table_info(verdicts)")}
+    if columns and not COLUMNS <= columns:  # none: a new file, the table is made below
+        db.close()
+        raise ValueError(f"the database {_named(path)} has a table 'verdicts' that is not this "
+                         f"service's (its columns: {', '.join(sorted(columns))[:200]}; "
+                         f"missing: {', '.join(sorted(COLUMNS - columns))}): it holds "
+                         f"something else, so it is left as it is; pass another --db")
+
+
+def _refuse_path(path: str) -> None:
+    """No file (``--db ""``, SQLite's ``:memory:``, a ``file:`` URI, which SQLite may read as
+    ``file::memory:``: verdicts lost at the service's next restart), a folder, a pipe or a
+    device refused, by the name alone."""
     if not path.strip() or path.strip() == ":memory:" or path.startswith("file:"):
         raise ValueError(f"--db {_named(path)} names no file (SQLite would keep the verdicts in "
                          f"memory or a temporary file, or read it as a URI): they would be lost "
@@ -139,16 +140,45 @@ def open_store(path: str, recover: bool = True) -> Store:
         raise ValueError(f"--db {_named(path)} is a pipe or a device, not a file: SQLite would "
                          f"write its journal beside it and keep nothing; pass a file's path, "
                          f"e.g. --db course-progress.sqlite")
+
+
+def _cannot_open(path: str, why) -> ValueError:
+    return ValueError(f"cannot open the database {_named(path)} ({why}): check that its folder "
+                      f"exists and this service may write there, or pass another --db")
+
+
+def check_store(path: str) -> None:
+    """Every refusal :func:`open_store` would give ``path``, with nothing made or written: a
+    service refused for another reason (no hub) left a new database, or its schema written into
+    an empty file.  A file that is not a readable SQLite database is refused, left as it is."""
+    _refuse_path(path)
+    if not os.path.exists(path):  # SQLite would make it, where a link points: if its folder lets
+        if not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK | os.X_OK):
+            raise _cannot_open(path, "unable to open database file")
+        return
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise _cannot_open(path, "no permission to read and write it")
+    try:  # immutable: read only, with no -wal or -shm file made beside a WAL database
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?immutable=1", uri=True)
+        _refuse_contents(db, path)
+        db.close()
+    except sqlite3.DatabaseError as err:
+        raise ValueError(f"the database {_named(path)} is not a readable SQLite file ({err}); "
+                         f"left as it is") from None
+
+
+def open_store(path: str) -> Store:
+    """The store at ``path``.  One that cannot be opened (a missing folder, no permission) is a
+    ``ValueError`` naming the file and what to do, as are the paths :func:`_refuse_path` refuses;
+    a file that is not a readable SQLite database is moved aside (kept, with its -wal and -shm
+    files, for recovery) and a fresh one started, saying so: a restarted service keeps serving
+    the room and nothing is silently lost."""
+    _refuse_path(path)
     try:
         return Store(path)
     except sqlite3.OperationalError as err:
-        raise ValueError(f"cannot open the database {_named(path)} ({err}): check that its "
-                         f"folder exists and this service may write there, or pass another "
-                         f"--db") from None
+        raise _cannot_open(path, err) from None
     except sqlite3.DatabaseError as err:
-        if not recover:
-            raise ValueError(f"the database {_named(path)} is not a readable SQLite file "
-                             f"({err}); left as it is") from None
         aside = _aside_name(path)
         try:
             for suffix in ("", "-wal", "-shm"):

@@ -39,8 +39,8 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from overlap_course.command_line import (Parser, fail, finite_number, interrupted, os_problem,
-                                         out_file, run, whole_number)
+from overlap_course.command_line import (Parser, fail, finite_number, interrupted, made_folder,
+                                         os_problem, out_file, run, whole_number)
 from overlap_course.corpus import (corpus_token_stream, generate_corpus, save_whole,
                                    split_train_val)
 from toy_engine.data import ALPHABET, CharTokenizer
@@ -160,14 +160,15 @@ def train(
     evals: int = 4,
 ):
     """Train a TinyGPT from scratch; return ``(model, info)`` and save to ``out`` if given,
-    whole or not at all (a Ctrl-C or an error leaves the old checkpoint as it was)."""
+    whole or not at all (a Ctrl-C or an error leaves the old checkpoint as it was, and removes
+    the folders made for it: :class:`made_folder`)."""
     check_shape(batch_size, block_size, GPTConfig(vocab_size=CharTokenizer().vocab_size))
     if out is None:
         return _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    _refuse_unwritable(Path(out))
-    model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
-    save_checkpoint(model, ALPHABET, out, **info)
+    with made_folder(Path(out).parent):
+        _refuse_unwritable(Path(out))
+        model, info = _fit(steps, seed, batch_size, block_size, lr, threads, progress, evals)
+        save_checkpoint(model, ALPHABET, out, **info)
     return model, info
 
 

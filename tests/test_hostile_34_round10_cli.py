@@ -251,11 +251,12 @@ def _ctrl_c_at(module: str, event: str, arg: str, argv: list[str], cwd, prelude:
 def test_the_service_stopped_as_it_starts_stops_cleanly(event, arg, tmp_path):
     """The hub stops its services with SIGINT.  Before: one landing while the service imported
     tornado, or opened and checked its database (``PRAGMA quick_check``, seconds for a term's
-    file on a slow disk), was a traceback and a death by SIGINT.  Now a clean stop, exit 0."""
+    file on a slow disk), was a traceback and a death by SIGINT.  Now a clean stop, exit 0.
+    The database under a stand-in hub: without one the service opens none (round 17)."""
     pytest.importorskip("tornado")
     db = str(tmp_path / "room.sqlite")
     status, _, err = _ctrl_c_at("overlap_course.progress_service", event, arg or db,
-                                ["--db", db], tmp_path)
+                                ["--db", db], tmp_path, FAKE_HUB if arg is None else "")
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-1500:]
     assert (status, err) == (0, ""), (status, err[-1500:])
 

@@ -1,0 +1,77 @@
+"""The folder a command writes its output into: made for it (and removed again when the
+command ends in an exception: :class:`made_folder`) and locked for it (:class:`locked`).
+:mod:`overlap_course.command_line` offers both to every command."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+__all__ = ["made_folder", "locked"]
+
+
+class made_folder:
+    """``folder`` made with its missing parents, in a ``with`` block; the folders it made are
+    removed again if the block ends in an exception (refused input, a failed run, Ctrl-C, a
+    kill): a command that wrote nothing leaves nothing.  Each is noted as made, by its real
+    path, as it is made: ``a/../b`` makes ``a`` and ``b``, and ``a/..`` is no folder to remove."""
+
+    def __init__(self, folder: Path):
+        self._made = []
+        try:
+            for path in (*reversed(folder.parents), folder):
+                try:
+                    os.mkdir(path)
+                except OSError:  # there already (made by another, or not ours to make)
+                    if not os.path.isdir(path):
+                        raise
+                    continue
+                self._made.append(os.path.realpath(path))
+        except OSError:  # the folders made before a deeper one failed (a full disk) go too
+            self._remove_made()
+            raise
+
+    def _remove_made(self) -> None:
+        for path in reversed(self._made):  # deepest first; one something wrote into stays
+            try:
+                os.rmdir(path)
+            except OSError:
+                continue
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, trace):
+        if kind is not None:
+            self._remove_made()
+
+
+class locked(made_folder):
+    """``folder`` made (:class:`made_folder`: removed again if the block ends in an exception)
+    and locked for this command, in a ``with`` block: an ``flock`` on the folder itself, so
+    nothing is left in it.  Another command holding it is refused before any work: a
+    ``ValueError`` saying ``busy``.  Two writing one output at once each announced a result the
+    other had half replaced (a site's pages deleted while Sphinx read them, a trace pair from
+    two runs).  A folder one may write into but not list (mode ``-wx``) cannot be opened to
+    lock: the command goes on unlocked, as it did before the lock, rather than be refused as
+    unwritable."""
+
+    def __init__(self, folder: Path, busy: str):
+        super().__init__(folder)
+        try:
+            self._fd = os.open(folder, os.O_RDONLY)
+        except PermissionError:  # no read permission on the folder: no lock can be had
+            self._fd = None
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # (made here, then locked by another first: removed again)
+            os.close(self._fd)
+            self._remove_made()
+            raise ValueError(busy) from None
+
+    def __exit__(self, kind, value, trace):
+        super().__exit__(kind, value, trace)
+        if self._fd is not None:
+            os.close(self._fd)
