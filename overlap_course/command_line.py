@@ -29,7 +29,7 @@ from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "locked",
-           "os_problem", "interruptible", "importing", "run"]
+           "cannot_write", "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -100,13 +100,29 @@ def _path(text) -> str:
     return quoted(str(text), PATH_CHARS)
 
 
-def _not_under_a_file(path: Path, name: str) -> None:
-    for parent in path.parents:
-        if parent.exists():
+def _not_under_a_file(path: Path, name: str, itself: bool = False) -> None:
+    """The nearest folder above ``path`` that is there (``path`` itself too with ``itself``) is a
+    folder, not a file or a symbolic link to nowhere (making the folders then failed with a
+    bare "File exists", after the work)."""
+    for parent in (path, *path.parents) if itself else path.parents:
+        if os.path.lexists(parent):
+            _not_a_dangling_link(parent, path, name)
             if not parent.is_dir():
                 raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
                                  f"file, not a directory")
             return
+
+
+def _not_a_dangling_link(link: Path, path: Path, name: str) -> None:
+    """A ``ValueError`` if ``link`` is a symbolic link to a path that is not there; the
+    ``OSError`` of one the system refuses to follow (a loop: :func:`_os_errors_named`)."""
+    try:
+        os.stat(link)
+    except FileNotFoundError:
+        where = "is" if link == path else f"goes through {_path(link)},"
+        raise ValueError(f"{name} {_path(path)} {where} a symbolic link to "
+                         f"{_path(os.readlink(link))}, which is not there: make that folder, "
+                         f"or name another {name}") from None
 
 
 def _not_a_loop(path: Path) -> None:
@@ -173,15 +189,23 @@ def _out_folder(text: str, name: str) -> Path:
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")
-    _not_under_a_file(out, name)
+    _not_under_a_file(out, name, itself=True)
     _not_a_loop(out)
     return out
 
 
+def cannot_write(path, err: OSError) -> ValueError:
+    """The refusal of ``path`` when the system would not write it (or make its folder)."""
+    return ValueError(f"cannot write {_path(path)}: {err.strerror or err}; choose a path in a "
+                      f"directory you can write")
+
+
 class locked:
     """``folder`` made and locked for this command, in a ``with`` block: an ``flock`` on the
-    folder itself, so nothing is left in it.  Another command holding it is refused before any
-    work: a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
+    folder itself, so nothing is left in it.  Take it before any work: a folder that cannot be
+    made (``/proc/1/x``, under a read-only folder) is a ``ValueError`` naming ``shown`` (the
+    folder, or the file to be written in it) -- ``cannot_write`` -- and another command holding
+    it is a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
     result the other had half replaced (a site's pages deleted while Sphinx read them, a trace
     pair from two runs).  A folder one may write into but not list (mode ``-wx``) cannot be
     opened to lock: the command goes on unlocked, as it did before the lock, rather than be
@@ -189,13 +213,13 @@ class locked:
     exception (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves
     nothing."""
 
-    def __init__(self, folder: Path, busy: str):
+    def __init__(self, folder: Path, busy: str, shown: Path | None = None):
         self._made = [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except OSError:  # the folders made before a deeper one failed (a full disk) go too
+        except OSError as err:  # the folders made before a deeper one failed (a full disk) go too
             self._remove_made()
-            raise
+            raise cannot_write(folder if shown is None else shown, err) from None
         try:
             self._fd = os.open(folder, os.O_RDONLY)
         except PermissionError:  # no read permission on the folder: no lock can be had
