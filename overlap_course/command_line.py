@@ -101,28 +101,21 @@ def _path(text) -> str:
 
 
 def _not_under_a_file(path: Path, name: str, itself: bool = False) -> None:
-    """The nearest folder above ``path`` that is there (``path`` itself too with ``itself``) is a
-    folder, not a file or a symbolic link to nowhere (making the folders then failed with a
-    bare "File exists", after the work)."""
+    """The nearest path above ``path`` that is there (or ``path``, with ``itself``) is a folder:
+    not a file, nor a symbolic link to nowhere (making it failed "File exists", after the work)."""
     for parent in (path, *path.parents) if itself else path.parents:
-        if os.path.lexists(parent):
-            _not_a_dangling_link(parent, path, name)
-            if not parent.is_dir():
-                raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
-                                 f"file, not a directory")
-            return
-
-
-def _not_a_dangling_link(link: Path, path: Path, name: str) -> None:
-    """A ``ValueError`` if ``link`` is a symbolic link to a path that is not there; the
-    ``OSError`` of one the system refuses to follow (a loop: :func:`_os_errors_named`)."""
-    try:
-        os.stat(link)
-    except FileNotFoundError:
-        where = "is" if link == path else f"goes through {_path(link)},"
-        raise ValueError(f"{name} {_path(path)} {where} a symbolic link to "
-                         f"{_path(os.readlink(link))}, which is not there: make that folder, "
-                         f"or name another {name}") from None
+        if not os.path.lexists(parent):
+            continue
+        if not os.path.exists(parent):  # a link: a loop is its OSError (_not_a_loop)
+            _not_a_loop(parent)
+            where = "is" if parent == path else f"goes through {_path(parent)},"
+            raise ValueError(f"{name} {_path(path)} {where} a symbolic link to "
+                             f"{_path(os.readlink(parent))}, which is not there: make that "
+                             f"folder, or name another {name}")
+        if not parent.is_dir():
+            raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
+                             f"file, not a directory")
+        return
 
 
 def _not_a_loop(path: Path) -> None:
@@ -201,17 +194,15 @@ def cannot_write(path, err: OSError) -> ValueError:
 
 
 class locked:
-    """``folder`` made and locked for this command, in a ``with`` block: an ``flock`` on the
-    folder itself, so nothing is left in it.  Take it before any work: a folder that cannot be
-    made (``/proc/1/x``, under a read-only folder) is a ``ValueError`` naming ``shown`` (the
-    folder, or the file to be written in it) -- ``cannot_write`` -- and another command holding
-    it is a ``ValueError`` saying ``busy``.  Two writing one output at once each announced a
+    """``folder`` made and locked for this command (before any work), in a ``with`` block: an
+    ``flock`` on the folder itself, so nothing is left in it.  A folder that cannot be made
+    (``/proc/1/x``) is a ``ValueError`` naming ``shown`` (:func:`cannot_write`); another
+    command holding it, one saying ``busy``.  Two writing one output at once each announced a
     result the other had half replaced (a site's pages deleted while Sphinx read them, a trace
     pair from two runs).  A folder one may write into but not list (mode ``-wx``) cannot be
     opened to lock: the command goes on unlocked, as it did before the lock, rather than be
-    refused as unwritable.  The folders it made are removed again if the block ends in an
-    exception (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves
-    nothing."""
+    refused as unwritable.  The folders it made are removed if the block ends in an exception
+    (refused input, a failed run, Ctrl-C): a command that wrote nothing leaves nothing."""
 
     def __init__(self, folder: Path, busy: str, shown: Path | None = None):
         self._made = [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
