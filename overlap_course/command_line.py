@@ -24,17 +24,15 @@ from pathlib import Path
 
 from overlap_course import ctrl_c
 from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interruptible
-from overlap_course.out_folders import locked, made_folder
+from overlap_course.out_folders import PATH_CHARS, cannot_write, locked, made_folder
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "made_folder",
-           "locked", "os_problem", "interruptible", "importing", "run"]
+           "locked", "cannot_write", "os_problem", "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
-#: The most characters of a path that a message quotes (then "..." and its length).
-PATH_CHARS = 200
 
 
 def one_line(text) -> str:
@@ -100,13 +98,22 @@ def _path(text) -> str:
     return quoted(str(text), PATH_CHARS)
 
 
-def _not_under_a_file(path: Path, name: str) -> None:
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
-                                 f"file, not a directory")
-            return
+def _not_under_a_file(path: Path, name: str, itself: bool = False) -> None:
+    """The nearest path above ``path`` that is there (or ``path``, with ``itself``) is a folder:
+    not a file, nor a symbolic link to nowhere (making it failed "File exists", after the work)."""
+    for parent in (path, *path.parents) if itself else path.parents:
+        if not os.path.lexists(parent):
+            continue
+        if not os.path.exists(parent):  # a link: a loop is its OSError (_not_a_loop)
+            _not_a_loop(parent)
+            where = "is" if parent == path else f"goes through {_path(parent)},"
+            raise ValueError(f"{name} {_path(path)} {where} a symbolic link to "
+                             f"{_path(os.readlink(parent))}, which is not there: make that "
+                             f"folder, or name another {name}")
+        if not parent.is_dir():
+            raise ValueError(f"{name} {_path(path)} is under {_path(parent)}, which is a "
+                             f"file, not a directory")
+        return
 
 
 def _not_a_loop(path: Path) -> None:
@@ -174,7 +181,7 @@ def _out_folder(text: str, name: str) -> Path:
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")
-    _not_under_a_file(out, name)
+    _not_under_a_file(out, name, itself=True)
     _not_a_loop(out)
     return out
 

@@ -8,7 +8,18 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["made_folder", "locked"]
+from overlap_course.safe_json import quoted
+
+__all__ = ["made_folder", "locked", "cannot_write", "PATH_CHARS"]
+
+#: The most characters of a path that a message quotes (then "..." and its length).
+PATH_CHARS = 200
+
+
+def cannot_write(path, err: OSError) -> ValueError:
+    """The refusal of ``path`` when the system would not write it (or make its folder)."""
+    return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {err.strerror or err}; "
+                      f"choose a path in a directory you can write")
 
 
 class made_folder:
@@ -49,16 +60,20 @@ class made_folder:
 
 class locked(made_folder):
     """``folder`` made (:class:`made_folder`: removed again if the block ends in an exception)
-    and locked for this command, in a ``with`` block: an ``flock`` on the folder itself, so
-    nothing is left in it.  Another command holding it is refused before any work: a
-    ``ValueError`` saying ``busy``.  Two writing one output at once each announced a result the
+    and locked for this command, before any work, in a ``with`` block: an ``flock`` on the folder
+    itself, so nothing is left in it.  A folder that cannot be made (``/proc/1/x``) is a
+    ``ValueError`` naming ``shown`` (:func:`cannot_write`); another command holding it, one
+    saying ``busy``.  Two writing one output at once each announced a result the
     other had half replaced (a site's pages deleted while Sphinx read them, a trace pair from
     two runs).  A folder one may write into but not list (mode ``-wx``) cannot be opened to
     lock: the command goes on unlocked, as it did before the lock, rather than be refused as
     unwritable."""
 
-    def __init__(self, folder: Path, busy: str):
-        super().__init__(folder)
+    def __init__(self, folder: Path, busy: str, shown: Path | None = None):
+        try:
+            super().__init__(folder)
+        except OSError as err:
+            raise cannot_write(folder if shown is None else shown, err) from None
         try:
             self._fd = os.open(folder, os.O_RDONLY)
         except PermissionError:  # no read permission on the folder: no lock can be had

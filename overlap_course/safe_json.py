@@ -17,13 +17,14 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
 import tempfile
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
-           "open_regular", "refuse_unwritable", "write_whole", "signals_held",
+           "open_regular", "refuse_unwritable", "write_whole", "whole_set", "signals_held",
            "write_file", "read_text",
            "printable", "clipped", "quoted", "message_line",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
@@ -280,6 +281,66 @@ class signals_held:
             signal.signal(signum, before)
         for signum in dict.fromkeys(self._got):  # each, now, to whoever handled it before
             signal.raise_signal(signum)
+
+
+class whole_set:
+    """A set of files written all or none (a trace pair; two profiles and their summary), in a
+    ``with`` block: each is written beside its target under a new name (:meth:`part`), and they
+    are renamed into place only when the block ends without an exception, together, under
+    :class:`signals_held`; otherwise their temporary files are removed and no target is touched.
+    Each written in place as it was made, a Ctrl-C or a failure before the last left one run's
+    file beside another run's.  An ``OSError`` names the target, not its temporary file."""
+
+    def __init__(self):
+        self._parts: dict[str, str] = {}
+
+    def __enter__(self):
+        return self
+
+    def part(self, path, suffix: str = "") -> str:
+        """A new empty file beside ``path`` to write its content into, ending in ``suffix``
+        (``.json.gz``: gzip goes by the name); a folder, a pipe or a device at ``path`` is a
+        ``NotAFile``.  The name is random: a fixed one was taken by a ``kill -9``'s leftover
+        (or a pipe).  ``path``'s name is cut to 100 characters, so that the new one fits."""
+        path = os.fspath(path)
+        refuse_unwritable(path, quoted(path, 200))
+        folder, name = os.path.split(path)
+        with signals_held():  # made and noted together: a Ctrl-C between them left the file
+            while True:
+                part = os.path.join(folder or ".", f".{name[:100]}.{secrets.token_hex(6)}"
+                                                   f".partial{suffix}")
+                try:
+                    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                    break
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, path) from None
+            self._parts[path] = part
+        return part
+
+    def __exit__(self, kind, value, trace):
+        try:
+            if kind is None:
+                with signals_held():  # a Ctrl-C or a kill between two renames: one new, one old
+                    for path, part in list(self._parts.items()):
+                        try:
+                            os.replace(part, path)
+                        except OSError as exc:
+                            raise OSError(exc.errno, exc.strerror, path) from None
+                        del self._parts[path]
+        finally:
+            with signals_held():
+                for part in self._parts.values():
+                    try:
+                        os.remove(part)
+                    except FileNotFoundError:
+                        pass
+        if isinstance(value, OSError) and isinstance(value.filename, (str, os.PathLike)):
+            targets = {part: path for path, part in self._parts.items()}  # a part's write failed
+            path = targets.get(os.fspath(value.filename))
+            if path is not None:
+                raise OSError(value.errno, value.strerror, path) from None
 
 
 def write_file(path, data, what: str) -> None:

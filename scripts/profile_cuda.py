@@ -14,6 +14,9 @@ step out) and ``overlap_course.traces.kineto.summary``'s are the whole run.  Wri
 * ``OUT/torch_profile_summary.json`` -- ``kineto.summary`` and ``kineto.idle_after_syncs`` of
   both, with the GPU's name, torch's version and the workload.
 
+The three are written all or none (``safe_json.whole_set``): an interrupted or failed run
+leaves ``OUT`` as it was.
+
 Notebook 06 reads these files when they are in ``overlap_course/traces/cuda/`` (copy them there to
 ship them) or in ``artifacts/gpu/`` (``overlap_course.traces.kineto.cuda_profiles``).  Without CUDA the
 script says so and exits with status 0, writing nothing (``--device cpu`` profiles the CPU
@@ -40,7 +43,7 @@ from pathlib import Path  # noqa: E402
 
 from overlap_course.command_line import (Parser, fail, importing, locked, out_folder,  # noqa: E402
                                          run, whole_number)
-from overlap_course.safe_json import write_file, write_whole  # noqa: E402
+from overlap_course.safe_json import whole_set  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,7 +65,8 @@ def profile_generate(engine, prompts, max_new_tokens: int, activities) -> "torch
     return prof
 
 
-def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int) -> Path:
+def record(mode: str, part: str, device: str, prompts: int, max_new_tokens: int) -> None:
+    """Profile one mode into ``part`` (a ``.json.gz`` name: torch writes gzip)."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -76,10 +80,22 @@ def record(mode: str, out: Path, device: str, prompts: int, max_new_tokens: int)
         prof = profile_generate(engine, workload, max_new_tokens, activities)
         if device == "cuda":
             torch.cuda.synchronize()
-    path = out / f"torch_profile_{mode}.json.gz"
-    # Whole or not at all (a Ctrl-C while torch writes): torch writes gzip, the name ends in .gz
-    write_whole(path, prof.export_chrome_trace)
-    return path
+    prof.export_chrome_trace(part)
+
+
+def measured(path: Path, part: str) -> dict:
+    """What ``kineto`` measures of one profile, read at ``part`` and named as ``path``."""
+    from overlap_course.safe_json import quoted
+    from overlap_course.traces import kineto
+
+    try:
+        trace = kineto.KinetoTrace(part, where=f"trace file {quoted(str(path), 200)}")
+        s, idle = kineto.summary(trace), kineto.idle_after_syncs(trace)
+        return {"file": path.name, "device_idle_fraction": s["device_idle_fraction"],
+                "host_wait_share": s["host_wait_share"], "idle_us": idle["idle_us"],
+                "idle_after_syncs_us": idle["by_sync_us"], "rounds": idle["rounds"]}
+    except ValueError as err:  # e.g. --device cpu: a host-only profile
+        return {"file": path.name, "error": str(err)}
 
 
 def main(argv=None) -> int:
@@ -102,30 +118,28 @@ def main(argv=None) -> int:
         print("profile_cuda: skipped: no CUDA GPU visible to torch, so there are no GPU kernels to profile "
               "(the lesson then uses the shipped A100 trace and your CPU stand-in exports)")
         return 0
-    try:  # --out is made for the traces, and removed again if the engine refuses the workload
-        busy = (f"--out {str(a.out)!r} is being written by another command running now: wait "
-                f"for it to end, or name another --out; nothing was written")
-        with locked(a.out, busy):
-            paths = {mode: record(mode, a.out, a.device, a.prompts, a.max_new_tokens)
-                     for mode in MODES}
-    except ValueError as exc:  # a prompt too long for the model's context, or --out busy
-        return fail("profile_cuda", exc)
-    report = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu (host process only)",
+    args = argv if argv is not None else sys.argv[1:]
+    report = {"device": (torch.cuda.get_device_name(0) if a.device == "cuda"
+                         else "cpu (host process only)"),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "workload": {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens},
-              "command": "python scripts/profile_cuda.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    from overlap_course.traces import kineto
-
-    for mode, path in paths.items():
-        try:
-            s, idle = kineto.summary(path), kineto.idle_after_syncs(path)
-            report[mode] = {"file": path.name, "device_idle_fraction": s["device_idle_fraction"],
-                            "host_wait_share": s["host_wait_share"], "idle_us": idle["idle_us"],
-                            "idle_after_syncs_us": idle["by_sync_us"], "rounds": idle["rounds"]}
-        except ValueError as err:  # e.g. --device cpu: a host-only profile
-            report[mode] = {"file": path.name, "error": str(err)}
-    write_file(a.out / "torch_profile_summary.json", json.dumps(report, indent=1) + "\n",
-               "the summary")
+              "command": "python scripts/profile_cuda.py " + " ".join(args)}
+    busy = (f"--out {str(a.out)!r} is being written by another command running now: wait "
+            f"for it to end, or name another --out; nothing was written")
+    try:  # --out made for the files, and removed again if the engine refuses the workload
+        # The three files all or none: a Ctrl-C during the ZOS run left the new serial trace
+        # beside the earlier run's ZOS trace and summary.
+        with locked(a.out, busy), whole_set() as files:
+            parts = {mode: files.part(a.out / f"torch_profile_{mode}.json.gz", ".json.gz")
+                     for mode in MODES}
+            summary = files.part(a.out / "torch_profile_summary.json", ".json")
+            for mode, part in parts.items():
+                record(mode, part, a.device, a.prompts, a.max_new_tokens)
+            for mode, part in parts.items():
+                report[mode] = measured(a.out / f"torch_profile_{mode}.json.gz", part)
+            Path(summary).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    except ValueError as exc:  # a prompt too long for the model's context, or --out busy
+        return fail("profile_cuda", exc)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -19,7 +19,9 @@ These traces are the notebooks' fallback when a learner's machine is busy, so th
 come from a quiet one: a kept run whose device process got less than
 ``BUSY_RUN_CPU_SHARE`` of its wall time as CPU (or whose host loop did, or during which
 other programs used more than ``BUSY_OTHERS_CPUS``) is refused (exit status 1, nothing
-written) unless ``--allow-busy``.  Keep the workload small: a trace is a teaching
+written) unless ``--allow-busy``.  ``--out`` is made and locked before any run (the lock of
+trace export and the site build: one writing it refuses the other), and the traces are written
+all or none.  Keep the workload small: a trace is a teaching
 picture, not a benchmark (< 200 KB).
 """
 
@@ -49,12 +51,12 @@ import torch  # noqa: E402
 
 from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
                         load_model)
-from overlap_course.command_line import (Parser, fail, finite_number, out_folder,  # noqa: E402
-                                         progress, run, whole_number)
+from overlap_course.command_line import (Parser, fail, finite_number, locked,  # noqa: E402
+                                         out_folder, progress, run, whole_number)
 from overlap_course.measure.bench import (MAX_NEW_TOKENS, MAX_REPEATS, MAX_REQUESTS,  # noqa: E402
                                           default_workload)
 from overlap_course.measure.machine import machine_report  # noqa: E402
-from overlap_course.safe_json import signals_held, write_file  # noqa: E402
+from overlap_course.safe_json import quoted, signals_held, whole_set  # noqa: E402
 from toy_engine.config import MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS  # noqa: E402
 from toy_engine.model import CHECKPOINT  # noqa: E402
 from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording,  # noqa: E402
@@ -159,20 +161,39 @@ def _parser() -> Parser:
     return p
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        args.out = out_folder(args.out)
-    except ValueError as exc:  # a file, under a file: before an engine starts
-        return fail(PROG, exc)
+class BusyMachine(RuntimeError):
+    """A kept run was busy and ``--allow-busy`` was not given: exit status 1, nothing written."""
+
+
+def _no_repeats(args) -> None:
+    """Refuse, before any work, two runs that would write one file (the later replaced the
+    earlier without a word): a mode or an overhead named twice, or two overheads that the file
+    name rounds to one (:func:`trace_name` keeps 6 significant digits)."""
+    for mode in args.modes:
+        if args.modes.count(mode) > 1:
+            raise ValueError(f"--modes names {mode} twice: name each mode at most once")
+    named: dict[str, float] = {}
+    for overhead in args.host_overheads:
+        stem = trace_name("serial", overhead)
+        first = named.get(stem)
+        if first is None:
+            named[stem] = overhead
+        elif first == overhead:
+            raise ValueError(f"--host-overheads names {first:g} twice: name each overhead at "
+                             f"most once")
+        else:
+            raise ValueError(f"--host-overheads {first!r} and {overhead!r} would write one file "
+                             f"(its name keeps 6 digits: ..._overhead{overhead:g}ms.json): name "
+                             f"overheads that differ in their first 6 digits")
+
+
+def _record_all(args) -> list:
+    """Every run recorded, (timeline, file stem) each; ``BusyMachine`` if any ran busy."""
     model, tokenizer, desc = _model()
     recorded, busy = [], []
     for overhead in args.host_overheads:
         for mode in args.modes:
-            try:
-                timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
-            except ValueError as exc:  # the engine refused the workload (a prompt too long)
-                return fail(PROG, exc)
+            timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
             c = recording(timeline).contention
             progress(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
                      f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs "
@@ -181,16 +202,40 @@ def main(argv=None) -> int:
             if was_busy:
                 busy.append(stem)
     if busy and not args.allow_busy:
-        print(f"not written: {', '.join(busy)} ran on a busy machine (a CPU share below {BUSY_RUN_CPU_SHARE:.0%}, "
-              f"or other programs above {BUSY_OTHERS_CPUS:g} CPUs); record on a quiet machine, or pass "
-              f"--allow-busy", file=sys.stderr)
+        raise BusyMachine(f"not written: {', '.join(busy)} ran on a busy machine (a CPU share "
+                          f"below {BUSY_RUN_CPU_SHARE:.0%}, or other programs above "
+                          f"{BUSY_OTHERS_CPUS:g} CPUs); record on a quiet machine, or pass "
+                          f"--allow-busy")
+    return recorded
+
+
+def _write(out: Path, recorded: list) -> list[Path]:
+    """The traces written all or none (``safe_json.whole_set``): a full disk leaves ``out`` as
+    it was, not a set from two recordings; a Ctrl-C waits until they are written (minutes of
+    recording are not thrown away for a moment's writing)."""
+    paths = [out / f"{stem}.json" for _, stem in recorded]
+    with signals_held(), whole_set() as files:
+        for path, (timeline, _) in zip(paths, recorded):
+            Path(files.part(path, ".json")).write_text(timeline.to_json(), encoding="utf-8")
+    return paths
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:  # junk, a repeat, an --out that cannot be made or is being written: before any work
+        args.out = out_folder(args.out)
+        _no_repeats(args)
+        busy = (f"--out {quoted(str(args.out), 200)} is being written by another command running "
+                f"now (a trace export, a site build, a recording): wait for it to end, or name "
+                f"another --out; nothing was written")
+        with locked(args.out, busy):  # --out removed again if it was made for nothing
+            paths = _write(args.out, _record_all(args))
+    except ValueError as exc:  # ... or the engine refused the workload (a prompt too long)
+        return fail(PROG, exc)
+    except BusyMachine as exc:
+        print(exc, file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    texts = {args.out / f"{stem}.json": timeline.to_json() for timeline, stem in recorded}
-    with signals_held():  # each trace whole, and a Ctrl-C waits until the set is written
-        for path, text in texts.items():
-            write_file(path, text, f"the trace {path.name}")
-    for path in texts:
+    for path in paths:
         size = path.stat().st_size
         print(f"{path}  {size / 1024:.1f} KB")
         if size > 200_000:

@@ -11,7 +11,6 @@ command does (``overlap_course.ctrl_c``), and writes its files whole or not at a
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -76,7 +75,8 @@ def test_run_sh_refuses_a_program_that_is_no_python_without_quoting_it(tmp_path)
 # --- case 2: the scripts' Ctrl-C ------------------------------------------------------------
 
 # Imported by Python's site first: CTRL_C_AT says where the script sends itself SIGINT, once --
-# "import M" when it first imports M, "write NAME" when it opens a file NAME ends for writing.
+# "import M" when it first imports M, "write NAME" when it opens a file whose name holds NAME for
+# writing (round 17: a set of files is written under temporary names beside its own).
 SITECUSTOMIZE = r'''
 import os, signal, sys
 
@@ -88,7 +88,7 @@ def hook(event, args):
     kind, _, what = AT.partition(" ")
     if (kind == "import" and event == "import" and args[0] == what) or (
             kind == "write" and event == "open" and isinstance(args[0], str)
-            and args[0].endswith(what) and any(c in (args[1] or "") for c in "wxa")):
+            and what in os.path.basename(args[0]) and any(c in (args[1] or "") for c in "wxa")):
         AT = ""
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -123,8 +123,7 @@ def test_profile_cuda_given_ctrl_c_while_it_writes_leaves_no_half_written_trace(
                    "--device", "cpu", "--prompts", "1", "--max-new-tokens", "2", "--out", str(out))
     assert (done.returncode, done.stderr.splitlines()[-1:]) == (130, ["profile_cuda: interrupted"])
     assert "Traceback" not in done.stderr, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["torch_profile_serial.json.gz"]
-    assert json.loads(gzip.decompress((out / "torch_profile_serial.json.gz").read_bytes()))
+    assert not out.exists()  # round 17: the set all or none (and no --out made for nothing)
 
 
 def test_record_traces_given_ctrl_c_while_it_writes_writes_the_set_whole_then_stops(tmp_path):

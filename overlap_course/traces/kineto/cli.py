@@ -7,14 +7,13 @@ time.  What only ``export`` needs (the engine, its bounds) is imported when expo
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from overlap_course.command_line import (Parser, emit, fail, finite_number, importing,
-                                         interrupted, locked, os_problem, out_file,
+from overlap_course.command_line import (Parser, cannot_write, emit, fail, finite_number,
+                                         importing, interrupted, locked, os_problem, out_file,
                                          whole_number)
-from overlap_course.safe_json import dumps, quoted, signals_held
+from overlap_course.safe_json import dumps, quoted, whole_set
 
 from .idle import summary
 from .reading import KinetoTrace, read_bounded, real_traces
@@ -169,66 +168,39 @@ def _targets(out: Path, modes) -> dict:
     return {m: out_file(str(_out_path(out, m)), f"the {m} run's file") for m in modes}
 
 
-def _cannot_write(path: Path, exc: OSError) -> ValueError:
-    return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {exc.strerror or exc}; "
-                      f"choose a path in a directory you can write")
-
-
-def _temporary(path: Path, suffix: str) -> Path:
-    """A new empty file beside ``path`` for its export, under a name no other file has (a pipe
-    left under it would block the write).  A name fixed by the process id was taken, after a
-    ``kill -9``, by the leftover of a run with the same id (a container's PID 1): each later
-    export failed with "File exists".  OUT's name is cut to 100 characters: one of 255 (the
-    most a file system allows) would make the temporary one too long to write."""
-    while True:
-        tmp = path.with_name(f".{path.name[:100]}.{secrets.token_hex(6)}.partial{suffix}")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
-        except FileExistsError:
-            continue
-
-
 def _export_all(runs: dict, targets: dict, names: dict) -> dict:
-    """Every run exported to its file, all or none: each is written beside its target under a
-    temporary name, measured, and only when all are written are they renamed into place; on a
-    failure the temporary files are removed and no target is touched.  The export's report.
-    ``names``: how a refusal names each run (STORED, or the mode recorded), never by the
-    temporary file, which is gone when the message is read."""
+    """Every run exported to its file, all or none (``safe_json.whole_set``): each is written
+    and measured under a temporary name beside its target, and they are renamed into place
+    only when all are.  The export's report.  ``names``: how a refusal names each run (STORED,
+    or the mode recorded), never by the temporary file, which is gone when the message is
+    read."""
     from .exporting import export
 
-    written, report = {}, {}
+    report = {}
     try:
-        for mode, tl in runs.items():
-            path = targets[mode]
-            suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = _temporary(path, suffix)
-                written[path] = tmp
-                export(tl, tmp, name=path.name)
-            except OSError as exc:
-                raise _cannot_write(path, exc) from None
-            except ValueError as exc:  # the timeline refused (kineto_events)
-                raise ValueError(f"{names[mode]}: {exc}") from None
-            try:
-                measured = summary(KinetoTrace(tmp, where="its export"))
-            except ValueError as exc:
-                raise ValueError(f"{names[mode]} cannot be exported as a trace the course reads "
-                                 f"back ({exc}); nothing was written") from None
-            report[str(path)] = {"mode": tl.meta.mode,
-                                 "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
-                                 "summary_device_idle_fraction": measured["device_idle_fraction"]}
-        with signals_held():  # a Ctrl-C or kill between the renames: one new file, one old
-            for path, tmp in written.items():
+        with whole_set() as files:
+            for mode, tl in runs.items():
+                path = targets[mode]
+                suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
                 try:
-                    os.replace(tmp, path)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = Path(files.part(path, suffix))
+                    export(tl, tmp, name=path.name)
                 except OSError as exc:
-                    raise _cannot_write(path, exc) from None
-            written.clear()
-    finally:
-        for tmp in written.values():
-            tmp.unlink(missing_ok=True)
+                    raise cannot_write(path, exc) from None
+                except ValueError as exc:  # the timeline refused (kineto_events)
+                    raise ValueError(f"{names[mode]}: {exc}") from None
+                try:
+                    measured = summary(KinetoTrace(tmp, where="its export"))
+                except ValueError as exc:
+                    raise ValueError(f"{names[mode]} cannot be exported as a trace the course "
+                                     f"reads back ({exc}); nothing was written") from None
+                report[str(path)] = {
+                    "mode": tl.meta.mode,
+                    "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
+                    "summary_device_idle_fraction": measured["device_idle_fraction"]}
+    except OSError as exc:  # a rename into place: whole_set names the target
+        raise cannot_write(exc.filename, exc) from None
     return report
 
 
@@ -236,13 +208,10 @@ def _locked(out: Path) -> locked:
     """OUT's folder locked for this export, before a run is recorded (``command_line.locked``,
     the site build's lock): two exports on one OUT each renamed their pair into place, which
     left one run's serial file beside the other's ZOS file, and both reported the pair."""
-    try:
-        return locked(out.parent, f"OUT {quoted(str(out), PATH_CHARS)}: its folder is being "
-                                  f"written by another trace export (or a site build) running "
-                                  f"now: wait for it to end, or name OUT in another folder; "
-                                  f"nothing was written")
-    except OSError as exc:  # a folder that cannot be made (/proc/x/OUT): named as before
-        raise _cannot_write(out, exc) from None
+    return locked(out.parent, f"OUT {quoted(str(out), PATH_CHARS)}: its folder is being "
+                              f"written by another trace export (or a site build) running now: "
+                              f"wait for it to end, or name OUT in another folder; nothing was "
+                              f"written", shown=out)
 
 
 def _summary_text(source) -> str:
