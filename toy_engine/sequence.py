@@ -101,7 +101,10 @@ class Request:
 
     @_Unreplaceable
     def completion(self) -> Completion:
-        return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
+        """Called where Ctrl-C is held: only a plain list is copied (a refused object's own
+        code, a generator that never ends or an ``__iter__`` that raises, never runs here)."""
+        ids = self.output_ids[:] if type(self.output_ids) is list else []
+        return Completion(self.id, self.prompt, self.text, ids, self.finish_reason or "abort")
 
 
 MAX_PROMPTS = 100_000  # per call: a queue of requests the toy serves in hours, not a typo's size
