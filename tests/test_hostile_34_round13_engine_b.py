@@ -20,7 +20,7 @@ import pytest
 import toy_engine as te
 from overlap_course.labs import plugins
 from toy_engine import engine as engine_module
-from toy_engine import run
+from toy_engine import run, sequence
 from loops_for_tests import zos_loop
 
 PROMPTS = ["Once upon", "The cat", "A dog"]
@@ -157,9 +157,20 @@ def test_08_a_completion_that_raises_still_ends_the_run_for_its_observers(engine
 
     def breaks_output_ids(eng, round):
         if round == 1:
-            eng.requests[0].output_ids = None  # vandalism: completion() cannot copy it
+            eng.requests[0].output_ids = None  # vandalism: not a list
     with pytest.raises(TypeError):
         engine.generate(PROMPTS, max_new_tokens=4, on_round=breaks_output_ids)
+    # Round 17: completion() copies only a plain list (no object's code runs where Ctrl-C is
+    # held), so a completion is made to raise here by its Completion.
+    assert phases == ["start", "end"] and engine.completions[0].token_ids == []
+
+    def broken(*args):
+        raise RuntimeError("a completion that raises")
+    phases.clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(sequence, "Completion", broken)
+        with pytest.raises(RuntimeError, match="a completion that raises"):
+            engine.generate(PROMPTS, max_new_tokens=4)
     assert phases == ["start", "end"] and engine.completions == [] and engine.stats is None
     _usable(engine)
 

@@ -53,12 +53,16 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # judged_forkserver.running added 5 (the forkserver started unpinned, which tests/judged.py
 # wrote again), 4,049 until round seventeen's engine17b added 54 (req.finish_reason checked as
 # it is set: 21; a request planned past max_new_tokens or its KV blocks refused by name before
-# the metadata is built: 31; a run's stats take its own launches' latencies only: 2).
+# the metadata is built: 31; a run's stats take its own launches' latencies only: 2), 4,103
+# until engine17a added 57 (committed tokens stored as plain ints, a Tensor or array refused; a
+# process_outputs plug-in checked on every admitted request and its progress judged from their
+# state after it; a non-list output_ids never iterated as the run ends; a list subclass refused
+# by its type).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4103, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4160, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -181,6 +181,7 @@ class Run:
     counts: dict = field(default_factory=lambda: dict(tokens=0, request_decode_rounds=0, proposed=0,
                                                       accepted=0, discarded=0))
     prefill_rounds: set = field(default_factory=set)
+    admitted: list = field(default_factory=list)  # requests a prefill plan took in, in order
     committed: set = field(default_factory=set)  # rounds whose tokens were handed out
     uploaded: RoundInputs | None = None  # the latest prepared round: the inputs the device holds
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
@@ -237,6 +238,7 @@ class Run:
         self.plans[plan.round], plan.run = plan.snapshot(), self
         if plan.is_prefill:
             self.prefill_rounds.add(plan.round)
+            self.admitted += plan.requests
 
     def check_plan(self, stage: str, plan: Plan) -> None:
         """Refuse a plan changed since engine.schedule() returned it (its requests reordered,
@@ -312,9 +314,10 @@ class Run:
         commits = [vars(r)["commit"] for r in scheduler.running if "commit" in vars(r)]
         if self.process_outputs is not None:
             who, hint = self.labels["process_outputs"], (
-                "it never commits: does it hand each round's tokens to its requests "
-                "(engine.commit_outputs(step, tokens), or append each kept token to "
-                "req.output_ids) and set req.finish_reason when a request ends?")
+                "it never commits, or takes back what it committed: does it hand each "
+                "round's tokens to its requests (engine.commit_outputs(step, tokens), or append "
+                "each kept token to req.output_ids), keep them, and set req.finish_reason when "
+                "a request ends?")
         elif commits:
             who, hint = plugin_label(commits[0]), ("does your function append each kept token "
                                                    "to req.output_ids and set req.finish_reason "

@@ -119,7 +119,10 @@ class Request:
 
     @_Unreplaceable
     def completion(self) -> Completion:
-        return Completion(self.id, self.prompt, self.text, list(self.output_ids), self.finish_reason or "abort")
+        """Called where Ctrl-C is held: only a plain list is copied (a refused object's own
+        code, a generator that never ends or an ``__iter__`` that raises, never runs here)."""
+        ids = self.output_ids[:] if type(self.output_ids) is list else []
+        return Completion(self.id, self.prompt, self.text, ids, self.finish_reason or "abort")
 
 
 Request.finish_reason = _FinishReason()  # after the dataclass took None as the field's default

@@ -5,6 +5,7 @@ Each records itself (host span, launches, commits); the loops (loops.py) only ch
 
 import contextlib
 import functools
+import numbers
 import operator
 import time
 
@@ -57,23 +58,31 @@ def _stage(method):
 
 
 def _ids(req: Request) -> list:
-    """A copy of ``req.output_ids`` before a plug-in commits ([] for no list: refused after)."""
+    """A copy of ``req.output_ids`` before a plug-in commits ([] for no list: refused after).
+    It holds plain ints: the engine commits them, and the check stores what it passes as such."""
     return req.output_ids[:] if type(req.output_ids) is list else []
 
 
 def _changed_at(old: list, ids: list) -> int | None:
     """The first index where ``ids`` no longer holds ``old``'s token id (None: one is a prefix
-    of the other).  Most rounds leave every token the same object: checked at C speed."""
+    of the other); equal values in other objects (numpy integers) are put back as ``old``'s.
+    ``old`` holds plain ints, which never change in place: the same object is the same value
+    (most rounds: checked at C speed), another object is compared by its value."""
     if all(map(operator.is_, old, ids)):
         return None
-    return next((i for i, (a, b) in enumerate(zip(old, ids))
-                 if a is not b and (_value(b) is None or _value(a) != _value(b))), None)
+    i = next((i for i, (a, b) in enumerate(zip(old, ids)) if a is not b and _value(b) != a),
+             None)
+    if i is None:
+        n = min(len(old), len(ids))
+        ids[:n] = old[:n]
+    return i
 
 
 def _value(tok) -> int | None:
-    """``tok``'s integer value (``operator.index``: a numpy integer's too), None for a bool or
-    anything else."""
-    if isinstance(tok, bool):
+    """``tok``'s value as a plain int if it is an integer (an int or a numpy integer, not a
+    bool), else None: a 0-d Tensor or array is no token id (a Tensor read from the output
+    slot is a view of it, which later rounds overwrite)."""
+    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
         return None
     with contextlib.suppress(Exception):  # no __index__, or one that raises
         return operator.index(tok)
@@ -303,12 +312,7 @@ class RoundStages:
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom, label = self._run.process_outputs, self._run.labels.get("process_outputs")
         if custom is not None:
-            before = [(req, _ids(req), req.finished) for req in step.plan.requests]
-            with self.timeline.host_span(stage, step.plan.round, step.owner), self.calling(label):
-                custom(self, step)
-            for req, ids, finished in before:  # it may commit itself: the device reads what it kept
-                self._check_committed(req, ids, f"{label}, committing prompt {req.index}'s "
-                                                f"tokens itself,", finished)
+            self._custom_process(custom, label, step, stage)
             return
         with self.timeline.host_span(Stage.WAIT, step.plan.round, step.owner):
             self.device.wait(step.sample_done)
@@ -316,6 +320,40 @@ class RoundStages:
             out = self.read_outputs(step)
             for req in self.commit_outputs(step, out):
                 self.scheduler.release_if_done(req)
+
+    def _custom_process(self, custom, label: str, step: StepState, stage: str) -> None:
+        """A process_outputs plug-in processes ``step``.  What it commits is checked after, on
+        every request the run admitted (it can reach them all: one outside its step must stay as
+        it was), and progress is judged from their state then, not from its calls (a token it
+        committed through engine.commit_outputs and took back is none)."""
+        run, r = self._run, step.plan.round
+        mine = {id(req) for req in step.plan.requests}
+        before = [(req, _ids(req), req.finished) for req in run.admitted]
+        was = run.progress_round
+        with self.timeline.host_span(stage, r, step.owner), self.calling(label):
+            custom(self, step)
+        progressed = False
+        for req, ids, finished in before:  # it may commit itself: the device reads what it kept
+            now = req.output_ids
+            if id(req) in mine:
+                progressed |= self._check_committed(req, ids, f"{label}, committing prompt "
+                                                              f"{req.index}'s tokens itself,",
+                                                    finished)
+                continue
+            if not (type(now) is list and len(now) == len(ids)
+                    and all(map(operator.is_, ids, now))):  # most rounds: none changed
+                self._check_outside(req, ids, f"{label}, given round {r}'s step (prompt "
+                                              f"{req.index} is not in it),")
+            progressed |= req.finished and not finished
+        run.progress_round = self.scheduler.round if progressed else was
+
+    def _check_outside(self, req: Request, old: list, plugin: str) -> None:
+        """Refuse a change ``plugin`` made to the tokens of a request outside its step."""
+        self._check_committed(req, old, plugin)
+        if len(req.output_ids) != len(old):
+            raise ValueError(f"{plugin} changed prompt {req.index}'s req.output_ids from "
+                             f"{len(old)} to {len(req.output_ids)} tokens: a step's tokens go "
+                             f"to its own requests (step.plan.requests), in their order")
 
     def _own(self, stage: str, step: StepState) -> None:
         """Refuse what is not a step of this run: another run's requests are not this run's, its
@@ -368,8 +406,10 @@ class RoundStages:
                 ids = _ids(req)
                 with self.calling(_label(vars(req)["commit"])):
                     req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-                self._check_committed(req, ids, f"prompt {req.index}'s commit, replaced on the "
-                                                f"request by a plug-in ({_label(req.commit)}),")
+                if self._check_committed(req, ids, f"prompt {req.index}'s commit, replaced "
+                                                   f"on the request by a plug-in "
+                                                   f"({_label(req.commit)}),"):
+                    run.progress_round = self.scheduler.round
             run.counts["tokens"] += len(req.output_ids) - before
             if not plan.is_prefill:
                 run.counts["request_decode_rounds"] += 1
@@ -377,33 +417,44 @@ class RoundStages:
                 run.counts["accepted"] += len(kept) - 1
         return plan.requests
 
-    def _check_committed(self, req: Request, old: list, plugin: str, finished=False) -> None:
+    def _check_committed(self, req: Request, old: list, plugin: str, finished=False) -> bool:
         """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
         ``req.output_ids`` (``old`` before the call) other than token ids appended, or the
         newest removed (a stop string): the device's cache holds the tokens committed, the next
-        round sends it the newest, and generate returns them.  Adding one, or ending the
-        request, is progress (``Run.check_progress``)."""
-        new = req.output_ids[len(old):] if type(req.output_ids) is list else None
-        vocab = self.tokenizer.vocab_size
-        bad = next((i for i, tok in enumerate(new or ()) if _bad_token(tok, vocab)), None)
-        if new is None or bad is not None:
-            got = (f"req.output_ids = {shown(req.output_ids)}" if new is None else
-                   f"{type(new[bad]).__name__} {shown(new[bad])} at req.output_ids"
-                   f"[{len(old) + bad}]")
-            raise TypeError(f"{plugin} stored {got}: output_ids holds token ids, ints from 0 "
-                            f"to {vocab - 1} (the vocabulary has {vocab}), and the next round "
-                            f"sends them to the device; append the token id (tok) and add "
-                            f"decode([tok]) to req.text")
-        i = _changed_at(old, req.output_ids)
+        round sends it the newest, and generate returns them.  What passes is stored as plain
+        ints (what was checked is what is sent and returned).  Whether the request gained a
+        token or ended: progress (``Run.check_progress``)."""
+        ids, vocab = req.output_ids, self.tokenizer.vocab_size
+        if type(ids) is not list:
+            kind = type(ids).__name__
+            raise TypeError(f"{plugin} stored req.output_ids = {kind} {shown(ids)}: output_ids "
+                            f"must stay a plain list, not a {kind} (the engine copies and "
+                            f"checks it each round); append each token id to the request's "
+                            f"list: req.output_ids.append(tok)")
+        new = ids[len(old):]
+        values = [_value(tok) for tok in new]
+        bad = next((i for i, v in enumerate(values) if v is None or not 0 <= v < vocab), None)
+        if bad is not None:
+            tok = new[bad]
+            fix = (f"append int(tok), not the {type(tok).__name__}, even 0-d (a Tensor read "
+                   f"from the output slot is a view of it, which later rounds overwrite),"
+                   if hasattr(type(tok), "shape") else "append the token id (tok)")
+            raise TypeError(f"{plugin} stored {type(tok).__name__} {shown(tok)} at "
+                            f"req.output_ids[{len(old) + bad}]: output_ids holds token ids, "
+                            f"ints from 0 to {vocab - 1} (the vocabulary has {vocab}), and the "
+                            f"next round sends them to the device; {fix} and add decode([tok]) "
+                            f"to req.text")
+        if any(type(tok) is not int for tok in new):  # numpy integers: as plain ints
+            ids[len(old):] = values
+        i = _changed_at(old, ids)
         if i is not None:
-            was, now = old[i], req.output_ids[i]
+            was, now = old[i], ids[i]
             raise (TypeError if _bad_token(now, vocab) else ValueError)(
                 f"{plugin} changed req.output_ids[{i}] from {shown(was)} to {type(now).__name__} "
                 f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
                 f"the next round sends the newest, generate returns them); append new tokens "
                 f"only (a stop string may remove the newest from the end)")
-        if new or (req.finished and not finished):
-            self._run.progress_round = self.scheduler.round
+        return bool(new) or (req.finished and not finished)
 
     @_stage
     def flush(self, previous: StepState | None) -> StepState | None:
