@@ -17,7 +17,6 @@ Each test failed before the fix."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from overlap_course.command_line import locked
+from test_hostile_34_round16_cli import _as_a_user
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -42,15 +42,6 @@ def _one_error_line(done: subprocess.CompletedProcess, prog: str, *words: str) -
     assert (done.returncode, len(lines)) == (2, 1), done.stderr
     assert lines[0].startswith(f"{prog}: error: ") and "Traceback" not in done.stderr, lines
     assert all(word in lines[0] for word in words), lines[0]
-
-
-def _as_a_user() -> list[str]:
-    """Root passes every permission check: drop that, or run as the user one is."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("root without setpriv: no permission check to meet")
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 # --- case 1: an --out that cannot be made, refused before any run ------------------------------

@@ -15,18 +15,9 @@ from toy_engine import buffers
 from toy_engine import run as te_run
 from toy_engine.run import EngineStalled
 
+from test_hostile_34_round16_engine import capped
+
 PROMPTS = ["Hello", "Once upon"]
-
-
-class StillGoing(Exception):
-    """Raised by ``capped``: the run went on far past where it should have stopped."""
-
-
-def capped(rounds: int):
-    def on_round(engine, round):
-        if round >= rounds:
-            raise StillGoing(round)
-    return on_round
 
 
 def committing(token):
