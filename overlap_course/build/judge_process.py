@@ -293,7 +293,8 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
         return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
                                             f"was changed or your code stopped it"}
     watch.stop()
-    changed = (watch.changed or _compare(before, _fingerprint())) + _forkserver_moved(forkserver)
+    changed = ((watch.changed or _compare(before, _fingerprint()) + watch.modes.entered())
+               + _forkserver_moved(forkserver))
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
