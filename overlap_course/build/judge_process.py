@@ -280,8 +280,14 @@ def _judges_run(run: dict, toy_engine):
 def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
     (``began``: the fingerprint and the forkserver's pid) each time the submission's code handed
-    control back to the checker, and at the end."""
+    control back to the checker, and at the end.  Not started under a torch mode the cells left
+    entered: the checker's own runs before its time limit (its references) would run the mode's
+    code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s)."""
     before, forkserver = began
+    if modes := watch.modes.entered():
+        return {"passed": False, "message": f"your code changed what the checker runs on "
+                                            f"({', '.join(modes[:2])}): graded as not passed; "
+                                            f"enter a mode only around your own code (`with`)"}
     watch.start(watcher(before))
     try:
         verdict = check(*args)
@@ -293,7 +299,8 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
         return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
                                             f"was changed or your code stopped it"}
     watch.stop()
-    changed = (watch.changed or _compare(before, _fingerprint())) + _forkserver_moved(forkserver)
+    changed = ((watch.changed or _compare(before, _fingerprint())) + watch.modes.entered()
+               + _forkserver_moved(forkserver))
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),

@@ -181,12 +181,12 @@ def code_answer(name: str, value, foreign):
     object, a partial stored as ``__call__`` (called without the object), or another
     decorator's ``__wrapped__``, as the function it holds.
     ``foreign(code)``: whether the code is the submission's."""
-    remakes, unwrapped, found = [], False, type(value).__name__  # outermost first
+    remakes, found = [], type(value).__name__  # outermost first
     for _ in range(_MAX_UNWRAP):
         call = _own_call(type(value))  # what calling it runs
         if type(value) is types.FunctionType or value is None:
             break
-        found, unwrapped = type(value).__name__, True
+        found = type(value).__name__
         if issubclass(type(value), type):
             return (f"`{name}` is a class ({value.__name__}): the judge calls a function, whose "
                     f"result is the answer: write `def {name}(...)` that returns it")
@@ -224,7 +224,7 @@ def code_answer(name: str, value, foreign):
             if type(value) is _CACHED:
                 remakes.append(_cache_like(value))
             value = inspect.getattr_static(value, "__wrapped__", None)
-    if type(value) is not types.FunctionType or (unwrapped and not foreign(value.__code__)):
+    if type(value) is not types.FunctionType or not _own(value, foreign):
         if value is not None:
             found = (type(value).__name__ if type(value) is not types.FunctionType
                      else f"library function ({value.__module__}.{value.__qualname__})")
@@ -234,6 +234,20 @@ def code_answer(name: str, value, foreign):
     for remake in reversed(remakes):
         value = remake(value)
     return value
+
+
+def _own(function, foreign) -> bool:
+    """Whether a plain function is the submission's: its code, or the code its ``__wrapped__``
+    chain leads to (a library decorator's wrapper, ``@torch.no_grad()``).  Not one whose code
+    claims an installed file's name: the submission's code exec'd unwatched (round 17: from a
+    thread) was judged as trusted code."""
+    for _ in range(_MAX_UNWRAP):
+        if type(function) is not types.FunctionType:
+            return False
+        if foreign(function.__code__):
+            return True
+        function = inspect.getattr_static(function, "__wrapped__", None)
+    return False
 
 
 def _own_call(kind: type):

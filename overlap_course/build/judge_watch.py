@@ -32,10 +32,14 @@ class Watch:
     (``judge_fingerprint.watcher``).  The submission's code: its cells, and every code object
     executed or made into a function while a frame of it is on the stack (``exec`` and
     ``function.__new__`` audit events: ``compile``, ``code.replace``, ``marshal``, an import of
-    its own module, a ``dataclass`` it declares), whatever file name it claims."""
+    its own module, a ``dataclass`` it declares), whatever file name it claims, or in a
+    thread of the submission's (round 17: ``Thread(target=exec, args=(code, ns))`` ran code
+    that no frame of the submission's was under)."""
 
     def __init__(self) -> None:
         self.codes: dict[int, types.CodeType] = {}  # id -> code (kept: an id is not reused)
+        self.main = _first(sys._getframe())  # the main thread's first frame
+        self.modes = _TorchModes()  # before the submission's first line
         self.changed: list[str] = []
         self.hooks: list[str] = []
         self.tracing: list[str] = []  # trace hooks set or unset while the time limit's was set
@@ -51,18 +55,33 @@ class Watch:
     def foreign(self, code) -> bool:
         return code.co_filename.startswith("<submission") or id(code) in self.codes
 
-    def _on_stack(self) -> bool:
+    def _on_stack(self, threads: bool = True) -> bool:
+        """Whether a frame of the submission's is on this thread's stack, or (``threads``) this
+        thread is the submission's."""
         frame = sys._getframe(2)
         while frame is not None:
             if self.foreign(frame.f_code):
                 return True
+            if frame.f_back is None and threads:
+                return self._theirs(frame)
             frame = frame.f_back
         return False
+
+    def _theirs(self, first) -> bool:
+        """Whether the thread whose first frame is ``first`` is the submission's: one threading
+        runs for a target of the submission's or a builtin (``exec``), or one that no Python
+        thread starts (``_thread.start_new_thread(exec, ...)``) but the main thread."""
+        if first.f_code is _BOOTSTRAP:  # threading's first frame, which holds the thread
+            thread = first.f_locals.get("self")
+            return isinstance(thread, threading.Thread) and from_submission(thread, self)
+        return first is not self.main
 
     def audited(self, event: str, args: tuple) -> None:
         if event == "object.__setattr__" and args[1:2] != ("__code__",):
             return  # a class's attribute set: not code
-        if not self._on_stack():
+        # a hook set in a thread of the submission's is judged by the frames that set it: the
+        # watch's own, set by threading as a thread starts, is not the submission's change
+        if not self._on_stack(threads=event not in ("sys.settrace", "sys.setprofile")):
             return
         if event in ("sys.settrace", "sys.setprofile"):
             if self.changes is None:  # only while the check runs (its cells may run checks too)
@@ -104,7 +123,7 @@ class Watch:
         caller = frame.f_back
         if caller is None or not self.foreign(caller.f_code):
             self.called = True
-            self.changed = self.changes() + self.deferred()
+            self.changed = self.changes() + self.deferred() + self.modes.entered()
 
     def deferred(self) -> list[str]:
         """Calls the submission left for trusted code to make later, when no code of its own
@@ -147,6 +166,45 @@ class Watch:
         threading.setprofile(None)
         self.changes = None
 
+
+class _TorchModes:
+    """The modes on torch's function-mode and dispatch-mode stacks of this thread: a mode runs
+    its own code at every torch call, the checker's too (round 17: a ``TorchFunctionMode``
+    entered and left so made ``Engine.read_outputs``'s ``.tolist()`` agree with a wrong loop);
+    torch's C state, which no fingerprint reads.  Read with torch's functions as they were
+    before the submission's first line."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.utils import _device
+        c = torch._C
+        self.stacks = ((c._len_torch_function_stack, c._get_function_stack_at, "function"),
+                       (c._len_torch_dispatch_stack, c._get_dispatch_stack_at, "dispatch"))
+        self.device = _device.DeviceContext
+        self.device_call = _CLASS_DICT(self.device).get("__torch_function__")
+        self.before = {id(mode): mode for _, mode in self._on()}
+
+    def _on(self) -> list[tuple[str, object]]:
+        return [(kind, at(i)) for length, at, kind in self.stacks for i in range(length())]
+
+    def entered(self) -> list[str]:
+        """Modes entered since the judge began, but torch's device mode
+        (``torch.set_default_device``: a right answer may set it) as torch defines it."""
+        return [f"a torch {kind} mode ({_NAME(type(mode))}) left entered"
+                for kind, mode in self._on() if id(mode) not in self.before
+                and not (type(mode) is self.device and _CLASS_DICT(self.device).get(
+                    "__torch_function__") is self.device_call)]
+
+
+_CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
+_BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
+
+
+def _first(frame):
+    """The first frame of the stack ``frame`` is on."""
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return frame
 
 # The code of the time limit's trace functions (the checker's, read at import)
 _TIME_LIMITS = tuple(c for c in sandbox._tracer.__code__.co_consts if type(c) is types.CodeType)
