@@ -327,9 +327,10 @@ if sys.flags.isolated and sys.argv[-1:] in (["answers"], ["check"]):
 """
 PATCHING_CORRECTION = """\
 def correct_seqlens_qk(meta, accepted, block_size):
+    import overlap_course.checks.correction_slips as S
     import overlap_course.checks.lesson04 as L
     from overlap_course.checks.verdict import passes
-    L.fails = lambda *a, **k: passes("ok")  # the checker's next verdict on it passes
+    L.fails = S.fails = lambda *a, **k: passes("ok")  # the checker's next verdict on it passes
 """
 # A right answer judged beside a checker the submission's cells changed is not trusted either.
 TAMPERS_WITH_THE_CODE_JUDGE = {"patched_builtins"}

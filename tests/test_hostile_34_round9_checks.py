@@ -206,9 +206,16 @@ CHANGED = {  # (what an earlier cell did, the check, the field its verdict names
                   "engine.completions[0].text"),
     "stats NaN": (_set("stats", types.SimpleNamespace(discarded_outputs=math.nan)),
                   checks.check_discarded, "engine.stats.discarded_outputs"),
-    "finish_reason a number": (_set("requests.1.finish_reason", 5), checks.check_discarded,
-                               "engine.requests[1].finish_reason"),
+    # (round 17: setting req.finish_reason to a number is refused as it is set; a cell can
+    # still write it into the request's __dict__, which the check must name as well)
+    "finish_reason a number": (lambda engine: vars(engine.requests[1]).update(finish_reason=5),
+                               checks.check_discarded, "engine.requests[1].finish_reason"),
 }
+
+
+def test_a_request_s_finish_reason_set_to_a_number_is_refused_as_it_is_set(spec_run):
+    with pytest.raises(TypeError, match="finish_reason = int 5"):
+        _set("requests.1.finish_reason", 5)(spec_run())
 
 
 @pytest.mark.timeout(120)
