@@ -26,11 +26,18 @@ from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, judge_began, needs_the_engin
 
 _LOOPS_FILE = str(judge.ROOT / "toy_engine" / "loops.py")  # a trusted file's name
 
+
+def _exec_in_a_thread(source: str, filename: str, module: str, then: str) -> str:
+    """A cell that compiles ``source`` under a trusted ``filename``, runs it through the builtin
+    ``exec`` in a thread of its own (no frame of the submission's under it), then ``then``."""
+    return (f"import threading as _t\n_ns = {{'__name__': {module!r}}}\n"
+            f"_th = _t.Thread(target=exec, args=(compile({source!r}, {filename!r}, 'exec'), _ns))\n"
+            f"_th.start(); _th.join()\n{then}\n")
+
+
 # The wrong loop, exec'd from a thread whose target is the builtin exec, swaps the checker's
 # verdict helpers at its first call and puts them back at the check's last call.
-_SERIAL_IN_A_THREAD = r'''
-import threading as _t
-_SRC = %r + """
+_SERIAL_IN_A_THREAD = _exec_in_a_thread(WRONG_LOOP + r"""
 _loop = serial_loop
 def serial_loop(engine):
     from overlap_course.checks import lesson02 as L
@@ -44,18 +51,12 @@ def serial_loop(engine):
         L._serial_run_verdict = quiet
         L.serial_same_run = lambda *a, **k: None
     return _loop(engine)
-"""
-_ns = {"__name__": "toy_engine._loops"}
-_th = _t.Thread(target=exec, args=(compile(_SRC, %r, "exec"), _ns))
-_th.start(); _th.join()
-serial_loop = _ns["serial_loop"]
-''' % (WRONG_LOOP, _LOOPS_FILE)
+""", _LOOPS_FILE,
+                                        "toy_engine._loops", "serial_loop = _ns['serial_loop']")
 
 # The serial loop given as the ZOS loop (right tokens, not overlapped), its order verdict quiet
 # for the check's four calls to it, then put back.
-_ZOS_IN_A_THREAD = r'''
-import threading as _t
-_SRC = %r + """
+_ZOS_IN_A_THREAD = _exec_in_a_thread(RIGHT_LOOP + r"""
 def zos_loop(eng):
     from overlap_course.checks import lesson03 as L
     if "_real" not in globals():
@@ -68,18 +69,12 @@ def zos_loop(eng):
             return None
         L.loop_verdict = quiet
     return serial_loop(eng)
-"""
-_ns = {"__name__": "toy_engine._loops"}
-_th = _t.Thread(target=exec, args=(compile(_SRC, %r, "exec"), _ns))
-_th.start(); _th.join()
-zos_loop = _ns["zos_loop"]
-''' % (RIGHT_LOOP, _LOOPS_FILE)
+""", _LOOPS_FILE,
+                                     "toy_engine._loops", "zos_loop = _ns['zos_loop']")
 
 # A mode left entered: the .tolist() of the checker's runs of 4 requests starts with 5, as the
 # wrong loop writes (its class made in a thread, as above, so that it runs quickly).
-_MODE_LEFT_ENTERED = r'''
-import threading as _t
-_SRC = """
+_MODE_LEFT_ENTERED = _exec_in_a_thread(r"""
 import sys
 from torch.overrides import TorchFunctionMode
 
@@ -94,24 +89,20 @@ class _Quiet(TorchFunctionMode):
             if engine is not None and len(engine.requests) == 4:
                 out[0] = 5
         return out
-"""
-_ns = {"__name__": "toy_engine._quiet"}
-_th = _t.Thread(target=exec, args=(compile(_SRC, %r, "exec"), _ns))
-_th.start(); _th.join()
-_ns["_Quiet"]().__enter__()
-''' % str(judge.ROOT / "toy_engine" / "stages.py")
+""", str(judge.ROOT / "toy_engine" / "stages.py"),
+                                       "toy_engine._quiet", "_ns['_Quiet']().__enter__()")
 
 
 def test_a_wrong_loop_exec_d_from_a_thread_does_not_pass():
     needs_the_engine()
     passed, message = judge.judge("check_serial_loop", [IMPORTS, _SERIAL_IN_A_THREAD])
-    assert passed is False, message
+    assert passed is False and "lesson02.serial_same_run" in message, message
 
 
 def test_a_wrong_zos_loop_exec_d_from_a_thread_does_not_pass():
     needs_the_engine()
     passed, message = judge.judge("check_zos_loop", [IMPORTS, _ZOS_IN_A_THREAD])
-    assert passed is False, message
+    assert passed is False and "lesson03.loop_verdict" in message, message
 
 
 def test_a_torch_mode_left_entered_is_refused_before_the_check():
