@@ -12,8 +12,25 @@ from .sequence import Request
 from .validate import plugin_label, shown
 
 
+class _SetOnce:
+    """A round's record whose fields are set once, as the engine made it: they say where the
+    round's inputs and results live (plan, slot, event, run), so one changed after would launch,
+    read or commit another round's, silently; the engine sets its own flags through vars()."""
+
+    def __setattr__(self, name, value):
+        if name not in vars(self):  # as the dataclass's __init__ sets it
+            return object.__setattr__(self, name, value)
+        run, what = vars(self).get("run"), type(self).__name__
+        who = getattr(run, "plugin", None) or getattr(run, "labels", {}).get("loop", "the loop")
+        raise AttributeError(
+            f"{who} set {what}.{name} of round {self.plan.round}: a {what}'s fields are the "
+            f"engine's, set as it was made (they say where round {self.plan.round}'s inputs "
+            f"and results live: its plan, slot, event), and one changed would read another "
+            f"round's tokens as this one's; read them, never change them")
+
+
 @dataclass
-class RoundInputs:
+class RoundInputs(_SetOnce):
     """What the host prepared for one round (it lives in host buffer slot ``slot``)."""
 
     plan: Plan
@@ -27,7 +44,7 @@ class RoundInputs:
 
 
 @dataclass
-class StepState:
+class StepState(_SetOnce):
     """A launched round whose results the host has not processed yet: it owns the round's
     output slot and the event that says the sample is done (nobody may read the slot, reuse
     it or free the requests' KV blocks before waiting on it), and commits them once."""
@@ -261,18 +278,28 @@ class Run:
             fixed = self.fixed.get(id(req))
             if fixed is None:  # not this run's: another run's, or the loop's own object
                 continue
-            row = placed[id(req)][:1] if id(req) in placed else ()  # admitted by the scheduler
-            for name, was in zip(FIXED_FIELDS + ("row",), fixed + row):
+            # Admitted by the scheduler: its row, and an unfinished one's blocks (a finished
+            # one's are freed by the loop: how is lesson 5's to judge).
+            held = placed[id(req)][:1 + (not req.finished)] if id(req) in placed else ()
+            for name, was in zip(FIXED_FIELDS + ("row", "blocks"), fixed + held):
                 now = getattr(req, name)
                 if type(now) is type(was) and (now == was or name == "max_new_tokens"
                                                and now < was):
                     continue
+                if name in ("row", "blocks"):
+                    raise ValueError(
+                        f"prompt {fixed[1]}'s req.{name} was changed from {shown(was)} to "
+                        f"{shown(now)} {who}: a request's row and KV blocks are the engine's, "
+                        f"given at admission for its prompt and max_new_tokens (its rounds "
+                        f"write its cache there); read them, never change them: end a request "
+                        f"with req.finish_reason or engine.abort(req.id), and free a finished "
+                        f"one with engine.scheduler.release_if_done(req)")
                 rose = " (past the positions its KV blocks were reserved for)" if (
                     name == "max_new_tokens" and type(now) is int) else ""
                 raise ValueError(
                     f"prompt {fixed[1]}'s req.{name} was changed from {shown(was)} to "
-                    f"{shown(now)}{rose} {who}: a request's {', '.join(FIXED_FIELDS[2:])} and "
-                    f"row are fixed once it runs (its KV blocks and row were reserved, its "
+                    f"{shown(now)}{rose} {who}: a request's {', '.join(FIXED_FIELDS[2:])} "
+                    f"are fixed once it runs (its KV blocks and row were reserved, its "
                     f"sampling set from them; max_new_tokens may only be lowered); pass them "
                     f"to generate(), and end a request with engine.abort(req.id)")
 

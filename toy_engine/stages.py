@@ -231,22 +231,25 @@ class RoundStages:
         """Refuse a plan whose request has no KV block for a position the round writes: freed
         since (a plan kept), or past its reservation (planned after ``max_new_tokens``)."""
         freed = next((r for r in plan.requests if not r.blocks), None)
-        if freed is not None:  # a plan kept, never prepared, past the round that freed it
-            raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
-                             f"{freed.index} in it no longer holds KV blocks (freed since): "
-                             f"prepare the plan engine.schedule() just returned")
         bs = self.config.block_size  # a decode writes up to position planned_len - 2 + k
         past = next((r for r in plan.requests if not plan.is_prefill and (
             r.planned_len - 2 + k >= len(r.blocks) * bs
             or not r.finished and len(r.output_ids) >= r.max_new_tokens)), None)
-        if past is not None:
-            raise ValueError(
-                f"round {plan.round} plans prompt {past.index} for more tokens, but it has "
-                f"{len(past.output_ids)} of its max_new_tokens {past.max_new_tokens}, "
-                f"{'finished' if past.finished else 'unfinished'}, and {past.num_inflight} "
-                f"rounds in flight (this round writes position {past.planned_len - 2 + k}; its "
-                f"KV blocks hold {len(past.blocks) * bs}, reserved for its prompt and "
-                f"max_new_tokens): {_past_limit(self._run, past)}")
+        if freed is None and past is None:
+            return
+        self._run.check_fields(plan.requests, self.scheduler.placed, "since engine.schedule() "
+                               "planned it (by the loop or a plug-in)")  # req.blocks named
+        if freed is not None:  # a plan kept, never prepared, past the round that freed it
+            raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
+                             f"{freed.index} in it no longer holds KV blocks (freed since): "
+                             f"prepare the plan engine.schedule() just returned")
+        raise ValueError(
+            f"round {plan.round} plans prompt {past.index} for more tokens, but it has "
+            f"{len(past.output_ids)} of its max_new_tokens {past.max_new_tokens}, "
+            f"{'finished' if past.finished else 'unfinished'}, and {past.num_inflight} "
+            f"rounds in flight (this round writes position {past.planned_len - 2 + k}; its "
+            f"KV blocks hold {len(past.blocks) * bs}, reserved for its prompt and "
+            f"max_new_tokens): {_past_limit(self._run, past)}")
 
     def _metadata(self, plan: Plan, k: int) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""
@@ -282,7 +285,7 @@ class RoundStages:
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
-        inputs.forwarded = True
+        vars(inputs)["forwarded"] = True  # the engine's flag (_SetOnce)
 
     @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
@@ -346,6 +349,7 @@ class RoundStages:
                                               f"{req.index} is not in it),")
             progressed |= req.finished and not finished
         run.progress_round = self.scheduler.round if progressed else was
+        run.check_fields(self.scheduler.running, self.scheduler.placed, f"by {label}")
 
     def _check_outside(self, req: Request, old: list, plugin: str) -> None:
         """Refuse a change ``plugin`` made to the tokens of a request outside its step."""
@@ -390,7 +394,7 @@ class RoundStages:
         self.record.commit(plan.round, [r.index for r in plan.requests], twice, sampled)
         if twice:
             raise StepProcessedTwice(plan.round, plan.requests, same_step=step.committed)
-        step.committed = True
+        vars(step)["committed"] = True  # the engine's flag (_SetOnce)
         run.committed.add(plan.round)
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         for req, kept in zip(plan.requests, sampled):
