@@ -108,11 +108,13 @@ def own_run(run: PolicyRun) -> OwnRun:
 @dataclass
 class InProgress:
     """The learner's call a lab run is in, noted before each call: a check its time limit stops can
-    then say where (before ``round``, for ``prompt``, which had ``tokens`` committed)."""
+    then say where (before ``round``, for ``prompt``, which had ``tokens`` committed); and what a
+    call raised (``raised``), so an error the engine raised after it returned is not put on it."""
 
     round: int | None = None
     prompt: int | None = None
     tokens: int = 0
+    raised: BaseException | None = None
 
     def at(self, engine, req) -> None:
         self.round, self.prompt = engine.scheduler.round, req.index
@@ -319,6 +321,9 @@ def commit_run(index: int, commit=None, loop=None, cap: int | None = None,
         before = run_edits.snapshot(req)
         try:
             return commit(req, tokens, eos_id, decode)
+        except BaseException as err:
+            now.raised = err
+            raise
         finally:
             edit = run_edits.edit_of(req, before, "your commit", state=False)
             if edit:

@@ -276,7 +276,7 @@ def check_zos_loop(loop) -> Verdict:
     if diff:
         return fails("wrong_tokens", f"with the `{pool.CONSTRAINT}` constraint on, {diff}: process every step "
                                      f"exactly once, in round order, before the next sample")
-    why = same_run(log.record_commits, outs, pool.serial_run(pool.CONSTRAINT), rounds=False)
+    why = same_run(log, outs, pool.serial_run(pool.CONSTRAINT), rounds=False)
     if why:
         return fails("edits_run", f"with the `{pool.CONSTRAINT}` constraint on, {why}")
     spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
@@ -318,7 +318,7 @@ def _endings_run(loop, drafts: int) -> Verdict | None:
         why = correction_mistake(engine, log) if drafts else ""
         return fails("correction" if why else "wrong_tokens",
                      f"{diff}: {why or 'process every step exactly once, in round order'}")
-    why = same_run(log.record_commits, outs, pool.serial_run(endings=True), rounds=False)
+    why = same_run(log, outs, pool.serial_run(endings=True), rounds=False)
     return fails("edits_run", why) if why else None
 
 

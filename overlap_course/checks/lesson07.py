@@ -363,9 +363,10 @@ def check_commit(commit) -> Verdict:
             return fails("calls_itself", "your commit calls `req.commit(...)`, which in this run *is* your function: "
                                          "it called itself until Python gave up. Append to the request's fields")
         except Exception as err:  # noqa: BLE001
-            if edits and (engines(err, EngineStalled) or checkers(err, runs.Runaway)):
+            stalled = engines(err, EngineStalled) or checkers(err, runs.Runaway)
+            if edits and (stalled or err is not now.raised):  # the engine's, after an edit
                 return _commit_edited(run, edits)
-            if engines(err, EngineStalled) or checkers(err, runs.Runaway):
+            if stalled:
                 return mistakes.commit_never_ended(err, engine, run, endings)
             return fails("raised", f"your commit raised {quoted(err)}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):

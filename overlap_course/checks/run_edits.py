@@ -132,6 +132,11 @@ def loop_aborted(watch: RequestWatch, prompt: int | None = None) -> str | None:
     return None
 
 
+def loop_edit(watch: RequestWatch) -> str | None:
+    """The first edit of a request the learner's loop made (``watch``), and the fix; or None."""
+    return f"{watch.edit}: {_FIX}" if watch.edit else None
+
+
 def kept_by_edit(log, prompts) -> str | None:
     """A stall on finished requests that kept their blocks (``prompts``), where the loop ended
     one of them itself: that edit named, not the frees (the loop was told "free it" before)."""
@@ -149,6 +154,8 @@ def run_verdict(log, outs, reference, where: str = "") -> Verdict | None:
     difference by the stage order).  One path for exercises 02 and 03 (blind round 17)."""
     aborted = next((i for i, c in enumerate(outs) if c.finish_reason == "abort"), None)
     why = loop_aborted(log.watch, aborted) if aborted is not None else None
+    if why is None and aborted is not None and log.watch.edited == aborted:  # it reopened it
+        why = loop_edit(log.watch)
     if why:
         return fails("edits_requests", f"{where}prompt {aborted} never finished: {why}")
     unfinished = pool.left_unfinished(outs, reference)
@@ -167,7 +174,7 @@ def edited_requests(log, outs, reference) -> str | None:
     if log.settings_edit:
         return f"your loop changed {log.settings_edit}: {_FIX}"
     if log.watch.edit or log.watch.aborted:
-        return f"{log.watch.edit}: {_FIX}" if log.watch.edit else loop_aborted(log.watch)
+        return loop_edit(log.watch) or loop_aborted(log.watch)
     handed = collections.Counter()
     for c in log.record_commits:
         for j, prompt in enumerate(c.prompts):
@@ -185,13 +192,16 @@ def edited_requests(log, outs, reference) -> str | None:
     return None
 
 
-def same_run(commits, outs, reference: SerialRun, rounds: bool = True) -> str | None:
-    """Where a run (its ``record.Commit`` events, its completions) whose tokens are the
-    reference's still differs from it, in words, or None: the rounds' prompts (a loop that
-    reordered or edited the scheduler's queues; ``rounds``: a serial run without drafts, as
-    drafts or ZOS's extra steps change them), then each completion's text and finish reason
-    (a loop that rewrote them after the engine's commit)."""
-    ran_rounds = pool.SerialRun.rounds_of(commits)
+def same_run(log, outs, reference: SerialRun, rounds: bool = True) -> str | None:
+    """Where a run (its HostLog, its completions) whose tokens are the reference's still
+    differs from it, in words, or None: the rounds' prompts (a request the loop edited, seen by
+    its RequestWatch, else a loop that reordered or edited the scheduler's queues; ``rounds``: a
+    serial run without drafts, as drafts or ZOS's extra steps change them), then each
+    completion's text and finish reason (a loop that rewrote them after the engine's commit),
+    then an edit that changed neither (a finish reason reset, then set again: blind round 18)."""
+    ran_rounds = pool.SerialRun.rounds_of(log.record_commits)
+    if rounds and ran_rounds != reference.rounds and log.watch.edit:  # not the queues' doing
+        return f"the tokens are right, but {loop_edit(log.watch)}"
     if rounds and ran_rounds != reference.rounds:
         r = next((i for i, (a, b) in enumerate(zip(ran_rounds, reference.rounds)) if a != b),
                  min(len(ran_rounds), len(reference.rounds)))
@@ -208,7 +218,7 @@ def same_run(commits, outs, reference: SerialRun, rounds: bool = True) -> str | 
                     f"and finish_reason {c.finish_reason!r}, where the reference's has "
                     f"{e.text!r:.60} and {e.finish_reason!r}: the engine's commit writes "
                     f"`req.text` and `req.finish_reason`; your loop must not change them")
-    return None
+    return f"the tokens are right, but {loop_edit(log.watch)}" if log.watch.edit else None
 
 
 def serial_same_run(log, outs, second: bool, endings: bool, config: dict) -> Verdict | None:
@@ -216,7 +226,7 @@ def serial_same_run(log, outs, second: bool, endings: bool, config: dict) -> Ver
     the same workload (:func:`pool.same_run`), or None."""
     drafts = config.get("num_draft_tokens", 0)
     reference = pool.serial_run(second=second, endings=endings)
-    why = same_run(log.record_commits, outs, reference, rounds=not drafts)
+    why = same_run(log, outs, reference, rounds=not drafts)
     if why is None:
         return None
     where = (pool.endings_label(drafts) if endings else
