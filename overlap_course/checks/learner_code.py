@@ -193,14 +193,23 @@ def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
 
 
 def _swallowed(refusal) -> Verdict:
-    """The race checker refused something and the learner's code caught the error."""
+    """The race checker refused something and the learner's code caught the error: what was
+    refused, with the refusal's own fix (no wait is missing before a second free: free once)."""
     if isinstance(refusal, Refused):
         what = (f"a host {'read' if refusal.access == 'r' else 'write'} of `{refusal.buffer}` while round "
                 f"{refusal.round}'s `{refusal.launch}` still used it")
-    else:
+    elif refusal.in_use:
         what = (f"a free of KV blocks {list(refusal.blocks)} while round {refusal.in_use[0][0]}'s "
-                f"`{refusal.in_use[0][1]}` still used them" if refusal.in_use
-                else f"a second free of KV blocks {list(refusal.double)}")
+                f"`{refusal.in_use[0][1]}` still used them")
+    else:
+        return fails("double_free",
+                     f"the engine refused a second free of KV blocks {list(refusal.double)} (prompt "
+                     f"{refusal.prompt}'s), and your code caught the error and went on. The "
+                     f"refusal is the bug report: they were freed already, and a pool that took "
+                     f"them back twice would hand a block to two requests. Free a request once "
+                     f"(`engine.process_outputs(step)` frees the finished ones; "
+                     f"`engine.scheduler.release_if_done(req)` frees only what is still held) "
+                     f"instead of catching the error")
     return fails("race",
                  f"the race checker refused {what}, and your code caught the error and went on. The refusal is "
                  f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
