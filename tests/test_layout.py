@@ -57,12 +57,13 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # until engine17a added 57 (committed tokens stored as plain ints, a Tensor or array refused; a
 # process_outputs plug-in checked on every admitted request and its progress judged from their
 # state after it; a non-list output_ids never iterated as the run ends; a list subclass refused
-# by its type).
+# by its type), 4,160 until round nineteen's checks19b added 3 (a stage call refused from
+# another thread is kept by the run and made the cause of the stall that follows).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4160, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4163, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

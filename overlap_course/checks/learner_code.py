@@ -151,6 +151,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
+        return _other_thread(err)
     verdict = _stopped_by_checker(err)
     if verdict is not None and verdict.category == "spins":  # name what was left unfinished
         left = [r.index for r in log.requests if r.finish_reason == "abort"]
@@ -190,6 +192,17 @@ def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
                  f"default argument or an attribute. Its event, output slot and requests are that "
                  f"run's, so the engine refused it. Keep `previous` a local of the loop, `None` at "
                  f"its start")
+
+
+def _other_thread(err: EngineStalled) -> Verdict:
+    """The loop stalled after the engine refused a stage called from a thread the loop started:
+    the refusal was raised in that thread, lost to the loop, so the stall names it as its cause."""
+    return fails("other_thread",
+                 f"your loop called the engine from another thread than the one that called your "
+                 f"loop, and the engine refused the call ({said(err.__cause__)}). That thread's "
+                 f"error never reached your loop, which returned with prompts "
+                 f"{err.prompt_indexes} unfinished. Run the rounds in the thread that calls your "
+                 f"loop")
 
 
 def _swallowed(refusal) -> Verdict:
