@@ -203,6 +203,7 @@ class Run:
     uploaded: RoundInputs | None = None  # the latest prepared round: the inputs the device holds
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
     loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
+    other_thread: RuntimeError | None = None  # the first stage call refused from another thread
     ended: bool = False  # generate returned: its stages take none of its objects any more
     queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
     # Reentrant: a signal handler in the loop's thread may abort while the loop holds it.
@@ -236,13 +237,15 @@ class Run:
 
     def enter(self, stage: str) -> str | None:
         """``stage`` starts (the previous stage, to restore, is returned): refused from another
-        thread than the run's loop, and a round's stage from inside a plug-in."""
+        thread than the run's loop (kept: a stall's cause), and a round's stage from a plug-in."""
         if self.loop_thread not in (None, threading.get_ident()):
-            raise RuntimeError(
+            refused = RuntimeError(
                 f"engine.{stage}() was called from another thread than the one running generate "
                 f"on this engine: only the run's loop calls the stages (a round planned or "
                 f"launched here is one the loop never sees); from another thread call only "
                 f"engine.abort(request_id), or give each thread its own Engine")
+            self.other_thread = self.other_thread or refused  # that thread's caller never sees it
+            raise refused
         inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
                   f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
         if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):

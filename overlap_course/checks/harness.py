@@ -164,7 +164,8 @@ def exercise_check(*warm, calls: str | None = None):
                 if verdict is None:
                     for step in warm:
                         step()
-                    verdict = _cut(_time_limited(check, args, kwargs))
+                    ran = calls.partition("(")[0] if calls else None
+                    verdict = _cut(_time_limited(check, args, kwargs, ran))
             finally:
                 _RUNNING.clear()  # only this check's name: a nested one returned above
             patched, _ = _PRISTINE.restore()
@@ -266,10 +267,10 @@ def _answer_time_up(stopped: BaseException, limit: float) -> Verdict:
                  f"value (a number, a string, a list or set of them)")
 
 
-def _learners_time_up(err: BaseException) -> Verdict:
+def _learners_time_up(err: BaseException, ran: str | None = None) -> Verdict:
     """A TimeUp no time limit raised: the learner's own class (its ``__str__``, its
     ``seconds``), read as any exception of theirs."""
-    verdict = learner_raised(err)  # None where the innermost frame is not the learner's
+    verdict = learner_raised(err, ran)  # None where the innermost frame is not the learner's
     if verdict is not None:
         return verdict
     return fails("raised", f"your code raised {errors.quoted(err)}: raise an exception of your "
@@ -280,7 +281,8 @@ def _not_started() -> None:
     pass
 
 
-def _time_limited(check, args, kwargs) -> Verdict:
+def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
+    """``ran``: the name of the function answer the check runs (None: a value it reads)."""
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
     modes, watch = torch._C._len_torch_function_stack(), other_engine.Watch()
@@ -291,13 +293,13 @@ def _time_limited(check, args, kwargs) -> Verdict:
     except (SystemExit, sandbox.TimeUp, other_engine.Stopped) as exc:  # no call in here
         stopped = exc
     except answers.Junk as junk:  # a value the learner's function returned (or its own Junk)
-        verdict = _junk(junk)
+        verdict = _junk(junk, ran)
         if verdict is None:
             raise
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001 - as in notebook_check
-        verdict = learner_raised(err)
+        verdict = learner_raised(err, ran)
         if verdict is None:
             raise
     finally:
@@ -323,7 +325,7 @@ def _time_limited(check, args, kwargs) -> Verdict:
                      f"(SystemExit), which would end the notebook's kernel: the checker stopped it "
                      f"there. Return from your function instead")
     if stopped is not None and not sandbox.is_limits(stopped):
-        return _learners_time_up(stopped)
+        return _learners_time_up(stopped, ran)
     if stopped is not None:
         return fails("time_limit",
                      f"your code was {stopped} (the check allows {limit:.0f} s; the reference takes "
@@ -333,20 +335,21 @@ def _time_limited(check, args, kwargs) -> Verdict:
     return verdict
 
 
-def _junk(junk: answers.Junk) -> Verdict | None:
+def _junk(junk: answers.Junk, ran: str | None = None) -> Verdict | None:
     """The checker's Junk is its verdict on a value; the learner's is an error like any other."""
     if errors.checkers(junk, answers.Junk):
         return fails("junk", errors.said(junk))
-    return learner_raised(junk)
+    return learner_raised(junk, ran)
 
 
-def learner_raised(err: BaseException) -> Verdict | None:
+def learner_raised(err: BaseException, ran: str | None = None) -> Verdict | None:
     """The verdict on an answer whose own code raised while the check read or ran it (an
     object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
     code is on the traceback.  None when it is not: an error of the check's own is a bug, raised.
     A BaseException of another kind (a class of the learner's) counts only when raised in the
     learner's own frame: one raised by a signal handler the learner's code was interrupted by
-    (pytest-timeout's) is not the learner's.  SystemExit and GeneratorExit count as Exceptions."""
+    (pytest-timeout's) is not the learner's.  SystemExit and GeneratorExit count as Exceptions.
+    ``ran``: the function answer the check ran (its name), so no advice to give a value."""
     where, tb, innermost = None, err.__traceback__, None
     while tb is not None:
         innermost = tb.tb_frame.f_code.co_filename
@@ -357,6 +360,9 @@ def learner_raised(err: BaseException) -> Verdict | None:
     if where is None or not ordinary and not sandbox._is_learners(innermost):
         return None
     said = errors.said(err, answers.SHOW)
+    if ran is not None:  # a function answer the check ran: its error, as any other it raises
+        inner = f" (in `{where}`)" if where != ran else ""
+        return fails("raised", f"your `{ran}` raised {answers.type_name(err)}: {said}{inner}")
     return fails("raised", f"your answer's own code raised {answers.type_name(err)}: {said} (in "
                            f"`{where}`) while the check read it: give a plain value (a number, a "
                            f"string, a list or set of them) or a function that returns one")

@@ -1,6 +1,6 @@
-"""Running a learner's code on a shared engine: a loop (exercises 02 and 03) or a
-``process_outputs`` plug-in (exercise 05), watched as it runs, and what stopped a loop named
-in the lesson's terms -- never raised to the learner.
+"""Running a learner's loop on a shared engine (exercises 02 and 03), watched as it runs, and
+what stopped it named in the lesson's terms -- never raised to the learner.  Exercise 05's
+``process_outputs`` plug-in is watched by ``step_watch``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from toy_engine.races import RaceError
 from toy_engine.engine import Engine
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
-from toy_engine.record import Commit, Free, Refused, Wait
+from toy_engine.record import Commit, Refused
 
 from . import pool
-from .pool_reading import pool_after, pool_before
 from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -152,6 +151,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
+        return _other_thread(err)
     verdict = _stopped_by_checker(err)
     if verdict is not None and verdict.category == "spins":  # name what was left unfinished
         left = [r.index for r in log.requests if r.finish_reason == "abort"]
@@ -193,15 +194,35 @@ def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
                  f"its start")
 
 
+def _other_thread(err: EngineStalled) -> Verdict:
+    """The loop stalled after the engine refused a stage called from a thread the loop started:
+    the refusal was raised in that thread, lost to the loop, so the stall names it as its cause."""
+    return fails("other_thread",
+                 f"your loop called the engine from another thread than the one that called your "
+                 f"loop, and the engine refused the call ({said(err.__cause__)}). That thread's "
+                 f"error never reached your loop, which returned with prompts "
+                 f"{err.prompt_indexes} unfinished. Run the rounds in the thread that calls your "
+                 f"loop")
+
+
 def _swallowed(refusal) -> Verdict:
-    """The race checker refused something and the learner's code caught the error."""
+    """The race checker refused something and the learner's code caught the error: what was
+    refused, with the refusal's own fix (no wait is missing before a second free: free once)."""
     if isinstance(refusal, Refused):
         what = (f"a host {'read' if refusal.access == 'r' else 'write'} of `{refusal.buffer}` while round "
                 f"{refusal.round}'s `{refusal.launch}` still used it")
-    else:
+    elif refusal.in_use:
         what = (f"a free of KV blocks {list(refusal.blocks)} while round {refusal.in_use[0][0]}'s "
-                f"`{refusal.in_use[0][1]}` still used them" if refusal.in_use
-                else f"a second free of KV blocks {list(refusal.double)}")
+                f"`{refusal.in_use[0][1]}` still used them")
+    else:
+        return fails("double_free",
+                     f"the engine refused a second free of KV blocks {list(refusal.double)} (prompt "
+                     f"{refusal.prompt}'s), and your code caught the error and went on. The "
+                     f"refusal is the bug report: they were freed already, and a pool that took "
+                     f"them back twice would hand a block to two requests. Free a request once "
+                     f"(`engine.process_outputs(step)` frees the finished ones; "
+                     f"`engine.scheduler.release_if_done(req)` frees only what is still held) "
+                     f"instead of catching the error")
     return fails("race",
                  f"the race checker refused {what}, and your code caught the error and went on. The refusal is "
                  f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
@@ -369,50 +390,3 @@ def _went_on_without_plan(log: HostLog, err: BaseException, mode: str) -> Verdic
                      f"outstanding results are processed) and your loop went on with it: "
                      f"{quoted(err)}. When there is no plan, flush the deferred step and ask again")
     return None
-
-
-class StepWatch:
-    """Records what a learner's ``process_outputs`` did to each step it was given: which
-    events it waited on, and each request's launched-round count and cache before/after."""
-
-    def __init__(self, engine: Engine, process_outputs):
-        self.engine, self.learner, self.calls = engine, process_outputs, []
-        self.held: dict[int, int] = {}  # each KV block's last holder seen: names a block lost later
-
-    def __call__(self, engine: Engine, step) -> None:
-        reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
-        call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
-                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks},
-                    **pool_before(engine))
-        self.held.update(call["holders"])
-        self.calls.append(call)
-        record, first = engine.record, len(engine.record.events)
-        try:
-            self.learner(engine, step)
-        except BaseException:
-            call["raised"] = True  # judged by the exception (the engine then recovers)
-            raise
-        finally:
-            clock, events = engine.timeline.ns_to_ms, record.events[first:]
-            call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in events
-                             if isinstance(w, Wait)]
-            call["commits"] = [c for c in events if isinstance(c, Commit)]
-            call["frees"] = [f for f in events if isinstance(f, Free)]
-            call["refused"] = [r for r in events if isinstance(r, Refused)]
-            call["plan_changed"] = tuple(step.plan.requests) != reqs
-            call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
-                             for r in reqs]
-            call.update(pool_after(engine))
-
-
-def engine_frames(err: BaseException) -> set[str]:
-    """Names of the engine's functions on ``err``'s traceback."""
-    names, tb = set(), err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == _ENGINE_FILE:
-            names.add(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    return names
-
-
-_ENGINE_FILE = inspect.getsourcefile(Engine)

@@ -15,7 +15,7 @@ from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
 from .errors import engines, quoted
 from .harness import exercise_check, notebook_check
-from .learner_code import StepWatch, engine_frames
+from .step_watch import StepWatch, engine_frames
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_uncommitted_rounds", "check_discarded", "check_race_report", "check_process_outputs"]

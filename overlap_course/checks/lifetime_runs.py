@@ -16,7 +16,7 @@ from toy_engine.run import EngineStalled
 from . import endings, pool
 from .answers import show
 from .errors import said
-from .learner_code import StepWatch
+from .step_watch import StepWatch
 from .verdict import Verdict, fails
 
 
