@@ -28,8 +28,9 @@ from overlap_course.out_folders import PATH_CHARS, cannot_write, locked, made_fo
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
-           "progress", "exit_quietly_on_broken_pipe", "out_file", "out_folder", "made_folder",
-           "locked", "cannot_write", "os_problem", "interruptible", "importing", "run"]
+           "progress", "exit_quietly_on_broken_pipe", "out_file", "not_an_input", "out_folder",
+           "made_folder", "locked", "cannot_write", "os_problem", "interruptible", "importing",
+           "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -165,6 +166,18 @@ def _out_file(text: str, name: str, example: str) -> Path:
     _not_under_a_file(out, name)
     _not_a_loop(out)
     return out
+
+
+def not_an_input(text: str, name: str, inputs: dict) -> None:
+    """Refuse the output file ``text`` (passed by :func:`out_file`: no link loop) if it is one of
+    the files the command reads, ``inputs`` (path -> what it is, for the message), by any
+    spelling: ``./x``, a symbolic link.  A hard link is another name of the file: the output is
+    written under a new name and renamed into place, so the input stays whole."""
+    target = Path(text).resolve()
+    for path, what in inputs.items():
+        if target == Path(path).resolve():
+            raise ValueError(f"{name} {_path(text)} names {what}, which the command reads: "
+                             f"writing it would overwrite that; choose another name")
 
 
 def out_folder(text: str, name: str = "--out") -> Path:

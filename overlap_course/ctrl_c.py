@@ -74,8 +74,11 @@ def interruptible(module: str, prog: str, held=None) -> None:
     this module, restored once the handler is set (a Ctrl-C held meanwhile lands then)."""
     global _prog, _last_registered
     try:
+        if module != "__main__":
+            return
+        _NoFolderForTorch.watch(prog)
         handler = _signal.getsignal(_signal.SIGINT)
-        if module != "__main__" or handler not in (_signal.default_int_handler, _stop_now):
+        if handler not in (_signal.default_int_handler, _stop_now):
             return
         _prog = prog
         _signal.signal(_signal.SIGINT, _stop_now)
@@ -87,6 +90,36 @@ def interruptible(module: str, prog: str, held=None) -> None:
     finally:
         if held is not None:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
+
+
+class _NoFolderForTorch:
+    """An import finder, set by a command started in a folder removed under its terminal: torch's
+    import is refused with one line naming that, exit status 2.  Torch cannot load there (MKL
+    dies, blaming ``libtorch_cpu.so``: a false reason); a command that needs no torch (``trace
+    summary``) still runs."""
+
+    def __init__(self, prog: str):
+        self._prog = prog
+
+    @classmethod
+    def watch(cls, prog: str) -> None:
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            if not any(isinstance(f, cls) for f in sys.meta_path):
+                sys.meta_path.insert(0, cls(prog))
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            try:
+                sys.stderr.write(f"{self._prog}: error: the current folder was deleted (torch "
+                                 f"cannot load there): cd to a folder that exists and run it "
+                                 f"again\n")
+                sys.stderr.flush()
+            except (AttributeError, OSError, ValueError):  # no stderr, or it cannot be written
+                pass
+            raise SystemExit(2)
+        return None
 
 
 def from_the_start() -> None:

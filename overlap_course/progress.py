@@ -275,8 +275,8 @@ class RecordUnreadable(ValueError):
 
 
 def read_record(path: Path | None = None) -> tuple[list[dict], int]:
-    """The record's entries, and how many of its lines could not be read (cut short, too long,
-    not UTF-8, not JSON, a field of the wrong type): those are skipped, as are entries that are
+    """The record's entries, and how many of its lines are not verdicts (cut short, too long,
+    not UTF-8, not JSON, JSON of another shape): those are skipped, as are entries that are
     not a known notebook's check.  Read line by line: memory stays bounded however big it is.
     :class:`RecordUnreadable` where the file cannot be opened or read (at the start or partway)."""
     path = path or _record_path()
@@ -319,8 +319,9 @@ class Progress:
         """Said once per view, however many lines were skipped."""
         if not self.unreadable:
             return ""
-        return (f"{self.unreadable} line(s) of the record could not be read (a write cut short, or "
-                f"not text) and were skipped; the other verdicts are all here")
+        return (f"{self.unreadable} line(s) of the record are not verdicts (a write cut short, "
+                f"not text, too long, or JSON of another shape) and were skipped; the other "
+                f"verdicts are all here")
 
     def counts(self) -> dict[str, int]:
         states = [s["state"] for s in self.status.values()]

@@ -150,11 +150,20 @@ def _cannot_open(path: str, why) -> ValueError:
 def check_store(path: str) -> None:
     """Every refusal :func:`open_store` would give ``path``, with nothing made or written: a
     service refused for another reason (no hub) left a new database, or its schema written into
-    an empty file.  A file that is not a readable SQLite database is refused, left as it is."""
+    an empty file.  A file that is not a readable SQLite database is no refusal: open_store
+    moves it aside and starts a fresh one, saying so (nothing is done to it here)."""
     _refuse_path(path)
-    if not os.path.exists(path):  # SQLite would make it, where a link points: if its folder lets
-        if not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK | os.X_OK):
-            raise _cannot_open(path, "unable to open database file")
+    try:
+        os.stat(path)
+    except FileNotFoundError:  # SQLite makes it, where a link points
+        pass
+    except OSError as err:  # a symbolic link loop, a name too long, a path through a file
+        raise _cannot_open(path, err.strerror) from None
+    real = os.path.realpath(path)  # SQLite makes its -wal and -shm files beside it
+    if not all(os.path.exists(real + end) for end in ("", "-wal", "-shm")) and not os.access(
+            os.path.dirname(real), os.W_OK | os.X_OK):  # /proc/self/environ's folder too
+        raise _cannot_open(path, "unable to open database file")
+    if not os.path.exists(path):
         return
     if not os.access(path, os.R_OK | os.W_OK):
         raise _cannot_open(path, "no permission to read and write it")
@@ -162,9 +171,10 @@ def check_store(path: str) -> None:
         db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?immutable=1", uri=True)
         _refuse_contents(db, path)
         db.close()
-    except sqlite3.DatabaseError as err:
-        raise ValueError(f"the database {_named(path)} is not a readable SQLite file ({err}); "
-                         f"left as it is") from None
+    except sqlite3.OperationalError as err:
+        raise _cannot_open(path, err) from None
+    except sqlite3.DatabaseError:  # not SQLite, or damaged: open_store moves it aside
+        pass
 
 
 def open_store(path: str) -> Store:

@@ -49,7 +49,7 @@ import nbformat  # noqa: E402
 import psutil  # noqa: E402
 
 from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
-from overlap_course.command_line import Parser, fail, out_file, run  # noqa: E402
+from overlap_course.command_line import Parser, fail, not_an_input, out_file, run  # noqa: E402
 from overlap_course.safe_json import signals_held, write_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -362,6 +362,15 @@ def _notebook(text: str) -> Path:
     return Path(text).resolve()
 
 
+def _read(paths: list[Path], record: bool) -> dict:
+    """What --json must not overwrite: the notebooks measured, and the measurements --record
+    reads and adds to."""
+    read = {path: f"the notebook {shown(path)}" for path in paths}
+    if record:
+        read[TIMES] = f"the stored measurements ({shown(TIMES)})"
+    return read
+
+
 def main(argv=None) -> int:
     p = Parser(prog="measure_notebooks", description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", type=_notebook,
@@ -395,6 +404,11 @@ def main(argv=None) -> int:
     else:
         paths = a.notebooks or sorted((REPO / "notebooks").glob("*.ipynb")) + \
             sorted((REPO / "exercises").glob("*.ipynb"))
+    try:  # before a notebook is measured
+        if a.json:
+            not_an_input(str(a.json), "--json", _read(paths, a.record))
+    except ValueError as exc:
+        return fail("measure_notebooks", exc)
     from overlap_course.measure.machine import usable_cpus
     results = []
     print("| notebook | cells | words | reading | run: CPU / wall (load) | peak memory: USS / PSS (device processes) |")

@@ -423,7 +423,7 @@ def test_the_record_reads_any_bytes_and_keeps_the_next_verdict(junk, torn):
         path = Path(folder) / "progress.jsonl"
         path.write_bytes(b"\n".join(junk) + (b"" if torn else b"\n"))
         mine = progress.your_progress(path)
-        assert repr(mine).count("could not be read") <= 1 and mine._repr_html_()
+        assert repr(mine).count("are not verdicts") <= 1 and mine._repr_html_()
         with mock.patch.dict(os.environ, {progress.ENV_FILE: str(path)}), \
                 mock.patch.object(progress, "_said", set()):
             os.environ.pop(progress.ENV_URL, None)

@@ -268,8 +268,8 @@ def test_a_record_that_is_not_utf8_is_read_around(record_file):
     assert mine.status[("01_tiny_gpt", "check_slot")]["state"] == "passed"
     assert mine.unreadable == 4
     text = repr(mine)
-    assert text.count("could not be read") == 1 and "4 line(s)" in text
-    assert mine._repr_html_().count("could not be read") == 1
+    assert text.count("are not verdicts") == 1 and "4 line(s)" in text
+    assert mine._repr_html_().count("are not verdicts") == 1
     progress.record(_verdict(False, "wrong"), "check_decode_lengths")  # writing still works
     assert len(progress.read_record(record_file)[0]) == 2
 
@@ -300,7 +300,7 @@ def test_writers_in_several_processes_at_once_lose_no_line(tmp_path):
 def test_a_clean_record_says_nothing_about_unreadable_lines(record_file):
     progress.record(_verdict(True, "passed"), "check_slot")
     assert progress.read_record(record_file)[1] == 0
-    assert "could not be read" not in repr(progress.your_progress(record_file))
+    assert "are not verdicts" not in repr(progress.your_progress(record_file))
 
 
 # ---------------------------------------------------------------------------- 6. the room's service

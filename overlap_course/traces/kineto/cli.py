@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlap_course.command_line import (Parser, cannot_write, emit, fail, finite_number,
-                                         importing, interrupted, locked, os_problem, out_file,
-                                         whole_number)
+                                         importing, interrupted, locked, not_an_input, os_problem,
+                                         out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted, whole_set
 
 from .idle import summary
@@ -154,9 +154,8 @@ def _writable(text: str, stored: str | None) -> Path:
         raise ValueError("STORED is empty: give a stored timeline's path or a shipped name "
                          "(cpu_zos), or leave it out to record a run")
     out = out_file(text)
-    if stored is not None and out.resolve() == _stored_file(stored).resolve():
-        raise ValueError(f"OUT {quoted(text, PATH_CHARS)} is the STORED timeline itself: writing "
-                         f"it would overwrite the run it converts; choose another name")
+    if stored is not None:
+        not_an_input(text, "OUT", {_stored_file(stored): "the STORED timeline"})
     return out
 
 
