@@ -12,6 +12,8 @@ Ctrl-C waits) while it imports this module and calls :func:`from_the_start`.  A 
 every command's module does (where it starts when run another way, by ``runpy``); a script
 blocks SIGINT before it imports this module and hands the mask to it.  Before all this,
 Python's own start (``site``, about 10 ms) is under Python's default.
+Every command passes here first, so this is also where a command started in a folder removed
+under its terminal learns it (:class:`_NoFolderForTorch`: torch's import refused in one line).
 
 A command's Ctrl-C, phase by phase:
 
