@@ -208,7 +208,7 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
     if verdict is None:
         verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
-        verdict = mistakes.abort_error(err, run, ref, engine)
+        verdict = mistakes.abort_error(err, run, ref, engine, calls)
     if verdict is None:
         got = [(c.token_ids, c.finish_reason) for c in outs]
         verdict = mistakes.abort_outcome(got, ref, engine, calls, run)
