@@ -141,6 +141,8 @@ def check_abort_in_flight(answer, err) -> Verdict:
                 _round_set)
     if isinstance(got, Verdict):
         return got
+    if min(got[0] | got[1], default=0) < 0:
+        return no_such_round(min(got[0] | got[1]))
     if not engines(err, RaceError) or err.kind != "free_in_use":
         return fails("setup", "pass the RaceError of the ZOS run with the shipped abort (the cell above)")
     zos, serial = got
