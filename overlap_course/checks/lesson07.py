@@ -20,7 +20,8 @@ from .answers import int_set, items, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_workloads import DEPTHS
-from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
+from .verdict import (Verdict, fails, negative_count, no_such_round, not_implemented, passes,
+                      unanswered)
 
 __all__ = ["check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort", "check_ring_race",
            "check_ring_slots", "check_overshoot", "check_commit"]
@@ -326,6 +327,8 @@ def check_overshoot(answer, engine) -> Verdict:
     seen = max(n - limit for n in sizes)
     if not k:
         return fails("setup", "this engine has no drafts: pass the speculative one")
+    if got < 0:
+        return negative_count(got)
     if got == k:
         return passes(f"{k}: a round brings 1 + {k} tokens at most, and a request is planned only while it is "
                       f"short of its limit, so at least one of them is within it; the shipped commit keeps all. "
