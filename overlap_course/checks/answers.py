@@ -4,12 +4,13 @@ Where a number is asked, it may come as a plain int or float, a NumPy scalar, a 
 one-element tensor or array, or a list/tuple holding one number: `[37]`, `tensor([37])`,
 `torch.tensor(37)`, `np.int64(37)`, `Decimal(37)` and `37.0` all mean 37 (a whole number written
 as a float is that number); :func:`real` says what counts as one, for every check.  Where a
-list is asked (one value per request), a list, tuple, range or 1-d tensor/array is a list;
-where a set is asked, any of those or a set, but not one bare number (it cannot say whether it
-means "item 2" or "two items").  A pair is any two-item list or tuple; a
-yes/no flag is a bool or 0/1.  Names (stages, buffers, steps, calls) are read without case, spaces
-or quotes (:func:`name`); a round may be written as its owner, ``"StepState(round=3)"``
-(:func:`round_number`); a share may be written as a percentage string, ``"79%"`` (:func:`share`).
+list is asked (one value per request), a list, tuple, range, 1-d tensor/array or a finite
+iterator (a generator, ``map(...)``) is a list; where a set is asked, any of those or a set, but
+not one bare number (it cannot say whether it means "item 2" or "two items").  A pair is any
+two-item list or tuple; a yes/no flag is a bool or 0/1.  Names (stages, buffers, steps, calls)
+are read without case, spaces or quotes (:func:`name`); a round may be written as its owner,
+``"StepState(round=3)"`` (:func:`round_number`); a share may be written as a percentage string,
+``"79%"`` (:func:`share`).
 Junk -- a number no question here can have (10**400, 1e300), nan, inf, a list far longer than any
 answer -- raises :class:`Junk`, whose message is the verdict; and no message quotes more than a
 short excerpt of an answer (:func:`show`).
@@ -17,6 +18,7 @@ short excerpt of an answer (:func:`show`).
 
 from __future__ import annotations
 
+import collections.abc
 import decimal
 import itertools
 import math
@@ -281,14 +283,17 @@ def _item(v, rounds: bool = False) -> int | None:
 
 
 def sequence(x, kinds=(list, tuple)) -> list | None:
-    """A list, tuple, range or 1-d tensor/array (or another of ``kinds``) as a plain list, else
-    None; Junk for one whose own ``__len__`` or ``__iter__`` gives what no length or iterator is."""
+    """A list, tuple, range, 1-d tensor/array or finite iterator (or another of ``kinds``) as a
+    plain list, else None; Junk for one whose own ``__len__`` or ``__iter__`` gives what no length
+    or iterator is.  An iterator counts as every reader of pairs (:func:`items`) counts it: a
+    generator of the right values is right wherever a list or set is asked (blind round 19)."""
     if isinstance(x, range) and max(abs(x.start), abs(x.stop)) > LIMIT:
         raise _far(x.stop if abs(x.stop) > LIMIT else x.start)
     x = _as_list(x)
-    if not issubclass(type(x), (range, *kinds)):  # by type: see _tensor
+    once = issubclass(type(x), collections.abc.Iterator)  # no len(); read below, at most once
+    if not (once or issubclass(type(x), (range, *kinds))):  # by type: see _tensor
         return None
-    if length(x) > MAX_ITEMS:
+    if not once and length(x) > MAX_ITEMS:
         raise Junk(f"that is {length(x)} values: this question's answer has a few")
     try:
         values = iter(x)

@@ -117,14 +117,22 @@ def waited(calls, run) -> Verdict | None:
 
 def aborted_another(calls, run) -> Verdict | None:
     """Lab 2: an abort that stopped a request other than the one its id names, or that left every
-    request it was given as it was (it never found them)."""
+    request it was given as it was: unfinished, in its queue (it never found them, or it changed
+    a setting of theirs and no more)."""
     call = next((c for c in calls if c.others), None)
     judged = [c for c in calls if c.untouched is not None]
     if call is None and judged and all(c.untouched for c in judged):
-        call = judged[0]
+        call = next((c for c in judged if c.changed), judged[0])
     if call is None:
         return None
     asked = f"{run}: asked to abort {runs.who(run.prompts, call.prompt)} before round {call.round}"
+    if not call.others and call.changed:
+        msg = (f"{asked}, your abort found it and changed its "
+               f"{', '.join(f'`{k}`' for k in call.changed[:3])}, but left it unfinished, still "
+               f"{'waiting' if call.waiting else 'running'}: it never marked it finished. An "
+               f"abort stops the request at once: set `req.finish_reason = \"abort\"`"
+               f"{' and take it out of `engine.scheduler.waiting`' if call.waiting else ''}")
+        return fails("not_marked", msg)
     if not call.others:
         msg = (f"{asked}, your abort left it as it was: unfinished, still "
                f"{'waiting' if call.waiting else 'running'}. Did it find the request? Look it up "
@@ -183,9 +191,10 @@ def pool_misused(calls, run) -> Verdict | None:
     return None
 
 
-def abort_error(err: Exception, run, ref, engine) -> Verdict:
+def abort_error(err: Exception, run, ref, engine, calls) -> Verdict:
     """Lab 2: a run that ended in an error no free explains: a stall or a runaway named by the
-    first request left, how it should have ended and where it stopped."""
+    first request left, how it should have ended and where it stopped; a finished request kept
+    in ``running`` whose blocks its abort gave back itself is told so (blind round 19)."""
     if not (engines(err, EngineStalled) or checkers(err, runs.Runaway)):
         return fails("raised", f"your abort raised {quoted(err)}")
     left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
@@ -200,6 +209,14 @@ def abort_error(err: Exception, run, ref, engine) -> Verdict:
                f"{err.args[0]} (the engine's own run takes {ref.rounds}). An aborted request is "
                f"finished: set its `finish_reason` to \"abort\"")
         return fails("still_running", msg)
+    freed = left and any(c.freed for c in calls if c.prompt == left[0].index)
+    if err.reason == "finished_kept_blocks" and freed:
+        msg = (f"{where}, aborted with no round in flight: your abort gave its KV blocks back "
+               f"itself but left the request in the scheduler (in `engine.scheduler.running`, "
+               f"with its batch row), so the run could not end. Free it with "
+               f"`engine.scheduler.free(req)`: that gives back its row and blocks and takes it "
+               f"out of `running`")
+        return fails("kept_blocks", msg)
     if err.reason == "finished_kept_blocks":
         msg = (f"{where}, aborted with no round in flight, and nobody freed it: only processing a "
                f"round frees its requests, and an aborted request is never scheduled again. Free "

@@ -14,7 +14,7 @@ from toy_engine import loops
 from toy_engine.config import MAX_SLOTS
 from toy_engine.engine import Engine
 from toy_engine.races import RaceError
-from toy_engine.record import Commit, Schedule, Wait
+from toy_engine.record import Commit, Free, Schedule, Wait
 
 from . import endings, pool, run_edits
 from .pool_reading import pool_after, pool_before
@@ -185,8 +185,10 @@ class AbortCall:
     not, the device waits the call made (``waits``), the other prompts it aborted (``others``), and
     whether it left the request as it was (``untouched``: unfinished, in the same queue; None for a
     request finished before the call), whether it took it out of every queue unfinished
-    (``unmarked``: read right after the call; the run's end would mark it "abort" later), and the
-    pool before and after it (``pool``: what ``lifetime_runs.pool_mistake`` judges)."""
+    (``unmarked``: read right after the call; the run's end would mark it "abort" later), the
+    request's fields it changed (``changed``: it found the request, whatever it left), the
+    request's KV blocks it gave back itself (``freed``: the frees the race checker heard), and
+    the pool before and after it (``pool``: what ``lifetime_runs.pool_mistake`` judges)."""
 
     round: int
     prompt: int
@@ -195,7 +197,35 @@ class AbortCall:
     others: tuple = ()
     untouched: bool | None = None
     unmarked: bool = False
+    changed: tuple = ()
+    freed: tuple = ()
     pool: dict | None = None
+
+
+def _fields(req) -> dict:
+    """A request's fields as they are now (its lists copied: an abort may change them in place);
+    none for a learner's object in ``engine.requests`` that has no ``__dict__``."""
+    try:
+        fields = dict(vars(req))
+    except TypeError:
+        return {}
+    return {k: v[:] if type(v) is list else v for k, v in fields.items()}
+
+
+def _changed(before: dict, req) -> tuple:
+    """The names of the request's fields that differ from ``before``: plain values by value, a
+    learner's object by identity (its own ``__eq__`` never runs in the check)."""
+    def same(a, b):
+        if type(a) is list and type(b) is list:
+            return len(a) == len(b) and all(map(same, a, b))
+        return a is b or type(a) is type(b) and type(a) in (int, float, str) and a == b
+    return tuple(k for k, v in _fields(req).items() if k not in before or not same(before[k], v))
+
+
+def _freed(events, claims: dict, prompt: int) -> tuple:
+    """The KV blocks ``prompt`` held (``claims``: block -> prompt) that ``events`` gave back."""
+    return tuple(b for e in events if isinstance(e, Free) and not e.refused
+                 for b in e.blocks if isinstance(b, int) and claims.get(b) == prompt)
 
 
 def abort_engine(run: AbortRun):
@@ -219,10 +249,12 @@ def abort_run(abort, run: AbortRun, calls: list | None = None, cap: int | None =
         unfinished = [r for r in engine.requests if r is not req and not r.finished]
         queued = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)
         now.at(engine, req)
-        call.pool = pool_before(engine)
+        call.pool, fields = pool_before(engine), _fields(req)
         abort(engine, request_id)
         call.pool.update(pool_after(engine))
+        call.changed = _changed(fields, req)
         call.waits = sum(isinstance(e, Wait) for e in events[before:])
+        call.freed = _freed(events[before:], call.pool["claims"][0], req.index)
         call.others = tuple(r.index for r in unfinished if r.finish_reason == "abort")
         if not queued[0]:
             after = (req.finished, req in engine.scheduler.waiting, req in engine.scheduler.running)

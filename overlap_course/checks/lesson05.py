@@ -16,7 +16,8 @@ from .answers import bare_number, int_set, length, name, one_number, round_numbe
 from .errors import engines, quoted
 from .harness import exercise_check, notebook_check
 from .step_watch import StepWatch, engine_frames
-from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
+from .verdict import (Verdict, fails, negative_count, no_such_round, not_implemented, passes,
+                      unanswered)
 
 __all__ = ["check_uncommitted_rounds", "check_discarded", "check_race_report", "check_process_outputs"]
 
@@ -111,7 +112,7 @@ def check_discarded(answer, engine, name: str = "discarded") -> Verdict:
                    "finished (the extra step); its tokens are dropped when they land")
         return passes(f"{want}: {why}; {ended}")
     if answer < 0:
-        return fails("negative", "a count cannot be negative")
+        return negative_count(answer)
     if want > 0 and answer == 0 and reasons.count("abort") and early == reasons.count("abort"):
         return fails("missed_abort_round",
                      f"an abort takes effect at once, but under ZOS was a round with the request in it already "

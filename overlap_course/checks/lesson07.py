@@ -20,7 +20,8 @@ from .answers import int_set, items, show, whole
 from .errors import checkers, engines, quoted
 from .harness import exercise_check, notebook_check
 from .lab_workloads import DEPTHS
-from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
+from .verdict import (Verdict, fails, negative_count, no_such_round, not_implemented, passes,
+                      unanswered)
 
 __all__ = ["check_wasted_round", "check_wants_more", "check_abort_in_flight", "check_abort", "check_ring_race",
            "check_ring_slots", "check_overshoot", "check_commit"]
@@ -141,6 +142,8 @@ def check_abort_in_flight(answer, err) -> Verdict:
                 _round_set)
     if isinstance(got, Verdict):
         return got
+    if min(got[0] | got[1], default=0) < 0:
+        return no_such_round(min(got[0] | got[1]))
     if not engines(err, RaceError) or err.kind != "free_in_use":
         return fails("setup", "pass the RaceError of the ZOS run with the shipped abort (the cell above)")
     zos, serial = got
@@ -208,7 +211,7 @@ def _abort_verdict(abort, index: int, run) -> Verdict | None:
     if verdict is None:
         verdict = mistakes.waited(calls, run)
     if verdict is None and err is not None:
-        verdict = mistakes.abort_error(err, run, ref, engine)
+        verdict = mistakes.abort_error(err, run, ref, engine, calls)
     if verdict is None:
         got = [(c.token_ids, c.finish_reason) for c in outs]
         verdict = mistakes.abort_outcome(got, ref, engine, calls, run)
@@ -324,6 +327,8 @@ def check_overshoot(answer, engine) -> Verdict:
     seen = max(n - limit for n in sizes)
     if not k:
         return fails("setup", "this engine has no drafts: pass the speculative one")
+    if got < 0:
+        return negative_count(got)
     if got == k:
         return passes(f"{k}: a round brings 1 + {k} tokens at most, and a request is planned only while it is "
                       f"short of its limit, so at least one of them is within it; the shipped commit keeps all. "

@@ -21,7 +21,7 @@ from . import context, pool
 from .answers import items, show, whole
 from .errors import engines, quoted, said
 from .harness import exercise_check, notebook_check
-from .verdict import Verdict, fails, not_implemented, passes, unanswered
+from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_stale_mask", "check_before_sample", "check_token_leak", "check_future_key"]
 
@@ -298,6 +298,8 @@ def _by_name(before_sample, answers: list) -> str:
 # ------------------------------------------------------------------ lab 6: whose token is it?
 
 def _leak_answer(answer) -> tuple | Verdict:
+    """The answer as (round, {reader: owner}), or the Verdict on its shape or on a round below 0;
+    an empty dict is the right shape (check_token_leak says what it claims)."""
     what = "a pair (round, {reader prompt: prompt whose token it took, ...}), e.g. (4, {2: 1})"
     if answer is None:
         return unanswered(f"set `leak` to {what}")
@@ -306,12 +308,15 @@ def _leak_answer(answer) -> tuple | Verdict:
     got = items(answer, what)
     if isinstance(got, Verdict):
         return got
-    if len(got) != 2 or whole(got[0]) is None or not isinstance(got[1], dict):
+    round_ = whole(got[0]) if len(got) == 2 else None
+    if round_ is None or not isinstance(got[1], dict):
         return fails("shape", f"write {what}, not {show(answer)}")
     pairs = {whole(k): whole(v) for k, v in list(got[1].items())[:16]}
-    if not pairs or None in pairs or None in pairs.values():
+    if None in pairs or None in pairs.values():
         return fails("shape", f"write {what}: the dict maps prompt numbers to prompt numbers")
-    return whole(got[0]), pairs
+    if round_ < 0:
+        return no_such_round(round_)
+    return round_, pairs
 
 
 @notebook_check
@@ -331,6 +336,10 @@ def check_token_leak(answer, engine) -> Verdict:
     first = found[0][0]
     want = {p: q for r, p, q in found if r == first}
     round_, pairs = got
+    if not pairs:
+        return fails("wrong_reader", "an empty dict says no request took another's token, but the "
+                                     "question asks about the first round where one did: in that "
+                                     "round, which requests read a token another request left?")
     if (round_, pairs) == (first, want):
         return passes(f"({first}, {want}): round {first} is the first whose batch lost a request "
                       f"while the round before was still in flight; each request behind the gap "

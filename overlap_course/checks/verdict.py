@@ -106,6 +106,12 @@ def no_such_round(rnd: int) -> Verdict:
     return fails("no_such_round", f"there is no round {rnd}: a run's rounds are numbered from 0, its first prefill")
 
 
+def negative_count(count: int) -> Verdict:
+    """A count below 0 (outputs discarded, tokens kept): every question that asks for a count
+    says the same."""
+    return fails("negative", f"a count cannot be negative (yours is {count})")
+
+
 def unanswered(what: str) -> Verdict:
     """A notebook question whose stub is still in place."""
     return fails("unanswered", f"not answered yet: {what}, then run this cell again")
