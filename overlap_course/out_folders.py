@@ -15,6 +15,9 @@ __all__ = ["made_folder", "locked", "cannot_write", "PATH_CHARS"]
 #: The most characters of a path that a message quotes (then "..." and its length).
 PATH_CHARS = 200
 
+#: How many times :class:`locked` makes and locks a folder removed under it before refusing.
+TRIES = 5
+
 
 def cannot_write(path, err: OSError) -> ValueError:
     """The refusal of ``path`` when the system would not write it (or make its folder)."""
@@ -67,26 +70,46 @@ class locked(made_folder):
     other had half replaced (a site's pages deleted while Sphinx read them, a trace pair from
     two runs).  A folder one may write into but not list (mode ``-wx``) cannot be opened to
     lock: the command goes on unlocked, as it did before the lock, rather than be refused as
-    unwritable."""
+    unwritable.
+
+    Only the holder of the lock removes the folders it made, and before it lets the lock go.
+    The one refused removes nothing: the folder it made is the holder's to write into (removing
+    it lost the holder's recording).  A lock got on a folder removed meanwhile (by the holder
+    before, who made it) holds nothing: the folder is made and locked again."""
 
     def __init__(self, folder: Path, busy: str, shown: Path | None = None):
-        try:
-            super().__init__(folder)
-        except OSError as err:
-            raise cannot_write(folder if shown is None else shown, err) from None
+        for _ in range(TRIES):
+            try:
+                super().__init__(folder)
+            except OSError as err:
+                raise cannot_write(folder if shown is None else shown, err) from None
+            if self._lock(folder, busy):
+                return
+        raise ValueError(busy)  # made and removed under it every time: others at work there
+
+    def _lock(self, folder: Path, busy: str) -> bool:
+        """Whether ``folder`` is locked (or cannot be: ``-wx``); False if it was removed."""
         try:
             self._fd = os.open(folder, os.O_RDONLY)
         except PermissionError:  # no read permission on the folder: no lock can be had
             self._fd = None
-            return
+            return True
+        except FileNotFoundError:  # removed by the holder that made it, since made here
+            return False
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # (made here, then locked by another first: removed again)
+        except BlockingIOError:  # another holds it: what was made here is in its use
             os.close(self._fd)
-            self._remove_made()
             raise ValueError(busy) from None
+        try:
+            if os.path.samestat(os.fstat(self._fd), os.stat(folder)):
+                return True
+        except OSError:  # gone, or a parent replaced by a file: made (or refused) again
+            pass
+        os.close(self._fd)  # the folder opened was removed (or replaced) before the lock
+        return False
 
     def __exit__(self, kind, value, trace):
-        super().__exit__(kind, value, trace)
+        super().__exit__(kind, value, trace)  # removed while still locked: no one writes there
         if self._fd is not None:
             os.close(self._fd)

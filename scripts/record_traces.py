@@ -56,11 +56,12 @@ from overlap_course.command_line import (Parser, fail, finite_number, locked,  #
 from overlap_course.measure.bench import (MAX_NEW_TOKENS, MAX_REPEATS, MAX_REQUESTS,  # noqa: E402
                                           default_workload)
 from overlap_course.measure.machine import machine_report  # noqa: E402
-from overlap_course.safe_json import quoted, signals_held, whole_set  # noqa: E402
+from overlap_course.safe_json import (quoted, refuse_unwritable, signals_held,  # noqa: E402
+                                      whole_set)
 from toy_engine.config import MAX_BATCH_SIZE, MAX_DRAFT_TOKENS, MAX_HOST_OVERHEAD_MS  # noqa: E402
 from toy_engine.model import CHECKPOINT  # noqa: E402
 from overlap_course.traces.recorded import (RECORDED_WORKLOAD, TRACES_DIR, Recording,  # noqa: E402
-                                            device_kind, recording, trace_name)
+                                            recording, trace_name)
 from overlap_course.measure.contention import (BUSY_OTHERS_CPUS, BUSY_RUN_CPU_SHARE,  # noqa: E402
                                                contention)
 
@@ -101,7 +102,7 @@ def _machine() -> dict:
 
 
 def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) -> tuple:
-    """Record one mode at one host overhead; returns (Timeline, output stem, busy?)."""
+    """Record one mode at one host overhead; returns (Timeline, busy?)."""
     config = EngineConfig(mode=mode, device=args.device, max_batch_size=args.batch_size,
                           num_draft_tokens=args.drafts, host_overhead_ms=overhead,
                           race_check=False)
@@ -112,7 +113,6 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         for _ in range(args.repeats):
             engine.generate(prompts, max_new_tokens=args.max_new_tokens)
             runs.append((engine.stats.tokens_per_s, engine.timeline, contention(engine.timeline)))
-        device_name = engine.device.name
     # The quietest run: a CUDA run has no CPU share, there the median tokens/s is kept.
     if all(r[2]["device_cpu_share"] is not None for r in runs):
         _, timeline, meter = max(runs, key=lambda r: (not r[2]["busy"],
@@ -131,7 +131,7 @@ def record(mode: str, overhead: float, args, model, tokenizer, model_desc: str) 
         tokens_per_s_all_runs=[round(r[0], 1) for r in runs],
         device_cpu_share_all_runs=[r[2]["device_cpu_share"] for r in runs], contention=meter)
     timeline.meta.annotations["recorded"] = asdict(made)
-    return timeline, trace_name(mode, overhead, device_kind(device_name), args.drafts), bool(meter["busy"])
+    return timeline, bool(meter["busy"])
 
 
 PROG = "record_traces"
@@ -187,20 +187,34 @@ def _no_repeats(args) -> None:
                              f"overheads that differ in their first 6 digits")
 
 
-def _record_all(args) -> list:
-    """Every run recorded, (timeline, file stem) each; ``BusyMachine`` if any ran busy."""
-    model, tokenizer, desc = _model()
-    recorded, busy = [], []
+def _targets(args) -> dict:
+    """(host overhead, mode) -> the file its run is written to, a folder or a pipe at each
+    refused before any run (``refuse_unwritable``, as ``whole_set.part`` refuses it when
+    writing, and profile_cuda before recording): it was refused only after every run was
+    recorded (minutes).  The device is the engine's: ``auto`` is CUDA when torch sees one."""
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    targets = {}
     for overhead in args.host_overheads:
         for mode in args.modes:
-            timeline, stem, was_busy = record(mode, overhead, args, model, tokenizer, desc)
-            c = recording(timeline).contention
-            progress(f"{stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
-                     f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs "
-                     f"used {c['others_cpus']} CPUs, busy {c['busy']}")
-            recorded.append((timeline, stem))
-            if was_busy:
-                busy.append(stem)
+            stem = trace_name(mode, overhead, "cuda" if cuda else "cpu", args.drafts)
+            targets[overhead, mode] = path = args.out / f"{stem}.json"
+            refuse_unwritable(path, quoted(str(path), 200))
+    return targets
+
+
+def _record_all(args, targets: dict) -> list:
+    """Every run recorded, (timeline, its file) each; ``BusyMachine`` if any ran busy."""
+    model, tokenizer, desc = _model()
+    recorded, busy = [], []
+    for (overhead, mode), path in targets.items():
+        timeline, was_busy = record(mode, overhead, args, model, tokenizer, desc)
+        c = recording(timeline).contention
+        progress(f"{path.stem}: {timeline.meta.stats.tokens_per_s:.0f} tok/s, CPU share device "
+                 f"{c['device_cpu_share']:.2f} host {c['host_cpu_share']:.2f}, other programs "
+                 f"used {c['others_cpus']} CPUs, busy {c['busy']}")
+        recorded.append((timeline, path))
+        if was_busy:
+            busy.append(path.stem)
     if busy and not args.allow_busy:
         raise BusyMachine(f"not written: {', '.join(busy)} ran on a busy machine (a CPU share "
                           f"below {BUSY_RUN_CPU_SHARE:.0%}, or other programs above "
@@ -209,15 +223,14 @@ def _record_all(args) -> list:
     return recorded
 
 
-def _write(out: Path, recorded: list) -> list[Path]:
-    """The traces written all or none (``safe_json.whole_set``): a full disk leaves ``out`` as
+def _write(recorded: list) -> list[Path]:
+    """The traces written all or none (``safe_json.whole_set``): a full disk leaves ``--out`` as
     it was, not a set from two recordings; a Ctrl-C waits until they are written (minutes of
     recording are not thrown away for a moment's writing)."""
-    paths = [out / f"{stem}.json" for _, stem in recorded]
     with signals_held(), whole_set() as files:
-        for path, (timeline, _) in zip(paths, recorded):
+        for timeline, path in recorded:
             Path(files.part(path, ".json")).write_text(timeline.to_json(), encoding="utf-8")
-    return paths
+    return [path for _, path in recorded]
 
 
 def main(argv=None) -> int:
@@ -225,11 +238,12 @@ def main(argv=None) -> int:
     try:  # junk, a repeat, an --out that cannot be made or is being written: before any work
         args.out = out_folder(args.out)
         _no_repeats(args)
+        targets = _targets(args)  # every file checked before a run is recorded
         busy = (f"--out {quoted(str(args.out), 200)} is being written by another command running "
                 f"now (a trace export, a site build, a recording): wait for it to end, or name "
                 f"another --out; nothing was written")
         with locked(args.out, busy):  # --out removed again if it was made for nothing
-            paths = _write(args.out, _record_all(args))
+            paths = _write(_record_all(args, targets))
     except ValueError as exc:  # ... or the engine refused the workload (a prompt too long)
         return fail(PROG, exc)
     except BusyMachine as exc:

@@ -26,11 +26,13 @@ interruptible(__name__, "grading")  # first: Ctrl-C while the imports run is one
 import argparse
 import re
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from overlap_course.build.setup_cell import read_notebook, read_notebook_text, write_notebook
 from overlap_course.command_line import PATH_CHARS, Parser, fail, os_problem, progress, run
-from overlap_course.safe_json import printable, quoted, refuse_unwritable, write_file
+from overlap_course.out_folders import made_folder
+from overlap_course.safe_json import printable, quoted, refuse_unwritable, whole_set
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 3
@@ -167,7 +169,9 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
     """An nbgrader course directory: ``source/<exercise>/<exercise>.ipynb`` and the config.
     Raises ValueError, naming the problem, for an unknown exercise, a DEST that is a file, or
     (unless ``force``) a file in DEST that differs from what this would write: an instructor's
-    edited config or assignment is kept, and nothing is written."""
+    edited config or assignment is kept, and nothing is written.  The files are written all or
+    none (``whole_set``), and the folders made for them are removed again on a failure or a
+    Ctrl-C (``made_folder``): a full disk left half a course, a refusal its empty folders."""
     sources = {path.stem: path for path in sorted((root / "source").glob("*.ipynb"))}
     unknown = [name for name in assignments or () if name not in sources]
     if unknown:
@@ -185,9 +189,15 @@ def course(dest: Path, root: Path = ROOT, assignments=None, force: bool = False)
         more = f" (and {len(edited) - 1} more)" if len(edited) > 1 else ""
         raise ValueError(f"{edited[0]}{more} differs from what `grading course` writes (edited?): "
                          f"nothing written; pass --force to overwrite")
-    for path, content in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(path, content, quoted(str(path), PATH_CHARS))
+    with ExitStack() as folders:
+        for folder in dict.fromkeys(path.parent for path in files):
+            folders.enter_context(made_folder(folder))
+        with whole_set() as parts:
+            for path, content in files.items():
+                try:
+                    Path(parts.part(path)).write_bytes(content)
+                except OSError as err:  # a full disk's write names no file: its target
+                    raise OSError(err.errno, err.strerror, str(path)) from None
     return dest
 
 
