@@ -24,13 +24,13 @@ from pathlib import Path
 
 from overlap_course import ctrl_c
 from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interruptible
-from overlap_course.out_folders import PATH_CHARS, cannot_write, locked, made_folder
+from overlap_course.out_folders import PATH_CHARS, FolderLost, cannot_write, locked, made_folder
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "progress", "exit_quietly_on_broken_pipe", "out_file", "not_an_input", "out_folder",
-           "made_folder", "locked", "cannot_write", "os_problem", "interruptible", "importing",
-           "run"]
+           "made_folder", "locked", "FolderLost", "cannot_write", "os_problem", "interruptible",
+           "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
