@@ -24,13 +24,13 @@ from pathlib import Path
 
 from overlap_course import ctrl_c
 from overlap_course.ctrl_c import INTERRUPTED, importing, interrupted, interruptible
-from overlap_course.out_folders import PATH_CHARS, cannot_write, locked, made_folder
+from overlap_course.out_folders import PATH_CHARS, FolderLost, cannot_write, locked, made_folder
 from overlap_course.safe_json import message_line, printable, quoted
 
 __all__ = ["Parser", "fail", "interrupted", "one_line", "whole_number", "finite_number", "emit",
            "progress", "exit_quietly_on_broken_pipe", "out_file", "not_an_input", "out_folder",
-           "made_folder", "locked", "cannot_write", "os_problem", "interruptible", "importing",
-           "run"]
+           "in_a_folder", "made_folder", "locked", "FolderLost", "cannot_write", "os_problem",
+           "interruptible", "importing", "run"]
 
 #: The exit status of a command refused its input (argparse's too).
 USAGE_ERROR = 2
@@ -143,6 +143,19 @@ def _os_errors_named(check):
     return checked
 
 
+def in_a_folder(text: str, name: str) -> None:
+    """A ``ValueError`` for a relative path ``text`` to write when the current folder was
+    removed under the terminal: the system said only "No such file or directory" (with no
+    path, or naming ``text``), after the work (``ctrl_c.folder_deleted``)."""
+    if os.path.isabs(text):
+        return
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ValueError(f"{name} {_path(text)}: "
+                         f"{ctrl_c.folder_deleted('nothing can be written there')}") from None
+
+
 def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
     """``text`` as a file to write, refused before any work if it cannot be one: empty, a pipe
     or a device (an output is a new file renamed into its place, which would replace
@@ -155,6 +168,7 @@ def out_file(text: str, name: str = "OUT", example: str = "trace.json") -> Path:
 def _out_file(text: str, name: str, example: str) -> Path:
     if not text.strip():
         raise ValueError(f"{name} is empty: name the file to write, e.g. {example}")
+    in_a_folder(text, name)
     out = Path(text)
     if out.exists() and not out.is_dir() and not out.is_file():
         raise ValueError(f"{name} {_path(text)} is a pipe or a device, not a file: the output is "
@@ -191,6 +205,7 @@ def out_folder(text: str, name: str = "--out") -> Path:
 def _out_folder(text: str, name: str) -> Path:
     if not text.strip():
         raise ValueError(f"{name} is empty: name the folder to write into")
+    in_a_folder(text, name)
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{name} {_path(text)} is a file, not a folder: name a folder")

@@ -94,6 +94,13 @@ def interruptible(module: str, prog: str, held=None) -> None:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
 
 
+def folder_deleted(why: str) -> str:
+    """What a command started in a folder removed under its terminal says (``why``: what fails
+    there): torch's import (:class:`_NoFolderForTorch`), an output named relative to it
+    (``command_line.in_a_folder``), where the system's own words named no folder."""
+    return f"the current folder was deleted ({why}): cd to a folder that exists and run it again"
+
+
 class _NoFolderForTorch:
     """An import finder, set by a command started in a folder removed under its terminal: torch's
     import is refused with one line naming that, exit status 2.  Torch cannot load there (MKL
@@ -114,9 +121,8 @@ class _NoFolderForTorch:
     def find_spec(self, name, path=None, target=None):
         if name == "torch":
             try:
-                sys.stderr.write(f"{self._prog}: error: the current folder was deleted (torch "
-                                 f"cannot load there): cd to a folder that exists and run it "
-                                 f"again\n")
+                sys.stderr.write(f"{self._prog}: error: "
+                                 f"{folder_deleted('torch cannot load there')}\n")
                 sys.stderr.flush()
             except (AttributeError, OSError, ValueError):  # no stderr, or it cannot be written
                 pass

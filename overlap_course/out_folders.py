@@ -10,7 +10,7 @@ from pathlib import Path
 
 from overlap_course.safe_json import quoted
 
-__all__ = ["made_folder", "locked", "cannot_write", "PATH_CHARS"]
+__all__ = ["made_folder", "locked", "FolderLost", "cannot_write", "PATH_CHARS"]
 
 #: The most characters of a path that a message quotes (then "..." and its length).
 PATH_CHARS = 200
@@ -23,6 +23,11 @@ def cannot_write(path, err: OSError) -> ValueError:
     """The refusal of ``path`` when the system would not write it (or make its folder)."""
     return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {err.strerror or err}; "
                       f"choose a path in a directory you can write")
+
+
+class FolderLost(ValueError):
+    """The folder a command locked was removed or replaced while it held it
+    (:meth:`locked.still_held`): refused input, though found late."""
 
 
 class made_folder:
@@ -75,9 +80,11 @@ class locked(made_folder):
     Only the holder of the lock removes the folders it made, and before it lets the lock go.
     The one refused removes nothing: the folder it made is the holder's to write into (removing
     it lost the holder's recording).  A lock got on a folder removed meanwhile (by the holder
-    before, who made it) holds nothing: the folder is made and locked again."""
+    before, who made it) holds nothing: the folder is made and locked again.  One removed (or
+    replaced) while held is no longer this command's: :meth:`still_held` before writing."""
 
     def __init__(self, folder: Path, busy: str, shown: Path | None = None):
+        self._folder = folder
         for _ in range(TRIES):
             try:
                 super().__init__(folder)
@@ -101,15 +108,30 @@ class locked(made_folder):
         except BlockingIOError:  # another holds it: what was made here is in its use
             os.close(self._fd)
             raise ValueError(busy) from None
-        try:
-            if os.path.samestat(os.fstat(self._fd), os.stat(folder)):
-                return True
-        except OSError:  # gone, or a parent replaced by a file: made (or refused) again
-            pass
-        os.close(self._fd)  # the folder opened was removed (or replaced) before the lock
+        if self._at_its_path():
+            return True
+        os.close(self._fd)  # removed (or replaced) before the lock: made (or refused) again
         return False
 
+    def _at_its_path(self) -> bool:
+        """Whether the folder locked is the one at its path now."""
+        try:
+            return os.path.samestat(os.fstat(self._fd), os.stat(self._folder))
+        except OSError:  # gone, or a parent replaced by a file
+            return False
+
+    def still_held(self, what: str) -> None:
+        """A :class:`FolderLost` naming ``what`` (``OUT's folder``) unless the folder locked is
+        still the one at its path.  Removed under the lock (a learner's ``rm -rf``), it may have
+        been made again and locked by another command: a run that re-made it (``mkdir``) wrote
+        into that command's folder while it held it, or, a file there, blamed its own file.
+        A folder that could not be locked (``-wx``) is taken as held, as at the start."""
+        if self._fd is not None and not self._at_its_path():
+            raise FolderLost(f"{what} {quoted(str(self._folder), PATH_CHARS)} was removed or "
+                             f"replaced while this run held it: nothing written; run it again")
+
     def __exit__(self, kind, value, trace):
-        super().__exit__(kind, value, trace)  # removed while still locked: no one writes there
+        if self._fd is None or self._at_its_path():  # else the folders there are another's
+            super().__exit__(kind, value, trace)  # removed while still locked: no one writes there
         if self._fd is not None:
             os.close(self._fd)

@@ -289,10 +289,13 @@ class whole_set:
     are renamed into place only when the block ends without an exception, together, under
     :class:`signals_held`; otherwise their temporary files are removed and no target is touched.
     Each written in place as it was made, a Ctrl-C or a failure before the last left one run's
-    file beside another run's.  An ``OSError`` names the target, not its temporary file."""
+    file beside another run's.  An ``OSError`` names the target, not its temporary file.
+    ``check`` (``out_folders.locked.still_held``), if given, is called before each file is made
+    and before the renames: it raises if they must not happen."""
 
-    def __init__(self):
+    def __init__(self, check=None):
         self._parts: dict[str, str] = {}
+        self._check = check or (lambda: None)
 
     def __enter__(self):
         return self
@@ -303,6 +306,7 @@ class whole_set:
         ``NotAFile``.  The name is random: a fixed one was taken by a ``kill -9``'s leftover
         (or a pipe).  ``path``'s name is cut to 100 characters, so that the new one fits."""
         path = os.fspath(path)
+        self._check()
         refuse_unwritable(path, quoted(path, 200))
         folder, name = os.path.split(path)
         with signals_held():  # made and noted together: a Ctrl-C between them left the file
@@ -323,6 +327,7 @@ class whole_set:
         try:
             if kind is None:
                 with signals_held():  # a Ctrl-C or a kill between two renames: one new, one old
+                    self._check()
                     for path, part in list(self._parts.items()):
                         try:
                             os.replace(part, path)

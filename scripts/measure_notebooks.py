@@ -55,6 +55,8 @@ from overlap_course.safe_json import signals_held, write_file  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
 TIMES = REPO / "docs" / "learner_times.json"
+README = REPO / "README.md"
+GUIDE = REPO / "docs" / "instructor_guide.md"
 # The order a learner takes the course in, with our estimate of the minutes it takes to write an
 # exercise's code (an estimate, not a measurement: the tables say so).
 COURSE = {
@@ -285,6 +287,24 @@ def _replace(text: str, pattern: str, new: str, where: str) -> str:
     return text[:found.start()] + new + text[found.end():]
 
 
+def _copies(rel: str) -> list[Path]:
+    """The notebooks with ``rel``'s header: an exercise's lives in source/ and in both generated
+    copies (kept identical); :func:`shape` reads the first, :func:`_answer_names` source/'s."""
+    copies = [REPO / f"{rel}.ipynb"]
+    if rel.startswith("exercises/"):
+        name = Path(rel).name + ".ipynb"
+        copies += [REPO / "source" / name, REPO / "solutions" / name]
+    return copies
+
+
+def update_files() -> dict[Path, str]:
+    """Every file :func:`updated_files` reads or rewrites (path -> what, for a message), and the
+    measurements it is given: what ``--record``'s ``--json`` must not overwrite."""
+    files = {path: f"the notebook {shown(path)}" for rel in COURSE for path in _copies(rel)}
+    return {**files, README: "the README", GUIDE: f"the guide ({shown(GUIDE)})",
+            TIMES: f"the stored measurements ({shown(TIMES)})"}
+
+
 def updated_files(times: dict) -> dict[Path, str]:
     """Every file whose time line or table differs from what ``times`` and the notebooks give now."""
     shapes = {rel: shape(rel) for rel in COURSE}  # each notebook read once
@@ -303,12 +323,7 @@ def updated_files(times: dict) -> dict[Path, str]:
                      f"notebook{'s' * (len(timed) > 1)} {optional})" if timed else "")
     for rel in COURSE:
         line = time_line(rel, shapes[rel], times["runs"][rel])
-        # an exercise's header lives in source/ and in both generated copies (kept identical)
-        copies = [REPO / f"{rel}.ipynb"]
-        if rel.startswith("exercises/"):
-            name = Path(rel).name + ".ipynb"
-            copies += [REPO / "source" / name, REPO / "solutions" / name]
-        for path in copies:
+        for path in _copies(rel):
             nb = nbformat.read(path, as_version=4)
             head = nb.cells[0].source
             if not TIME_LINE.search(head):
@@ -317,8 +332,7 @@ def updated_files(times: dict) -> dict[Path, str]:
             if new != head:
                 nb.cells[0].source = new
                 changed[path] = nbformat.writes(nb) + "\n"
-    readme = REPO / "README.md"
-    text = readme.read_text()
+    text = README.read_text()
     for rel in COURSE:
         if rel.startswith("notebooks/"):
             sh, run = shapes[rel], times["runs"][rel]
@@ -336,15 +350,16 @@ def updated_files(times: dict) -> dict[Path, str]:
     text = _replace(text, r"^Exercises: 02 about .*?hours(?: \([^)]*optional[^)]*\))?\.",
                     f"Exercises: {exercises} (reading, run and an estimated 10–20 minutes of writing code). "
                     f"Self-paced, the whole course is about {total / 60:.1f} hours{with_optional}.", "README.md")
-    if text != readme.read_text():
-        changed[readme] = text
-    guide = REPO / "docs" / "instructor_guide.md"
-    text = _replace(guide.read_text(), r"(?<=<!-- learner-times:begin -->\n).*?(?=\n<!-- learner-times:end -->)",
-                    guide_table(times, shapes, minutes), guide.name)
+    if text != README.read_text():
+        changed[README] = text
+    text = _replace(GUIDE.read_text(),
+                    r"(?<=<!-- learner-times:begin -->\n).*?(?=\n<!-- learner-times:end -->)",
+                    guide_table(times, shapes, minutes), GUIDE.name)
     text = _replace(text, r"the whole course takes about \*\*[^*]+\*\*( \([^)]*optional[^)]*\))?",
-                    f"the whole course takes about **{total / 60:.1f} hours**{with_optional}", guide.name)
-    if text != guide.read_text():
-        changed[guide] = text
+                    f"the whole course takes about **{total / 60:.1f} hours**{with_optional}",
+                    GUIDE.name)
+    if text != GUIDE.read_text():
+        changed[GUIDE] = text
     return changed
 
 
@@ -363,12 +378,10 @@ def _notebook(text: str) -> Path:
 
 
 def _read(paths: list[Path], record: bool) -> dict:
-    """What --json must not overwrite: the notebooks measured, and the measurements --record
-    reads and adds to."""
-    read = {path: f"the notebook {shown(path)}" for path in paths}
-    if record:
-        read[TIMES] = f"the stored measurements ({shown(TIMES)})"
-    return read
+    """What --json must not overwrite: the notebooks measured, and with --record every file its
+    update reads or rewrites (:func:`update_files`): --json is written first."""
+    return {**(update_files() if record else {}),
+            **{path: f"the notebook {shown(path)}" for path in paths}}
 
 
 def main(argv=None) -> int:

@@ -129,7 +129,8 @@ def main(argv=None) -> int:
     try:  # --out made for the files, and removed again if the engine refuses the workload
         # The three files all or none: a Ctrl-C during the ZOS run left the new serial trace
         # beside the earlier run's ZOS trace and summary.
-        with locked(a.out, busy), whole_set() as files:
+        with locked(a.out, busy) as lock, \
+                whole_set(check=lambda: lock.still_held("--out")) as files:
             parts = {mode: files.part(a.out / f"torch_profile_{mode}.json.gz", ".json.gz")
                      for mode in MODES}
             summary = files.part(a.out / "torch_profile_summary.json", ".json")

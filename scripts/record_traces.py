@@ -223,11 +223,12 @@ def _record_all(args, targets: dict) -> list:
     return recorded
 
 
-def _write(recorded: list) -> list[Path]:
+def _write(recorded: list, held) -> list[Path]:
     """The traces written all or none (``safe_json.whole_set``): a full disk leaves ``--out`` as
     it was, not a set from two recordings; a Ctrl-C waits until they are written (minutes of
-    recording are not thrown away for a moment's writing)."""
-    with signals_held(), whole_set() as files:
+    recording are not thrown away for a moment's writing).  ``held`` raises if ``--out`` was
+    removed or replaced meanwhile: one made again is another command's (``locked``)."""
+    with signals_held(), whole_set(check=held) as files:
         for timeline, path in recorded:
             Path(files.part(path, ".json")).write_text(timeline.to_json(), encoding="utf-8")
     return [path for _, path in recorded]
@@ -242,8 +243,8 @@ def main(argv=None) -> int:
         busy = (f"--out {quoted(str(args.out), 200)} is being written by another command running "
                 f"now (a trace export, a site build, a recording): wait for it to end, or name "
                 f"another --out; nothing was written")
-        with locked(args.out, busy):  # --out removed again if it was made for nothing
-            paths = _write(_record_all(args, targets))
+        with locked(args.out, busy) as lock:  # --out removed again if made for nothing
+            paths = _write(_record_all(args, targets), lambda: lock.still_held("--out"))
     except ValueError as exc:  # ... or the engine refused the workload (a prompt too long)
         return fail(PROG, exc)
     except BusyMachine as exc:

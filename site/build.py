@@ -61,8 +61,8 @@ from PIL import Image
 
 from overlap_course.build.setup_cell import read_notebook as read_stored
 from overlap_course.build.stored_figure import check_figures
-from overlap_course.command_line import (PATH_CHARS, Parser, fail, locked as lock_folder,
-                                         os_problem, out_folder, run)
+from overlap_course.command_line import (PATH_CHARS, FolderLost, Parser, fail,
+                                         locked as lock_folder, os_problem, out_folder, run)
 from overlap_course.ctrl_c import KILLS, Killed
 from overlap_course.figures.config import plotly_config
 from overlap_course.figures.payoff import payoff_figure, published_text
@@ -269,7 +269,7 @@ def fresh_folder(out: Path, name: str) -> Path:
     folder = out / name
     if folder.exists():
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder.mkdir()  # not OUT too: removed under the build's lock, it is another's to make
     (folder / STAMP).write_text("made by site/build.py (./run.sh site), which replaces this folder "
                                 "on each build\n", encoding="utf-8")
     return folder
@@ -341,10 +341,11 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def build(out: Path, stored: dict | None = None) -> Path:
+def build(out: Path, stored: dict | None = None, held=lambda: None) -> Path:
     """Stage and build; returns the folder of index.html.  Sphinx writes ``OUT/html.partial``,
     which replaces ``OUT/html`` only once it is whole: a Ctrl-C, a kill or a failure keeps the
-    earlier site (``fresh_folder`` of ``html`` deleted it before Sphinx began)."""
+    earlier site (``fresh_folder`` of ``html`` deleted it before Sphinx began).  ``held``
+    raises if OUT is no longer the folder locked (``locked.still_held``): nothing is renamed."""
     src = stage(out, stored)
     new, doctrees = fresh_folder(out, "html.partial"), fresh_folder(out, "doctrees")
     fresh_folder(out, "jupyter_execute")
@@ -355,12 +356,14 @@ def build(out: Path, stored: dict | None = None) -> Path:
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
+    held()  # before html.old goes: in an OUT made again, it is another build's
     html, old = out / "html", out / "html.old"  # html.old: left by a kill; ours (main)
     if old.exists():
         shutil.rmtree(old)
     earlier = html.exists()
     try:
         with signals_held():  # both renames or neither, a kill too: never a site missing between
+            held()
             if earlier:
                 os.replace(html, old)
             os.replace(new, html)
@@ -394,7 +397,9 @@ def main(argv=None) -> int:
         return fail("site", exc)
     try:
         with lock:  # a build that failed leaves no --out folder it made (empty) behind
-            html = build(out, stored)
+            html = build(out, stored, lambda: lock.still_held("--out"))
+    except FolderLost as exc:  # removed or replaced under the build: another's now
+        return fail("site", exc)
     except OSError as exc:
         if exc.filename2:  # a copy (shutil): the second file is the one being written
             return fail("site", f"cannot copy {quoted(str(exc.filename), PATH_CHARS)} to "

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from overlap_course.command_line import (Parser, cannot_write, emit, fail, finite_number,
-                                         importing, interrupted, locked, not_an_input, os_problem,
-                                         out_file, whole_number)
+from overlap_course.command_line import (FolderLost, Parser, cannot_write, emit, fail,
+                                         finite_number, importing, interrupted, locked,
+                                         not_an_input, os_problem, out_file, whole_number)
 from overlap_course.safe_json import dumps, quoted, whole_set
 
 from .idle import summary
@@ -167,26 +167,29 @@ def _targets(out: Path, modes) -> dict:
     return {m: out_file(str(_out_path(out, m)), f"the {m} run's file") for m in modes}
 
 
-def _export_all(runs: dict, targets: dict, names: dict) -> dict:
+def _export_all(runs: dict, targets: dict, names: dict, held) -> dict:
     """Every run exported to its file, all or none (``safe_json.whole_set``): each is written
     and measured under a temporary name beside its target, and they are renamed into place
     only when all are.  The export's report.  ``names``: how a refusal names each run (STORED,
     or the mode recorded), never by the temporary file, which is gone when the message is
-    read."""
+    read.  ``held``: raises unless OUT's folder is still the one locked (nothing is made
+    there: one made again was another export's to lock and write)."""
     from .exporting import export
 
     report = {}
     try:
-        with whole_set() as files:
+        with whole_set(check=held) as files:
             for mode, tl in runs.items():
                 path = targets[mode]
                 suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
                 try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
                     tmp = Path(files.part(path, suffix))
                     export(tl, tmp, name=path.name)
                 except OSError as exc:
+                    held()  # the folder removed while written: that, not the file, is the news
                     raise cannot_write(path, exc) from None
+                except FolderLost:
+                    raise
                 except ValueError as exc:  # the timeline refused (kineto_events)
                     raise ValueError(f"{names[mode]}: {exc}") from None
                 try:
@@ -229,8 +232,9 @@ def _export(args) -> dict:
         modes = ("serial", "zos") if args.mode == "both" else (args.mode,)
         targets = _targets(out, modes)  # every file checked before a run is recorded
         run, names = (lambda mode: _record(mode, args)), {m: f"the {m} run" for m in modes}
-    with _locked(out):
-        return _export_all({mode: run(mode) for mode in targets}, targets, names)
+    with _locked(out) as lock:
+        runs = {mode: run(mode) for mode in targets}
+        return _export_all(runs, targets, names, lambda: lock.still_held("OUT's folder"))
 
 
 def main(argv=None) -> int:
