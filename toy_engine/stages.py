@@ -17,8 +17,9 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import (ForeignStep, PreparedTwice, RoundInputs, Run, RunEnded, SampleBeforeForward,
-                  StaleInputs, StepProcessedTwice, StepState)
+from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward, StaleInputs,
+                       StepProcessedTwice)
+from .run import RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
