@@ -85,11 +85,16 @@ class StageInPlugin(RuntimeError):
     """A round's stage (``stage``) called from inside a plug-in or another stage (``inside``)."""
 
     def __init__(self, stage: str, inside: str):
-        super().__init__(f"engine.{stage}() was called from inside {inside}: a stage called "
-                         f"there plans or launches a round the loop never processes (and "
-                         f"engine.schedule() calls on_round itself); only the loop calls the "
-                         f"stages. To see what runs next, read engine.scheduler.waiting and "
-                         f"engine.scheduler.running")
+        replaced = stage == "process_outputs"  # inside the plug-in that replaces it
+        super().__init__(f"engine.{stage}() was called from inside {inside}" + (
+            ", the stage it replaces: in this run engine.process_outputs calls it, so it would "
+            "call itself until Python's recursion limit; process the step in it yourself: "
+            "engine.device.wait(step.sample_done), out = engine.read_outputs(step), then for "
+            "req in engine.commit_outputs(step, out): engine.scheduler.release_if_done(req)"
+            if replaced else
+            ": a stage called there plans or launches a round the loop never processes (and "
+            "engine.schedule() calls on_round itself); only the loop calls the stages. To see "
+            "what runs next, read engine.scheduler.waiting and engine.scheduler.running"))
         self.stage = stage
 
 

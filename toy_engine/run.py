@@ -137,7 +137,8 @@ class Run:
 
     def enter(self, stage: str) -> str | None:
         """``stage`` starts (the previous stage, to restore, is returned): refused from another
-        thread than the run's loop (kept: a stall's cause), and a round's stage from a plug-in."""
+        thread than the run's loop (kept: a stall's cause), a round's stage from a plug-in, and
+        process_outputs from the plug-in that replaces it (it would call itself, endlessly)."""
         if self.loop_thread not in (None, threading.get_ident()):
             refused = RuntimeError(
                 f"engine.{stage}() was called from another thread than the one running generate "
@@ -148,7 +149,9 @@ class Run:
             raise refused
         inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
                   f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
-        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):
+        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None) or (
+                stage == "process_outputs" and self.plugin is not None
+                and self.plugin == self.labels.get("process_outputs")):  # it would call itself
             raise StageInPlugin(stage, inside)
         previous, self.stage = self.stage, stage
         return previous
