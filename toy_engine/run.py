@@ -17,13 +17,14 @@ from .validate import plugin_label, shown
 class _SetOnce:
     """A round's record whose fields are set once, as the engine made it: they say where the
     round's inputs and results live (plan, slot, event, run), so one changed after would launch,
-    read or commit another round's, silently; the engine sets its own flags through vars()."""
+    read or commit another round's, silently; the engine sets its own flags through ``Run.flag``.
+    object.__setattr__ and vars() get around this: ``Run.check_made`` checks where they are used."""
 
     def __setattr__(self, name, value):
         if name not in vars(self):  # as the dataclass's __init__ sets it
             return object.__setattr__(self, name, value)
         run, what = vars(self).get("run"), type(self).__name__
-        who = getattr(run, "plugin", None) or getattr(run, "labels", {}).get("loop", "the loop")
+        who = run.who() if isinstance(run, Run) else "the loop"
         raise AttributeError(
             f"{who} set {what}.{name} of round {self.plan.round}: a {what}'s fields are the "
             f"engine's, set as it was made (they say where round {self.plan.round}'s inputs "
@@ -44,6 +45,8 @@ class RoundInputs(_SetOnce):
     run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
     forwarded: bool = field(default=False, repr=False)  # launch_forward was given it
 
+    NAME, MADE_BY = "inputs", "prepare_inputs(plan)"  # as messages name it, and what makes it
+
 
 @dataclass
 class StepState(_SetOnce):
@@ -56,6 +59,8 @@ class StepState(_SetOnce):
     sample_done: Event
     run: "Run" = field(repr=False, compare=False)  # the generate call that launched it
     committed: bool = field(default=False, repr=False)
+
+    NAME, MADE_BY = "step", "launch_sample(inputs)"
 
     @property
     def owner(self) -> int:
@@ -112,6 +117,8 @@ class Run:
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
     plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
+    rounds: dict = field(default_factory=dict)  # id(plan) -> the plan and its round, as planned
+    made: dict = field(default_factory=dict)  # id -> each RoundInputs and StepState, as made
     prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
     sampled: set = field(default_factory=set)  # rounds whose sample was launched
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
@@ -159,22 +166,74 @@ class Run:
     def planned(self, plan: Plan) -> None:
         """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
         self.plans[plan.round], plan.run = plan.snapshot(), self
+        self.rounds[id(plan)] = plan, plan.round
         if plan.is_prefill:
             self.prefill_rounds.add(plan.round)
             self.admitted += plan.requests
 
     def check_plan(self, stage: str, plan: Plan) -> None:
-        """Refuse a plan changed since engine.schedule() returned it (its requests reordered,
-        added or removed): the round's tokens are committed in its requests' order, and its
-        metadata went to the device in the order prepare_inputs saw."""
-        was = self.plans.get(plan.round)
-        if was is not None and was != plan.snapshot():
-            raise ValueError(
-                f"{stage} was given round {plan.round}'s plan changed since engine.schedule() "
-                f"returned it (its requests reordered, added or removed, or its kind): the "
-                f"round's metadata goes to the device in the plan's order and its tokens are "
-                f"handed out in that order, so they would reach the wrong prompts; do not "
-                f"change a plan, sort a copy: sorted(plan.requests, key=...)")
+        """Refuse a plan engine.schedule() did not return (a copy), or changed since (its
+        requests reordered, added or removed; its round or kind, around Plan's guard): the
+        round's tokens are committed in its requests' order, and its metadata went to the
+        device in the order prepare_inputs saw.  Its round is the one the run recorded."""
+        kept, rnd = self.rounds.get(id(plan), (None, None))
+        if kept is not plan:
+            raise ForeignStep(plan.round if type(plan.round) is int else -1, what="plan")
+        now, was = plan.snapshot(), self.plans[rnd]
+        same = [type(a) is type(b) and a == b for a, b in zip(now, was)]  # an int's __eq__ may lie
+        if all(same):
+            return
+        why = next((f"plan.{name} changed from {shown(b)} to {shown(a)}, around Plan's guard "
+                    f"(object.__setattr__ or vars()), by {self.who()} or before: a plan's round "
+                    f"and kind are the engine's (the stages find and size the round's inputs "
+                    f"and results by them); read them, never change them"
+                    for name, a, b, kept in zip(("round", "is_prefill"), now, was, same)
+                    if not kept), None)
+        raise ValueError(
+            f"{stage} was given round {rnd}'s plan changed since engine.schedule() returned it ("
+            + (why or "its requests reordered, added or removed: the round's metadata goes to "
+               "the device in the plan's order and its tokens are handed out in that order, so "
+               "they would reach the wrong prompts; do not change a plan, sort a copy: "
+               "sorted(plan.requests, key=...)") + ")")
+
+    def who(self) -> str:
+        """Who calls the stages now, as messages name it: the plug-in running, else the loop."""
+        return self.plugin or self.labels.get("loop", "the loop")
+
+    def keep(self, made):
+        """``made``, a RoundInputs or StepState a stage returns, as made (``check_made``)."""
+        self.made[id(made)] = made, dict(vars(made))
+        return made
+
+    def flag(self, made, name: str) -> None:
+        """Set the engine's flag ``name`` (``forwarded``, ``committed``) of ``made``, as kept."""
+        vars(made)[name] = self.made[id(made)][1][name] = True
+
+    def check_made(self, stage: str, given) -> None:
+        """Refuse inputs or a step this run's stages did not make (a copy, dataclasses.replace),
+        or whose fields were changed around their set-once guard (object.__setattr__, vars()):
+        its plan, slot or event would launch, read or commit another round's, silently."""
+        kept, fields = self.made.get(id(given), (None, {}))
+        what, maker = type(given).NAME, f"engine.{type(given).MADE_BY}"
+        if kept is not given:
+            raise ValueError(f"{self.who()} gave engine.{stage}() a {type(given).__name__} "
+                             f"that {maker} did not return (a copy, dataclasses.replace() or "
+                             f"one built by hand): only the one it returned says where its "
+                             f"round's inputs and results live; pass that one")
+        now = vars(given)
+        name = next((f for f, v in fields.items() if f not in now or now[f] is not v and not (
+            type(v) is int and type(now[f]) is int and now[f] == v)), None)
+        if name is None:
+            return
+        how = ("removed" if name not in now else f"changed from {shown(fields[name])} to "
+               f"{shown(now[name])}" if type(fields[name]) in (int, bool) else "replaced")
+        rnd = self.rounds[id(fields["plan"])][1]
+        raise ValueError(
+            f"{self.who()} gave engine.{stage}() round {rnd}'s {what} with {what}.{name} {how} "
+            f"since {maker} made it (object.__setattr__ and vars() get around its set-once "
+            f"fields): its plan, slot and event say where round {rnd}'s inputs and results "
+            f"live, and one changed would read another round's tokens as this one's; read "
+            f"them, never change them")
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,
