@@ -257,10 +257,13 @@ def test_on_round_calling_schedule_is_refused_naming_it(engine_pool, guarded):
     assert texts(engine.generate(PROMPTS, max_new_tokens=10)) == reference
 
 
-def test_a_process_outputs_plug_in_calling_process_outputs_still_recurses(engine_pool):
-    """The checks name this mistake from its RecursionError (checks/lesson05.py)."""
+def test_a_process_outputs_plug_in_calling_process_outputs_is_refused_by_name(engine_pool):
+    """Round nineteen: refused as StageInPlugin (it was a RecursionError ~1000 frames deep),
+    which the checks name as calls_itself (checks/lesson05.py)."""
     engine = engine_pool(mode="serial", max_batch_size=3)
-    with pytest.raises(RecursionError):
+    with pytest.raises(RuntimeError, match=r"engine\.process_outputs\(\) was called from "
+                                           r"inside the plug-in process_outputs=.*, the stage "
+                                           r"it replaces"):
         engine.generate(PROMPTS, max_new_tokens=4,
                         process_outputs=lambda eng, step: eng.process_outputs(step))
 

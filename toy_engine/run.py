@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from . import kernels
 from .device import Event
+from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward,  # noqa: F401
+                       StageInPlugin, StaleInputs, StepProcessedTwice)  # exported: the checks'
 from .scheduler import Plan
 from .sequence import Request
 from .validate import plugin_label, shown
@@ -15,13 +17,14 @@ from .validate import plugin_label, shown
 class _SetOnce:
     """A round's record whose fields are set once, as the engine made it: they say where the
     round's inputs and results live (plan, slot, event, run), so one changed after would launch,
-    read or commit another round's, silently; the engine sets its own flags through vars()."""
+    read or commit another round's, silently; the engine sets its own flags through ``Run.flag``.
+    object.__setattr__ and vars() get around this: ``Run.check_made`` checks where they are used."""
 
     def __setattr__(self, name, value):
         if name not in vars(self):  # as the dataclass's __init__ sets it
             return object.__setattr__(self, name, value)
         run, what = vars(self).get("run"), type(self).__name__
-        who = getattr(run, "plugin", None) or getattr(run, "labels", {}).get("loop", "the loop")
+        who = run.who() if isinstance(run, Run) else "the loop"
         raise AttributeError(
             f"{who} set {what}.{name} of round {self.plan.round}: a {what}'s fields are the "
             f"engine's, set as it was made (they say where round {self.plan.round}'s inputs "
@@ -42,6 +45,8 @@ class RoundInputs(_SetOnce):
     run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
     forwarded: bool = field(default=False, repr=False)  # launch_forward was given it
 
+    NAME, MADE_BY = "inputs", "prepare_inputs(plan)"  # as messages name it, and what makes it
+
 
 @dataclass
 class StepState(_SetOnce):
@@ -54,6 +59,8 @@ class StepState(_SetOnce):
     sample_done: Event
     run: "Run" = field(repr=False, compare=False)  # the generate call that launched it
     committed: bool = field(default=False, repr=False)
+
+    NAME, MADE_BY = "step", "launch_sample(inputs)"
 
     @property
     def owner(self) -> int:
@@ -80,108 +87,6 @@ class EngineStalled(RuntimeError):
         self.reason = reason
         self.prompt_indexes = [r.index for r in requests]
         self.request_ids = [r.id for r in requests]
-
-
-class StepProcessedTwice(RuntimeError):
-    """A launched round's results were handed out a second time (``round``, ``prompt_indexes``),
-    from the same StepState or (``same_step`` False) another one of the round."""
-
-    def __init__(self, round: int, requests=(), same_step: bool = True):
-        why = ("process each StepState exactly once" if same_step else
-               f"it came from another StepState: launch_sample was called more than once for "
-               f"round {round}'s inputs (each call returns a new StepState of the round). Launch "
-               f"each round's sample once, and process its StepState once")
-        super().__init__(f"round {round}'s step was already processed: {why} (a second time "
-                         f"would hand its tokens out twice)")
-        self.round = round
-        self.prompt_indexes = [r.index for r in requests]
-
-
-class StaleInputs(RuntimeError):
-    """A launch (``stage``) given round ``round``'s inputs when the device holds another's:
-    round ``latest``'s, uploaded since; ``foreign`` (``latest`` None): inputs of another run."""
-
-    def __init__(self, stage: str, round: int, latest: int | None, foreign: bool = False):
-        if foreign:
-            why = ("which another run prepared (an earlier generate, on this engine or another): "
-                   "a RoundInputs is launched only in the run that prepared it")
-        else:
-            why = (f"but round {latest}'s inputs were prepared since, and the device holds one "
-                   f"round's inputs, the latest upload: it would work on round {latest}'s "
-                   f"metadata as round {round}'s. Launch with the inputs the latest "
-                   f"prepare_inputs returned, and launch a round before preparing the next")
-        super().__init__(f"{stage} was given round {round}'s inputs, {why}")
-        self.stage, self.round, self.latest, self.foreign = stage, round, latest, foreign
-
-
-class SampleBeforeForward(RuntimeError):
-    """launch_sample was given round ``round``'s inputs before launch_forward was (refused on
-    the host: the device's sample would read logits no forward computed)."""
-
-    def __init__(self, round: int):
-        super().__init__(f"launch_sample was given round {round}'s inputs before their forward "
-                         f"was launched: sampling picks tokens from the logits the round's "
-                         f"forward computes. Call engine.launch_forward(inputs) first, then "
-                         f"engine.launch_sample(inputs)")
-        self.round = round
-
-
-class ForeignStep(RuntimeError):
-    """A step (``what``: "step") or plan ("plan") of another run (an earlier ``generate``, or one
-    still going on another engine) was given to this run: its requests (and a step's event and
-    output slot) are that run's (``round``: its round)."""
-
-    def __init__(self, round: int, what: str = "step"):
-        whose = ("another run (an earlier generate, on this engine or another, or one still "
-                 "going on another engine)")
-        super().__init__(
-            f"round {round}'s step was launched by {whose}: a StepState is processed only in "
-            f"the run that launched it. Was `previous` kept from that run (a global, a default "
-            f"argument)? Start each loop with `previous = None`" if what == "step" else
-            f"round {round}'s plan was scheduled by {whose}, or built by hand: a plan is "
-            f"prepared only in the run whose engine.schedule() returned it (its requests, KV "
-            f"blocks and rows are that run's). Was `plan` kept from that run (a global, a "
-            f"default argument)? Prepare the plan this loop's engine.schedule() just returned")
-        self.round, self.what = round, what
-
-
-class PreparedTwice(RuntimeError):
-    """prepare_inputs was given round ``round``'s plan again (prepared before; ``ran``: its
-    tokens handed out); ``latest``: the last round engine.schedule() planned."""
-
-    def __init__(self, round: int, latest: int, ran: bool):
-        done = " and its round ran (its tokens were handed out)" if ran else ""
-        since = (f"; engine.schedule() has returned round {latest}'s plan since, and that plan "
-                 f"never runs" if latest > round else "")
-        super().__init__(f"prepare_inputs was given round {round}'s plan, which was already "
-                         f"prepared{done}{since}. Prepare each plan once, the one "
-                         f"engine.schedule() just returned (a plan kept from an earlier round, "
-                         f"in a variable the loop reuses, runs nothing new)")
-        self.round, self.latest, self.ran = round, latest, ran
-
-
-class StageInPlugin(RuntimeError):
-    """A round's stage (``stage``) called from inside a plug-in or another stage (``inside``)."""
-
-    def __init__(self, stage: str, inside: str):
-        super().__init__(f"engine.{stage}() was called from inside {inside}: a stage called "
-                         f"there plans or launches a round the loop never processes (and "
-                         f"engine.schedule() calls on_round itself); only the loop calls the "
-                         f"stages. To see what runs next, read engine.scheduler.waiting and "
-                         f"engine.scheduler.running")
-        self.stage = stage
-
-
-class RunEnded(RuntimeError):
-    """A stage (``stage``) was given round ``round``'s inputs or step after its run ended."""
-
-    def __init__(self, stage: str, round: int, what: str):
-        super().__init__(f"{stage} was given round {round}'s {what} of a run that has ended "
-                         f"(its generate returned, or raised): nothing of it can be launched or "
-                         f"processed any more. Objects a loop kept (globals, a cell run again) "
-                         f"end with their run; to run rounds, call engine.generate (your loop "
-                         f"as loop=)")
-        self.stage, self.round = stage, round
 
 
 @dataclass
@@ -212,6 +117,8 @@ class Run:
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
     plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
+    rounds: dict = field(default_factory=dict)  # id(plan) -> the plan and its round, as planned
+    made: dict = field(default_factory=dict)  # id -> each RoundInputs and StepState, as made
     prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
     sampled: set = field(default_factory=set)  # rounds whose sample was launched
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
@@ -237,7 +144,8 @@ class Run:
 
     def enter(self, stage: str) -> str | None:
         """``stage`` starts (the previous stage, to restore, is returned): refused from another
-        thread than the run's loop (kept: a stall's cause), and a round's stage from a plug-in."""
+        thread than the run's loop (kept: a stall's cause), a round's stage from a plug-in, and
+        process_outputs from the plug-in that replaces it (it would call itself, endlessly)."""
         if self.loop_thread not in (None, threading.get_ident()):
             refused = RuntimeError(
                 f"engine.{stage}() was called from another thread than the one running generate "
@@ -248,7 +156,9 @@ class Run:
             raise refused
         inside = (f"the plug-in {self.plugin}" if self.plugin is not None else
                   f"engine.{self.stage}() (a plug-in it calls, such as per_request's wants_more)")
-        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None):
+        if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None) or (
+                stage == "process_outputs" and self.plugin is not None
+                and self.plugin == self.labels.get("process_outputs")):  # it would call itself
             raise StageInPlugin(stage, inside)
         previous, self.stage = self.stage, stage
         return previous
@@ -256,22 +166,74 @@ class Run:
     def planned(self, plan: Plan) -> None:
         """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
         self.plans[plan.round], plan.run = plan.snapshot(), self
+        self.rounds[id(plan)] = plan, plan.round
         if plan.is_prefill:
             self.prefill_rounds.add(plan.round)
             self.admitted += plan.requests
 
     def check_plan(self, stage: str, plan: Plan) -> None:
-        """Refuse a plan changed since engine.schedule() returned it (its requests reordered,
-        added or removed): the round's tokens are committed in its requests' order, and its
-        metadata went to the device in the order prepare_inputs saw."""
-        was = self.plans.get(plan.round)
-        if was is not None and was != plan.snapshot():
-            raise ValueError(
-                f"{stage} was given round {plan.round}'s plan changed since engine.schedule() "
-                f"returned it (its requests reordered, added or removed, or its kind): the "
-                f"round's metadata goes to the device in the plan's order and its tokens are "
-                f"handed out in that order, so they would reach the wrong prompts; do not "
-                f"change a plan, sort a copy: sorted(plan.requests, key=...)")
+        """Refuse a plan engine.schedule() did not return (a copy), or changed since (its
+        requests reordered, added or removed; its round or kind, around Plan's guard): the
+        round's tokens are committed in its requests' order, and its metadata went to the
+        device in the order prepare_inputs saw.  Its round is the one the run recorded."""
+        kept, rnd = self.rounds.get(id(plan), (None, None))
+        if kept is not plan:
+            raise ForeignStep(plan.round if type(plan.round) is int else -1, what="plan")
+        now, was = plan.snapshot(), self.plans[rnd]
+        same = [type(a) is type(b) and a == b for a, b in zip(now, was)]  # an int's __eq__ may lie
+        if all(same):
+            return
+        why = next((f"plan.{name} changed from {shown(b)} to {shown(a)}, around Plan's guard "
+                    f"(object.__setattr__ or vars()), by {self.who()} or before: a plan's round "
+                    f"and kind are the engine's (the stages find and size the round's inputs "
+                    f"and results by them); read them, never change them"
+                    for name, a, b, kept in zip(("round", "is_prefill"), now, was, same)
+                    if not kept), None)
+        raise ValueError(
+            f"{stage} was given round {rnd}'s plan changed since engine.schedule() returned it ("
+            + (why or "its requests reordered, added or removed: the round's metadata goes to "
+               "the device in the plan's order and its tokens are handed out in that order, so "
+               "they would reach the wrong prompts; do not change a plan, sort a copy: "
+               "sorted(plan.requests, key=...)") + ")")
+
+    def who(self) -> str:
+        """Who calls the stages now, as messages name it: the plug-in running, else the loop."""
+        return self.plugin or self.labels.get("loop", "the loop")
+
+    def keep(self, made):
+        """``made``, a RoundInputs or StepState a stage returns, as made (``check_made``)."""
+        self.made[id(made)] = made, dict(vars(made))
+        return made
+
+    def flag(self, made, name: str) -> None:
+        """Set the engine's flag ``name`` (``forwarded``, ``committed``) of ``made``, as kept."""
+        vars(made)[name] = self.made[id(made)][1][name] = True
+
+    def check_made(self, stage: str, given) -> None:
+        """Refuse inputs or a step this run's stages did not make (a copy, dataclasses.replace),
+        or whose fields were changed around their set-once guard (object.__setattr__, vars()):
+        its plan, slot or event would launch, read or commit another round's, silently."""
+        kept, fields = self.made.get(id(given), (None, {}))
+        what, maker = type(given).NAME, f"engine.{type(given).MADE_BY}"
+        if kept is not given:
+            raise ValueError(f"{self.who()} gave engine.{stage}() a {type(given).__name__} "
+                             f"that {maker} did not return (a copy, dataclasses.replace() or "
+                             f"one built by hand): only the one it returned says where its "
+                             f"round's inputs and results live; pass that one")
+        now = vars(given)
+        name = next((f for f, v in fields.items() if f not in now or now[f] is not v and not (
+            type(v) is int and type(now[f]) is int and now[f] == v)), None)
+        if name is None:
+            return
+        how = ("removed" if name not in now else f"changed from {shown(fields[name])} to "
+               f"{shown(now[name])}" if type(fields[name]) in (int, bool) else "replaced")
+        rnd = self.rounds[id(fields["plan"])][1]
+        raise ValueError(
+            f"{self.who()} gave engine.{stage}() round {rnd}'s {what} with {what}.{name} {how} "
+            f"since {maker} made it (object.__setattr__ and vars() get around its set-once "
+            f"fields): its plan, slot and event say where round {rnd}'s inputs and results "
+            f"live, and one changed would read another round's tokens as this one's; read "
+            f"them, never change them")
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,

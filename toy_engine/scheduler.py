@@ -4,6 +4,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .sequence import Request
+from .validate import shown
 
 
 class BlockManager:
@@ -45,6 +46,18 @@ class Plan:
     is_prefill: bool
     requests: list[Request]
     run: object = field(default=None, repr=False, compare=False)  # the run that scheduled it
+
+    def __setattr__(self, name, value) -> None:
+        """Its round and kind are set once, as planned: the stages find and size the round's
+        inputs and results by them (vars() gets around this: ``Run.check_plan`` checks)."""
+        if name in ("round", "is_prefill") and name in vars(self):
+            who = self.run.who() if hasattr(type(self.run), "who") else "the loop"
+            raise AttributeError(
+                f"{who} set plan.{name} of round {self.round} to {shown(value)}: a plan's round "
+                f"and kind are the engine's, as engine.schedule() planned it (the stages find "
+                f"and size the round's inputs and results by them), and one changed would hand "
+                f"another round's tokens out as this one's; read them, never change them")
+        object.__setattr__(self, name, value)
 
     def snapshot(self) -> tuple:
         """Its round, kind and requests (by identity, in order): what stages check unchanged."""

@@ -17,8 +17,9 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .run import (ForeignStep, PreparedTwice, RoundInputs, Run, RunEnded, SampleBeforeForward,
-                  StaleInputs, StepProcessedTwice, StepState)
+from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward, StaleInputs,
+                       StepProcessedTwice)
+from .run import RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
@@ -205,8 +206,8 @@ class RoundStages:
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // self.config.block_size))
             cols["block_tables"] = [b for r in plan.requests for b in (r.blocks + [0] * nb)[:nb]]
             blocks = {b for r in plan.requests for b in r.blocks}
-            inputs = RoundInputs(plan, plan.round % self._run.num_slots, len(cols["input_ids"]), nb,
-                                 max(cols["seqlens_q"]), blocks, self._run)
+            inputs = run.keep(RoundInputs(plan, plan.round % run.num_slots, len(cols["input_ids"]),
+                                          nb, max(cols["seqlens_q"]), blocks, run))
             buffers.write_inputs(self.device, self.layout, inputs.slot, cols,
                                  [r.temperature for r in plan.requests], nb)
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
@@ -216,7 +217,7 @@ class RoundStages:
         return inputs
 
     def _uploaded(self, stage: str, inputs: RoundInputs) -> None:
-        """Launch only the latest upload: the device holds one round's inputs (``StaleInputs``)."""
+        """Launch only the latest upload, unchanged: the device holds one round's inputs."""
         self._open(stage)
         _takes(stage, inputs, RoundInputs)
         run = self._run
@@ -224,6 +225,7 @@ class RoundStages:
             raise StaleInputs(stage, inputs.plan.round, None, foreign=True)
         if run.ended:
             raise RunEnded(stage, inputs.plan.round, "inputs")
+        run.check_made(stage, inputs)
         if inputs is not run.uploaded:
             raise StaleInputs(stage, inputs.plan.round, run.uploaded.plan.round)
 
@@ -285,7 +287,7 @@ class RoundStages:
         with self.timeline.host_span(Stage.LAUNCH_FORWARD, inputs.plan.round):
             self.device.launch(kernels.forward, inputs.max_q, round=inputs.plan.round, stage=Stage.FORWARD,
                                blocks=inputs.blocks)
-        vars(inputs)["forwarded"] = True  # the engine's flag (_SetOnce)
+        self._run.flag(inputs, "forwarded")
 
     @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
@@ -304,7 +306,7 @@ class RoundStages:
                                              stage=Stage.SAMPLE, reads=reads, writes={buffers.out_buffer(slot)},
                                              record_event=True, owner=r)
         self._run.sampled.add(r)
-        return StepState(inputs.plan, slot, sample_done, self._run)
+        return self._run.keep(StepState(inputs.plan, slot, sample_done, self._run))
 
     @_stage
     def process_outputs(self, step: StepState, stage: str = Stage.POSTPROCESS) -> None:
@@ -361,11 +363,12 @@ class RoundStages:
 
     def _own(self, stage: str, step: StepState) -> None:
         """Refuse what is not a step of this run: another run's requests are not this run's, its
-        event not this device's, and may never come on it (``ForeignStep``)."""
+        event not this device's, and may never come on it (``ForeignStep``); nor one changed."""
         self._open(stage)
         _takes(stage, step, StepState)
         if step.run is not self._run:
             raise ForeignStep(step.plan.round)
+        self._run.check_made(stage, step)
         if step.sample_done.device != self.device.serial:  # its device was replaced since
             raise ForeignEvent(step.plan.round, step.sample_done.stage)
         if step.run.ended:
@@ -394,7 +397,7 @@ class RoundStages:
         self.record.commit(plan.round, [r.index for r in plan.requests], twice, sampled)
         if twice:
             raise StepProcessedTwice(plan.round, plan.requests, same_step=step.committed)
-        vars(step)["committed"] = True  # the engine's flag (_SetOnce)
+        run.flag(step, "committed")
         run.committed.add(plan.round)
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         for req, kept in zip(plan.requests, sampled):

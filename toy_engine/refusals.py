@@ -1,0 +1,110 @@
+"""What the stages refuse, each its own class: a checker tells the mistakes apart by class and
+reads their attributes (``round``, ``stage``); the messages name the fix.  ``run`` exports them
+too, as the course imports them from there."""
+
+
+class StepProcessedTwice(RuntimeError):
+    """A launched round's results were handed out a second time (``round``, ``prompt_indexes``),
+    from the same StepState or (``same_step`` False) another one of the round."""
+
+    def __init__(self, round: int, requests=(), same_step: bool = True):
+        why = ("process each StepState exactly once" if same_step else
+               f"it came from another StepState: launch_sample was called more than once for "
+               f"round {round}'s inputs (each call returns a new StepState of the round). Launch "
+               f"each round's sample once, and process its StepState once")
+        super().__init__(f"round {round}'s step was already processed: {why} (a second time "
+                         f"would hand its tokens out twice)")
+        self.round = round
+        self.prompt_indexes = [r.index for r in requests]
+
+
+class StaleInputs(RuntimeError):
+    """A launch (``stage``) given round ``round``'s inputs when the device holds another's:
+    round ``latest``'s, uploaded since; ``foreign`` (``latest`` None): inputs of another run."""
+
+    def __init__(self, stage: str, round: int, latest: int | None, foreign: bool = False):
+        if foreign:
+            why = ("which another run prepared (an earlier generate, on this engine or another): "
+                   "a RoundInputs is launched only in the run that prepared it")
+        else:
+            why = (f"but round {latest}'s inputs were prepared since, and the device holds one "
+                   f"round's inputs, the latest upload: it would work on round {latest}'s "
+                   f"metadata as round {round}'s. Launch with the inputs the latest "
+                   f"prepare_inputs returned, and launch a round before preparing the next")
+        super().__init__(f"{stage} was given round {round}'s inputs, {why}")
+        self.stage, self.round, self.latest, self.foreign = stage, round, latest, foreign
+
+
+class SampleBeforeForward(RuntimeError):
+    """launch_sample was given round ``round``'s inputs before launch_forward was (refused on
+    the host: the device's sample would read logits no forward computed)."""
+
+    def __init__(self, round: int):
+        super().__init__(f"launch_sample was given round {round}'s inputs before their forward "
+                         f"was launched: sampling picks tokens from the logits the round's "
+                         f"forward computes. Call engine.launch_forward(inputs) first, then "
+                         f"engine.launch_sample(inputs)")
+        self.round = round
+
+
+class ForeignStep(RuntimeError):
+    """A step (``what``: "step") or plan ("plan") of another run (an earlier ``generate``, or one
+    still going on another engine) was given to this run: its requests (and a step's event and
+    output slot) are that run's (``round``: its round)."""
+
+    def __init__(self, round: int, what: str = "step"):
+        whose = ("another run (an earlier generate, on this engine or another, or one still "
+                 "going on another engine)")
+        super().__init__(
+            f"round {round}'s step was launched by {whose}: a StepState is processed only in "
+            f"the run that launched it. Was `previous` kept from that run (a global, a default "
+            f"argument)? Start each loop with `previous = None`" if what == "step" else
+            f"round {round}'s plan was scheduled by {whose}, or built by hand: a plan is "
+            f"prepared only in the run whose engine.schedule() returned it (its requests, KV "
+            f"blocks and rows are that run's). Was `plan` kept from that run (a global, a "
+            f"default argument)? Prepare the plan this loop's engine.schedule() just returned")
+        self.round, self.what = round, what
+
+
+class PreparedTwice(RuntimeError):
+    """prepare_inputs was given round ``round``'s plan again (prepared before; ``ran``: its
+    tokens handed out); ``latest``: the last round engine.schedule() planned."""
+
+    def __init__(self, round: int, latest: int, ran: bool):
+        done = " and its round ran (its tokens were handed out)" if ran else ""
+        since = (f"; engine.schedule() has returned round {latest}'s plan since, and that plan "
+                 f"never runs" if latest > round else "")
+        super().__init__(f"prepare_inputs was given round {round}'s plan, which was already "
+                         f"prepared{done}{since}. Prepare each plan once, the one "
+                         f"engine.schedule() just returned (a plan kept from an earlier round, "
+                         f"in a variable the loop reuses, runs nothing new)")
+        self.round, self.latest, self.ran = round, latest, ran
+
+
+class StageInPlugin(RuntimeError):
+    """A round's stage (``stage``) called from inside a plug-in or another stage (``inside``)."""
+
+    def __init__(self, stage: str, inside: str):
+        replaced = stage == "process_outputs"  # inside the plug-in that replaces it
+        super().__init__(f"engine.{stage}() was called from inside {inside}" + (
+            ", the stage it replaces: in this run engine.process_outputs calls it, so it would "
+            "call itself until Python's recursion limit; process the step in it yourself: "
+            "engine.device.wait(step.sample_done), out = engine.read_outputs(step), then for "
+            "req in engine.commit_outputs(step, out): engine.scheduler.release_if_done(req)"
+            if replaced else
+            ": a stage called there plans or launches a round the loop never processes (and "
+            "engine.schedule() calls on_round itself); only the loop calls the stages. To see "
+            "what runs next, read engine.scheduler.waiting and engine.scheduler.running"))
+        self.stage = stage
+
+
+class RunEnded(RuntimeError):
+    """A stage (``stage``) was given round ``round``'s inputs or step after its run ended."""
+
+    def __init__(self, stage: str, round: int, what: str):
+        super().__init__(f"{stage} was given round {round}'s {what} of a run that has ended "
+                         f"(its generate returned, or raised): nothing of it can be launched or "
+                         f"processed any more. Objects a loop kept (globals, a cell run again) "
+                         f"end with their run; to run rounds, call engine.generate (your loop "
+                         f"as loop=)")
+        self.stage, self.round = stage, round
