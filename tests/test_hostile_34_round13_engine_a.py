@@ -138,7 +138,8 @@ def test_a_fixed_field_changed_by_on_round_is_refused_naming_it(engine_pool, fie
     assert texts(engine.generate(PROMPTS, max_new_tokens=12)) == reference
 
 
-def test_a_field_changed_by_a_process_outputs_plug_in_is_refused_at_the_next_round(engine_pool):
+def test_a_field_changed_by_a_process_outputs_plug_in_is_refused_naming_it(engine_pool):
+    """Refused as the plug-in returns (round 19; it was at the next round's schedule)."""
     engine = engine_pool(mode="serial", max_batch_size=2)
 
     def process(eng, step):
@@ -146,8 +147,8 @@ def test_a_field_changed_by_a_process_outputs_plug_in_is_refused_at_the_next_rou
         for req in eng.commit_outputs(step, eng.read_outputs(step)):
             req.stop = None
             eng.scheduler.release_if_done(req)
-    with pytest.raises(ValueError, match=r"req\.stop was changed from \(\) to None since the last "
-                                         r"round"):
+    with pytest.raises(ValueError, match=r"req\.stop was changed from \(\) to None by "
+                                         r"process_outputs=process"):
         engine.generate(PROMPTS, max_new_tokens=8, process_outputs=process)
 
 
