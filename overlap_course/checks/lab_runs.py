@@ -125,6 +125,11 @@ class Runaway(Exception):
     """A run kept scheduling far past the engine's own number of rounds (``args``: the round)."""
 
 
+class CommitSlip(Exception):
+    """A commit left what no commit of its run can (``run_edits.commit_slip``: ``args`` are the
+    category and the words); the run stops there, before it reads what no round wrote."""
+
+
 def capped(on_round, cap: int):
     """``on_round`` that raises Runaway past round ``cap``: a run whose requests never end is a
     verdict, not a hang."""
@@ -350,9 +355,9 @@ def commit_run(index: int, commit=None, loop=None, cap: int | None = None,
 
     def noted(req, tokens, eos_id, decode):
         now.at(engine, req)
-        before = run_edits.snapshot(req)
+        before, given = run_edits.snapshot(req), list(tokens)
         try:
-            return commit(req, tokens, eos_id, decode)
+            answer = commit(req, tokens, eos_id, decode)
         except BaseException as err:
             now.raised = err
             raise
@@ -360,6 +365,10 @@ def commit_run(index: int, commit=None, loop=None, cap: int | None = None,
             edit = run_edits.edit_of(req, before, "your commit", state=False)
             if edit:
                 edits.append(edit)
+        slip = run_edits.commit_slip(req, before, given, eos_id, decode)
+        if slip is not None:
+            raise CommitSlip(*slip)
+        return answer
     if commit is not None:
         on_round = plugins.per_request(commit=noted)
     if cap is not None:

@@ -15,7 +15,7 @@ from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBef
 from toy_engine.record import Commit, Refused
 
 from . import pool
-from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit
+from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit, spun_by_edit
 from .errors import engines, quoted, said
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
@@ -154,7 +154,9 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
         return _other_thread(err)
     verdict = _stopped_by_checker(err)
-    if verdict is not None and verdict.category == "spins":  # name what was left unfinished
+    if verdict is not None and verdict.category == "spins":  # an edit, what was left unfinished
+        edited = spun_by_edit(log, err.args[0])
+        verdict = verdict if edited is None else edited
         left = [r.index for r in log.requests if r.finish_reason == "abort"]
         verdict.message += log.stopped_at(left)
     if verdict is None and engines(err, ForeignStep):

@@ -371,6 +371,8 @@ def check_commit(commit) -> Verdict:
             stalled = engines(err, EngineStalled) or checkers(err, runs.Runaway)
             if edits and (stalled or err is not now.raised):  # the engine's, after an edit
                 return _commit_edited(run, edits)
+            if checkers(err, runs.CommitSlip):
+                return fails(err.args[0], f"{run}: {err.args[1]}")
             if stalled:
                 return mistakes.commit_never_ended(err, engine, run, endings)
             return fails("raised", f"your commit raised {quoted(err)}")

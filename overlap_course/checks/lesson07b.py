@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Mapping
 
 from overlap_course.labs import plugins, plugins_2026
 from toy_engine import loops
@@ -303,15 +304,18 @@ def _leak_answer(answer) -> tuple | Verdict:
     what = "a pair (round, {reader prompt: prompt whose token it took, ...}), e.g. (4, {2: 1})"
     if answer is None:
         return unanswered(f"set `leak` to {what}")
-    if isinstance(answer, (str, bytes, set, frozenset, dict)):
+    if isinstance(answer, (str, bytes, set, frozenset, Mapping)):
         return fails("shape", f"write {what}, not {show(answer)}")
     got = items(answer, what)
     if isinstance(got, Verdict):
         return got
     round_ = whole(got[0]) if len(got) == 2 else None
-    if round_ is None or not isinstance(got[1], dict):
+    if round_ is None or not isinstance(got[1], Mapping):  # any mapping: dict, mappingproxy
         return fails("shape", f"write {what}, not {show(answer)}")
-    pairs = {whole(k): whole(v) for k, v in list(got[1].items())[:16]}
+    read = items(got[1].items(), what)  # read once, as far as MAX_ITEMS: a mapping may be odd
+    if isinstance(read, Verdict):
+        return read
+    pairs = {whole(k): whole(v) for k, v in read[:16]}
     if None in pairs or None in pairs.values():
         return fails("shape", f"write {what}: the dict maps prompt numbers to prompt numbers")
     if round_ < 0:

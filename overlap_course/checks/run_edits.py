@@ -9,6 +9,9 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import types
+
+from toy_engine.sequence import Request
 
 from . import pool
 from .verdict import Verdict, fails
@@ -97,6 +100,35 @@ def edit_of(req, before: tuple, by: str, state: bool = True) -> str | None:
     return _edit_words(req, before[1], now, by) if state and now != before[1] else None
 
 
+def commit_slip(req, before: tuple, tokens: list, eos_id: int, decode) -> tuple | None:
+    """What a lab 4 commit left in ``req`` (``before``: its :func:`snapshot`) that no commit of
+    the round's run ``tokens`` can, as (category, words), or None.  Its tokens are compared with
+    the engine's own commit of the same call: what the run then does depends on memory no round
+    wrote (blind round 20: the verdict changed with the checks run before)."""
+    (_, _, limit, stop, *_), (ids, text, _) = before
+    got, given, who = req.output_ids, len(ids) + len(tokens), f"prompt {req.index}'s commit"
+    if type(got) is not list or len(got) <= len(ids) and got == ids[: len(got)]:
+        return None  # not a list: the engine's guard names it; nothing appended
+    if len(got) > given:
+        again = " (the run's last token a second time)" if got[given:] == tokens[-1:] else ""
+        return "extra_tokens", (
+            f"{who} was handed a run of {len(tokens)} token(s) {list(tokens)!r:.60} and left "
+            f"{len(got)} tokens where it had {len(ids)}: {len(got) - given} more than the run "
+            f"gave{again}. Append each token of the run once, in order, and stop where the "
+            f"request ends (EOS, a stop string or the limit)")
+    own = types.SimpleNamespace(output_ids=list(ids), text=text, finish_reason=None, stop=stop,
+                                max_new_tokens=limit)
+    Request.commit(own, list(tokens), eos_id, decode)
+    end = len(own.output_ids)
+    kept = got == (list(ids) + list(tokens))[: len(got)]  # a stop string left uncut, say
+    if kept or own.finish_reason != "stop" or len(got) <= end or got[:end] != own.output_ids:
+        return None  # any other difference: judged by the run's end
+    return "past_stop", (
+        f"{who} cut a stop string off, leaving {end} tokens, and then went on appending the "
+        f"run's tokens after it ({len(got)} tokens): the stop string ends the request, so "
+        f"nothing after it is committed. Return once you set `req.finish_reason = 'stop'`")
+
+
 def _edit_words(req, was: tuple, new: tuple, by: str = "your loop") -> str:
     """What ``by`` did to ``req`` (between two of the engine's calls, for a loop), in words."""
     (ids, text, reason), (new_ids, new_text, new_reason) = was, new
@@ -135,6 +167,19 @@ def loop_aborted(watch: RequestWatch, prompt: int | None = None) -> str | None:
 def loop_edit(watch: RequestWatch) -> str | None:
     """The first edit of a request the learner's loop made (``watch``), and the fix; or None."""
     return f"{watch.edit}: {_FIX}" if watch.edit else None
+
+
+def spun_by_edit(log, calls: int) -> Verdict | None:
+    """A loop the checker stopped after ``calls`` schedules, where it edited the requests: that
+    edit named (tokens removed every round keep a request from its limit: blind round 20), not
+    a guess at caught errors; None where the loop edited none."""
+    why = (f"your loop changed {log.settings_edit}" if log.settings_edit else log.watch.edit)
+    if why is None:
+        return None
+    return fails("edits_requests",
+                 f"your loop called `engine.schedule()` {calls} times without finishing (the "
+                 f"reference loops need about 50 rounds here), so the checker stopped it. "
+                 f"First, {why}: {_FIX}")
 
 
 def kept_by_edit(log, prompts) -> str | None:

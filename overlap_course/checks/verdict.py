@@ -68,7 +68,7 @@ CATEGORIES = frozenset({
     "extra_step", "serializes", "finished_scheduled", "still_running", "overwrote_finish", "aborted_scheduled",
     "too_few", "eos_kept", "text_mismatch", "wrong_reason", "past_limit", "past_eos", "kept_stop", "missed_stop",
     "stopped_early", "stop_past_limit", "wrong_request", "keeps_state", "not_marked",
-    "stop_tie", "stripped_space",
+    "stop_tie", "stripped_space", "extra_tokens", "past_stop",
     # 07b: bugs of 2026 (a sampler a step behind, the future map keyed by batch place)
     "at_the_space", "waits_without_need", "wrong_reader", "wrong_owner",
     "leaked_tokens", "drafts_lost",
