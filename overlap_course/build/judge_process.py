@@ -4,9 +4,7 @@ check, and a report signed with the run's secret."""
 
 from __future__ import annotations
 
-import builtins
-import hashlib
-import hmac
+import _hashlib
 import json
 import os
 import sys
@@ -23,12 +21,20 @@ from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprin
 from overlap_course.build.judge_values import code_answer
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
-from overlap_course.build.judge_watch import CODE_EVENTS, Watch, from_submission
+from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS, Watch,
+                                             from_submission)
 
 
-def sign(secret: str, body: str) -> str:
-    return hmac.new(secret.encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
+def signer(secret: str):
+    """``sign(body)``: a report's signature with the run's secret, by C functions bound now (in
+    the judge, before the submission's first line: a cell that replaces ``hmac``, ``hashlib`` or
+    their attributes changes nothing the judge signs with).  The grader checks a report with it
+    too."""
+    key, digest, utf8, hexed = secret.encode(), _hashlib.hmac_digest, str.encode, bytes.hex
 
+    def sign(body: str) -> str:
+        return hexed(digest(key, utf8(body, "utf-8"), "sha256"))
+    return sign
 
 
 def judge_main(argv: list[str]) -> None:
@@ -151,7 +157,8 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     from the current folder, but a call with ``dir_fd`` reads it from that descriptor's folder,
     which the ``open`` event does not report (round nine read any file from ``/proc``'s:
     ``self/cwd/../..``): so no folder outside the judge's own is opened, and no relative path
-    climbs above the folder it starts from."""
+    climbs above the folder it starts from.  And it refuses the submission's code what reaches
+    the judge's memory, where the run's secret lies (``Watch.reaches_memory``)."""
     folders, home = [Path(f) for f in private], Path(os.getcwd()).resolve()
 
     def resolved(path) -> Path | None:
@@ -176,6 +183,10 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     def hook(event: str, args: tuple) -> None:
         if event in CODE_EVENTS:
             watch.audited(event, args)
+        if (event in MEMORY_EVENTS or event in FRAME_EVENTS) and watch.reaches_memory(event, args):
+            what = f"read a {args[1]}" if event == "object.__getattr__" else f"call {event}"
+            raise PermissionError(f"the judge does not let a submission's code {what}: it "
+                                  f"reaches the judge's own memory; a right answer needs none")
         if event == "os.symlink" or event == "os.link":
             raise PermissionError("the judge refuses new links")
         if event == "import" and args[0] in _UNAUDITED_FILES:
@@ -210,17 +221,62 @@ def _climbs(name: str) -> bool:
 
 
 def _reporter(path: str, secret: str):
-    """Writes the report, signed with the run's secret, with functions bound now (before the
-    submission can replace any); then ends the process at once, so that no handler the
-    submission left (``atexit``, a finalizer) runs after the verdict."""
-    dumps, opener, signed, leave = json.dumps, builtins.open, sign, os._exit
+    """Writes the report and ends the process at once, so that no handler the submission left
+    (``atexit``, a finalizer) runs after the verdict.  Encoded, signed and written only with what
+    is bound now, before the submission's first line: C functions and builtin types' methods,
+    which no cell can replace -- no ``json`` (round 19: a cell's ``json._default_encoder``, which
+    ``dumps`` reads at each call, rewrote the verdict it was given, then signed), ``hmac`` or
+    ``open`` (its text layer runs ``encodings``' Python code)."""
+    sign, text, ascii_ = signer(secret), _report_text(), str.encode
+    opened, put, leave = os.open, os.write, os._exit
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
     def write(report: dict) -> None:
-        body = dumps(report)
-        with opener(path, "w", encoding="utf-8") as f:
-            f.write(f"{signed(secret, body)}\n{body}")
+        body = text(report)
+        data = ascii_(sign(body) + "\n" + body, "ascii")
+        fd = opened(path, flags, 0o600)
+        while data:
+            data = data[put(fd, data):]
         leave(0)
     return write
+
+
+def _report_text():
+    """``text(report)``: what ``json.dumps(report)`` writes, for what a report holds (a dict of
+    ``str`` keys, lists, strings, booleans and None; anything else raises), read with exact
+    types and builtin types' methods only, and every name bound now."""
+    kind, code, every, truth, none = type, ord, all, bool, type(None)
+    plain, listed, mapped = str, list, dict
+    short = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+             "\r": "\\r", "\t": "\\t"}.get
+
+    def quoted(word: str) -> str:
+        if word.isascii() and word.isprintable() and '"' not in word and "\\" not in word:
+            return '"' + word + '"'
+        out = []
+        for char in word:  # as json's ensure_ascii: \uXXXX (a surrogate pair past U+FFFF)
+            point = code(char)
+            if 0x20 <= point < 0x7f:
+                out.append(short(char) or char)
+            elif point > 0xFFFF:
+                point -= 0x10000
+                out.append("\\u%04x\\u%04x" % (0xD800 | point >> 10, 0xDC00 | point & 0x3FF))
+            else:
+                out.append(short(char) or "\\u%04x" % point)
+        return '"' + "".join(out) + '"'
+
+    def text(value) -> str:
+        what = kind(value)
+        if what is truth or what is none:
+            return "true" if value is True else "false" if value is False else "null"
+        if what is plain:
+            return quoted(value)
+        if what is listed:
+            return "[" + ", ".join([text(item) for item in value]) + "]"
+        if what is mapped and every([kind(key) is plain for key in value]):
+            return "{" + ", ".join([quoted(k) + ": " + text(v) for k, v in value.items()]) + "}"
+        raise TypeError(f"a report holds no {what.__name__}")
+    return text
 
 
 def _missing(name: str, notes: list[str]) -> str:
