@@ -16,7 +16,7 @@ import random
 import nbformat
 import pytest
 
-from overlap_course.build import judge, judge_process, grading
+from overlap_course.build import grading, judge, judge_process, judge_values
 
 from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
 
@@ -103,7 +103,7 @@ def test_a_right_loop_reading_frames_through_the_library_passes(cells):
 
 def test_the_report_is_written_as_json_dumps_writes_it():
     """The answers mode's values cross exactly: every character, nesting, None and booleans."""
-    text, rnd = judge_process._report_text(), random.Random(19)
+    text, rnd = judge_values.report_text(), random.Random(19)
     chars = [chr(i) for i in range(0x250)] + ["\ud800", "\udfff", "\U0001f600", "\u2028"]
 
     def value(depth=0):

@@ -18,7 +18,7 @@ from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
                                                    forget_caches, watcher)
-from overlap_course.build.judge_values import code_answer
+from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
 from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS, Watch,
@@ -227,7 +227,7 @@ def _reporter(path: str, secret: str):
     which no cell can replace -- no ``json`` (round 19: a cell's ``json._default_encoder``, which
     ``dumps`` reads at each call, rewrote the verdict it was given, then signed), ``hmac`` or
     ``open`` (its text layer runs ``encodings``' Python code)."""
-    sign, text, ascii_ = signer(secret), _report_text(), str.encode
+    sign, text, ascii_ = signer(secret), report_text(), str.encode
     opened, put, leave = os.open, os.write, os._exit
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
@@ -239,44 +239,6 @@ def _reporter(path: str, secret: str):
             data = data[put(fd, data):]
         leave(0)
     return write
-
-
-def _report_text():
-    """``text(report)``: what ``json.dumps(report)`` writes, for what a report holds (a dict of
-    ``str`` keys, lists, strings, booleans and None; anything else raises), read with exact
-    types and builtin types' methods only, and every name bound now."""
-    kind, code, every, truth, none = type, ord, all, bool, type(None)
-    plain, listed, mapped = str, list, dict
-    short = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
-             "\r": "\\r", "\t": "\\t"}.get
-
-    def quoted(word: str) -> str:
-        if word.isascii() and word.isprintable() and '"' not in word and "\\" not in word:
-            return '"' + word + '"'
-        out = []
-        for char in word:  # as json's ensure_ascii: \uXXXX (a surrogate pair past U+FFFF)
-            point = code(char)
-            if 0x20 <= point < 0x7f:
-                out.append(short(char) or char)
-            elif point > 0xFFFF:
-                point -= 0x10000
-                out.append("\\u%04x\\u%04x" % (0xD800 | point >> 10, 0xDC00 | point & 0x3FF))
-            else:
-                out.append(short(char) or "\\u%04x" % point)
-        return '"' + "".join(out) + '"'
-
-    def text(value) -> str:
-        what = kind(value)
-        if what is truth or what is none:
-            return "true" if value is True else "false" if value is False else "null"
-        if what is plain:
-            return quoted(value)
-        if what is listed:
-            return "[" + ", ".join([text(item) for item in value]) + "]"
-        if what is mapped and every([kind(key) is plain for key in value]):
-            return "{" + ", ".join([quoted(k) + ": " + text(v) for k, v in value.items()]) + "}"
-        raise TypeError(f"a report holds no {what.__name__}")
-    return text
 
 
 def _missing(name: str, notes: list[str]) -> str:
