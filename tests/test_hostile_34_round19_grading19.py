@@ -146,7 +146,8 @@ def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
     solved = nbformat.read(judge.ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
                 **{c: (WRONG_LOOP, CHEATS[c]) for c in
-                   ("json_default_encoder", "gc_get_objects", "getframe_walk")}}
+                   ("json_default_encoder", "gc_get_objects", "getframe_walk")},
+                "verdict": (WRONG_LOOP, _REBINDS["verdict"]), "in_check": (_IN_CHECK, "")}
     for student, (answer, extra) in students.items():
         nb, cells = nbformat.from_dict(released), []
         for cell, source in zip(nb.cells, solved.cells):
@@ -165,3 +166,60 @@ def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as book:
         scores = {s: book.find_grade("check_serial_loop", name, name, s).score for s in students}
     assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
+
+
+# Round nineteen (b): the judge's code after the cells looks its functions up by name in its
+# modules, which a cell (or the loop, inside the check) rebound with no audit event.
+_JP, _FP = "overlap_course.build.judge_process", "overlap_course.build.judge_fingerprint"
+_REBINDS = {
+    "verdict": f"import {_JP} as _jp\n_jp._verdict = lambda *a, **k: "
+               "{'passed': True, 'message': 'ok'}\n",
+    "strange_modules": f"import {_JP} as _jp\n_jp._strange_modules = lambda *a, **k: []\n",
+    "compare": f"import {_JP} as _jp, {_FP} as _fp\n"
+               "_jp._compare = _fp._compare = lambda a, b: []\n",
+    "compare_code": f"import {_FP} as _fp\n_fp._compare.__code__ = (lambda a, b: []).__code__\n",
+    "builtins": "import builtins\nbuiltins.all = lambda it: True\n",
+}
+# At its first call, inside the check: the comparer neutered, the checker's helpers swapped
+_IN_CHECK = WRONG_LOOP.replace("def serial_loop(engine):", f'''import sys as _s
+_done = []
+def serial_loop(engine):
+    if not _done:
+        _done.append(1)
+        _fp, _jp = _s.modules["{_FP}"], _s.modules["{_JP}"]
+        _l2 = _s.modules["overlap_course.checks.lesson02"]
+        _fp._compare = _jp._compare = lambda a, b: []
+        _l2._serial_run_verdict = _l2.serial_same_run = lambda *a, **k: None
+#''', 1)
+
+
+@pytest.mark.parametrize("cells", [*([WRONG_LOOP, c] for _, c in sorted(_REBINDS.items())),
+                                   [_IN_CHECK]], ids=[*sorted(_REBINDS), "in_check"])
+def test_a_wrong_loop_cannot_rebind_the_judges_names(cells):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, *cells])
+    assert not passed and message != "ok", message
+
+
+def test_a_right_loop_beside_a_harmless_rebind_passes():
+    """A cell that adds a name to builtins (its own helper) changes nothing of the judge's."""
+    needs_the_engine()
+    helper = "import builtins\nbuiltins.my_helper = len\n"
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, helper, RIGHT_LOOP])
+    assert passed, message
+
+
+def test_the_judge_puts_its_names_back_and_names_them():
+    from overlap_course.build import judge_fingerprint, judge_keep
+    restore, real = judge_keep.keeper(), judge_fingerprint._compare
+    try:
+        judge_fingerprint._compare = len
+        judge_process.Watch = int
+        judge_fingerprint.Snapshot.same = len
+        judge_process.len = len  # would shadow the builtin
+        assert sorted(restore()) == sorted([f"{_FP}._compare", f"{_FP}.Snapshot.same",
+                                            f"{_JP}.Watch", f"{_JP}.len"])
+    finally:
+        restore()
+    assert judge_fingerprint._compare is real and "len" not in vars(judge_process)
+    assert restore() == []

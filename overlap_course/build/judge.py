@@ -57,7 +57,14 @@ patch), and the judge refuses the submission's code ``gc``'s walks (``get_object
 reaches it through the standard library (``inspect.currentframe``, ``traceback.walk_stack``:
 ``logging`` and ``traceback`` read frames for right answers too), a signal handler or a trace
 function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; and, with
-``ctypes``, any memory.  Without Landlock, it can also write files through ``ctypes`` or a
+``ctypes``, any memory.  The judge's own modules (and ``builtins``' names, and its classes'
+attributes), which a cell can rebind with no audit event, are put back and any change named
+(graded 0) after the cells, at each hand-back and after the check, by C methods bound before
+the cells, and no function but the submission's may have its ``__code__`` or defaults swapped;
+but the audit hook runs the judge's Python code while the cells run, and a cell that rebinds a
+name it reads then (``judge_watch.types``, a ``Watch`` method) can loosen it until the next
+put-back; and during the check ``sys.getprofile()`` hands the submission the watch itself.
+Without Landlock, it can also write files through ``ctypes`` or a
 process of its own (the audit hook is not inherited; the re-hash after the judge catches such
 writes to the course's and the toy's sources and bytecode, unless the process leaves the judge's
 process group on purpose and writes later) -- all of it in the submission, for the instructor

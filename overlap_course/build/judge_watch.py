@@ -105,7 +105,17 @@ class Watch:
             return isinstance(thread, threading.Thread) and from_submission(thread, self)
         return first is not self.main
 
-    def audited(self, event: str, args: tuple) -> None:
+    def audited(self, event: str, args: tuple, function=types.FunctionType,
+                parts=("__code__", "__defaults__", "__kwdefaults__"),
+                code_of=types.FunctionType.__dict__["__code__"].__get__) -> None:
+        """Notes the code the submission makes; refuses anyone a function's code or defaults
+        swapped in place, but the submission's own function's (round 19: the judge's
+        ``_compare.__code__``, which no module's names show, nor putting them back undoes).
+        The types it reads are bound at its definition (a cell can rebind ``types``' names)."""
+        if event == "object.__setattr__" and args[1] in parts and type(args[0]) is function and (
+                not self.foreign(code_of(args[0]))):
+            raise PermissionError(f"the judge does not let code change {args[1]} of a function "
+                                  f"that is not the submission's ({code_of(args[0]).co_name})")
         if event == "object.__setattr__" and args[1:2] != ("__code__",):
             return  # a class's attribute set: not code
         # a hook set in a thread of the submission's is judged by the frames that set it: the
