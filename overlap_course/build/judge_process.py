@@ -279,10 +279,12 @@ def _read_values(cells: list[str], names: list[str], restore) -> dict:
 
 
 def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict,
-                    watch: Watch, restore) -> list | str:
+                    watch: Watch, restore=None) -> list | str:
     """The graded call's arguments from the submission's cells, or why they cannot be judged;
     a context argument is the judge's own run (``runs``), once the cells define it too.  The
-    judge's own modules are put back first (``restore``): what follows looks names up in them."""
+    judge's own modules are put back first (``restore``; by default, as they are at the call):
+    what follows looks names up in them."""
+    restore = restore or keeper()
     space, notes = run_cells(cells)
     if moved := restore():
         return _moved(moved)
@@ -313,15 +315,16 @@ def _judges_run(run: dict, toy_engine):
 
 
 def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch,
-             restore) -> dict:
+             restore=None) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
     (``began``: the fingerprint and the forkserver's pid) each time the submission's code handed
     control back to the checker, and at the end.  Not started under a torch mode the cells left
     entered: the checker's own runs before its time limit (its references) would run the mode's
     code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s).  The
     judge's modules are put back (``restore``) at each hand-back and as the check returns, before
-    any name is looked up in them: the comparer is the judge's own."""
-    before, forkserver = began
+    any name is looked up in them (by default, as they are at the call): the comparer is the
+    judge's own."""
+    before, forkserver, restore = *began, restore or keeper()
     if modes := watch.modes.entered():
         return {"passed": False, "message": f"your code changed what the checker runs on "
                                             f"({', '.join(modes[:2])}): graded as not passed; "

@@ -107,13 +107,20 @@ class Watch:
 
     def audited(self, event: str, args: tuple, function=types.FunctionType,
                 parts=("__code__", "__defaults__", "__kwdefaults__"),
-                code_of=types.FunctionType.__dict__["__code__"].__get__) -> None:
-        """Notes the code the submission makes; refuses anyone a function's code or defaults
-        swapped in place, but the submission's own function's (round 19: the judge's
-        ``_compare.__code__``, which no module's names show, nor putting them back undoes).
-        The types it reads are bound at its definition (a cell can rebind ``types``' names)."""
-        if event == "object.__setattr__" and args[1] in parts and type(args[0]) is function and (
-                not self.foreign(code_of(args[0]))):
+                code_of=types.FunctionType.__dict__["__code__"].__get__,
+                globals_of=types.FunctionType.__dict__["__globals__"].__get__,
+                modules=sys.modules, space_of=types.ModuleType.__dict__["__dict__"].__get__,
+                module=types.ModuleType, kind=type, any_=any, listed=list) -> None:
+        """Notes the code the submission makes; refuses anyone a module's function's code or
+        defaults swapped in place, but the submission's own (round 19: the judge's
+        ``_compare.__code__``, which no module's names show, nor putting them back undoes; a
+        function made from a string, as ``namedtuple``'s ``__new__``, is not a module's).  The
+        types and builtins it reads are bound at its definition (a cell can rebind their
+        names)."""
+        if event == "object.__setattr__" and args[1] in parts and kind(args[0]) is function and (
+                not self.foreign(code_of(args[0]))) and any_(
+                kind(m) is module and space_of(m) is globals_of(args[0])
+                for m in listed(modules.values())):
             raise PermissionError(f"the judge does not let code change {args[1]} of a function "
                                   f"that is not the submission's ({code_of(args[0]).co_name})")
         if event == "object.__setattr__" and args[1:2] != ("__code__",):
