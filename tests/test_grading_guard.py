@@ -101,7 +101,7 @@ def test_a_verdict_is_not_trusted_when_the_installation_changed_during_the_judge
 def test_only_a_report_signed_with_the_runs_secret_is_read(tmp_path):
     report = tmp_path / "report.json"
     body = '{"passed": true, "message": "ok"}'
-    report.write_text(f"{judge_process.sign('secret', body)}\n{body}")
+    report.write_text(f"{judge_process.signer('secret')(body)}\n{body}")
     assert judge._read_report(report, "secret", "check", 0, "")["passed"] is True
     assert judge._read_report(report, "other", "check", 0, "")["passed"] is False
     assert judge._read_report(report, "secret", "check", 1, "")["passed"] is False

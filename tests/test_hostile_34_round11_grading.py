@@ -20,6 +20,7 @@ from overlap_course.build import judge, judge_process, judge_values
 from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
+from overlap_course.build.judge_keep import keeper
 
 from judged import judge_began, needs_the_engine
 
@@ -40,10 +41,11 @@ def _judged_here(check: str, cells: list[str], names: list[str], runs: dict | No
     which no test process can take back): the fingerprint before the cells, the judge's
     arguments read from them, the check's watched verdict."""
     began, threads, watch = judge_began(), set(threading.enumerate()), Watch()
-    args = judge_process._code_arguments(cells, names, toy_engine, runs or {}, watch)
+    restore = keeper()
+    args = judge_process._code_arguments(cells, names, toy_engine, runs or {}, watch, restore)
     assert not isinstance(args, str), args
     return judge_process._verdict(getattr(checks, check), args, began, threads,
-                                  checks.Verdict, watch)
+                                  checks.Verdict, watch, restore)
 
 
 # ------------------------------------------------------------------ 1: dataclass pairs

@@ -19,6 +19,7 @@ from overlap_course.build import judge, judge_fingerprint as jf, judge_process, 
 from overlap_course.build.grading import CONTEXT_RUNS
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_watch import Watch
+from overlap_course.build.judge_keep import keeper
 from judged import judge_began, needs_the_engine
 
 
@@ -144,12 +145,13 @@ def runs():
 def _judged_here(style: str, runs: dict) -> dict:
     """The check process's steps in this process (without its audit hook and Landlock)."""
     began, threads, watch = judge_began(), set(threading.enumerate()), Watch()
+    restore = keeper()
     args = judge_process._code_arguments([ENGINE, IDLE, style], ["idle_fraction", "engine"],
-                                         toy_engine, runs, watch)
+                                         toy_engine, runs, watch, restore)
     if isinstance(args, str):
         return {"passed": False, "message": args}
     return judge_process._verdict(checks.check_idle_fraction, args, began, threads,
-                                  checks.Verdict, watch)
+                                  checks.Verdict, watch, restore)
 
 
 @pytest.mark.timeout(300)

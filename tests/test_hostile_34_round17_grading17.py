@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from overlap_course.build import judge, judge_process
 from overlap_course.build.judge_watch import CODE_EVENTS, Watch
+from overlap_course.build.judge_keep import keeper
 
 from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, judge_began, needs_the_engine
 
@@ -202,7 +203,8 @@ def test_the_check_never_starts_under_a_mode_the_cells_left():
     mode.__enter__()
     try:
         verdict = judge_process._verdict(lambda: ran.append(1), [], began,
-                                         set(threading.enumerate()), object, watch)
+                                         set(threading.enumerate()), object, watch,
+                                         keeper())
     finally:
         mode.__exit__(None, None, None)
     assert ran == [] and verdict["passed"] is False

@@ -49,17 +49,32 @@ lie about any check of itself (an input transformer that rewrites the test cell,
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
 (a weakref callback, a signal handler: ``functools.partial(setattr, ...)``, which no hand-back
-sees), walk frames, dig the run's secret out of the judge's memory and sign a forged report,
-and, without Landlock, write files through ``ctypes`` or a process of its own (the audit hook is
-not inherited; the re-hash after the judge catches such writes to the course's and the toy's
-sources and bytecode, unless the process leaves the judge's process group on purpose and writes
-later) -- all of it in the submission, for the instructor to read.  A right answer the judge runs
-differently from the kernel: a helper module submitted next to the notebook is not in the judge's
-folder (only one the cells write there, with ``open`` or ``%%writefile``; the kernel's folder may
-hold what it wrote unguarded), and ``Out[N]`` counts only the cells the judge runs (graded cells
-are left out).  Exercise 04's run on valueless tensors catches code that reads values, skips
-that run or works differently there, not code that fakes a correction of its own when
-``is_meta`` (it is in the submission, for the instructor to read).  And the kernel runs as the
+sees), and reach the judge's memory, where the run's secret lies, to sign a forged report: the
+report is written by C functions bound before the cells (no ``json`` or ``hmac`` a cell could
+patch), and the judge refuses the submission's code ``gc``'s walks (``get_objects``,
+``get_referrers``, ``get_referents``), other threads' frames and a frame it asks for itself
+(``sys._getframe``, a traceback's, a generator's or a coroutine's ``*_frame``), but a frame still
+reaches it through the standard library (``inspect.currentframe``, ``traceback.walk_stack``:
+``logging`` and ``traceback`` read frames for right answers too), a signal handler or a trace
+function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; and, with
+``ctypes``, any memory.  The judge's own modules (and ``builtins``' names, and its classes'
+attributes), which a cell can rebind with no audit event, are put back and any change named
+(graded 0) after the cells, at each hand-back and after the check, by C methods bound before
+the cells, and no function but the submission's may have its ``__code__`` or defaults swapped;
+but the audit hook runs the judge's Python code while the cells run, and a cell that rebinds a
+name it reads then (``judge_watch.types``, a ``Watch`` method) can loosen it until the next
+put-back; and during the check ``sys.getprofile()`` hands the submission the watch itself.
+Without Landlock, it can also write files through ``ctypes`` or a
+process of its own (the audit hook is not inherited; the re-hash after the judge catches such
+writes to the course's and the toy's sources and bytecode, unless the process leaves the judge's
+process group on purpose and writes later) -- all of it in the submission, for the instructor
+to read.  A right answer the judge runs differently from the kernel: a helper module submitted
+next to the notebook is not in the judge's folder (only one the cells write there, with ``open``
+or ``%%writefile``; the kernel's folder may hold what it wrote unguarded), and ``Out[N]`` counts
+only the cells the judge runs (graded cells are left out).  Exercise 04's run on valueless
+tensors catches code that reads values, skips that run or works differently there, not code that
+fakes a correction of its own when ``is_meta`` (it is in the submission, for the instructor to
+read).  And the kernel runs as the
 grader's user, before any judge: it can rewrite torch or the standard library, which are not
 hashed (too large to hash per process), so grade where submissions cannot write the course
 folder or the environment (a container, as otter-grader recommends).
@@ -84,7 +99,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course.build.grading import GRADED_CALLS, ROOT, VALUE_ANSWERS
-from overlap_course.build.judge_process import sign
+from overlap_course.build.judge_process import signer
 
 JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
 
@@ -297,7 +312,7 @@ def _read_report(path: Path, secret: str, mode: str, code: int, last: str) -> di
         if len(data) > _MAX_REPORT_BYTES:
             raise ValueError("too large")
         signature, _, body = data.decode("utf-8").partition("\n")
-        if not hmac.compare_digest(signature, sign(secret, body)):
+        if not hmac.compare_digest(signature, signer(secret)(body)):
             raise ValueError("not signed by the judge")
         report = json.loads(body)
     except (OSError, ValueError, RecursionError):  # a report the submission's code wrote itself

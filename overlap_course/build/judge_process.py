@@ -4,9 +4,7 @@ check, and a report signed with the run's secret."""
 
 from __future__ import annotations
 
-import builtins
-import hashlib
-import hmac
+import _hashlib
 import json
 import os
 import sys
@@ -18,17 +16,26 @@ from pathlib import Path
 from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
+from overlap_course.build.judge_keep import keeper
 from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
                                                    forget_caches, watcher)
-from overlap_course.build.judge_values import code_answer
+from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
-from overlap_course.build.judge_watch import CODE_EVENTS, Watch, from_submission
+from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS, Watch,
+                                             from_submission)
 
 
-def sign(secret: str, body: str) -> str:
-    return hmac.new(secret.encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
+def signer(secret: str):
+    """``sign(body)``: a report's signature with the run's secret, by C functions bound now (in
+    the judge, before the submission's first line: a cell that replaces ``hmac``, ``hashlib`` or
+    their attributes changes nothing the judge signs with).  The grader checks a report with it
+    too."""
+    key, digest, utf8, hexed = secret.encode(), _hashlib.hmac_digest, str.encode, bytes.hex
 
+    def sign(body: str) -> str:
+        return hexed(digest(key, utf8(body, "utf-8"), "sha256"))
+    return sign
 
 
 def judge_main(argv: list[str]) -> None:
@@ -69,7 +76,7 @@ def judge_main(argv: list[str]) -> None:
     sys.path.append(os.getcwd())
     check, names = getattr(checks, request["check"]), request["names"]
     if mode == "answers":
-        write(_read_values(request["cells"], names))
+        write(_read_values(request["cells"], names, keeper()))
         return
     # The device processes' forkserver, started before any submission line and the only one
     # used (round 16: one the check started after the cells ran the code they put in it)
@@ -80,13 +87,14 @@ def judge_main(argv: list[str]) -> None:
             for name in names if name in CONTEXT_TYPES and "values" not in request}
     remember_modules()
     before, modules = _fingerprint(), set(sys.modules)
-    # bound before the cells, which could rebind the names
+    # bound before the cells, which could rebind the names; the judge's own are put back
     close_engines, ring_slots = pool.close_engines, sys.modules["toy_engine.engine"].RING_SLOTS
+    verdict_type, restore = checks.Verdict, keeper()
     threads = set(threading.enumerate())
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
     else:
-        args = _code_arguments(request["cells"], names, toy_engine, runs, watch)
+        args = _code_arguments(request["cells"], names, toy_engine, runs, watch, restore)
         if isinstance(args, str):
             write({"passed": False, "message": args})
             return
@@ -96,7 +104,9 @@ def judge_main(argv: list[str]) -> None:
         close_engines()
         ring_slots.set(None)
         forget_caches(watch.foreign)
-    verdict = _verdict(check, args, (before, forkserver), threads, checks.Verdict, watch)
+    verdict = _verdict(check, args, (before, forkserver), threads, verdict_type, watch, restore)
+    if moved := restore():  # again by code of the submission's the comparison ran (a metaclass)
+        verdict = {"passed": False, "message": _moved(moved)}
     strangers = _strange_modules(modules, trusted)
     if strangers:
         verdict = {"passed": False, "message": f"modules imported by your cells or the check "
@@ -151,8 +161,12 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     from the current folder, but a call with ``dir_fd`` reads it from that descriptor's folder,
     which the ``open`` event does not report (round nine read any file from ``/proc``'s:
     ``self/cwd/../..``): so no folder outside the judge's own is opened, and no relative path
-    climbs above the folder it starts from."""
+    climbs above the folder it starts from.  And it refuses the submission's code what reaches
+    the judge's memory, where the run's secret lies (``Watch.reaches_memory``)."""
     folders, home = [Path(f) for f in private], Path(os.getcwd()).resolve()
+    # bound now: a cell can rebind the module's names (``CODE_EVENTS = set()``) as the hook runs
+    code_events, memory_events, frame_events = CODE_EVENTS, MEMORY_EVENTS, FRAME_EVENTS
+    audited, reaches_memory = watch.audited, watch.reaches_memory
 
     def resolved(path) -> Path | None:
         if not isinstance(path, (str, bytes, os.PathLike)):
@@ -174,8 +188,12 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
             raise PermissionError(f"the judge does not let a submission change {target}")
 
     def hook(event: str, args: tuple) -> None:
-        if event in CODE_EVENTS:
-            watch.audited(event, args)
+        if event in code_events:
+            audited(event, args)
+        if (event in memory_events or event in frame_events) and reaches_memory(event, args):
+            what = f"read a {args[1]}" if event == "object.__getattr__" else f"call {event}"
+            raise PermissionError(f"the judge does not let a submission's code {what}: it "
+                                  f"reaches the judge's own memory; a right answer needs none")
         if event == "os.symlink" or event == "os.link":
             raise PermissionError("the judge refuses new links")
         if event == "import" and args[0] in _UNAUDITED_FILES:
@@ -210,15 +228,22 @@ def _climbs(name: str) -> bool:
 
 
 def _reporter(path: str, secret: str):
-    """Writes the report, signed with the run's secret, with functions bound now (before the
-    submission can replace any); then ends the process at once, so that no handler the
-    submission left (``atexit``, a finalizer) runs after the verdict."""
-    dumps, opener, signed, leave = json.dumps, builtins.open, sign, os._exit
+    """Writes the report and ends the process at once, so that no handler the submission left
+    (``atexit``, a finalizer) runs after the verdict.  Encoded, signed and written only with what
+    is bound now, before the submission's first line: C functions and builtin types' methods,
+    which no cell can replace -- no ``json`` (round 19: a cell's ``json._default_encoder``, which
+    ``dumps`` reads at each call, rewrote the verdict it was given, then signed), ``hmac`` or
+    ``open`` (its text layer runs ``encodings``' Python code)."""
+    sign, text, ascii_ = signer(secret), report_text(), str.encode
+    opened, put, leave = os.open, os.write, os._exit
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
     def write(report: dict) -> None:
-        body = dumps(report)
-        with opener(path, "w", encoding="utf-8") as f:
-            f.write(f"{signed(secret, body)}\n{body}")
+        body = text(report)
+        data = ascii_(sign(body) + "\n" + body, "ascii")
+        fd = opened(path, flags, 0o600)
+        while data:
+            data = data[put(fd, data):]
         leave(0)
     return write
 
@@ -230,8 +255,15 @@ def _missing(name: str, notes: list[str]) -> str:
     return f"`{name}` is not defined by your notebook's cells above the check{why}"
 
 
-def _read_values(cells: list[str], names: list[str]) -> dict:
+def _moved(names: list[str]) -> str:
+    return (f"your code changed the judge's own code ({', '.join(names[:3])}): graded as not "
+            f"passed")
+
+
+def _read_values(cells: list[str], names: list[str], restore) -> dict:
     space, notes = run_cells(cells)
+    if moved := restore():
+        return {"message": _moved(moved)}
     values = []
     for name in names:
         if name not in space:
@@ -247,10 +279,15 @@ def _read_values(cells: list[str], names: list[str]) -> dict:
 
 
 def _code_arguments(cells: list[str], names: list[str], toy_engine, runs: dict,
-                    watch: Watch) -> list | str:
+                    watch: Watch, restore=None) -> list | str:
     """The graded call's arguments from the submission's cells, or why they cannot be judged;
-    a context argument is the judge's own run (``runs``), once the cells define it too."""
+    a context argument is the judge's own run (``runs``), once the cells define it too.  The
+    judge's own modules are put back first (``restore``; by default, as they are at the call):
+    what follows looks names up in them."""
+    restore = restore or keeper()
     space, notes = run_cells(cells)
+    if moved := restore():
+        return _moved(moved)
     args = []
     for name in names:
         if name not in space:
@@ -277,29 +314,36 @@ def _judges_run(run: dict, toy_engine):
     return engine
 
 
-def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch) -> dict:
+def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch,
+             restore=None) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
     (``began``: the fingerprint and the forkserver's pid) each time the submission's code handed
     control back to the checker, and at the end.  Not started under a torch mode the cells left
     entered: the checker's own runs before its time limit (its references) would run the mode's
-    code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s)."""
-    before, forkserver = began
+    code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s).  The
+    judge's modules are put back (``restore``) at each hand-back and as the check returns, before
+    any name is looked up in them (by default, as they are at the call): the comparer is the
+    judge's own."""
+    before, forkserver, restore = *began, restore or keeper()
     if modes := watch.modes.entered():
         return {"passed": False, "message": f"your code changed what the checker runs on "
                                             f"({', '.join(modes[:2])}): graded as not passed; "
                                             f"enter a mode only around your own code (`with`)"}
-    watch.start(watcher(before))
+    compare = watcher(before)  # at each hand-back, the judge's modules first put back (no
+    watch.start(lambda: restore() or compare())  # _compare a cell or the submission rebound)
     try:
         verdict = check(*args)
     except BaseException as err:  # noqa: BLE001 - a checker never raises: something was replaced
+        restore()
         watch.stop()
         if moved := _forkserver_moved(forkserver):
             return {"passed": False, "message": f"your code changed what the checker runs on "
                                                 f"({moved[0]}): graded as not passed"}
         return {"passed": False, "message": f"the check raised {type(err).__name__}: the checker "
                                             f"was changed or your code stopped it"}
+    moved = restore()
     watch.stop()
-    changed = ((watch.changed or _compare(before, _fingerprint())) + watch.modes.entered()
+    changed = (moved + (watch.changed or _compare(before, _fingerprint())) + watch.modes.entered()
                + _forkserver_moved(forkserver))
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]

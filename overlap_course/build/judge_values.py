@@ -322,3 +322,41 @@ _VECTORIZE_FIELDS = numpy.vectorize.__dict__["__dict__"].__get__
 _CACHED = type(functools.lru_cache(lambda: None))
 _PARAMETERS = tuple(made(lambda: None).cache_parameters.__code__
                     for made in (functools.lru_cache, functools.lru_cache(typed=True)))
+
+
+def report_text():
+    """``text(report)``: what ``json.dumps(report)`` writes, for what a report holds (a dict of
+    ``str`` keys, lists, strings, booleans and None; anything else raises), read with exact
+    types and builtin types' methods only, and every name bound now."""
+    kind, code, every, truth, none = type, ord, all, bool, type(None)
+    plain, listed, mapped = str, list, dict
+    short = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+             "\r": "\\r", "\t": "\\t"}.get
+
+    def quoted(word: str) -> str:
+        if word.isascii() and word.isprintable() and '"' not in word and "\\" not in word:
+            return '"' + word + '"'
+        out = []
+        for char in word:  # as json's ensure_ascii: \uXXXX (a surrogate pair past U+FFFF)
+            point = code(char)
+            if 0x20 <= point < 0x7f:
+                out.append(short(char) or char)
+            elif point > 0xFFFF:
+                point -= 0x10000
+                out.append("\\u%04x\\u%04x" % (0xD800 | point >> 10, 0xDC00 | point & 0x3FF))
+            else:
+                out.append(short(char) or "\\u%04x" % point)
+        return '"' + "".join(out) + '"'
+
+    def text(value) -> str:
+        what = kind(value)
+        if what is truth or what is none:
+            return "true" if value is True else "false" if value is False else "null"
+        if what is plain:
+            return quoted(value)
+        if what is listed:
+            return "[" + ", ".join([text(item) for item in value]) + "]"
+        if what is mapped and every([kind(key) is plain for key in value]):
+            return "{" + ", ".join([quoted(k) + ": " + text(v) for k, v in value.items()]) + "}"
+        raise TypeError(f"a report holds no {what.__name__}")
+    return text

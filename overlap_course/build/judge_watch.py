@@ -21,6 +21,13 @@ _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
 # every call.
 CODE_EVENTS = {"exec", "function.__new__", "object.__setattr__", "sys.settrace",
                "sys.setprofile"}
+# Audit events that reach the judge's memory (the run's secret, its report's writer): every
+# object, every thread's frames and exceptions; and those that hand their caller a frame, whose
+# ``f_back`` and ``f_locals`` lead to the judge's (a traceback's, a generator's, a coroutine's).
+MEMORY_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                 "sys._current_frames", "sys._current_exceptions"}
+FRAME_EVENTS = {"sys._getframe", "object.__getattr__"}
+_FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 
 
 class Watch:
@@ -51,6 +58,7 @@ class Watch:
         self.finalizers = set(weakref.finalize._registry)
         self.callbacks = list(gc.callbacks)
         self.hook = self.profile  # one bound method, to know it again
+        self.looking: set[int] = set()  # threads in reaches_memory: its own look is not asked
 
     def foreign(self, code) -> bool:
         return code.co_filename.startswith("<submission") or id(code) in self.codes
@@ -67,6 +75,27 @@ class Watch:
             frame = frame.f_back
         return False
 
+    def reaches_memory(self, event: str, args: tuple) -> bool:
+        """Whether code of the submission's asks for the judge's memory (round 19: a cell found
+        the report's writer with ``gc.get_objects``, and signed a verdict of its own with the
+        secret in its closure).  ``gc``'s walks and other threads' frames: with a frame of the
+        submission's anywhere on the stack, or in a thread of its own, as no right answer needs
+        them and a library function it calls could hand them on.  A frame: to the submission's
+        code itself only (the direct caller), as ``logging``, ``warnings``, ``traceback``,
+        ``inspect`` and the checker read frames around the learner's code at its request."""
+        if event == "object.__getattr__" and args[1] not in _FRAME_ATTRIBUTES:
+            return False  # at each read of a code object: quick
+        me = _IDENT()
+        if me in self.looking:  # the frames read below
+            return False
+        self.looking.add(me)
+        try:
+            if event in FRAME_EVENTS:
+                return self.foreign(sys._getframe(2).f_code)  # 1: the audit hook
+            return self._on_stack()
+        finally:
+            self.looking.discard(me)
+
     def _theirs(self, first) -> bool:
         """Whether the thread whose first frame is ``first`` is the submission's: one threading
         runs for a target of the submission's or a builtin (``exec``), or one that no Python
@@ -76,7 +105,24 @@ class Watch:
             return isinstance(thread, threading.Thread) and from_submission(thread, self)
         return first is not self.main
 
-    def audited(self, event: str, args: tuple) -> None:
+    def audited(self, event: str, args: tuple, function=types.FunctionType,
+                parts=("__code__", "__defaults__", "__kwdefaults__"),
+                code_of=types.FunctionType.__dict__["__code__"].__get__,
+                globals_of=types.FunctionType.__dict__["__globals__"].__get__,
+                modules=sys.modules, space_of=types.ModuleType.__dict__["__dict__"].__get__,
+                module=types.ModuleType, kind=type, any_=any, listed=list) -> None:
+        """Notes the code the submission makes; refuses anyone a module's function's code or
+        defaults swapped in place, but the submission's own (round 19: the judge's
+        ``_compare.__code__``, which no module's names show, nor putting them back undoes; a
+        function made from a string, as ``namedtuple``'s ``__new__``, is not a module's).  The
+        types and builtins it reads are bound at its definition (a cell can rebind their
+        names)."""
+        if event == "object.__setattr__" and args[1] in parts and kind(args[0]) is function and (
+                not self.foreign(code_of(args[0]))) and any_(
+                kind(m) is module and space_of(m) is globals_of(args[0])
+                for m in listed(modules.values())):
+            raise PermissionError(f"the judge does not let code change {args[1]} of a function "
+                                  f"that is not the submission's ({code_of(args[0]).co_name})")
         if event == "object.__setattr__" and args[1:2] != ("__code__",):
             return  # a class's attribute set: not code
         # a hook set in a thread of the submission's is judged by the frames that set it: the
@@ -217,6 +263,7 @@ def _mode_calls(cls) -> tuple:
 _CHECKER = ("overlap_course.", "toy_engine.")
 
 
+_IDENT = threading.get_ident
 _CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
 _BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
 

@@ -1,0 +1,82 @@
+"""The judge's own modules as they were before the submission's first line, put back after its
+cells, at each hand-back of the check and after it (used by
+:mod:`overlap_course.build.judge_process`).  The judge's code after the cells looks its
+functions up by name in its modules' globals, which a cell can rebind with no audit event
+(round 19: ``judge_process._verdict = lambda *a, **k: {"passed": True, ...}`` gave a wrong
+loop full marks); the fingerprint sees such a change only if the genuine comparer runs."""
+
+from __future__ import annotations
+
+import sys
+
+#: Modules whose code decides the verdict after the cells (the judge's, and the standard
+#: modules its comparer reads; not ``sys``, ``os`` or ``threading``, whose attributes the checker
+#: and the watch set as they run), put back whole; and ``builtins``, whose names the cells may add
+#: to (a helper), put back name by name.
+_JUDGES = ("overlap_course.build.judge_process", "overlap_course.build.judge_fingerprint",
+           "overlap_course.build.judge_watch", "overlap_course.build.judge_values",
+           "overlap_course.build.judge_benign", "overlap_course.build.judge_cells",
+           "overlap_course.build.judge_keep", "overlap_course.build.landlock",
+           "overlap_course.build.grading", "types", "functools", "operator", "gc", "weakref",
+           "inspect")
+_ADDED_TO = ("builtins",)
+
+
+def keeper():
+    """``restore()``: puts back every name of the modules above, and every attribute of the
+    judge's classes (``Watch.foreign``), as they are now (before the cells), and returns those
+    the submission had changed (``module.name``).  Made only of what is bound now, C functions
+    and the builtin types' methods (no name a cell can rebind: not even a builtin's), and it runs
+    none of the submission's code: what it takes out is held, not freed (no finalizer runs), and
+    a module's keys are compared only once they are exact strings (no ``__eq__`` or ``__hash__``
+    of the submission's; a class's always are)."""
+    modules = [(name, module) for name in _JUDGES + _ADDED_TO
+               if type(module := sys.modules.get(name)) is type(sys)]
+    space_of = type(sys).__dict__["__dict__"].__get__
+    class_space = type.__dict__["__dict__"].__get__
+    items, clear, update, copy, get = dict.items, dict.clear, dict.update, dict.copy, dict.get
+    listed, mapping, kind, text, join = list, dict, type, str, str.__add__
+    put, take = type.__setattr__, type.__delattr__
+    saved = [(name, space_of(module), copy(space_of(module)), name in _ADDED_TO)
+             for name, module in modules]
+    classes = [(join(join(name, "."), key), value, mapping(class_space(value)))
+               for name, module in modules if name.startswith("overlap_course.")
+               for key, value in listed(space_of(module).items())
+               if type(value) is type and class_space(value).get("__module__") == name]
+    held = []  # what the cells put there: kept alive until the judge ends
+    hold, missing = held.append, object()
+    pythons = ("__slotnames__", "__annotations__")  # what Python adds to a class as it is read
+
+    def restore() -> list[str]:
+        changed = []
+        note = changed.append
+        for name, space, was, adds in saved:
+            now = listed(items(space))
+            hold(now)
+            clear(space)
+            update(space, was)
+            for key, value in now:
+                if kind(key) is not text:
+                    note(join(name, ". (a name that is not a string)"))
+                elif get(was, key, missing) is value:
+                    continue
+                elif get(was, key, missing) is not missing:
+                    note(join(join(name, "."), key))
+                elif adds:
+                    space[key] = value  # a name the cells added to builtins: theirs to use
+                elif not key.startswith("__"):  # else Python's own (``__warningregistry__``)
+                    note(join(join(name, "."), key))
+        for name, cls, was in classes:
+            now = mapping(class_space(cls))
+            hold(now)
+            for key, value in items(now):
+                if get(was, key, missing) is value or key in pythons:
+                    continue
+                note(join(join(name, "."), key))
+                take(cls, key) if get(was, key, missing) is missing else put(cls, key, was[key])
+            for key, value in items(was):
+                if get(now, key, missing) is missing:
+                    note(join(join(name, "."), key))
+                    put(cls, key, value)
+        return changed
+    return restore
