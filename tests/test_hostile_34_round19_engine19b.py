@@ -118,6 +118,8 @@ def test_a_plugin_setting_plan_round_is_refused_by_name_not_blamed_on_launch_sam
 @pytest.mark.parametrize("new", [2, 10**6])
 def test_plan_round_changed_around_its_guard_is_refused_at_the_commit_by_the_runs_record(
         engine, new):
+    """Round twenty: every stage that reads the plan checks it, so read_outputs (before the
+    commit) refuses it now."""
     def po(eng, step):
         if step.plan.round == 3:
             object.__setattr__(step.plan, "round", new)
@@ -125,7 +127,7 @@ def test_plan_round_changed_around_its_guard_is_refused_at_the_commit_by_the_run
     with pytest.raises(ValueError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     msg = str(err.value)
-    assert msg.startswith(f"commit_outputs was given round 3's plan changed since "
+    assert msg.startswith(f"read_outputs was given round 3's step, its plan changed since "
                           f"engine.schedule() returned it (plan.round changed from 3 to {new}, "
                           f"around Plan's guard (object.__setattr__ or vars()), by "
                           f"process_outputs=po or before")

@@ -68,12 +68,17 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # engine19b's record of a run's plans, inputs and steps added 74 (a plan found by the run's
 # record, not by its round, and its round and kind set once: 32; a RoundInputs' and a
 # StepState's fields, flags included, checked where used against the run's record of them, so
-# one changed around the set-once guard, or a copy, is refused: 42).
+# one changed around the set-once guard, or a copy, is refused: 42), 4,282 until round
+# twenty's engine20 added 61 (a plan checked by every stage that reads it, through vars()
+# against the record, its requests kept as made: 19; a Plan, RoundInputs or StepState of a
+# swapped __class__ refused by name, ClassChanged in refusals.py: 16; the record of a round held
+# weakly once committed and its dead entries dropped, so it lives while rounds are in flight or
+# their objects kept, not for the whole run: 26).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4282, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4343, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

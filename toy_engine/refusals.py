@@ -108,3 +108,17 @@ class RunEnded(RuntimeError):
                          f"end with their run; to run rounds, call engine.generate (your loop "
                          f"as loop=)")
         self.stage, self.round = stage, round
+
+
+class ClassChanged(TypeError):
+    """A stage was given a subclass of what it takes (``what``: plan, inputs or step): its
+    __class__ changed, or one built by hand; the stages read the fields of the engine's own."""
+
+    def __init__(self, stage: str, cls: type, got: type, maker: str):
+        what = getattr(cls, "NAME", "plan")  # RoundInputs' and StepState's, as messages name them
+        super().__init__(f"{stage} takes the {cls.__name__} that {maker} returned, got a "
+                         f"{got.__name__}, a subclass of it ({what}.__class__ changed, or one "
+                         f"built by hand): the engine reads a {cls.__name__}'s fields as it made "
+                         f"them, and a subclass's code would decide what its stages see; leave "
+                         f"its class as it is")
+        self.stage, self.what = stage, what

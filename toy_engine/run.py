@@ -2,7 +2,9 @@
 an interrupted run leaks into the next), the rounds in flight in it, and the check that the
 loop keeps making progress."""
 
+import operator
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 from . import kernels
@@ -41,7 +43,7 @@ class RoundInputs(_SetOnce):
     num_tokens: int
     num_blocks: int
     max_q: int
-    blocks: set
+    blocks: frozenset  # the KV blocks its launches touch, as the race checker is told
     run: "Run" = field(default=None, repr=False, compare=False)  # the generate call that made it
     forwarded: bool = field(default=False, repr=False)  # launch_forward was given it
 
@@ -116,11 +118,15 @@ class Run:
     labels: dict = field(default_factory=dict)  # generate's plug-ins, as messages name them
     stage: str | None = None  # the engine's stage running now in the loop's thread
     plugin: str | None = None  # the plug-in called now from a stage or a lab's loop
-    plans: dict = field(default_factory=dict)  # round -> its plan's snapshot, as schedule gave it
-    rounds: dict = field(default_factory=dict)  # id(plan) -> the plan and its round, as planned
-    made: dict = field(default_factory=dict)  # id -> each RoundInputs and StepState, as made
-    prepared: set = field(default_factory=set)  # rounds whose plan prepare_inputs was given
-    sampled: set = field(default_factory=set)  # rounds whose sample was launched
+    # The run's record of what its stages made, by id: a plan -> (plan, (round, is_prefill,
+    # requests)); inputs or a step -> (it, its fields); held while its round is in flight, and
+    # after by a weak reference (``done``): the record lives as long as the learner keeps them.
+    made: dict = field(default_factory=dict)
+    inflight: dict = field(default_factory=dict)  # round -> the ids of what was made for it
+    latest: int = -1  # the last round engine.schedule() planned
+    prepared: set = field(default_factory=set)  # rounds in flight whose plan was prepared
+    sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
+    live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
 
     def __post_init__(self) -> None:
@@ -165,32 +171,43 @@ class Run:
 
     def planned(self, plan: Plan) -> None:
         """``plan``, as engine.schedule() returns it, is kept to check it is not changed after."""
-        self.plans[plan.round], plan.run = plan.snapshot(), self
-        self.rounds[id(plan)] = plan, plan.round
+        rnd, plan.run = plan.round, self
+        self.made[id(plan)] = plan, (rnd, plan.is_prefill, tuple(plan.requests))
+        self.inflight[rnd], self.latest = [id(plan)], rnd
         if plan.is_prefill:
-            self.prefill_rounds.add(plan.round)
+            self.prefill_rounds.add(rnd)
             self.admitted += plan.requests
 
-    def check_plan(self, stage: str, plan: Plan) -> None:
-        """Refuse a plan engine.schedule() did not return (a copy), or changed since (its
-        requests reordered, added or removed; its round or kind, around Plan's guard): the
+    def check_plan(self, stage: str, plan, what: str = "plan") -> tuple:
+        """Refuse a plan engine.schedule() did not return (a copy), or changed since (its class;
+        its requests reordered, added or removed; its round or kind, around Plan's guard): the
         round's tokens are committed in its requests' order, and its metadata went to the
-        device in the order prepare_inputs saw.  Its round is the one the run recorded."""
-        kept, rnd = self.rounds.get(id(plan), (None, None))
+        device in the order prepare_inputs saw.  Read through vars() against the record, so no
+        code of a class put in Plan's place runs.  Returns (round, is_prefill, requests)."""
+        kept, rec = self._kept(plan)
         if kept is not plan:
-            raise ForeignStep(plan.round if type(plan.round) is int else -1, what="plan")
-        now, was = plan.snapshot(), self.plans[rnd]
-        same = [type(a) is type(b) and a == b for a, b in zip(now, was)]  # an int's __eq__ may lie
-        if all(same):
-            return
+            rnd = vars(plan).get("round") if type(plan) is Plan else None
+            raise ForeignStep(rnd if type(rnd) is int else -1, what="plan")
+        rnd, prefill, reqs = rec
+        now = vars(plan) if type(plan) is Plan else {}
+        ids, was = now.get("requests"), now.get("round")
+        if now.get("is_prefill") is prefill and type(ids) is list and len(ids) == len(reqs) and (
+                all(map(operator.is_, ids, reqs)) and type(was) is int and was == rnd):
+            return rec
         why = next((f"plan.{name} changed from {shown(b)} to {shown(a)}, around Plan's guard "
                     f"(object.__setattr__ or vars()), by {self.who()} or before: a plan's round "
                     f"and kind are the engine's (the stages find and size the round's inputs "
                     f"and results by them); read them, never change them"
-                    for name, a, b, kept in zip(("round", "is_prefill"), now, was, same)
-                    if not kept), None)
+                    for name, a, b in zip(("round", "is_prefill"), (was, now.get("is_prefill")),
+                                          (rnd, prefill)) if not (type(a) is type(b) and a == b)),
+                   None) if now else (
+            f"plan.__class__ changed from Plan to {type(plan).__name__}, by {self.who()} or "
+            f"before: the engine reads its plans as it made them, and code of a class put in "
+            f"its place would decide what the stages see; leave a plan's class as it is")
         raise ValueError(
-            f"{stage} was given round {rnd}'s plan changed since engine.schedule() returned it ("
+            f"{stage} was given round {rnd}'s "
+            + ("plan" if what == "plan" else f"{what}, its plan") + " changed since "
+            "engine.schedule() returned it ("
             + (why or "its requests reordered, added or removed: the round's metadata goes to "
                "the device in the plan's order and its tokens are handed out in that order, so "
                "they would reach the wrong prompts; do not change a plan, sort a copy: "
@@ -203,17 +220,41 @@ class Run:
     def keep(self, made):
         """``made``, a RoundInputs or StepState a stage returns, as made (``check_made``)."""
         self.made[id(made)] = made, dict(vars(made))
+        self.inflight.setdefault(made.plan.round, []).append(id(made))
         return made
+
+    def _kept(self, obj) -> tuple:
+        """The object recorded under ``obj``'s id (None: none alive) and its record."""
+        kept, rec = self.made.get(id(obj), (None, None))
+        if type(kept) is weakref.ref:  # its round was committed (``done``)
+            kept = kept()
+        return kept, rec
 
     def flag(self, made, name: str) -> None:
         """Set the engine's flag ``name`` (``forwarded``, ``committed``) of ``made``, as kept."""
         vars(made)[name] = self.made[id(made)][1][name] = True
 
+    def done(self, rnd: int) -> None:
+        """Round ``rnd``'s tokens were handed out: what was made for it is recorded from now on
+        by a weak reference, while the learner keeps it (to refuse it given again: a step
+        processed twice, a plan prepared twice); the dead are dropped as the record grows."""
+        self.committed.add(rnd)
+        self.prepared.discard(rnd)
+        self.sampled.discard(rnd)
+        made = self.made
+        for key in self.inflight.pop(rnd, ()):
+            kept, rec = made[key]
+            made[key] = weakref.ref(kept), rec
+        if len(made) > self.live:
+            self.made = {key: entry for key, entry in made.items()
+                         if type(entry[0]) is not weakref.ref or entry[0]() is not None}
+            self.live = 2 * len(self.made) + 64
+
     def check_made(self, stage: str, given) -> None:
         """Refuse inputs or a step this run's stages did not make (a copy, dataclasses.replace),
         or whose fields were changed around their set-once guard (object.__setattr__, vars()):
         its plan, slot or event would launch, read or commit another round's, silently."""
-        kept, fields = self.made.get(id(given), (None, {}))
+        kept, fields = self._kept(given)
         what, maker = type(given).NAME, f"engine.{type(given).MADE_BY}"
         if kept is not given:
             raise ValueError(f"{self.who()} gave engine.{stage}() a {type(given).__name__} "
@@ -227,7 +268,7 @@ class Run:
             return
         how = ("removed" if name not in now else f"changed from {shown(fields[name])} to "
                f"{shown(now[name])}" if type(fields[name]) in (int, bool) else "replaced")
-        rnd = self.rounds[id(fields["plan"])][1]
+        rnd = self.made[id(fields["plan"])][1][0]
         raise ValueError(
             f"{self.who()} gave engine.{stage}() round {rnd}'s {what} with {what}.{name} {how} "
             f"since {maker} made it (object.__setattr__ and vars() get around its set-once "
@@ -295,7 +336,7 @@ class Run:
     def dropped(self) -> list[tuple[int, bool]]:
         """Rounds engine.schedule() planned whose sample was never launched, each with whether
         its plan was prepared."""
-        return [(r, r in self.prepared) for r in sorted(set(self.plans) - self.sampled)]
+        return [(r, r in self.prepared) for r in sorted(self.inflight) if r not in self.sampled]
 
     def check_progress(self, scheduler) -> None:
         """Stall a run whose commits added no token and ended no request in

@@ -17,8 +17,8 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward, StaleInputs,
-                       StepProcessedTwice)
+from .refusals import (ClassChanged, ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward,
+                       StaleInputs, StepProcessedTwice)
 from .run import RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
@@ -31,9 +31,12 @@ _MADE_BY = {Plan: "engine.schedule()", RoundInputs: "engine.prepare_inputs(plan)
 
 
 def _takes(stage: str, value, cls: type, or_none: bool = False) -> None:
-    """Refuse a ``value`` that is not a ``cls`` (a mix-up of a loop's objects) by name."""
-    if isinstance(value, cls) or (or_none and value is None):
+    """Refuse a ``value`` that is not a ``cls`` (a mix-up of a loop's objects) by name, nor one
+    of a subclass: the stages read its fields, and a subclass's code would decide what they see."""
+    if type(value) is cls or (or_none and value is None):
         return
+    if issubclass(type(value), cls):  # not isinstance: a __class__ property would answer it
+        raise ClassChanged(stage, cls, type(value), _MADE_BY[cls])
     got = "None" if value is None else f"a {type(value).__name__}"
     hint = (": schedule() returns None when nothing can be launched now; check `if plan is None`"
             if value is None and cls is Plan else
@@ -194,10 +197,10 @@ class RoundStages:
             raise ForeignStep(plan.round, what="plan")
         if run.ended:
             raise RunEnded("prepare_inputs", plan.round, "plan")
-        run.check_plan("prepare_inputs", plan)
-        if plan.round in run.prepared:
-            raise PreparedTwice(plan.round, max(run.plans), plan.round in run.committed)
-        run.prepared.add(plan.round)
+        rnd = run.check_plan("prepare_inputs", plan)[0]
+        if rnd in run.prepared or rnd in run.committed:
+            raise PreparedTwice(rnd, run.latest, rnd in run.committed)
+        run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
@@ -205,7 +208,7 @@ class RoundStages:
             # Enough block-table columns for the furthest position a correction can reach.
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // self.config.block_size))
             cols["block_tables"] = [b for r in plan.requests for b in (r.blocks + [0] * nb)[:nb]]
-            blocks = {b for r in plan.requests for b in r.blocks}
+            blocks = frozenset(b for r in plan.requests for b in r.blocks)
             inputs = run.keep(RoundInputs(plan, plan.round % run.num_slots, len(cols["input_ids"]),
                                           nb, max(cols["seqlens_q"]), blocks, run))
             buffers.write_inputs(self.device, self.layout, inputs.slot, cols,
@@ -216,8 +219,8 @@ class RoundStages:
         self._run.uploaded = inputs
         return inputs
 
-    def _uploaded(self, stage: str, inputs: RoundInputs) -> None:
-        """Launch only the latest upload, unchanged: the device holds one round's inputs."""
+    def _uploaded(self, stage: str, inputs: RoundInputs) -> tuple:
+        """Launch only the latest upload, unchanged (its plan too: its record is returned)."""
         self._open(stage)
         _takes(stage, inputs, RoundInputs)
         run = self._run
@@ -226,8 +229,10 @@ class RoundStages:
         if run.ended:
             raise RunEnded(stage, inputs.plan.round, "inputs")
         run.check_made(stage, inputs)
+        planned = run.check_plan(stage, inputs.plan, "inputs")
         if inputs is not run.uploaded:
-            raise StaleInputs(stage, inputs.plan.round, run.uploaded.plan.round)
+            raise StaleInputs(stage, planned[0], run.uploaded.plan.round)
+        return planned
 
     def _check_blocks(self, plan: Plan, k: int) -> None:
         """Refuse a plan whose request has no KV block for a position the round writes: freed
@@ -292,17 +297,17 @@ class RoundStages:
     @_stage
     def launch_sample(self, inputs: RoundInputs) -> StepState:
         """A constraint's mask is built here, from the tokens committed *now* (under ZOS: round N-1's)."""
-        self._uploaded("launch_sample", inputs)
+        r, prefill, requests = self._uploaded("launch_sample", inputs)
         if not inputs.forwarded:
-            raise SampleBeforeForward(inputs.plan.round)
-        r, slot = inputs.plan.round, inputs.slot
+            raise SampleBeforeForward(r)
+        slot = inputs.slot
         with self.timeline.host_span(Stage.LAUNCH_SAMPLE, r):
             reads = set()
             if self.constraint is not None:
                 reads = {buffers.allowed_buffer(slot)}
-                allowed = self.constraint.masks(inputs.plan.requests)
+                allowed = self.constraint.masks(requests)
                 self.device.host(buffers.allowed_buffer(slot), "w")[: len(allowed)] = allowed
-            sample_done = self.device.launch(kernels.sample, slot, inputs.plan.is_prefill, bool(reads), round=r,
+            sample_done = self.device.launch(kernels.sample, slot, prefill, bool(reads), round=r,
                                              stage=Stage.SAMPLE, reads=reads, writes={buffers.out_buffer(slot)},
                                              record_event=True, owner=r)
         self._run.sampled.add(r)
@@ -361,46 +366,47 @@ class RoundStages:
                              f"{len(old)} to {len(req.output_ids)} tokens: a step's tokens go "
                              f"to its own requests (step.plan.requests), in their order")
 
-    def _own(self, stage: str, step: StepState) -> None:
+    def _own(self, stage: str, step: StepState) -> tuple:
         """Refuse what is not a step of this run: another run's requests are not this run's, its
-        event not this device's, and may never come on it (``ForeignStep``); nor one changed."""
+        event not this device's, and may never come on it (``ForeignStep``); nor one changed (its
+        plan too: its record, (round, is_prefill, requests), is returned)."""
         self._open(stage)
         _takes(stage, step, StepState)
         if step.run is not self._run:
             raise ForeignStep(step.plan.round)
         self._run.check_made(stage, step)
+        planned = self._run.check_plan(stage, step.plan, "step")
         if step.sample_done.device != self.device.serial:  # its device was replaced since
-            raise ForeignEvent(step.plan.round, step.sample_done.stage)
+            raise ForeignEvent(planned[0], step.sample_done.stage)
         if step.run.ended:
-            raise RunEnded(stage, step.plan.round, "step")
+            raise RunEnded(stage, planned[0], "step")
+        return planned
 
     @_stage
     def read_outputs(self, step: StepState) -> list[int]:
         """The step's output slot: ``tokens[B, 1 + k]`` then ``accepted[B]``, as a list."""
-        self._own("read_outputs", step)
-        k = 0 if step.plan.is_prefill else self.config.num_draft_tokens
-        size = buffers.outputs_size(len(step.plan.requests), k)
+        _, prefill, requests = self._own("read_outputs", step)
+        k = 0 if prefill else self.config.num_draft_tokens
+        size = buffers.outputs_size(len(requests), k)
         return self.device.host(buffers.out_buffer(step.slot), "r")[:size].tolist()
 
     @_stage
     def commit_outputs(self, step: StepState, out: list[int]) -> list[Request]:
         """Hand a step's tokens to its requests (a finished one's are the extra round: discarded).
         A round is committed once, whichever StepState of it brings it (``StepProcessedTwice``)."""
-        self._own("commit_outputs", step)
-        plan, run = step.plan, self._run
-        run.check_plan("commit_outputs", plan)
-        k = 0 if plan.is_prefill else self.config.num_draft_tokens
-        n = len(plan.requests)
+        run, (rnd, prefill, requests) = self._run, self._own("commit_outputs", step)
+        k = 0 if prefill else self.config.num_draft_tokens
+        n = len(requests)
         sampled = buffers.unpack_outputs(
-            buffers.checked_outputs(out, n, k, self.tokenizer.vocab_size, plan.round), n, k)
-        twice = step.committed or plan.round in run.committed
-        self.record.commit(plan.round, [r.index for r in plan.requests], twice, sampled)
+            buffers.checked_outputs(out, n, k, self.tokenizer.vocab_size, rnd), n, k)
+        twice = step.committed or rnd in run.committed
+        self.record.commit(rnd, [r.index for r in requests], twice, sampled)
         if twice:
-            raise StepProcessedTwice(plan.round, plan.requests, same_step=step.committed)
+            raise StepProcessedTwice(rnd, requests, same_step=step.committed)
         run.flag(step, "committed")
-        run.committed.add(plan.round)
+        run.done(rnd)
         run.idle_schedule = False  # progress: a schedule may find nothing to launch again
-        for req, kept in zip(plan.requests, sampled):
+        for req, kept in zip(requests, sampled):  # as recorded: a commit plug-in may reorder
             req.num_inflight -= 1
             if req.finished:
                 run.counts["discarded"] += 1
@@ -418,11 +424,11 @@ class RoundStages:
                                                    f"({_label(req.commit)}),"):
                     run.progress_round = self.scheduler.round
             run.counts["tokens"] += len(req.output_ids) - before
-            if not plan.is_prefill:
+            if not prefill:
                 run.counts["request_decode_rounds"] += 1
                 run.counts["proposed"] += k
                 run.counts["accepted"] += len(kept) - 1
-        return plan.requests
+        return list(requests)
 
     def _check_committed(self, req: Request, old: list, plugin: str, finished=False) -> bool:
         """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
