@@ -37,3 +37,25 @@ def zos_loop(seen=lambda inputs, step: None, finish=_processed):
                 previous = current
 
     return loop
+
+
+def processed_by_hand(eng, step) -> None:
+    """What ``engine.process_outputs`` does, written out: the body a process_outputs plug-in
+    has before a test puts its one change in it."""
+    eng.device.wait(step.sample_done)
+    for req in eng.commit_outputs(step, eng.read_outputs(step)):
+        eng.scheduler.release_if_done(req)
+
+
+def engine_per_mode(prompts: list[str]):
+    """A module's engine, serial then ZOS (one each, shared by its tests), that knows the texts
+    its ``prompts`` give at 20 new tokens (``engine.want``)."""
+    import pytest
+    import toy_engine as te
+
+    @pytest.fixture(scope="module", params=["serial", "zos"])
+    def engine(request):
+        with te.Engine(te.EngineConfig(mode=request.param, device="cpu")) as eng:
+            eng.want = [c.text for c in eng.generate(prompts, 20)]
+            yield eng
+    return engine

@@ -3,25 +3,19 @@ is refused by name (it was told to end the request at max_new_tokens, 15 tokens 
 one that changes a StepState's slot is refused (it silently got another round's tokens)."""
 import pytest
 
-import toy_engine as te
+from loops_for_tests import engine_per_mode, processed_by_hand
 
 PROMPTS = ["Hello there", "The cat"]
 
 
-def _std(engine, step):
-    engine.device.wait(step.sample_done)
-    for req in engine.commit_outputs(step, engine.read_outputs(step)):
-        engine.scheduler.release_if_done(req)
-
-
 def po_blocks(engine, step):
-    _std(engine, step)
+    processed_by_hand(engine, step)
     for r in step.plan.requests:
         r.blocks = r.blocks[:1]
 
 
 def po_blocks_in_place(engine, step):
-    _std(engine, step)
+    processed_by_hand(engine, step)
     for r in step.plan.requests:
         if not r.finished:
             r.blocks.pop()
@@ -29,19 +23,15 @@ def po_blocks_in_place(engine, step):
 
 def po_slot(engine, step):
     step.slot = (step.slot + 1) % 2
-    _std(engine, step)
+    processed_by_hand(engine, step)
 
 
 def po_event(engine, step):
     step.sample_done = None
-    _std(engine, step)
+    processed_by_hand(engine, step)
 
 
-@pytest.fixture(scope="module", params=["serial", "zos"])
-def engine(request):
-    with te.Engine(te.EngineConfig(mode=request.param, device="cpu")) as eng:
-        eng.want = [c.text for c in eng.generate(PROMPTS, 20)]
-        yield eng
+engine = engine_per_mode(PROMPTS)
 
 
 @pytest.mark.parametrize("plugin", [po_blocks, po_blocks_in_place])

@@ -7,23 +7,13 @@ import dataclasses
 
 import pytest
 
-import toy_engine as te
 from toy_engine.run import StageInPlugin
+from loops_for_tests import engine_per_mode, processed_by_hand
 
 PROMPTS = ["Once upon", "The king"]
 
 
-def _std(engine, step):
-    engine.device.wait(step.sample_done)
-    for req in engine.commit_outputs(step, engine.read_outputs(step)):
-        engine.scheduler.release_if_done(req)
-
-
-@pytest.fixture(scope="module", params=["serial", "zos"])
-def engine(request):
-    with te.Engine(te.EngineConfig(mode=request.param, device="cpu")) as eng:
-        eng.want = [c.text for c in eng.generate(PROMPTS, 20)]
-        yield eng
+engine = engine_per_mode(PROMPTS)
 
 
 def _refill(step, **changed):
@@ -44,7 +34,7 @@ def test_a_slot_changed_around_the_set_once_guard_is_refused_where_the_tokens_ar
         engine, how):
     def po(eng, step):
         BYPASSES[how](step)
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(ValueError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     assert str(err.value).startswith(
@@ -60,13 +50,13 @@ def test_an_event_or_plan_swapped_in_or_a_replaced_step_is_refused_never_read(en
         kept.append(step)
         if len(kept) > 1:
             vars(step)["sample_done"] = kept[-2].sample_done
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(ValueError, match=r"^process_outputs=event gave engine\.read_outputs\(\) "
                                          r"round 1's step with step\.sample_done replaced"):
         engine.generate(PROMPTS, 20, process_outputs=event)
 
     def copied(eng, step):
-        _std(eng, dataclasses.replace(step, slot=1 - step.slot))
+        processed_by_hand(eng, dataclasses.replace(step, slot=1 - step.slot))
     with pytest.raises(ValueError, match=r"^process_outputs=copied gave engine\.read_outputs\(\) "
                                          r"a StepState that engine\.launch_sample\(inputs\) did "
                                          r"not return \(a copy, dataclasses\.replace\(\)"):
@@ -105,7 +95,7 @@ def test_a_plugin_setting_plan_round_is_refused_by_name_not_blamed_on_launch_sam
     def po(eng, step):
         if step.plan.round > 2:
             step.plan.round = step.plan.round + new if new < 0 else new
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(AttributeError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     msg = str(err.value)
@@ -123,7 +113,7 @@ def test_plan_round_changed_around_its_guard_is_refused_at_the_commit_by_the_run
     def po(eng, step):
         if step.plan.round == 3:
             object.__setattr__(step.plan, "round", new)
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(ValueError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     msg = str(err.value)
@@ -158,4 +148,4 @@ def test_a_plugin_calling_the_stage_it_replaces_is_refused_by_name_not_recursion
 
 
 def test_the_engines_own_process_outputs_and_a_plugin_calling_the_stages_still_run(engine):
-    assert [c.text for c in engine.generate(PROMPTS, 20, process_outputs=_std)] == engine.want
+    assert [c.text for c in engine.generate(PROMPTS, 20, process_outputs=processed_by_hand)] == engine.want

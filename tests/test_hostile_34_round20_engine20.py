@@ -15,21 +15,12 @@ import toy_engine as te
 from toy_engine.refusals import PreparedTwice, StepProcessedTwice
 from toy_engine.run import StepState
 from toy_engine.scheduler import Plan
+from loops_for_tests import engine_per_mode, processed_by_hand
 
 PROMPTS = ["Once upon", "The king"]
 
 
-def _std(engine, step):
-    engine.device.wait(step.sample_done)
-    for req in engine.commit_outputs(step, engine.read_outputs(step)):
-        engine.scheduler.release_if_done(req)
-
-
-@pytest.fixture(scope="module", params=["serial", "zos"])
-def engine(request):
-    with te.Engine(te.EngineConfig(mode=request.param, device="cpu")) as eng:
-        eng.want = [c.text for c in eng.generate(PROMPTS, 20)]
-        yield eng
+engine = engine_per_mode(PROMPTS)
 
 
 class OtherSlot(StepState):
@@ -41,7 +32,7 @@ class OtherSlot(StepState):
 def test_a_step_whose_class_was_swapped_is_refused_by_name_never_read(engine):
     def po(eng, step):
         step.__class__ = OtherSlot
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(TypeError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     assert str(err.value).startswith(
@@ -61,7 +52,7 @@ def test_a_plan_whose_class_was_swapped_is_refused_by_name_not_asked(engine):
         vars(plan)["_snap"] = plan.snapshot()
         plan.__class__ = LyingPlan
         plan.requests.reverse()
-        _std(eng, step)
+        processed_by_hand(eng, step)
     with pytest.raises(ValueError) as err:
         engine.generate(PROMPTS, 20, process_outputs=po)
     assert str(err.value).startswith(
@@ -133,7 +124,7 @@ def test_the_record_lives_while_rounds_are_in_flight_not_for_the_whole_run(engin
         if not gone:
             gone.append(weakref.ref(step))
             gone.append(weakref.ref(step.plan))
-        _std(eng, step)
+        processed_by_hand(eng, step)
     outs = engine.generate(["Once upon"] * 32, 100, process_outputs=po)
     assert engine.stats.rounds > 200
     gc.collect()
@@ -147,9 +138,9 @@ def test_a_committed_step_or_plan_kept_is_still_refused_after_many_rounds(engine
 
     def po(eng, step):
         kept.append(step)
-        _std(eng, step)
+        processed_by_hand(eng, step)
         if len(kept) == 300:  # round 0's records were weak for 300 rounds, dead ones dropped
-            _std(eng, kept[0])
+            processed_by_hand(eng, kept[0])
     with pytest.raises(StepProcessedTwice, match="^round 0's step was already processed"):
         engine.generate(["Once upon"] * 32, 100, process_outputs=po)
     plans = []
@@ -170,9 +161,9 @@ def test_a_committed_step_or_plan_kept_is_still_refused_after_many_rounds(engine
 
     def copies(eng, step):
         copied.append(step)
-        _std(eng, step)
+        processed_by_hand(eng, step)
         if len(copied) == 300:
-            _std(eng, copy.copy(copied[0]))
+            processed_by_hand(eng, copy.copy(copied[0]))
     with pytest.raises(ValueError, match="did not return \\(a copy"):
         engine.generate(["Once upon"] * 32, 100, process_outputs=copies)
     assert [c.text for c in engine.generate(PROMPTS, 20)] == engine.want
