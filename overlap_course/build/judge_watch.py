@@ -283,8 +283,9 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
         cells left is compared then, before that code runs, not only once it returns (round
         15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
         before any hand-back, after filling the references with a wrong loop's tokens).  A
-        frame that is not one (``sys.audit`` of the event by the submission) is not looked at."""
-        if (kind(frame) is not frame_type or (event != "return" and (
+        frame that is not one (``sys.audit`` of the event by the submission), or one raised
+        while no check runs (by a cell), is not looked at."""
+        if (kind(frame) is not frame_type or fields["changes"] is None or (event != "return" and (
                 event != "call" or fields["called"])) or fields["changed"]
                 or not foreign(frame.f_code)):
             return
