@@ -60,10 +60,17 @@ function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; a
 ``ctypes``, any memory.  The judge's own modules (and ``builtins``' names, and its classes'
 attributes), which a cell can rebind with no audit event, are put back and any change named
 (graded 0) after the cells, at each hand-back and after the check, by C methods bound before
-the cells, and no function but the submission's may have its ``__code__`` or defaults swapped;
-but the audit hook runs the judge's Python code while the cells run, and a cell that rebinds a
-name it reads then (``judge_watch.types``, a ``Watch`` method) can loosen it until the next
-put-back; and during the check ``sys.getprofile()`` hands the submission the watch itself.
+the cells, and no function but the submission's may have its ``__code__`` or defaults swapped.
+What the audit hook runs while the cells run (the watch's ``audited``, ``reaches_memory`` and
+profile hook) is closures made before the cells, with the names, types and builtins they read
+bound then, and the profile hook ``sys.getprofile()`` returns is ``sys.audit`` bound to an
+event's name that the audit hook answers, so it hands the check's caller nothing of the judge's
+(round 20: ``Watch.foreign`` rebound by a cell, or set on the watch from the profile hook's
+``__self__``, let it walk gc to the report's writer); but the hook's file rules still call
+``pathlib``'s and ``os.path``'s Python code, whose module and class attributes a cell can rebind
+until the next put-back (Landlock, where there is one, fences the files anyway), and finalizers
+are listed from ``weakref.finalize``'s registry as it was bound before the cells (one the cells
+rebind, ``finalize._registry = {}``, hides the finalizers made later from the hand-backs).
 Without Landlock, it can also write files through ``ctypes`` or a
 process of its own (the audit hook is not inherited; the re-hash after the judge catches such
 writes to the course's and the toy's sources and bytecode, unless the process leaves the judge's

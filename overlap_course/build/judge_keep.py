@@ -3,11 +3,17 @@ cells, at each hand-back of the check and after it (used by
 :mod:`overlap_course.build.judge_process`).  The judge's code after the cells looks its
 functions up by name in its modules' globals, which a cell can rebind with no audit event
 (round 19: ``judge_process._verdict = lambda *a, **k: {"passed": True, ...}`` gave a wrong
-loop full marks); the fingerprint sees such a change only if the genuine comparer runs."""
+loop full marks); the fingerprint sees such a change only if the genuine comparer runs.  And
+the modules the cells or the check imported from elsewhere than the installed files."""
 
 from __future__ import annotations
 
+import os
 import sys
+import types
+from pathlib import Path
+
+from overlap_course.build.judge_fingerprint import _OURS
 
 #: Modules whose code decides the verdict after the cells (the judge's, and the standard
 #: modules its comparer reads; not ``sys``, ``os`` or ``threading``, whose attributes the checker
@@ -80,3 +86,44 @@ def keeper():
                     put(cls, key, value)
         return changed
     return restore
+
+
+def strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
+    """Modules first imported after the judge's fingerprint, under a name the checker could
+    import (the course's, the toy's, the standard library's, torch's, numpy's), that do not
+    come from the installed files: put in ``sys.modules`` by the submission, or loaded from a
+    file it wrote.  A learner's own helper module under another name is not judged."""
+    names = _OURS + ("torch", "numpy")
+    strange = []
+    for name in sorted(set(sys.modules) - before):
+        top = name.partition(".")[0]
+        if top not in names and top not in sys.stdlib_module_names:
+            continue
+        if not (_installed(sys.modules.get(name), trusted) or _registered(name, trusted)):
+            strange.append(name)
+    return strange
+
+
+def _installed(module, trusted: list[Path]) -> bool:
+    """Whether ``module`` was loaded from the installed files (or is built in)."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if origin in ("built-in", "frozen"):
+        return True
+    places = [origin] if origin else list(getattr(spec, "submodule_search_locations", None)
+                                          or [])
+    real = [Path(os.path.realpath(p)) for p in places if isinstance(p, str)]
+    return bool(real) and all(any(r.is_relative_to(t) for t in trusted) for r in real)
+
+
+def _registered(name: str, trusted: list[Path]) -> bool:
+    """Whether ``name`` is a module with no ``__spec__`` that an installed module (not a
+    package) holds as its attribute and put in ``sys.modules`` (pyexpat's C code registers
+    ``pyexpat.errors`` and ``pyexpat.model`` so): no import from a file can reach that name."""
+    parent_name, _, attr = name.rpartition(".")
+    parent, module = sys.modules.get(parent_name), sys.modules.get(name)
+    if (type(parent) is not types.ModuleType or type(module) is not types.ModuleType
+            or not _installed(parent, trusted)):
+        return False
+    space = types.ModuleType.__dict__["__dict__"].__get__(parent)
+    return "__path__" not in space and space.get(attr) is module

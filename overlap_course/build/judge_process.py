@@ -10,20 +10,19 @@ import os
 import sys
 import sysconfig
 import threading
-import types
 from pathlib import Path
 
 from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
-from overlap_course.build.judge_keep import keeper
+from overlap_course.build.judge_keep import keeper, strange_modules as _strange_modules
 from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
                                                    forget_caches, watcher)
 from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
-from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS, Watch,
-                                             from_submission)
+from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS,
+                                             PROFILE_EVENT, Watch, from_submission)
 
 
 def signer(secret: str):
@@ -164,56 +163,65 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     climbs above the folder it starts from.  And it refuses the submission's code what reaches
     the judge's memory, where the run's secret lies (``Watch.reaches_memory``)."""
     folders, home = [Path(f) for f in private], Path(os.getcwd()).resolve()
-    # bound now: a cell can rebind the module's names (``CODE_EVENTS = set()``) as the hook runs
+    # bound now: a cell can rebind the modules' names (``CODE_EVENTS = set()``, a builtin) as
+    # the hook runs; the watch's hooks are closures, and its profile hook raises ``profiled``
     code_events, memory_events, frame_events = CODE_EVENTS, MEMORY_EVENTS, FRAME_EVENTS
-    audited, reaches_memory = watch.audited, watch.reaches_memory
+    audited, reaches_memory, profile = watch.audited, watch.reaches_memory, watch.profile
+    profiled, unaudited, writes, write_flags = PROFILE_EVENT, frozenset(_UNAUDITED_FILES), \
+        frozenset(_WRITES), _WRITE_FLAGS
+    watch.sealed()
+    climbs, is_a, any_, refuse, set_, writing = (_climbs, isinstance, any, PermissionError,
+                                                 set, frozenset("wax+"))
+    real, fsdecode, dirname, absolute, basename, paths = (
+        os.path.realpath, os.fsdecode, os.path.dirname, os.path.abspath, os.path.basename,
+        (str, bytes, os.PathLike))
 
     def resolved(path) -> Path | None:
-        if not isinstance(path, (str, bytes, os.PathLike)):
+        if not is_a(path, paths):
             return None  # a file descriptor: opening it was audited
-        if _climbs(os.fsdecode(path)):
-            raise PermissionError(f"the judge does not let a submission use a relative path "
-                                  f"that leaves its folder ({os.fsdecode(path)[:80]}): give "
-                                  f"the path from /")
-        return Path(os.path.realpath(os.fsdecode(path)))
+        if climbs(fsdecode(path)):
+            raise refuse(f"the judge does not let a submission use a relative path that leaves "
+                         f"its folder ({fsdecode(path)[:80]}): give the path from /")
+        return Path(real(fsdecode(path)))
 
     def refuse_write(path) -> None:
         """Checked as it resolves, and as the link it may be: removing or replacing a link
         changes the link, not the file it names (a venv's ``bin/python``)."""
         if (target := resolved(path)) is None:
             return
-        link = Path(os.path.realpath(os.path.dirname(os.path.abspath(os.fsdecode(path)))),
-                    os.path.basename(os.fsdecode(path)))
-        if any(p.is_relative_to(f) for p in (target, link) for f in protected):
-            raise PermissionError(f"the judge does not let a submission change {target}")
+        link = Path(real(dirname(absolute(fsdecode(path)))), basename(fsdecode(path)))
+        if any_(p.is_relative_to(f) for p in (target, link) for f in protected):
+            raise refuse(f"the judge does not let a submission change {target}")
 
     def hook(event: str, args: tuple) -> None:
+        if event == profiled:  # the watch's profile hook, at each call and return
+            return profile(*args)
         if event in code_events:
             audited(event, args)
         if (event in memory_events or event in frame_events) and reaches_memory(event, args):
             what = f"read a {args[1]}" if event == "object.__getattr__" else f"call {event}"
-            raise PermissionError(f"the judge does not let a submission's code {what}: it "
-                                  f"reaches the judge's own memory; a right answer needs none")
+            raise refuse(f"the judge does not let a submission's code {what}: it reaches the "
+                         f"judge's own memory; a right answer needs none")
         if event == "os.symlink" or event == "os.link":
-            raise PermissionError("the judge refuses new links")
-        if event == "import" and args[0] in _UNAUDITED_FILES:
-            raise PermissionError(f"the judge does not let a submission import {args[0]}")
+            raise refuse("the judge refuses new links")
+        if event == "import" and args[0] in unaudited:
+            raise refuse(f"the judge does not let a submission import {args[0]}")
         if event == "sqlite3.connect":  # its files are opened in C, unaudited
-            raise PermissionError("the judge does not let a submission open a database")
-        if event in _WRITES:
+            raise refuse("the judge does not let a submission open a database")
+        if event in writes:
             for path in args[:2] if event == "os.rename" else args[:1]:
                 refuse_write(path)
         if event != "open" or (path := resolved(args[0])) is None:
             return
         mode, flags = args[1], args[2]
-        if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS:
+        if (is_a(mode, str) and set_(mode) & writing) or (flags or 0) & write_flags:
             refuse_write(args[0])
-        if path.is_dir() and (not path.is_relative_to(home) or any(
+        if path.is_dir() and (not path.is_relative_to(home) or any_(
                 f.is_relative_to(path) or path.is_relative_to(f) for f in protected)):
-            raise PermissionError(f"the judge does not let a submission open the folder {path}")
-        if (path.suffix == ".ipynb" or any(path.is_relative_to(f) for f in folders)
-                or not any(path.is_relative_to(f) for f in readable)):
-            raise PermissionError(f"the judge does not let a submission read {path}")
+            raise refuse(f"the judge does not let a submission open the folder {path}")
+        if (path.suffix == ".ipynb" or any_(path.is_relative_to(f) for f in folders)
+                or not any_(path.is_relative_to(f) for f in readable)):
+            raise refuse(f"the judge does not let a submission read {path}")
     return hook
 
 
@@ -374,44 +382,3 @@ def _forkserver_moved(pid: int) -> list[str]:
         return []
     return [f"the forkserver {pid} the judge started was {'replaced' if alive else 'stopped'}: "
             f"devices now come from {now}"]
-
-
-def _strange_modules(before: set[str], trusted: list[Path]) -> list[str]:
-    """Modules first imported after the judge's fingerprint, under a name the checker could
-    import (the course's, the toy's, the standard library's, torch's, numpy's), that do not
-    come from the installed files: put in ``sys.modules`` by the submission, or loaded from a
-    file it wrote.  A learner's own helper module under another name is not judged."""
-    names = _OURS + ("torch", "numpy")
-    strange = []
-    for name in sorted(set(sys.modules) - before):
-        top = name.partition(".")[0]
-        if top not in names and top not in sys.stdlib_module_names:
-            continue
-        if not (_installed(sys.modules.get(name), trusted) or _registered(name, trusted)):
-            strange.append(name)
-    return strange
-
-
-def _installed(module, trusted: list[Path]) -> bool:
-    """Whether ``module`` was loaded from the installed files (or is built in)."""
-    spec = getattr(module, "__spec__", None)
-    origin = getattr(spec, "origin", None)
-    if origin in ("built-in", "frozen"):
-        return True
-    places = [origin] if origin else list(getattr(spec, "submodule_search_locations", None)
-                                          or [])
-    real = [Path(os.path.realpath(p)) for p in places if isinstance(p, str)]
-    return bool(real) and all(any(r.is_relative_to(t) for t in trusted) for r in real)
-
-
-def _registered(name: str, trusted: list[Path]) -> bool:
-    """Whether ``name`` is a module with no ``__spec__`` that an installed module (not a
-    package) holds as its attribute and put in ``sys.modules`` (pyexpat's C code registers
-    ``pyexpat.errors`` and ``pyexpat.model`` so): no import from a file can reach that name."""
-    parent_name, _, attr = name.rpartition(".")
-    parent, module = sys.modules.get(parent_name), sys.modules.get(name)
-    if (type(parent) is not types.ModuleType or type(module) is not types.ModuleType
-            or not _installed(parent, trusted)):
-        return False
-    space = types.ModuleType.__dict__["__dict__"].__get__(parent)
-    return "__path__" not in space and space.get(attr) is module

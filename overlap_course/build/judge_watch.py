@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect
 import sys
 import threading
 import types
@@ -30,6 +29,27 @@ FRAME_EVENTS = {"sys._getframe", "object.__getattr__"}
 _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 
 
+_CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
+_BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
+
+
+def _first(frame):
+    """The first frame of the stack ``frame`` is on."""
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return frame
+
+# The code of the time limit's trace functions (the checker's, read at import)
+_TIME_LIMITS = tuple(c for c in sandbox._tracer.__code__.co_consts if type(c) is types.CodeType)
+
+
+#: The event the profile hook raises: the hook is ``sys.audit`` bound to this name, which hands
+#: whoever reads it (``sys.getprofile()``) nothing of the judge's; the judge's audit hook, which
+#: no code can reach, answers it (round 20: the hook was the watch's bound method, and its
+#: ``__self__`` let the loop set ``foreign`` and walk gc to the report's writer).
+PROFILE_EVENT = "overlap_course.judge.profile"
+
+
 class Watch:
     """The submission's code while the check runs.  A replacement made and undone inside the
     check (a checker's helper swapped on the first call, put back on the last) leaves nothing
@@ -41,7 +61,11 @@ class Watch:
     ``function.__new__`` audit events: ``compile``, ``code.replace``, ``marshal``, an import of
     its own module, a ``dataclass`` it declares), whatever file name it claims, or in a
     thread of the submission's (round 17: ``Thread(target=exec, args=(code, ns))`` ran code
-    that no frame of the submission's was under)."""
+    that no frame of the submission's was under).  What the audit hook and the profile hook run
+    (``foreign``, ``audited``, ``reaches_memory``, ``profile``) is made with the watch: closures
+    over its own fields, with the types and builtins they use bound then, so that no name a cell
+    can rebind (this module's, this class's attributes, a builtin) is looked up as they run
+    (round 20: a cell's ``Watch.foreign = lambda self, code: False`` let it walk gc)."""
 
     def __init__(self) -> None:
         self.codes: dict[int, types.CodeType] = {}  # id -> code (kept: an id is not reused)
@@ -57,135 +81,17 @@ class Watch:
         # register may fire during the check)
         self.finalizers = set(weakref.finalize._registry)
         self.callbacks = list(gc.callbacks)
-        self.hook = self.profile  # one bound method, to know it again
         self.looking: set[int] = set()  # threads in reaches_memory: its own look is not asked
+        fields = object.__getattribute__(self, "__dict__")  # no descriptor a cell sets
+        fields.update(_sees(fields))
+        fields.update(_audits(fields))
+        fields.update(_profiles(fields))
+        self.hook = self.profile  # the hook set; ``sealed`` makes it one that hands out nothing
 
-    def foreign(self, code) -> bool:
-        return code.co_filename.startswith("<submission") or id(code) in self.codes
-
-    def _on_stack(self, threads: bool = True) -> bool:
-        """Whether a frame of the submission's is on this thread's stack, or (``threads``) this
-        thread is the submission's."""
-        frame = sys._getframe(2)
-        while frame is not None:
-            if self.foreign(frame.f_code):
-                return True
-            if frame.f_back is None and threads:
-                return self._theirs(frame)
-            frame = frame.f_back
-        return False
-
-    def reaches_memory(self, event: str, args: tuple) -> bool:
-        """Whether code of the submission's asks for the judge's memory (round 19: a cell found
-        the report's writer with ``gc.get_objects``, and signed a verdict of its own with the
-        secret in its closure).  ``gc``'s walks and other threads' frames: with a frame of the
-        submission's anywhere on the stack, or in a thread of its own, as no right answer needs
-        them and a library function it calls could hand them on.  A frame: to the submission's
-        code itself only (the direct caller), as ``logging``, ``warnings``, ``traceback``,
-        ``inspect`` and the checker read frames around the learner's code at its request."""
-        if event == "object.__getattr__" and args[1] not in _FRAME_ATTRIBUTES:
-            return False  # at each read of a code object: quick
-        me = _IDENT()
-        if me in self.looking:  # the frames read below
-            return False
-        self.looking.add(me)
-        try:
-            if event in FRAME_EVENTS:
-                return self.foreign(sys._getframe(2).f_code)  # 1: the audit hook
-            return self._on_stack()
-        finally:
-            self.looking.discard(me)
-
-    def _theirs(self, first) -> bool:
-        """Whether the thread whose first frame is ``first`` is the submission's: one threading
-        runs for a target of the submission's or a builtin (``exec``), or one that no Python
-        thread starts (``_thread.start_new_thread(exec, ...)``) but the main thread."""
-        if first.f_code is _BOOTSTRAP:  # threading's first frame, which holds the thread
-            thread = first.f_locals.get("self")
-            return isinstance(thread, threading.Thread) and from_submission(thread, self)
-        return first is not self.main
-
-    def audited(self, event: str, args: tuple, function=types.FunctionType,
-                parts=("__code__", "__defaults__", "__kwdefaults__"),
-                code_of=types.FunctionType.__dict__["__code__"].__get__,
-                globals_of=types.FunctionType.__dict__["__globals__"].__get__,
-                modules=sys.modules, space_of=types.ModuleType.__dict__["__dict__"].__get__,
-                module=types.ModuleType, kind=type, any_=any, listed=list) -> None:
-        """Notes the code the submission makes; refuses anyone a module's function's code or
-        defaults swapped in place, but the submission's own (round 19: the judge's
-        ``_compare.__code__``, which no module's names show, nor putting them back undoes; a
-        function made from a string, as ``namedtuple``'s ``__new__``, is not a module's).  The
-        types and builtins it reads are bound at its definition (a cell can rebind their
-        names)."""
-        if event == "object.__setattr__" and args[1] in parts and kind(args[0]) is function and (
-                not self.foreign(code_of(args[0]))) and any_(
-                kind(m) is module and space_of(m) is globals_of(args[0])
-                for m in listed(modules.values())):
-            raise PermissionError(f"the judge does not let code change {args[1]} of a function "
-                                  f"that is not the submission's ({code_of(args[0]).co_name})")
-        if event == "object.__setattr__" and args[1:2] != ("__code__",):
-            return  # a class's attribute set: not code
-        # a hook set in a thread of the submission's is judged by the frames that set it: the
-        # watch's own, set by threading as a thread starts, is not the submission's change
-        if not self._on_stack(threads=event not in ("sys.settrace", "sys.setprofile")):
-            return
-        if event in ("sys.settrace", "sys.setprofile"):
-            if self.changes is None:  # only while the check runs (its cells may run checks too)
-                return
-            if event == "sys.setprofile" and sys.getprofile() is self.hook:
-                # also CPython turning this hook off, as it does when the time limit's TimeUp
-                # fires inside it (round 15: a time-out read as "your code changed
-                # sys.setprofile"): a lost hook, judged by the verdict
-                self.lost = True
-            elif event == "sys.settrace" and self._time_limits(sys.gettrace()):
-                # also CPython turning the time limit's trace off, as it does when its TimeUp
-                # fires inside the trace function (round 13: a slow check read as "your code
-                # changed sys.settrace"): judged as a lost profile hook is, by the verdict
-                self.tracing.append(event)
-            else:
-                self.hooks.append(event)
-            return
-        made = args[2] if event == "object.__setattr__" else args[0]  # f.__code__ = made
-        stack = [made] if type(made) is types.CodeType else []
-        while stack:  # the code and every function, class and comprehension defined in it
-            code = stack.pop()
-            self.codes[id(code)] = code
-            stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-
-    def _time_limits(self, function) -> bool:
-        """Whether ``function`` is a trace function of the checker's time limit."""
-        return (type(function) is types.FunctionType
-                and any(function.__code__ is c for c in _TIME_LIMITS)
-                and not self.foreign(function.__code__))
-
-    def profile(self, frame, event: str, arg) -> None:
-        """At each hand-back, and as the check first calls code of the submission's: what the
-        cells left is compared then, before that code runs, not only once it returns (round
-        15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
-        before any hand-back, after filling the references with a wrong loop's tokens)."""
-        if ((event != "return" and (event != "call" or self.called)) or self.changed
-                or not self.foreign(frame.f_code)):
-            return
-        caller = frame.f_back
-        if caller is None or not self.foreign(caller.f_code):
-            self.called = True
-            self.changed = self.changes() + self.deferred() + self.modes.entered(True)
-
-    def deferred(self) -> list[str]:
-        """Calls the submission left for trusted code to make later, when no code of its own
-        returns: finalizers and garbage-collector callbacks registered since the check began,
-        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``),
-        registered since the judge began."""
-        found = [f"a finalizer calling {_name(info.func)}"
-                 for key, info in list(weakref.finalize._registry.items())
-                 if key not in self.finalizers and self.untrusted(info.func)]
-        found += [f"a gc callback {_name(c)}" for c in list(gc.callbacks)
-                  if c not in self.callbacks]
-        return found
-
-    def untrusted(self, function) -> bool:
-        code = _code_of(function)
-        return code is None or self.foreign(code)
+    def sealed(self):
+        """The profile hook for a judge whose audit hook answers :data:`PROFILE_EVENT`."""
+        self.hook = types.MethodType(sys.audit, PROFILE_EVENT)
+        return self.hook
 
     def running(self, thread: threading.Thread) -> bool:
         """Whether the thread is running the submission's code now (a pool's worker)."""
@@ -211,6 +117,183 @@ class Watch:
         sys.setprofile(None)
         threading.setprofile(None)
         self.changes = None
+
+
+def _sees(fields: dict, ident=id, kind=type, is_a=isinstance, frame_at=sys._getframe,
+          function=types.FunctionType, partial=functools.partial, methods=(
+              types.MethodType, classmethod, staticmethod), class_dict=type.__dict__[
+              "__dict__"].__get__, thread_type=threading.Thread, thread_run=threading.Thread.run,
+          mro_of=type.__dict__["__mro__"].__get__, instance_dict=object.__getattribute__,
+          bootstrap=_BOOTSTRAP) -> dict:
+    """``foreign(code)``: whether code is the submission's; ``untrusted(callable)``: whether what
+    it runs is (or is a builtin); ``on_stack()``: whether a frame of the submission's is on this
+    thread's stack, or (``threads``) this thread is the submission's."""
+    codes, main, unwrap = fields["codes"], fields["main"], _MAX_UNWRAP
+
+    def foreign(code) -> bool:
+        return code.co_filename.startswith("<submission") or ident(code) in codes
+
+    def code_of(f):
+        """The code a callable runs, read through partials and bound methods; None for a
+        builtin (or anything the judge cannot read without running it)."""
+        for _ in range(unwrap):
+            f = f.func if kind(f) is partial else f.__func__ if kind(f) in methods else f
+        if kind(f) is function:
+            return f.__code__
+        call = class_dict(kind(f)).get("__call__")
+        return call.__code__ if kind(call) is function else None
+
+    def untrusted(f) -> bool:
+        code = code_of(f)
+        return code is None or foreign(code)
+
+    def from_thread(thread) -> bool:
+        """A thread's target (a Timer's function, a partial's, a bound method's, an overridden
+        ``run``), or a callable with no code the judge can read (``Timer(1, setattr, ...)``)."""
+        own = instance_dict(thread, "__dict__")  # no property of the submission's
+        target = own.get("_target") or own.get("function")
+        run = next((class_dict(c)["run"] for c in mro_of(kind(thread))
+                    if "run" in class_dict(c)), None)
+        target = run if target is None and run is not thread_run else target
+        return target is not None and untrusted(target)
+
+    def theirs(first) -> bool:
+        """Whether the thread whose first frame is ``first`` is the submission's: one threading
+        runs for a target of the submission's or a builtin (``exec``), or one that no Python
+        thread starts (``_thread.start_new_thread(exec, ...)``) but the main thread."""
+        if first.f_code is bootstrap:  # threading's first frame, which holds the thread
+            thread = first.f_locals.get("self")
+            return is_a(thread, thread_type) and from_thread(thread)
+        return first is not main
+
+    def on_stack(threads: bool = True) -> bool:
+        frame = frame_at(2)
+        while frame is not None:
+            if foreign(frame.f_code):
+                return True
+            if frame.f_back is None and threads:
+                return theirs(frame)
+            frame = frame.f_back
+        return False
+    return {"foreign": foreign, "untrusted": untrusted, "on_stack": on_stack,
+            "from_thread": from_thread, "code_of": code_of}
+
+
+def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get_ident, kind=type,
+            code_type=types.CodeType, function=types.FunctionType, refuse=PermissionError,
+            parts=("__code__", "__defaults__", "__kwdefaults__"), any_=any, listed=list,
+            code_of=types.FunctionType.__dict__["__code__"].__get__,
+            globals_of=types.FunctionType.__dict__["__globals__"].__get__, modules=sys.modules,
+            space_of=types.ModuleType.__dict__["__dict__"].__get__, module=types.ModuleType,
+            profile_now=sys.getprofile, trace_now=sys.gettrace, time_limits=_TIME_LIMITS,
+            frame_attributes=frozenset(_FRAME_ATTRIBUTES),
+            frame_events=frozenset(FRAME_EVENTS)) -> dict:
+    """``audited(event, args)`` and ``reaches_memory(event, args)``, for the audit hook."""
+    foreign, on_stack, looking, codes = (fields[k] for k in ("foreign", "on_stack", "looking",
+                                                              "codes"))
+
+    def reaches_memory(event: str, args: tuple) -> bool:
+        """Whether code of the submission's asks for the judge's memory (round 19: a cell found
+        the report's writer with ``gc.get_objects``, and signed a verdict of its own with the
+        secret in its closure).  ``gc``'s walks and other threads' frames: with a frame of the
+        submission's anywhere on the stack, or in a thread of its own, as no right answer needs
+        them and a library function it calls could hand them on.  A frame: to the submission's
+        code itself only (the direct caller), as ``logging``, ``warnings``, ``traceback``,
+        ``inspect`` and the checker read frames around the learner's code at its request."""
+        if event == "object.__getattr__" and args[1] not in frame_attributes:
+            return False  # at each read of a code object: quick
+        me = me_now()
+        if me in looking:  # the frames read below
+            return False
+        looking.add(me)
+        try:
+            if event in frame_events:
+                return foreign(frame_at(2).f_code)  # 1: the audit hook
+            return on_stack()
+        finally:
+            looking.discard(me)
+
+    def is_time_limit(f) -> bool:
+        """Whether ``f`` is a trace function of the checker's time limit."""
+        return (kind(f) is function and any_(code_of(f) is c for c in time_limits)
+                and not foreign(code_of(f)))
+
+    def audited(event: str, args: tuple) -> None:
+        """Notes the code the submission makes; refuses anyone a module's function's code or
+        defaults swapped in place, but the submission's own (round 19: the judge's
+        ``_compare.__code__``, which no module's names show, nor putting them back undoes; a
+        function made from a string, as ``namedtuple``'s ``__new__``, is not a module's)."""
+        if event == "object.__setattr__" and args[1] in parts and kind(args[0]) is function and (
+                not foreign(code_of(args[0]))) and any_(
+                kind(m) is module and space_of(m) is globals_of(args[0])
+                for m in listed(modules.values())):
+            raise refuse(f"the judge does not let code change {args[1]} of a function that is "
+                         f"not the submission's ({code_of(args[0]).co_name})")
+        if event == "object.__setattr__" and args[1:2] != ("__code__",):
+            return  # a class's attribute set: not code
+        # a hook set in a thread of the submission's is judged by the frames that set it: the
+        # watch's own, set by threading as a thread starts, is not the submission's change
+        if not on_stack(threads=event not in ("sys.settrace", "sys.setprofile")):
+            return
+        if event in ("sys.settrace", "sys.setprofile"):
+            if fields["changes"] is None:  # only while the check runs (cells may run checks)
+                return
+            if event == "sys.setprofile" and profile_now() is fields["hook"]:
+                # also CPython turning this hook off, as it does when the time limit's TimeUp
+                # fires inside it (round 15: a time-out read as "your code changed
+                # sys.setprofile"): a lost hook, judged by the verdict
+                fields["lost"] = True
+            elif event == "sys.settrace" and is_time_limit(trace_now()):
+                # also CPython turning the time limit's trace off, as it does when its TimeUp
+                # fires inside the trace function (round 13: a slow check read as "your code
+                # changed sys.settrace"): judged as a lost profile hook is, by the verdict
+                fields["tracing"].append(event)
+            else:
+                fields["hooks"].append(event)
+            return
+        made = args[2] if event == "object.__setattr__" else args[0]  # f.__code__ = made
+        stack = [made] if kind(made) is code_type else []
+        while stack:  # the code and every function, class and comprehension defined in it
+            code = stack.pop()
+            codes[ident(code)] = code
+            stack += [c for c in code.co_consts if kind(c) is code_type]
+    return {"audited": audited, "reaches_memory": reaches_memory}
+
+
+def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
+              registry=weakref.finalize._registry, callbacks=gc.callbacks) -> dict:
+    """``profile(frame, event, arg)`` and ``deferred()``."""
+    foreign, untrusted, code_of = fields["foreign"], fields["untrusted"], fields["code_of"]
+    finalizers, before, entered = fields["finalizers"], fields["callbacks"], fields["modes"].entered
+
+    def name(f) -> str:
+        code = code_of(f)
+        return code.co_name if code is not None else kind(f).__name__
+
+    def deferred() -> list[str]:
+        """Calls the submission left for trusted code to make later, when no code of its own
+        returns: finalizers and garbage-collector callbacks registered since the check began,
+        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``)."""
+        found = [f"a finalizer calling {name(info.func)}" for key, info in listed(
+            registry.items()) if key not in finalizers and untrusted(info.func)]
+        return found + [f"a gc callback {name(c)}" for c in listed(callbacks) if c not in before]
+
+    def profile(frame, event: str, arg) -> None:
+        """At each hand-back, and as the check first calls code of the submission's: what the
+        cells left is compared then, before that code runs, not only once it returns (round
+        15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
+        before any hand-back, after filling the references with a wrong loop's tokens).  A
+        frame that is not one (``sys.audit`` of the event by the submission), or one raised
+        while no check runs (by a cell), is not looked at."""
+        if (kind(frame) is not frame_type or fields["changes"] is None or (event != "return" and (
+                event != "call" or fields["called"])) or fields["changed"]
+                or not foreign(frame.f_code)):
+            return
+        caller = frame.f_back
+        if caller is None or not foreign(caller.f_code):
+            fields["called"] = True
+            fields["changed"] = fields["changes"]() + deferred() + entered(True)
+    return {"profile": profile, "deferred": deferred}
 
 
 class _TorchModes:
@@ -263,51 +346,8 @@ def _mode_calls(cls) -> tuple:
 _CHECKER = ("overlap_course.", "toy_engine.")
 
 
-_IDENT = threading.get_ident
-_CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
-_BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
-
-
-def _first(frame):
-    """The first frame of the stack ``frame`` is on."""
-    while frame.f_back is not None:
-        frame = frame.f_back
-    return frame
-
-# The code of the time limit's trace functions (the checker's, read at import)
-_TIME_LIMITS = tuple(c for c in sandbox._tracer.__code__.co_consts if type(c) is types.CodeType)
-
-
-def _code_of(function):
-    """The code a callable runs, read through partials and bound methods; None for a builtin
-    (or anything the judge cannot read without running it)."""
-    for _ in range(_MAX_UNWRAP):
-        if type(function) is functools.partial:
-            function = function.func
-        elif type(function) in (types.MethodType, classmethod, staticmethod):
-            function = function.__func__
-        else:
-            break
-    if type(function) is types.FunctionType:
-        return function.__code__
-    call = type(function).__dict__.get("__call__")
-    return call.__code__ if type(call) is types.FunctionType else None
-
-
-def _name(function) -> str:
-    code = _code_of(function)
-    return code.co_name if code is not None else type(function).__name__
 
 
 def from_submission(thread: threading.Thread, watch: Watch) -> bool:
-    """Whether a thread runs the submission's code: its target's (a Timer's function, a
-    partial's, a bound method's, an overridden ``run``), or a callable with no code the judge
-    can read (a builtin, as in ``Timer(1, setattr, ...)``)."""
-    fields = object.__getattribute__(thread, "__dict__")  # no property of the submission's
-    target = fields.get("_target") or fields.get("function")
-    run = inspect.getattr_static(type(thread), "run", None)
-    if target is None and run is not threading.Thread.run:
-        target = run
-    if target is None:
-        return False  # a thread with nothing to run
-    return watch.untrusted(target)
+    """Whether a thread runs the submission's code (the watch's ``from_thread``)."""
+    return watch.from_thread(thread)

@@ -1,0 +1,126 @@
+"""Issue 34, round twenty, judge.  The audit hook ran the judge's Python code while the cells ran,
+and that code looked names up in ``judge_watch``'s globals and ``Watch``'s class attributes, which
+a cell rebinds with no audit event: ``Watch.foreign = lambda self, code: False`` made the hook let
+the cell walk ``gc`` to the report's writer and sign a pass for a wrong loop.  And during the
+check ``sys.getprofile()`` handed the submission the watch (``.__self__``): setting its
+``foreign`` did the same from inside the loop.  Now what the hook calls is bound as the watch is
+made (closures over the watch's own fields, builtins as defaults), and the profile hook is
+``sys.audit`` bound to an event's name, answered by the audit hook, which no code can reach.  Each
+cheat failed when written; right loops still pass."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from overlap_course.build import grading, judge
+
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+
+# Once the hook is loosened: the report's writer found by gc, and a signed pass written
+_FORGE = '''
+import gc as _gc, types as _t
+for _f in _gc.get_objects():
+    if type(_f) is _t.FunctionType and _f.__name__ == "write" and _f.__closure__:
+        _f({"passed": True, "message": "ok"})
+'''
+_WATCH = "from overlap_course.build import judge_watch as _jw\n"
+CELL_CHEATS = {
+    "class_foreign": _WATCH + "_jw.Watch.foreign = lambda self, code: False\n" + _FORGE,
+    "class_on_stack": _WATCH + "_jw.Watch._on_stack = lambda *a, **k: False\n"
+                               "_jw.Watch.foreign = lambda self, code: False\n" + _FORGE,
+    "module_events": _WATCH + "_jw.FRAME_EVENTS.clear()\n_jw._IDENT = lambda: 0\n"
+                              "_jw.Watch.foreign = lambda self, code: False\n" + _FORGE,
+    "builtin_any": "import builtins\n_any = builtins.any\n" + _WATCH
+                   + "_jw.Watch.foreign = lambda self, code: False\n" + _FORGE,
+}
+# During the check, from the loop itself: the watch, reached from the profile hook
+_IN_LOOP = '''
+import sys as _s
+_real_loop = serial_loop
+def serial_loop(engine):
+    _p = _s.getprofile()
+    _w = getattr(_p, "__self__", None)
+    if _w is not None and not isinstance(_w, str):
+        _w.foreign = lambda code: False
+        _w.changes = lambda: []
+''' + "\n".join("    " + line for line in _FORGE.splitlines()) + '''
+    return _real_loop(engine)
+'''
+CHECK_CHEATS = {"profile_self": _IN_LOOP}
+
+
+@pytest.mark.parametrize("cheat", sorted(CELL_CHEATS))
+def test_a_cell_cannot_loosen_the_audit_hook(cheat):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP, CELL_CHEATS[cheat]])
+    assert not passed and message != "ok", message
+
+
+@pytest.mark.parametrize("cheat", sorted(CHECK_CHEATS))
+def test_the_check_does_not_hand_the_watch_to_the_loop(cheat):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP, CHECK_CHEATS[cheat]])
+    assert not passed and message != "ok", message
+
+
+UNUSUAL_LOOP = '''
+import functools, sys
+class _Steps:
+    def __init__(self, engine):
+        self.engine = engine
+    def __iter__(self):
+        while self.engine.scheduler.has_work():
+            yield self.engine.schedule()
+def serial_loop(engine):
+    for plan in _Steps(engine):
+        inputs = functools.partial(engine.prepare_inputs)(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        assert sys.getprofile() is not None
+        engine.process_outputs(step)
+'''
+
+
+@pytest.mark.parametrize("loop", [RIGHT_LOOP, UNUSUAL_LOOP], ids=["right", "unusual"])
+def test_right_loops_still_pass(loop):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, loop])
+    assert passed, message
+
+
+def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
+    """nbgrader autograde of exercise 02: the solution and a right loop get full marks, a wrong
+    loop beside a cell that rebinds ``Watch.foreign``, or that sets the watch's from the
+    profile hook, none."""
+    pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra")
+    needs_the_engine()
+    from nbgrader.api import Gradebook
+    from test_grading import _nbgrader
+    name, home = "02_serial_loop", tmp_path / "course"
+    grading.course(home, assignments=[name])
+    _nbgrader(home, "generate_assignment", name, "--force")
+    released = nbformat.read(home / "release" / name / f"{name}.ipynb", as_version=4)
+    solved = nbformat.read(judge.ROOT / "solutions" / f"{name}.ipynb", as_version=4)
+    students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
+                "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"]),
+                "profile_self": (WRONG_LOOP, CHECK_CHEATS["profile_self"])}
+    for student, (answer, extra) in students.items():
+        nb, cells = nbformat.from_dict(released), []
+        for cell, source in zip(nb.cells, solved.cells):
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                cell.source = source.source
+                if meta["grade_id"] == "answer_serial_loop" and answer is not None:
+                    cell.source = answer
+                    cells += [cell, nbformat.v4.new_code_cell(extra)]
+                    continue
+            cells.append(cell)
+        nb.cells = cells
+        (home / "submitted" / student / name).mkdir(parents=True)
+        nbformat.write(nb, home / "submitted" / student / name / f"{name}.ipynb")
+    _nbgrader(home, "autograde", name, "--force")
+    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as book:
+        scores = {s: book.find_grade("check_serial_loop", name, name, s).score for s in students}
+    assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
