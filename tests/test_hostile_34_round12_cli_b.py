@@ -52,16 +52,12 @@ def test_grading_course_on_a_full_disk_names_the_file_and_tears_none(tmp_path):
 _CTRL_C_WHILE_WRITING = '''
 import os, signal, sys
 def hook(event, args):
-    # the moment an old notebook is gone (emptied in place, then opened to write) or its new
-    # copy is being made (the hook's SIGINT is raised in the hook, before the operation)
-    if event == "os.truncate":
-        hook.emptied = True
-    elif event == "open" and not hook.done and (
-            hook.emptied and isinstance(args[0], int) or isinstance(args[0], str)
-            and args[0].endswith(".ipynb") and (args[1] or " ")[0] in "wx"):
+    # the moment the first new copy is being made beside its notebook (round 19: the course is
+    # written all or none, each file as a temporary one renamed into place with the others)
+    if event == "open" and not hook.done and ".partial" in str(args[0]):
         hook.done = True
         os.kill(os.getpid(), signal.SIGINT)
-hook.emptied = hook.done = False
+hook.done = False
 sys.addaudithook(hook)
 '''
 

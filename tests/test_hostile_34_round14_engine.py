@@ -44,14 +44,17 @@ def _loop_sorting_before_prepare(engine):
         engine.process_outputs(engine.launch_sample(inputs))
 
 
+# Refused at the first stage that reads the plan after the change (round 20: every stage checks
+# it, not only prepare and commit)
 @pytest.mark.parametrize("plugins, stage", [
-    (dict(process_outputs=_reversing_process_outputs), "commit_outputs"),
-    (dict(loop=_loop_reversing_after_prepare), "commit_outputs"),
-    (dict(loop=_loop_sorting_before_prepare), "prepare_inputs"),
+    (dict(process_outputs=_reversing_process_outputs),
+     "read_outputs was given round \\d+'s step, its"),
+    (dict(loop=_loop_reversing_after_prepare), "launch_forward was given round \\d+'s inputs, its"),
+    (dict(loop=_loop_sorting_before_prepare), "prepare_inputs was given round \\d+'s"),
 ])
 def test_a_plan_changed_after_schedule_is_refused(engine, plugins, stage):
     reference = [c.text for c in engine.generate(PROMPTS, 12)]
-    with pytest.raises(ValueError, match=rf"{stage} was given round \d+'s plan changed since "
+    with pytest.raises(ValueError, match=rf"{stage} plan changed since "
                        r"engine.schedule\(\) returned it.*sort a copy"):
         engine.generate(PROMPTS, 12, **plugins)
     assert [c.text for c in engine.generate(PROMPTS, 12)] == reference  # the engine goes on

@@ -28,7 +28,7 @@ def test_export_refuses_to_overwrite_the_timeline_it_converts(tmp_path):
     stored = tmp_path / "stored.json"
     stored.write_bytes((ROOT / "overlap_course" / "traces" / "cpu_zos.json").read_bytes())
     before = stored.read_bytes()
-    _one_clear_line(_export("stored.json", str(stored), cwd=tmp_path), "STORED", "itself")
+    _one_clear_line(_export("stored.json", str(stored), cwd=tmp_path), "STORED", "overwrite")
     assert stored.read_bytes() == before
 
 
