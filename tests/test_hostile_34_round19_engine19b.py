@@ -148,4 +148,5 @@ def test_a_plugin_calling_the_stage_it_replaces_is_refused_by_name_not_recursion
 
 
 def test_the_engines_own_process_outputs_and_a_plugin_calling_the_stages_still_run(engine):
-    assert [c.text for c in engine.generate(PROMPTS, 20, process_outputs=processed_by_hand)] == engine.want
+    done = engine.generate(PROMPTS, 20, process_outputs=processed_by_hand)
+    assert [c.text for c in done] == engine.want

@@ -218,11 +218,11 @@ def _swallowed(refusal) -> Verdict:
                 f"`{refusal.in_use[0][1]}` still used them")
     else:
         return fails("double_free",
-                     f"the engine refused a second free of KV blocks {list(refusal.double)} (prompt "
-                     f"{refusal.prompt}'s), and your code caught the error and went on. The "
-                     f"refusal is the bug report: they were freed already, and a pool that took "
-                     f"them back twice would hand a block to two requests. Free a request once "
-                     f"(`engine.process_outputs(step)` frees the finished ones; "
+                     f"the engine refused a second free of KV blocks {list(refusal.double)} "
+                     f"(prompt {refusal.prompt}'s), and your code caught the error and went on. "
+                     f"The refusal is the bug report: they were freed already, and a pool that "
+                     f"took them back twice would hand a block to two requests. Free a request "
+                     f"once (`engine.process_outputs(step)` frees the finished ones; "
                      f"`engine.scheduler.release_if_done(req)` frees only what is still held) "
                      f"instead of catching the error")
     return fails("race",

@@ -22,8 +22,9 @@ class StepWatch:
 
     def __call__(self, engine: Engine, step) -> None:
         reqs = tuple(step.plan.requests)  # a copy: the learner's code may change the plan's list
-        call = dict(step=step, requests=reqs, waits=[], before=[(r.num_inflight, r.finished) for r in reqs],
-                    after=None, holders={b: r.index for r in engine.requests for b in r.blocks},
+        call = dict(step=step, requests=reqs, waits=[],
+                    before=[(r.num_inflight, r.finished) for r in reqs], after=None,
+                    holders={b: r.index for r in engine.requests for b in r.blocks},
                     **pool_before(engine))
         self.held.update(call["holders"])
         self.calls.append(call)
@@ -41,8 +42,8 @@ class StepWatch:
             call["frees"] = [f for f in events if isinstance(f, Free)]
             call["refused"] = [r for r in events if isinstance(r, Refused)]
             call["plan_changed"] = tuple(step.plan.requests) != reqs
-            call["after"] = [(r.num_inflight, r.finished, bool(r.blocks), r in engine.scheduler.running)
-                             for r in reqs]
+            call["after"] = [(r.num_inflight, r.finished, bool(r.blocks),
+                              r in engine.scheduler.running) for r in reqs]
             call.update(pool_after(engine))
 
 
