@@ -65,3 +65,36 @@ def judge_began() -> tuple:
 
     pid = judged_forkserver.running(device._FORKSERVER_PRELOAD, device.without_main_module)
     return judge_process._fingerprint(), pid
+
+
+def serial_loop_scores(home, students: dict) -> dict:
+    """Real nbgrader on exercise 02 in a course made at ``home``: each student's submission is
+    the solution with its loop replaced by ``answer`` (None: the solution's own) and a cell
+    ``extra`` after it; their ``check_serial_loop`` scores, as the gradebook records them."""
+    import nbformat
+    from nbgrader.api import Gradebook
+    from overlap_course.build import grading
+    from test_grading import _nbgrader
+
+    name = "02_serial_loop"
+    grading.course(home, assignments=[name])
+    _nbgrader(home, "generate_assignment", name, "--force")
+    released = nbformat.read(home / "release" / name / f"{name}.ipynb", as_version=4)
+    solved = nbformat.read(judge.ROOT / "solutions" / f"{name}.ipynb", as_version=4)
+    for student, (answer, extra) in students.items():
+        nb, cells = nbformat.from_dict(released), []
+        for cell, source in zip(nb.cells, solved.cells):
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                cell.source = source.source
+                if meta["grade_id"] == "answer_serial_loop" and answer is not None:
+                    cell.source = answer
+                    cells += [cell, nbformat.v4.new_code_cell(extra)]
+                    continue
+            cells.append(cell)
+        nb.cells = cells
+        (home / "submitted" / student / name).mkdir(parents=True)
+        nbformat.write(nb, home / "submitted" / student / name / f"{name}.ipynb")
+    _nbgrader(home, "autograde", name, "--force")
+    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as book:
+        return {s: book.find_grade("check_serial_loop", name, name, s).score for s in students}

@@ -10,12 +10,11 @@ cheat failed when written; right loops still pass."""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
-from overlap_course.build import grading, judge
+from overlap_course.build import judge
 
-from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine, serial_loop_scores
 
 # Once the hook is loosened: the report's writer found by gc, and a signed pass written
 _FORGE = '''
@@ -96,31 +95,8 @@ def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
     profile hook, none."""
     pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra")
     needs_the_engine()
-    from nbgrader.api import Gradebook
-    from test_grading import _nbgrader
-    name, home = "02_serial_loop", tmp_path / "course"
-    grading.course(home, assignments=[name])
-    _nbgrader(home, "generate_assignment", name, "--force")
-    released = nbformat.read(home / "release" / name / f"{name}.ipynb", as_version=4)
-    solved = nbformat.read(judge.ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
                 "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"]),
                 "profile_self": (WRONG_LOOP, CHECK_CHEATS["profile_self"])}
-    for student, (answer, extra) in students.items():
-        nb, cells = nbformat.from_dict(released), []
-        for cell, source in zip(nb.cells, solved.cells):
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("solution"):
-                cell.source = source.source
-                if meta["grade_id"] == "answer_serial_loop" and answer is not None:
-                    cell.source = answer
-                    cells += [cell, nbformat.v4.new_code_cell(extra)]
-                    continue
-            cells.append(cell)
-        nb.cells = cells
-        (home / "submitted" / student / name).mkdir(parents=True)
-        nbformat.write(nb, home / "submitted" / student / name / f"{name}.ipynb")
-    _nbgrader(home, "autograde", name, "--force")
-    with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as book:
-        scores = {s: book.find_grade("check_serial_loop", name, name, s).score for s in students}
+    scores = serial_loop_scores(tmp_path / "course", students)
     assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
