@@ -51,6 +51,7 @@ import torch  # noqa: E402
 
 from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
                         load_model)
+from toy_engine.device import picks_cuda  # noqa: E402
 from overlap_course.command_line import (Parser, fail, finite_number, locked,  # noqa: E402
                                          out_folder, progress, run, whole_number)
 from overlap_course.measure.bench import (MAX_NEW_TOKENS, MAX_REPEATS, MAX_REQUESTS,  # noqa: E402
@@ -192,7 +193,7 @@ def _targets(args) -> dict:
     refused before any run (``refuse_unwritable``, as ``whole_set.part`` refuses it when
     writing, and profile_cuda before recording): it was refused only after every run was
     recorded (minutes).  The device is the engine's: ``auto`` is CUDA when torch sees one."""
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    cuda = picks_cuda(args.device)
     targets = {}
     for overhead in args.host_overheads:
         for mode in args.modes:

@@ -73,12 +73,13 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # against the record, its requests kept as made: 19; a Plan, RoundInputs or StepState of a
 # swapped __class__ refused by name, ClassChanged in refusals.py: 16; the record of a round held
 # weakly once committed and its dead entries dropped, so it lives while rounds are in flight or
-# their objects kept, not for the whole run: 26).
+# their objects kept, not for the whole run: 26), 4,343 until device.picks_cuda added 5 (the
+# choice make_device makes, which record_traces wrote again to name its files before a run).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4343, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4348, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -222,13 +222,18 @@ class CudaDevice(Device):
         return [(name, rnd, self._to_ns(s), self._to_ns(e), None) + (None,) * paced for name, rnd, s, e in done]
 
 
+def picks_cuda(kind: str) -> bool:
+    """Whether make_device(kind) builds the CUDA device (a command names its files before)."""
+    return kind == "cuda" or (kind == "auto" and torch.cuda.is_available())
+
+
 def make_device(kind: str, model, num_kv_blocks, block_size, buffer_specs, race_check=True,
                 num_threads: int = 1) -> Device:
     """``kind``: "auto" (CUDA, else the CPU stand-in: paced below 2 usable CPUs), "cuda", "cpu" or "paced"."""
     from .process_device import ProcessDevice  # it builds on this module: imported once needed
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch sees no CUDA GPU; use 'auto' or 'cpu'")
-    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+    if picks_cuda(kind):
         return CudaDevice(model, num_kv_blocks, block_size, buffer_specs, race_check)
     paced = kind == "paced" or (kind == "auto" and usable_cpus() < ProcessDevice.PACED_BELOW_CPUS)
     return ProcessDevice(model, num_kv_blocks, block_size, buffer_specs, race_check, num_threads,
