@@ -202,6 +202,7 @@ class RoundStages:
             raise PreparedTwice(rnd, run.latest, rnd in run.committed)
         run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
+        run.check_planned(plan, self.scheduler.placed)
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             cols = self._metadata(plan, k)
@@ -244,8 +245,6 @@ class RoundStages:
             or not r.finished and len(r.output_ids) >= r.max_new_tokens)), None)
         if freed is None and past is None:
             return
-        self._run.check_fields(plan.requests, self.scheduler.placed, "since engine.schedule() "
-                               "planned it (by the loop or a plug-in)")  # req.blocks named
         if freed is not None:  # a plan kept, never prepared, past the round that freed it
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
                              f"{freed.index} in it no longer holds KV blocks (freed since): "
