@@ -128,7 +128,8 @@ class Run:
     sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
-    flights: dict = field(default_factory=dict)  # id(request) -> its rounds planned, uncommitted
+    # id(request) -> its rounds planned, uncommitted (a process_outputs plug-in may commit itself)
+    flights: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)

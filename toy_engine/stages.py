@@ -341,6 +341,7 @@ class RoundStages:
         was = run.progress_round
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
+        run.flights.update((id(req), req.num_inflight) for req in step.plan.requests)  # its own
         progressed = False
         for req, ids, finished in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
