@@ -87,8 +87,21 @@ def test_prompt_ids_edited_in_place_around_prepare_inputs_is_refused(engine):
 def test_num_inflight_raised_around_prepare_inputs_is_refused(engine):
     def raise_(req):
         req.num_inflight += 1
-    _refused(engine, _around("num_inflight", raise_), "req.num_inflight is 2, but 1",
+    _refused(engine, _around("num_inflight", raise_), "req.num_inflight is 2, but the run counts 1",
              "prompt 0")
+
+
+def test_num_inflight_raised_by_a_process_outputs_plugin_is_refused(engine):
+    def lifts(engine, step):
+        engine.device.wait(step.sample_done)
+        for req in engine.commit_outputs(step, engine.read_outputs(step)):
+            engine.scheduler.release_if_done(req)
+        step.plan.requests[0].num_inflight += 1
+    right = [c.text for c in engine.generate(PROMPTS, max_new_tokens=8)]
+    with pytest.raises(ValueError, match="num_inflight is 1, but the run counts 0 .* it was "
+                                         "changed by process_outputs=lifts"):
+        engine.generate(PROMPTS, max_new_tokens=8, process_outputs=lifts)
+    assert [c.text for c in engine.generate(PROMPTS, max_new_tokens=8)] == right
 
 
 @pytest.mark.parametrize("mode", ["serial", "zos"])

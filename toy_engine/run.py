@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from . import kernels
 from .device import Event
-from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward,  # noqa: F401
-                       StageInPlugin, StaleInputs, StepProcessedTwice)  # exported: the checks'
+from .refusals import (ForeignStep, InflightChanged, PreparedTwice, RunEnded,  # noqa: F401
+                       SampleBeforeForward, StageInPlugin, StaleInputs,  # exported: the checks'
+                       StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
 from .validate import plugin_label, shown
@@ -288,23 +289,27 @@ class Run:
             f"live, and one changed would read another round's tokens as this one's; read "
             f"them, never change them")
 
-    def check_planned(self, plan: Plan, placed: dict) -> None:
+    def check_planned(self, plan: Plan) -> None:
         """Refuse a plan's request changed since engine.schedule() planned it: prepare_inputs
         sends its fixed fields and sizes the round from its num_inflight (changed and put back
-        around it, the round would run silently wrong)."""
-        self.check_fields(plan.requests, placed, "since engine.schedule() planned it (by the "
-                          "loop or a plug-in)")
+        around it, the round would run silently wrong).  Its row is the loop's to move (lab 7b
+        does); its blocks are checked where they are read (``_check_blocks``)."""
+        who = "since engine.schedule() planned it (by the loop or a plug-in)"
+        self.check_fields(plan.requests, {}, who)
         for req in plan.requests:
             now, n = req.num_inflight, self.flights.get(id(req))
-            if n is None or type(now) is int and now == n:  # None: not this run's
-                continue
-            raise ValueError(
-                f"prompt {self.fixed[id(req)][1]}'s req.num_inflight is {shown(now)}, but {n} "
-                f"of its rounds are in flight (planned, not yet committed): it was changed "
-                f"since engine.schedule() planned round {plan.round} (by the loop or a "
-                f"plug-in); the engine counts them itself (engine.schedule() adds one, "
-                f"commit_outputs takes one off) and prepare_inputs places the round's tokens "
-                f"by it; read it, never change it")
+            if n is not None and not (type(now) is int and now == n):  # None: not this run's
+                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
+
+    def follow_flights(self, requests, who: str) -> None:
+        """After a process_outputs plug-in: one that commits a round itself lowers its requests'
+        num_inflight by one; any other change is refused."""
+        for req in requests:
+            now, n = req.num_inflight, self.flights.get(id(req))
+            if n is not None and not (type(now) is int and 0 <= n - now <= 1):
+                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
+            if n is not None:
+                self.flights[id(req)] = now
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,
