@@ -2,6 +2,8 @@
 reads their attributes (``round``, ``stage``); the messages name the fix.  ``run`` exports them
 too, as the course imports them from there."""
 
+from .validate import plugin_label, shown
+
 
 class StepProcessedTwice(RuntimeError):
     """A launched round's results were handed out a second time (``round``, ``prompt_indexes``),
@@ -122,3 +124,45 @@ class ClassChanged(TypeError):
                          f"them, and a subclass's code would decide what its stages see; leave "
                          f"its class as it is")
         self.stage, self.what = stage, what
+
+
+class PlannedPastLimit(ValueError):
+    """A decode planned for a request (prompt ``prompt``) past the positions its KV blocks were
+    reserved for; ``processor`` (the loop's process_outputs) or the request's replaced commit or
+    wants_more planned it, and the message names which must end it."""
+
+    def __init__(self, round: int, req, writes: int, holds: int, processor: str):
+        super().__init__(
+            f"round {round} plans prompt {req.index} for more tokens, but it has "
+            f"{len(req.output_ids)} of its max_new_tokens {req.max_new_tokens}, "
+            f"{'finished' if req.finished else 'unfinished'}, and {req.num_inflight} rounds in "
+            f"flight (this round writes position {writes}; its KV blocks hold {holds}, reserved "
+            f"for its prompt and max_new_tokens): {_who_ends(req, processor)}")
+        self.round, self.prompt = round, req.index
+
+
+def _who_ends(req, processor: str) -> str:
+    """Who planned ``req`` past its ``max_new_tokens``, and what to change."""
+    commit = vars(req).get("commit")
+    who = (f"its commit, replaced on the request by a plug-in ({plugin_label(commit)}),"
+           if commit else processor)
+    end = (f"{who} must end it (req.finish_reason = \"length\") once len(req.output_ids) "
+           f"reaches max_new_tokens")
+    if "wants_more" not in vars(req):
+        return end
+    return (f"its wants_more, replaced on the request by a plug-in, must answer False once it "
+            f"is finished or len(req.output_ids) + req.num_inflight reaches max_new_tokens"
+            + (f", and {end}" if commit else ""))
+
+
+class InflightChanged(ValueError):
+    """A request's ``num_inflight`` (prompt ``prompt``) differs from the run's own count of its
+    rounds in flight: the loop or a plug-in (``who``) changed it."""
+
+    def __init__(self, prompt: int, now, count: int, who: str):
+        super().__init__(
+            f"prompt {prompt}'s req.num_inflight is {shown(now)}, but the run counts {count} of "
+            f"its rounds in flight (planned, not yet committed): it was changed {who}; the engine counts "
+            f"them itself (engine.schedule() adds one, committing a round takes one off) and "
+            f"prepare_inputs places the round's tokens by it; read it, never change it")
+        self.prompt = prompt

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from . import kernels
 from .device import Event
-from .refusals import (ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward,  # noqa: F401
-                       StageInPlugin, StaleInputs, StepProcessedTwice)  # exported: the checks'
+from .refusals import (ForeignStep, InflightChanged, PreparedTwice, RunEnded,  # noqa: F401
+                       SampleBeforeForward, StageInPlugin, StaleInputs,  # exported: the checks'
+                       StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
 from .validate import plugin_label, shown
@@ -128,6 +129,8 @@ class Run:
     sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
+    # id(request) -> its rounds planned, uncommitted (a process_outputs plug-in may commit itself)
+    flights: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -174,6 +177,8 @@ class Run:
         rnd, plan.run = plan.round, self
         self.made[id(plan)] = plan, (rnd, plan.is_prefill, tuple(plan.requests))
         self.inflight[rnd], self.latest = [id(plan)], rnd
+        for req in plan.requests:  # as the scheduler adds to req.num_inflight
+            self.flights[id(req)] = self.flights.get(id(req), 0) + 1
         if plan.is_prefill:
             self.prefill_rounds.add(rnd)
             self.admitted += plan.requests
@@ -218,8 +223,12 @@ class Run:
         return self.plugin or self.labels.get("loop", "the loop")
 
     def keep(self, made):
-        """``made``, a RoundInputs or StepState a stage returns, as made (``check_made``)."""
-        self.made[id(made)] = made, dict(vars(made))
+        """``made``, a RoundInputs or StepState a stage returns, as made (``check_made``); a
+        step's event too: the device waits on its handle and seq, so one changed reads early."""
+        fields = dict(vars(made))
+        if type(made) is StepState:
+            fields.update({f"sample_done.{f}": v for f, v in vars(made.sample_done).items()})
+        self.made[id(made)] = made, fields
         self.inflight.setdefault(made.plan.round, []).append(id(made))
         return made
 
@@ -242,6 +251,8 @@ class Run:
         self.prepared.discard(rnd)
         self.sampled.discard(rnd)
         made = self.made
+        for req in made[self.inflight[rnd][0]][1][2]:  # the plan's requests, as commit lowers
+            self.flights[id(req)] -= 1                    # their req.num_inflight
         for key in self.inflight.pop(rnd, ()):
             kept, rec = made[key]
             made[key] = weakref.ref(kept), rec
@@ -261,13 +272,15 @@ class Run:
                              f"that {maker} did not return (a copy, dataclasses.replace() or "
                              f"one built by hand): only the one it returned says where its "
                              f"round's inputs and results live; pass that one")
-        now = vars(given)
+        now = dict(vars(given))
+        if type(given) is StepState and isinstance(now.get("sample_done"), Event):
+            now.update({f"sample_done.{f}": v for f, v in vars(now["sample_done"]).items()})
         name = next((f for f, v in fields.items() if f not in now or now[f] is not v and not (
-            type(v) is int and type(now[f]) is int and now[f] == v)), None)
+            type(v) in (int, str) and type(now[f]) is type(v) and now[f] == v)), None)
         if name is None:
             return
         how = ("removed" if name not in now else f"changed from {shown(fields[name])} to "
-               f"{shown(now[name])}" if type(fields[name]) in (int, bool) else "replaced")
+               f"{shown(now[name])}" if type(fields[name]) in (int, bool, str) else "replaced")
         rnd = self.made[id(fields["plan"])][1][0]
         raise ValueError(
             f"{self.who()} gave engine.{stage}() round {rnd}'s {what} with {what}.{name} {how} "
@@ -275,6 +288,28 @@ class Run:
             f"fields): its plan, slot and event say where round {rnd}'s inputs and results "
             f"live, and one changed would read another round's tokens as this one's; read "
             f"them, never change them")
+
+    def check_planned(self, plan: Plan) -> None:
+        """Refuse a plan's request changed since engine.schedule() planned it: prepare_inputs
+        sends its fixed fields and sizes the round from its num_inflight (changed and put back
+        around it, the round would run silently wrong).  Its row is the loop's to move (lab 7b
+        does); its blocks are checked where they are read (``_check_blocks``)."""
+        who = "since engine.schedule() planned it (by the loop or a plug-in)"
+        self.check_fields(plan.requests, {}, who)
+        for req in plan.requests:
+            now, n = req.num_inflight, self.flights.get(id(req))
+            if n is not None and not (type(now) is int and now == n):  # None: not this run's
+                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
+
+    def follow_flights(self, requests, who: str) -> None:
+        """After a process_outputs plug-in: one that commits a round itself lowers its requests'
+        num_inflight by one; any other change is refused."""
+        for req in requests:
+            now, n = req.num_inflight, self.flights.get(id(req))
+            if n is not None and not (type(now) is int and 0 <= n - now <= 1):
+                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
+            if n is not None:
+                self.flights[id(req)] = now
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,

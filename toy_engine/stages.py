@@ -17,8 +17,8 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .refusals import (ClassChanged, ForeignStep, PreparedTwice, RunEnded, SampleBeforeForward,
-                       StaleInputs, StepProcessedTwice)
+from .refusals import (ClassChanged, ForeignStep, PlannedPastLimit, PreparedTwice, RunEnded,
+                       SampleBeforeForward, StaleInputs, StepProcessedTwice)
 from .run import RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
@@ -97,20 +97,6 @@ def _bad_token(tok, vocab_size: int) -> bool:
     """Whether ``tok`` is no token id: an integer (not a bool) from 0 to ``vocab_size - 1``."""
     value = _value(tok)
     return value is None or not 0 <= value < vocab_size
-
-
-def _past_limit(run: Run, req: Request) -> str:
-    """Who planned ``req`` past its ``max_new_tokens``, and what to change."""
-    commit = vars(req).get("commit")
-    who = (f"its commit, replaced on the request by a plug-in ({_label(commit)})," if commit
-           else run.labels.get("process_outputs", "a plug-in"))
-    end = (f"{who} must end it (req.finish_reason = \"length\") once len(req.output_ids) "
-           f"reaches max_new_tokens")
-    if "wants_more" not in vars(req):
-        return end
-    return (f"its wants_more, replaced on the request by a plug-in, must answer False once it "
-            f"is finished or len(req.output_ids) + req.num_inflight reaches max_new_tokens"
-            + (f", and {end}" if commit else ""))
 
 
 class RoundStages:
@@ -202,6 +188,7 @@ class RoundStages:
             raise PreparedTwice(rnd, run.latest, rnd in run.committed)
         run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
+        run.check_planned(plan)
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             cols = self._metadata(plan, k)
@@ -250,13 +237,8 @@ class RoundStages:
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
                              f"{freed.index} in it no longer holds KV blocks (freed since): "
                              f"prepare the plan engine.schedule() just returned")
-        raise ValueError(
-            f"round {plan.round} plans prompt {past.index} for more tokens, but it has "
-            f"{len(past.output_ids)} of its max_new_tokens {past.max_new_tokens}, "
-            f"{'finished' if past.finished else 'unfinished'}, and {past.num_inflight} "
-            f"rounds in flight (this round writes position {past.planned_len - 2 + k}; its "
-            f"KV blocks hold {len(past.blocks) * bs}, reserved for its prompt and "
-            f"max_new_tokens): {_past_limit(self._run, past)}")
+        raise PlannedPastLimit(plan.round, past, past.planned_len - 2 + k, len(past.blocks) * bs,
+                               self._run.labels.get("process_outputs", "a plug-in"))
 
     def _metadata(self, plan: Plan, k: int) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""
@@ -342,6 +324,7 @@ class RoundStages:
         was = run.progress_round
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
+        run.follow_flights(step.plan.requests, f"by {label}")  # it may commit itself
         progressed = False
         for req, ids, finished in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
