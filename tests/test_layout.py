@@ -78,12 +78,17 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 4,348 until round twenty-one added 62 (a step's event fields recorded and checked where used;
 # a plan's requests' fixed fields and num_inflight checked in prepare_inputs against the run's
 # own count, which follows a process_outputs plug-in that commits itself; two refusal classes,
-# PlannedPastLimit and InflightChanged, in refusals.py, the first built from _check_blocks').
+# PlannedPastLimit and InflightChanged, in refusals.py, the first built from _check_blocks'),
+# 4,410 until round twenty-two's prepare added 41 (a planned request's row and KV blocks
+# checked against the scheduler's in every prepare_inputs, lab 7b's keys passed as its rows=,
+# checked by name: 17; a request lowered to the tokens it has, with nothing in flight, ended
+# "length" at the round boundary: 10; PlannedPastLimit naming the loop that lowered
+# max_new_tokens, never an absent plug-in: 14).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4410, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4451, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -128,31 +128,42 @@ class ClassChanged(TypeError):
 
 class PlannedPastLimit(ValueError):
     """A decode planned for a request (prompt ``prompt``) past the positions its KV blocks were
-    reserved for; ``processor`` (the loop's process_outputs) or the request's replaced commit or
-    wants_more planned it, and the message names which must end it."""
+    reserved for; ``processor`` (the loop's process_outputs, or None), the request's replaced
+    commit or wants_more planned it, or ``who`` (the loop) lowered its max_new_tokens below
+    ``given`` (generate's) since; the message names which must end it."""
 
-    def __init__(self, round: int, req, writes: int, holds: int, processor: str):
+    def __init__(self, round: int, req, writes: int, holds: int, processor: str | None,
+                 given: int, who: str):
         super().__init__(
             f"round {round} plans prompt {req.index} for more tokens, but it has "
             f"{len(req.output_ids)} of its max_new_tokens {req.max_new_tokens}, "
             f"{'finished' if req.finished else 'unfinished'}, and {req.num_inflight} rounds in "
             f"flight (this round writes position {writes}; its KV blocks hold {holds}, reserved "
-            f"for its prompt and max_new_tokens): {_who_ends(req, processor)}")
+            f"for its prompt and max_new_tokens): {_who_ends(req, processor, given, who)}")
         self.round, self.prompt = round, req.index
 
 
-def _who_ends(req, processor: str) -> str:
-    """Who planned ``req`` past its ``max_new_tokens``, and what to change."""
+def _who_ends(req, processor: str | None, given: int, who: str) -> str:
+    """Who planned ``req`` past its ``max_new_tokens``, and what to change.  The engine's own
+    commit ends a request there: without a plug-in, ``who`` lowered it, or grew its tokens."""
     commit = vars(req).get("commit")
-    who = (f"its commit, replaced on the request by a plug-in ({plugin_label(commit)}),"
-           if commit else processor)
-    end = (f"{who} must end it (req.finish_reason = \"length\") once len(req.output_ids) "
+    ender = (f"its commit, replaced on the request by a plug-in ({plugin_label(commit)}),"
+             if commit else processor)
+    end = (f"{ender} must end it (req.finish_reason = \"length\") once len(req.output_ids) "
            f"reaches max_new_tokens")
-    if "wants_more" not in vars(req):
+    if "wants_more" in vars(req):
+        return (f"its wants_more, replaced on the request by a plug-in, must answer False once "
+                f"it is finished or len(req.output_ids) + req.num_inflight reaches "
+                f"max_new_tokens" + (f", and {end}" if commit else ""))
+    if ender:
         return end
-    return (f"its wants_more, replaced on the request by a plug-in, must answer False once it "
-            f"is finished or len(req.output_ids) + req.num_inflight reaches max_new_tokens"
-            + (f", and {end}" if commit else ""))
+    if req.max_new_tokens < given:
+        return (f"{who} lowered its req.max_new_tokens from {given} to {req.max_new_tokens} "
+                f"after engine.schedule() planned this round for it; lower it before the round "
+                f"is planned (in on_round, or before engine.schedule(): a request lowered to "
+                f"the tokens it has ends \"length\" there), or end it with engine.abort(req.id)")
+    return (f"its req.output_ids grew outside the engine's commit (by {who}), which ends a "
+            f"request at max_new_tokens; leave output_ids to the engine")
 
 
 class InflightChanged(ValueError):

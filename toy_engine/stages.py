@@ -19,12 +19,13 @@ from .kernels import FROM_DEVICE
 from .record import RunRecord
 from .refusals import (ClassChanged, ForeignStep, PlannedPastLimit, PreparedTwice, RunEnded,
                        SampleBeforeForward, StaleInputs, StepProcessedTwice)
-from .run import RoundInputs, Run, StepState
+from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
-from .validate import plugin_label as _label, shown
+from .validate import check_rows, plugin_label as _label, shown
 
+_MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
 # What returns each stage's argument: a refusal of anything else names it.
 _MADE_BY = {Plan: "engine.schedule()", RoundInputs: "engine.prepare_inputs(plan)",
             StepState: "engine.launch_sample(inputs)"}
@@ -146,12 +147,10 @@ class RoundStages:
         run.check_progress(self.scheduler)
         start = self.timeline.now_ms()
         if run.on_round is not None:
-            run.plugin = run.labels["on_round"]
-            try:
+            with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
-            finally:
-                run.plugin = None
             run.check_fields(self.scheduler.running, placed, f"by {run.labels['on_round']}")
+        self._end_lowered()
         plan = self.scheduler.plan_round()
         if plan is not None and plan.is_prefill:  # admitted now: changed while they waited
             run.check_fields(plan.requests, placed, "before it was admitted (by on_round or "
@@ -173,11 +172,14 @@ class RoundStages:
         return plan
 
     @_stage
-    def prepare_inputs(self, plan: Plan) -> RoundInputs:
+    def prepare_inputs(self, plan: Plan, rows=None) -> RoundInputs:
         """Write the round's metadata into its slot and launch its upload.  A ``pending`` request (its
-        last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token."""
+        last round in flight) has input FROM_DEVICE, its lengths assume that round adds one token.
+        ``rows``: the metadata's row of each planned request, under which the device keeps its
+        newest token, drafts and accepted count (lab 7b's keys); by default its own ``req.row``."""
         self._open("prepare_inputs")
         _takes("prepare_inputs", plan, Plan)
+        rows = check_rows(rows, plan.requests, self.config.max_batch_size)
         run = self._run
         if plan.run is not run:  # as a step's run is checked (_own)
             raise ForeignStep(plan.round, what="plan")
@@ -191,7 +193,7 @@ class RoundStages:
         run.check_planned(plan)
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
-            cols = self._metadata(plan, k)
+            cols = self._metadata(plan, k, rows or [r.row for r in plan.requests])
             # Enough block-table columns for the furthest position a correction can reach.
             nb = min(self.layout.max_blocks, -(-(max(cols["seqlens_k"]) + k) // self.config.block_size))
             cols["block_tables"] = [b for r in plan.requests for b in (r.blocks + [0] * nb)[:nb]]
@@ -222,29 +224,43 @@ class RoundStages:
         return planned
 
     def _check_blocks(self, plan: Plan, k: int) -> None:
-        """Refuse a plan whose request has no KV block for a position the round writes: freed
-        since (a plan kept), or past its reservation (planned after ``max_new_tokens``)."""
+        """Refuse a plan whose request's row or KV blocks differ from those the scheduler placed
+        it at (changed, even if put back after: the round would read and write another's cache
+        and state; lab 7b's keys go in ``rows``), or that has no KV block for a position the
+        round writes: freed since (a plan kept), or past its reservation (``PlannedPastLimit``)."""
+        self._run.check_fields(plan.requests, self.scheduler.placed, "since engine.schedule() "
+                               "planned it (by the loop or a plug-in)")
         freed = next((r for r in plan.requests if not r.blocks), None)
         bs = self.config.block_size  # a decode writes up to position planned_len - 2 + k
         past = next((r for r in plan.requests if not plan.is_prefill and (
             r.planned_len - 2 + k >= len(r.blocks) * bs
             or not r.finished and len(r.output_ids) >= r.max_new_tokens)), None)
-        if freed is None and past is None:
-            return
-        self._run.check_fields(plan.requests, self.scheduler.placed, "since engine.schedule() "
-                               "planned it (by the loop or a plug-in)")  # req.blocks named
         if freed is not None:  # a plan kept, never prepared, past the round that freed it
             raise ValueError(f"prepare_inputs was given round {plan.round}'s plan, but prompt "
                              f"{freed.index} in it no longer holds KV blocks (freed since): "
                              f"prepare the plan engine.schedule() just returned")
-        raise PlannedPastLimit(plan.round, past, past.planned_len - 2 + k, len(past.blocks) * bs,
-                               self._run.labels.get("process_outputs", "a plug-in"))
+        if past is not None:
+            run = self._run
+            raise PlannedPastLimit(plan.round, past, past.planned_len - 2 + k,
+                                   len(past.blocks) * bs, run.labels.get("process_outputs"),
+                                   run.fixed[id(past)][_MAX], run.who())
 
-    def _metadata(self, plan: Plan, k: int) -> dict[str, list[int]]:
+    def _end_lowered(self) -> None:
+        """End "length" a request whose max_new_tokens was lowered to the tokens it has, with no
+        round in flight whose commit would end it (lowered, it only ends sooner, in every mode)."""
+        fixed = self._run.fixed
+        for req in list(self.scheduler.running):
+            if (not req.finished and type(n := req.num_inflight) is int and not n
+                    and type(req.output_ids) is list and id(req) in fixed
+                    and len(req.output_ids) >= req.max_new_tokens < fixed[id(req)][_MAX]):
+                req.finish_reason = "length"
+                self.scheduler.release_if_done(req)
+
+    def _metadata(self, plan: Plan, k: int, rows: list[int]) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""
         bs = self.config.block_size
         cols = {name: [] for name in MetaLayout.TOKEN_FIELDS + MetaLayout.REQUEST_FIELDS}
-        for req in plan.requests:
+        for req, row in zip(plan.requests, rows):
             if plan.is_prefill:
                 start, ids, pending = 0, list(req.prompt_ids), 0
             else:
@@ -257,7 +273,7 @@ class RoundStages:
             cols["positions"] += positions
             cols["slot_mapping"] += [req.blocks[p // bs] * bs + p % bs for p in positions]
             for name, value in zip(MetaLayout.REQUEST_FIELDS,
-                                   (len(ids), start + len(ids), req.row, pending, req.sampling_stream)):
+                                   (len(ids), start + len(ids), row, pending, req.sampling_stream)):
                 cols[name].append(value)
         return cols
 

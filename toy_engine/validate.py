@@ -41,6 +41,20 @@ def check_int(name: str, value, minimum: int, maximum: int | None = None, why: s
     return number
 
 
+def check_rows(rows, requests: list, max_rows: int) -> list[int] | None:
+    """prepare_inputs' ``rows``: None, or one device row per planned request, in the plan's
+    order, each copied as a plain int (what is checked is what is sent)."""
+    if rows is None:
+        return None
+    if type(rows) not in (list, tuple) or len(rows) != len(requests):
+        raise (ValueError if type(rows) in (list, tuple) else TypeError)(
+            f"prepare_inputs' rows must be a list of {len(requests)} rows, one per planned "
+            f"request in the plan's order (or None: each request's own req.row), got "
+            f"{type(rows).__name__} {shown(rows)}")
+    return [check_int(f"prepare_inputs' rows[{b}]", row, 0, max_rows - 1,
+                      f" (the device keeps {max_rows} rows)") for b, row in enumerate(rows)]
+
+
 def check_float(name: str, value, minimum: float, maximum: float, unit: str = "") -> float:
     """``value`` as a plain float: a real number (an int, a float, a Fraction, a Decimal -- not
     a numbers.Real, but a number all the same -- or a NumPy scalar)."""

@@ -120,7 +120,8 @@ def future_key(key):
 
 
 def _prepare_keyed(engine, plan, key):
-    """``engine.prepare_inputs(plan)`` with each request's row replaced by its key meanwhile."""
+    """``engine.prepare_inputs(plan)`` with each request's key as its row in the round's metadata
+    (``rows``): the scheduler keeps its own, which the engine checks unchanged."""
     rows = engine.config.max_batch_size
     keys, label = [], f"future_key: key={plugin_label(key)}"
     for b, req in enumerate(plan.requests):
@@ -137,14 +138,7 @@ def _prepare_keyed(engine, plan, key):
                             f"device keeps {rows} rows, so return a whole number from 0 to "
                             f"{rows - 1}")
         keys.append(whole)
-    own = [req.row for req in plan.requests]
-    try:
-        for req, k in zip(plan.requests, keys):
-            req.row = k
-        return engine.prepare_inputs(plan)
-    finally:
-        for req, row in zip(plan.requests, own):
-            req.row = row
+    return engine.prepare_inputs(plan, rows=keys)
 
 
 def title_ring_engine() -> Engine:
