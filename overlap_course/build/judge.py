@@ -21,7 +21,8 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   checkers call (with what their closure cells hold) before the first line of the submission,
   and trusts the verdict only if all is
   as it was each time the submission's code handed control back to the checker (a replacement
-  undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`) and at the
+  undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`; a hand-back to
+  the standard library, asyncio's event loop, is compared as it reaches the checker) and at the
   end, no thread of the submission still runs and no trace hook is left; a context argument
   (``engine``) is the judge's own run of the notebook's cell, not the submission's object;
 * an audit hook, installed before the submission's first line, refuses to open notebooks,

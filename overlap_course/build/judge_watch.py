@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import sys
 import threading
 import types
 import weakref
 
+import overlap_course
+import toy_engine
 from overlap_course.checks import sandbox
 
 _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
@@ -31,6 +34,10 @@ _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 
 _CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
 _BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
+#: Where the checker's and the engine's code lives: a hand-back into other code (asyncio's event
+#: loop) is compared when control next reaches it (``_profiles``)
+_CHECKER_DIRS = tuple(os.path.dirname(package.__file__) + os.sep
+                      for package in (overlap_course, toy_engine))
 
 
 def _first(frame):
@@ -77,6 +84,8 @@ class Watch:
         self.changes = None
         self.lost = False  # the hook, turned off by an exception raised in it
         self.called = False  # whether the check has called code of the submission's yet
+        self.pending: set[int] = set()  # threads whose submission's code handed back to other
+        # code than the checker's (compared as the checker's code runs next in them)
         # what was registered before the submission's first line (a finalizer its cells
         # register may fire during the check)
         self.finalizers = set(weakref.finalize._registry)
@@ -261,10 +270,12 @@ def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get
 
 
 def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
-              registry=weakref.finalize._registry, callbacks=gc.callbacks) -> dict:
+              registry=weakref.finalize._registry, callbacks=gc.callbacks,
+              starts=str.startswith, places=_CHECKER_DIRS, me_now=threading.get_ident) -> dict:
     """``profile(frame, event, arg)`` and ``deferred()``."""
     foreign, untrusted, code_of = fields["foreign"], fields["untrusted"], fields["code_of"]
     finalizers, before, entered = fields["finalizers"], fields["callbacks"], fields["modes"].entered
+    pending = fields["pending"]
 
     def name(f) -> str:
         code = code_of(f)
@@ -283,16 +294,43 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
         cells left is compared then, before that code runs, not only once it returns (round
         15: a cell's ``pool.reference = f``, which the check called, put back by ``f`` itself
         before any hand-back, after filling the references with a wrong loop's tokens).  A
-        frame that is not one (``sys.audit`` of the event by the submission), or one raised
-        while no check runs (by a cell), is not looked at."""
-        if (kind(frame) is not frame_type or fields["changes"] is None or (event != "return" and (
-                event != "call" or fields["called"])) or fields["changed"]
-                or not foreign(frame.f_code)):
-            return
-        caller = frame.f_back
-        if caller is None or not foreign(caller.f_code):
-            fields["called"] = True
-            fields["changed"] = fields["changes"]() + deferred() + entered(True)
+        hand-back to other code than the checker's or the engine's (asyncio's event loop, at
+        each step of a task) is compared as control next reaches theirs from code not the
+        submission's (round 21: compared at each step, a right asyncio loop ran 20 times slower
+        and failed the time limit).  A frame that is not one (``sys.audit`` of the event by the
+        submission), or one raised while no check runs (by a cell), is not looked at."""
+        if (kind(frame) is not frame_type or fields["changes"] is None or fields["changed"]
+                or event == "call" and fields["called"] and not pending):
+            return  # most events: quick
+        if event == "call":  # the check's first call of the submission's code; or, a hand-back
+            theirs = foreign(frame.f_code)  # pending, the checker's code entered from other code
+            caller = frame.f_back
+            if theirs and (caller is None or not foreign(caller.f_code)):
+                pending.discard(me_now())  # the submission's code resumed: not handed back
+                if not fields["called"]:
+                    fields["called"] = True
+                    compare()
+            elif not theirs and me_now() in pending and checkers(frame.f_code) and (
+                    caller is None or not foreign(caller.f_code) and not checkers(caller.f_code)):
+                compare()
+        elif event == "return" and foreign(frame.f_code):
+            caller = frame.f_back
+            if caller is None or checkers(caller.f_code):
+                compare()
+            elif not foreign(caller.f_code):
+                pending.add(me_now())
+        elif event == "return" and me_now() in pending and not checkers(frame.f_code):
+            caller = frame.f_back  # other code returning into the checker's
+            if caller is not None and checkers(caller.f_code):
+                compare()
+
+    def compare() -> None:
+        pending.clear()  # the checker's world, all threads', is compared now
+        fields["changed"] = fields["changes"]() + deferred() + entered(True)
+
+    def checkers(code) -> bool:
+        """Whether ``code`` is the checker's or the engine's (and not the submission's)."""
+        return starts(code.co_filename, places) and not foreign(code)
     return {"profile": profile, "deferred": deferred}
 
 
