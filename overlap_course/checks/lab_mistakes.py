@@ -104,12 +104,16 @@ def timed_out(up, what: str, run, now, endings) -> Verdict:
 
 
 def waited(calls, run) -> Verdict | None:
-    """Lab 2: an abort that waits for the device gives up the overlap at every abort."""
+    """Lab 2: an abort that waits for the device gives up the overlap at every abort; a free
+    after that wait raced nothing (nothing still ran), so the stall is what to name."""
     call = next((c for c in calls if c.waits), None)
     if call is None:
         return None
+    freed = (f" and then gave its KV blocks {list(call.freed)} back: that wait left no launched "
+             f"round to touch them, but" if call.freed else ":")
     msg = (f"{run}: your abort of {runs.who(run.prompts, call.prompt)} before round {call.round} "
-           f"waited for the device ({call.waits} wait(s)): each abort then stalls the host until "
+           f"waited for the device ({call.waits} wait(s), such as "
+           f"`engine.device.synchronize()`){freed} each abort then stalls the host until "
            f"the device is idle, and the overlap is lost. Mark the request aborted and let the "
            f"round in flight free it when it is processed")
     return fails("serializes", msg)
@@ -185,7 +189,7 @@ def pool_misused(calls, run) -> Verdict | None:
     for call in calls:
         if call.pool is not None:
             who = f"{run}: aborting {runs.who(run.prompts, call.prompt)} before round {call.round}"
-            verdict = lifetime_runs.pool_mistake(call.pool, who, "abort")
+            verdict = lifetime_runs.pool_mistake(call.pool, who, "abort", call.waits > 0)
             if verdict is not None:
                 return verdict
     return None

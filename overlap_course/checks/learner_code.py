@@ -271,9 +271,10 @@ def _stale_inputs(log: HostLog, err: StaleInputs) -> Verdict:
 
 def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
     unprocessed = [r for r in log.rounds if log.first("launch_sample", r) is not None and not log.processing(r)]
-    if err.reason == "loop_returned_with_work":
+    if err.reason == "loop_returned_with_work":  # an empty stub never reached round 0
+        when = f"after round {max(log.rounds)}" if log.rounds else "before it ran any round"
         return fails("loop_returned",
-                     f"your loop returned after round {max(log.rounds, default=0)} while prompts "
+                     f"your loop returned {when} while prompts "
                      f"{err.prompt_indexes} still had tokens to produce: loop while "
                      f"`engine.scheduler.has_work()` (or `while True` with a `break` only when it has none)")
     if err.reason == "unprocessed_inflight" and unprocessed:

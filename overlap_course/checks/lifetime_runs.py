@@ -224,11 +224,14 @@ _IN_ROUND = {"process_outputs": " (the extra step: under ZOS the finished reques
                       "are processed)"}
 
 
-def pool_mistake(call: dict, who: str, code: str = "process_outputs") -> Verdict | None:
+def pool_mistake(call: dict, who: str, code: str = "process_outputs",
+                 waited: bool = False) -> Verdict | None:
     """The pool after one call of the learner's ``code`` (process_outputs, watched by StepWatch;
     an abort, by ``lab_runs.abort_run``), whatever code gave blocks or rows back (``free``, or
     writes to ``free_ids``/``free_rows`` the race checker never sees): each entry a real block
-    or row and there once, none a launched round still uses, none a request still lists."""
+    or row and there once, none a launched round still uses, none a request still lists.
+    ``waited``: the call waited for the device itself; a free that wait left no launch under
+    is no race, and the caller names the wait (blind round 22)."""
     if call["pool"] is None or call.get("pool_after") is None:
         return None  # junk where the pool was: the run's exception is judged, the pool healed
     (blocks0, rows0), (blocks1, rows1) = call["pool"], call["pool_after"]
@@ -248,12 +251,15 @@ def pool_mistake(call: dict, who: str, code: str = "process_outputs") -> Verdict
                                         "second time, and the pool would hand it to two "
                                         "requests. Give each finished request back once, with "
                                         "`engine.scheduler.release_if_done(req)`")
-    early = _early_in_pool(call, who, set(blocks1) - set(blocks0), set(rows1) - set(rows0), code)
+    early = _early_in_pool(call, who, set(blocks1) - set(blocks0), set(rows1) - set(rows0), code,
+                           waited)
     return early if early is not None else _claimed_in_pool(call, who, blocks1)
 
 
-def _early_in_pool(call: dict, who: str, blocks: set, rows: set, code: str) -> Verdict | None:
-    """Blocks or rows that came back during the call from a request a launched round uses."""
+def _early_in_pool(call: dict, who: str, blocks: set, rows: set, code: str,
+                   waited: bool) -> Verdict | None:
+    """Blocks or rows that came back during the call from a request a launched round uses (none
+    still running after the call's own wait: nothing raced, the wait is the mistake)."""
     (holders, row_holders), states = call["claims"], call["states"]
     early = [(b, holders[b]) for b in sorted(blocks) if b in holders and states[holders[b]][0]]
     gone = "KV cache of prompt(s) {} (blocks {}) back to the pool (" + _BLOCKS + ")"
@@ -266,6 +272,8 @@ def _early_in_pool(call: dict, who: str, blocks: set, rows: set, code: str) -> V
     prompts = sorted({p for _, p in early})
     used = {b for b, p in holders.items() if p in prompts}  # as held before the call
     in_use = [(lnch.round, lnch.stage) for lnch in call["outstanding"] if lnch.blocks & used]
+    if waited and not in_use:
+        return None
     user = (f"round {in_use[0][0]}'s `{in_use[0][1]}`, launched and not yet waited for," if in_use
             else f"a launched round (`num_inflight` is {states[early[0][1]][0]})")
     return fails("free_in_use",
