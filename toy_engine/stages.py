@@ -314,17 +314,20 @@ class RoundStages:
                 self.scheduler.release_if_done(req)
 
     def _custom_process(self, custom, label: str, step: StepState, stage: str) -> None:
-        """A process_outputs plug-in processes ``step``.  What it commits is checked after, on
+        """A process_outputs plug-in processes ``step`` (its round committed once, by
+        engine.commit_outputs or by the plug-in itself).  What it commits is checked after, on
         every request the run admitted (it can reach them all: one outside its step must stay as
         it was), and progress is judged from their state then, not from its calls (a token it
         committed through engine.commit_outputs and took back is none)."""
-        run, r = self._run, step.plan.round
-        mine = {id(req) for req in step.plan.requests}
+        run = self._run
+        planned = r, prefill, requests = run.check_plan(stage, step.plan, "step")  # as recorded
+        if step.committed or r in run.committed:
+            raise StepProcessedTwice(r, requests, same_step=step.committed)
+        mine = {id(req) for req in requests}
         before = [(req, _ids(req), req.finished) for req in run.admitted]
         was = run.progress_round
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
-        run.follow_flights(step.plan.requests, f"by {label}")  # it may commit itself
         progressed = False
         for req, ids, finished in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
@@ -338,6 +341,9 @@ class RoundStages:
                 self._check_outside(req, ids, f"{label}, given round {r}'s step (prompt "
                                               f"{req.index} is not in it),")
             progressed |= req.finished and not finished
+        k = 0 if prefill else self.config.num_draft_tokens
+        run.after_process(step, planned, label, before,
+                          lambda: run.flights.kept(self.device, step, k))
         run.progress_round = self.scheduler.round if progressed else was
         run.check_fields(self.scheduler.running, self.scheduler.placed, f"by {label}")
 
@@ -383,12 +389,14 @@ class RoundStages:
         sampled = buffers.unpack_outputs(
             buffers.checked_outputs(out, n, k, self.tokenizer.vocab_size, rnd), n, k)
         twice = step.committed or rnd in run.committed
+        if not twice:
+            run.flights.check_outputs((rnd, prefill, requests), sampled,
+                                      run.flights.kept(self.device, step, k), run.who())
         self.record.commit(rnd, [r.index for r in requests], twice, sampled)
         if twice:
             raise StepProcessedTwice(rnd, requests, same_step=step.committed)
         run.flag(step, "committed")
         run.done(rnd)
-        run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         for req, kept in zip(requests, sampled):  # as recorded: a commit plug-in may reorder
             req.num_inflight -= 1
             if req.finished:
@@ -400,11 +408,11 @@ class RoundStages:
                 run.progress_round = self.scheduler.round  # a token, or EOS: it ended
             else:  # a plug-in's: the device reads what it kept
                 ids = _ids(req)
-                with self.calling(_label(vars(req)["commit"])):
+                with self.calling(label := _label(vars(req)["commit"])):
                     req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-                if self._check_committed(req, ids, f"prompt {req.index}'s commit, replaced "
-                                                   f"on the request by a plug-in "
-                                                   f"({_label(req.commit)}),"):
+                who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
+                run.flights.check([req], f"by {who} ({label})")
+                if self._check_committed(req, ids, f"{who} ({label}),"):
                     run.progress_round = self.scheduler.round
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
