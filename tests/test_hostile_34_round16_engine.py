@@ -1,5 +1,5 @@
 """Issue 34, round sixteen (engine): the run's stats in linear time (Ctrl-C is held while they
-are computed), a process_outputs plug-in that never commits stalled by name, and a committed
+are computed), a process_outputs plug-in that never commits refused by name, and a committed
 token a plug-in changes in place refused by name."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 import toy_engine as te
 from overlap_course.labs import plugins
-from toy_engine import run as te_run
-from toy_engine.run import EngineStalled
+from toy_engine.refusals import OtherTokens
 from toy_engine.sequence import Request
 from toy_engine.timeline import Stage, Timeline, run_stats, union_ms
 
@@ -102,18 +101,20 @@ def forgets_to_commit(engine, step):  # waits, reads, releases: hands out no tok
 
 
 @pytest.mark.parametrize("mode", ["serial", "zos"])
-def test_a_process_outputs_plugin_that_never_commits_is_stalled_by_name(mode, monkeypatch):
-    monkeypatch.setattr(te_run, "MAX_ROUNDS_WITHOUT_PROGRESS", 40, raising=False)  # main: none
+def test_a_process_outputs_plugin_that_never_commits_is_refused_by_name(mode):
+    """Stalled as no_progress after MAX_ROUNDS_WITHOUT_PROGRESS rounds until round 22, which
+    refuses at once a plug-in that lowers num_inflight (claiming the round) and hands out no
+    token (OtherTokens: under ZOS the device had fed the dropped token to the next round)."""
     with te.Engine(te.EngineConfig(mode=mode, max_batch_size=2)) as eng:
         want = [c.text for c in eng.generate(PROMPTS, 8)]
-        with pytest.raises(EngineStalled) as err:
+        with pytest.raises(OtherTokens) as err:
             eng.generate(PROMPTS, 8, process_outputs=forgets_to_commit, on_round=capped(400))
         assert [c.finish_reason for c in eng.completions] == ["abort", "abort"]
         assert [c.text for c in eng.generate(PROMPTS, 8)] == want
-    assert err.value.reason == "no_progress" and err.value.prompt_indexes == [0, 1]
-    assert str(err.value).startswith("process_outputs=forgets_to_commit: 40 rounds in a row in "
-                                     "which no request gained a token or ended (2 unfinished)")
-    assert "it never commits" in str(err.value)
+    assert err.value.round == 0 and err.value.prompt == 0 and err.value.given == []
+    assert str(err.value).startswith("process_outputs=forgets_to_commit committed round 0 "
+                                     "itself for prompt 0 (it lowered req.num_inflight) but "
+                                     "handed it no token and did not end it")
 
 
 def per_request_rewriting(index, value):

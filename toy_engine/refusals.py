@@ -168,12 +168,42 @@ def _who_ends(req, processor: str | None, given: int, who: str) -> str:
 
 class InflightChanged(ValueError):
     """A request's ``num_inflight`` (prompt ``prompt``) differs from the run's own count of its
-    rounds in flight: the loop or a plug-in (``who``) changed it."""
+    rounds in flight: the loop or a plug-in (``who``) changed it; ``why`` says so otherwise (a
+    plug-in that lowered the others of its step's, committing it itself, left this one)."""
 
-    def __init__(self, prompt: int, now, count: int, who: str):
+    def __init__(self, prompt: int, now, count: int, who: str, why: str = ""):
         super().__init__(
             f"prompt {prompt}'s req.num_inflight is {shown(now)}, but the run counts {count} of "
-            f"its rounds in flight (planned, not yet committed): it was changed {who}; the engine counts "
-            f"them itself (engine.schedule() adds one, committing a round takes one off) and "
-            f"prepare_inputs places the round's tokens by it; read it, never change it")
+            f"its rounds in flight (planned, not yet committed): {why or f'it was changed {who}'}"
+            f"; the engine counts them itself (engine.schedule() adds one, committing a round "
+            f"takes one off), prepare_inputs places the round's tokens by it and "
+            f"release_if_done frees by it; read it, never change it")
         self.prompt = prompt
+
+
+class OtherTokens(ValueError):
+    """Round ``round``'s tokens handed to prompt ``prompt`` (``given``) are not the ones its
+    sample kept (``sampled``: the token and its accepted drafts, as the step's output slot holds
+    them; None: not read).  ``who`` gave engine.commit_outputs other outputs, or (``itself``)
+    committed the round itself, lowering num_inflight."""
+
+    def __init__(self, round: int, prompt: int, given: list, sampled, who: str, itself: bool,
+                 ended: bool = False):
+        kept = "at least one token" if sampled is None else shown(sampled)
+        if itself:
+            got = f"the tokens {shown(given)}" if given else "no token"
+            what = (f"{who} committed round {round} itself for prompt {prompt} (it lowered "
+                    f"req.num_inflight) but handed it {got}"
+                    f"{'' if ended else ' and did not end it'}, where the round kept {kept}")
+            fix = ("append every kept token (req.commit(kept, eos_id, decode)) or end the "
+                   "request (req.finish_reason); or leave num_inflight alone and call "
+                   "engine.commit_outputs(step, engine.read_outputs(step))")
+        else:
+            what = (f"{who} gave engine.commit_outputs() round {round}'s outputs with "
+                    f"{shown(given)} kept for prompt {prompt}, where the round sampled {kept} "
+                    f"(the step's output slot holds them)")
+            fix = "pass the outputs as engine.read_outputs(step) returns them, unchanged"
+        super().__init__(f"{what}: the device goes on from the tokens it sampled (under ZOS it "
+                         f"has already fed them to the next round), so other tokens give a "
+                         f"text the model never produced; {fix}")
+        self.round, self.prompt, self.given, self.sampled = round, prompt, given, sampled

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from . import kernels
 from .device import Event
+from .flights import Flights
 from .refusals import (ForeignStep, InflightChanged, PreparedTwice, RunEnded,  # noqa: F401
                        SampleBeforeForward, StageInPlugin, StaleInputs,  # exported: the checks'
                        StepProcessedTwice)
@@ -129,14 +130,14 @@ class Run:
     sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
-    # id(request) -> its rounds planned, uncommitted (a process_outputs plug-in may commit itself)
-    flights: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
         self.visible = list(self.requests)
         self.fixed = {id(r): tuple(_copy(getattr(r, f)) for f in FIXED_FIELDS)
                       for r in self.requests}
+        # Each request's rounds in flight (a process_outputs plug-in may commit one itself).
+        self.flights = Flights({key: fixed[1] for key, fixed in self.fixed.items()})
 
     def queue_abort(self, req: Request) -> bool:
         """Queue ``req``'s abort if it comes from another thread than the loop's (a server's
@@ -177,8 +178,7 @@ class Run:
         rnd, plan.run = plan.round, self
         self.made[id(plan)] = plan, (rnd, plan.is_prefill, tuple(plan.requests))
         self.inflight[rnd], self.latest = [id(plan)], rnd
-        for req in plan.requests:  # as the scheduler adds to req.num_inflight
-            self.flights[id(req)] = self.flights.get(id(req), 0) + 1
+        self.flights.planned(plan.requests)
         if plan.is_prefill:
             self.prefill_rounds.add(rnd)
             self.admitted += plan.requests
@@ -228,6 +228,7 @@ class Run:
         fields = dict(vars(made))
         if type(made) is StepState:
             fields.update({f"sample_done.{f}": v for f, v in vars(made.sample_done).items()})
+            self.flights.samples[made.slot] = made.sample_done.seq
         self.made[id(made)] = made, fields
         self.inflight.setdefault(made.plan.round, []).append(id(made))
         return made
@@ -244,15 +245,16 @@ class Run:
         vars(made)[name] = self.made[id(made)][1][name] = True
 
     def done(self, rnd: int) -> None:
-        """Round ``rnd``'s tokens were handed out: what was made for it is recorded from now on
-        by a weak reference, while the learner keeps it (to refuse it given again: a step
-        processed twice, a plan prepared twice); the dead are dropped as the record grows."""
+        """Round ``rnd``'s tokens were handed out (progress: a schedule may find nothing to
+        launch again): what was made for it is recorded from now on by a weak reference, while
+        the learner keeps it (to refuse it given again: a step processed twice, a plan prepared
+        twice); the dead are dropped as the record grows."""
         self.committed.add(rnd)
         self.prepared.discard(rnd)
         self.sampled.discard(rnd)
+        self.idle_schedule = False
         made = self.made
-        for req in made[self.inflight[rnd][0]][1][2]:  # the plan's requests, as commit lowers
-            self.flights[id(req)] -= 1                    # their req.num_inflight
+        self.flights.committed(made[self.inflight[rnd][0]][1][2])  # the plan's requests
         for key in self.inflight.pop(rnd, ()):
             kept, rec = made[key]
             made[key] = weakref.ref(kept), rec
@@ -290,26 +292,18 @@ class Run:
             f"them, never change them")
 
     def check_planned(self, plan: Plan) -> None:
-        """Refuse a plan's request changed since engine.schedule() planned it: prepare_inputs
-        sends its fixed fields and sizes the round from its num_inflight (changed and put back
-        around it, the round would run silently wrong).  Its row is the loop's to move (lab 7b
-        does); its blocks are checked where they are read (``_check_blocks``)."""
-        who = "since engine.schedule() planned it (by the loop or a plug-in)"
-        self.check_fields(plan.requests, {}, who)
-        for req in plan.requests:
-            now, n = req.num_inflight, self.flights.get(id(req))
-            if n is not None and not (type(now) is int and now == n):  # None: not this run's
-                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
+        """Refuse a plan's request whose num_inflight changed since engine.schedule() planned it:
+        prepare_inputs sizes the round from it (changed and put back around it, the round would
+        run silently wrong).  Its fixed fields, row and blocks: ``_check_blocks``."""
+        self.flights.check(plan.requests, "since engine.schedule() planned it (by the loop or a "
+                                          "plug-in)")
 
-    def follow_flights(self, requests, who: str) -> None:
-        """After a process_outputs plug-in: one that commits a round itself lowers its requests'
-        num_inflight by one; any other change is refused."""
-        for req in requests:
-            now, n = req.num_inflight, self.flights.get(id(req))
-            if n is not None and not (type(now) is int and 0 <= n - now <= 1):
-                raise InflightChanged(self.fixed[id(req)][1], now, n, who)
-            if n is not None:
-                self.flights[id(req)] = now
+    def after_process(self, step: StepState, planned: tuple, label: str, before, kept) -> None:
+        """After a process_outputs plug-in (``label``): a round it committed itself, as
+        ``Flights.after_process`` judges, is committed as engine.commit_outputs commits one."""
+        if self.flights.after_process(planned, label, planned[0] in self.committed, before, kept):
+            self.flag(step, "committed")
+            self.done(planned[0])
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,

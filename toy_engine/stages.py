@@ -5,7 +5,6 @@ Each records itself (host span, launches, commits); the loops (loops.py) only ch
 
 import contextlib
 import functools
-import numbers
 import operator
 import time
 
@@ -23,7 +22,8 @@ from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
-from .validate import check_rows, plugin_label as _label, shown
+from .validate import (bad_token, changed_at, check_rows, plugin_label as _label, shown,
+                       token_value)
 
 _MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
 # What returns each stage's argument: a refusal of anything else names it.
@@ -66,38 +66,6 @@ def _ids(req: Request) -> list:
     """A copy of ``req.output_ids`` before a plug-in commits ([] for no list: refused after).
     It holds plain ints: the engine commits them, and the check stores what it passes as such."""
     return req.output_ids[:] if type(req.output_ids) is list else []
-
-
-def _changed_at(old: list, ids: list) -> int | None:
-    """The first index where ``ids`` no longer holds ``old``'s token id (None: one is a prefix
-    of the other); equal values in other objects (numpy integers) are put back as ``old``'s.
-    ``old`` holds plain ints, which never change in place: the same object is the same value
-    (most rounds: checked at C speed), another object is compared by its value."""
-    if all(map(operator.is_, old, ids)):
-        return None
-    i = next((i for i, (a, b) in enumerate(zip(old, ids)) if a is not b and _value(b) != a),
-             None)
-    if i is None:
-        n = min(len(old), len(ids))
-        ids[:n] = old[:n]
-    return i
-
-
-def _value(tok) -> int | None:
-    """``tok``'s value as a plain int if it is an integer (an int or a numpy integer, not a
-    bool), else None: a 0-d Tensor or array is no token id (a Tensor read from the output
-    slot is a view of it, which later rounds overwrite)."""
-    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
-        return None
-    with contextlib.suppress(Exception):  # no __index__, or one that raises
-        return operator.index(tok)
-    return None
-
-
-def _bad_token(tok, vocab_size: int) -> bool:
-    """Whether ``tok`` is no token id: an integer (not a bool) from 0 to ``vocab_size - 1``."""
-    value = _value(tok)
-    return value is None or not 0 <= value < vocab_size
 
 
 class RoundStages:
@@ -330,17 +298,20 @@ class RoundStages:
                 self.scheduler.release_if_done(req)
 
     def _custom_process(self, custom, label: str, step: StepState, stage: str) -> None:
-        """A process_outputs plug-in processes ``step``.  What it commits is checked after, on
+        """A process_outputs plug-in processes ``step`` (its round committed once, by
+        engine.commit_outputs or by the plug-in itself).  What it commits is checked after, on
         every request the run admitted (it can reach them all: one outside its step must stay as
         it was), and progress is judged from their state then, not from its calls (a token it
         committed through engine.commit_outputs and took back is none)."""
-        run, r = self._run, step.plan.round
-        mine = {id(req) for req in step.plan.requests}
+        run = self._run
+        planned = r, prefill, requests = run.check_plan(stage, step.plan, "step")  # as recorded
+        if step.committed or r in run.committed:
+            raise StepProcessedTwice(r, requests, same_step=step.committed)
+        mine = {id(req) for req in requests}
         before = [(req, _ids(req), req.finished) for req in run.admitted]
         was = run.progress_round
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
-        run.follow_flights(step.plan.requests, f"by {label}")  # it may commit itself
         progressed = False
         for req, ids, finished in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
@@ -354,6 +325,9 @@ class RoundStages:
                 self._check_outside(req, ids, f"{label}, given round {r}'s step (prompt "
                                               f"{req.index} is not in it),")
             progressed |= req.finished and not finished
+        k = 0 if prefill else self.config.num_draft_tokens
+        run.after_process(step, planned, label, before,
+                          lambda: run.flights.kept(self.device, step, k))
         run.progress_round = self.scheduler.round if progressed else was
         run.check_fields(self.scheduler.running, self.scheduler.placed, f"by {label}")
 
@@ -399,12 +373,14 @@ class RoundStages:
         sampled = buffers.unpack_outputs(
             buffers.checked_outputs(out, n, k, self.tokenizer.vocab_size, rnd), n, k)
         twice = step.committed or rnd in run.committed
+        if not twice:
+            run.flights.check_outputs((rnd, prefill, requests), sampled,
+                                      run.flights.kept(self.device, step, k), run.who())
         self.record.commit(rnd, [r.index for r in requests], twice, sampled)
         if twice:
             raise StepProcessedTwice(rnd, requests, same_step=step.committed)
         run.flag(step, "committed")
         run.done(rnd)
-        run.idle_schedule = False  # progress: a schedule may find nothing to launch again
         for req, kept in zip(requests, sampled):  # as recorded: a commit plug-in may reorder
             req.num_inflight -= 1
             if req.finished:
@@ -416,11 +392,11 @@ class RoundStages:
                 run.progress_round = self.scheduler.round  # a token, or EOS: it ended
             else:  # a plug-in's: the device reads what it kept
                 ids = _ids(req)
-                with self.calling(_label(vars(req)["commit"])):
+                with self.calling(label := _label(vars(req)["commit"])):
                     req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-                if self._check_committed(req, ids, f"prompt {req.index}'s commit, replaced "
-                                                   f"on the request by a plug-in "
-                                                   f"({_label(req.commit)}),"):
+                who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
+                run.flights.check([req], f"by {who} ({label})")
+                if self._check_committed(req, ids, f"{who} ({label}),"):
                     run.progress_round = self.scheduler.round
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
@@ -444,7 +420,7 @@ class RoundStages:
                             f"checks it each round); append each token id to the request's "
                             f"list: req.output_ids.append(tok)")
         new = ids[len(old):]
-        values = [_value(tok) for tok in new]
+        values = [token_value(tok) for tok in new]
         bad = next((i for i, v in enumerate(values) if v is None or not 0 <= v < vocab), None)
         if bad is not None:
             tok = new[bad]
@@ -458,10 +434,10 @@ class RoundStages:
                             f"to req.text")
         if any(type(tok) is not int for tok in new):  # numpy integers: as plain ints
             ids[len(old):] = values
-        i = _changed_at(old, ids)
+        i = changed_at(old, ids)
         if i is not None:
             was, now = old[i], ids[i]
-            raise (TypeError if _bad_token(now, vocab) else ValueError)(
+            raise (TypeError if bad_token(now, vocab) else ValueError)(
                 f"{plugin} changed req.output_ids[{i}] from {shown(was)} to {type(now).__name__} "
                 f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
                 f"the next round sends the newest, generate returns them); append new tokens "

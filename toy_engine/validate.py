@@ -5,6 +5,7 @@ finite (an infinite ``host_overhead_ms`` would spin forever, a NaN temperature s
 """
 
 import collections.abc
+import contextlib
 import decimal
 import functools
 import inspect
@@ -215,3 +216,35 @@ def never_runs(value) -> str | None:
 
 
 _NOTHING = object()
+
+
+def changed_at(old: list, ids: list) -> int | None:
+    """The first index where ``ids`` no longer holds ``old``'s token id (None: one is a prefix
+    of the other); equal values in other objects (numpy integers) are put back as ``old``'s.
+    ``old`` holds plain ints, which never change in place: the same object is the same value
+    (most rounds: checked at C speed), another object is compared by its value."""
+    if all(map(operator.is_, old, ids)):
+        return None
+    i = next((i for i, (a, b) in enumerate(zip(old, ids)) if a is not b and token_value(b) != a),
+             None)
+    if i is None:
+        n = min(len(old), len(ids))
+        ids[:n] = old[:n]
+    return i
+
+
+def token_value(tok) -> int | None:
+    """``tok``'s value as a plain int if it is an integer (an int or a numpy integer, not a
+    bool), else None: a 0-d Tensor or array is no token id (a Tensor read from the output
+    slot is a view of it, which later rounds overwrite)."""
+    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+        return None
+    with contextlib.suppress(Exception):  # no __index__, or one that raises
+        return operator.index(tok)
+    return None
+
+
+def bad_token(tok, vocab_size: int) -> bool:
+    """Whether ``tok`` is no token id: an integer (not a bool) from 0 to ``vocab_size - 1``."""
+    value = token_value(tok)
+    return value is None or not 0 <= value < vocab_size

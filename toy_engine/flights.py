@@ -1,0 +1,94 @@
+"""Each request's rounds in flight, as the run counts them, against ``req.num_inflight``: the
+engine changes it (engine.schedule() adds one, committing a round takes one off), the learner
+reads it.  prepare_inputs places a round's tokens by it and release_if_done frees by it, so a
+count a plug-in changed is refused where the plug-in returns, naming it; and the tokens a round
+hands out are checked against what its sample kept, which the device goes on from."""
+
+from . import buffers
+from .refusals import InflightChanged, OtherTokens
+
+
+class Flights:
+    """id(request) -> its rounds planned, not yet committed (``counts``; ``prompts``: its prompt
+    index, as generate made it); ``samples``: per host slot, the event seq of the last sample
+    launched into it (its output slot holds that sample's tokens)."""
+
+    def __init__(self, prompts: dict):
+        self.prompts, self.counts, self.samples = prompts, {}, {}
+
+    def planned(self, requests) -> None:
+        """As the scheduler adds one to each planned request's num_inflight."""
+        for req in requests:
+            self.counts[id(req)] = self.counts.get(id(req), 0) + 1
+
+    def committed(self, requests) -> None:
+        """As committing a round takes one off each of its requests' num_inflight."""
+        for req in requests:
+            self.counts[id(req)] -= 1
+
+    def check(self, requests, who: str) -> None:
+        """Refuse a num_inflight other than the run's count (not this run's request: skipped)."""
+        for req in requests:
+            now, n = req.num_inflight, self.counts.get(id(req))
+            if n is not None and not (type(now) is int and now == n):
+                raise InflightChanged(self.prompts[id(req)], now, n, who)
+
+    def kept(self, device, step, k: int) -> list | None:
+        """Per request, the tokens ``step``'s sample kept, read from its output slot; None while
+        the slot may not hold them: its sample not waited for (a read would race), or another
+        sample launched into the slot since."""
+        seq, n = step.sample_done.seq, len(step.plan.requests)
+        if self.samples.get(step.slot) != seq or any(
+                launch.seq == seq for launch in device.run_record.outstanding()):
+            return None
+        flat = device.buffers[buffers.out_buffer(step.slot)][:buffers.outputs_size(n, k)]
+        return buffers.unpack_outputs(flat.tolist(), n, k)
+
+    def check_outputs(self, planned: tuple, sampled: list, kept, who: str) -> None:
+        """Refuse outputs given to engine.commit_outputs that keep other tokens than the step's
+        sample did (``kept``: ``Flights.kept``, None: unknown)."""
+        rnd, _, requests = planned
+        for req, given, held in zip(requests, sampled, kept or ()):
+            if given != held and not req.finished:  # a finished one's are discarded
+                raise OtherTokens(rnd, self.prompts[id(req)], given, held, who, itself=False)
+
+    def after_process(self, planned: tuple, label: str, through_engine: bool, before,
+                      kept) -> bool:
+        """After a process_outputs plug-in (``label``): whether it committed the round itself,
+        lowering each of its requests' num_inflight by one and handing each unfinished one
+        (``before``: each admitted request, its output_ids and finished before the call) the
+        tokens its sample kept (``kept()``: ``Flights.kept``); any other change to
+        num_inflight is refused."""
+        rnd, _, requests = planned
+        if through_engine:  # engine.commit_outputs took one off each already
+            self.check(requests, f"by {label}, beside engine.commit_outputs(step, out), which "
+                                 f"takes one off itself")
+            return False
+        lowered = [type(r.num_inflight) is int and r.num_inflight == self.counts[id(r)] - 1
+                   for r in requests]
+        if not any(lowered):
+            self.check(requests, f"by {label}")
+            return False
+        for req, down in zip(requests, lowered):
+            n = self.counts[id(req)]
+            if not down:
+                raise InflightChanged(self.prompts[id(req)], req.num_inflight, n - 1, "", (
+                    f"{label} committed round {rnd} itself, lowering the other requests' of "
+                    f"its step by one, but left this one's at {n}: lower every one of them, "
+                    f"finished ones too" if req.num_inflight == n else
+                    f"it was changed by {label}"))
+        held, before = kept(), {id(req): (ids, done) for req, ids, done in before}
+        for i, req in enumerate(requests):
+            ids, finished = before[id(req)]
+            now = req.output_ids
+            if finished:  # the extra round: its tokens are discarded
+                continue
+            if held is None:  # its tokens unknown: some must be handed out, or it ended
+                ok = req.finished or len(now) > len(ids)
+            else:  # all of them, or fewer as it ends (EOS, a stop string, its limit)
+                want = ids + held[i]
+                ok = now == want or req.finished and now == want[:len(now)]
+            if not ok:
+                raise OtherTokens(rnd, self.prompts[id(req)], now[len(ids):],
+                                  None if held is None else held[i], label, True, req.finished)
+        return True
