@@ -25,7 +25,16 @@ trap 'echo "run.sh: interrupted" >&2; exit 130' INT
 CALLER=$PWD
 # The caller's folder held open: one removed under their terminal can still be entered (Linux).
 { exec 9<.; } 2>/dev/null || true
-cd "$(dirname "$0")"
+# Called through a symbolic link to it (~/bin/run.sh -> clone/run.sh), the repository is where
+# the link leads, not the link's folder (readlink without -f: macOS's has none before 12.3).
+# cd -P: $PWD is the physical folder, so the stamp's folder is the same whichever symbolic link
+# to the clone ran it (else the same clone set itself up again).
+SELF=$0
+while [ -L "$SELF" ]; do
+    TARGET=$(readlink "$SELF")
+    case $TARGET in /*) SELF=$TARGET ;; *) SELF=$(dirname "$SELF")/$TARGET ;; esac
+done
+cd -P "$(dirname "$SELF")"
 REPO=$PWD
 PY=${PYTHON:-python3}
 VENV=.venv
@@ -40,7 +49,7 @@ stamp() {
     echo "setup $SETUP_VERSION"
     # Ctrl-C ignored by this Python (else a KeyboardInterrupt traceback): the trap above says it.
     echo "python $(trap '' INT; "$VENV/bin/python" -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')"
-    echo "folder $PWD"  # the editable install points here
+    echo "folder $PWD"  # the editable install points here (physical: cd -P above)
     local f
     for f in "${SETUP_INPUTS[@]}"; do echo "$f $(cksum < "$f" | cut -d' ' -f1,2)"; done
 }
@@ -60,7 +69,38 @@ py_version() {
     fi
 }
 
+# Takes the setup lock; $1: -n to fail (status 1) at once when it is held.  flock(2) on run.sh
+# itself, open on descriptor 8: no lock file to make or ignore, and the kernel lets go when this
+# shell ends, however it ends (no stale lock).  flock(1) is util-linux (Linux, WSL); where there
+# is none (macOS), Python takes the same lock.
+lock() {
+    if command -v flock > /dev/null; then
+        flock ${1:-} 8
+    else
+        "$PY" -c 'import fcntl, sys
+try:
+    fcntl.flock(8, fcntl.LOCK_EX | (fcntl.LOCK_NB if sys.argv[1:] == ["-n"] else 0))
+except BlockingIOError:
+    sys.exit(1)' ${1:-} 2> /dev/null
+    fi
+}
+
+# Setup one at a time: two commands started together while it is due (./run.sh lab and
+# ./run.sh test on first use, or after a pull) ran two pips into one .venv at once.  The second
+# waits, then finds it done.  Without a lock to take (no flock, PYTHON not a Python), on as before.
 setup() {
+    exec 8< "${SELF##*/}"
+    local rc=0
+    lock -n || rc=$?
+    if [ "$rc" = 1 ]; then
+        echo "run.sh: another ./run.sh is setting up $VENV; waiting for it to finish" >&2
+        lock || true
+    fi
+    set_up "$@"
+    exec 8<&-  # not held by lab, test or the others, which setup does not need
+}
+
+set_up() {
     if [ ! -x "$VENV/bin/python" ]; then
         # pyproject.toml's requires-python (>=3.11); tests/test_packaging.py keeps the two equal.
         # Its answer, not its exit status: /bin/true and /bin/echo exit 0 too.

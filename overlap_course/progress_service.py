@@ -337,6 +337,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         host, port = listen_address(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
+        if a.guide_file == "":  # Path("") is ".": the refusal quoted a folder never given
+            raise ValueError("--guide-file is empty: name the instructor guide, e.g. "
+                             "--guide-file docs/instructor_guide.md")
         if a.guide_file is not None and read_guide(Path(a.guide_file)) is None:
             raise ValueError(f"--guide-file {safe_json.quoted(a.guide_file, 200)}: no such file")
         if HubOAuth is None:  # refused: --db's refusals first, with no database made

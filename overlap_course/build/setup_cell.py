@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 from overlap_course import safe_json
-from overlap_course.command_line import fail, os_problem, run
+from overlap_course.command_line import Parser, fail, os_problem, run
 from overlap_course.safe_json import quoted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,8 +212,12 @@ def write(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args == ["write"]:
+    # argparse: a wrong argument is named in one line, as by every command (was: only the usage).
+    p = Parser(prog="setup_cell", description="put the course setup cell first in every notebook "
+                                              "(write), or say where it is missing (check)")
+    p.add_argument("action", choices=("write", "check"))
+    action = p.parse_args(argv).action
+    if action == "write":
         try:
             for path in write():
                 print(f"setup cell written: {path.relative_to(ROOT)}")
@@ -224,15 +228,12 @@ def main(argv=None) -> int:
         except OSError as err:  # a full disk: write_notebook names the notebook
             return fail("setup_cell write", os_problem(err))
         return 0
-    if args == ["check"]:
-        try:
-            found = problems()
-        except ValueError as err:  # a stored notebook that is not one (read_notebook)
-            return fail("setup_cell check", err)
-        print("\n".join(found) or "every notebook starts with the course setup cell")
-        return 1 if found else 0
-    print("usage: python -m overlap_course.build.setup_cell write | check", file=sys.stderr)
-    return 2
+    try:
+        found = problems()
+    except ValueError as err:  # a stored notebook that is not one (read_notebook)
+        return fail("setup_cell check", err)
+    print("\n".join(found) or "every notebook starts with the course setup cell")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

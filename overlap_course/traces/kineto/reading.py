@@ -311,13 +311,12 @@ class KinetoTrace:
             raise ValueError(f"{where} has no device events (cat kernel, gpu_memcpy or gpu_memset): a CPU-only "
                              f"profile? Record with torch.profiler's ProfilerActivity.CUDA")
         self.steps.sort(key=lambda s: s[1].ts)
+        #: Start of the last ProfilerStep when there are two or more (HTA leaves that step out):
+        #: found once, not per event (in_window runs for every device event: many steps made
+        #: a summary quadratic).
+        self.last_step_start: float | None = self.steps[-1][1].ts if len(self.steps) >= 2 else None
 
     # -- HTA's window ----------------------------------------------------------------
-
-    @property
-    def last_step_start(self) -> float | None:
-        """Start of the last ProfilerStep when there are two or more (HTA leaves that step out)."""
-        return max(e.ts for _, e in self.steps) if len(self.steps) >= 2 else None
 
     def in_window(self, e: Event) -> bool:
         """Device work HTA keeps: launched (or, without a launch, started) before the last step."""
