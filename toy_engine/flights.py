@@ -68,6 +68,15 @@ class Flights:
                    for r in requests]
         if not any(lowered):
             self.check(requests, f"by {label}")
+            handed = next((req for req, ids, done in before if req in requests and not done and (
+                req.finished or req.output_ids != ids)), None)
+            if handed is not None:  # it committed the round itself, but kept it in flight
+                n = self.counts[id(handed)]  # the round committed, it counts one less
+                raise InflightChanged(self.prompts[id(handed)], n, n - 1, "", (
+                    f"{label} handed out round {rnd}'s tokens itself (or ended the request) "
+                    f"without taking the round off its num_inflight: lower each request's "
+                    f"num_inflight of the step by one as it commits the round, or commit with "
+                    f"engine.commit_outputs(step, out), which does"))
             return False
         for req, down in zip(requests, lowered):
             n = self.counts[id(req)]
