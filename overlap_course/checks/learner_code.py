@@ -38,11 +38,14 @@ class _Observed:
         object.__setattr__(self, "edits", [])
         object.__setattr__(self, "schedules", 0)
         object.__setattr__(self, "done_at", None)
+        object.__setattr__(self, "past_end", 0)  # schedule() calls after the one that found the end
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
         if self.schedules > self.MAX_SCHEDULES:
             raise _Spinning(self.schedules - 1)
+        if self.done_at is not None and not self._engine.scheduler.has_work():
+            object.__setattr__(self, "past_end", self.past_end + 1)
         plan = self.watch.around(self._engine.schedule)()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
@@ -66,8 +69,10 @@ class _Spinning(BaseException):
 
 
 class _PastTheEnd(Exception):
-    """A learner's loop went on with the None that ``schedule()`` returned after every request had
-    finished: ``args`` (last round, the error it hit)."""
+    """A learner's loop went on after ``schedule()`` returned None with every request finished:
+    with that None (``args``: last round, the error it hit, calls after), or, skipping it, with
+    more ``schedule()`` calls (last round, None or the checker's _Spinning, how many): a loop
+    of a fixed number of rounds, which a longer run would cut short (blind round 23)."""
 
 
 class _EngineEdited(AttributeError):
@@ -118,8 +123,10 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     view = observed.get("view")
     if view is not None and view.edits:
         err = _EngineEdited(view.edits[0])
-    elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
-        err = _PastTheEnd(view.done_at, err)
+    elif view is not None and view.done_at is not None and (
+            isinstance(err, (AttributeError, TypeError)) or view.past_end and (
+                err is None or isinstance(err, _Spinning))):
+        err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
@@ -136,10 +143,12 @@ def _stopped_by_checker(err) -> Verdict | None:
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
     if isinstance(err, _PastTheEnd):
-        last, cause = err.args
+        last, cause, again = err.args
+        went = (f"went on with it ({quoted(cause)})" if isinstance(cause, Exception) else
+                f"went on: it called `engine.schedule()` {again} more time(s)")
         return fails("none_plan",
                      f"after round {last} every request had finished, so `engine.schedule()` returned None, and "
-                     f"your loop went on with it ({quoted(cause)}). A request can end early, at a "
+                     f"your loop {went}. A request can end early, at a "
                      f"stop string or EOS, so neither a number of rounds nor a number of tokens says when the work "
                      f"is done: loop while `engine.scheduler.has_work()`")
     return None
