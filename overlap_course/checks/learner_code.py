@@ -17,6 +17,7 @@ from toy_engine.record import Commit, Refused
 from . import pool
 from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit, spun_by_edit
 from .errors import engines, quoted, said
+from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
 from .verdict import Verdict, fails, not_implemented
@@ -161,7 +162,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
-        return _other_thread(err)
+        return other_thread(err.__cause__, f"which returned with prompts {err.prompt_indexes} "
+                                           "unfinished")
     verdict = _stopped_by_checker(err)
     if verdict is not None and verdict.category == "spins":  # an edit, what was left unfinished
         edited = spun_by_edit(log, err.args[0])
@@ -203,17 +205,6 @@ def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
                  f"default argument or an attribute. Its event, output slot and requests are that "
                  f"run's, so the engine refused it. Keep `previous` a local of the loop, `None` at "
                  f"its start")
-
-
-def _other_thread(err: EngineStalled) -> Verdict:
-    """The loop stalled after the engine refused a stage called from a thread the loop started:
-    the refusal was raised in that thread, lost to the loop, so the stall names it as its cause."""
-    return fails("other_thread",
-                 f"your loop called the engine from another thread than the one that called your "
-                 f"loop, and the engine refused the call ({said(err.__cause__)}). That thread's "
-                 f"error never reached your loop, which returned with prompts "
-                 f"{err.prompt_indexes} unfinished. Run the rounds in the thread that calls your "
-                 f"loop")
 
 
 def _swallowed(refusal) -> Verdict:
