@@ -26,7 +26,7 @@ from overlap_course import progress
 from toy_engine.interrupts import hold_sigint
 from toy_engine.validate import never_runs
 
-from . import answers, errors, other_engine, pool, sandbox
+from . import answers, errors, other_engine, pool, sandbox, thread_errors
 from .verdict import Verdict, fails, unanswered
 
 _PRISTINE = sandbox.Pristine()
@@ -286,7 +286,9 @@ def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
     modes, watch = torch._C._len_torch_function_stack(), other_engine.Watch()
+    threads = thread_errors.ThreadErrors()
     try:
+        threads.start()
         with hold_sigint():
             stop = sandbox.start_time_limit(limit, watched=watch.codes)
         verdict = check(*args, **kwargs)
@@ -314,6 +316,7 @@ def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
                 ctrl_c = pressed
         sys.settrace(previous)
         torch_modes_back_to(modes)
+        threads.end()
         if ctrl_c is not None:
             raise ctrl_c
     if watch.found is not None:  # first: what the other engine did next follows from it
@@ -326,6 +329,9 @@ def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
                      f"there. Return from your function instead")
     if stopped is not None and not sandbox.is_limits(stopped):
         return _learners_time_up(stopped, ran)
+    if stopped is not None and threads.refusal is not None:  # it went on without its rounds
+        return thread_errors.other_thread(threads.refusal, f"which kept going though no round "
+                                          f"ran: it was {stopped}, when the checker stopped it")
     if stopped is not None:
         return fails("time_limit",
                      f"your code was {stopped} (the check allows {limit:.0f} s; the reference takes "

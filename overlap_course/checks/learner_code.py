@@ -17,6 +17,7 @@ from toy_engine.record import Commit, Refused
 from . import pool
 from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit, spun_by_edit
 from .errors import engines, quoted, said
+from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
 from .verdict import Verdict, fails, not_implemented
@@ -38,11 +39,14 @@ class _Observed:
         object.__setattr__(self, "edits", [])
         object.__setattr__(self, "schedules", 0)
         object.__setattr__(self, "done_at", None)
+        object.__setattr__(self, "past_end", 0)  # schedule() calls after the one that found the end
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
         if self.schedules > self.MAX_SCHEDULES:
             raise _Spinning(self.schedules - 1)
+        if self.done_at is not None and not self._engine.scheduler.has_work():
+            object.__setattr__(self, "past_end", self.past_end + 1)
         plan = self.watch.around(self._engine.schedule)()
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
@@ -66,8 +70,10 @@ class _Spinning(BaseException):
 
 
 class _PastTheEnd(Exception):
-    """A learner's loop went on with the None that ``schedule()`` returned after every request had
-    finished: ``args`` (last round, the error it hit)."""
+    """A learner's loop went on after ``schedule()`` returned None with every request finished:
+    with that None (``args``: last round, the error it hit, calls after), or, skipping it, with
+    more ``schedule()`` calls (last round, None or the checker's _Spinning, how many): a loop
+    of a fixed number of rounds, which a longer run would cut short (blind round 23)."""
 
 
 class _EngineEdited(AttributeError):
@@ -118,8 +124,10 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     view = observed.get("view")
     if view is not None and view.edits:
         err = _EngineEdited(view.edits[0])
-    elif view is not None and view.done_at is not None and isinstance(err, (AttributeError, TypeError)):
-        err = _PastTheEnd(view.done_at, err)
+    elif view is not None and view.done_at is not None and (
+            isinstance(err, (AttributeError, TypeError)) or view.past_end and (
+                err is None or isinstance(err, _Spinning))):
+        err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
@@ -136,10 +144,12 @@ def _stopped_by_checker(err) -> Verdict | None:
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
     if isinstance(err, _PastTheEnd):
-        last, cause = err.args
+        last, cause, again = err.args
+        went = (f"went on with it ({quoted(cause)})" if isinstance(cause, Exception) else
+                f"went on: it called `engine.schedule()` {again} more time(s)")
         return fails("none_plan",
                      f"after round {last} every request had finished, so `engine.schedule()` returned None, and "
-                     f"your loop went on with it ({quoted(cause)}). A request can end early, at a "
+                     f"your loop {went}. A request can end early, at a "
                      f"stop string or EOS, so neither a number of rounds nor a number of tokens says when the work "
                      f"is done: loop while `engine.scheduler.has_work()`")
     return None
@@ -152,7 +162,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
-        return _other_thread(err)
+        return other_thread(err.__cause__, f"which returned with prompts {err.prompt_indexes} "
+                                           "unfinished")
     verdict = _stopped_by_checker(err)
     if verdict is not None and verdict.category == "spins":  # an edit, what was left unfinished
         edited = spun_by_edit(log, err.args[0])
@@ -194,17 +205,6 @@ def _foreign_step(log: HostLog, err: ForeignStep) -> Verdict:
                  f"default argument or an attribute. Its event, output slot and requests are that "
                  f"run's, so the engine refused it. Keep `previous` a local of the loop, `None` at "
                  f"its start")
-
-
-def _other_thread(err: EngineStalled) -> Verdict:
-    """The loop stalled after the engine refused a stage called from a thread the loop started:
-    the refusal was raised in that thread, lost to the loop, so the stall names it as its cause."""
-    return fails("other_thread",
-                 f"your loop called the engine from another thread than the one that called your "
-                 f"loop, and the engine refused the call ({said(err.__cause__)}). That thread's "
-                 f"error never reached your loop, which returned with prompts "
-                 f"{err.prompt_indexes} unfinished. Run the rounds in the thread that calls your "
-                 f"loop")
 
 
 def _swallowed(refusal) -> Verdict:
