@@ -212,3 +212,30 @@ def test_a_plugin_lowering_only_some_of_its_steps_counts_is_refused_by_name():
     assert "process_outputs=lowers_unfinished_only committed round " in str(err.value)
     assert "itself, lowering the other requests' of its step by one, but left this one's at 1" \
            in str(err.value)
+
+
+# ---------------------------------------------- round 23: the tokens handed out, the count kept
+
+def _forgets_the_count(eng, step):
+    """Commits each round itself (wait, read, req.commit, release) but never lowers
+    req.num_inflight: it was told a step was dropped, though it processed every one."""
+    eng.device.wait(step.sample_done)
+    reqs, out = step.plan.requests, eng.read_outputs(step)
+    k = 0 if step.plan.is_prefill else eng.config.num_draft_tokens
+    for req, kept in zip(reqs, unpack_outputs(out, len(reqs), k)):
+        if not req.finished:
+            req.commit(kept, eng.tokenizer.eos_id, eng.tokenizer.decode)
+    for req in reqs:
+        eng.scheduler.release_if_done(req)
+
+
+@pytest.mark.parametrize("mode, drafts", [("serial", 0), ("zos", 0), ("zos", 3)])
+def test_a_plugin_committing_itself_without_lowering_the_count_is_told_so(mode, drafts):
+    with te.Engine(te.EngineConfig(mode=mode, device="cpu", num_draft_tokens=drafts)) as eng:
+        want = [c.text for c in eng.generate(PROMPTS, 12)]
+        with pytest.raises(ValueError, match=r"process_outputs=_forgets_the_count handed out "
+                                             r"round 0's tokens itself .* without taking the "
+                                             r"round off its num_inflight") as err:
+            eng.generate(PROMPTS, 12, process_outputs=_forgets_the_count)
+        assert "dropped" not in str(err.value)
+        assert [c.text for c in eng.generate(PROMPTS, 12)] == want

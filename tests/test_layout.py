@@ -91,12 +91,15 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # out the tokens the sample kept; engine.commit_outputs compares the outputs it is given with the
 # step's output slot: OtherTokens, in refusals.py): 4,579, less 1 as stages.py (487
 # once both merged) gave its token-id helpers (changed_at, token_value, bad_token) to
-# validate.py, beside check_rows, and check_planned left the fixed fields to _check_blocks.
+# validate.py, beside check_rows, and check_planned left the fixed fields to _check_blocks;
+# 4,578 until round twenty-three added 20 (a process_outputs plug-in that handed a round's
+# tokens out itself but left num_inflight as it was is told so, not that a step was dropped;
+# after_process split in three, each under the 40 lines a function has).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4578, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4598, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

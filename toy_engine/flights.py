@@ -68,6 +68,7 @@ class Flights:
                    for r in requests]
         if not any(lowered):
             self.check(requests, f"by {label}")
+            self._kept_in_flight(rnd, requests, label, before)
             return False
         for req, down in zip(requests, lowered):
             n = self.counts[id(req)]
@@ -77,7 +78,13 @@ class Flights:
                     f"its step by one, but left this one's at {n}: lower every one of them, "
                     f"finished ones too" if req.num_inflight == n else
                     f"it was changed by {label}"))
-        held, before = kept(), {id(req): (ids, done) for req, ids, done in before}
+        self._check_handed(rnd, requests, label, before, kept())
+        return True
+
+    def _check_handed(self, rnd: int, requests, label: str, before, held) -> None:
+        """Refuse a round committed by hand whose unfinished requests did not get exactly the
+        tokens its sample kept (``held``; None: unknown, then some, or an end)."""
+        before = {id(req): (ids, done) for req, ids, done in before}
         for i, req in enumerate(requests):
             ids, finished = before[id(req)]
             now = req.output_ids
@@ -91,4 +98,17 @@ class Flights:
             if not ok:
                 raise OtherTokens(rnd, self.prompts[id(req)], now[len(ids):],
                                   None if held is None else held[i], label, True, req.finished)
-        return True
+
+    def _kept_in_flight(self, rnd: int, requests, label: str, before) -> None:
+        """Refuse a plug-in that handed out round ``rnd``'s tokens itself (or ended a request of
+        it) but left its requests' num_inflight as they were (round 23: it was told a deferred
+        step was dropped)."""
+        handed = next((req for req, ids, done in before if req in requests and not done and (
+            req.finished or req.output_ids != ids)), None)
+        if handed is not None:
+            n = self.counts[id(handed)]  # the round committed, it counts one less
+            raise InflightChanged(self.prompts[id(handed)], n, n - 1, "", (
+                f"{label} handed out round {rnd}'s tokens itself (or ended the request) "
+                f"without taking the round off its num_inflight: lower each request's "
+                f"num_inflight of the step by one as it commits the round, or commit with "
+                f"engine.commit_outputs(step, out), which does"))
