@@ -22,7 +22,8 @@ from overlap_course.build.judge_fingerprint import _OURS
 _JUDGES = ("overlap_course.build.judge_process", "overlap_course.build.judge_fingerprint",
            "overlap_course.build.judge_watch", "overlap_course.build.judge_values",
            "overlap_course.build.judge_benign", "overlap_course.build.judge_cells",
-           "overlap_course.build.judge_keep", "overlap_course.build.landlock",
+           "overlap_course.build.judge_keep", "overlap_course.build.judge_threads",
+           "overlap_course.build.landlock",
            "overlap_course.build.grading", "types", "functools", "operator", "gc", "weakref",
            "inspect")
 _ADDED_TO = ("builtins",)

@@ -14,6 +14,7 @@ import weakref
 
 import overlap_course
 import toy_engine
+from overlap_course.build.judge_threads import thread_starts
 from overlap_course.checks import sandbox
 
 _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
@@ -299,9 +300,12 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
         submission's (round 21: compared at each step, a right asyncio loop ran 20 times slower
         and failed the time limit).  A frame that is not one (``sys.audit`` of the event by the
         submission), or one raised while no check runs (by a cell), is not looked at."""
-        if (kind(frame) is not frame_type or fields["changes"] is None or fields["changed"]
-                or event == "call" and fields["called"] and not pending):
-            return  # most events: quick
+        if kind(frame) is not frame_type or fields["changes"] is None or fields["changed"]:
+            return
+        if starting or event == "c_call":
+            noted(frame, event, arg)  # a thread the submission starts (round 22)
+        if event == "call" and fields["called"] and not pending or event[:2] == "c_":
+            return  # most events: quick (a C call or return is looked at for threads only)
         if event == "call":  # the check's first call of the submission's code; or, a hand-back
             theirs = foreign(frame.f_code)  # pending, the checker's code entered from other code
             caller = frame.f_back
@@ -326,11 +330,13 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
 
     def compare() -> None:
         pending.clear()  # the checker's world, all threads', is compared now
-        fields["changed"] = fields["changes"]() + deferred() + entered(True)
+        fields["changed"] = fields["changes"]() + deferred() + entered(True) + running()
 
     def checkers(code) -> bool:
         """Whether ``code`` is the checker's or the engine's (and not the submission's)."""
         return starts(code.co_filename, places) and not foreign(code)
+    threads = thread_starts(fields, checkers)
+    noted, running, starting = threads["noted"], threads["running"], threads["starting"]
     return {"profile": profile, "deferred": deferred}
 
 

@@ -1,0 +1,76 @@
+"""The threads the submission's code starts while its check runs, for the judge's profile hook
+(:mod:`overlap_course.build.judge_watch`).  The watch compares the checker's world when control
+comes back to the checker; a thread the submission started and left running can change that
+world afterwards, while the checker's own code runs (round 22: a loop's thread waited for the
+compare at the loop's return, then rebound two of the checker's helpers with C callables, which
+hand nothing back, and the loop's next call put them back: a wrong loop passed).  So a thread it
+started that still runs when control comes back is graded as a change: join threads, and shut
+executors down, before returning."""
+
+from __future__ import annotations
+
+import _thread
+import sys
+import threading
+
+#: The C functions every Python thread starts through (threading's, and ``_thread``'s own)
+_STARTERS = frozenset(id(f) for f in (getattr(_thread, name, None) for name in (
+    "start_new_thread", "start_joinable_thread")) if f is not None)
+#: Events of the starting thread after the start call within which the new thread shows (as
+#: ``threading.Thread.start`` waits for it); one that ended sooner did nothing since
+_LOOKS = 256
+
+
+def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
+                  current_frames=sys._current_frames, starters=_STARTERS, looks=_LOOKS,
+                  listed=list, ordered=sorted) -> dict:
+    """``noted(frame, event, arg)``, at each profile event: notes a thread started for the
+    submission's code by a C call (``c_call``), found as it shows in the following events of
+    the thread that started it; ``running()``: those still running.  For the submission's code:
+    called from it, through the standard library (an executor, ``threading.Timer``) or in a
+    thread it started, not by the checker's or the engine's code (``checkers(code)``) on its
+    behalf.  Bound as the watch is made, like the hooks (no name a cell can rebind is looked up
+    as they run)."""
+    foreign, looking = fields["foreign"], fields["looking"]
+    started: set[int] = set()  # idents of the threads the submission started
+    starting: dict[int, list] = {}  # a starting thread -> [threads alive before, looks left]
+
+    def idents() -> frozenset:
+        """The threads alive now (the audit hook lets the judge's own look through)."""
+        me = me_now()
+        looking.add(me)
+        try:
+            return frozenset(current_frames())
+        finally:
+            looking.discard(me)
+
+    def for_submission(frame) -> bool:
+        while frame is not None:
+            code = frame.f_code
+            if foreign(code):
+                return True
+            if checkers(code):
+                return False
+            frame = frame.f_back
+        return False
+
+    def noted(frame, event: str, arg) -> None:
+        me = me_now()
+        if me in starting:  # a start made: the new thread, once it shows
+            before, left = starting[me]
+            new = idents() - before
+            if new or left <= 1:
+                started.update(new)
+                del starting[me]
+            else:
+                starting[me][1] = left - 1
+        if event == "c_call" and ident(arg) in starters and (
+                me in started or for_submission(frame)):
+            starting[me] = [idents(), looks]
+
+    def running() -> list[str]:
+        alive = idents()
+        return [f"a thread your code started (ident {t}) still running as control came back to "
+                f"the checker (join your threads and shut executors down before returning)"
+                for t in ordered(listed(started)) if t in alive]
+    return {"noted": noted, "running": running, "starting": starting}
