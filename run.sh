@@ -69,35 +69,65 @@ py_version() {
     fi
 }
 
-# Takes the setup lock; $1: -n to fail (status 1) at once when it is held.  flock(2) on run.sh
-# itself, open on descriptor 8: no lock file to make or ignore, and the kernel lets go when this
-# shell ends, however it ends (no stale lock).  flock(1) is util-linux (Linux, WSL); where there
-# is none (macOS), Python takes the same lock.
+# Takes the setup lock; $1: -n to fail at once when it is held.  Status 0: taken; 1: held by
+# another ./run.sh; else this filesystem cannot lock (go on without it).  flock(2) on the
+# repository folder, open on descriptor 8: no lock file to make or ignore, a pull that replaces
+# run.sh does not replace it (a lock on run.sh's inode was lost then), a folder takes the lock
+# through a read-only descriptor, where NFS refuses a file's (flock(1)'s warning was the first
+# line of every command), and the kernel lets go when this shell ends, however it ends (no stale
+# lock).  flock(1) is util-linux (Linux, WSL); where there is none (macOS), Python takes it.
 lock() {
     if command -v flock > /dev/null; then
-        flock ${1:-} 8
+        flock ${1:-} 8 2> /dev/null  # its warning: ENOLCK and the like are told once, by setup
     else
-        "$PY" -c 'import fcntl, sys
+        local py=$PY  # the set-up one when there is one: PYTHON may name none
+        if [ -x "$VENV/bin/python" ]; then py=$VENV/bin/python; fi
+        "$py" -c 'import fcntl, sys
 try:
     fcntl.flock(8, fcntl.LOCK_EX | (fcntl.LOCK_NB if sys.argv[1:] == ["-n"] else 0))
 except BlockingIOError:
-    sys.exit(1)' ${1:-} 2> /dev/null
+    sys.exit(1)
+except OSError:  # ENOLCK, ENOTSUP: not "held" (a wait for no one)
+    sys.exit(3)' ${1:-} 2> /dev/null
     fi
 }
 
 # Setup one at a time: two commands started together while it is due (./run.sh lab and
 # ./run.sh test on first use, or after a pull) ran two pips into one .venv at once.  The second
-# waits, then finds it done.  Without a lock to take (no flock, PYTHON not a Python), on as before.
+# waits, then finds it done.  Without a lock to take (no flock, PYTHON not a Python, a filesystem
+# that cannot lock), on as before: set_up says so if it installs (UNLOCKED).
 setup() {
-    exec 8< "${SELF##*/}"
+    { exec 8< .; } 2> /dev/null || true  # unreadable: no lock (UNLOCKED), as on NFS before
     local rc=0
     lock -n || rc=$?
     if [ "$rc" = 1 ]; then
         echo "run.sh: another ./run.sh is setting up $VENV; waiting for it to finish" >&2
-        lock || true
+        rc=0
+        lock || rc=$?
     fi
+    UNLOCKED=$rc
     set_up "$@"
     exec 8<&-  # not held by lab, test or the others, which setup does not need
+}
+
+# The stamp as this run.sh writes it: its folder line, when it names this folder by another
+# path (a symbolic link to it, as run.sh before cd -P recorded it), is this folder's.
+recorded() {
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do
+        if [[ $line == "folder "* ]] && [ "${line#folder }" -ef . ]; then line="folder $PWD"; fi
+        echo "$line"
+    done < "$STAMP"
+}
+
+# Setting up writes .venv and the clone (pip's editable install): a read-only one (a mount, a
+# shared copy) is told so in one line, not by rm's or venv's own message after a promise.
+writable() {
+    if [ ! -w . ] || { [ -e "$VENV" ] && [ ! -w "$VENV" ]; }; then
+        echo "run.sh: $1, but $REPO cannot be written here (a read-only mount, or not yours):" \
+             "ask whoever set it up to run ./run.sh setup, or clone the course into your folder" >&2
+        exit 2
+    fi
 }
 
 set_up() {
@@ -110,6 +140,7 @@ set_up() {
                  "3.11 or newer (3.11 to 3.14). Pick one with PYTHON, e.g. PYTHON=python3.13 ./run.sh $1" >&2
             exit 2
         fi
+        writable "$VENV is not set up"
         echo "run.sh: setting up $VENV with $(command -v "$PY") ($("$PY" -V 2>&1))" >&2
         "$PY" -m venv "$VENV"
     elif [ -n "${PYTHON:-}" ] && [ "$("$PY" -V 2>&1)" != "$("$VENV/bin/python" -V 2>&1)" ]; then
@@ -119,15 +150,29 @@ set_up() {
     fi
     local want
     want=$(stamp)
-    if [ "${2:-}" != --force ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+    local was=
+    if [ -f "$STAMP" ]; then was=$(recorded); fi
+    if [ "${2:-}" != --force ] && [ -f "$STAMP" ] && [ "$was" = "$want" ]; then
         if [ "$1" = setup ]; then
             echo "run.sh: $VENV is set up and its inputs are unchanged (${SETUP_INPUTS[*]}, Python);" \
                  "nothing to install (./run.sh setup --force installs again)"
         fi
         return 0
     fi
+    local why="$VENV is not fully set up"  # no stamp: a setup that did not finish
+    if [ "${2:-}" = --force ]; then
+        why="--force asks to set it up again"
+    elif [ -f "$STAMP" ]; then
+        why=$(diff <(echo "$was") <(echo "$want") | sed -n 's/^> \([^ ]*\).*/\1/p' || true)
+        why="changed since $VENV was set up: $(echo $why)"  # unquoted: one line, one space
+    fi
+    writable "$why"
     if [ -f "$STAMP" ] && [ "${2:-}" != --force ]; then
-        echo "run.sh: changed since $VENV was set up: $(diff <(cat "$STAMP") <(echo "$want") | sed -n 's/^> \([^ ]*\).*/\1/p' | tr '\n' ' ')- setting up again" >&2
+        echo "run.sh: $why - setting up again" >&2
+    fi
+    if [ "$UNLOCKED" != 0 ]; then
+        echo "run.sh: $REPO cannot be locked here (its filesystem does not lock), so nothing" \
+             "stops a second ./run.sh from setting up at once: start none until this one ends" >&2
     fi
     rm -f "$STAMP"
     bash scripts/install_torch.sh "$VENV/bin/python"

@@ -4,13 +4,14 @@ command ends in an exception: :class:`made_folder`) and locked for it (:class:`l
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
 from overlap_course.safe_json import quoted
 
-__all__ = ["made_folder", "locked", "FolderLost", "cannot_write", "PATH_CHARS"]
+__all__ = ["made_folder", "locked", "FolderLost", "cannot_write", "unwritable", "PATH_CHARS"]
 
 #: The most characters of a path that a message quotes (then "..." and its length).
 PATH_CHARS = 200
@@ -23,6 +24,16 @@ def cannot_write(path, err: OSError) -> ValueError:
     """The refusal of ``path`` when the system would not write it (or make its folder)."""
     return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {err.strerror or err}; "
                       f"choose a path in a directory you can write")
+
+
+def unwritable(folder) -> OSError | None:
+    """Why files cannot be made in the existing ``folder`` (a read-only mount, no permission),
+    or None: asked before the work, as such a folder passed every other check and the command
+    failed only when it wrote, after recording or executing for minutes."""
+    if os.access(folder, os.W_OK):
+        return None
+    code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+    return OSError(code, os.strerror(code), os.fspath(folder))
 
 
 class FolderLost(ValueError):
@@ -70,7 +81,8 @@ class locked(made_folder):
     """``folder`` made (:class:`made_folder`: removed again if the block ends in an exception)
     and locked for this command, before any work, in a ``with`` block: an ``flock`` on the folder
     itself, so nothing is left in it.  A folder that cannot be made (``/proc/1/x``) is a
-    ``ValueError`` naming ``shown`` (:func:`cannot_write`); another command holding it, one
+    ``ValueError`` naming ``shown`` (:func:`cannot_write`), as is one there that cannot be written
+    (:func:`unwritable`: it was found only at the end); another command holding it, one
     saying ``busy``.  Two writing one output at once each announced a result the
     other had half replaced (a site's pages deleted while Sphinx read them, a trace pair from
     two runs).  A folder one may write into but not list (mode ``-wx``) cannot be opened to
@@ -91,6 +103,7 @@ class locked(made_folder):
             except OSError as err:
                 raise cannot_write(folder if shown is None else shown, err) from None
             if self._lock(folder, busy):
+                self._writable(folder if shown is None else shown)
                 return
         raise ValueError(busy)  # made and removed under it every time: others at work there
 
@@ -112,6 +125,14 @@ class locked(made_folder):
             return True
         os.close(self._fd)  # removed (or replaced) before the lock: made (or refused) again
         return False
+
+    def _writable(self, shown) -> None:
+        """Refuse the folder locked if it cannot be written (:func:`unwritable`: one there
+        already, read-only), letting go of it and of what was made."""
+        err = unwritable(self._folder)
+        if err is not None:
+            self.__exit__(ValueError, None, None)
+            raise cannot_write(shown, err)
 
     def _at_its_path(self) -> bool:
         """Whether the folder locked is the one at its path now."""

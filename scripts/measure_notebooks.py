@@ -50,7 +50,7 @@ import psutil  # noqa: E402
 
 from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
 from overlap_course.command_line import Parser, fail, not_an_input, out_file, run  # noqa: E402
-from overlap_course.safe_json import signals_held, write_file  # noqa: E402
+from overlap_course.safe_json import quoted, signals_held, write_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
@@ -162,8 +162,10 @@ def measure(path: Path, workdir: Path) -> dict:
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         said = proc.stderr.read().decode(errors="replace").strip().splitlines() or ["nothing"]
+        # it names the copy, whose folder is gone when this is read: the learner's notebook
+        said = said[-1].replace(quoted(str(copy), 200), quoted(str(path), 200))
         raise RuntimeError(f"{shown(path)} failed to execute (exit "
-                           f"{os.waitstatus_to_exitcode(status)}): {said[-1]}")
+                           f"{os.waitstatus_to_exitcode(status)}): {said}")
     return {"notebook": shown(path), "cells": len(nb.cells), "words": words,
             "reading_min": round(words / WORDS_PER_MINUTE, 1), "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "load_average": round(load, 1),
@@ -396,7 +398,8 @@ def main(argv=None) -> int:
                    help=f"only rewrite the headers' time lines and the tables from {TIMES.relative_to(REPO)}")
     a = p.parse_args(argv)
     try:
-        a.json = a.json and out_file(a.json, "--json", "times.json")
+        if a.json is not None:  # '' too: it was taken as no --json, and nothing written
+            a.json = out_file(a.json, "--json", "times.json")
     except ValueError as exc:  # a folder, under a file: before a notebook is measured
         return fail("measure_notebooks", exc)
     if a.update and not a.record:

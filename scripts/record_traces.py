@@ -179,9 +179,10 @@ def _no_repeats(args) -> None:
         first = named.get(stem)
         if first is None:
             named[stem] = overhead
-        elif first == overhead:
-            raise ValueError(f"--host-overheads names {first:g} twice: name each overhead at "
-                             f"most once")
+        elif first == overhead:  # -0 and 0: two spellings, one value
+            twice = (f"names {first:g} twice" if f"{first:g}" == f"{overhead:g}" else
+                     f"{first:g} and {overhead:g} are the same overhead")
+            raise ValueError(f"--host-overheads {twice}: name each overhead at most once")
         else:
             raise ValueError(f"--host-overheads {first!r} and {overhead!r} would write one file "
                              f"(its name keeps 6 digits: ..._overhead{overhead:g}ms.json): name "

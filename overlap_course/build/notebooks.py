@@ -50,6 +50,7 @@ from overlap_course.build.drawing import render_images, shrink_png
 from overlap_course.build.stored_figure import PLOTLY_MIME, check_figures
 from overlap_course.command_line import Parser, fail, os_problem, progress, run
 from overlap_course.safe_json import quoted
+from overlap_course.out_folders import unwritable
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION(?::\s*(.*))?$")
@@ -184,6 +185,7 @@ def execute(path: Path, timeout: int = 600) -> None:
 
     from nbclient.exceptions import CellExecutionError
 
+    _written_in_place(path)
     nb = read_notebook(path)
     # an earlier run's widget state or junk (null, "x"): the run stores its own, read afterwards
     nb.metadata.pop("widgets", None)
@@ -199,6 +201,15 @@ def execute(path: Path, timeout: int = 600) -> None:
     nb.metadata.pop("widgets", None)
     add_static_images(nb, widgets, shown)
     write_notebook(nb, path)
+
+
+def _written_in_place(path: Path) -> None:
+    """Refuse, before the run, a notebook whose folder cannot be written (read-only): it is
+    written back there, which failed only after executing it whole (minutes)."""
+    err = unwritable(path.parent)
+    if err is not None:
+        raise ValueError(f"{quoted(str(path), 200)} is executed in place, but its folder cannot "
+                         f"be written ({err.strerror}): copy it into a folder you can write")
 
 
 class _CourseLoop(asyncio.SelectorEventLoop):

@@ -140,18 +140,21 @@ def write_notebook(nb, path: Path) -> None:
     or a Ctrl-C leaves the old notebook whole (written in place, it was cut in half), and the
     ``OSError`` names ``path`` (a failed write names no file)."""
     text = nbformat.writes(nb)
-    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
+    partial = None
+    try:  # mkstemp too: a folder that cannot be written named a temporary file never made
+        fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial",
+                                       dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text if text.endswith("\n") else text + "\n")
         os.chmod(partial, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(partial, path)
     except BaseException as err:
         try:
-            os.unlink(partial)
+            if partial is not None:
+                os.unlink(partial)
         except OSError:
             pass
-        if isinstance(err, OSError) and err.filename in (None, partial):
+        if isinstance(err, OSError) and (partial is None or err.filename in (None, partial)):
             err.filename = str(path)
         raise
 
