@@ -20,14 +20,19 @@ from .verdict import Verdict, fails
 
 
 class ThreadErrors:
-    """``threading.excepthook`` replaced from ``start`` (as a check starts) to ``end`` (once its
-    time limit has ended: nothing cuts the hook's return short)."""
+    """What the threads a check's code starts raise, from ``start`` (as a check starts) to ``end``
+    (once its time limit has ended: nothing cuts the hook's return short), recorded through
+    :func:`_dispatch`, installed as ``threading.excepthook`` once, as the course is imported, and
+    kept there: a hook swapped at each check would read, to the grading judge, as a change the
+    submission made (round 23)."""
 
     def __init__(self):
-        self.count, self.first, self.refusal, self.previous = 0, None, None, None
+        self.count, self.first, self.refusal, self.swapped = 0, None, None, None
 
     def start(self) -> None:
-        self.previous, threading.excepthook = threading.excepthook, self._record
+        if threading.excepthook is not _dispatch:  # replaced since (a learner's own hook)
+            self.swapped, threading.excepthook = threading.excepthook, _dispatch
+        _RECORDING.append(self)
 
     def _record(self, args) -> None:
         """Python's own hook prints nothing for SystemExit: neither does this one."""
@@ -40,12 +45,30 @@ class ThreadErrors:
             self.refusal = args.exc_value
 
     def end(self) -> None:
-        if self.previous is not None:  # started
-            threading.excepthook = self.previous
+        if self in _RECORDING:  # started
+            _RECORDING.remove(self)
+        if self.swapped is not None:
+            threading.excepthook = self.swapped
         if self.count:
             first = " ".join(f"{type_name(self.first)}: {said(self.first, 100)}".split())
             print(f"({self.count} exception(s) in threads your code started were not printed; "
                   f"the first: {first})", file=sys.stderr)
+
+
+#: The checks recording now (the newest records); none: Python's own hook prints, as before
+_RECORDING: list[ThreadErrors] = []
+_PYTHONS = threading.excepthook
+
+
+def _dispatch(args) -> None:
+    """``threading.excepthook`` while the course is imported."""
+    if _RECORDING:
+        _RECORDING[-1]._record(args)
+    else:
+        _PYTHONS(args)
+
+
+threading.excepthook = _dispatch
 
 
 def _refused(err: BaseException | None) -> bool:
