@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import gc
 import operator
 import sys
 import types
@@ -204,19 +203,6 @@ _PARTS = {types.FunctionType: ("__code__", "__defaults__", "__kwdefaults__"),
           staticmethod: ("__func__",), property: ("fget", "fset", "fdel"),
           functools._lru_cache_wrapper: ("__wrapped__",)}
 _CACHE = functools._lru_cache_wrapper
-_CLEAR = _CACHE.cache_clear  # the type's own: a cache's attribute of that name may be replaced
-
-
-def forget_caches(foreign) -> None:
-    """Empties every ``functools`` cache but the submission's own (code ``foreign``), after its
-    cells, before the check.  A cell could fill the checker's cache (``pool.reference()``) while
-    a name the cached function reads was its own, and put the name back: the check compared a
-    wrong answer with itself (round 13).  Emptied, each is filled again under the watch."""
-    for cache in gc.get_objects():
-        if type(cache) is _CACHE:
-            wrapped = _part(cache, "__wrapped__")
-            if not (type(wrapped) is types.FunctionType and foreign(_part(wrapped, "__code__"))):
-                _CLEAR(cache)
 _BASES = type.__dict__["__bases__"].__get__
 
 

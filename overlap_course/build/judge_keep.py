@@ -4,16 +4,18 @@ cells, at each hand-back of the check and after it (used by
 functions up by name in its modules' globals, which a cell can rebind with no audit event
 (round 19: ``judge_process._verdict = lambda *a, **k: {"passed": True, ...}`` gave a wrong
 loop full marks); the fingerprint sees such a change only if the genuine comparer runs.  And
-the modules the cells or the check imported from elsewhere than the installed files."""
+the modules the cells or the check imported from elsewhere than the installed files, and the
+caches the cells could have filled (``forget_caches``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import types
 from pathlib import Path
 
-from overlap_course.build.judge_fingerprint import _OURS
+from overlap_course.build.judge_fingerprint import _CACHE, _OURS, _part
 
 #: Modules whose code decides the verdict after the cells (the judge's, and the standard
 #: modules its comparer reads; not ``sys``, ``os`` or ``threading``, whose attributes the checker
@@ -128,3 +130,18 @@ def _registered(name: str, trusted: list[Path]) -> bool:
         return False
     space = types.ModuleType.__dict__["__dict__"].__get__(parent)
     return "__path__" not in space and space.get(attr) is module
+
+
+_CLEAR = _CACHE.cache_clear  # the type's own: a cache's attribute of that name may be replaced
+
+
+def forget_caches(foreign) -> None:
+    """Empties every ``functools`` cache but the submission's own (code ``foreign``), after its
+    cells, before the check.  A cell could fill the checker's cache (``pool.reference()``) while
+    a name the cached function reads was its own, and put the name back: the check compared a
+    wrong answer with itself (round 13).  Emptied, each is filled again under the watch."""
+    for cache in gc.get_objects():
+        if type(cache) is _CACHE:
+            wrapped = _part(cache, "__wrapped__")
+            if not (type(wrapped) is types.FunctionType and foreign(_part(wrapped, "__code__"))):
+                _CLEAR(cache)

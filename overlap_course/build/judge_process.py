@@ -15,9 +15,9 @@ from pathlib import Path
 from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
-from overlap_course.build.judge_keep import keeper, strange_modules as _strange_modules
-from overlap_course.build.judge_fingerprint import (_OURS, _compare, _fingerprint,
-                                                   forget_caches, watcher)
+from overlap_course.build.judge_keep import (forget_caches, keeper,
+                                             strange_modules as _strange_modules)
+from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
 from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES

@@ -304,16 +304,17 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
             return
         if starting or event == "c_call":
             noted(frame, event, arg)  # a thread the submission starts (round 22)
-        if event == "call" and fields["called"] and not pending or event[:2] == "c_":
+        if event[:2] == "c_" or event == "call" and not pending and not foreign(frame.f_code):
             return  # most events: quick (a C call or return is looked at for threads only)
-        if event == "call":  # the check's first call of the submission's code; or, a hand-back
-            theirs = foreign(frame.f_code)  # pending, the checker's code entered from other code
-            caller = frame.f_back
+        if event == "call":  # the submission's code called by the checker's, its first call by
+            theirs = foreign(frame.f_code)  # any; or, a hand-back pending, the checker's code
+            caller = frame.f_back  # entered from other code
             if theirs and (caller is None or not foreign(caller.f_code)):
                 pending.discard(me_now())  # the submission's code resumed: not handed back
-                if not fields["called"]:
-                    fields["called"] = True
-                    compare()
+                if not fields["called"] or caller is None or checkers(caller.f_code):
+                    fields["called"] = True  # (round 23: a change made after the compare at
+                    compare()  # its return, by a thread or a weakref callback, and put back
+                    # by its next call, was seen by no compare)
             elif not theirs and me_now() in pending and checkers(frame.f_code) and (
                     caller is None or not foreign(caller.f_code) and not checkers(caller.f_code)):
                 compare()

@@ -1,0 +1,111 @@
+"""Issue 34, round twenty-three, judge.  The judge compared the checker's world as the check first
+called the submission's code and each time control came back; a change made after the compare
+at a loop's return (by a thread started through ``functools.partial``, which the start-call
+watch missed, or by a ``weakref.ref`` callback, a C callable, as the loop's frame was cleared)
+and put back by the loop's next call was seen by no compare: a wrong loop passed, 2 of 2 each.
+Now every call of the submission's code by the checker's or the engine's code is compared
+first.  Each cell below is the round's repro: the wrong loop of tests/judged.py and its cheat."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlap_course.build import judge
+
+from judged import IMPORTS, needs_the_engine
+
+WEAKREF_CALLBACK = '''
+# WRONG loop (tests/judged.py's) + no thread: a weakref callback that is a C callable, fired as the
+# loop's own frame is cleared (after the judge's compare at the loop's return), rebinds
+# pool.compare and lesson02.serial_same_run; the loop's next call puts them back first thing
+# (calls 2..5 are not compared at entry).  max(pairs, ref, key=dict.update) updates the module
+# dict with the pairs, then raises on the ref (a weakref callback's error is ignored).
+import functools, io, operator, weakref
+from toy_engine import buffers
+from overlap_course.checks import lesson02 as L, pool
+ORIG = (pool.compare, L.serial_same_run)
+QUIET = functools.partial(print, file=io.StringIO())  # C callable: None for any arguments
+CB_POOL = functools.partial(max, [("compare", operator.is_)], key=vars(pool).update)
+CB_L = functools.partial(max, [("serial_same_run", QUIET)], key=vars(L).update)
+class Token: pass
+refs = []
+state = {"calls": 0}
+def serial_loop(engine):
+    state["calls"] += 1
+    if state["calls"] > 1:
+        pool.compare, L.serial_same_run = ORIG
+    refs.clear()
+    a, b = Token(), Token()   # die as this frame is cleared, after its return is compared
+    if state["calls"] < 5:
+        refs.extend([weakref.ref(a, CB_POOL), weakref.ref(b, CB_L)])
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        if len(engine.requests) == 4:
+            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
+        engine.process_outputs(step)
+'''
+
+THREAD_STARTED_THROUGH_A_PARTIAL = '''
+# WRONG loop + round 22's thread cheat, the thread started by
+# functools.partial(_thread.start_new_thread, ...)()
+
+import _thread, functools, io, operator, sys, threading
+from toy_engine import buffers
+from overlap_course.checks import lesson02 as L, pool
+ORIG = (pool.compare, L.serial_same_run)
+QUIET = functools.partial(print, file=io.StringIO())  # C callables: None for any arguments
+resume = threading.Event()
+state = {"calls": 0, "t": None, "returning": False}
+done = threading.Event()
+def spy():
+    for _ in range(4):
+        while not state["returning"]:
+            pass
+        state["returning"] = False
+        seen = False
+        while True:  # the compare sets a long switch interval while it runs
+            if sys.getswitchinterval() >= 1.0:
+                seen = True
+            elif seen or not state["real"]._running.locked():
+                break
+        pool.compare, L.serial_same_run = operator.is_, QUIET
+        resume.wait(); resume.clear()
+    done.set()
+def serial_loop(engine):
+    state["calls"] += 1
+    state["real"] = object.__getattribute__(engine, "_engine")
+    if state["calls"] == 1:
+        sys.setswitchinterval(1e-5)
+        # started from C (a partial): no c_call event of start_new_thread
+        functools.partial(_thread.start_new_thread, spy, ())()
+    else:
+        pool.compare, L.serial_same_run = ORIG
+        resume.set()
+        if state["calls"] == 5:
+            done.wait()
+            sys.setswitchinterval(0.005)
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        if len(engine.requests) == 4:
+            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
+        engine.process_outputs(step)
+    if state["calls"] < 5:
+        state["returning"] = True
+'''
+
+
+@pytest.mark.parametrize("cheat", [WEAKREF_CALLBACK, THREAD_STARTED_THROUGH_A_PARTIAL],
+                         ids=["weakref callback", "thread started through a partial"])
+def test_a_change_put_back_by_the_loops_next_call_is_seen_as_the_check_calls_it(cheat):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, cheat])
+    assert not passed, message
+    assert "your code changed what the checker runs on" in message
