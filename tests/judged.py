@@ -98,3 +98,53 @@ def serial_loop_scores(home, students: dict) -> dict:
     _nbgrader(home, "autograde", name, "--force")
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as book:
         return {s: book.find_grade("check_serial_loop", name, name, s).score for s in students}
+
+
+# A wrong loop (the first sampled token of each 4-prompt round overwritten) and a thread it
+# starts that rebinds two of the checker's helpers after the compare at the loop's return; the
+# loop's next call puts them back (round 22)
+THREAD_CHEAT = '''
+import functools, io, operator, sys, threading
+from toy_engine import buffers
+from overlap_course.checks import lesson02 as L, pool
+ORIG = (pool.compare, L.serial_same_run)
+QUIET = functools.partial(print, file=io.StringIO())  # C callables: None for any arguments
+resume = threading.Event()
+state = {"calls": 0, "t": None, "returning": False}
+def spy():
+    for _ in range(4):
+        while not state["returning"]:
+            pass
+        state["returning"] = False
+        seen = False
+        while True:  # the compare sets a long switch interval while it runs
+            if sys.getswitchinterval() >= 1.0:
+                seen = True
+            elif seen or not state["real"]._running.locked():
+                break
+        pool.compare, L.serial_same_run = operator.is_, QUIET
+        resume.wait(); resume.clear()
+def serial_loop(engine):
+    state["calls"] += 1
+    state["real"] = object.__getattribute__(engine, "_engine")
+    if state["calls"] == 1:
+        sys.setswitchinterval(1e-5)
+        state["t"] = threading.Thread(target=spy, daemon=True); state["t"].start()
+    else:
+        pool.compare, L.serial_same_run = ORIG
+        resume.set()
+        if state["calls"] == 5:
+            state["t"].join()
+            sys.setswitchinterval(0.005)
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        engine.device.wait(step.sample_done)
+        if len(engine.requests) == 4:
+            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
+        engine.process_outputs(step)
+    if state["calls"] < 5:
+        state["returning"] = True
+'''

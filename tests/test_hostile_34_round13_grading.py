@@ -51,7 +51,7 @@ def test_a_right_loop_after_a_cell_that_fills_the_caches_still_passes():
 
 
 def test_forget_caches_empties_the_checkers_caches_and_keeps_the_submissions():
-    from overlap_course.build.judge_fingerprint import forget_caches
+    from overlap_course.build.judge_keep import forget_caches
     from overlap_course.checks import sandbox
     space: dict = {}
     exec(compile("import functools\n@functools.lru_cache\ndef mine(x):\n    return [x]\n",

@@ -12,7 +12,7 @@ import pytest
 
 from overlap_course.build import judge
 
-from judged import IMPORTS, needs_the_engine
+from judged import IMPORTS, THREAD_CHEAT, needs_the_engine
 
 WEAKREF_CALLBACK = '''
 # WRONG loop (tests/judged.py's) + no thread: a weakref callback that is a C callable, fired as the
@@ -49,57 +49,12 @@ def serial_loop(engine):
         engine.process_outputs(step)
 '''
 
-THREAD_STARTED_THROUGH_A_PARTIAL = '''
-# WRONG loop + round 22's thread cheat, the thread started by
-# functools.partial(_thread.start_new_thread, ...)()
-
-import _thread, functools, io, operator, sys, threading
-from toy_engine import buffers
-from overlap_course.checks import lesson02 as L, pool
-ORIG = (pool.compare, L.serial_same_run)
-QUIET = functools.partial(print, file=io.StringIO())  # C callables: None for any arguments
-resume = threading.Event()
-state = {"calls": 0, "t": None, "returning": False}
-done = threading.Event()
-def spy():
-    for _ in range(4):
-        while not state["returning"]:
-            pass
-        state["returning"] = False
-        seen = False
-        while True:  # the compare sets a long switch interval while it runs
-            if sys.getswitchinterval() >= 1.0:
-                seen = True
-            elif seen or not state["real"]._running.locked():
-                break
-        pool.compare, L.serial_same_run = operator.is_, QUIET
-        resume.wait(); resume.clear()
-    done.set()
-def serial_loop(engine):
-    state["calls"] += 1
-    state["real"] = object.__getattribute__(engine, "_engine")
-    if state["calls"] == 1:
-        sys.setswitchinterval(1e-5)
-        # started from C (a partial): no c_call event of start_new_thread
-        functools.partial(_thread.start_new_thread, spy, ())()
-    else:
-        pool.compare, L.serial_same_run = ORIG
-        resume.set()
-        if state["calls"] == 5:
-            done.wait()
-            sys.setswitchinterval(0.005)
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        if len(engine.requests) == 4:
-            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
-        engine.process_outputs(step)
-    if state["calls"] < 5:
-        state["returning"] = True
-'''
+# Round 22's thread cheat, its thread started from C (a partial: no c_call event of the start)
+THREAD_STARTED_THROUGH_A_PARTIAL = THREAD_CHEAT.replace(
+    "import functools,", "import _thread, functools,").replace(
+    'state["t"] = threading.Thread(target=spy, daemon=True); state["t"].start()',
+    "functools.partial(_thread.start_new_thread, spy, ())()").replace(
+    'state["t"].join()', "pass")
 
 
 @pytest.mark.parametrize("cheat", [WEAKREF_CALLBACK, THREAD_STARTED_THROUGH_A_PARTIAL],
