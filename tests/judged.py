@@ -103,9 +103,9 @@ def serial_loop_scores(home, students: dict) -> dict:
 # A wrong loop (the first sampled token of each 4-prompt round overwritten) and a thread it
 # starts that rebinds two of the checker's helpers after the compare at the loop's return; the
 # loop's next call puts them back (round 22)
-THREAD_CHEAT = '''
+THREAD_CHEAT = WRONG_LOOP + '''
 import functools, io, operator, sys, threading
-from toy_engine import buffers
+wrong_loop = serial_loop
 from overlap_course.checks import lesson02 as L, pool
 ORIG = (pool.compare, L.serial_same_run)
 QUIET = functools.partial(print, file=io.StringIO())  # C callables: None for any arguments
@@ -136,15 +136,7 @@ def serial_loop(engine):
         if state["calls"] == 5:
             state["t"].join()
             sys.setswitchinterval(0.005)
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        if len(engine.requests) == 4:
-            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
-        engine.process_outputs(step)
+    wrong_loop(engine)
     if state["calls"] < 5:
         state["returning"] = True
 '''

@@ -12,16 +12,16 @@ import pytest
 
 from overlap_course.build import judge
 
-from judged import IMPORTS, THREAD_CHEAT, needs_the_engine
+from judged import IMPORTS, THREAD_CHEAT, WRONG_LOOP, needs_the_engine
 
-WEAKREF_CALLBACK = '''
-# WRONG loop (tests/judged.py's) + no thread: a weakref callback that is a C callable, fired as the
+WEAKREF_CALLBACK = WRONG_LOOP + '''
+# + no thread: a weakref callback that is a C callable, fired as the
 # loop's own frame is cleared (after the judge's compare at the loop's return), rebinds
 # pool.compare and lesson02.serial_same_run; the loop's next call puts them back first thing
 # (calls 2..5 are not compared at entry).  max(pairs, ref, key=dict.update) updates the module
 # dict with the pairs, then raises on the ref (a weakref callback's error is ignored).
 import functools, io, operator, weakref
-from toy_engine import buffers
+wrong_loop = serial_loop
 from overlap_course.checks import lesson02 as L, pool
 ORIG = (pool.compare, L.serial_same_run)
 QUIET = functools.partial(print, file=io.StringIO())  # C callable: None for any arguments
@@ -38,15 +38,7 @@ def serial_loop(engine):
     a, b = Token(), Token()   # die as this frame is cleared, after its return is compared
     if state["calls"] < 5:
         refs.extend([weakref.ref(a, CB_POOL), weakref.ref(b, CB_L)])
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        inputs = engine.prepare_inputs(plan)
-        engine.launch_forward(inputs)
-        step = engine.launch_sample(inputs)
-        engine.device.wait(step.sample_done)
-        if len(engine.requests) == 4:
-            engine.device.host(buffers.out_buffer(step.slot), "w")[0] = 5
-        engine.process_outputs(step)
+    wrong_loop(engine)
 '''
 
 # Round 22's thread cheat, its thread started from C (a partial: no c_call event of the start)

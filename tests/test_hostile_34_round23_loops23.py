@@ -38,6 +38,21 @@ def serial_counts_rounds(rounds=200):
     return serial_loop
 
 
+def _zos_round(engine, plan, previous):
+    """One ZOS round (the reference's order); returns the step it defers (None: processed)."""
+    inputs = engine.prepare_inputs(plan)
+    if previous is not None:
+        engine.correct_on_device(inputs)
+    engine.launch_forward(inputs)
+    if previous is not None:
+        engine.process_outputs(previous)
+    current = engine.launch_sample(inputs)
+    if plan.is_prefill:
+        engine.process_outputs(current)
+        return None
+    return current
+
+
 def zos_counts_rounds(engine):
     previous = None
     for _ in range(300):
@@ -45,17 +60,7 @@ def zos_counts_rounds(engine):
         if plan is None:
             previous = engine.flush(previous)
             continue
-        inputs = engine.prepare_inputs(plan)
-        if previous is not None:
-            engine.correct_on_device(inputs)
-        engine.launch_forward(inputs)
-        if previous is not None:
-            engine.process_outputs(previous)
-        current = engine.launch_sample(inputs)
-        if plan.is_prefill:
-            engine.process_outputs(current)
-            current = None
-        previous = current
+        previous = _zos_round(engine, plan, previous)
 
 
 def zos_breaks_at_the_end(engine):
@@ -69,17 +74,7 @@ def zos_breaks_at_the_end(engine):
                 break
             previous = engine.flush(previous)
             continue
-        inputs = engine.prepare_inputs(plan)
-        if previous is not None:
-            engine.correct_on_device(inputs)
-        engine.launch_forward(inputs)
-        if previous is not None:
-            engine.process_outputs(previous)
-        current = engine.launch_sample(inputs)
-        if plan.is_prefill:
-            engine.process_outputs(current)
-            current = None
-        previous = current
+        previous = _zos_round(engine, plan, previous)
 
 
 @pytest.mark.parametrize("check, loop, calls", [
