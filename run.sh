@@ -44,6 +44,7 @@ VENV=.venv
 SETUP_VERSION=6
 SETUP_INPUTS=(pyproject.toml environment.yml scripts/install_torch.sh)
 STAMP=$VENV/.run-sh-setup
+LOCK=.run-sh.lock  # setup's lock (lock below); .gitignore names it
 
 stamp() {
     echo "setup $SETUP_VERSION"
@@ -70,12 +71,15 @@ py_version() {
 }
 
 # Takes the setup lock; $1: -n to fail at once when it is held.  Status 0: taken; 1: held by
-# another ./run.sh; else this filesystem cannot lock (go on without it).  flock(2) on the
-# repository folder, open on descriptor 8: no lock file to make or ignore, a pull that replaces
-# run.sh does not replace it (a lock on run.sh's inode was lost then), a folder takes the lock
-# through a read-only descriptor, where NFS refuses a file's (flock(1)'s warning was the first
-# line of every command), and the kernel lets go when this shell ends, however it ends (no stale
-# lock).  flock(1) is util-linux (Linux, WSL); where there is none (macOS), Python takes it.
+# another ./run.sh; else this filesystem cannot lock (go on without it).  flock(2) on LOCK, open
+# for writing on descriptor 8: a file only run.sh makes or locks.  The course's commands lock
+# their output's folder (overlap_course/out_folders.py), never a file: a trace export into the
+# clone's root held the clone's folder, which run.sh locked before, and every ./run.sh said
+# another one was setting up and waited for the recording.  Written to, a file takes NFS's lock
+# (it refuses one through a read-only descriptor), a pull that replaces run.sh does not replace
+# it (a lock on run.sh's inode was lost then), a folder that cannot be listed (-wx) still lets
+# it be made, and the kernel lets go when this shell ends, however it ends (no stale lock).
+# flock(1) is util-linux (Linux, WSL); where there is none (macOS), Python takes it.
 lock() {
     if command -v flock > /dev/null; then
         flock ${1:-} 8 2> /dev/null  # its warning: ENOLCK and the like are told once, by setup
@@ -95,15 +99,19 @@ except OSError:  # ENOLCK, ENOTSUP: not "held" (a wait for no one)
 # Setup one at a time: two commands started together while it is due (./run.sh lab and
 # ./run.sh test on first use, or after a pull) ran two pips into one .venv at once.  The second
 # waits, then finds it done.  Without a lock to take (no flock, PYTHON not a Python, a filesystem
-# that cannot lock), on as before: set_up says so if it installs (UNLOCKED).
+# that cannot lock, a LOCK it may not write), on as before: set_up says so if it installs
+# (UNLOCKED: "opened" when LOCK could not be opened, which is no fault of the filesystem).
 setup() {
-    { exec 8< .; } 2> /dev/null || true  # unreadable: no lock (UNLOCKED), as on NFS before
     local rc=0
-    lock -n || rc=$?
-    if [ "$rc" = 1 ]; then
-        echo "run.sh: another ./run.sh is setting up $VENV; waiting for it to finish" >&2
-        rc=0
-        lock || rc=$?
+    if ! { exec 8>> "$LOCK"; } 2> /dev/null; then
+        rc=opened  # a read-only clone (which setup refuses), or a LOCK that is not this user's
+    else
+        lock -n || rc=$?
+        if [ "$rc" = 1 ]; then
+            echo "run.sh: another ./run.sh is setting up $VENV; waiting for it to finish" >&2
+            rc=0
+            lock || rc=$?
+        fi
     fi
     UNLOCKED=$rc
     set_up "$@"
@@ -170,7 +178,11 @@ set_up() {
     if [ -f "$STAMP" ] && [ "${2:-}" != --force ]; then
         echo "run.sh: $why - setting up again" >&2
     fi
-    if [ "$UNLOCKED" != 0 ]; then
+    if [ "$UNLOCKED" = opened ]; then
+        echo "run.sh: $REPO/$LOCK cannot be opened for writing (not yours, or not a file), so" \
+             "nothing stops a second ./run.sh from setting up at once: start none until this one" \
+             "ends, then remove $LOCK (run.sh makes it again)" >&2
+    elif [ "$UNLOCKED" != 0 ]; then
         echo "run.sh: $REPO cannot be locked here (its filesystem does not lock), so nothing" \
              "stops a second ./run.sh from setting up at once: start none until this one ends" >&2
     fi

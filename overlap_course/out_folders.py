@@ -16,14 +16,19 @@ __all__ = ["made_folder", "locked", "FolderLost", "cannot_write", "unwritable", 
 #: The most characters of a path that a message quotes (then "..." and its length).
 PATH_CHARS = 200
 
+#: The errors of a disk (or a quota) that is full.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
 #: How many times :class:`locked` makes and locks a folder removed under it before refusing.
 TRIES = 5
 
 
 def cannot_write(path, err: OSError) -> ValueError:
-    """The refusal of ``path`` when the system would not write it (or make its folder)."""
-    return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {err.strerror or err}; "
-                      f"choose a path in a directory you can write")
+    """The refusal of ``path`` when the system would not write it (or make its folder); a full
+    disk (or quota) is told to free space: choosing a folder one may write was no help there."""
+    fix = ("free space on its disk, or choose a path on another" if err.errno in FULL
+           else "choose a path in a directory you can write")
+    return ValueError(f"cannot write {quoted(str(path), PATH_CHARS)}: {err.strerror or err}; {fix}")
 
 
 def unwritable(folder) -> OSError | None:

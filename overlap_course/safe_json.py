@@ -26,7 +26,7 @@ import tempfile
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
            "open_regular", "refuse_unwritable", "write_whole", "whole_set", "signals_held",
            "write_file", "read_text",
-           "printable", "clipped", "quoted", "message_line",
+           "printable", "clipped", "quoted", "message_line", "utf8_text",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
@@ -178,11 +178,41 @@ def loads(data: str | bytes, what: str = "the JSON", *, max_depth: int = MAX_DEP
                           f"column {exc.colno})") from None
 
 
+def utf8_text(text: str) -> str:
+    """``text`` as UTF-8 can encode it: a byte of a file name that is not UTF-8 (``b'\\xff'``,
+    which Python holds as the lone surrogate ``\\udcff``) written as ``\\xff``, as the name's
+    bytes print; any other lone surrogate as its Python escape (``\\ud800``).  JSON holding a
+    lone surrogate is not interchangeable (RFC 8259 sec. 8.2): strict parsers refuse it."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join(_utf8_char(c) for c in text)
+
+
+def _utf8_char(c: str) -> str:
+    if "\udc80" <= c <= "\udcff":  # os.fsdecode's stand-in for the byte ord(c) - 0xdc00
+        return f"\\x{ord(c) - 0xdc00:02x}"
+    return repr(c)[1:-1] if "\ud800" <= c <= "\udfff" else c
+
+
+def _utf8_strings(value):
+    """``value`` with every string in it (a key too) :func:`utf8_text`."""
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, dict):
+        return {_utf8_strings(k): _utf8_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_utf8_strings(v) for v in value]
+    return value
+
+
 def dumps(value, what: str = "the output", **kwargs) -> str:
     """``json.dumps`` that refuses NaN and infinities (they are not JSON) with a message naming
-    ``what``, instead of writing them."""
+    ``what``, instead of writing them, and writes no lone surrogate (:func:`utf8_text`: a file
+    name that is not UTF-8 in a trace's summary or an export's report)."""
     try:
-        return json.dumps(value, allow_nan=False, **kwargs)
+        return json.dumps(_utf8_strings(value), allow_nan=False, **kwargs)
     except ValueError:
         raise JSONRefused(f"{what} has a number that is not finite (NaN or infinity), "
                           f"which JSON cannot hold") from None

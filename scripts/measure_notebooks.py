@@ -33,6 +33,7 @@ from overlap_course.ctrl_c import interruptible  # noqa: E402
 interruptible(__name__, "measure_notebooks", _held)  # first: a Ctrl-C from here is one line
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -49,7 +50,9 @@ import nbformat  # noqa: E402
 import psutil  # noqa: E402
 
 from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
-from overlap_course.command_line import Parser, fail, not_an_input, out_file, run  # noqa: E402
+from overlap_course.command_line import (Parser, cannot_write, fail, made_folder,  # noqa: E402
+                                         not_an_input, out_file, run)
+from overlap_course.out_folders import unwritable  # noqa: E402
 from overlap_course.safe_json import quoted, signals_held, write_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -423,26 +426,15 @@ def main(argv=None) -> int:
     try:  # before a notebook is measured
         if a.json:
             not_an_input(str(a.json), "--json", _read(paths, a.record))
+        with _json_folder(a.json):
+            results = _measure_all(paths)
+            if a.json:
+                write_file(a.json, json.dumps(results, indent=1), "--json")
     except ValueError as exc:
         return fail("measure_notebooks", exc)
-    from overlap_course.measure.machine import usable_cpus
-    results = []
-    print("| notebook | cells | words | reading | run: CPU / wall (load) | peak memory: USS / PSS (device processes) |")
-    print("|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in paths:
-            try:
-                r = measure(path, Path(tmp))
-            except RuntimeError as exc:  # the notebook raised: its last line says why
-                fail("measure_notebooks", exc)
-                return 1
-            r["cpus"] = usable_cpus()
-            results.append(r)
-            print(f"| `{r['notebook']}` | {r['cells']} | {r['words']:,} | {r['reading_min']:.0f} min | "
-                  f"{r['cpu_s']:.0f} s / {r['wall_s']:.0f} s ({r['load_average']:.1f}) | "
-                  f"{r['uss_mb']} / {r['pss_mb']} MB ({r['device_processes']}) |", flush=True)
-    if a.json:
-        write_file(a.json, json.dumps(results, indent=1), "--json")
+    except RuntimeError as exc:  # a notebook raised: its last line says why
+        fail("measure_notebooks", exc)
+        return 1
     if a.record and only:
         stored = json.loads(TIMES.read_text())
         for rel, r in zip(only, results):
@@ -455,6 +447,42 @@ def main(argv=None) -> int:
         text = json.dumps(stored, indent=1) + "\n"
         _write_all({TIMES: text, **updated_files(json.loads(text))})
     return 0
+
+
+def _json_folder(out: Path | None):
+    """--json's folder, made if missing (and removed again if the run fails: ``made_folder``),
+    refused before a notebook is measured if it cannot be made or written: it was refused only
+    when the results were written, after measuring (the whole course: minutes)."""
+    if out is None:
+        return contextlib.nullcontext()
+    try:
+        folder = made_folder(out.parent)
+    except OSError as err:  # under a read-only folder, a name the system refuses
+        raise cannot_write(out, err) from None
+    err = unwritable(out.parent)
+    if err is not None:  # there already, read-only: what was made (with an odd umask) goes
+        folder.__exit__(ValueError, None, None)
+        raise cannot_write(out, err)
+    return folder
+
+
+def _measure_all(paths: list[Path]) -> list[dict]:
+    """Each notebook measured, its row printed as it is; a ``RuntimeError`` if one raised."""
+    from overlap_course.measure.machine import usable_cpus
+    results = []
+    print("| notebook | cells | words | reading | run: CPU / wall (load) | "
+          "peak memory: USS / PSS (device processes) |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            r = measure(path, Path(tmp))
+            r["cpus"] = usable_cpus()
+            results.append(r)
+            print(f"| `{r['notebook']}` | {r['cells']} | {r['words']:,} | "
+                  f"{r['reading_min']:.0f} min | "
+                  f"{r['cpu_s']:.0f} s / {r['wall_s']:.0f} s ({r['load_average']:.1f}) | "
+                  f"{r['uss_mb']} / {r['pss_mb']} MB ({r['device_processes']}) |", flush=True)
+    return results
 
 
 def _write_all(files: dict[Path, str]) -> None:

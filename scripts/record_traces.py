@@ -52,8 +52,8 @@ import torch  # noqa: E402
 from toy_engine import (CharTokenizer, Engine, EngineConfig, GPTConfig, TinyGPT,  # noqa: E402
                         load_model)
 from toy_engine.device import picks_cuda  # noqa: E402
-from overlap_course.command_line import (Parser, fail, finite_number, locked,  # noqa: E402
-                                         out_folder, progress, run, whole_number)
+from overlap_course.command_line import (Parser, cannot_write, fail, finite_number,  # noqa: E402
+                                         locked, out_folder, progress, run, whole_number)
 from overlap_course.measure.bench import (MAX_NEW_TOKENS, MAX_REPEATS, MAX_REQUESTS,  # noqa: E402
                                           default_workload)
 from overlap_course.measure.machine import machine_report  # noqa: E402
@@ -229,10 +229,20 @@ def _write(recorded: list, held) -> list[Path]:
     """The traces written all or none (``safe_json.whole_set``): a full disk leaves ``--out`` as
     it was, not a set from two recordings; a Ctrl-C waits until they are written (minutes of
     recording are not thrown away for a moment's writing).  ``held`` raises if ``--out`` was
-    removed or replaced meanwhile: one made again is another command's (``locked``)."""
-    with signals_held(), whole_set(check=held) as files:
-        for timeline, path in recorded:
-            Path(files.part(path, ".json")).write_text(timeline.to_json(), encoding="utf-8")
+    removed or replaced meanwhile: one made again is another command's (``locked``).  A
+    write's ``OSError`` (a full disk) names no file: it is refused naming the file, as the
+    trace export's is (``cannot_write``)."""
+    try:
+        with signals_held(), whole_set(check=held) as files:
+            for timeline, path in recorded:
+                try:
+                    Path(files.part(path, ".json")).write_text(timeline.to_json(),
+                                                               encoding="utf-8")
+                except OSError as exc:
+                    held()  # the folder removed while written: that, not the file, is the news
+                    raise cannot_write(path, exc) from None
+    except OSError as exc:  # a rename into place: whole_set names the target
+        raise cannot_write(exc.filename, exc) from None
     return [path for _, path in recorded]
 
 
