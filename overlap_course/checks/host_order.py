@@ -31,9 +31,12 @@ class HostLog:
         record, timeline = engine.record, engine.timeline
         spans = [s for s in timeline.lane("host") if s.stage in ("postprocess", "flush")]
         self.events, self.launches, planned = [], {}, 0
+        self.found_plan: set[int] = set()  # the events of schedule() calls that returned a plan
         for e in record.events:
             if isinstance(e, Schedule):  # one that found nothing belongs to the last planned round
                 planned = planned if e.round is None else e.round
+                if e.round is not None:
+                    self.found_plan.add(len(self.events))
                 self.events.append(("schedule", planned))
             elif isinstance(e, Launch) and e.stage in self._LAUNCHES:
                 self.events.append((self._LAUNCHES[e.stage], e.round))
@@ -52,6 +55,7 @@ class HostLog:
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
         self.requests = engine._run.requests  # the run's, in prompt order, as they ended
+        self.other_thread = engine._run.other_thread  # a stage refused in a thread it started
         self.committed: dict[int, list[int]] = {}  # prompt -> the rounds whose tokens it was handed
         for commit in record.of(Commit):
             for prompt in commit.prompts if not commit.refused else ():
@@ -209,9 +213,31 @@ def _zos_order(log: HostLog) -> Verdict | None:
         done = log.processing(r)
         if done:
             verdict = _prefill_at_once(log, r, done[0]) if r in log.prefill else _decode_deferred(log, r, done[0])
+            if verdict is None:
+                verdict = _flushed_with_a_plan(log, r, done[0])
             if verdict is not None:
                 return verdict
     return None
+
+
+def _flushed_with_a_plan(log: HostLog, r: int, at: int) -> Verdict | None:
+    """A step processed where it belongs, but by ``engine.flush`` though the last ``schedule()``
+    had returned a plan: exercise 03 keeps flush for when ``schedule()`` returns None (blind
+    round 24: a loop that flushed every step passed, "the last one was flushed")."""
+    if log.events[at][0] != "flush":
+        return None
+    last = max((i for i, (s, _) in enumerate(log.events[:at]) if s == "schedule"), default=None)
+    if last not in log.found_plan:
+        return None
+    plan = log.events[last][1]
+    how = ("the prefill's step with `engine.process_outputs(...)`, at once" if r in log.prefill
+           else "it with `engine.process_outputs(previous)`")
+    return fails("flushed_with_a_plan",
+                 f"{log.who(r)}: your loop processed its step with `engine.flush`, though the "
+                 f"last `engine.schedule()` had returned a plan (round {plan}'s). `flush` is only "
+                 f"for when `schedule()` returns None, with no round left to hide the step under, "
+                 f"and the timeline names the work it does `flush`. Here process {how}, and keep "
+                 f"`previous = engine.flush(previous)` for the None plan")
 
 
 def _prefill_at_once(log: HostLog, r: int, at: int) -> Verdict | None:
