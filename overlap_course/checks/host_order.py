@@ -208,36 +208,39 @@ def _zos_order(log: HostLog) -> Verdict | None:
     """The ZOS rules, round by round: prefill at once, decode deferred under the next
     forward and before the next sample, and processed when nothing is left to launch.  Which
     method processed a step (``process_outputs``, ``flush``, code written inline) does not
-    matter: ``flush`` is ``process_outputs`` under the name the timeline gives that step."""
+    matter here: a deferred step flushed where it belongs is judged last
+    (:func:`flushed_with_a_plan`)."""
     for r in log.rounds:
         done = log.processing(r)
         if done:
             verdict = _prefill_at_once(log, r, done[0]) if r in log.prefill else _decode_deferred(log, r, done[0])
-            if verdict is None:
-                verdict = _flushed_with_a_plan(log, r, done[0])
             if verdict is not None:
                 return verdict
     return None
 
 
-def _flushed_with_a_plan(log: HostLog, r: int, at: int) -> Verdict | None:
-    """A step processed where it belongs, but by ``engine.flush`` though the last ``schedule()``
-    had returned a plan: exercise 03 keeps flush for when ``schedule()`` returns None (blind
-    round 24: a loop that flushed every step passed, "the last one was flushed")."""
-    if log.events[at][0] != "flush":
-        return None
-    last = max((i for i, (s, _) in enumerate(log.events[:at]) if s == "schedule"), default=None)
-    if last not in log.found_plan:
-        return None
-    plan = log.events[last][1]
-    how = ("the prefill's step with `engine.process_outputs(...)`, at once" if r in log.prefill
-           else "it with `engine.process_outputs(previous)`")
-    return fails("flushed_with_a_plan",
-                 f"{log.who(r)}: your loop processed its step with `engine.flush`, though the "
-                 f"last `engine.schedule()` had returned a plan (round {plan}'s). `flush` is only "
-                 f"for when `schedule()` returns None, with no round left to hide the step under, "
-                 f"and the timeline names the work it does `flush`. Here process {how}, and keep "
-                 f"`previous = engine.flush(previous)` for the None plan")
+def flushed_with_a_plan(log: HostLog) -> Verdict | None:
+    """A decode step processed where ``process_outputs(previous)`` belongs, but by
+    ``engine.flush`` though the last ``schedule()`` had returned a plan: exercise 03 keeps flush
+    for when ``schedule()`` returns None (blind round 24: a loop that flushed every step passed,
+    "the last one was flushed").  Judged once the run is right otherwise (a loop that also drops
+    its last step is told that first); a prefill flushed at once is a process_outputs."""
+    for r in log.rounds:
+        done = log.processing(r)
+        if r in log.prefill or not done or log.events[done[0]][0] != "flush":
+            continue
+        last = max((i for i, (s, _) in enumerate(log.events[:done[0]]) if s == "schedule"),
+                   default=None)
+        if last in log.found_plan:
+            return fails("flushed_with_a_plan",
+                         f"{log.who(r)}: your loop processed its step with `engine.flush`, though "
+                         f"the last `engine.schedule()` had returned a plan (round "
+                         f"{log.events[last][1]}'s). `flush` is only for when `schedule()` returns "
+                         f"None, with no round left to hide the step under, and the timeline names "
+                         f"the work it does `flush`. Here process it with "
+                         f"`engine.process_outputs(previous)`, and keep `previous = "
+                         f"engine.flush(previous)` for the None plan")
+    return None
 
 
 def _prefill_at_once(log: HostLog, r: int, at: int) -> Verdict | None:
