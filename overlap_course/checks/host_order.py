@@ -31,9 +31,12 @@ class HostLog:
         record, timeline = engine.record, engine.timeline
         spans = [s for s in timeline.lane("host") if s.stage in ("postprocess", "flush")]
         self.events, self.launches, planned = [], {}, 0
+        self.found_plan: set[int] = set()  # the events of schedule() calls that returned a plan
         for e in record.events:
             if isinstance(e, Schedule):  # one that found nothing belongs to the last planned round
                 planned = planned if e.round is None else e.round
+                if e.round is not None:
+                    self.found_plan.add(len(self.events))
                 self.events.append(("schedule", planned))
             elif isinstance(e, Launch) and e.stage in self._LAUNCHES:
                 self.events.append((self._LAUNCHES[e.stage], e.round))
@@ -52,6 +55,7 @@ class HostLog:
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
         self.requests = engine._run.requests  # the run's, in prompt order, as they ended
+        self.other_thread = engine._run.other_thread  # a stage refused in a thread it started
         self.committed: dict[int, list[int]] = {}  # prompt -> the rounds whose tokens it was handed
         for commit in record.of(Commit):
             for prompt in commit.prompts if not commit.refused else ():
@@ -204,13 +208,38 @@ def _zos_order(log: HostLog) -> Verdict | None:
     """The ZOS rules, round by round: prefill at once, decode deferred under the next
     forward and before the next sample, and processed when nothing is left to launch.  Which
     method processed a step (``process_outputs``, ``flush``, code written inline) does not
-    matter: ``flush`` is ``process_outputs`` under the name the timeline gives that step."""
+    matter here: a deferred step flushed where it belongs is judged last
+    (:func:`flushed_with_a_plan`)."""
     for r in log.rounds:
         done = log.processing(r)
         if done:
             verdict = _prefill_at_once(log, r, done[0]) if r in log.prefill else _decode_deferred(log, r, done[0])
             if verdict is not None:
                 return verdict
+    return None
+
+
+def flushed_with_a_plan(log: HostLog) -> Verdict | None:
+    """A decode step processed where ``process_outputs(previous)`` belongs, but by
+    ``engine.flush`` though the last ``schedule()`` had returned a plan: exercise 03 keeps flush
+    for when ``schedule()`` returns None (blind round 24: a loop that flushed every step passed,
+    "the last one was flushed").  Judged once the run is right otherwise (a loop that also drops
+    its last step is told that first); a prefill flushed at once is a process_outputs."""
+    for r in log.rounds:
+        done = log.processing(r)
+        if r in log.prefill or not done or log.events[done[0]][0] != "flush":
+            continue
+        last = max((i for i, (s, _) in enumerate(log.events[:done[0]]) if s == "schedule"),
+                   default=None)
+        if last in log.found_plan:
+            return fails("flushed_with_a_plan",
+                         f"{log.who(r)}: your loop processed its step with `engine.flush`, though "
+                         f"the last `engine.schedule()` had returned a plan (round "
+                         f"{log.events[last][1]}'s). `flush` is only for when `schedule()` returns "
+                         f"None, with no round left to hide the step under, and the timeline names "
+                         f"the work it does `flush`. Here process it with "
+                         f"`engine.process_outputs(previous)`, and keep `previous = "
+                         f"engine.flush(previous)` for the None plan")
     return None
 
 

@@ -161,9 +161,11 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
-    if engines(err, EngineStalled) and type(err.__cause__) is RuntimeError:
-        return other_thread(err.__cause__, f"which returned with prompts {err.prompt_indexes} "
-                                           "unfinished")
+    if log.other_thread is not None:  # first: what followed is the refused call's absence
+        return other_thread(log.other_thread,
+                            f"which returned with prompts {err.prompt_indexes} unfinished"
+                            if engines(err, EngineStalled) else
+                            "which went on as though the call had been made")
     verdict = _stopped_by_checker(err)
     if verdict is not None and verdict.category == "spins":  # an edit, what was left unfinished
         edited = spun_by_edit(log, err.args[0])

@@ -17,7 +17,8 @@ from toy_engine.runinfo import RunStats
 from . import context, pool
 from .answers import bool_pair, flag_list, int_list, items, one_number, round_number, show, whole
 from .harness import exercise_check, notebook_check
-from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
+from .host_order import (correction_mistake, deferred, flushed_with_a_plan, waits_beyond_sample,
+                         zos_overlapped)
 from .learner_code import loop_verdict, run_loop
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
@@ -298,6 +299,9 @@ def check_zos_loop(loop) -> Verdict:
         if verdict is not None:
             verdict.message = f"{pool.endings_label(drafts)}: {verdict.message}"
             return verdict
+    verdict = flushed_with_a_plan(log)
+    if verdict is not None:
+        return verdict
     return passes(f"ZOS loop matches the serial tokens with the `{pool.CONSTRAINT}` constraint and with "
                   f"{pool.DRAFTS} drafts per round; {deferred(log)} decode steps were processed under the next "
                   f"round's forward, before its sample, and the last one was flushed")

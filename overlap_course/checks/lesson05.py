@@ -16,6 +16,7 @@ from .answers import bare_number, int_set, length, name, one_number, round_numbe
 from .errors import engines, quoted
 from .harness import exercise_check, notebook_check
 from .step_watch import StepWatch, engine_frames
+from .thread_errors import other_thread
 from .verdict import (Verdict, fails, negative_count, no_such_round, not_implemented, passes,
                       unanswered)
 
@@ -198,15 +199,16 @@ def _who_step(step) -> str:
     return f"round {step.plan.round} ({kind}, prompts {[r.index for r in step.plan.requests]})"
 
 
-def _step_mistake(call) -> Verdict | None:
+def _step_mistake(call, reference) -> Verdict | None:
     """The first rule a single call broke: wait on the step's own event, commit once, free
-    exactly the finished requests no launched round uses, leave the pool whole."""
+    exactly the finished requests no launched round uses, leave the pool whole, end no request
+    (``reference``: the run's completions, as the engine's own process_outputs ends them)."""
     who = _who_step(call["step"])
     for rule in (_wait_mistake, _free_mistake, lifetime_runs.pool_mistake, _commit_mistake):
         verdict = rule(call, who)
         if verdict is not None:
             return verdict
-    return None
+    return lifetime_runs.reason_mistake(call, who, reference)
 
 
 def _wait_mistake(call, who: str) -> Verdict | None:
@@ -341,7 +343,11 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
                      f"your process_outputs set `engine.{edits[0]}`: the checkers' engines are shared by every "
                      f"check, so a plug-in may call the engine's methods but not replace them (the change was "
                      f"undone). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
-    mistake = next((m for m in map(_step_mistake, watch.calls) if m is not None), None)
+    if engine._run.other_thread is not None:  # first: what followed is the refused call's absence
+        return other_thread(engine._run.other_thread, "which went on as though the call had "
+                            "been made", "process_outputs", "Wait, read, commit and free")
+    mistake = next((m for m in (_step_mistake(c, reference) for c in watch.calls)
+                    if m is not None), None)
     if mistake is not None and mistake.category == "waits_later_event":
         return lifetime_runs.waited_too_long(mistake, engine, watch)
     if mistake is not None:

@@ -16,7 +16,7 @@ from toy_engine.run import EngineStalled
 from . import endings, pool
 from .answers import show
 from .errors import said
-from .step_watch import StepWatch
+from .step_watch import UNKNOWN, StepWatch
 from .verdict import Verdict, fails
 
 
@@ -195,6 +195,39 @@ def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
                  f"where the round needs {err.expected}: it holds {held}, so the engine refused "
                  f"it. Commit the whole list `engine.read_outputs(step)` returns: "
                  f"`engine.commit_outputs(step, out)`")
+
+
+def reason_mistake(call: dict, who: str, reference) -> Verdict | None:
+    """A finish_reason the learner's process_outputs set (StepWatch's ``reasons``): in a call
+    only ``commit_outputs`` ends a request, where its tokens end it, and no code changes a
+    finished one's reason, which generate returns (blind round 24: "abort" on a request whose
+    extra step was in flight passed; "length" on one with no round in flight was told to commit
+    its tokens once).  ``reference``: the engine's own completions of the run."""
+    for req, before, after, by_commit, ids in call["reasons"]:
+        if by_commit in (after, UNKNOWN):
+            continue
+        want, keeps = reference[req.index], "a finished request keeps the reason it ended with"
+        if before is not None or by_commit is not None:
+            did = (f"changed prompt {req.index}'s finish_reason from {before!r} to {after!r}"
+                   if before is not None else f"set prompt {req.index}'s finish_reason to "
+                   f"{after!r} after `commit_outputs` had ended it with {by_commit!r}")
+            flight = (" (one whose extra step is still in flight is freed when that step is "
+                      "processed)" if call["states"][req.index][0] else "")
+            return fails("overwrote_finish",
+                         f"{who}: your process_outputs {did}: {keeps}, which generate returns "
+                         f"({want.finish_reason!r} here). Leave it, and free a finished request "
+                         f"once `num_inflight == 0`{flight}")
+        got = f"{len(ids)} token(s)" if ids is not None else "its tokens"
+        return fails("ended_unfinished",
+                     f"{who}: your process_outputs set prompt {req.index}'s finish_reason to "
+                     f"{after!r} after {got}, though `commit_outputs` had left it unfinished: "
+                     f"that ended it early (the engine's own process_outputs goes on committing "
+                     f"until it ends {want.finish_reason!r}, with {len(want.token_ids)} "
+                     f"token(s)). A request ends "
+                     f"where `commit_outputs` ends it (its limit, a stop string, EOS) or by an "
+                     f"abort: leave `finish_reason` to them, and free a request only once "
+                     f"`req.finished` and `req.num_inflight == 0`")
+    return None
 
 
 def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:

@@ -4,17 +4,20 @@ did to each step (:class:`StepWatch`), and which engine functions an error came 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from toy_engine.engine import Engine
 from toy_engine.record import Commit, Free, Refused, Wait
+from toy_engine.sequence import Request
 
 from .pool_reading import pool_after, pool_before
 
 
 class StepWatch:
     """Records what a learner's ``process_outputs`` did to each step it was given: which
-    events it waited on, and each request's launched-round count and cache before/after."""
+    events it waited on, each request's launched-round count and cache before/after, and the
+    requests whose finish_reason changed (``reasons``: :func:`_reasons`)."""
 
     def __init__(self, engine: Engine, process_outputs):
         self.engine, self.learner, self.calls = engine, process_outputs, []
@@ -25,6 +28,7 @@ class StepWatch:
         call = dict(step=step, requests=reqs, waits=[],
                     before=[(r.num_inflight, r.finished) for r in reqs], after=None,
                     holders={b: r.index for r in engine.requests for b in r.blocks},
+                    reasons={r.index: (r.finish_reason, _ids(r), r.text) for r in engine.requests},
                     **pool_before(engine))
         self.held.update(call["holders"])
         self.calls.append(call)
@@ -44,7 +48,47 @@ class StepWatch:
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks),
                               r in engine.scheduler.running) for r in reqs]
+            call["reasons"] = [] if call.get("raised") else _reasons(engine, step, reqs,
+                                                                     call["reasons"])
             call.update(pool_after(engine))
+
+
+UNKNOWN = "?"  # what commit_outputs alone ended a request with, where its tokens are unknown
+
+
+def _reasons(engine: Engine, step, reqs: tuple, before: dict) -> list[tuple]:
+    """Each request whose finish_reason a call changed: (request, its reason before, after,
+    what ``commit_outputs`` alone ends it with from its state ``before`` and the tokens the
+    step's sample kept (None: it leaves it unfinished, as any request outside the step or
+    finished already; UNKNOWN where the tokens cannot be read), its tokens after)."""
+    changed = [r for r in engine.requests if r.finish_reason != before[r.index][0]]
+    k = 0 if step.plan.is_prefill else engine.config.num_draft_tokens
+    kept = engine._run.flights.kept(engine.device, step, k) if changed else None
+    found = []
+    for req in changed:
+        reason, ids, text = before[req.index]
+        place = next((i for i, r in enumerate(reqs) if r is req), None)
+        by_commit = None
+        if reason is None and place is not None:
+            known = kept is not None and ids is not None and type(text) is str
+            by_commit = _commit_alone(engine, req, ids, text, kept[place]) if known else UNKNOWN
+        found.append((req, reason, req.finish_reason, by_commit, _ids(req)))
+    return found
+
+
+def _commit_alone(engine: Engine, req, ids: list, text: str, tokens: list) -> str | None:
+    """The finish_reason ``commit_outputs`` gives ``req``, of tokens ``ids`` and ``text``, for
+    ``tokens``: the engine's own ``Request.commit``, on a copy."""
+    copy = dataclasses.replace(req, output_ids=list(ids), text=text, finish_reason=None,
+                               blocks=[])
+    Request.commit(copy, tokens, engine.tokenizer.eos_id, engine.tokenizer.decode)
+    return copy.finish_reason
+
+
+def _ids(req) -> list[int] | None:
+    """A copy of a request's tokens (None where the learner's code replaced the list: its own
+    ``__len__`` or ``__iter__`` may raise)."""
+    return list.copy(req.output_ids) if type(req.output_ids) is list else None
 
 
 def engine_frames(err: BaseException) -> set[str]:

@@ -80,11 +80,14 @@ def _refused(err: BaseException | None) -> bool:
     return tb is not None and tb.tb_frame.f_code is Run.enter.__code__
 
 
-def other_thread(refusal: BaseException, ending: str) -> Verdict:
-    """The engine refused a stage called from a thread the loop started: the refusal was raised
-    in that thread, lost to the loop, whose ``ending`` (what it did instead) follows it."""
+def other_thread(refusal: BaseException, ending: str, who: str = "loop",
+                 fix: str = "Run the rounds") -> Verdict:
+    """The engine refused a stage called from a thread the learner's ``who`` started: the refusal
+    was raised in that thread, lost to ``who``, whose ``ending`` (what it did instead) follows
+    it.  Named first, whatever followed: what followed is the refused call's absence."""
     return fails("other_thread",
-                 f"your loop called the engine from another thread than the one that called your "
-                 f"loop, and the engine refused the call ({said(refusal)}). That thread's "
-                 f"error never reached your loop, {ending}. Run the rounds in the thread that "
-                 f"calls your loop")
+                 f"your {who} called the engine from another thread than the one that called "
+                 f"your {who}, and the engine refused the call ({said(refusal)}). That thread's "
+                 f"error never reached your {who}, {ending}. {fix} in the thread that calls "
+                 f"your {who}")
+

@@ -27,6 +27,7 @@ CATEGORIES = frozenset({
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",
     "loop_returned", "dropped_at_prefill", "no_flush", "never_processed", "none_plan", "correction",
     "skipped_extra_step", "foreign_step", "other_engine", "inputs_replaced", "other_thread",
+    "flushed_with_a_plan",
     # 00: stream, launch, event
     "includes_later_kernel", "misses_earlier_kernel", "no_such_kernel", "launch_count", "no_read",
     "wait_without_event", "read_before_launch", "no_race", "still_races",
@@ -59,7 +60,7 @@ CATEGORIES = frozenset({
     "wrong_buffer", "writing_round", "waits_other_event", "read_before_wait", "double_free", "free_in_use",
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
     "short_commit", "bad_outputs",
-    "left_unfinished",
+    "left_unfinished", "ended_unfinished",
     "kept_blocks", "calls_itself", "pool_junk", "stale_blocks",
     # 06: real traces
     "idle_time_not_share", "share_over_one", "whole_trace", "pytorch_call", "launch_call", "not_blocking", "other_sync",

@@ -241,6 +241,17 @@ def whole_float(value) -> bool:
 
 
 AN_INT = "an int, even when it is whole: return `int(...)`, or compute it with ints"
+NOT_A_BOOL = ("an int, not a bool (True and False answer yes or no, though Python adds them "
+              "as 1 and 0; `x and n` is False, not 0, where x is false): return `int(...)`, "
+              "or write the 0 out (`n if x else 0`)")
+
+
+def a_bool(value) -> bool:
+    """Whether ``value`` (:func:`zero_d`'s) is a Python or NumPy bool: refused where a count or
+    an index is asked, as every check refuses a bool for a number, with :data:`NOT_A_BOOL` to
+    say why (blind round 24: `engine.constraint is not None and len(held)` was told only "a
+    whole number from 0 to 0")."""
+    return isinstance(value, (bool, np.bool_))
 
 
 def _check_method_name(name: str) -> None:

@@ -18,7 +18,8 @@ from toy_engine.config import EngineConfig
 from toy_engine.engine import Engine
 from toy_engine.validate import check_int, plugin_label, shown
 
-from .plugins import AN_INT, check_takes, deep_loop, learners_engine, whole_float, zero_d
+from .plugins import (AN_INT, NOT_A_BOOL, a_bool, check_takes, deep_loop, learners_engine,
+                      whole_float, zero_d)
 
 
 class BadAnswer(ValueError):
@@ -85,6 +86,9 @@ def _count(n, held: int) -> int:
         if whole_float(zero_d(n)):
             raise BadAnswer(f"before_sample returned {got}, a float: the loop processes that many "
                             f"held steps, and a count must be {AN_INT} (from 0 to {held})")
+        if a_bool(zero_d(n)):
+            raise BadAnswer(f"before_sample returned {got}, a bool: the loop processes that many "
+                            f"held steps (0 to {held}), and a count must be {NOT_A_BOOL}")
         raise BadAnswer(f"before_sample returned {got}: return how many of the {held} held step(s) "
                         f"to process before this sample, a whole number from 0 to {held}")
     return count
@@ -133,6 +137,10 @@ def _prepare_keyed(engine, plan, key):
             raise BadAnswer(f"key returned {shown(k)}, a float, {where}: the device indexes its "
                             f"{rows} rows with it, and an index must be {AN_INT} (from 0 to "
                             f"{rows - 1})")
+        if a_bool(zero_d(k)):
+            raise BadAnswer(f"key returned {shown(k)}, a bool, {where}: the device indexes its "
+                            f"{rows} rows with it (0 to {rows - 1}), and an index must be "
+                            f"{NOT_A_BOOL}")
         if whole is None or not 0 <= whole < rows:
             raise BadAnswer(f"key returned {shown(k if whole is None else whole)} {where}: the "
                             f"device keeps {rows} rows, so return a whole number from 0 to "
