@@ -49,12 +49,17 @@ lie about any check of itself (an input transformer that rewrites the test cell,
 ``showtraceback``), while a process started after it has none of its state. What remains: code
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
-(a weakref callback, a signal handler: ``functools.partial(setattr, ...)``, which no hand-back
-sees), and reach the judge's memory, where the run's secret lies, to sign a forged report: the
-report is written by C functions bound before the cells (no ``json`` or ``hmac`` a cell could
-patch), and the judge refuses the submission's code ``gc``'s walks (``get_objects``,
-``get_referrers``, ``get_referents``), other threads' frames and a frame it asks for itself
-(``sys._getframe``, a traceback's, a generator's or a coroutine's ``*_frame``), but a frame still
+(a signal handler, a class's ``__del__``: ``functools.partial(setattr, ...)``, which no
+hand-back sees; a finalizer, a gc callback or a weakref whose callback is C code, made by the
+cells or in the check, is graded as a change at each compare, ``weakref.ref(x, list.append)``
+too (round 24: :mod:`~overlap_course.build.judge_weakrefs`), but not one of the standard
+library's Python code that calls a C callable it is handed: ``WeakMethod``'s callback, a partial
+of a function that calls its argument), and reach the judge's memory, where the run's secret
+lies, to sign a forged report: the report is written by C functions bound before the cells (no
+``json`` or ``hmac`` a cell could patch), and the judge refuses the submission's code ``gc``'s
+walks (``get_objects``, ``get_referrers``, ``get_referents``), other threads' frames and a
+frame it asks for itself (``sys._getframe``, a traceback's, a generator's or a coroutine's
+``*_frame``), but a frame still
 reaches it through the standard library (``inspect.currentframe``, ``traceback.walk_stack``:
 ``logging`` and ``traceback`` read frames for right answers too), a signal handler or a trace
 function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; and, with

@@ -1,0 +1,112 @@
+"""Issue 34, round twenty-four, judge.  A weakref callback that is a C callable runs no code of
+the submission's: a loop hung one on a local of its own that rebound ``pool.compare`` as its
+frame was cleared (after the compare at its return) and one on the run's ``RequestWatch`` that
+put it back as the check returned (before the judge's last compare): a wrong loop passed, 3 of
+3.  Now a weakref made by the cells or during the check whose callback is C code is graded as a
+change at the next compare; right answers that use weakrefs still pass."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import operator
+import os
+import weakref
+
+import pytest
+
+from overlap_course.build import judge
+from overlap_course.build.judge_watch import Watch
+
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+
+# WRONG_LOOP, wrong in the check's fifth, one-prompt run (compared by pool.compare only), and
+# the round's two weakrefs: one breaks pool.compare as the wrapper's frame is cleared, one
+# mends it as the run's watch dies with the check's frame
+LATE_WEAKREFS = WRONG_LOOP.replace("requests) == 4", "requests) == 1") + '''
+import functools, gc, operator, weakref
+from overlap_course.checks import pool
+wrong_loop = serial_loop
+ORIG = pool.compare
+BREAK = functools.partial(max, [("compare", operator.is_)], key=vars(pool).update)
+MEND = functools.partial(max, [("compare", ORIG)], key=vars(pool).update)
+KEEP = []
+def serial_loop(engine):
+    wrong_loop(engine)
+    if len(engine.requests) == 1:
+        KEEP.append(weakref.ref(object.__getattribute__(engine, "watch"), MEND))
+        local = type("L", (), {})()
+        KEEP.append(weakref.ref(local, BREAK))  # broken as this frame is cleared
+'''
+# the same, the weakrefs then frozen (gc.get_objects skips the permanent generation)
+FROZEN = LATE_WEAKREFS + "        gc.freeze()\n"
+
+# A right loop that uses weakrefs as a right answer may: a WeakValueDictionary, a WeakSet, a
+# finalizer of the standard library's code, a weakref with no callback and one with its own
+# callback, a threading.local and an isinstance of an ABC (CPython's own C callbacks)
+RIGHT_WITH_WEAKREFS = RIGHT_LOOP + '''
+import collections.abc, os, threading, weakref
+right_loop = serial_loop
+class Token: pass
+SEEN, ALL, DIED = weakref.WeakValueDictionary(), weakref.WeakSet(), []
+LOCAL = threading.local()
+def serial_loop(engine):
+    token = Token()
+    SEEN[len(SEEN)], LOCAL.token = token, token
+    ALL.add(token)
+    weakref.finalize(token, os.path.join, "a", "b")
+    plain = weakref.ref(token)
+    mine = weakref.ref(token, lambda ref: DIED.append(ref))
+    assert isinstance(type("Seq", (collections.abc.Sequence,), {
+        "__getitem__": lambda s, i: i, "__len__": lambda s: 0})(), collections.abc.Iterable)
+    right_loop(engine)
+'''
+
+
+@pytest.mark.parametrize("cheat", [LATE_WEAKREFS, FROZEN], ids=["late weakrefs", "frozen"])
+def test_a_weakref_whose_callback_is_c_code_is_a_change(cheat):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, cheat])
+    assert not passed, message
+    assert "your code changed what the checker runs on" in message
+
+
+def test_a_right_loop_that_uses_weakrefs_passes():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_WITH_WEAKREFS])
+    assert passed, message
+
+
+def _watched(make) -> list[str]:
+    """What the watch's weakref look finds of the weakrefs ``make()`` returns, in this
+    process (as the judge's check begins, and at the next compare)."""
+    watch = Watch()
+    watch.weakrefs_begin()
+    try:
+        kept = make()  # noqa: F841 - alive at the look
+        return watch.weakrefs()
+    finally:
+        watch.weakrefs_end()
+
+
+class _Token:
+    pass
+
+
+def test_the_look_names_c_callbacks_only():
+    token, update = _Token(), functools.partial(max, [], key=vars(operator).update)
+    assert _watched(lambda: [weakref.ref(token, update)]) == [
+        "a weakref callback calling partial"]
+    assert _watched(lambda: [weakref.ref(token, print)]) == [
+        "a weakref callback calling print"]
+    assert _watched(lambda: [weakref.ref(token), weakref.ref(token, lambda r: None),
+                             weakref.finalize(token, os.path.join, "a"),
+                             weakref.WeakValueDictionary({1: token})]) == []
+    assert gc.get_freeze_count() == 0  # the look unfroze what it froze
+
+
+def test_a_look_finds_its_weakrefs_frozen_by_the_submission():
+    def frozen():
+        gc.freeze()
+        return []
+    assert _watched(frozen) == ["gc.freeze (it hides weakrefs from the judge)"]
