@@ -59,14 +59,14 @@ lies, to sign a forged report: the report is written by C functions bound before
 ``json`` or ``hmac`` a cell could patch), and the judge refuses the submission's code ``gc``'s
 walks (``get_objects``, ``get_referrers``, ``get_referents``), other threads' frames and a
 frame it asks for itself (``sys._getframe``, a traceback's, a generator's or a coroutine's
-``*_frame``), but a frame still
-reaches it through the standard library (``inspect.currentframe``, ``traceback.walk_stack``:
-``logging`` and ``traceback`` read frames for right answers too), a signal handler or a trace
-function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; and, with
-``ctypes``, any memory.  The judge's own modules (and ``builtins``' names, and its classes'
-attributes), which a cell can rebind with no audit event, are put back and any change named
-(graded 0) after the cells, at each hand-back and after the check, by C methods bound before
-the cells, and no function but the submission's may have its ``__code__`` or defaults swapped.
+``*_frame``), but a frame still reaches it through the standard library
+(``inspect.currentframe``, ``traceback.walk_stack``: ``logging`` and ``traceback`` read frames
+for right answers too), a signal handler or a trace function, and from it ``f_back`` and
+``f_locals`` lead to the report's writer; and, with ``ctypes``, any memory.  The judge's own
+modules (and ``builtins``' names, and its classes' attributes), which a cell can rebind with
+no audit event, are put back and any change named (graded 0) after the cells, at each
+hand-back and after the check, by C methods bound before the cells, and no function but the
+submission's may have its ``__code__`` or defaults swapped.
 What the audit hook runs while the cells run (the watch's ``audited``, ``reaches_memory`` and
 profile hook) is closures made before the cells, with the names, types and builtins they read
 bound then, and the profile hook ``sys.getprofile()`` returns is ``sys.audit`` bound to an

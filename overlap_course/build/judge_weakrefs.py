@@ -45,8 +45,8 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
                 type_name=type.__dict__["__name__"].__get__, me_now=threading.get_ident) -> dict:
     """``weakrefs_begin()`` as the check begins, ``weakrefs()`` at each compare (what it found,
     named), ``weakrefs_end()`` as it ends; the weakrefs of C callbacks alive as the watch is
-    made (before the submission's first line: torch's) are not the submission's.  Bound as the watch is made,
-    like the hooks (no name a cell can rebind is looked up as they run)."""
+    made (before the submission's first line: torch's) are not the submission's.  Bound as the
+    watch is made, like the hooks (no name a cell can rebind is looked up as they run)."""
     looking, code_of = fields["looking"], fields["code_of"]
     found: list[str] = []
     mark: list = []
