@@ -41,6 +41,27 @@ def serial_loop(engine):
 # the same, the weakrefs then frozen (gc.get_objects skips the permanent generation)
 FROZEN = LATE_WEAKREFS + "        gc.freeze()\n"
 
+# The same two deaths through a class's C __del__: one set in its class body, one set later on
+# a class the cells made (no audit event); and through WeakMethod, whose own callback calls ours
+CLASS_DELS = WRONG_LOOP.replace("requests) == 4", "requests) == 1") + '''
+import functools, operator
+from overlap_course.checks import pool
+wrong_loop = serial_loop
+ORIG = pool.compare
+class Breaks:
+    __del__ = functools.partial(max, [[("compare", operator.is_)]], key=vars(pool).update)
+class Mends:
+    pass
+def serial_loop(engine):
+    wrong_loop(engine)
+    if len(engine.requests) == 1:
+        Mends.__del__ = functools.partial(max, [[("compare", ORIG)]], key=vars(pool).update)
+        object.__getattribute__(engine, "watch").__dict__["mends"] = Mends()
+        local = Breaks()  # broken as this frame is cleared
+'''
+WEAK_METHODS = LATE_WEAKREFS.replace("weakref.ref(", "weakref.WeakMethod(").replace(
+    '"watch"), MEND', '"watch").__init__, MEND').replace("{})()", "{'m': lambda s: 0})().m")
+
 # A right loop that uses weakrefs as a right answer may: a WeakValueDictionary, a WeakSet, a
 # finalizer of the standard library's code, a weakref with no callback and one with its own
 # callback, a threading.local and an isinstance of an ABC (CPython's own C callbacks)
@@ -48,6 +69,9 @@ RIGHT_WITH_WEAKREFS = RIGHT_LOOP + '''
 import collections.abc, os, threading, weakref
 right_loop = serial_loop
 class Token: pass
+class Dies:
+    def __del__(self): DIED.append(self)
+    def method(self): pass
 SEEN, ALL, DIED = weakref.WeakValueDictionary(), weakref.WeakSet(), []
 LOCAL = threading.local()
 def serial_loop(engine):
@@ -57,13 +81,16 @@ def serial_loop(engine):
     weakref.finalize(token, os.path.join, "a", "b")
     plain = weakref.ref(token)
     mine = weakref.ref(token, lambda ref: DIED.append(ref))
+    method = weakref.WeakMethod(Dies().method, lambda ref: DIED.append(ref))  # noqa: F841
+    Dies()
     assert isinstance(type("Seq", (collections.abc.Sequence,), {
         "__getitem__": lambda s, i: i, "__len__": lambda s: 0})(), collections.abc.Iterable)
     right_loop(engine)
 '''
 
 
-@pytest.mark.parametrize("cheat", [LATE_WEAKREFS, FROZEN], ids=["late weakrefs", "frozen"])
+@pytest.mark.parametrize("cheat", [LATE_WEAKREFS, FROZEN, CLASS_DELS, WEAK_METHODS],
+                         ids=["late weakrefs", "frozen", "class __del__", "WeakMethod"])
 def test_a_weakref_whose_callback_is_c_code_is_a_change(cheat):
     needs_the_engine()
     passed, message = judge.judge("check_serial_loop", [IMPORTS, cheat])
@@ -110,3 +137,18 @@ def test_a_look_finds_its_weakrefs_frozen_by_the_submission():
         gc.freeze()
         return []
     assert _watched(frozen) == ["gc.freeze (it hides weakrefs from the judge)"]
+
+
+def test_the_look_names_classes_whose_del_is_c_code_and_weak_methods_callbacks():
+    update, later = functools.partial(max, [], key=vars(operator).update), type("Later", (), {})
+    class_body = (lambda: [type("Body", (), {"__del__": update})])
+    assert _watched(class_body) == ["a class Body whose __del__ is partial"]
+
+    def set_later():
+        later.__del__ = print
+        return []
+    assert _watched(set_later) == ["a class Later whose __del__ is print"]
+    method = type("Method", (), {"m": lambda self: 0, "__del__": lambda self: None})().m
+    assert _watched(lambda: [weakref.WeakMethod(method, update)]) == [
+        "a weakref callback calling partial"]
+    assert _watched(lambda: [weakref.WeakMethod(method, lambda ref: None)]) == []

@@ -49,12 +49,13 @@ lie about any check of itself (an input transformer that rewrites the test cell,
 ``showtraceback``), while a process started after it has none of its state. What remains: code
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
-(a signal handler, a class's ``__del__``: ``functools.partial(setattr, ...)``, which no
-hand-back sees; a finalizer, a gc callback or a weakref whose callback is C code, made by the
-cells or in the check, is graded as a change at each compare, ``weakref.ref(x, list.append)``
-too (round 24: :mod:`~overlap_course.build.judge_weakrefs`), but not one of the standard
-library's Python code that calls a C callable it is handed: ``WeakMethod``'s callback, a partial
-of a function that calls its argument), and reach the judge's memory, where the run's secret
+(a signal handler, an audit hook, ``sys.set_asyncgen_hooks``' finalizer, a dunder method other
+than ``__del__`` that the checker's code reaches: ``functools.partial(setattr, ...)``, which no
+hand-back sees; a finalizer, a gc callback, a weakref whose callback is C code (``WeakMethod``'s
+too) and a class whose own ``__del__`` is, made or set by the cells or in the check, are graded
+as a change at each compare (round 24: :mod:`~overlap_course.build.judge_weakrefs`), but not
+the standard library's Python code that calls a C callable it is handed, as a partial of a
+function that calls its argument), and reach the judge's memory, where the run's secret
 lies, to sign a forged report: the report is written by C functions bound before the cells (no
 ``json`` or ``hmac`` a cell could patch), and the judge refuses the submission's code ``gc``'s
 walks (``get_objects``, ``get_referrers``, ``get_referents``), other threads' frames and a

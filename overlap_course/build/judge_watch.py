@@ -290,7 +290,8 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
         """Calls the submission left for trusted code to make later, when no code of its own
         returns: finalizers and garbage-collector callbacks registered since the check began,
         whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``), and
-        weakrefs made since the watch whose callback is C code (``judge_weakrefs``)."""
+        weakrefs made since the watch whose callback is C code and classes whose ``__del__`` is
+        (``judge_weakrefs``)."""
         found = [f"a finalizer calling {name(info.func)}" for key, info in listed(
             registry.items()) if key not in finalizers and untrusted(info.func)]
         return found + [f"a gc callback {name(c)}" for c in listed(callbacks)
