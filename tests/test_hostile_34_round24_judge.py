@@ -3,7 +3,9 @@ the submission's: a loop hung one on a local of its own that rebound ``pool.comp
 frame was cleared (after the compare at its return) and one on the run's ``RequestWatch`` that
 put it back as the check returned (before the judge's last compare): a wrong loop passed, 3 of
 3.  Now a weakref made by the cells or during the check whose callback is C code is graded as a
-change at the next compare; right answers that use weakrefs still pass."""
+change at the next compare; right answers that use weakrefs still pass.  So is a signal handler
+or an asyncgen hook that is C code, and an audit hook the submission adds is refused and named;
+a right asyncio loop (its own hooks and SIGINT handler) still passes."""
 
 from __future__ import annotations
 
@@ -152,3 +154,103 @@ def test_the_look_names_classes_whose_del_is_c_code_and_weak_methods_callbacks()
     assert _watched(lambda: [weakref.WeakMethod(method, update)]) == [
         "a weakref callback calling partial"]
     assert _watched(lambda: [weakref.WeakMethod(method, lambda ref: None)]) == []
+
+
+# Handlers the runtime calls with no frame of the submission's: a right loop that leaves one of
+# C code (a no-op here) is graded as a change, as one that breaks or mends would be
+C_NOOP = "functools.partial(str.format, '')"
+AUDIT_HOOK = RIGHT_LOOP + f'''
+import functools, sys
+sys.addaudithook({C_NOOP})  # refused: a RuntimeError makes the add fail silently
+'''
+SIGNAL_HANDLER = RIGHT_LOOP + f'''
+import functools, signal
+right_loop = serial_loop
+def serial_loop(engine):
+    right_loop(engine)
+    signal.signal(signal.SIGUSR1, {C_NOOP})
+'''
+ASYNCGEN_HOOK = RIGHT_LOOP + f'''
+import functools, sys
+right_loop = serial_loop
+def serial_loop(engine):
+    right_loop(engine)
+    try:
+        sys.set_asyncgen_hooks(finalizer={C_NOOP})
+    except PermissionError:
+        pass
+'''
+# asyncio's loop sets the hooks it finds on itself: a subclass's C finalizer, put back at the end
+ASYNCGEN_LOOP_HOOK = RIGHT_LOOP + f'''
+import asyncio, functools
+right_loop = serial_loop
+class Loop(asyncio.SelectorEventLoop):
+    _asyncgen_finalizer_hook = {C_NOOP}
+async def agen():
+    yield 1
+async def main(engine):
+    async for _ in agen():
+        break
+    right_loop(engine)
+def serial_loop(engine):
+    loop = Loop()
+    try:
+        loop.run_until_complete(main(engine))
+    finally:
+        loop.close()
+'''
+ASYNC_RIGHT_LOOP = '''
+import asyncio
+async def stage(fn, *args):
+    await asyncio.sleep(0)
+    return fn(*args)
+async def numbers():
+    yield 1
+async def serial(engine):
+    async for _ in numbers():  # the loop's own asyncgen hooks
+        break
+    while engine.scheduler.has_work():
+        plan = await asyncio.create_task(stage(engine.schedule))
+        inputs = await asyncio.create_task(stage(engine.prepare_inputs, plan))
+        await asyncio.create_task(stage(engine.launch_forward, inputs))
+        step = await asyncio.create_task(stage(engine.launch_sample, inputs))
+        await asyncio.create_task(stage(engine.device.wait, step.sample_done))
+        await asyncio.create_task(stage(engine.process_outputs, step))
+def serial_loop(engine):
+    asyncio.run(serial(engine))  # and its SIGINT handler
+'''
+
+
+@pytest.mark.parametrize("cheat, named", [
+    (AUDIT_HOOK, "sys.addaudithook"), (SIGNAL_HANDLER, "a signal handler partial"),
+    (ASYNCGEN_HOOK, "sys.set_asyncgen_hooks"),
+    (ASYNCGEN_LOOP_HOOK, "sys.set_asyncgen_hooks (finalizer partial)")],
+    ids=["audit hook", "signal handler", "asyncgen hook", "asyncgen hook through asyncio"])
+def test_a_handler_the_runtime_calls_that_is_c_code_is_a_change(cheat, named):
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, cheat])
+    assert not passed, message
+    assert "your code changed what the checker runs on" in message and named in message
+
+
+def test_a_right_asyncio_loop_passes():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, ASYNC_RIGHT_LOOP])
+    assert passed, message
+
+
+def test_the_watch_names_c_signal_handlers_and_asyncgen_hooks():
+    import signal
+    import sys
+    watch = Watch()
+    c_handler, old = functools.partial(max, [], key=vars(operator).update), None
+    try:
+        old = signal.signal(signal.SIGUSR2, c_handler)
+        assert watch.handlers() == [f"a signal handler partial (signal {int(signal.SIGUSR2)})"]
+        signal.signal(signal.SIGUSR2, lambda *a: None)  # Python code, not the submission's
+        sys.set_asyncgen_hooks(finalizer=print)
+        assert watch.handlers() == ["sys.set_asyncgen_hooks (finalizer print)"]
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+        sys.set_asyncgen_hooks(None, None)
+    assert watch.handlers() == []
