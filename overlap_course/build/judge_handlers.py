@@ -11,10 +11,11 @@ the first of them, so each compare (and the judge's last) names one that is C co
 submission's, set since the watch was made (``signal.signal`` raises no audit event; 62
 signals and the hooks read in 7 us).  The checker's time limit sets its own
 (``sandbox._on_alarm``) and ``asyncio.run`` one of its own for SIGINT: the standard library's
-and the checker's Python code, not named.  An async generator keeps the finalizer set as it first iterates, which the
-hooks may no longer show at the next compare: so the submission's code may not set them itself
-(refused, and named), and each time anyone sets them (asyncio's loop, which sets its own Python
-methods, and puts back what it found) the ones they replace are looked at too."""
+and the checker's Python code, not named.  An async generator keeps the finalizer set as it
+first iterates, which the hooks may no longer show at the next compare: so the submission's
+code may not set them itself (refused, and named), and each time anyone sets them (asyncio's
+loop, which sets its own Python methods, and puts back what it found) the ones they replace
+are looked at too."""
 
 from __future__ import annotations
 
