@@ -49,19 +49,28 @@ lie about any check of itself (an input transformer that rewrites the test cell,
 ``showtraceback``), while a process started after it has none of its state. What remains: code
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
-(a weakref callback, a signal handler: ``functools.partial(setattr, ...)``, which no hand-back
-sees), and reach the judge's memory, where the run's secret lies, to sign a forged report: the
-report is written by C functions bound before the cells (no ``json`` or ``hmac`` a cell could
-patch), and the judge refuses the submission's code ``gc``'s walks (``get_objects``,
-``get_referrers``, ``get_referents``), other threads' frames and a frame it asks for itself
-(``sys._getframe``, a traceback's, a generator's or a coroutine's ``*_frame``), but a frame still
-reaches it through the standard library (``inspect.currentframe``, ``traceback.walk_stack``:
-``logging`` and ``traceback`` read frames for right answers too), a signal handler or a trace
-function, and from it ``f_back`` and ``f_locals`` lead to the report's writer; and, with
-``ctypes``, any memory.  The judge's own modules (and ``builtins``' names, and its classes'
-attributes), which a cell can rebind with no audit event, are put back and any change named
-(graded 0) after the cells, at each hand-back and after the check, by C methods bound before
-the cells, and no function but the submission's may have its ``__code__`` or defaults swapped.
+(a dunder method other than ``__del__`` that the checker's code reaches:
+``functools.partial(setattr, ...)``, which no hand-back sees; a finalizer, a gc callback, a
+weakref whose callback is C code (``WeakMethod``'s too), a class whose own ``__del__`` is, a
+signal handler that is, and ``sys.set_asyncgen_hooks``' that are, made or set by the cells or
+in the check, are graded as a change at each compare (round 24:
+:mod:`~overlap_course.build.judge_weakrefs`, :mod:`~overlap_course.build.judge_handlers`), an
+audit hook is refused and named, but not the standard library's Python code that calls a C
+callable it is handed, as a partial of a function that calls its argument, nor asyncgen hooks
+set by such code, or in a thread that ends, and not set again before a compare), and reach
+the judge's memory, where the run's secret lies, to sign a forged report: the report is
+written by C functions bound before the cells (no ``json`` or ``hmac`` a cell could patch), and
+the judge refuses the submission's code ``gc``'s
+walks (``get_objects``, ``get_referrers``, ``get_referents``), other threads' frames and a
+frame it asks for itself (``sys._getframe``, a traceback's, a generator's or a coroutine's
+``*_frame``), but a frame still reaches it through the standard library
+(``inspect.currentframe``, ``traceback.walk_stack``: ``logging`` and ``traceback`` read frames
+for right answers too), a signal handler or a trace function, and from it ``f_back`` and
+``f_locals`` lead to the report's writer; and, with ``ctypes``, any memory.  The judge's own
+modules (and ``builtins``' names, and its classes' attributes), which a cell can rebind with
+no audit event, are put back and any change named (graded 0) after the cells, at each
+hand-back and after the check, by C methods bound before the cells, and no function but the
+submission's may have its ``__code__`` or defaults swapped.
 What the audit hook runs while the cells run (the watch's ``audited``, ``reaches_memory`` and
 profile hook) is closures made before the cells, with the names, types and builtins they read
 bound then, and the profile hook ``sys.getprofile()`` returns is ``sys.audit`` bound to an

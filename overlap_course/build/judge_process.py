@@ -18,6 +18,7 @@ from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_keep import (forget_caches, keeper,
                                              strange_modules as _strange_modules)
 from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
+from overlap_course.build.judge_handlers import ASYNCGEN_EVENTS
 from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
 from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
@@ -161,12 +162,16 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     which the ``open`` event does not report (round nine read any file from ``/proc``'s:
     ``self/cwd/../..``): so no folder outside the judge's own is opened, and no relative path
     climbs above the folder it starts from.  And it refuses the submission's code what reaches
-    the judge's memory, where the run's secret lies (``Watch.reaches_memory``)."""
+    the judge's memory, where the run's secret lies (``Watch.reaches_memory``).  No audit hook
+    is added after it (one could run C code at any event: ``functools.partial(...)``), nor does
+    the submission set ``sys.set_asyncgen_hooks`` (``judge_handlers``); both are named."""
     folders, home = [Path(f) for f in private], Path(os.getcwd()).resolve()
     # bound now: a cell can rebind the modules' names (``CODE_EVENTS = set()``, a builtin) as
     # the hook runs; the watch's hooks are closures, and its profile hook raises ``profiled``
     code_events, memory_events, frame_events = CODE_EVENTS, MEMORY_EVENTS, FRAME_EVENTS
     audited, reaches_memory, profile = watch.audited, watch.reaches_memory, watch.profile
+    asyncgen_set, asyncgen_events, hooks, no_more = (watch.asyncgen_set, ASYNCGEN_EVENTS,
+                                                     watch.hooks, _NoMoreHooks)
     profiled, unaudited, writes, write_flags = PROFILE_EVENT, frozenset(_UNAUDITED_FILES), \
         frozenset(_WRITES), _WRITE_FLAGS
     watch.sealed()
@@ -198,6 +203,11 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
             return profile(*args)
         if event in code_events:
             audited(event, args)
+        if event == "sys.addaudithook":  # a RuntimeError: the hook is not added, silently
+            hooks.append(event)
+            raise no_more("the judge does not let a submission add an audit hook")
+        if event in asyncgen_events:
+            asyncgen_set()
         if (event in memory_events or event in frame_events) and reaches_memory(event, args):
             what = f"read a {args[1]}" if event == "object.__getattr__" else f"call {event}"
             raise refuse(f"the judge does not let a submission's code {what}: it reaches the "
@@ -223,6 +233,10 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
                 or not any_(path.is_relative_to(f) for f in readable)):
             raise refuse(f"the judge does not let a submission read {path}")
     return hook
+
+
+class _NoMoreHooks(RuntimeError):
+    """Raised at ``sys.addaudithook``: a RuntimeError makes the add fail with no exception."""
 
 
 def _climbs(name: str) -> bool:
@@ -355,9 +369,9 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
                + _forkserver_moved(forkserver))
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
-    hooks = watch.hooks + [name for name, hook in (("sys.settrace", sys.gettrace()),
-                                                   ("sys.setprofile", sys.getprofile()))
-                           if hook is not None]
+    hooks = watch.hooks + watch.handlers() + [
+        name for name, hook in (("sys.settrace", sys.gettrace()),
+                                ("sys.setprofile", sys.getprofile())) if hook is not None]
     if type(verdict) is not verdict_type or verdict.passed is not False:
         # else lost to the time limit's TimeUp, or turned off by it: the check failed
         hooks += ["sys.setprofile"] * watch.lost + watch.tracing

@@ -14,7 +14,9 @@ import weakref
 
 import overlap_course
 import toy_engine
+from overlap_course.build.judge_handlers import runtime_handlers
 from overlap_course.build.judge_threads import thread_starts
+from overlap_course.build.judge_weakrefs import c_callbacks
 from overlap_course.checks import sandbox
 
 _MAX_UNWRAP = 20  # partials and bound methods around a thread's target
@@ -94,6 +96,8 @@ class Watch:
         self.looking: set[int] = set()  # threads in reaches_memory: its own look is not asked
         fields = object.__getattribute__(self, "__dict__")  # no descriptor a cell sets
         fields.update(_sees(fields))
+        fields.update(c_callbacks(fields))
+        fields.update(runtime_handlers(fields))
         fields.update(_audits(fields))
         fields.update(_profiles(fields))
         self.hook = self.profile  # the hook set; ``sealed`` makes it one that hands out nothing
@@ -115,6 +119,7 @@ class Watch:
     def start(self, changes) -> None:
         """Watch from now on; ``changes()``: what changed since the judge began."""
         self.changes = changes
+        self.weakrefs_begin()
         threading.setprofile(self.hook)
         sys.setprofile(self.hook)
 
@@ -126,6 +131,7 @@ class Watch:
         self.lost = self.lost or sys.getprofile() is not self.hook
         sys.setprofile(None)
         threading.setprofile(None)
+        self.weakrefs_end()
         self.changes = None
 
 
@@ -276,7 +282,7 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
     """``profile(frame, event, arg)`` and ``deferred()``."""
     foreign, untrusted, code_of = fields["foreign"], fields["untrusted"], fields["code_of"]
     finalizers, before, entered = fields["finalizers"], fields["callbacks"], fields["modes"].entered
-    pending = fields["pending"]
+    pending, weakrefs, handlers = fields["pending"], fields["weakrefs"], fields["handlers"]
 
     def name(f) -> str:
         code = code_of(f)
@@ -285,10 +291,13 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
     def deferred() -> list[str]:
         """Calls the submission left for trusted code to make later, when no code of its own
         returns: finalizers and garbage-collector callbacks registered since the check began,
-        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``)."""
+        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``), and
+        weakrefs made since the watch whose callback is C code and classes whose ``__del__`` is
+        (``judge_weakrefs``); signal handlers and async generators' hooks (``judge_handlers``)."""
         found = [f"a finalizer calling {name(info.func)}" for key, info in listed(
             registry.items()) if key not in finalizers and untrusted(info.func)]
-        return found + [f"a gc callback {name(c)}" for c in listed(callbacks) if c not in before]
+        return found + [f"a gc callback {name(c)}" for c in listed(callbacks)
+                        if c not in before] + weakrefs() + handlers()
 
     def profile(frame, event: str, arg) -> None:
         """At each hand-back, and as the check first calls code of the submission's: what the
