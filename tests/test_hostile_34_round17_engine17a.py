@@ -13,7 +13,7 @@ import toy_engine as te
 from overlap_course.labs import plugins
 from toy_engine import buffers
 from toy_engine import run as te_run
-from toy_engine.run import EngineStalled
+from toy_engine.refusals import HandedBeside
 
 from test_hostile_34_round16_engine import capped
 
@@ -160,9 +160,10 @@ def test_a_list_subclass_is_refused_by_its_type(container):
 
 
 @pytest.mark.parametrize("mode", ["serial", "zos"])
-def test_a_token_committed_then_taken_back_is_no_progress(monkeypatch, mode):
+def test_a_token_committed_then_taken_back_is_refused(monkeypatch, mode):
     """commit_outputs marked progress each call, so a plug-in that took the token back ran
-    forever (past round 3,000; a right run of this takes 9 rounds)."""
+    forever (past round 3,000; a right run of this takes 9 rounds).  Round 24: refused where the
+    plug-in returns, by name (HandedBeside), not a stall."""
     monkeypatch.setattr(te_run, "MAX_ROUNDS_WITHOUT_PROGRESS", 40)
 
     def po(engine, step):
@@ -174,11 +175,10 @@ def test_a_token_committed_then_taken_back_is_no_progress(monkeypatch, mode):
             engine.scheduler.release_if_done(req)
 
     with te.Engine(te.EngineConfig(mode=mode)) as eng:
-        with pytest.raises(EngineStalled) as err:
+        with pytest.raises(HandedBeside) as err:
             eng.generate(PROMPTS, 8, process_outputs=po, on_round=capped(400))
         assert eng.generate(["Hello"], 4)[0].finish_reason == "length"
-    assert err.value.reason == "no_progress"
-    assert "takes back what it committed" in str(err.value)
+    assert err.value.holds == [] and len(err.value.handed) == 1
 
 
 def outside(change):

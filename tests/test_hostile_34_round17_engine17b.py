@@ -13,6 +13,7 @@ import pytest
 import toy_engine as te
 from overlap_course.figures import payoff
 from overlap_course.labs.plugins import per_request
+from toy_engine.refusals import EndTakenBack
 from toy_engine.runinfo import RunStats
 
 PROMPTS = ["Hello there", "ab"]
@@ -50,9 +51,12 @@ def test_every_engine_reason_and_a_str_subclass_of_one_are_kept(zos):
     got = zos.generate(PROMPTS, 8, on_round=per_request(commit=ends_with(np.str_("stop"))))
     assert [(c.finish_reason, type(c.finish_reason)) for c in got] == [("stop", str)] * 2
     req = zos.requests[0]
-    for reason in ("length", "stop", "eos", "abort", None):
+    for reason in ("length", "stop", "eos", "abort"):
         req.finish_reason = reason
         assert req.finish_reason == reason
+    with pytest.raises(EndTakenBack):  # round 24: a request ends once, never set back to None
+        req.finish_reason = None
+    assert req.finish_reason == "abort"
 
 
 def stats(tokens: int, host: float, device: float) -> RunStats:

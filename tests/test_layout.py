@@ -94,12 +94,20 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # validate.py, beside check_rows, and check_planned left the fixed fields to _check_blocks;
 # 4,578 until round twenty-three added 20 (a process_outputs plug-in that handed a round's
 # tokens out itself but left num_inflight as it was is told so, not that a step was dropped;
-# after_process split in three, each under the 40 lines a function has).
+# after_process split in three, each under the 40 lines a function has);
+# 4,598 until round twenty-four's engine added 124 (req.finish_reason set back to None refused,
+# EndTakenBack, naming the plug-in, and progress judged by a request's most tokens and first
+# end, so one ended again each round stalls: 34; tokens handed out beside engine.commit_outputs
+# refused, HandedBeside, and commit_outputs' per-request commit split out (_commit) to stay
+# under 40 lines: 41; a drafting decode round prepared with two earlier rounds in flight
+# refused, DraftsTooDeep: 17; the requests the next prefill admits checked before the scheduler
+# sizes them, one lowered to 0 or below ended "length", never admitted, and a max_new_tokens of
+# another type named by its type, FixedChanged, moved out of run.py: 32).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4598, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4722, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

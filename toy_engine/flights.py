@@ -5,7 +5,7 @@ count a plug-in changed is refused where the plug-in returns, naming it; and the
 hands out are checked against what its sample kept, which the device goes on from."""
 
 from . import buffers
-from .refusals import InflightChanged, OtherTokens
+from .refusals import HandedBeside, InflightChanged, OtherTokens
 
 
 class Flights:
@@ -15,6 +15,9 @@ class Flights:
 
     def __init__(self, prompts: dict):
         self.prompts, self.counts, self.samples = prompts, {}, {}
+        # The round engine.commit_outputs last committed in a process_outputs plug-in, and per
+        # request its output_ids before and after the engine's commit (``check_given``).
+        self.given: tuple = (-1, {})
 
     def planned(self, requests) -> None:
         """As the scheduler adds one to each planned request's num_inflight."""
@@ -63,6 +66,7 @@ class Flights:
         if through_engine:  # engine.commit_outputs took one off each already
             self.check(requests, f"by {label}, beside engine.commit_outputs(step, out), which "
                                  f"takes one off itself")
+            self._check_given(rnd, requests, label, before)
             return False
         lowered = [type(r.num_inflight) is int and r.num_inflight == self.counts[id(r)] - 1
                    for r in requests]
@@ -112,3 +116,15 @@ class Flights:
                 f"without taking the round off its num_inflight: lower each request's "
                 f"num_inflight of the step by one as it commits the round, or commit with "
                 f"engine.commit_outputs(step, out), which does"))
+
+    def _check_given(self, rnd: int, requests, label: str, before) -> None:
+        """Refuse a round committed through engine.commit_outputs whose requests' tokens the
+        plug-in changed beside it, before the call or after (its tokens handed out again, one
+        made up): the engine handed each kept token out once, and the device goes on from them."""
+        given = self.given[1] if self.given[0] == rnd else {}
+        before = {id(req): ids for req, ids, _ in before}
+        for req in requests:
+            ids, (pre, post) = before[id(req)], given.get(id(req), (None, None))
+            if post is not None and not (pre == ids and req.output_ids == post):
+                raise HandedBeside(rnd, self.prompts[id(req)], req.output_ids[len(ids):],
+                                   post[len(pre):], label)

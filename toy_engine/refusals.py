@@ -207,3 +207,77 @@ class OtherTokens(ValueError):
                          f"has already fed them to the next round), so other tokens give a "
                          f"text the model never produced; {fix}")
         self.round, self.prompt, self.given, self.sampled = round, prompt, given, sampled
+
+
+class EndTakenBack(ValueError):
+    """``req.finish_reason`` set back to None on prompt ``prompt``, which had ended ``was``
+    (``who``: the plug-in that did, once ``RoundStages.calling`` names it)."""
+
+    def __init__(self, prompt: int, was: str, who: str = "by the loop or a plug-in"):
+        super().__init__(
+            f"prompt {prompt}'s req.finish_reason was set back from {was!r} to None {who}: a "
+            f"request ends exactly once (its KV blocks and row go back as it ends, later "
+            f"rounds discard its tokens, generate returns it as it ended); leave a finished "
+            f"request's finish_reason as it is, and give the prompt to another generate call "
+            f"for more tokens")
+        self.prompt, self.was, self.who = prompt, was, who
+
+    def by(self, plugin: str) -> "EndTakenBack":
+        """The refusal naming ``plugin``, the plug-in running as it was raised (the innermost:
+        one named already is kept), with the traceback of the assignment."""
+        if self.who != EndTakenBack.__init__.__defaults__[0]:
+            return self
+        return EndTakenBack(self.prompt, self.was, f"by {plugin}").with_traceback(
+            self.__traceback__)
+
+
+class HandedBeside(ValueError):
+    """A process_outputs plug-in (``who``) committed round ``round`` through
+    engine.commit_outputs, which handed prompt ``prompt`` the tokens ``handed``, and changed
+    its output_ids beside that call: the round left it ``holds``."""
+
+    def __init__(self, round: int, prompt: int, holds: list, handed: list, who: str):
+        super().__init__(
+            f"{who} committed round {round} through engine.commit_outputs(step, out), which "
+            f"handed prompt {prompt} the tokens {shown(handed)}, but after {who} its "
+            f"req.output_ids holds {shown(holds)} from the round: engine.commit_outputs hands "
+            f"each token the round kept out once (and ends the request where it ends); do not "
+            f"append them again, nor other tokens, before or after the call")
+        self.round, self.prompt, self.holds, self.handed = round, prompt, holds, handed
+
+
+class DraftsTooDeep(ValueError):
+    """A drafting decode round (``drafts`` a round) was prepared for prompt ``prompt`` with
+    ``earlier`` rounds of it still in flight: a loop holding more than one decode step."""
+
+    def __init__(self, round: int, prompt: int, earlier: int, drafts: int):
+        super().__init__(
+            f"prepare_inputs was given round {round}'s decode plan, whose prompt {prompt} has "
+            f"{earlier} earlier rounds still in flight, on an engine that drafts {drafts} "
+            f"tokens a round (num_draft_tokens={drafts}): the seqlen correction covers one "
+            f"round in flight, so its text would be silently wrong; hold one decode step in "
+            f"flight (process round N-1's step before round N+1 is prepared, as the ZOS loop "
+            f"does), or run the deeper loop on an engine without drafts")
+        self.round, self.prompt, self.earlier, self.drafts = round, prompt, earlier, drafts
+
+
+class FixedChanged(ValueError):
+    """A request's fixed field (prompt ``prompt``'s ``name``; ``fields``: those a learner
+    sets) changed from ``was`` to ``now`` by ``who``; max_new_tokens may be lowered, to an int."""
+
+    def __init__(self, prompt: int, name: str, was, now, who: str, fields: tuple):
+        what = f"prompt {prompt}'s req.{name} was changed from {shown(was)} to {shown(now)}"
+        if name == "max_new_tokens" and type(now) is not int:
+            why = (f" {who}, a value of type {type(now).__name__}: max_new_tokens is a plain "
+                   f"int (the scheduler sizes the request's KV blocks and counts its tokens by "
+                   f"it); it may only be lowered, to an int (req.max_new_tokens = int(n)), or "
+                   f"end the request with engine.abort(req.id)")
+        else:
+            rose = (" (past the positions its KV blocks were reserved for)"
+                    if name == "max_new_tokens" else "")
+            why = (f"{rose} {who}: a request's {', '.join(fields)} are fixed once it runs (its "
+                   f"KV blocks and row were reserved, its sampling set from them; "
+                   f"max_new_tokens may only be lowered); pass them to generate(), and end a "
+                   f"request with engine.abort(req.id)")
+        super().__init__(what + why)
+        self.prompt, self.name, self.was, self.now = prompt, name, was, now

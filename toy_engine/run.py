@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from . import kernels
 from .device import Event
 from .flights import Flights
-from .refusals import (ForeignStep, InflightChanged, PreparedTwice, RunEnded,  # noqa: F401
-                       SampleBeforeForward, StageInPlugin, StaleInputs,  # exported: the checks'
-                       StepProcessedTwice)
+from .refusals import (FixedChanged, ForeignStep, InflightChanged, PreparedTwice,  # noqa: F401
+                       RunEnded, SampleBeforeForward, StageInPlugin,  # exported: the checks'
+                       StaleInputs, StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
 from .validate import plugin_label, shown
@@ -130,6 +130,7 @@ class Run:
     sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
+    marks: dict = field(default_factory=dict)  # id(request) -> (most tokens it had, ended)
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -329,14 +330,7 @@ class Run:
                         f"write its cache there); read them, never change them: end a request "
                         f"with req.finish_reason or engine.abort(req.id), and free a finished "
                         f"one with engine.scheduler.release_if_done(req)")
-                rose = " (past the positions its KV blocks were reserved for)" if (
-                    name == "max_new_tokens" and type(now) is int) else ""
-                raise ValueError(
-                    f"prompt {fixed[1]}'s req.{name} was changed from {shown(was)} to "
-                    f"{shown(now)}{rose} {who}: a request's {', '.join(FIXED_FIELDS[2:])} "
-                    f"are fixed once it runs (its KV blocks and row were reserved, its "
-                    f"sampling set from them; max_new_tokens may only be lowered); pass them "
-                    f"to generate(), and end a request with engine.abort(req.id)")
+                raise FixedChanged(fixed[1], name, was, now, who, FIXED_FIELDS[2:])
 
     def take_aborts(self) -> list[Request]:
         """The aborts queued since the last call, oldest first (the loop's thread applies them).
@@ -392,6 +386,17 @@ class Run:
             f"{who}: {rounds} rounds in a row in which no request gained a token or ended "
             f"({len(unfinished)} unfinished), so the run would never end: {hint}",
             reason="no_progress", requests=unfinished)
+
+    def note_progress(self, req: Request, rnd: int) -> None:
+        """Progress at the scheduler's round ``rnd`` if ``req`` has more tokens than it ever had,
+        or ended for the first time: one whose tokens are taken back and given again, or that
+        is set back to unfinished around the guard (vars()) and ends again, makes none (such a
+        run would never stall)."""
+        most, ended = self.marks.get(id(req), (0, False))
+        n = len(req.output_ids) if type(req.output_ids) is list else 0
+        if n > most or req.finished and not ended:
+            self.progress_round = rnd
+        self.marks[id(req)] = max(n, most), ended or req.finished
 
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""

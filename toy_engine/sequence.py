@@ -4,6 +4,7 @@ that turn a ``generate`` call's arguments into requests."""
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .refusals import EndTakenBack
 from .validate import SEED_LIMIT, shown
 
 _M64 = 2**64 - 1
@@ -27,9 +28,14 @@ FINISH_REASONS = ("length", "stop", "eos", "abort")
 class _FinishReason:
     """``req.finish_reason``'s assignments, checked (reads are the request's own, at C speed): a
     reason outside FINISH_REASONS ("stopped", True, "") would be handed out as the request's end,
-    and ``finished`` takes anything but None as one."""
+    and ``finished`` takes anything but None as one.  A request ends once: a reason set back to
+    None is refused (its blocks were freed as it ended; a run kept going on it is wrong or never
+    ends); one reason for another is a lab's mistake to judge (notebook 07's abort)."""
 
     def __set__(self, req, value):
+        was = vars(req).get("finish_reason")
+        if value is None and was is not None:
+            raise EndTakenBack(req.index, was)
         if value is not None and not (isinstance(value, str)
                                       and str.__str__(value) in FINISH_REASONS):
             raise (ValueError if isinstance(value, str) else TypeError)(

@@ -5,6 +5,7 @@ Each records itself (host span, launches, commits); the loops (loops.py) only ch
 
 import contextlib
 import functools
+import itertools
 import operator
 import time
 
@@ -16,8 +17,9 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .refusals import (ClassChanged, ForeignStep, PlannedPastLimit, PreparedTwice, RunEnded,
-                       SampleBeforeForward, StaleInputs, StepProcessedTwice)
+from .refusals import (ClassChanged, DraftsTooDeep, EndTakenBack, ForeignStep, PlannedPastLimit,
+                       PreparedTwice, RunEnded, SampleBeforeForward, StaleInputs,
+                       StepProcessedTwice)
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
@@ -96,6 +98,8 @@ class RoundStages:
         previous, run.plugin = run.plugin, plugin
         try:
             yield
+        except EndTakenBack as err:
+            raise err.by(plugin) from None
         finally:
             run.plugin = previous
 
@@ -108,8 +112,9 @@ class RoundStages:
         run, placed = self._run, self.scheduler.placed
         for req in run.take_aborts():
             self.scheduler.abort(req)
-        run.check_fields(self.scheduler.running, placed, "since the last round (by a plug-in, "
-                         "such as a process_outputs or per_request one, or the loop)")
+        run.check_fields(self.scheduler.running + self._next_admitted(), placed, "since the "
+                         "last round (by a plug-in, such as a process_outputs or per_request "
+                         "one, or the loop)")
         if not self.scheduler.has_work():
             return None
         run.check_progress(self.scheduler)
@@ -118,11 +123,9 @@ class RoundStages:
             with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
             run.check_fields(self.scheduler.running, placed, f"by {run.labels['on_round']}")
-        self._end_lowered()
+        self._end_lowered(f"by {run.labels['on_round']}" if run.on_round is not None else
+                          "since the last round (by the loop)")
         plan = self.scheduler.plan_round()
-        if plan is not None and plan.is_prefill:  # admitted now: changed while they waited
-            run.check_fields(plan.requests, placed, "before it was admitted (by on_round or "
-                             "the loop)")
         self.record.schedule(plan.round if plan else None)
         # A schedule that finds nothing belongs to the last round: before round 0 there is none.
         if (rnd := plan.round if plan else self.scheduler.round - 1) >= 0:
@@ -159,6 +162,8 @@ class RoundStages:
         run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         run.check_planned(plan)
+        if k and (deep := next((r for r in plan.requests if r.num_inflight > 2), None)):
+            raise DraftsTooDeep(plan.round, deep.index, deep.num_inflight - 1, k)
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             cols = self._metadata(plan, k, rows or [r.row for r in plan.requests])
@@ -213,16 +218,33 @@ class RoundStages:
                                    len(past.blocks) * bs, run.labels.get("process_outputs"),
                                    run.fixed[id(past)][_MAX], run.who())
 
-    def _end_lowered(self) -> None:
+    def _next_admitted(self) -> list:
+        """The waiting requests a prefill planned now may admit: one per free row."""
+        return list(itertools.islice(self.scheduler.waiting, len(self.scheduler.free_rows)))
+
+    def _end_lowered(self, who: str) -> None:
         """End "length" a request whose max_new_tokens was lowered to the tokens it has, with no
-        round in flight whose commit would end it (lowered, it only ends sooner, in every mode)."""
-        fixed = self._run.fixed
+        round in flight whose commit would end it (lowered, it only ends sooner, in every mode);
+        and one the next prefill may admit lowered to 0 or below, never admitted (an admitted
+        one makes a token), its fields checked first (``who`` changed them): the scheduler
+        sizes its KV blocks by them."""
+        run, waiting = self._run, self.scheduler.waiting
         for req in list(self.scheduler.running):
             if (not req.finished and type(n := req.num_inflight) is int and not n
-                    and type(req.output_ids) is list and id(req) in fixed
-                    and len(req.output_ids) >= req.max_new_tokens < fixed[id(req)][_MAX]):
+                    and type(req.output_ids) is list and id(req) in run.fixed
+                    and len(req.output_ids) >= req.max_new_tokens < run.fixed[id(req)][_MAX]):
                 req.finish_reason = "length"
                 self.scheduler.release_if_done(req)
+        i = 0
+        while i < min(len(waiting), len(self.scheduler.free_rows)):
+            req = waiting[i]
+            run.check_fields([req], self.scheduler.placed, who)
+            if id(req) not in run.fixed or req.max_new_tokens > 0:
+                i += 1
+                continue
+            del waiting[i]
+            if not req.finished:
+                req.finish_reason = "length"
 
     def _metadata(self, plan: Plan, k: int, rows: list[int]) -> dict[str, list[int]]:
         """The round's metadata columns (MetaLayout's fields but the block tables)."""
@@ -301,34 +323,30 @@ class RoundStages:
         """A process_outputs plug-in processes ``step`` (its round committed once, by
         engine.commit_outputs or by the plug-in itself).  What it commits is checked after, on
         every request the run admitted (it can reach them all: one outside its step must stay as
-        it was), and progress is judged from their state then, not from its calls (a token it
-        committed through engine.commit_outputs and took back is none)."""
+        it was), and progress is judged from their state then, not from its calls
+        (``Run.note_progress``: a token it committed through engine.commit_outputs and took back
+        is none)."""
         run = self._run
         planned = r, prefill, requests = run.check_plan(stage, step.plan, "step")  # as recorded
         if step.committed or r in run.committed:
             raise StepProcessedTwice(r, requests, same_step=step.committed)
         mine = {id(req) for req in requests}
         before = [(req, _ids(req), req.finished) for req in run.admitted]
-        was = run.progress_round
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
-        progressed = False
-        for req, ids, finished in before:  # it may commit itself: the device reads what it kept
+        for req, ids, _ in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
             if id(req) in mine:
-                progressed |= self._check_committed(req, ids, f"{label}, committing prompt "
-                                                              f"{req.index}'s tokens itself,",
-                                                    finished)
-                continue
-            if not (type(now) is list and len(now) == len(ids)
-                    and all(map(operator.is_, ids, now))):  # most rounds: none changed
+                self._check_committed(req, ids, f"{label}, committing prompt {req.index}'s "
+                                                f"tokens itself,")
+            elif not (type(now) is list and len(now) == len(ids)
+                      and all(map(operator.is_, ids, now))):  # most rounds: none changed
                 self._check_outside(req, ids, f"{label}, given round {r}'s step (prompt "
                                               f"{req.index} is not in it),")
-            progressed |= req.finished and not finished
+            run.note_progress(req, self.scheduler.round)
         k = 0 if prefill else self.config.num_draft_tokens
         run.after_process(step, planned, label, before,
                           lambda: run.flights.kept(self.device, step, k))
-        run.progress_round = self.scheduler.round if progressed else was
         run.check_fields(self.scheduler.running, self.scheduler.placed, f"by {label}")
 
     def _check_outside(self, req: Request, old: list, plugin: str) -> None:
@@ -381,37 +399,43 @@ class RoundStages:
             raise StepProcessedTwice(rnd, requests, same_step=step.committed)
         run.flag(step, "committed")
         run.done(rnd)
+        pre = [_ids(req) for req in requests] if run.process_outputs is not None else None
         for req, kept in zip(requests, sampled):  # as recorded: a commit plug-in may reorder
             req.num_inflight -= 1
             if req.finished:
                 run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            if "commit" not in vars(req):
-                req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-                run.progress_round = self.scheduler.round  # a token, or EOS: it ended
-            else:  # a plug-in's: the device reads what it kept
-                ids = _ids(req)
-                with self.calling(label := _label(vars(req)["commit"])):
-                    req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
-                who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
-                run.flights.check([req], f"by {who} ({label})")
-                if self._check_committed(req, ids, f"{who} ({label}),"):
-                    run.progress_round = self.scheduler.round
+            self._commit(req, kept)
+            run.note_progress(req, self.scheduler.round)
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
                 run.counts["request_decode_rounds"] += 1
                 run.counts["proposed"] += k
                 run.counts["accepted"] += len(kept) - 1
+        if pre is not None:  # a plug-in's call: what it hands out beside it is refused after
+            run.flights.given = rnd, {id(r): (a, _ids(r)) for r, a in zip(requests, pre)}
         return list(requests)
 
-    def _check_committed(self, req: Request, old: list, plugin: str, finished=False) -> bool:
+    def _commit(self, req: Request, kept: list) -> None:
+        """Hand ``req`` the tokens its round kept through its commit; one a plug-in replaced on
+        the request is checked after (the device reads what it kept)."""
+        if "commit" not in vars(req):
+            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+            return
+        ids = _ids(req)
+        with self.calling(label := _label(vars(req)["commit"])):
+            req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
+        who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
+        self._run.flights.check([req], f"by {who} ({label})")
+        self._check_committed(req, ids, f"{who} ({label}),")
+
+    def _check_committed(self, req: Request, old: list, plugin: str) -> None:
         """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
         ``req.output_ids`` (``old`` before the call) other than token ids appended, or the
         newest removed (a stop string): the device's cache holds the tokens committed, the next
         round sends it the newest, and generate returns them.  What passes is stored as plain
-        ints (what was checked is what is sent and returned).  Whether the request gained a
-        token or ended: progress (``Run.check_progress``)."""
+        ints (what was checked is what is sent and returned)."""
         ids, vocab = req.output_ids, self.tokenizer.vocab_size
         if type(ids) is not list:
             kind = type(ids).__name__
@@ -442,7 +466,6 @@ class RoundStages:
                 f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
                 f"the next round sends the newest, generate returns them); append new tokens "
                 f"only (a stop string may remove the newest from the end)")
-        return bool(new) or (req.finished and not finished)
 
     @_stage
     def flush(self, previous: StepState | None) -> StepState | None:

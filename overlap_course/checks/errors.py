@@ -11,6 +11,7 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
+from toy_engine.refusals import EndTakenBack
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
@@ -73,6 +74,7 @@ _FIELDS = {
                   "latest": _int_or_none, "foreign": lambda x: type(x) is bool},
     BadOutputs: {"round": lambda x: type(x) is int, "expected": lambda x: type(x) is int,
                  "length": _int_or_none},
+    EndTakenBack: {"prompt": lambda x: type(x) is int, "was": lambda x: type(x) is str},
 }
 # Per kind of RaceError, what the engine always puts in the attributes that may be None:
 # a buffer race names its buffer and access, the other kinds the prompt whose blocks they are.

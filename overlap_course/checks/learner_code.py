@@ -13,9 +13,11 @@ from toy_engine.engine import Engine
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
 from toy_engine.record import Commit, Refused
+from toy_engine.refusals import EndTakenBack
 
 from . import pool
-from .run_edits import RequestWatch, kept_by_edit, settings, settings_edit, spun_by_edit
+from .run_edits import (RequestWatch, end_taken_back, kept_by_edit, settings, settings_edit,
+                        spun_by_edit)
 from .errors import engines, quoted, said
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -178,6 +180,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = sample_before_forward(log, err.round, "came before `launch_forward`")
     if verdict is None and engines(err, PreparedTwice):
         verdict = prepared_twice(log, err.round, err.latest)
+    if verdict is None and engines(err, EndTakenBack):
+        verdict = end_taken_back(err)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:

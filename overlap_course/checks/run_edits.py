@@ -169,6 +169,14 @@ def loop_edit(watch: RequestWatch) -> str | None:
     return f"{watch.edit}: {_FIX}" if watch.edit else None
 
 
+def end_taken_back(err) -> Verdict:
+    """The engine refused the loop's ``req.finish_reason = None`` on a finished request
+    (``EndTakenBack``): that edit, named as the watch names one it saw."""
+    return fails("edits_requests", f"your loop changed prompt {err.prompt}'s "
+                                   f"`req.finish_reason` from {err.was!r} to None (the engine "
+                                   f"refused it: a request ends once): {_FIX}")
+
+
 def spun_by_edit(log, calls: int) -> Verdict | None:
     """A loop the checker stopped after ``calls`` schedules, where it edited the requests: that
     edit named (tokens removed every round keep a request from its limit: blind round 20), not
