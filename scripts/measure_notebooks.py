@@ -52,7 +52,8 @@ import psutil  # noqa: E402
 from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
 from overlap_course.command_line import (Parser, fail, locked, not_an_input,  # noqa: E402
                                          out_file, run)
-from overlap_course.safe_json import quoted, signals_held, write_file  # noqa: E402
+from overlap_course.safe_json import (dumps, name_text, quoted, signals_held,  # noqa: E402
+                                      write_file)
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
@@ -434,7 +435,8 @@ def main(argv=None) -> int:
             results = _measure_all(paths)
             if a.json:
                 folder.still_held("--json's folder")
-                write_file(a.json, json.dumps(results, indent=1), "--json")
+                named = [{**r, "notebook": name_text(r["notebook"])} for r in results]
+                write_file(a.json, dumps(named, "the results", indent=1), "--json")
     except ValueError as exc:
         return fail("measure_notebooks", exc)
     except RuntimeError as exc:  # a notebook raised: its last line says why
