@@ -103,6 +103,7 @@ except OSError:  # ENOLCK, ENOTSUP: not "held" (a wait for no one)
 # (UNLOCKED: "opened" when LOCK could not be opened, which is no fault of the filesystem).
 setup() {
     local rc=0
+    only_a_file "$LOCK" "setup's lock" "$1"
     if ! { exec 8>> "$LOCK"; } 2> /dev/null; then
         rc=opened  # a read-only clone (which setup refuses), or a LOCK that is not this user's
     else
@@ -116,6 +117,27 @@ setup() {
     UNLOCKED=$rc
     set_up "$@"
     exec 8<&-  # not held by lab, test or the others, which setup does not need
+}
+
+# LOCK and STAMP are files only run.sh makes: anything else there is refused in one line (a FIFO
+# at LOCK made its open wait for a reader forever, a symbolic link made it a file outside the
+# clone, a folder at STAMP ended setup with rm's message).  $2: what the file is; $3: the command.
+only_a_file() {
+    local kind=
+    if [ -L "$1" ]; then
+        kind="a symbolic link"
+    elif [ -d "$1" ]; then
+        kind="a folder"
+    elif [ -p "$1" ]; then
+        kind="a named pipe (FIFO)"
+    elif [ -e "$1" ] && [ ! -f "$1" ]; then
+        kind="a device or socket"
+    fi
+    if [ -n "$kind" ]; then
+        echo "run.sh: $REPO/$1 is $kind, not the file run.sh keeps there ($2): remove it" \
+             "(run.sh makes it again), then run ./run.sh $3 again" >&2
+        exit 2
+    fi
 }
 
 # The stamp as this run.sh writes it: its folder line, when it names this folder by another
@@ -139,6 +161,7 @@ writable() {
 }
 
 set_up() {
+    only_a_file "$STAMP" "the record of its last setup" "$1"
     if [ ! -x "$VENV/bin/python" ]; then
         # pyproject.toml's requires-python (>=3.11); tests/test_packaging.py keeps the two equal.
         # Its answer, not its exit status: /bin/true and /bin/echo exit 0 too.

@@ -58,6 +58,7 @@ class Store:
             id INTEGER PRIMARY KEY, user TEXT NOT NULL, notebook TEXT NOT NULL, check_name TEXT NOT NULL,
             passed INTEGER NOT NULL, category TEXT NOT NULL, client_time REAL, received REAL NOT NULL)""")
         self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.reader.text_factory = _text
 
     def add(self, user: str, v: dict) -> None:
         """One verdict, committed; a lock met in the last :data:`LOCKED_S` fails it at once."""
@@ -80,7 +81,8 @@ class Store:
         written by another program (an instructor's ``sqlite3`` shell, two rooms' files merged)
         whose values are not what :meth:`add` writes is skipped and counted in
         :attr:`unreadable`, as a learner's record skips a line it cannot read; a text
-        ``received`` would break the room's sorting (every page an HTTP 500)."""
+        ``received`` would break the room's sorting (every page an HTTP 500), and text that is
+        not UTF-8 SQLite's decoding (every page a 503, for as long as the row is there)."""
         out: dict[str, list[dict]] = {}
         unreadable = 0
         for user, nb, check, passed, category, received in self.reader.execute(
@@ -97,6 +99,15 @@ class Store:
 
     def count(self) -> int:
         return self.reader.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
+
+
+def _text(value: bytes) -> str | bytes:
+    """A TEXT value as ``str``, or its bytes when they are not UTF-8 (another program wrote
+    them): :meth:`Store.entries` counts that row as unreadable instead of raising."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
 
 
 def _named(path) -> str:

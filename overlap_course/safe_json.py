@@ -26,7 +26,7 @@ import tempfile
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "JSONRefused", "loads", "dumps", "NotAFile",
            "open_regular", "refuse_unwritable", "write_whole", "whole_set", "signals_held",
            "write_file", "read_text",
-           "printable", "clipped", "quoted", "message_line", "utf8_text",
+           "printable", "clipped", "quoted", "message_line", "utf8_text", "name_text",
            "EXCERPT_CHARS", "MAX_MESSAGE_CHARS"]
 
 #: Deepest nesting of arrays and objects read (a Kineto trace nests 4 deep, a verdict 1).
@@ -179,21 +179,22 @@ def loads(data: str | bytes, what: str = "the JSON", *, max_depth: int = MAX_DEP
 
 
 def utf8_text(text: str) -> str:
-    """``text`` as UTF-8 can encode it: a byte of a file name that is not UTF-8 (``b'\\xff'``,
-    which Python holds as the lone surrogate ``\\udcff``) written as ``\\xff``, as the name's
-    bytes print; any other lone surrogate as its Python escape (``\\ud800``).  JSON holding a
-    lone surrogate is not interchangeable (RFC 8259 sec. 8.2): strict parsers refuse it."""
+    """``text`` as UTF-8 can encode it: a lone surrogate (``\\udcff``, which Python holds for a
+    file name's byte 0xff that is not UTF-8) written as its Python escape, as messages write it
+    (:func:`printable`, :func:`quoted`).  JSON holding a lone surrogate is not interchangeable
+    (RFC 8259 sec. 8.2): strict parsers refuse it.  File names: :func:`name_text`."""
     try:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return "".join(_utf8_char(c) for c in text)
+        return "".join(repr(c)[1:-1] if "\ud800" <= c <= "\udfff" else c for c in text)
 
 
-def _utf8_char(c: str) -> str:
-    if "\udc80" <= c <= "\udcff":  # os.fsdecode's stand-in for the byte ord(c) - 0xdc00
-        return f"\\x{ord(c) - 0xdc00:02x}"
-    return repr(c)[1:-1] if "\ud800" <= c <= "\udfff" else c
+def name_text(name) -> str:
+    """A file name as the course's JSON writes it: a backslash as ``\\\\`` and a byte that is
+    not UTF-8 as ``\\udcff`` (:func:`utf8_text`), as :func:`quoted` writes both.  With the byte
+    alone escaped, ``b'a\\xffb'`` was written as the name ``a\\xffb``, another file's."""
+    return utf8_text(os.fspath(name).replace("\\", "\\\\"))
 
 
 def _utf8_strings(value):
@@ -209,8 +210,8 @@ def _utf8_strings(value):
 
 def dumps(value, what: str = "the output", **kwargs) -> str:
     """``json.dumps`` that refuses NaN and infinities (they are not JSON) with a message naming
-    ``what``, instead of writing them, and writes no lone surrogate (:func:`utf8_text`: a file
-    name that is not UTF-8 in a trace's summary or an export's report)."""
+    ``what``, instead of writing them, and writes no lone surrogate (:func:`utf8_text`; a file
+    name in it is the caller's :func:`name_text`)."""
     try:
         return json.dumps(_utf8_strings(value), allow_nan=False, **kwargs)
     except ValueError:

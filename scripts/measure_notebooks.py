@@ -50,10 +50,10 @@ import nbformat  # noqa: E402
 import psutil  # noqa: E402
 
 from overlap_course.build.setup_cell import CELL_ID as SETUP_CELL_ID, read_notebook  # noqa: E402
-from overlap_course.command_line import (Parser, cannot_write, fail, made_folder,  # noqa: E402
-                                         not_an_input, out_file, run)
-from overlap_course.out_folders import unwritable  # noqa: E402
-from overlap_course.safe_json import quoted, signals_held, write_file  # noqa: E402
+from overlap_course.command_line import (Parser, fail, locked, not_an_input,  # noqa: E402
+                                         out_file, run)
+from overlap_course.safe_json import (dumps, name_text, quoted, signals_held,  # noqa: E402
+                                      write_file)
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 200
@@ -393,7 +393,8 @@ def main(argv=None) -> int:
     p = Parser(prog="measure_notebooks", description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", type=_notebook,
                    help="default: notebooks/*.ipynb and exercises/*.ipynb")
-    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--json", help="also write the results here (its folder is locked while "
+                                  "this runs; not with --update alone, which measures nothing)")
     p.add_argument("--record", action="store_true",
                    help=f"measure the whole course (or only the notebooks given), store it in "
                         f"{TIMES.relative_to(REPO)}, then --update")
@@ -406,6 +407,10 @@ def main(argv=None) -> int:
     except ValueError as exc:  # a folder, under a file: before a notebook is measured
         return fail("measure_notebooks", exc)
     if a.update and not a.record:
+        if a.json or a.notebooks:  # else taken, and nothing done with them: exit 0, no word
+            p.error("--update measures nothing (it rewrites the tables from "
+                    f"{TIMES.relative_to(REPO)}): it takes no --json and no notebooks; "
+                    "--record PATH... measures them, then updates")
         _write_all(updated_files(json.loads(TIMES.read_text())))
         return 0
     only = []  # --record PATH...: re-measure these, keep the file's other measurements
@@ -426,10 +431,12 @@ def main(argv=None) -> int:
     try:  # before a notebook is measured
         if a.json:
             not_an_input(str(a.json), "--json", _read(paths, a.record))
-        with _json_folder(a.json):
+        with _json_folder(a.json) as folder:
             results = _measure_all(paths)
             if a.json:
-                write_file(a.json, json.dumps(results, indent=1), "--json")
+                folder.still_held("--json's folder")
+                named = [{**r, "notebook": name_text(r["notebook"])} for r in results]
+                write_file(a.json, dumps(named, "the results", indent=1), "--json")
     except ValueError as exc:
         return fail("measure_notebooks", exc)
     except RuntimeError as exc:  # a notebook raised: its last line says why
@@ -450,20 +457,16 @@ def main(argv=None) -> int:
 
 
 def _json_folder(out: Path | None):
-    """--json's folder, made if missing (and removed again if the run fails: ``made_folder``),
-    refused before a notebook is measured if it cannot be made or written: it was refused only
-    when the results were written, after measuring (the whole course: minutes)."""
+    """--json's folder, made if missing and locked (``locked``, as trace export's and
+    record_traces' folders), refused before a notebook is measured if it cannot be made or
+    written, or if another command holds it: a run whose folder another removed when it was
+    interrupted (made for nothing) measured, then failed to write."""
     if out is None:
         return contextlib.nullcontext()
-    try:
-        folder = made_folder(out.parent)
-    except OSError as err:  # under a read-only folder, a name the system refuses
-        raise cannot_write(out, err) from None
-    err = unwritable(out.parent)
-    if err is not None:  # there already, read-only: what was made (with an odd umask) goes
-        folder.__exit__(ValueError, None, None)
-        raise cannot_write(out, err)
-    return folder
+    return locked(out.parent, f"--json {quoted(str(out), 200)}: its folder is being written by "
+                              f"another command running now (a measure_notebooks --json, a "
+                              f"trace export, a recording): wait for it to end, or name a file "
+                              f"in another folder; nothing was measured", shown=out)
 
 
 def _measure_all(paths: list[Path]) -> list[dict]:

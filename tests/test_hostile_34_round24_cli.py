@@ -227,12 +227,12 @@ def test_trace_summary_names_a_file_that_is_not_utf8_without_a_lone_surrogate(tm
     (Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), NAME)))).write_text(json.dumps(trace))
     done = _kineto(tmp_path, b"summary", NAME)
     assert done.returncode == 0, done.stderr
-    assert _strict(done.stdout)["source"] == "\\xff.json"
+    assert _strict(done.stdout)["source"] == "\\udcff.json"
 
 
 def test_trace_export_names_a_file_that_is_not_utf8_without_a_lone_surrogate(tmp_path):
     done = _kineto(tmp_path, b"export", NAME, b"cpu_zos")
     assert done.returncode == 0, done.stderr
-    assert list(_strict(done.stdout)) == ["\\xff.json"]
+    assert list(_strict(done.stdout)) == ["\\udcff.json"]
     written = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), NAME))).read_bytes()
-    assert _strict(written)["traceName"] == "\\xff.json"
+    assert _strict(written)["traceName"] == "\\udcff.json"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from overlap_course.command_line import (FolderLost, Parser, cannot_write, emit, fail,
                                          finite_number, importing, interrupted, locked,
                                          not_an_input, os_problem, out_file, whole_number)
-from overlap_course.safe_json import dumps, quoted, whole_set
+from overlap_course.safe_json import dumps, name_text, quoted, whole_set
 
 from .idle import summary
 from .reading import KinetoTrace, read_bounded, real_traces
@@ -197,7 +197,7 @@ def _export_all(runs: dict, targets: dict, names: dict, held) -> dict:
                 except ValueError as exc:
                     raise ValueError(f"{names[mode]} cannot be exported as a trace the course "
                                      f"reads back ({exc}); nothing was written") from None
-                report[str(path)] = {
+                report[name_text(path)] = {
                     "mode": tl.meta.mode,
                     "course_device_idle_fraction": round(tl.device_idle_fraction(), 6),
                     "summary_device_idle_fraction": measured["device_idle_fraction"]}
@@ -217,7 +217,10 @@ def _locked(out: Path) -> locked:
 
 
 def _summary_text(source) -> str:
-    return dumps(summary(source), f"the summary of {quoted(source, PATH_CHARS)}", indent=2)
+    """The summary as JSON, its ``source`` a file name written as :func:`name_text` writes it."""
+    s = summary(source)
+    return dumps({**s, "source": name_text(s["source"])},
+                 f"the summary of {quoted(source, PATH_CHARS)}", indent=2)
 
 
 def _export(args) -> dict:

@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-from overlap_course.safe_json import utf8_text
+from overlap_course.safe_json import name_text
 from toy_engine.timeline import PROCESS_STAGES, Span, Timeline, owner_name
 from toy_engine.validate import shown
 
@@ -309,7 +309,7 @@ def export(timeline: Timeline, path=None, *, name: str | None = None, stream: in
         "deviceProperties": [{"id": 0, "name": f"toy_engine {device}" + (" (CPU stand-in process)"
                                                                         if device.startswith("cpu") else "")}],
         "distributedInfo": {"rank": 0},
-        "traceName": utf8_text(  # a name that is not UTF-8: no lone surrogate in the JSON
+        "traceName": name_text(  # as the export's report names it: one name, one text
             name or (Path(path).name if path is not None else f"toy_engine_{meta.mode or 'run'}")),
         "displayTimeUnit": "ms",
         "toy_engine": {
