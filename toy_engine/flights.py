@@ -6,6 +6,7 @@ hands out are checked against what its sample kept, which the device goes on fro
 
 from . import buffers
 from .refusals import HandedBeside, InflightChanged, OtherTokens
+from .validate import check_committed
 
 
 class Flights:
@@ -117,13 +118,17 @@ class Flights:
                 f"num_inflight of the step by one as it commits the round, or commit with "
                 f"engine.commit_outputs(step, out), which does"))
 
-    def check_held(self, rnd: int, requests, who: str) -> None:
-        """Refuse tokens a process_outputs plug-in (``who``) changed before it called
-        engine.commit_outputs for round ``rnd`` (appended, removed or changed: the engine's
-        commit would hand the round's tokens out after them)."""
+    def check_held(self, rnd: int, requests, who: str, vocab: int) -> None:
+        """Refuse tokens a process_outputs plug-in (``who``) changed (``check_committed``),
+        appended or removed before it called engine.commit_outputs for round ``rnd``: the
+        engine's commit would hand the round's tokens out after them."""
         for req in requests:
             was = self.held.get(id(req))
-            if was is not None and req.output_ids != was:
+            if was is None:
+                continue
+            check_committed(req, was, f"{who}, committing prompt {self.prompts[id(req)]}'s "
+                                      f"tokens through engine.commit_outputs,", vocab)
+            if req.output_ids != was:
                 raise HandedBeside(rnd, self.prompts[id(req)], was, req.output_ids, [], who,
                                    before=True)
 
