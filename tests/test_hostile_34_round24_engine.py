@@ -125,7 +125,7 @@ def test_tokens_handed_out_beside_commit_outputs_are_refused(eng, then):
     want = ends(eng)
     with pytest.raises(HandedBeside, match=rf"process_outputs={then.__name__} committed round "
                                            rf"0 through engine.commit_outputs\(step, out\), "
-                                           rf"which handed prompt 0 the tokens \[\d+\], but "):
+                                           rf"which handed prompt 0 the tokens \[\d+\], then "):
         eng.generate(PROMPTS, 16, process_outputs=_committing(then))
     assert ends(eng) == want
     assert ends(eng, process_outputs=_committing(nothing)) == want  # the right one passes
@@ -212,7 +212,7 @@ def test_a_waiting_request_changed_by_the_loop_is_refused_before_the_scheduler_r
         te.loops.serial_loop(engine)
 
     with te.Engine(te.EngineConfig(device="cpu")) as e:
-        with pytest.raises(FixedChanged, match=r"to '5' since the last round \(by a plug-in, "):
+        with pytest.raises(FixedChanged, match=r"to .5. by loop=loop, a value of type str"):
             e.generate(PROMPTS, 12, loop=loop)
 
 

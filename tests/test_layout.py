@@ -102,12 +102,23 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # under 40 lines: 41; a drafting decode round prepared with two earlier rounds in flight
 # refused, DraftsTooDeep: 17; the requests the next prefill admits checked before the scheduler
 # sizes them, one lowered to 0 or below ended "length", never admitted, and a max_new_tokens of
-# another type named by its type, FixedChanged, moved out of run.py: 32).
+# another type named by its type, FixedChanged, moved out of run.py: 32);
+# 4,722 until round twenty-five's engine added 120 (a per_request commit that hands out other
+# tokens than the round kept refused, an EOS left out for lab 4 to judge, CommitOtherTokens:
+# 22; output_ids or text of another type refused by name where a plug-in or the loop left it,
+# StateReplaced, which also took check_committed's own: 31; a token removed or appended beside
+# engine.commit_outputs told so, before the call or after, one changed before it named as
+# check_committed names it (HandedBeside, Flights.check_held): 35; a waiting request's fields
+# checked after on_round and a process_outputs plug-in, and told fixed once generate takes
+# them, never blaming an absent plug-in: 15; an end taken back in wants_more named, in its own
+# function to keep schedule under 40 lines: 11; the row and blocks refusal moved to
+# refusals.py, PlacementChanged: 6; check_committed moved to validate.py, so stages.py stays
+# under 480).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4722, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4842, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -6,6 +6,7 @@ hands out are checked against what its sample kept, which the device goes on fro
 
 from . import buffers
 from .refusals import HandedBeside, InflightChanged, OtherTokens
+from .validate import check_committed
 
 
 class Flights:
@@ -15,9 +16,9 @@ class Flights:
 
     def __init__(self, prompts: dict):
         self.prompts, self.counts, self.samples = prompts, {}, {}
-        # The round engine.commit_outputs last committed in a process_outputs plug-in, and per
-        # request its output_ids before and after the engine's commit (``check_given``).
-        self.given: tuple = (-1, {})
+        # While a process_outputs plug-in runs, per request of its step, the output_ids it
+        # holds: as the call began, then as engine.commit_outputs left them (``check_held``).
+        self.held: dict = {}
 
     def planned(self, requests) -> None:
         """As the scheduler adds one to each planned request's num_inflight."""
@@ -117,14 +118,27 @@ class Flights:
                 f"num_inflight of the step by one as it commits the round, or commit with "
                 f"engine.commit_outputs(step, out), which does"))
 
+    def check_held(self, rnd: int, requests, who: str, vocab: int) -> None:
+        """Refuse tokens a process_outputs plug-in (``who``) changed (``check_committed``),
+        appended or removed before it called engine.commit_outputs for round ``rnd``: the
+        engine's commit would hand the round's tokens out after them."""
+        for req in requests:
+            was = self.held.get(id(req))
+            if was is None:
+                continue
+            check_committed(req, was, f"{who}, committing prompt {self.prompts[id(req)]}'s "
+                                      f"tokens through engine.commit_outputs,", vocab)
+            if req.output_ids != was:
+                raise HandedBeside(rnd, self.prompts[id(req)], was, req.output_ids, [], who,
+                                   before=True)
+
     def _check_given(self, rnd: int, requests, label: str, before) -> None:
         """Refuse a round committed through engine.commit_outputs whose requests' tokens the
-        plug-in changed beside it, before the call or after (its tokens handed out again, one
-        made up): the engine handed each kept token out once, and the device goes on from them."""
-        given = self.given[1] if self.given[0] == rnd else {}
+        plug-in changed after the call (its tokens handed out again, one made up, one taken
+        back): the engine handed each kept token out once, and the device goes on from them."""
         before = {id(req): ids for req, ids, _ in before}
         for req in requests:
-            ids, (pre, post) = before[id(req)], given.get(id(req), (None, None))
-            if post is not None and not (pre == ids and req.output_ids == post):
-                raise HandedBeside(rnd, self.prompts[id(req)], req.output_ids[len(ids):],
-                                   post[len(pre):], label)
+            post = self.held.get(id(req))
+            if post is not None and req.output_ids != post:
+                raise HandedBeside(rnd, self.prompts[id(req)], post, req.output_ids,
+                                   post[len(before[id(req)]):], label)

@@ -234,16 +234,88 @@ class EndTakenBack(ValueError):
 class HandedBeside(ValueError):
     """A process_outputs plug-in (``who``) committed round ``round`` through
     engine.commit_outputs, which handed prompt ``prompt`` the tokens ``handed``, and changed
-    its output_ids beside that call: the round left it ``holds``."""
+    its output_ids (``was`` -> ``now``) beside that call: ``before`` it, or after (the round
+    left it ``holds``)."""
 
-    def __init__(self, round: int, prompt: int, holds: list, handed: list, who: str):
+    def __init__(self, round: int, prompt: int, was: list, now: list, handed: list, who: str,
+                 before: bool = False):
+        edit = f"{_edit(was, now)} prompt {prompt}'s req.output_ids"
         super().__init__(
-            f"{who} committed round {round} through engine.commit_outputs(step, out), which "
-            f"handed prompt {prompt} the tokens {shown(handed)}, but after {who} its "
-            f"req.output_ids holds {shown(holds)} from the round: engine.commit_outputs hands "
-            f"each token the round kept out once (and ends the request where it ends); do not "
-            f"append them again, nor other tokens, before or after the call")
-        self.round, self.prompt, self.holds, self.handed = round, prompt, holds, handed
+            (f"{who} {edit} before it called engine.commit_outputs(step, out) for round {round}"
+             if before else
+             f"{who} committed round {round} through engine.commit_outputs(step, out), which "
+             f"handed prompt {prompt} the tokens {shown(handed)}, then {edit}") +
+            ": engine.commit_outputs hands each token the round kept out once, after the tokens "
+            "committed before (and ends the request where it ends), and a committed token stays "
+            "(the device's cache holds it, the next round sends the newest); leave "
+            "req.output_ids to it, before and after the call")
+        self.round, self.prompt, self.handed, self.before = round, prompt, handed, before
+        self.holds = now[len(was) - len(handed):] if not before else now
+
+
+def _edit(was: list, now: list) -> str:
+    """What was done to a request's tokens, ``was`` -> ``now``, in words."""
+    if now[:len(was)] == was:
+        return f"appended {shown(now[len(was):])} to"
+    if was[:len(now)] == now:
+        return f"removed {len(was) - len(now)} of the {len(was)} tokens of"
+    i = next(i for i, (a, b) in enumerate(zip(was, now)) if a != b)
+    return f"changed the token at [{i}] from {shown(was[i])} to {shown(now[i])} in"
+
+
+class CommitOtherTokens(ValueError):
+    """A commit replaced on a request (``who``) was handed round ``round``'s kept tokens
+    (``kept``) for prompt ``prompt`` and appended others (``appended``): not those, in order,
+    stopping early only where the request ends."""
+
+    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str):
+        super().__init__(
+            f"prompt {prompt}'s commit, replaced on the request by a plug-in ({who}), was handed "
+            f"round {round}'s kept tokens {shown(kept)} and appended {shown(appended)}: a commit "
+            f"appends each kept token once, in order, and stops early only where the request "
+            f"ends (EOS, a stop string, its limit); the device goes on from the tokens it "
+            f"sampled (under ZOS it has already fed them to the next round), so other tokens "
+            f"give a text the model never produced")
+        self.round, self.prompt, self.appended, self.kept = round, prompt, appended, kept
+
+
+class StateReplaced(TypeError):
+    """Prompt ``prompt``'s ``output_ids`` or ``text`` (``name``) replaced by ``who`` with a
+    value of another type than the plain list or str the engine's commit adds to."""
+
+    KINDS = {"output_ids": (list, "the token ids committed: the engine appends to it, copies "
+                                  "and checks it each round, and the next round sends its "
+                                  "newest; append each token id: req.output_ids.append(tok)"),
+             "text": (str, "the text of the tokens committed: the engine's commit adds to it and "
+                           "generate returns it; add each token's: req.text += decode([tok])")}
+
+    def __init__(self, prompt: int, name: str, value, who: str):
+        kind, (want, why) = type(value).__name__, self.KINDS[name]
+        super().__init__(f"prompt {prompt}'s req.{name} = {kind} {shown(value)} was stored "
+                         f"{who}: {name} must stay a plain {want.__name__}, not a {kind} "
+                         f"(it holds {why})")
+        self.prompt, self.name = prompt, name
+
+    @classmethod
+    def check(cls, req, prompt: int, who: str) -> None:
+        """Refuse ``req``'s (prompt ``prompt``) output_ids or text of another type."""
+        for name, (want, _) in cls.KINDS.items():
+            if type(value := getattr(req, name)) is not want:
+                raise cls(prompt, name, value, who)
+
+
+class PlacementChanged(ValueError):
+    """Prompt ``prompt``'s ``row`` or ``blocks`` (``name``) changed from ``was`` to ``now``
+    (``who`` may have): the engine placed it there at admission."""
+
+    def __init__(self, prompt: int, name: str, was, now, who: str):
+        super().__init__(
+            f"prompt {prompt}'s req.{name} was changed from {shown(was)} to {shown(now)} {who}: "
+            f"a request's row and KV blocks are the engine's, given at admission for its "
+            f"prompt and max_new_tokens (its rounds write its cache there); read them, never "
+            f"change them: end a request with req.finish_reason or engine.abort(req.id), and "
+            f"free a finished one with engine.scheduler.release_if_done(req)")
+        self.prompt, self.name = prompt, name
 
 
 class DraftsTooDeep(ValueError):
@@ -263,9 +335,11 @@ class DraftsTooDeep(ValueError):
 
 class FixedChanged(ValueError):
     """A request's fixed field (prompt ``prompt``'s ``name``; ``fields``: those a learner
-    sets) changed from ``was`` to ``now`` by ``who``; max_new_tokens may be lowered, to an int."""
+    sets) changed from ``was`` to ``now`` by ``who``, ``admitted`` or still waiting; generate
+    checked them, and max_new_tokens may only be lowered, to an int."""
 
-    def __init__(self, prompt: int, name: str, was, now, who: str, fields: tuple):
+    def __init__(self, prompt: int, name: str, was, now, who: str, fields: tuple,
+                 admitted: bool = True):
         what = f"prompt {prompt}'s req.{name} was changed from {shown(was)} to {shown(now)}"
         if name == "max_new_tokens" and type(now) is not int:
             why = (f" {who}, a value of type {type(now).__name__}: max_new_tokens is a plain "
@@ -274,9 +348,13 @@ class FixedChanged(ValueError):
                    f"end the request with engine.abort(req.id)")
         else:
             rose = (" (past the positions its KV blocks were reserved for)"
-                    if name == "max_new_tokens" else "")
-            why = (f"{rose} {who}: a request's {', '.join(fields)} are fixed once it runs (its "
-                   f"KV blocks and row were reserved, its sampling set from them; "
+                    if name == "max_new_tokens" and admitted else "")
+            since = ("once it runs (its KV blocks and row were reserved, its sampling set from "
+                     "them" if admitted else
+                     "once generate takes them, admitted or waiting (generate checked that they "
+                     "fit the model and the KV cache, the scheduler reserves its KV blocks and "
+                     "row by them")
+            why = (f"{rose} {who}: a request's {', '.join(fields)} are fixed {since}; "
                    f"max_new_tokens may only be lowered); pass them to generate(), and end a "
                    f"request with engine.abort(req.id)")
         super().__init__(what + why)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from . import kernels
 from .device import Event
 from .flights import Flights
-from .refusals import (FixedChanged, ForeignStep, InflightChanged, PreparedTwice,  # noqa: F401
-                       RunEnded, SampleBeforeForward, StageInPlugin,  # exported: the checks'
-                       StaleInputs, StepProcessedTwice)
+from .refusals import (FixedChanged, ForeignStep, InflightChanged,  # noqa: F401
+                       PlacementChanged, PreparedTwice, RunEnded, SampleBeforeForward,
+                       StageInPlugin, StaleInputs, StateReplaced,  # exported: the checks'
+                       StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
 from .validate import plugin_label, shown
@@ -307,9 +308,9 @@ class Run:
             self.done(planned[0])
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
-        """Refuse a request whose fixed fields (sized, reserved or sent at admission) changed,
-        or whose max_new_tokens rose past what its KV blocks were reserved for (lowered, it
-        only ends sooner); ``who`` may have changed them."""
+        """Refuse a request whose fixed fields (checked by generate, sized, reserved or sent
+        at admission) changed, or whose max_new_tokens rose (lowered, it only ends sooner), or
+        whose output_ids or text is of another type; ``who`` may have changed them."""
         for req in requests:
             fixed = self.fixed.get(id(req))
             if fixed is None:  # not this run's: another run's, or the loop's own object
@@ -323,14 +324,9 @@ class Run:
                                                and now < was):
                     continue
                 if name in ("row", "blocks"):
-                    raise ValueError(
-                        f"prompt {fixed[1]}'s req.{name} was changed from {shown(was)} to "
-                        f"{shown(now)} {who}: a request's row and KV blocks are the engine's, "
-                        f"given at admission for its prompt and max_new_tokens (its rounds "
-                        f"write its cache there); read them, never change them: end a request "
-                        f"with req.finish_reason or engine.abort(req.id), and free a finished "
-                        f"one with engine.scheduler.release_if_done(req)")
-                raise FixedChanged(fixed[1], name, was, now, who, FIXED_FIELDS[2:])
+                    raise PlacementChanged(fixed[1], name, was, now, who)
+                raise FixedChanged(fixed[1], name, was, now, who, FIXED_FIELDS[2:], bool(held))
+            StateReplaced.check(req, fixed[1], who)
 
     def take_aborts(self) -> list[Request]:
         """The aborts queued since the last call, oldest first (the loop's thread applies them).

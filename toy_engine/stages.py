@@ -17,15 +17,14 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
-from .refusals import (ClassChanged, DraftsTooDeep, EndTakenBack, ForeignStep, PlannedPastLimit,
-                       PreparedTwice, RunEnded, SampleBeforeForward, StaleInputs,
-                       StepProcessedTwice)
+from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
+                       PlannedPastLimit, PreparedTwice, RunEnded, SampleBeforeForward,
+                       StaleInputs, StateReplaced, StepProcessedTwice)
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
 from .timeline import Stage, Timeline
-from .validate import (bad_token, changed_at, check_rows, plugin_label as _label, shown,
-                       token_value)
+from .validate import check_committed, check_rows, plugin_label as _label
 
 _MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
 # What returns each stage's argument: a refusal of anything else names it.
@@ -112,9 +111,8 @@ class RoundStages:
         run, placed = self._run, self.scheduler.placed
         for req in run.take_aborts():
             self.scheduler.abort(req)
-        run.check_fields(self.scheduler.running + self._next_admitted(), placed, "since the "
-                         "last round (by a plug-in, such as a process_outputs or per_request "
-                         "one, or the loop)")
+        since = self._suspects()
+        run.check_fields(self.scheduler.running + self._next_admitted(), placed, since)
         if not self.scheduler.has_work():
             return None
         run.check_progress(self.scheduler)
@@ -122,10 +120,10 @@ class RoundStages:
         if run.on_round is not None:
             with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
-            run.check_fields(self.scheduler.running, placed, f"by {run.labels['on_round']}")
-        self._end_lowered(f"by {run.labels['on_round']}" if run.on_round is not None else
-                          "since the last round (by the loop)")
-        plan = self.scheduler.plan_round()
+            run.check_fields(self.scheduler.running + list(self.scheduler.waiting), placed,
+                             f"by {run.labels['on_round']}")
+        self._end_lowered(since)
+        plan = self._plan()
         self.record.schedule(plan.round if plan else None)
         # A schedule that finds nothing belongs to the last round: before round 0 there is none.
         if (rnd := plan.round if plan else self.scheduler.round - 1) >= 0:
@@ -218,6 +216,24 @@ class RoundStages:
                                    len(past.blocks) * bs, run.labels.get("process_outputs"),
                                    run.fixed[id(past)][_MAX], run.who())
 
+    def _plan(self) -> Plan | None:
+        """The scheduler's plan: it asks each running request's wants_more, so an end taken
+        back there is by one a plug-in replaced on a request, named."""
+        try:
+            return self.scheduler.plan_round()
+        except EndTakenBack as err:
+            raise err.by(" or ".join(sorted({_label(vars(r)["wants_more"]) for r in
+                                             self.scheduler.running if "wants_more" in vars(r)})
+                                            ) or "a wants_more") from None
+
+    def _suspects(self) -> str:
+        """Who may have changed a request since the last checks (each plug-in's changes are
+        checked as it returns): the loop, or a commit or wants_more set on a request."""
+        run = self._run
+        return (f"by {run.labels.get('loop', 'the loop')}" + (
+            f", or a commit or wants_more {run.labels['on_round']} set on a request"
+            if run.on_round is not None else ""))
+
     def _next_admitted(self) -> list:
         """The waiting requests a prefill planned now may admit: one per free row."""
         return list(itertools.islice(self.scheduler.waiting, len(self.scheduler.free_rows)))
@@ -226,8 +242,8 @@ class RoundStages:
         """End "length" a request whose max_new_tokens was lowered to the tokens it has, with no
         round in flight whose commit would end it (lowered, it only ends sooner, in every mode);
         and one the next prefill may admit lowered to 0 or below, never admitted (an admitted
-        one makes a token), its fields checked first (``who`` changed them): the scheduler
-        sizes its KV blocks by them."""
+        one makes a token), its fields checked first (``who`` changed them, if any: the checks
+        after on_round saw every waiting one): the scheduler sizes its KV blocks by them."""
         run, waiting = self._run, self.scheduler.waiting
         for req in list(self.scheduler.running):
             if (not req.finished and type(n := req.num_inflight) is int and not n
@@ -332,13 +348,15 @@ class RoundStages:
             raise StepProcessedTwice(r, requests, same_step=step.committed)
         mine = {id(req) for req in requests}
         before = [(req, _ids(req), req.finished) for req in run.admitted]
+        run.flights.held = {id(req): ids for req, ids, _ in before if id(req) in mine}
         with self.timeline.host_span(stage, r, step.owner), self.calling(label):
             custom(self, step)
+        how = "through engine.commit_outputs" if r in run.committed else "itself"
         for req, ids, _ in before:  # it may commit itself: the device reads what it kept
             now = req.output_ids
             if id(req) in mine:
                 self._check_committed(req, ids, f"{label}, committing prompt {req.index}'s "
-                                                f"tokens itself,")
+                                                f"tokens {how},")
             elif not (type(now) is list and len(now) == len(ids)
                       and all(map(operator.is_, ids, now))):  # most rounds: none changed
                 self._check_outside(req, ids, f"{label}, given round {r}'s step (prompt "
@@ -347,7 +365,9 @@ class RoundStages:
         k = 0 if prefill else self.config.num_draft_tokens
         run.after_process(step, planned, label, before,
                           lambda: run.flights.kept(self.device, step, k))
-        run.check_fields(self.scheduler.running, self.scheduler.placed, f"by {label}")
+        run.flights.held = {}
+        run.check_fields(self.scheduler.running + list(self.scheduler.waiting),
+                         self.scheduler.placed, f"by {label}")
 
     def _check_outside(self, req: Request, old: list, plugin: str) -> None:
         """Refuse a change ``plugin`` made to the tokens of a request outside its step."""
@@ -397,75 +417,54 @@ class RoundStages:
         self.record.commit(rnd, [r.index for r in requests], twice, sampled)
         if twice:
             raise StepProcessedTwice(rnd, requests, same_step=step.committed)
+        for req in requests:  # its own commit adds to them
+            StateReplaced.check(req, run.flights.prompts[id(req)], f"by {run.who()}, before "
+                                                                   f"engine.commit_outputs")
+        run.flights.check_held(rnd, requests, run.who(), self.tokenizer.vocab_size)
         run.flag(step, "committed")
         run.done(rnd)
-        pre = [_ids(req) for req in requests] if run.process_outputs is not None else None
         for req, kept in zip(requests, sampled):  # as recorded: a commit plug-in may reorder
             req.num_inflight -= 1
             if req.finished:
                 run.counts["discarded"] += 1
                 continue
             before = len(req.output_ids)
-            self._commit(req, kept)
+            self._commit(req, kept, rnd)
             run.note_progress(req, self.scheduler.round)
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
                 run.counts["request_decode_rounds"] += 1
                 run.counts["proposed"] += k
                 run.counts["accepted"] += len(kept) - 1
-        if pre is not None:  # a plug-in's call: what it hands out beside it is refused after
-            run.flights.given = rnd, {id(r): (a, _ids(r)) for r, a in zip(requests, pre)}
+        held = run.flights.held  # a plug-in's call: what it hands out beside it is refused after
+        held.update((id(r), _ids(r)) for r in requests if id(r) in held)
         return list(requests)
 
-    def _commit(self, req: Request, kept: list) -> None:
-        """Hand ``req`` the tokens its round kept through its commit; one a plug-in replaced on
-        the request is checked after (the device reads what it kept)."""
+    def _commit(self, req: Request, kept: list, rnd: int) -> None:
+        """Hand ``req`` the tokens round ``rnd`` kept through its commit; one a plug-in replaced
+        on the request is checked after: it appends them, in order, or fewer as the request
+        ends (the device goes on from what it kept); an EOS left out or kept is lab 4's
+        mistake to judge (past_eos, eos_kept), as a stop string left uncut is."""
         if "commit" not in vars(req):
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             return
         ids = _ids(req)
+        want = ids + kept  # before the call: the commit may change the list it is given
         with self.calling(label := _label(vars(req)["commit"])):
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
         who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
         self._run.flights.check([req], f"by {who} ({label})")
         self._check_committed(req, ids, f"{who} ({label}),")
+        eos, new, run = self.tokenizer.eos_id, req.output_ids[len(ids):], want[len(ids):]
+        bare = [t for t in new if t != eos]  # an EOS left out or kept: lab 4's to judge
+        if bare != [t for t in run if t != eos][:len(bare)]:
+            raise CommitOtherTokens(rnd, req.index, new, run, label)
 
     def _check_committed(self, req: Request, old: list, plugin: str) -> None:
-        """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
-        ``req.output_ids`` (``old`` before the call) other than token ids appended, or the
-        newest removed (a stop string): the device's cache holds the tokens committed, the next
-        round sends it the newest, and generate returns them.  What passes is stored as plain
-        ints (what was checked is what is sent and returned)."""
-        ids, vocab = req.output_ids, self.tokenizer.vocab_size
-        if type(ids) is not list:
-            kind = type(ids).__name__
-            raise TypeError(f"{plugin} stored req.output_ids = {kind} {shown(ids)}: output_ids "
-                            f"must stay a plain list, not a {kind} (the engine copies and "
-                            f"checks it each round); append each token id to the request's "
-                            f"list: req.output_ids.append(tok)")
-        new = ids[len(old):]
-        values = [token_value(tok) for tok in new]
-        bad = next((i for i, v in enumerate(values) if v is None or not 0 <= v < vocab), None)
-        if bad is not None:
-            tok = new[bad]
-            fix = (f"append int(tok), not the {type(tok).__name__}, even 0-d (a Tensor read "
-                   f"from the output slot is a view of it, which later rounds overwrite),"
-                   if hasattr(type(tok), "shape") else "append the token id (tok)")
-            raise TypeError(f"{plugin} stored {type(tok).__name__} {shown(tok)} at "
-                            f"req.output_ids[{len(old) + bad}]: output_ids holds token ids, "
-                            f"ints from 0 to {vocab - 1} (the vocabulary has {vocab}), and the "
-                            f"next round sends them to the device; {fix} and add decode([tok]) "
-                            f"to req.text")
-        if any(type(tok) is not int for tok in new):  # numpy integers: as plain ints
-            ids[len(old):] = values
-        i = changed_at(old, ids)
-        if i is not None:
-            was, now = old[i], ids[i]
-            raise (TypeError if bad_token(now, vocab) else ValueError)(
-                f"{plugin} changed req.output_ids[{i}] from {shown(was)} to {type(now).__name__} "
-                f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
-                f"the next round sends the newest, generate returns them); append new tokens "
-                f"only (a stop string may remove the newest from the end)")
+        """Refuse what ``plugin`` put in ``req.output_ids`` (``old`` before the call) other than
+        token ids appended, or the newest removed (``validate.check_committed``)."""
+        StateReplaced.check(req, req.index, f"by {plugin.rstrip(',')}")
+        check_committed(req, old, plugin, self.tokenizer.vocab_size)
 
     @_stage
     def flush(self, previous: StepState | None) -> StepState | None:

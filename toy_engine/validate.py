@@ -151,9 +151,9 @@ _NOT_RUN = {types.GeneratorType: "a generator", types.CoroutineType: "a coroutin
 
 
 def plugin_label(function) -> str:
-    """A plug-in's name for a message: a partial a lab labelled (``partial.label``) by that
-    label, another as ``_label`` names it."""
-    if type(function) is functools.partial:
+    """A plug-in's name for a message: a partial or function a lab labelled (its ``label``)
+    by that label, another as ``_label`` names it."""
+    if type(function) in (functools.partial, types.FunctionType):
         label = vars(function).get("label")
         if type(label) is str:
             return label
@@ -248,3 +248,36 @@ def bad_token(tok, vocab_size: int) -> bool:
     """Whether ``tok`` is no token id: an integer (not a bool) from 0 to ``vocab_size - 1``."""
     value = token_value(tok)
     return value is None or not 0 <= value < vocab_size
+
+
+def check_committed(req, old: list, plugin: str, vocab: int) -> None:
+    """Refuse what ``plugin`` (a per_request commit, a process_outputs) put in
+    ``req.output_ids`` (``old`` before the call) other than token ids appended, or the
+    newest removed (a stop string): the device's cache holds the tokens committed, the next
+    round sends it the newest, and generate returns them.  What passes is stored as plain
+    ints (what was checked is what is sent and returned).  ``output_ids`` is a list: the
+    caller checked its type."""
+    ids = req.output_ids
+    new = ids[len(old):]
+    values = [token_value(tok) for tok in new]
+    bad = next((i for i, v in enumerate(values) if v is None or not 0 <= v < vocab), None)
+    if bad is not None:
+        tok = new[bad]
+        fix = (f"append int(tok), not the {type(tok).__name__}, even 0-d (a Tensor read "
+               f"from the output slot is a view of it, which later rounds overwrite),"
+               if hasattr(type(tok), "shape") else "append the token id (tok)")
+        raise TypeError(f"{plugin} stored {type(tok).__name__} {shown(tok)} at "
+                        f"req.output_ids[{len(old) + bad}]: output_ids holds token ids, "
+                        f"ints from 0 to {vocab - 1} (the vocabulary has {vocab}), and the "
+                        f"next round sends them to the device; {fix} and add decode([tok]) "
+                        f"to req.text")
+    if any(type(tok) is not int for tok in new):  # numpy integers: as plain ints
+        ids[len(old):] = values
+    i = changed_at(old, ids)
+    if i is not None:
+        was, now = old[i], ids[i]
+        raise (TypeError if bad_token(now, vocab) else ValueError)(
+            f"{plugin} changed req.output_ids[{i}] from {shown(was)} to {type(now).__name__} "
+            f"{shown(now)}: a committed token stays as it is (the device's cache holds it, "
+            f"the next round sends the newest, generate returns them); append new tokens "
+            f"only (a stop string may remove the newest from the end)")

@@ -82,6 +82,7 @@ def _answer_checked(name: str, method, req):
             raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
                                  req.index)
         return value
+    wants_more.label = f"per_request(wants_more={plugin_label(method)})"  # the engine's messages
     return wants_more
 
 
