@@ -62,7 +62,7 @@ def test_a_value_answer_whose_own_code_raises_still_gets_the_value_advice():
     v = checks.check_three_rounds(Rounds([1, 2, 3]))
     assert not v.passed and v.category == "raised", v
     assert "your answer's own code raised Stop: unreadable" in v.message, v
-    assert "give a plain value" in v.message, v
+    assert "give a plain list of (stage, round) pairs" in v.message, v  # its value, named
 
 
 def _in_a_thread(engine):

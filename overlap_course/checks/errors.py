@@ -11,7 +11,7 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.refusals import EndTakenBack
+from toy_engine.refusals import EndTakenBack, HandedBeside, OtherTokens
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
@@ -75,6 +75,11 @@ _FIELDS = {
     BadOutputs: {"round": lambda x: type(x) is int, "expected": lambda x: type(x) is int,
                  "length": _int_or_none},
     EndTakenBack: {"prompt": lambda x: type(x) is int, "was": lambda x: type(x) is str},
+    HandedBeside: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
+                   "holds": lambda x: type(x) is list, "handed": lambda x: type(x) is list},
+    OtherTokens: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
+                  "given": lambda x: type(x) is list,
+                  "sampled": lambda x: x is None or type(x) is list},
 }
 # Per kind of RaceError, what the engine always puts in the attributes that may be None:
 # a buffer race names its buffer and access, the other kinds the prompt whose blocks they are.
@@ -99,6 +104,15 @@ def engines(err, cls: type) -> bool:
 
 def _raised_by_toy(err: BaseException) -> bool:
     return _raised_in(err).startswith(_TOY)
+
+
+def refused_or_raised(err: BaseException) -> str:
+    """What stopped the learner's code, as "your code ..." goes on: a refusal the toy raised,
+    by its message alone (its class is the engine's internals: blind round 25), else the
+    learner's own error, ``quoted``."""
+    if _raised_by_toy(err):
+        return f"was refused by the engine: {said(err)}"
+    return f"raised {quoted(err)}"
 
 
 def checkers(err, cls: type) -> bool:

@@ -30,6 +30,7 @@ from . import answers, errors, other_engine, pool, sandbox, thread_errors
 from .verdict import Verdict, fails, unanswered
 
 _PRISTINE = sandbox.Pristine()
+PLAIN = "a plain value (a number, a string, a list or set of them)"  # what a value answer is
 _RUNNING: list[str] = []  # the exercise check running now (any thread): they share the engines
 
 
@@ -144,11 +145,12 @@ def _passing_for(value) -> tuple | None:
     return None
 
 
-def exercise_check(*warm, calls: str | None = None):
+def exercise_check(*warm, calls: str | None = None, answer: str = PLAIN):
     """``warm`` runs before the time limit starts (engines started, references computed: the
     checker's own time).  ``calls``: how the check calls the function it is given first, as
     the exercise names it (``"commit(req, tokens, eos_id, decode)"``); anything that cannot be
-    called is refused with it (:func:`not_a_function`), not judged as the function raising."""
+    called is refused with it (:func:`not_a_function`), not judged as the function raising.
+    ``answer``: what a value answer is, as an answer whose own code raised is told to give."""
     def wrap(check):
         @functools.wraps(check)
         def guarded(*args, **kwargs) -> Verdict:
@@ -165,7 +167,7 @@ def exercise_check(*warm, calls: str | None = None):
                     for step in warm:
                         step()
                     ran = calls.partition("(")[0] if calls else None
-                    verdict = _cut(_time_limited(check, args, kwargs, ran))
+                    verdict = _cut(_time_limited(check, args, kwargs, ran, answer))
             finally:
                 _RUNNING.clear()  # only this check's name: a nested one returned above
             patched, _ = _PRISTINE.restore()
@@ -281,8 +283,9 @@ def _not_started() -> None:
     pass
 
 
-def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
-    """``ran``: the name of the function answer the check runs (None: a value it reads)."""
+def _time_limited(check, args, kwargs, ran: str | None = None, answer: str = "") -> Verdict:
+    """``ran``: the name of the function answer the check runs (None: a value it reads, of
+    the kind ``answer`` says)."""
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
     modes, watch = torch._C._len_torch_function_stack(), other_engine.Watch()
@@ -295,13 +298,13 @@ def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
     except (SystemExit, sandbox.TimeUp, other_engine.Stopped) as exc:  # no call in here
         stopped = exc
     except answers.Junk as junk:  # a value the learner's function returned (or its own Junk)
-        verdict = _junk(junk, ran)
+        verdict = _junk(junk, ran, answer)
         if verdict is None:
             raise
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001 - as in notebook_check
-        verdict = learner_raised(err, ran)
+        verdict = learner_raised(err, ran, answer)
         if verdict is None:
             raise
     finally:
@@ -341,21 +344,24 @@ def _time_limited(check, args, kwargs, ran: str | None = None) -> Verdict:
     return verdict
 
 
-def _junk(junk: answers.Junk, ran: str | None = None) -> Verdict | None:
+def _junk(junk: answers.Junk, ran: str | None = None, answer: str = "") -> Verdict | None:
     """The checker's Junk is its verdict on a value; the learner's is an error like any other."""
     if errors.checkers(junk, answers.Junk):
         return fails("junk", errors.said(junk))
-    return learner_raised(junk, ran)
+    return learner_raised(junk, ran, answer)
 
 
-def learner_raised(err: BaseException, ran: str | None = None) -> Verdict | None:
+def learner_raised(err: BaseException, ran: str | None = None,
+                   answer: str = "") -> Verdict | None:
     """The verdict on an answer whose own code raised while the check read or ran it (an
     object whose ``__len__`` or ``__eq__`` raises, a function the check calls): the learner's
     code is on the traceback.  None when it is not: an error of the check's own is a bug, raised.
     A BaseException of another kind (a class of the learner's) counts only when raised in the
     learner's own frame: one raised by a signal handler the learner's code was interrupted by
     (pytest-timeout's) is not the learner's.  SystemExit and GeneratorExit count as Exceptions.
-    ``ran``: the function answer the check ran (its name), so no advice to give a value."""
+    ``ran``: the function answer the check ran (its name), so no advice to give a value;
+    ``answer``: the value the check asks for (no check reads a function for a value: blind
+    round 25 was told "or a function that returns one", then refused it)."""
     where, tb, innermost = None, err.__traceback__, None
     while tb is not None:
         innermost = tb.tb_frame.f_code.co_filename
@@ -370,5 +376,4 @@ def learner_raised(err: BaseException, ran: str | None = None) -> Verdict | None
         inner = f" (in `{where}`)" if where != ran else ""
         return fails("raised", f"your `{ran}` raised {answers.type_name(err)}: {said}{inner}")
     return fails("raised", f"your answer's own code raised {answers.type_name(err)}: {said} (in "
-                           f"`{where}`) while the check read it: give a plain value (a number, a "
-                           f"string, a list or set of them) or a function that returns one")
+                           f"`{where}`) while the check read it: give {answer or PLAIN}")

@@ -17,7 +17,7 @@ from toy_engine.refusals import EndTakenBack
 
 from . import pool
 from .run_edits import (RequestWatch, end_taken_back, kept_by_edit, settings, settings_edit,
-                        spun_by_edit)
+                        spun_by_edit, unplanned_by_edit)
 from .errors import engines, quoted, said
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -317,6 +317,9 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
         edit = kept_by_edit(log, err.prompt_indexes)
         return fails("edits_requests", edit) if edit else fails("kept_blocks",
                                                                 kept_blocks_message(log, err))
+    edit = unplanned_by_edit(log, err.prompt_indexes) if err.reason == "not_planned" else None
+    if edit is not None:
+        return fails("edits_requests", edit)
     unlaunched = [r for r in log.rounds if log.first("launch_sample", r) is None]
     if err.reason == "unprocessed_inflight" and unlaunched:
         return never_launched(log, unlaunched[0])

@@ -15,7 +15,8 @@ from toy_engine.kernels import FROM_DEVICE
 from toy_engine.runinfo import RunStats
 
 from . import context, pool
-from .answers import bool_pair, flag_list, int_list, items, one_number, round_number, show, whole
+from .answers import (bool_pair, flag_list, int_list, items, name, one_number, round_number, show,
+                      whole)
 from .harness import exercise_check, notebook_check
 from .host_order import (correction_mistake, deferred, flushed_with_a_plan, waits_beyond_sample,
                          zos_overlapped)
@@ -337,12 +338,15 @@ def expected_three_rounds() -> list[tuple[str, int]]:
             if stage in ("launch_forward", "launch_sample", "postprocess", "flush")]
 
 
-@exercise_check(pool.engine)
+_PAIRS = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
+
+
+@exercise_check(pool.engine, answer=f"a plain {_PAIRS[2:]}")
 def check_three_rounds(order) -> Verdict:
     """Try-it: the order of forward / sample / postprocess / flush for decode rounds 1-3."""
     if order is None or order is NotImplemented:
         return not_implemented("the list of (stage, round) pairs", f"`order` is still {order}")
-    shape = 'a list of (stage, round) pairs, e.g. [("forward", 1), ("sample", 1), ...]'
+    shape = _PAIRS
     if isinstance(order, (str, bytes)):
         return fails("shape", f"write {shape}, not one string: each step is a pair of a stage name (a string) "
                               f"and a round number")
@@ -358,7 +362,7 @@ def check_three_rounds(order) -> Verdict:
             stage, rnd = item if not isinstance(item, (str, bytes)) else (None, None)
             if not isinstance(stage, str) or isinstance(rnd, bool):
                 raise TypeError
-            stage = str.__str__(stage)  # a Stage member (a StrEnum) as its plain name
+            stage = name(stage)  # as every check reads a stage: "FORWARD", " forward " too
             order.append((stage, operator.index(rnd)))
         except (TypeError, ValueError):
             return fails("shape", f"write {shape}; {show(item)} is not a (stage, round) pair of a string and "
@@ -377,6 +381,12 @@ def _three_rounds_mistake(order, expected) -> Verdict:
     if any(r == 0 for _, r in order):
         return fails("includes_prefill", "leave out round 0: it is the prefill, processed at once before round 1 "
                                          "is scheduled")
+    other = next(((s, r) for s, r in order if s in _LEFT_OUT), None)
+    if other is not None:
+        return fails("not_a_stage",
+                     f"leave out {other}: the question asks for the forward, sample, postprocess "
+                     f"and flush steps only, without the other host stages (`schedule`, "
+                     f"`prepare`, `wait`)")
     wrong = next((i for i, (got, want) in enumerate(zip(order, expected)) if got != want), None)
     if wrong is not None:
         return order_mistake(wrong, order[wrong], expected[wrong])
@@ -384,6 +394,8 @@ def _three_rounds_mistake(order, expected) -> Verdict:
                            f"once (forward, sample) and processed once (postprocess or flush)")
 
 
+# The host stages the question leaves out (the host lane's names and the question's)
+_LEFT_OUT = frozenset({"schedule", "prepare", "prepare_inputs", "wait"})
 # The host lane's names for the launches (what `engine.timeline.lane("host")` shows), and the
 # exercise's names for them.
 _HOST_NAMES = {"launch_forward": "forward", "launch_sample": "sample"}

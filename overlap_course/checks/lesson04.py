@@ -265,12 +265,23 @@ UNCHANGED = {"seqlens_q", "cu_seqlens_q", "block_tables", "rows"}
 DERIVED = {"cu_seqlens_k"}  # taught in notebook 01: the running sum of seqlens_k, so it moves too
 INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row, never corrected itself
 
-@exercise_check()
+_FIELD_SET = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
+
+
+def _unchanged_why(fields: set) -> str:
+    """Why the fields that stay do (the notebook's reasons): ``rows`` has its own (blind round
+    25: it was given the lengths' and blocks' reason)."""
+    why = ["each decode request still feeds 1 + k tokens and its blocks were reserved at "
+           "admission"] if fields - {"rows"} else []
+    return "; ".join(why + ["`rows` identify the request, not its length"] * ("rows" in fields))
+
+
+@exercise_check(answer=f"a plain {_FIELD_SET[2:]}")
 def check_metadata_answer(answer) -> Verdict:
     """Try-it: which metadata must be corrected when the previous round accepted one draft?"""
     if answer is None or answer is NotImplemented:
         return not_implemented("the set of field names", f"`needs_correction` is still {answer}")
-    shape = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
+    shape = _FIELD_SET
     if isinstance(answer, (str, bytes)):
         return fails("shape", f"write {shape}, not one string ({show(answer)}): a string is read letter by letter")
     if isinstance(answer, Mapping):  # "Answer with a set of field names": a dict's keys are not it
@@ -298,8 +309,7 @@ def check_metadata_answer(answer) -> Verdict:
         return fails("missing_field",
                      f"also stale: {sorted(missing)} (hint: what depends on where the sequence ends?)")
     if extra:
-        return fails("unchanged_field", f"{sorted(extra)} do not change: each decode request still feeds 1 + k "
-                                        f"tokens and its blocks were reserved at admission")
+        return fails("unchanged_field", f"{sorted(extra)} do not change: {_unchanged_why(extra)}")
     aside = (". And yes, cu_seqlens_k moves with seqlens_k (it is their running sum): the toy reads keys "
              "through block tables and never builds it, but an engine that packs keys must correct it too"
              if "cu_seqlens_k" in answer else

@@ -13,7 +13,7 @@ from toy_engine.run import EngineStalled, StageInPlugin, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
-from .errors import engines, quoted
+from .errors import engines, refused_or_raised
 from .harness import exercise_check, notebook_check
 from .step_watch import StepWatch, engine_frames
 from .thread_errors import other_thread
@@ -327,7 +327,7 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
     reference = lifetime_runs.completions(run)
     watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
     try:
-        outs = engine.generate(list(run.prompts), process_outputs=watch,
+        outs = engine.generate(list(run.prompts), process_outputs=watch.plugin(),
                                on_round=lifetime_runs.aborter(run.abort),
                                **dict(run.args))
         err = None
@@ -396,21 +396,14 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
     if engines(err, EngineStalled):
         return lifetime_runs.stalled(err, engine, reference)
     if engines(err, StageInPlugin):  # the engine refuses a stage inside the plug-in
-        return fails("calls_itself",
-                     f"your process_outputs called `engine.{err.stage}(step)`: in this run the "
-                     "engine's `process_outputs` calls *your* function (that is how it is plugged "
-                     "in), and a stage called from inside it would process the step again, so "
-                     "the engine refused. Do the steps yourself: "
-                     "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
-                     "`engine.commit_outputs(step, out)`, then free what is finished")
-    if isinstance(err, RecursionError):
-        called = "flush" if engine_frames(err) & {"flush"} else "process_outputs"
-        via = " (`flush` processes the step through `process_outputs`)" if called == "flush" else ""
-        return fails("calls_itself",
-                     f"your process_outputs called `engine.{called}(step)`{via}: in this run the engine's "
-                     "`process_outputs` calls *your* function (that is how it is plugged in), so each call started "
-                     "another one until Python gave up (RecursionError). Do the steps yourself: "
-                     "`engine.device.wait(step.sample_done)`, `engine.read_outputs(step)`, "
-                     "`engine.commit_outputs(step, out)`, then free what is finished")
-    return fails("raised", f"your process_outputs raised {quoted(err)}")
+        return lifetime_runs.stage_called(err.stage)
+    frames = engine_frames(err) if isinstance(err, RecursionError) else {}
+    again = [stage for stage in ("flush", "process_outputs") if frames.get(stage, 0) > 1]
+    if again:  # the engine ran the plug-in again: not the learner's own recursion
+        return lifetime_runs.stage_called(again[0], refused=False)
+    refused = lifetime_runs.refused_tokens(
+        err, _who_step(watch.calls[-1]["step"]) if watch.calls else "in this run")
+    if refused is not None:
+        return refused
+    return fails("raised", f"your process_outputs {refused_or_raised(err)}")
 

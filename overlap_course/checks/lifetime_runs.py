@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from toy_engine.engine import Engine
 from toy_engine.record import Launch
 from toy_engine.buffers import BadOutputs
+from toy_engine.refusals import EndTakenBack, HandedBeside, OtherTokens
 from toy_engine.run import EngineStalled
 
 from . import endings, pool
 from .answers import show
-from .errors import said
+from .errors import engines, said
 from .step_watch import UNKNOWN, StepWatch
 from .verdict import Verdict, fails
 
@@ -197,6 +198,69 @@ def bad_outputs(err: BadOutputs, who: str, call: dict) -> Verdict:
                  f"`engine.commit_outputs(step, out)`")
 
 
+_STEPS = ("Do the steps yourself: `engine.device.wait(step.sample_done)`, "
+          "`engine.read_outputs(step)`, `engine.commit_outputs(step, out)`, then free what is "
+          "finished")
+
+
+def stage_called(stage: str, refused: bool = True) -> Verdict:
+    """A round's stage the learner's process_outputs called (the engine refused it,
+    ``StageInPlugin``; not ``refused``: Python's RecursionError stopped it), named as called,
+    with why: ``process_outputs`` and ``flush`` run the learner's function on the step again;
+    the others plan or launch a round that no loop processes (blind round 25:
+    ``engine.schedule()`` was told it "would process the step again")."""
+    if stage in ("process_outputs", "flush"):
+        via = " (`flush` processes the step through `process_outputs`)" if stage == "flush" else ""
+        end = ("would run your function again on a step it is processing, and the engine "
+               "refused it" if refused else "ran your function again, and each call started "
+               "another one until Python gave up (RecursionError)")
+        return fails("calls_itself",
+                     f"your process_outputs called `engine.{stage}`{via}: in this run the "
+                     "engine's `process_outputs` calls *your* function (that is how it is "
+                     f"plugged in), so that call {end}. {_STEPS}")
+    called = "`engine.schedule()`" if stage == "schedule" else f"`engine.{stage}`"
+    return fails("calls_stage",
+                 f"your process_outputs called {called}: only the run's loop calls a round's "
+                 "stages (here the engine's own, which calls your function with each step), and "
+                 "one called from inside a results step would plan or launch a round that loop "
+                 "never processes, so the engine refused it. A results step waits, reads, "
+                 "commits and frees, nothing more; to see what runs next, read "
+                 "`engine.scheduler.waiting` and `engine.scheduler.running`")
+
+
+def refused_tokens(err, who: str) -> Verdict | None:
+    """The engine's refusal of tokens the learner's process_outputs handed out beside
+    ``commit_outputs`` or gave it changed, or of a finished request set back to unfinished, in
+    the lesson's words (blind round 25: the refusals' class names and the watch's own name were
+    the verdict); None for any other error."""
+    if engines(err, HandedBeside):
+        return fails("tokens_beside",
+                     f"{who}: your process_outputs committed the step with "
+                     f"`engine.commit_outputs(step, out)`, which handed prompt {err.prompt} the "
+                     f"tokens {show(err.handed)}, but after your process_outputs its "
+                     f"`req.output_ids` holds {show(err.holds)} from that round (the engine "
+                     "refused it): `commit_outputs` already appends each token the round kept "
+                     "(and ends the request where it ends). Do not append them again, nor other "
+                     "tokens, before or after the call")
+    if engines(err, OtherTokens):  # one committed by hand is judged before: never_committed
+        sampled = "at least one token" if err.sampled is None else show(err.sampled)
+        did = (f"gave `engine.commit_outputs` outputs that keep {show(err.given)} for prompt "
+               f"{err.prompt}, where the round sampled {sampled}")
+        return fails("wrong_tokens",
+                     f"{who}: your process_outputs {did} (the engine refused it): the device "
+                     "goes on from the tokens it sampled (under ZOS it has already fed them to "
+                     "the next round), so other tokens give a text the model never produced. "
+                     "Commit the list `engine.read_outputs(step)` returns, unchanged")
+    if engines(err, EndTakenBack):
+        return fails("overwrote_finish",
+                     f"{who}: your process_outputs set prompt {err.prompt}'s `req.finish_reason` "
+                     f"back from {err.was!r} to None (the engine refused it): a request ends "
+                     "exactly once, and generate returns it as it ended. Leave a finished "
+                     "request's finish_reason as it is: one whose extra step is still in flight "
+                     "(`req.num_inflight > 0`) is freed when that step is processed")
+    return None
+
+
 def reason_mistake(call: dict, who: str, reference) -> Verdict | None:
     """A finish_reason the learner's process_outputs set (StepWatch's ``reasons``): in a call
     only ``commit_outputs`` ends a request, where its tokens end it, and no code changes a
@@ -218,16 +282,32 @@ def reason_mistake(call: dict, who: str, reference) -> Verdict | None:
                          f"({want.finish_reason!r} here). Leave it, and free a finished request "
                          f"once `num_inflight == 0`{flight}")
         got = f"{len(ids)} token(s)" if ids is not None else "its tokens"
+        reference_end = (f"the engine's own process_outputs goes on committing until it ends "
+                         f"{want.finish_reason!r}, with {len(want.token_ids)} token(s)")
+        if after == "abort":
+            return fails("ended_unfinished", _aborted(who, req.index, got, reference_end))
         return fails("ended_unfinished",
                      f"{who}: your process_outputs set prompt {req.index}'s finish_reason to "
                      f"{after!r} after {got}, though `commit_outputs` had left it unfinished: "
-                     f"that ended it early (the engine's own process_outputs goes on committing "
-                     f"until it ends {want.finish_reason!r}, with {len(want.token_ids)} "
-                     f"token(s)). A request ends "
-                     f"where `commit_outputs` ends it (its limit, a stop string, EOS) or by an "
-                     f"abort: leave `finish_reason` to them, and free a request only once "
-                     f"`req.finished` and `req.num_inflight == 0`")
+                     f"that ended it early ({reference_end}). A request ends where "
+                     f"`commit_outputs` ends it (its limit, a stop string, EOS), or where its "
+                     f"user aborts it: leave `finish_reason` to them, and free a request only "
+                     f"once `req.finished` and `req.num_inflight == 0`")
     return None
+
+
+def _aborted(who: str, prompt: int, got: str, reference_end: str) -> str:
+    """A request the learner's process_outputs aborted, by ``engine.abort(req.id)`` or a write
+    of "abort" (the watch sees the reason, not which): a results step ends no request, and an
+    abort comes from outside it (blind round 25: told it had set the reason, and that "an
+    abort" was a right way to end)."""
+    return (f"{who}: your process_outputs aborted prompt {prompt} after {got} (its "
+            f"finish_reason became 'abort', as `engine.abort(req.id)` sets it), though "
+            f"`commit_outputs` had left it unfinished: that ended it early ({reference_end}). "
+            f"A results step ends no request: it waits, reads, commits and frees. An abort is "
+            f"its user's call, made from outside (a client; this check's abort runs make one "
+            f"from `on_round`), and what your process_outputs does with an aborted request is "
+            f"free it once `req.num_inflight == 0`")
 
 
 def lost_blocks(engine: Engine, watch: StepWatch) -> Verdict | None:

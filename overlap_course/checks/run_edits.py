@@ -200,6 +200,19 @@ def kept_by_edit(log, prompts) -> str | None:
             f"could not end. {_FIX[0].upper()}{_FIX[1:]}")
 
 
+def unplanned_by_edit(log, prompts) -> str | None:
+    """A stall on unfinished requests that no round plans (``prompts``), where the loop edited
+    one of them: that edit named, not the engine's "set req.finish_reason" (blind round 25: the
+    loop had appended a token, and the same check refuses a loop that ends a request)."""
+    if log.watch.edited not in prompts:
+        return None
+    req = log.requests[log.watch.edited]
+    return (f"the engine could not go on: {log.watch.edit}, and it now holds "
+            f"{len(req.output_ids)} of its {req.max_new_tokens} tokens with no finish_reason: "
+            f"it wants no more rounds, and only the engine's commit ends a request (its limit, "
+            f"a stop string or EOS). {_FIX[0].upper()}{_FIX[1:]}")
+
+
 def run_verdict(log, outs, reference, where: str = "") -> Verdict | None:
     """What a loop's run (its completions ``outs``) did to its requests, first thing first: a
     request let go unfinished (one the loop aborted itself named), then tokens that differ from

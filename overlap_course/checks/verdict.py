@@ -61,7 +61,7 @@ CATEGORIES = frozenset({
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
     "short_commit", "bad_outputs",
     "left_unfinished", "ended_unfinished",
-    "kept_blocks", "calls_itself", "pool_junk", "stale_blocks",
+    "kept_blocks", "calls_itself", "calls_stage", "tokens_beside", "pool_junk", "stale_blocks",
     # 06: real traces
     "idle_time_not_share", "share_over_one", "whole_trace", "pytorch_call", "launch_call", "not_blocking", "other_sync",
     "not_in_trace",
