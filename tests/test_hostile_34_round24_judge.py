@@ -122,12 +122,15 @@ class _Token:
     pass
 
 
+C_CODE = "C code: it runs later, with no code of yours for the judge to compare"
+
+
 def test_the_look_names_c_callbacks_only():
     token, update = _Token(), functools.partial(max, [], key=vars(operator).update)
     assert _watched(lambda: [weakref.ref(token, update)]) == [
-        "a weakref callback calling partial"]
+        f"a weakref callback calling partial of max ({C_CODE})"]  # (round 25: why, named)
     assert _watched(lambda: [weakref.ref(token, print)]) == [
-        "a weakref callback calling print"]
+        f"a weakref callback calling print ({C_CODE})"]
     assert _watched(lambda: [weakref.ref(token), weakref.ref(token, lambda r: None),
                              weakref.finalize(token, os.path.join, "a"),
                              weakref.WeakValueDictionary({1: token})]) == []
@@ -144,15 +147,15 @@ def test_a_look_finds_its_weakrefs_frozen_by_the_submission():
 def test_the_look_names_classes_whose_del_is_c_code_and_weak_methods_callbacks():
     update, later = functools.partial(max, [], key=vars(operator).update), type("Later", (), {})
     class_body = (lambda: [type("Body", (), {"__del__": update})])
-    assert _watched(class_body) == ["a class Body whose __del__ is partial"]
+    assert _watched(class_body) == [f"a class Body whose __del__ is partial of max ({C_CODE})"]
 
     def set_later():
         later.__del__ = print
         return []
-    assert _watched(set_later) == ["a class Later whose __del__ is print"]
+    assert _watched(set_later) == [f"a class Later whose __del__ is print ({C_CODE})"]
     method = type("Method", (), {"m": lambda self: 0, "__del__": lambda self: None})().m
     assert _watched(lambda: [weakref.WeakMethod(method, update)]) == [
-        "a weakref callback calling partial"]
+        f"a weakref callback calling partial of max ({C_CODE})"]
     assert _watched(lambda: [weakref.WeakMethod(method, lambda ref: None)]) == []
 
 

@@ -50,12 +50,17 @@ lie about any check of itself (an input transformer that rewrites the test cell,
 that runs beside its checker shares the judge's process, so code written against the judge on
 purpose can still mutate the checker's data in place, leave a builtin for C code to call later
 (a dunder method other than ``__del__`` that the checker's code reaches:
-``functools.partial(setattr, ...)``, which no hand-back sees; a finalizer, a gc callback, a
-weakref whose callback is C code (``WeakMethod``'s too), a class whose own ``__del__`` is, a
-signal handler that is, and ``sys.set_asyncgen_hooks``' that are, made or set by the cells or
-in the check, are graded as a change at each compare (round 24:
-:mod:`~overlap_course.build.judge_weakrefs`, :mod:`~overlap_course.build.judge_handlers`), an
-audit hook is refused and named, but not the standard library's Python code that calls a C
+``functools.partial(setattr, ...)``, which no hand-back sees; a gc callback, a finalizer, a
+weakref or proxy whose callback is C code (``WeakMethod``'s too), a class whose own
+``__del__`` is, a signal handler that is, and ``sys.set_asyncgen_hooks``' that are, made or set
+by the cells or in the check, are graded as a change at each compare (rounds 24 and 25:
+:mod:`~overlap_course.build.judge_weakrefs`, :mod:`~overlap_course.build.judge_handlers`),
+unless a finalizer or a weakref calls Python code, compared as it runs, or touches only the
+cells' own plain data (:mod:`~overlap_course.build.judge_harmless`: a method of a list, set or
+deque made while the cells ran, given plain values; one the checker's code made as a cell called
+it counts as the cells' too, while a right answer's list made in its loop, or a dict, is graded
+as a change); an audit hook is refused and named, but not the standard library's Python code
+that calls a C
 callable it is handed, as a partial of a function that calls its argument, nor asyncgen hooks
 set by such code, or in a thread that ends, and not set again before a compare), and reach
 the judge's memory, where the run's secret lies, to sign a forged report: the report is

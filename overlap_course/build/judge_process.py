@@ -94,6 +94,7 @@ def judge_main(argv: list[str]) -> None:
     if "values" in request:
         args = [_decode(value) for value in request["values"]]  # a bad one ends the judge: 0
     else:
+        watch.cells_begin()  # what is alive now is not the cells'
         args = _code_arguments(request["cells"], names, toy_engine, runs, watch, restore)
         if isinstance(args, str):
             write({"passed": False, "message": args})

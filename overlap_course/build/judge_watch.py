@@ -278,9 +278,10 @@ def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get
 
 def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
               registry=weakref.finalize._registry, callbacks=gc.callbacks,
-              starts=str.startswith, places=_CHECKER_DIRS, me_now=threading.get_ident) -> dict:
+              starts=str.startswith, places=_CHECKER_DIRS, me_now=threading.get_ident,
+              values=dict.values) -> dict:
     """``profile(frame, event, arg)`` and ``deferred()``."""
-    foreign, untrusted, code_of = fields["foreign"], fields["untrusted"], fields["code_of"]
+    foreign, harm, code_of = fields["foreign"], fields["harm"], fields["code_of"]
     finalizers, before, entered = fields["finalizers"], fields["callbacks"], fields["modes"].entered
     pending, weakrefs, handlers = fields["pending"], fields["weakrefs"], fields["handlers"]
 
@@ -290,14 +291,20 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
 
     def deferred() -> list[str]:
         """Calls the submission left for trusted code to make later, when no code of its own
-        returns: finalizers and garbage-collector callbacks registered since the check began,
-        whose function is not trusted Python code (``weakref.finalize(x, setattr, ...)``), and
-        weakrefs made since the watch whose callback is C code and classes whose ``__del__`` is
-        (``judge_weakrefs``); signal handlers and async generators' hooks (``judge_handlers``)."""
-        found = [f"a finalizer calling {name(info.func)}" for key, info in listed(
-            registry.items()) if key not in finalizers and untrusted(info.func)]
+        returns: garbage-collector callbacks registered since the watch was made, and C code
+        (``judge_harmless``) that a finalizer registered since calls (``weakref.finalize(x,
+        setattr, ...)``; its Python code is compared as it runs), a weakref's callback or a
+        class's ``__del__`` (``judge_weakrefs``: read first, as it notes the objects made since
+        the last look); signal handlers and async generators' hooks (``judge_handlers``)."""
+        found = weakrefs()
+        for key, info in listed(registry.items()):
+            args, keywords = info.args, info.kwargs  # (read without running code of theirs)
+            given = [*(args if kind(args) is tuple else [args]), *(
+                values(keywords) if kind(keywords) is dict else [keywords])]
+            if key not in finalizers and (why := harm(info.func, "a finalizer calling", given)):
+                found.append(why)
         return found + [f"a gc callback {name(c)}" for c in listed(callbacks)
-                        if c not in before] + weakrefs() + handlers()
+                        if c not in before] + handlers()
 
     def profile(frame, event: str, arg) -> None:
         """At each hand-back, and as the check first calls code of the submission's: what the

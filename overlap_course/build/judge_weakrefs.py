@@ -5,14 +5,18 @@ no code of the submission's when its referent dies, so no hand-back is compared:
 loop hung one that rebound ``pool.compare`` on a local of its own (fired as its frame was
 cleared, after the compare at its return) and one that put it back on the run's
 ``RequestWatch`` (fired as the check returned, before the judge's last compare): a wrong loop
-passed.  So such a weakref, or a class whose own ``__del__`` is such (in its body, or set later:
+passed; round 25's did the same through ``weakref.proxy`` (a proxy's type is no
+``weakref.ref``'s: listed too, its callback read as its one referent).  So such a weakref or
+proxy, or a class whose own ``__del__`` is such (in its body, or set later:
 ``Cls.__del__ = partial(...)``, which Python 3.11 audits not), made or set by the cells or while
-the check runs, is graded as a change at the next compare; ``WeakMethod``'s callback is read out
-of its closure.  A callback of Python code is not: the submission's is compared as it is called,
-and the standard library's (``WeakValueDictionary``, ``WeakSet``, ``weakref.finalize``, whose
-functions the watch reads from its registry) is trusted, as are the C callbacks CPython hangs
-itself (``_abc``'s caches, at each ``isinstance`` of an ABC; ``threading.local``).  ``__del__``
-is the one method the runtime calls as an object dies (``tp_finalize``; 3.11 has no
+the check runs, is graded as a change at the next compare, named with why
+(:mod:`~overlap_course.build.judge_harmless`: not a method of a list, set or deque the cells
+made, as ``LIVE.remove``); ``WeakMethod``'s callback is read out of its closure.  A callback
+of Python code is not: the submission's is compared as it is called, and the standard
+library's (``WeakValueDictionary``, ``WeakSet``, ``weakref.finalize``, whose functions the
+watch reads from its registry) is trusted, as are the C callbacks CPython hangs itself
+(``_abc``'s caches, at each ``isinstance`` of an ABC; ``threading.local``).  ``__del__`` is the
+one method the runtime calls as an object dies (``tp_finalize``; 3.11 has no
 ``__release_buffer__``).
 
 Weakrefs are registered nowhere, and the garbage collector lists every object of the process
@@ -33,8 +37,8 @@ import threading
 import types
 import weakref
 
-#: The C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
-_CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
+from overlap_course.build.judge_harmless import harm_rule
+
 #: ``WeakMethod``'s own callback, which calls the one it was handed (a cell of its closure)
 _WEAK_METHOD_CB = next(c for c in weakref.WeakMethod.__new__.__code__.co_consts
                        if type(c) is types.CodeType and c.co_name == "_cb")
@@ -51,18 +55,16 @@ class _Mark(weakref.ref):
 def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_=any,
                 is_sub=issubclass, compress=itertools.compress, repeat=itertools.repeat,
                 ref=weakref.ref, callback_of=weakref.ref.__dict__["__callback__"].__get__,
-                builtin=types.BuiltinFunctionType, mark_type=_Mark, cpythons=_CPYTHONS,
-                self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
-                name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
-                objects=gc.get_objects, referents=gc.get_referents, freeze=gc.freeze,
-                unfreeze=gc.unfreeze,
-                type_name=type.__dict__["__name__"].__get__, me_now=threading.get_ident) -> dict:
+                proxies=frozenset({weakref.ProxyType, weakref.CallableProxyType}),
+                mark_type=_Mark, objects=gc.get_objects, referents=gc.get_referents,
+                freeze=gc.freeze, unfreeze=gc.unfreeze, me_now=threading.get_ident) -> dict:
     """``weakrefs_begin()`` as the check begins, ``weakrefs()`` at each compare (what it found,
-    named), ``weakrefs_end()`` as it ends; the weakrefs of C callbacks alive as the watch is
-    made (before the submission's first line: torch's), and the classes' ``__del__`` then, are
-    not the submission's.  Bound as the watch is made, like the hooks (no name a cell can rebind
-    is looked up as they run)."""
-    looking, code_of = fields["looking"], fields["code_of"]
+    named), ``weakrefs_end()`` as it ends, and ``cells_begin()`` before the cells (what is
+    alive then is not theirs: :func:`~overlap_course.build.judge_harmless.harm_rule`); the
+    weakrefs of C callbacks alive as the watch is made (before the submission's first line:
+    torch's), and the classes' ``__del__`` then, are not the submission's.  Bound as the watch
+    is made, like the hooks (no name a cell can rebind is looked up as they run)."""
+    looking = fields["looking"]
     found: list[str] = []
     mark: list = []
 
@@ -79,30 +81,34 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
         """The objects not frozen."""
         return unwatched(objects)
 
-    def in_c(callback) -> bool:
-        return callback is not None and code_of(callback) is None and not (
-            kind(callback) is builtin and kind(self_of(callback)) is ref
-            and name_of(callback) in cpythons)
+    def weakrefs_in(objs: list) -> list:
+        """Weakrefs and proxies (a proxy's type is no ``weakref.ref``'s)."""
+        types_of = listed(mapped(kind, objs))
+        return [*compress(objs, mapped(is_sub, types_of, repeat(ref))),
+                *compress(objs, mapped(proxies.__contains__, types_of))]
 
-    def named(callback) -> str:
-        return name_of(callback) if kind(callback) is builtin else type_name(kind(callback))
+    def callback(r):
+        """A weakref's callback; a proxy's is its one referent (``__callback__`` refuses it)."""
+        return callback_of(r) if is_sub(kind(r), ref) else next(iter(unwatched(referents, r)),
+                                                                None)
 
-    called = _weak_method_calls()
-    objs = young()
-    refs = listed(compress(objs, mapped(is_sub, mapped(kind, objs), repeat(ref))))
-    before = {ident(r): callback_of(r) for r in refs if in_c(called(callback_of(r)))}
-    deaths = _class_deaths(objs, in_c, named, lambda *spaces: unwatched(referents, *spaces))
-    del objs, refs
+    rules = harm_rule(fields["code_of"])
+    harm, called, objs = rules["harm"], _weak_method_calls(), young()
+    rules["harm_before"](objs)
+    before = {ident(r): callback(r) for r in weakrefs_in(objs)
+              if harm(called(callback(r)), "", weak=r) is not None}
+    deaths = _class_deaths(objs, harm, lambda *spaces: unwatched(referents, *spaces))
+    del objs
 
-    def made() -> list[str]:
+    def made(first: bool = False) -> list[str]:
         objs = young()
-        refs = listed(compress(objs, mapped(is_sub, mapped(kind, objs), repeat(ref))))
+        rules["harm_began" if first else "harm_seen"](objs)  # (an id reused: not the cells')
+        refs = weakrefs_in(objs)
         if mark and not any_(r is mark[0] for r in refs):
             found.append("gc.freeze (it hides weakrefs from the judge)")
-        found.extend(f"a weakref callback calling {named(called(callback_of(r)))}" for r in refs
-                     if in_c(called(callback_of(r))) and before.get(ident(r)) is not
-                     callback_of(r))
-        found.extend(deaths(objs))
+        found.extend(why for r in refs if before.get(ident(r)) is not callback(r) and (
+            why := harm(called(callback(r)), "a weakref callback calling", weak=r)))
+        found.extend(deaths(objs) + rules["harm_held"]())
         found[:] = dict.fromkeys(found)  # once each (a WeakMethod hangs its callback twice)
         del objs, refs
         freeze()
@@ -113,9 +119,13 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
         unfreeze()  # what the cells froze: looked at as well
         found.clear()
         mark.clear()
-        made()
+        made(first=True)
 
-    return {"weakrefs": made, "weakrefs_begin": begin, "weakrefs_end": unfreeze}
+    def end() -> None:
+        unfreeze()
+        rules["harm_end"]()
+    return {"weakrefs": made, "weakrefs_begin": begin, "weakrefs_end": end, "harm": harm,
+            "cells_begin": lambda: rules["harm_before"](young())}
 
 
 def _weak_method_calls(kind=type, function=types.FunctionType, unwrap=_MAX_UNWRAP,
@@ -138,7 +148,7 @@ def _weak_method_calls(kind=type, function=types.FunctionType, unwrap=_MAX_UNWRA
     return called
 
 
-def _class_deaths(objs: list, in_c, named, dicts, kind=type, ident=id, listed=list, mapped=map,
+def _class_deaths(objs: list, harm, dicts, kind=type, ident=id, listed=list, mapped=map,
                   is_sub=issubclass, compress=itertools.compress, repeat=itertools.repeat,
                   is_not=operator.is_not, count=itertools.count, own=type.__dict__[
                       "__dict__"].__get__, get=dict.get, key="__del__",
@@ -167,8 +177,8 @@ def _class_deaths(objs: list, in_c, named, dicts, kind=type, ident=id, listed=li
         now = listed(mapped(get, spaces, repeat(key)))
         changed = listed(compress(count(), mapped(is_not, now, dels)))
         dels[:] = now
-        return [f"a class {type_name(classes[i])} whose __del__ is {named(now[i])}"
-                for i in changed if in_c(now[i])]
+        return [why for i in changed
+                if (why := harm(now[i], f"a class {type_name(classes[i])} whose __del__ is"))]
 
     learn(objs)
     dels[:] = listed(mapped(get, spaces, repeat(key)))

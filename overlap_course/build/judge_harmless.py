@@ -1,0 +1,131 @@
+"""Which code the runtime calls later for the submission is a change (for the judge's watch:
+:mod:`~overlap_course.build.judge_weakrefs`, and the finalizers of
+:mod:`~overlap_course.build.judge_watch`).  Python code is not: the submission's is compared as
+it runs (a call and a return through the profile hook), the standard library's is trusted.  C
+code runs no frame of the submission's, so no compare sees what it does (round 24:
+``partial(max, pairs, key=vars(pool).update)`` broke ``pool.compare`` after the compare at a
+loop's return); but round 25's right loops hung ``LIVE.remove`` on a weakref and
+``ROUNDS.clear`` on a finalizer.  So a C callable is harmless when all it can touch is the
+submission's own plain data, and a change otherwise:
+
+- a public method of a ``list``, ``set`` or ``deque`` (that type exactly) made while the cells
+  ran: not one alive before them (the checker's, the judge's), nor one made since (the
+  check's; or one at an address an object of the cells' had, as ids are reused), nor a dict (a
+  module's or an object's attributes are one: ``vars(obj)`` makes it as it is asked, in 3.11);
+- through ``functools.partial``\\ s whose arguments, as a finalizer's, are plain values
+  (numbers, strings, bytes, None: nothing with code of its own, and no weakref, as two live
+  ones compare their referents), handed only a weakref of the runtime's own types;
+- one that compares or hashes the items (``remove``, ``discard``...) only while each item is a
+  plain value or a weakref (a class's C ``__eq__`` would run): read at each look, as long as
+  the check runs, even once the callback is gone (erring on the side of a change).
+
+Every other C callable (a builtin function, a method-wrapper, a class, a method of anything
+else) is a change, named with why."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import types
+import weakref
+
+CONTAINERS = frozenset({list, set, collections.deque})
+PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+ITEMS = PLAIN | {weakref.ref}  # what a compared item may be: a dead weakref compares by identity
+#: what the runtime may hand a callback: the weakref whose callback it is
+HANDED = frozenset({weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
+                    weakref.WeakMethod})
+#: the containers' methods that never compare nor hash an item
+MOVES = frozenset({"append", "appendleft", "clear", "copy", "extend", "extendleft", "insert",
+                   "pop", "popleft", "reverse", "rotate"})
+#: the C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
+_CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
+_MAX_UNWRAP = 20
+_GENERIC = "C code: it runs later, with no code of yours for the judge to compare"
+
+
+def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
+              compress=itertools.compress, partial=functools.partial,
+              builtin=types.BuiltinFunctionType, module=types.ModuleType, ref=weakref.ref,
+              self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
+              name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
+              type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
+              items=ITEMS, handed=HANDED, moves=MOVES, cpythons=_CPYTHONS) -> dict:
+    """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
+    with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
+    ``before(objs)`` before the cells, ``began(objs)`` as the check begins and ``seen(young)``
+    at each look (every object then; those made since the last); ``held()``: the compared
+    containers' items, at each look.  Bound as the watch is made, like its hooks."""
+    cells: set[int] = set()
+    alive: list = []  # the containers alive before the cells, held until the check begins
+    held: dict[int, tuple] = {}  # id -> (a container whose items a callback compares, what)
+
+    def containers_in(objs) -> list:
+        return listed(compress(objs, mapped(containers.__contains__, mapped(kind, objs))))
+
+    def before(objs) -> None:
+        alive[:] = containers_in(objs)  # held: no address of theirs is the cells' too
+
+    def began(objs) -> None:
+        cells.clear()
+        cells.update(mapped(ident, containers_in(objs)))
+        cells.difference_update(mapped(ident, alive))
+        alive.clear()
+        held.clear()
+
+    def seen(young) -> None:
+        cells.difference_update(mapped(ident, containers_in(young)))  # an address reused
+
+    def named(f) -> str:
+        """``max``, ``list.remove``, ``partial of dict.update``, a function's or a type's name."""
+        wrapped = ""
+        for _ in range(_MAX_UNWRAP):
+            if kind(f) is not partial:
+                break
+            wrapped, f = wrapped + "partial of ", f.func
+        if kind(f) is builtin:
+            owner = self_of(f)
+            return wrapped + (name_of(f) if owner is None or kind(owner) is module
+                              else f"{type_name(kind(owner))}.{name_of(f)}")
+        code = code_of(f)
+        return wrapped + (code.co_name if code is not None else type_name(kind(f)))
+
+    def odd(values) -> str | None:
+        """The name of the first value's type that is not plain."""
+        return next((type_name(kind(v)) for v in values if kind(v) not in plain), None)
+
+    def items_of(container, what: str) -> str | None:
+        other = next((t for t in mapped(kind, container) if t not in items), None)
+        return None if other is None else (
+            f"{what} (C code comparing the items of a {type_name(kind(container))} that holds "
+            f"a {type_name(other)})")
+
+    def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
+        if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
+                self_of(f)) is ref and name_of(f) in cpythons):
+            return None  # Python code, or CPython's own
+        what, given = f"{what} {named(f)}", listed(args)
+        for _ in range(_MAX_UNWRAP):
+            if kind(f) is not partial:
+                break
+            given += [*f.args, *f.keywords.values()]
+            f = f.func
+        owner = self_of(f) if kind(f) is builtin else None
+        if kind(owner) not in containers or name_of(f)[:1] == "_":
+            return f"{what} ({_GENERIC})"
+        if ident(owner) not in cells:
+            return f"{what} (C code on a {type_name(kind(owner))} your cells did not make)"
+        if (bad := odd(given)) or (weak is not None and kind(weak) not in handed
+                                   and (bad := type_name(kind(weak)))):
+            return f"{what} (C code given a {bad}: only numbers, strings and None are plain)"
+        if name_of(f) in moves:
+            return None
+        held[ident(owner)] = (owner, what)
+        return items_of(owner, what)
+
+    def compared() -> list[str]:
+        return [found for owner, what in listed(held.values())
+                if (found := items_of(owner, what)) is not None]
+    return {"harm": harm, "harm_before": before, "harm_began": began, "harm_seen": seen,
+            "harm_held": compared, "harm_end": held.clear}
