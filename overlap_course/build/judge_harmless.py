@@ -19,8 +19,12 @@ submission's own plain data, and a change otherwise:
   plain value or a weakref (a class's C ``__eq__`` would run): read at each look, as long as
   the check runs, even once the callback is gone (erring on the side of a change).
 
-Every other C callable (a builtin function, a method-wrapper, a class, a method of anything
-else) is a change, named with why."""
+Also harmless: the C callbacks libraries hang on their own objects, which no cell can bind to
+other data: a pybind11 function of torch's (bound to its function record: torch keeps a
+tensor's patient alive with one) and ctypes' ``DictRemover`` (a static type of ``_ctypes``); a
+right loop below a cell that ran ``torch.profiler.profile()`` hangs both (round 24's rule
+failed it).  Every other C callable (a builtin function, a method-wrapper, a class, a method of
+anything else) is a change, named with why."""
 
 from __future__ import annotations
 
@@ -42,6 +46,30 @@ MOVES = frozenset({"append", "appendleft", "clear", "copy", "extend", "extendlef
 #: the C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
 _CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
 _MAX_UNWRAP = 20
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a static type is made by C code, never by a cell
+
+
+def _pybind_records() -> frozenset:
+    """The types of torch's pybind11 function records (what its functions are bound to)."""
+    import torch  # the judge has imported it for the checker by now
+
+    found = {type(f.__self__) for f in vars(torch._C).values()
+             if type(f) is types.BuiltinFunctionType}
+    return frozenset(t for t in found if t.__module__ == "pybind11_builtins")
+
+
+def _extension_own(f, kind=type, builtin=types.BuiltinFunctionType,
+                   self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
+                   flags_of=type.__dict__["__flags__"].__get__,
+                   module_of=type.__dict__["__module__"].__get__,
+                   type_name=type.__dict__["__name__"].__get__, records=_pybind_records()) -> bool:
+    """Whether ``f`` is a library's own C callback: a pybind11 function of torch's, or ctypes'
+    ``DictRemover`` (read with C descriptors only: ``f`` may be anything)."""
+    if kind(f) is builtin:
+        return kind(self_of(f)) in records
+    t = kind(f)
+    return (not flags_of(t) & _HEAP_TYPE and type_name(t) == "DictRemover"
+            and module_of(t) == "_ctypes")
 _GENERIC = "C code: it runs later, with no code of yours for the judge to compare"
 
 
@@ -51,7 +79,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
               name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
               type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
-              items=ITEMS, handed=HANDED, moves=MOVES, cpythons=_CPYTHONS) -> dict:
+              items=ITEMS, handed=HANDED, moves=MOVES, cpythons=_CPYTHONS,
+              extension_own=_extension_own) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
     ``before(objs)`` before the cells, ``began(objs)`` as the check begins and ``seen(young)``
@@ -103,8 +132,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
 
     def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
         if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
-                self_of(f)) is ref and name_of(f) in cpythons):
-            return None  # Python code, or CPython's own
+                self_of(f)) is ref and name_of(f) in cpythons) or extension_own(f):
+            return None  # Python code, or CPython's own, or a library's own
         what, given = f"{what} {named(f)}", listed(args)
         for _ in range(_MAX_UNWRAP):
             if kind(f) is not partial:
