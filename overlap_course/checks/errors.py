@@ -11,7 +11,7 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.refusals import EndTakenBack, HandedBeside, OtherTokens
+from toy_engine.refusals import DraftsTooDeep, EndTakenBack, HandedBeside, OtherTokens
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
@@ -80,6 +80,8 @@ _FIELDS = {
     OtherTokens: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
                   "given": lambda x: type(x) is list,
                   "sampled": lambda x: x is None or type(x) is list},
+    DraftsTooDeep: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
+                    "earlier": lambda x: type(x) is int, "drafts": lambda x: type(x) is int},
 }
 # Per kind of RaceError, what the engine always puts in the attributes that may be None:
 # a buffer race names its buffer and access, the other kinds the prompt whose blocks they are.

@@ -13,11 +13,11 @@ from toy_engine.engine import Engine
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
 from toy_engine.record import Commit, Refused
-from toy_engine.refusals import EndTakenBack
+from toy_engine.refusals import DraftsTooDeep, EndTakenBack
 
 from . import pool
-from .run_edits import (RequestWatch, end_taken_back, kept_by_edit, settings, settings_edit,
-                        spun_by_edit, unplanned_by_edit)
+from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_taken_back,
+                        kept_by_edit, settings, settings_edit, spun_by_edit, unplanned_by_edit)
 from .errors import engines, quoted, said
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -182,6 +182,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = prepared_twice(log, err.round, err.latest)
     if verdict is None and engines(err, EndTakenBack):
         verdict = end_taken_back(err)
+    if verdict is None and engines(err, DraftsTooDeep):
+        verdict = drafts_too_deep(log, err)
     if verdict is None:
         verdict = common_mistakes(log)
     if verdict is None:
@@ -291,14 +293,8 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
                         for q in held):  # finished before round r, whose step then held only them
             return fails("skipped_extra_step", skipped_step_message(log, r, held))
         if mode == "zos" and r not in log.prefill and r + 1 in log.prefill:
-            return fails("dropped_at_prefill",
-                         f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was launched, "
-                         f"and it was never processed, so prompts {err.prompt_indexes} lost its "
-                         "tokens"
-                         f"{log.stopped_at(err.prompt_indexes)}. A "
-                         f"prefill round is processed at once, but that does not replace the deferred step: "
-                         f"process `previous` under the prefill's forward as in any round, then the prefill's "
-                         f"own step")
+            return dropped_at_prefill(log, r, f"so prompts {err.prompt_indexes} lost its tokens"
+                                              f"{log.stopped_at(err.prompt_indexes)}")
         if mode == "zos":
             return fails("no_flush",
                          f"{log.who(r)}: its step was launched but never processed, so prompts "

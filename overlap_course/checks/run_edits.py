@@ -177,6 +177,31 @@ def end_taken_back(err) -> Verdict:
                                    f"refused it: a request ends once): {_FIX}")
 
 
+def dropped_at_prefill(log, r: int, so: str) -> Verdict:
+    """Round ``r``'s deferred decode step, dropped when the prefill after it came; ``so``:
+    what that did to the run."""
+    return fails("dropped_at_prefill",
+                 f"{log.who(r)}: its step was still deferred when prefill {log.who(r + 1)} was "
+                 f"launched, and it was never processed, {so}. A prefill round is processed at "
+                 f"once, but that does not replace the deferred step: process `previous` under "
+                 f"the prefill's forward as in any round, then the prefill's own step")
+
+
+def drafts_too_deep(log, err) -> Verdict | None:
+    """The engine refused a drafting round whose request had two rounds in flight
+    (``DraftsTooDeep``): where a deferred step was dropped at a prefill before it, that step
+    (round 24: the loop was told only the refusal's class and text)."""
+    dropped = [r for r in log.rounds if r < err.round and r not in log.prefill
+               and r + 1 in log.prefill and log.first("launch_sample", r) is not None
+               and not log.processing(r)]
+    if not dropped:
+        return None
+    return dropped_at_prefill(log, dropped[0], f"so prompt {err.prompt} still had "
+                                               f"{err.earlier} rounds in flight when round "
+                                               f"{err.round} was prepared (the engine refused it "
+                                               f"with drafts on: its lengths would be wrong)")
+
+
 def spun_by_edit(log, calls: int) -> Verdict | None:
     """A loop the checker stopped after ``calls`` schedules, where it edited the requests: that
     edit named (tokens removed every round keep a request from its limit: blind round 20), not
