@@ -428,14 +428,14 @@ class RoundStages:
             if req.finished:
                 run.counts["discarded"] += 1
                 continue
-            before = len(req.output_ids)
+            before, n = len(req.output_ids), len(kept)  # the commit may consume ``kept``
             self._commit(req, kept, rnd)
             run.note_progress(req, self.scheduler.round)
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
                 run.counts["request_decode_rounds"] += 1
                 run.counts["proposed"] += k
-                run.counts["accepted"] += len(kept) - 1
+                run.counts["accepted"] += n - 1
         held = run.flights.held  # a plug-in's call: what it hands out beside it is refused after
         held.update((id(r), _ids(r)) for r in requests if id(r) in held)
         return list(requests)
