@@ -268,15 +268,32 @@ class CommitOtherTokens(ValueError):
     (``kept``) for prompt ``prompt`` and appended others (``appended``): not those, in order,
     stopping early only where the request ends."""
 
-    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str):
+    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str,
+                 eos: int | None = None):
+        made_up = (f" (EOS {eos} among them, which the round did not sample there)"
+                   if eos is not None else "")
         super().__init__(
             f"prompt {prompt}'s commit, replaced on the request by a plug-in ({who}), was handed "
-            f"round {round}'s kept tokens {shown(kept)} and appended {shown(appended)}: a commit "
-            f"appends each kept token once, in order, and stops early only where the request "
-            f"ends (EOS, a stop string, its limit); the device goes on from the tokens it "
+            f"round {round}'s kept tokens {shown(kept)} and appended {shown(appended)}{made_up}: "
+            f"a commit appends each kept token once, in order, and stops early only where the "
+            f"request ends (EOS, a stop string, its limit); the device goes on from the tokens it "
             f"sampled (under ZOS it has already fed them to the next round), so other tokens "
             f"give a text the model never produced")
         self.round, self.prompt, self.appended, self.kept = round, prompt, appended, kept
+
+    @classmethod
+    def check(cls, round: int, prompt: int, appended: list, kept: list, who: str,
+              eos: int) -> None:
+        """Refuse ``appended`` unless it is ``kept`` in order, stopping early, less any EOS
+        the round kept (left out or kept: lab 4's to judge, past_eos); an EOS the round never
+        sampled there is refused too: it would hide the tokens the device goes on from."""
+        i = 0
+        for tok in appended:
+            while i < len(kept) and kept[i] == eos != tok:
+                i += 1
+            if i == len(kept) or kept[i] != tok:
+                raise cls(round, prompt, appended, kept, who, eos if tok == eos else None)
+            i += 1
 
 
 class StateReplaced(TypeError):
