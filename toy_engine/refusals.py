@@ -353,18 +353,25 @@ class DraftsTooDeep(ValueError):
 class FixedChanged(ValueError):
     """A request's fixed field (prompt ``prompt``'s ``name``; ``fields``: those a learner
     sets) changed from ``was`` to ``now`` by ``who``, ``admitted`` or still waiting; generate
-    checked them, and max_new_tokens may only be lowered, to an int."""
+    checked them, and max_new_tokens may only be lowered, to an int; ``took``: the
+    max_new_tokens generate took (``was`` is lower once a plug-in lowered it: the limit in
+    force, which the scheduler reserves a request's KV blocks by when it admits it)."""
 
     def __init__(self, prompt: int, name: str, was, now, who: str, fields: tuple,
-                 admitted: bool = True):
-        what = f"prompt {prompt}'s req.{name} was changed from {shown(was)} to {shown(now)}"
+                 admitted: bool = True, took=None):
+        lowered = name == "max_new_tokens" and took is not None and was != took
+        what = (f"prompt {prompt}'s req.{name} was changed from {shown(was)}"
+                + (f" (lowered from the {shown(took)} generate took)" if lowered else "")
+                + f" to {shown(now)}")
         if name == "max_new_tokens" and type(now) is not int:
             why = (f" {who}, a value of type {type(now).__name__}: max_new_tokens is a plain "
                    f"int (the scheduler sizes the request's KV blocks and counts its tokens by "
                    f"it); it may only be lowered, to an int (req.max_new_tokens = int(n)), or "
                    f"end the request with engine.abort(req.id)")
         else:
-            rose = (" (past the positions its KV blocks were reserved for)"
+            rose = (", above the limit in force, the lowest it had (the scheduler reserves a "
+                    "request's KV blocks by the one it has when admitted)," if lowered else
+                    " (past the positions its KV blocks were reserved for)"
                     if name == "max_new_tokens" and admitted else "")
             since = ("once it runs (its KV blocks and row were reserved, its sampling set from "
                      "them" if admitted else
