@@ -113,12 +113,16 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # them, never blaming an absent plug-in: 15; an end taken back in wants_more named, in its own
 # function to keep schedule under 40 lines: 11; the row and blocks refusal moved to
 # refusals.py, PlacementChanged: 6; check_committed moved to validate.py, so stages.py stays
-# under 480).
+# under 480);
+# 4,842 until round twenty-six's engine added 27 (a per_request commit appending an EOS the round
+# never sampled refused, CommitOtherTokens.check, the kept EOS left out or kept still lab 4's: 15;
+# a max_new_tokens lowered is the limit in force, a raise above it refused where it is made,
+# naming the value generate took, Run.limits and FixedChanged: 12).
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4842, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4869, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -268,15 +268,32 @@ class CommitOtherTokens(ValueError):
     (``kept``) for prompt ``prompt`` and appended others (``appended``): not those, in order,
     stopping early only where the request ends."""
 
-    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str):
+    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str,
+                 eos: int | None = None):
+        made_up = (f" (EOS {eos} among them, which the round did not sample there)"
+                   if eos is not None else "")
         super().__init__(
             f"prompt {prompt}'s commit, replaced on the request by a plug-in ({who}), was handed "
-            f"round {round}'s kept tokens {shown(kept)} and appended {shown(appended)}: a commit "
-            f"appends each kept token once, in order, and stops early only where the request "
-            f"ends (EOS, a stop string, its limit); the device goes on from the tokens it "
+            f"round {round}'s kept tokens {shown(kept)} and appended {shown(appended)}{made_up}: "
+            f"a commit appends each kept token once, in order, and stops early only where the "
+            f"request ends (EOS, a stop string, its limit); the device goes on from the tokens it "
             f"sampled (under ZOS it has already fed them to the next round), so other tokens "
             f"give a text the model never produced")
         self.round, self.prompt, self.appended, self.kept = round, prompt, appended, kept
+
+    @classmethod
+    def check(cls, round: int, prompt: int, appended: list, kept: list, who: str,
+              eos: int) -> None:
+        """Refuse ``appended`` unless it is ``kept`` in order, stopping early, less any EOS
+        the round kept (left out or kept: lab 4's to judge, past_eos); an EOS the round never
+        sampled there is refused too: it would hide the tokens the device goes on from."""
+        i = 0
+        for tok in appended:
+            while i < len(kept) and kept[i] == eos != tok:
+                i += 1
+            if i == len(kept) or kept[i] != tok:
+                raise cls(round, prompt, appended, kept, who, eos if tok == eos else None)
+            i += 1
 
 
 class StateReplaced(TypeError):
@@ -336,18 +353,25 @@ class DraftsTooDeep(ValueError):
 class FixedChanged(ValueError):
     """A request's fixed field (prompt ``prompt``'s ``name``; ``fields``: those a learner
     sets) changed from ``was`` to ``now`` by ``who``, ``admitted`` or still waiting; generate
-    checked them, and max_new_tokens may only be lowered, to an int."""
+    checked them, and max_new_tokens may only be lowered, to an int; ``took``: the
+    max_new_tokens generate took (``was`` is lower once a plug-in lowered it: the limit in
+    force, which the scheduler reserves a request's KV blocks by when it admits it)."""
 
     def __init__(self, prompt: int, name: str, was, now, who: str, fields: tuple,
-                 admitted: bool = True):
-        what = f"prompt {prompt}'s req.{name} was changed from {shown(was)} to {shown(now)}"
+                 admitted: bool = True, took=None):
+        lowered = name == "max_new_tokens" and took is not None and was != took
+        what = (f"prompt {prompt}'s req.{name} was changed from {shown(was)}"
+                + (f" (lowered from the {shown(took)} generate took)" if lowered else "")
+                + f" to {shown(now)}")
         if name == "max_new_tokens" and type(now) is not int:
             why = (f" {who}, a value of type {type(now).__name__}: max_new_tokens is a plain "
                    f"int (the scheduler sizes the request's KV blocks and counts its tokens by "
                    f"it); it may only be lowered, to an int (req.max_new_tokens = int(n)), or "
                    f"end the request with engine.abort(req.id)")
         else:
-            rose = (" (past the positions its KV blocks were reserved for)"
+            rose = (", above the limit in force, the lowest it had (the scheduler reserves a "
+                    "request's KV blocks by the one it has when admitted)," if lowered else
+                    " (past the positions its KV blocks were reserved for)"
                     if name == "max_new_tokens" and admitted else "")
             since = ("once it runs (its KV blocks and row were reserved, its sampling set from "
                      "them" if admitted else

@@ -132,6 +132,7 @@ class Run:
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
     marks: dict = field(default_factory=dict)  # id(request) -> (most tokens it had, ended)
+    limits: dict = field(default_factory=dict)  # id(request) -> lowest max_new_tokens seen
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -309,8 +310,8 @@ class Run:
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (checked by generate, sized, reserved or sent
-        at admission) changed, or whose max_new_tokens rose (lowered, it only ends sooner), or
-        whose output_ids or text is of another type; ``who`` may have changed them."""
+        at admission) changed, or whose max_new_tokens rose above the lowest it had (lowered, it
+        only ends sooner), or whose output_ids or text is of another type; ``who`` may have."""
         for req in requests:
             fixed = self.fixed.get(id(req))
             if fixed is None:  # not this run's: another run's, or the loop's own object
@@ -320,12 +321,16 @@ class Run:
             held = placed[id(req)][:1 + (not req.finished)] if id(req) in placed else ()
             for name, was in zip(FIXED_FIELDS + ("row", "blocks"), fixed + held):
                 now = getattr(req, name)
+                if name == "max_new_tokens":  # the limit in force: the lowest it had
+                    was = self.limits.get(id(req), was)
+                    self.limits[id(req)] = now if type(now) is int and now < was else was
                 if type(now) is type(was) and (now == was or name == "max_new_tokens"
                                                and now < was):
                     continue
                 if name in ("row", "blocks"):
                     raise PlacementChanged(fixed[1], name, was, now, who)
-                raise FixedChanged(fixed[1], name, was, now, who, FIXED_FIELDS[2:], bool(held))
+                raise FixedChanged(fixed[1], name, was, now, who, FIXED_FIELDS[2:], bool(held),
+                                   fixed[FIXED_FIELDS.index("max_new_tokens")])
             StateReplaced.check(req, fixed[1], who)
 
     def take_aborts(self) -> list[Request]:

@@ -428,14 +428,14 @@ class RoundStages:
             if req.finished:
                 run.counts["discarded"] += 1
                 continue
-            before = len(req.output_ids)
+            before, n = len(req.output_ids), len(kept)  # the commit may consume ``kept``
             self._commit(req, kept, rnd)
             run.note_progress(req, self.scheduler.round)
             run.counts["tokens"] += len(req.output_ids) - before
             if not prefill:
                 run.counts["request_decode_rounds"] += 1
                 run.counts["proposed"] += k
-                run.counts["accepted"] += len(kept) - 1
+                run.counts["accepted"] += n - 1
         held = run.flights.held  # a plug-in's call: what it hands out beside it is refused after
         held.update((id(r), _ids(r)) for r in requests if id(r) in held)
         return list(requests)
@@ -443,8 +443,8 @@ class RoundStages:
     def _commit(self, req: Request, kept: list, rnd: int) -> None:
         """Hand ``req`` the tokens round ``rnd`` kept through its commit; one a plug-in replaced
         on the request is checked after: it appends them, in order, or fewer as the request
-        ends (the device goes on from what it kept); an EOS left out or kept is lab 4's
-        mistake to judge (past_eos, eos_kept), as a stop string left uncut is."""
+        ends (the device goes on from what it kept); an EOS the round kept, left out or kept,
+        is lab 4's mistake to judge (past_eos, eos_kept), as a stop string left uncut is."""
         if "commit" not in vars(req):
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             return
@@ -455,10 +455,8 @@ class RoundStages:
         who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
         self._run.flights.check([req], f"by {who} ({label})")
         self._check_committed(req, ids, f"{who} ({label}),")
-        eos, new, run = self.tokenizer.eos_id, req.output_ids[len(ids):], want[len(ids):]
-        bare = [t for t in new if t != eos]  # an EOS left out or kept: lab 4's to judge
-        if bare != [t for t in run if t != eos][:len(bare)]:
-            raise CommitOtherTokens(rnd, req.index, new, run, label)
+        CommitOtherTokens.check(rnd, req.index, req.output_ids[len(ids):], want[len(ids):],
+                                label, self.tokenizer.eos_id)
 
     def _check_committed(self, req: Request, old: list, plugin: str) -> None:
         """Refuse what ``plugin`` put in ``req.output_ids`` (``old`` before the call) other than
