@@ -19,12 +19,14 @@ submission's own plain data, and a change otherwise:
   plain value or a weakref (a class's C ``__eq__`` would run): read at each look, as long as
   the check runs, even once the callback is gone (erring on the side of a change).
 
-Also harmless: the C callbacks libraries hang on their own objects, which no cell can bind to
-other data: a pybind11 function of torch's (bound to its function record: torch keeps a
-tensor's patient alive with one) and ctypes' ``DictRemover`` (a static type of ``_ctypes``); a
-right loop below a cell that ran ``torch.profiler.profile()`` hangs both (round 24's rule
-failed it).  Every other C callable (a builtin function, a method-wrapper, a class, a method of
-anything else) is a change, named with why."""
+Also harmless, as a weakref's callback (handed the weakref alone, no data of the cell's): the
+C callbacks libraries hang on their own objects, a pybind11 function of torch's (bound to its
+function record: torch keeps a tensor's patient alive with one) and ctypes' ``DictRemover`` (a
+static type of ``_ctypes``); a right loop below a cell that ran ``torch.profiler.profile()``
+hangs both (round 24's rule failed it).  Not as a finalizer, which hands them what the cell
+chose (round 26: ``finalize(x, torch._C._awaitable_wait, _awaitable(vars(pool).update, ...))``
+called the checker's dict's ``update`` late).  Every other C callable (a builtin function, a
+method-wrapper, a class, a method of anything else) is a change, named with why."""
 
 from __future__ import annotations
 
@@ -58,11 +60,14 @@ def _pybind_records() -> frozenset:
     return frozenset(t for t in found if t.__module__ == "pybind11_builtins")
 
 
+_RECORDS = _pybind_records()
+
+
 def _extension_own(f, kind=type, builtin=types.BuiltinFunctionType,
                    self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
                    flags_of=type.__dict__["__flags__"].__get__,
                    module_of=type.__dict__["__module__"].__get__,
-                   type_name=type.__dict__["__name__"].__get__, records=_pybind_records()) -> bool:
+                   type_name=type.__dict__["__name__"].__get__, records=_RECORDS) -> bool:
     """Whether ``f`` is a library's own C callback: a pybind11 function of torch's, or ctypes'
     ``DictRemover`` (read with C descriptors only: ``f`` may be anything)."""
     if kind(f) is builtin:
@@ -80,7 +85,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
               type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
               items=ITEMS, handed=HANDED, moves=MOVES, cpythons=_CPYTHONS,
-              extension_own=_extension_own) -> dict:
+              extension_own=_extension_own, records=_RECORDS) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
     ``before(objs)`` before the cells, ``began(objs)`` as the check begins and ``seen(young)``
@@ -116,6 +121,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
         if kind(f) is builtin:
             owner = self_of(f)
             return wrapped + (name_of(f) if owner is None or kind(owner) is module
+                              or kind(owner) in records  # torch's: bound to its record
                               else f"{type_name(kind(owner))}.{name_of(f)}")
         code = code_of(f)
         return wrapped + (code.co_name if code is not None else type_name(kind(f)))
@@ -132,7 +138,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
 
     def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
         if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
-                self_of(f)) is ref and name_of(f) in cpythons) or extension_own(f):
+                self_of(f)) is ref and name_of(f) in cpythons) or (
+                weak is not None and extension_own(f)):
             return None  # Python code, or CPython's own, or a library's own
         what, given = f"{what} {named(f)}", listed(args)
         for _ in range(_MAX_UNWRAP):
