@@ -174,9 +174,9 @@ def test_the_watch_lets_the_cells_own_containers_through_and_names_the_rest():
     assert _looked(mine, lambda m: [weakref.proxy(token, m["dict"].pop)]) == [
         "a weakref callback calling dict.pop (C code: it runs later, with no code of yours "
         "for the judge to compare)"]
-    assert _looked(mine, lambda m: [weakref.finalize(token, m["list"].append, m)]) == [
-        "a finalizer calling list.append (C code given a dict: only numbers, strings and None "
-        "are plain)"]
+    assert _looked(mine, lambda m: [weakref.finalize(token, m["list"].extend, m)]) == [
+        "a finalizer calling list.extend (C code given a dict: only numbers, strings, None and "
+        "tuples of them are plain)"]
     assert _looked(mine, lambda m: [weakref.ref(token, m["list"].__init__)]) == [
         "a weakref callback calling method-wrapper (C code: it runs later, with no code of "
         "yours for the judge to compare)"]

@@ -43,3 +43,49 @@ def test_torchs_own_weakref_callback_is_still_let_through_and_its_finalizer_is_n
     assert _looked(lambda: None, lambda m: [weakref.ref(token, record)]) == []
     found = _looked(lambda: None, lambda m: [weakref.finalize(token, record)])
     assert len(found) == 1 and found[0].startswith("a finalizer calling "), found
+
+
+# Round 26's right loops the plain-data rule failed: a finalizer handed a tuple of ints, a list
+# of WeakMethods that drop themselves, an Enum member appended (append stores, never compares)
+RIGHT_LATE = '''
+import enum, weakref
+class Event(enum.Enum):
+    FREED = 1
+IN_FLIGHT, WATCHERS, EVENTS = set(), [], []
+class Seen:
+    def done(self):
+        pass
+def serial_loop(engine):
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        inputs = engine.prepare_inputs(plan)
+        engine.launch_forward(inputs)
+        step = engine.launch_sample(inputs)
+        n, seen = len(EVENTS), Seen()
+        IN_FLIGHT.add((n, 1))
+        weakref.finalize(step, IN_FLIGHT.discard, (n, 1))
+        WATCHERS.append(weakref.WeakMethod(seen.done, WATCHERS.remove))
+        weakref.finalize(step, EVENTS.append, Event.FREED)
+        engine.device.wait(step.sample_done)
+        engine.process_outputs(step)
+'''
+
+
+def test_a_right_loop_with_tuples_weak_methods_and_stored_members_passes():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LATE])
+    assert passed is True, message
+
+
+def test_a_stored_value_is_let_through_and_an_iterated_one_is_not():
+    token = _Token()
+    mine = lambda: {"list": [], "set": set()}  # noqa: E731
+    assert _looked(mine, lambda m: [
+        weakref.finalize(token, m["list"].append, object()),
+        weakref.finalize(token, m["set"].discard, (1, ("a", 2.0)))]) == []
+    assert _looked(mine, lambda m: [weakref.finalize(token, m["set"].discard, (1, [2]))]) == [
+        "a finalizer calling set.discard (C code given a list: only numbers, strings, None and "
+        "tuples of them are plain)"]
+    assert _looked(mine, lambda m: [weakref.finalize(token, m["list"].extend, (object(),))]) == [
+        "a finalizer calling list.extend (C code given an object: only numbers, strings, None and "
+        "tuples of them are plain)"]

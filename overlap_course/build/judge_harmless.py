@@ -38,13 +38,18 @@ import weakref
 
 CONTAINERS = frozenset({list, set, collections.deque})
 PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
-ITEMS = PLAIN | {weakref.ref}  # what a compared item may be: a dead weakref compares by identity
+#: what a compared item may be: a dead weakref compares by identity, a WeakMethod's ``__eq__``
+#: is the standard library's (round 26: a list of WeakMethods dropping themselves)
+ITEMS = PLAIN | {weakref.ref, weakref.WeakMethod}
 #: what the runtime may hand a callback: the weakref whose callback it is
 HANDED = frozenset({weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
                     weakref.WeakMethod})
 #: the containers' methods that never compare nor hash an item
 MOVES = frozenset({"append", "appendleft", "clear", "copy", "extend", "extendleft", "insert",
                    "pop", "popleft", "reverse", "rotate"})
+#: the methods that only store what they are given (never call, compare nor iterate it): any
+#: value may be handed to them (round 26: ``finalize(step, EVENTS.append, Event.FREED)``)
+STORES = frozenset({"append", "appendleft"})
 #: the C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
 _CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
 _MAX_UNWRAP = 20
@@ -84,7 +89,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               self_of=types.BuiltinFunctionType.__dict__["__self__"].__get__,
               name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
               type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
-              items=ITEMS, handed=HANDED, moves=MOVES, cpythons=_CPYTHONS,
+              items=ITEMS, handed=HANDED, moves=MOVES, stores=STORES, cpythons=_CPYTHONS,
               extension_own=_extension_own, records=_RECORDS) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
@@ -126,15 +131,24 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
         code = code_of(f)
         return wrapped + (code.co_name if code is not None else type_name(kind(f)))
 
-    def odd(values) -> str | None:
-        """The name of the first value's type that is not plain."""
-        return next((type_name(kind(v)) for v in values if kind(v) not in plain), None)
+    def odd(values, depth: int = 4) -> str | None:
+        """The name of the first value's type that is not plain (a tuple is as its items are:
+        round 26's ``finalize(step, S.discard, (n, slot))``)."""
+        for v in values:
+            if kind(v) is tuple and depth:
+                found = odd(v, depth - 1)
+            else:
+                found = None if kind(v) in plain else type_name(kind(v))
+            if found is not None:
+                return found
+        return None
 
     def items_of(container, what: str) -> str | None:
-        other = next((t for t in mapped(kind, container) if t not in items), None)
+        other = next((found for v in listed(container) if (found := odd((v,)) if kind(
+            v) is tuple else None if kind(v) in items else type_name(kind(v)))), None)
         return None if other is None else (
             f"{what} (C code comparing the items of a {type_name(kind(container))} that holds "
-            f"a {type_name(other)})")
+            f"{'an' if other[:1] in 'AEIOUaeiou' else 'a'} {other})")
 
     def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
         if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
@@ -152,9 +166,10 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
             return f"{what} ({_GENERIC})"
         if ident(owner) not in cells:
             return f"{what} (C code on a {type_name(kind(owner))} your cells did not make)"
-        if (bad := odd(given)) or (weak is not None and kind(weak) not in handed
-                                   and (bad := type_name(kind(weak)))):
-            return f"{what} (C code given a {bad}: only numbers, strings and None are plain)"
+        if (bad := name_of(f) not in stores and odd(given)) or (
+                weak is not None and kind(weak) not in handed and (bad := type_name(kind(weak)))):
+            return (f"{what} (C code given {'an' if bad[:1] in 'AEIOUaeiou' else 'a'} {bad}: only "
+                    f"numbers, strings, None and tuples of them are plain)")
         if name_of(f) in moves:
             return None
         held[ident(owner)] = (owner, what)
