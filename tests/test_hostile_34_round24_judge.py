@@ -21,6 +21,7 @@ from overlap_course.build import judge
 from overlap_course.build.judge_watch import Watch
 
 from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+from test_hostile_34_round21_grading21 import ASYNC_LOOP
 
 # WRONG_LOOP, wrong in the check's fifth, one-prompt run (compared by pool.compare only), and
 # the round's two weakrefs: one breaks pool.compare as the wrapper's frame is cleared, one
@@ -202,26 +203,13 @@ def serial_loop(engine):
     finally:
         loop.close()
 '''
-ASYNC_RIGHT_LOOP = '''
-import asyncio
-async def stage(fn, *args):
-    await asyncio.sleep(0)
-    return fn(*args)
-async def numbers():
+# round 21's asyncio loop (each stage a task), with an async generator of its own
+ASYNC_RIGHT_LOOP = ASYNC_LOOP.replace("async def serial(engine):\n", """async def numbers():
     yield 1
 async def serial(engine):
     async for _ in numbers():  # the loop's own asyncgen hooks
         break
-    while engine.scheduler.has_work():
-        plan = await asyncio.create_task(stage(engine.schedule))
-        inputs = await asyncio.create_task(stage(engine.prepare_inputs, plan))
-        await asyncio.create_task(stage(engine.launch_forward, inputs))
-        step = await asyncio.create_task(stage(engine.launch_sample, inputs))
-        await asyncio.create_task(stage(engine.device.wait, step.sample_done))
-        await asyncio.create_task(stage(engine.process_outputs, step))
-def serial_loop(engine):
-    asyncio.run(serial(engine))  # and its SIGINT handler
-'''
+""").replace("asyncio.run(serial(engine))", "asyncio.run(serial(engine))  # and its SIGINT handler")
 
 
 @pytest.mark.parametrize("cheat, named", [
