@@ -57,22 +57,10 @@ def test_a_commit_appending_an_eos_the_round_never_sampled_is_refused(eng, commi
 # b: the accepted drafts are counted from the round's tokens, not what a commit left of them.
 
 def popping(req, tokens, eos_id, decode):
-    while tokens:
-        tok = tokens.pop(0)
-        if tok == eos_id:
-            req.finish_reason = "eos"
-            return
-        req.output_ids.append(tok)
-        req.text += decode([tok])
-        for s in req.stop:
-            if req.text.endswith(s):
-                req.text = req.text[:-len(s)]
-                del req.output_ids[len(req.output_ids) - len(s):]
-                req.finish_reason = "stop"
-                return
-        if len(req.output_ids) >= req.max_new_tokens:
-            req.finish_reason = "length"
-            return
+    """A right commit that uses up the list it is handed (as one popping each token does): the
+    engine's own commit on a copy, then the list emptied."""
+    Request.commit(req, list(tokens), eos_id, decode)
+    tokens.clear()
 
 
 def test_b_a_commit_consuming_its_tokens_keeps_the_acceptance_stats():
