@@ -26,13 +26,17 @@ static type of ``_ctypes``); a right loop below a cell that ran ``torch.profiler
 hangs both (round 24's rule failed it).  Not as a finalizer, which hands them what the cell
 chose (round 26: ``finalize(x, torch._C._awaitable_wait, _awaitable(vars(pool).update, ...))``
 called the checker's dict's ``update`` late).  Every other C callable (a builtin function, a
-method-wrapper, a class, a method of anything else) is a change, named with why."""
+method-wrapper, a class, a method of anything else) is a change, named with why, but ``print`` given plain values while
+``sys.stdout`` and ``sys.stderr`` are Python's own stream types at each look (round 26's right
+loop: ``finalize(step, print, "freed")``; a stream the cells made would call their code)."""
 
 from __future__ import annotations
 
 import collections
 import functools
+import io
 import itertools
+import sys
 import types
 import weakref
 
@@ -50,6 +54,8 @@ MOVES = frozenset({"append", "appendleft", "clear", "copy", "extend", "extendlef
 #: the methods that only store what they are given (never call, compare nor iterate it): any
 #: value may be handed to them (round 26: ``finalize(step, EVENTS.append, Event.FREED)``)
 STORES = frozenset({"append", "appendleft"})
+#: the streams ``print`` may write to, as a later call's: C code that writes to its own buffer
+STREAMS = frozenset({io.TextIOWrapper, io.StringIO, type(None)})
 #: the C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
 _CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
 _MAX_UNWRAP = 20
@@ -90,7 +96,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
               type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
               items=ITEMS, handed=HANDED, moves=MOVES, stores=STORES, cpythons=_CPYTHONS,
-              extension_own=_extension_own, records=_RECORDS) -> dict:
+              extension_own=_extension_own, records=_RECORDS, printer=print, system=sys,
+              streams=STREAMS) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
     ``before(objs)`` before the cells, ``began(objs)`` as the check begins and ``seen(young)``
@@ -99,6 +106,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
     cells: set[int] = set()
     alive: list = []  # the containers alive before the cells, held until the check begins
     held: dict[int, tuple] = {}  # id -> (a container whose items a callback compares, what)
+    printing: list[str] = []  # the print callbacks: each look reads the streams they write to
 
     def containers_in(objs) -> list:
         return listed(compress(objs, mapped(containers.__contains__, mapped(kind, objs))))
@@ -112,6 +120,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
         cells.difference_update(mapped(ident, alive))
         alive.clear()
         held.clear()
+        printing.clear()
 
     def seen(young) -> None:
         cells.difference_update(mapped(ident, containers_in(young)))  # an address reused
@@ -150,6 +159,19 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
             f"{what} (C code comparing the items of a {type_name(kind(container))} that holds "
             f"{'an' if other[:1] in 'AEIOUaeiou' else 'a'} {other})")
 
+    def streams_of(what: str) -> str | None:
+        other = next((s for s in (system.stdout, system.stderr) if kind(s) not in streams), 0)
+        return None if other == 0 else (
+            f"{what} (C code writing to a {type_name(kind(other))} your cells made a standard "
+            f"stream: print is plain only to Python's own)")
+
+    def stray(given: list, weak, stored: bool) -> str | None:
+        """Why what a callback is handed is not plain: its values' type, or the weakref's."""
+        bad = not stored and odd(given) or (
+            weak is not None and kind(weak) not in handed and type_name(kind(weak)))
+        return bad and (f"C code given {'an' if bad[:1] in 'AEIOUaeiou' else 'a'} {bad}: only "
+                        f"numbers, strings, None and tuples of them are plain")
+
     def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
         if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
                 self_of(f)) is ref and name_of(f) in cpythons) or (
@@ -161,22 +183,30 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
                 break
             given += [*f.args, *f.keywords.values()]
             f = f.func
+        if f is printer:
+            if bad := stray(given, weak, False):
+                return f"{what} ({bad})"
+            printing.append(what)
+            return streams_of(what)
         owner = self_of(f) if kind(f) is builtin else None
         if kind(owner) not in containers or name_of(f)[:1] == "_":
             return f"{what} ({_GENERIC})"
         if ident(owner) not in cells:
             return f"{what} (C code on a {type_name(kind(owner))} your cells did not make)"
-        if (bad := name_of(f) not in stores and odd(given)) or (
-                weak is not None and kind(weak) not in handed and (bad := type_name(kind(weak)))):
-            return (f"{what} (C code given {'an' if bad[:1] in 'AEIOUaeiou' else 'a'} {bad}: only "
-                    f"numbers, strings, None and tuples of them are plain)")
+        if bad := stray(given, weak, name_of(f) in stores):
+            return f"{what} ({bad})"
         if name_of(f) in moves:
             return None
         held[ident(owner)] = (owner, what)
         return items_of(owner, what)
 
     def compared() -> list[str]:
-        return [found for owner, what in listed(held.values())
-                if (found := items_of(owner, what)) is not None]
+        found = [found for owner, what in listed(held.values())
+                 if (found := items_of(owner, what)) is not None]
+        return found + ([why] if printing and (why := streams_of(printing[0])) else [])
+
+    def end() -> None:
+        held.clear()
+        printing.clear()
     return {"harm": harm, "harm_before": before, "harm_began": began, "harm_seen": seen,
-            "harm_held": compared, "harm_end": held.clear}
+            "harm_held": compared, "harm_end": end}

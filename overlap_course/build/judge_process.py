@@ -63,6 +63,7 @@ def judge_main(argv: list[str]) -> None:
     # the submission's, and the watch compared the checker's world at every torch call it
     # intercepts (round 13: a right loop under set_default_device('cpu') timed out in the judge)
     import torch.utils._device  # noqa: F401
+    _no_bar_monitor()
     write = _reporter(sent.pop("report"), sent.pop("secret"))
     trusted = _protected_folders(Path(root))
     watch = Watch()
@@ -115,6 +116,18 @@ def judge_main(argv: list[str]) -> None:
                                                f"({', '.join(strangers[:3])}): graded as not "
                                                f"passed"}
     write(verdict)
+
+
+def _no_bar_monitor() -> None:
+    """tqdm's first bar starts a monitor thread that outlives every bar (it only lowers a bar's
+    ``miniters`` after a stall), and a thread of the submission's still running as control comes
+    back is a change: a right loop showing a bar failed (round 26).  Off here, before the cells
+    (11 ms to import, measured with torch loaded); a cell that turns it back on is judged so."""
+    try:
+        import tqdm.std
+    except ImportError:
+        return
+    tqdm.std.tqdm.monitor_interval = 0
 
 
 def _protected_folders(root: Path) -> list[Path]:
