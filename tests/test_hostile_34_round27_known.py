@@ -82,3 +82,15 @@ def test_print_given_what_is_not_plain_is_a_change():
     cell = PRINTS.replace('"freed", (1, 2.0), None', "engine")
     passed, message = judge.judge("check_serial_loop", [IMPORTS, cell])
     assert not passed and "a finalizer calling print (C code given a" in message, message
+
+
+def test_a_del_handed_its_instance_is_plain_only_where_it_is_stored():
+    """``__del__ = LIVE.remove`` compares the instance with the items: its class's ``__eq__``
+    (C code the cells chose) runs; ``LIVE.append`` only stores it."""
+    from test_hostile_34_round25_judge import _looked
+
+    mine = lambda: {"list": [1, 2]}  # noqa: E731 - the cells' own list
+    assert _looked(mine, lambda m: [type("Kept", (), {"__del__": m["list"].append})]) == []
+    assert _looked(mine, lambda m: [type("Gone", (), {"__del__": m["list"].remove})]) == [
+        "a class Gone whose __del__ is list.remove (C code given a Gone: only numbers, strings, "
+        "None and tuples of them are plain)"]

@@ -26,9 +26,11 @@ static type of ``_ctypes``); a right loop below a cell that ran ``torch.profiler
 hangs both (round 24's rule failed it).  Not as a finalizer, which hands them what the cell
 chose (round 26: ``finalize(x, torch._C._awaitable_wait, _awaitable(vars(pool).update, ...))``
 called the checker's dict's ``update`` late).  Every other C callable (a builtin function, a
-method-wrapper, a class, a method of anything else) is a change, named with why, but ``print`` given plain values while
-``sys.stdout`` and ``sys.stderr`` are Python's own stream types at each look (round 26's right
-loop: ``finalize(step, print, "freed")``; a stream the cells made would call their code)."""
+method-wrapper, a class, a method of anything else) is a change, named with why, but a
+finalizer's ``print`` given plain values while ``sys.stdout`` and ``sys.stderr`` are Python's
+own stream types at each look (round 26's right loop: ``finalize(step, print, "freed")``; a
+stream the cells made would call their code, and a weakref's or ``__del__``'s is handed an
+object whose ``__name__`` or ``__repr__`` the cells chose)."""
 
 from __future__ import annotations
 
@@ -100,9 +102,10 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               streams=STREAMS) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
-    ``before(objs)`` before the cells, ``began(objs)`` as the check begins and ``seen(young)``
-    at each look (every object then; those made since the last); ``held()``: the compared
-    containers' items, at each look.  Bound as the watch is made, like its hooks."""
+    ``owned``: the class whose instance a ``__del__`` is handed (``LIVE.remove`` compares it
+    with the items: its own ``__eq__`` runs).  ``before(objs)`` before the cells, ``began(objs)``
+    as the check begins and ``seen(young)`` at each look (every object then; those made since
+    the last); ``held()``: the compared containers' items, at each look.  Bound as the watch is made, like its hooks."""
     cells: set[int] = set()
     alive: list = []  # the containers alive before the cells, held until the check begins
     held: dict[int, tuple] = {}  # id -> (a container whose items a callback compares, what)
@@ -165,14 +168,15 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
             f"{what} (C code writing to a {type_name(kind(other))} your cells made a standard "
             f"stream: print is plain only to Python's own)")
 
-    def stray(given: list, weak, stored: bool) -> str | None:
-        """Why what a callback is handed is not plain: its values' type, or the weakref's."""
-        bad = not stored and odd(given) or (
+    def stray(given: list, weak, stored: bool, owned) -> str | None:
+        """Why what a callback is handed is not plain: its values' type, the weakref's, or the
+        type of the instance a ``__del__`` is handed (``owned``)."""
+        bad = not stored and (odd(given) or owned is not None and type_name(owned)) or (
             weak is not None and kind(weak) not in handed and type_name(kind(weak)))
         return bad and (f"C code given {'an' if bad[:1] in 'AEIOUaeiou' else 'a'} {bad}: only "
                         f"numbers, strings, None and tuples of them are plain")
 
-    def harm(f, what: str, args: tuple = (), weak=None) -> str | None:
+    def harm(f, what: str, args: tuple = (), weak=None, owned=None) -> str | None:
         if f is None or code_of(f) is not None or (kind(f) is builtin and kind(
                 self_of(f)) is ref and name_of(f) in cpythons) or (
                 weak is not None and extension_own(f)):
@@ -183,8 +187,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
                 break
             given += [*f.args, *f.keywords.values()]
             f = f.func
-        if f is printer:
-            if bad := stray(given, weak, False):
+        if f is printer and weak is None and owned is None:  # a weakref's repr reads its
+            if bad := stray(given, None, False, None):  # referent's __name__: cells' code
                 return f"{what} ({bad})"
             printing.append(what)
             return streams_of(what)
@@ -193,7 +197,7 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
             return f"{what} ({_GENERIC})"
         if ident(owner) not in cells:
             return f"{what} (C code on a {type_name(kind(owner))} your cells did not make)"
-        if bad := stray(given, weak, name_of(f) in stores):
+        if bad := stray(given, weak, name_of(f) in stores, owned):
             return f"{what} ({bad})"
         if name_of(f) in moves:
             return None

@@ -184,7 +184,8 @@ def _class_deaths(objs: list, harm, dicts, kind=type, ident=id, listed=list, map
         dels[:] = now
         return [why for i in changed
                 if not (kind(now[i]) is wrapper and objclass_of(now[i]) is classes[i])
-                and (why := harm(now[i], f"a class {type_name(classes[i])} whose __del__ is"))]
+                and (why := harm(now[i], f"a class {type_name(classes[i])} whose __del__ is",
+                                 owned=classes[i]))]
 
     learn(objs)
     dels[:] = listed(mapped(get, spaces, repeat(key)))
