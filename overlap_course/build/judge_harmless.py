@@ -105,7 +105,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
     ``owned``: the class whose instance a ``__del__`` is handed (``LIVE.remove`` compares it
     with the items: its own ``__eq__`` runs).  ``before(objs)`` before the cells, ``began(objs)``
     as the check begins and ``seen(young)`` at each look (every object then; those made since
-    the last); ``held()``: the compared containers' items, at each look.  Bound as the watch is made, like its hooks."""
+    the last); ``held()``: the compared containers' items, at each look.  Bound as the watch is
+    made, like its hooks."""
     cells: set[int] = set()
     alive: list = []  # the containers alive before the cells, held until the check begins
     held: dict[int, tuple] = {}  # id -> (a container whose items a callback compares, what)
