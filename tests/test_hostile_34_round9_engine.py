@@ -17,7 +17,7 @@ from toy_engine import kernels
 from toy_engine import run as te_run
 from toy_engine.config import MAX_SLOTS
 from toy_engine.process_device import ProcessDevice
-from toy_engine.run import EngineStalled
+from toy_engine.refusals import CommitStoppedEarly
 from toy_engine.sequence import Request
 
 PROMPTS = ["Once upon a time", "One day", "There was a fox"]
@@ -152,17 +152,18 @@ def test_stop_strings_are_capped_and_read_no_further(engine):
     assert stop.reads <= 1001
 
 
-def test_a_commit_that_commits_nothing_is_stalled_by_name(engine, monkeypatch):
-    monkeypatch.setattr(te_run, "MAX_ROUNDS_WITHOUT_PROGRESS", 40)  # the engine's (round 16)
-
+def test_a_commit_that_commits_nothing_is_refused_by_name(engine):
+    """Stalled as no_progress after MAX_ROUNDS_WITHOUT_PROGRESS rounds until round 27, which
+    refuses a commit that hands out fewer tokens than the round kept, not ending the request,
+    in the round it does (CommitStoppedEarly)."""
     def commit(req, tokens, eos_id, decode):  # returns before appending anything
         return
     on_round = capped(plugins.per_request(commit=commit), 400)
-    with pytest.raises(EngineStalled) as err:
+    with pytest.raises(CommitStoppedEarly) as err:
         engine.generate(["Once upon a time"], max_new_tokens=8, on_round=on_round)
-    assert err.value.reason == "no_progress" and err.value.prompt_indexes == [0]
-    assert str(err.value).startswith("per_request(commit=commit): 40 rounds in a row in which "
-                                     "no request gained a token or ended")
+    assert err.value.round == 0 and err.value.prompt == 0 and err.value.appended == []
+    assert str(err.value).startswith("prompt 0's commit, replaced on the request by a plug-in "
+                                     "(per_request(commit=commit)), was handed round 0's kept")
 
 
 LEGIT_RUNS = [  # config, loop, generate's keywords

@@ -283,10 +283,14 @@ class CommitOtherTokens(ValueError):
 
     @classmethod
     def check(cls, round: int, prompt: int, appended: list, kept: list, who: str,
-              eos: int) -> None:
+              eos: int, removed: int = 0, ended: str | None = None, full: bool = False) -> None:
         """Refuse ``appended`` unless it is ``kept`` in order, stopping early, less any EOS
         the round kept (left out or kept: lab 4's to judge, past_eos); an EOS the round never
-        sampled there is refused too: it would hide the tokens the device goes on from."""
+        sampled there is refused too: it would hide the tokens the device goes on from.  A
+        commit that stopped before a kept token other than EOS, or ``removed`` tokens committed
+        before, must have ended the request (``ended``), a removal at a stop string
+        (``CommitStoppedEarly``); one left unended at its limit (``full``) stalls, loudly
+        (EngineStalled; lab 4's "stalled"), as one stopped at an EOS goes on (past_eos)."""
         i = 0
         for tok in appended:
             while i < len(kept) and kept[i] == eos != tok:
@@ -294,6 +298,38 @@ class CommitOtherTokens(ValueError):
             if i == len(kept) or kept[i] != tok:
                 raise cls(round, prompt, appended, kept, who, eos if tok == eos else None)
             i += 1
+        early = i < len(kept) and kept[i] != eos and not full
+        if removed and ended != "stop" or early and ended is None:
+            raise CommitStoppedEarly(round, prompt, appended, kept, who, removed, ended)
+
+
+class CommitStoppedEarly(ValueError):
+    """A commit replaced on a request (``who``) was handed round ``round``'s kept tokens
+    (``kept``) for prompt ``prompt``, appended fewer (``appended``) or removed ``removed`` of the
+    tokens committed before, and did not end the request (``ended``: its finish_reason), or
+    ended it otherwise than at a stop string, the one end that takes tokens back."""
+
+    def __init__(self, round: int, prompt: int, appended: list, kept: list, who: str,
+                 removed: int, ended: str | None):
+        did = (f"removed {removed} of the tokens committed before" if removed else
+               f"appended {shown(appended)}, {len(appended)} of its {len(kept)}")
+        end = "did not end it" if ended is None else f"ended it {ended!r}, not at a stop string"
+        fix = ("append each kept token once, in order (req.output_ids.append(tok), req.text += "
+               "decode([tok])), until the request ends: set req.finish_reason (\"eos\", "
+               "\"stop\", \"length\") where it does, and stop there")
+        if removed:
+            fix = ("take tokens back only to cut a stop string off the end, and end the request "
+                   "there (req.finish_reason = \"stop\"); otherwise " + fix)
+        super().__init__(
+            f"prompt {prompt}'s commit, replaced on the request by a plug-in ({who}), was handed "
+            f"round {round}'s kept tokens {shown(kept)}, {did}, and {end}: a commit hands out "
+            f"fewer tokens than the round kept, or takes one back, only where the request ends "
+            f"(EOS, a stop string, its limit; a stop string's cut alone takes tokens back); the "
+            f"device goes on from every token it kept (under ZOS it has already fed the newest "
+            f"to the next round), so the text would be one the model never produced, and "
+            f"serial and ZOS would differ; {fix}")
+        self.round, self.prompt, self.appended, self.kept = round, prompt, appended, kept
+        self.removed, self.ended = removed, ended
 
 
 class StateReplaced(TypeError):

@@ -443,7 +443,8 @@ class RoundStages:
     def _commit(self, req: Request, kept: list, rnd: int) -> None:
         """Hand ``req`` the tokens round ``rnd`` kept through its commit; one a plug-in replaced
         on the request is checked after: it appends them, in order, or fewer as the request
-        ends (the device goes on from what it kept); an EOS the round kept, left out or kept,
+        ends, taking tokens back only as a stop string ends it (the device goes on from what
+        it kept); an EOS the round kept, left out or kept,
         is lab 4's mistake to judge (past_eos, eos_kept), as a stop string left uncut is."""
         if "commit" not in vars(req):
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
@@ -455,8 +456,10 @@ class RoundStages:
         who = f"prompt {req.index}'s commit, replaced on the request by a plug-in"
         self._run.flights.check([req], f"by {who} ({label})")
         self._check_committed(req, ids, f"{who} ({label}),")
+        now = len(req.output_ids)  # fewer than ``ids``: a stop string's cut, if it ended
         CommitOtherTokens.check(rnd, req.index, req.output_ids[len(ids):], want[len(ids):],
-                                label, self.tokenizer.eos_id)
+                                label, self.tokenizer.eos_id, max(0, len(ids) - now),
+                                req.finish_reason, now >= req.max_new_tokens)
 
     def _check_committed(self, req: Request, old: list, plugin: str) -> None:
         """Refuse what ``plugin`` put in ``req.output_ids`` (``old`` before the call) other than
