@@ -11,7 +11,8 @@ import sys
 import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
-from toy_engine.refusals import DraftsTooDeep, EndTakenBack, HandedBeside, OtherTokens
+from toy_engine.refusals import (CommitStoppedEarly, DraftsTooDeep, EndTakenBack, HandedBeside,
+                                  OtherTokens)
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
@@ -80,6 +81,10 @@ _FIELDS = {
     OtherTokens: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
                   "given": lambda x: type(x) is list,
                   "sampled": lambda x: x is None or type(x) is list},
+    CommitStoppedEarly: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
+                         "appended": lambda x: type(x) is list, "kept": lambda x: type(x) is list,
+                         "removed": lambda x: type(x) is int,
+                         "ended": lambda x: x is None or type(x) is str},
     DraftsTooDeep: {"round": lambda x: type(x) is int, "prompt": lambda x: type(x) is int,
                     "earlier": lambda x: type(x) is int, "drafts": lambda x: type(x) is int},
 }

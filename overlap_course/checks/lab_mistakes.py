@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from overlap_course.labs import plugins
 from toy_engine.record import Free
+from toy_engine.refusals import CommitStoppedEarly
 from toy_engine.run import EngineStalled
 
 from . import lab_runs as runs
@@ -309,6 +310,25 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
     return fails("stalled", f"{where}: no round plans it again, and it can never finish. Set "
                             f"`req.finish_reason` where a request ends (\"length\", \"stop\", "
                             f"\"eos\")")
+
+
+def commit_refused(err, run) -> Verdict | None:
+    """Lab 4: the engine's refusal of a commit that handed out fewer tokens than its round kept,
+    or took one back, without ending the request (round 27: it was told as "your commit
+    raised", naming the checker's plug-in), said of the learner's commit.  One that hands out
+    other tokens is the checker's own slip first (``lab_runs.CommitSlip``)."""
+    if engines(err, CommitStoppedEarly):
+        kept, given = show(err.kept), show(err.appended)
+        did = (f"took back {err.removed} token(s) committed before" if err.removed else
+               f"appended {given}, {len(err.appended)} of the {len(err.kept)}")
+        end = "left it unfinished" if err.ended is None else f"ended it {err.ended!r}"
+        fix = ("tokens come back only to cut a stop string off the end, where it ends 'stop'"
+               if err.removed else "append each kept token, in order, until the request ends "
+               "(EOS, a stop string, its limit): the device goes on from every token the round "
+               "kept, so the rest would be text the model never produced")
+        return fails("stopped_early", f"{run}: prompt {err.prompt}'s round {err.round} kept "
+                                      f"{kept}; your commit {did} and {end}: {fix}")
+    return None
 
 
 def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:

@@ -375,7 +375,9 @@ def check_commit(commit) -> Verdict:
                 return fails(err.args[0], f"{run}: {err.args[1]}")
             if stalled:
                 return mistakes.commit_never_ended(err, engine, run, endings)
-            return fails("raised", f"your commit raised {quoted(err)}")
+            refused = mistakes.commit_refused(err, run)
+            return refused if refused is not None else fails("raised",
+                                                             f"your commit raised {quoted(err)}")
         for i, (c, ref) in enumerate(zip(outs, runs.commit_reference(index))):
             got = (c.token_ids, c.text, c.finish_reason)
             verdict = mistakes.commit_mistake(i, got, ref, run, endings[i], engine)
