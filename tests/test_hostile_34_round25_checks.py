@@ -117,7 +117,7 @@ def test_exercise_05_tells_an_abort_from_process_outputs_as_an_abort():
 
     v = checks.check_process_outputs(cuts_long)
     assert not v.passed and v.category == "ended_unfinished", v
-    assert "aborted prompt 1 after 20 token(s)" in v.message, v
+    assert "aborted prompt 1 after 20 tokens" in v.message, v
     assert "set prompt" not in v.message and "A results step ends no request" in v.message, v
 
 

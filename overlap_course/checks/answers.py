@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import sandbox
-from .verdict import Verdict, fails, unanswered
+from .verdict import Verdict, article, fails, unanswered
 
 MAX_MESSAGE = 800  # characters: a check's message never grows with the answer
 LIMIT = 1e12       # no answer in this course comes near it (slots, ms, rounds, ratios)
@@ -49,7 +49,7 @@ def show(x) -> str:
     except (KeyboardInterrupt, sandbox.TimeUp):
         raise
     except BaseException:  # noqa: BLE001 -- a repr that fails (even with SystemExit) still gets one
-        return f"a {type_name(x)}"
+        return article(type_name(x))
 
 
 def _shown(x) -> str:
@@ -80,8 +80,7 @@ def cut(text: str, most: int) -> str:
 
 
 def type_name(x) -> str:
-    """The name of ``x``'s class as the interpreter keeps it (a metaclass's own ``__name__``
-    may raise)."""
+    """``x``'s class's name as the interpreter keeps it (a metaclass's ``__name__`` may raise)."""
     return _TYPE_NAME.__get__(type(x))
 
 
@@ -123,8 +122,7 @@ def _convert(kind, x):
 
 
 def length(x) -> int:
-    """``len(x)``, or Junk when the answer's own ``__len__`` returns what no length can be (-1,
-    2**70, a string)."""
+    """``len(x)``, or Junk where the answer's ``__len__`` gives no length (-1, 2**70, a str)."""
     try:
         return len(x)
     except (TypeError, ValueError, OverflowError) as err:
@@ -407,14 +405,16 @@ def share(x) -> float | None:
     return None if value is None else number(value) / 100
 
 
-def items(answer, shape: str) -> list | Verdict:
+def items(answer, shape: str, has: str = "a few") -> list | Verdict:
     """The items of a collection the learner gave, or the Verdict on why it is not one
-    (``shape``: what the question asks for).  An endless iterator stops after MAX_ITEMS:
-    ``list`` would spin in C, out of reach of the time limit."""
+    (``shape``: what the question asks for; ``has``: how many items its answer has).  An endless
+    iterator stops after MAX_ITEMS: ``list`` would spin in C, out of reach of the time limit."""
     try:
         out = list(itertools.islice(iter(answer), MAX_ITEMS + 1))
     except TypeError:
-        return fails("shape", f"write {shape}; got {type_name(answer)} {show(answer)}")
+        return fails("shape", f"write {shape}; got {show(answer)} ({article(type_name(answer))})")
     if len(out) > MAX_ITEMS:
-        return fails("shape", f"write {shape}; yours gave more than {MAX_ITEMS} items (an endless iterator?)")
+        many = (f"has {length(answer)} items" if isinstance(answer, (list, tuple)) else
+                f"gave more than {MAX_ITEMS} items (an endless iterator?)")
+        return fails("shape", f"write {shape}; yours {many}, and the answer has {has}")
     return out

@@ -17,6 +17,7 @@ from toy_engine import engine as engine_module
 from toy_engine.record import Commit
 
 from . import sandbox
+from .verdict import counted
 
 EOS = "eos"
 STOP = "stop"
@@ -130,7 +131,8 @@ def stopped_at(requests, reference, indexes) -> str:
     parts = []
     for i in list(indexes)[:3]:
         req, ref = requests[i], reference[i]
-        should = f"should end {_by(ref, req.max_new_tokens)} after {len(ref.token_ids)} tokens"
+        should = (f"should end {_by(ref, req.max_new_tokens)} after "
+                  f"{counted(len(ref.token_ids), 'token')}")
         if req.finish_reason == ref.finish_reason and req.output_ids == list(ref.token_ids):
             where = "it did, but was never released"
         elif not req.output_ids:

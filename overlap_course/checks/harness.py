@@ -27,7 +27,7 @@ from toy_engine.interrupts import hold_sigint
 from toy_engine.validate import never_runs
 
 from . import answers, errors, other_engine, pool, sandbox, thread_errors
-from .verdict import Verdict, fails, unanswered
+from .verdict import Verdict, article, fails, unanswered
 
 _PRISTINE = sandbox.Pristine()
 PLAIN = "a plain value (a number, a string, a list or set of them)"  # what a value answer is
@@ -112,9 +112,10 @@ def _disguised(check, args, kwargs) -> Verdict | None:
         if found is not None:
             obj, claimed = found
             where = f"`{param}` is" if obj is value else f"`{param}` holds"
-            said = (f"says it is a {_NAME(claimed)}" if issubclass(type(claimed), type)
+            said = (f"says it is {article(_NAME(claimed))}" if issubclass(type(claimed), type)
                     else f"is {answers.show(claimed)}")
-            return fails("junk", f"{where} {answers.show(obj)}, a {answers.type_name(obj)} whose "
+            kind = article(answers.type_name(obj))
+            return fails("junk", f"{where} {answers.show(obj)}, {kind} whose "
                                  f"`__class__` {said}: a check reads a value by what it is. Give "
                                  f"a plain value (a number, a string, a list or set of them)")
     return None

@@ -30,6 +30,9 @@ class HostLog:
     def __init__(self, engine: Engine, plans: dict):
         record, timeline = engine.record, engine.timeline
         spans = [s for s in timeline.lane("host") if s.stage in ("postprocess", "flush")]
+        # calls, refused ones too (a second sample's mask write races the first's read)
+        self.sample_calls = Counter(s.round for s in timeline.lane("host")
+                                    if s.stage == "launch_sample")
         self.events, self.launches, planned = [], {}, 0
         self.found_plan: set[int] = set()  # the events of schedule() calls that returned a plan
         for e in record.events:
@@ -97,11 +100,16 @@ def common_mistakes(log: HostLog) -> Verdict | None:
         if smp and (not fwd or smp[0] < fwd[0]):
             return sample_before_forward(log, r, "came before `launch_forward`" if fwd else
                                          "was called but `launch_forward` never was")
-        if len(fwd) > 1 or len(smp) > 1:
+        calls = max(len(smp), log.sample_calls[r])
+        if len(fwd) > 1 or calls > 1:
             stage = "launch_forward" if len(fwd) > 1 else "launch_sample"
+            refused = (" (the engine refused each call after the first: it rewrites the round's "
+                       "constraint mask while the first sample still reads it)"
+                       if len(fwd) < 2 and calls > len(smp) else "")
             return fails("launched_twice",
-                         f"{log.who(r)}: `{stage}` was called {max(len(fwd), len(smp))} times. Each round is "
-                         f"launched once: one forward, one sample, and its step processed once")
+                         f"{log.who(r)}: `{stage}` was called {max(len(fwd), calls)} times"
+                         f"{refused}. Each round is launched once: one forward, one sample, and "
+                         f"its step processed once")
         if log.corrections[r] > 1:
             return fails("launched_twice",
                          f"{log.who(r)}: `correct_on_device` was called {log.corrections[r]} times. A "

@@ -22,7 +22,7 @@ from .errors import engines, quoted, said
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
-from .verdict import Verdict, fails, not_implemented
+from .verdict import Verdict, counted, fails, not_implemented
 
 
 class _Observed:
@@ -337,8 +337,7 @@ def never_launched(log: HostLog, r: int) -> Verdict:
 def skipped_step_message(log: HostLog, r: int, held) -> str:
     """A step whose requests had all finished was never processed (thought to be only discarded)."""
     ended = "; ".join(f"prompt {q.index} ({q.prompt!r}) had ended {_ENDED.get(q.finish_reason)} "
-                      "after "
-                      f"{len(q.output_ids)} tokens" for q in held[:3])
+                      f"after {counted(len(q.output_ids), 'token')}" for q in held[:3])
     return (f"{log.who(r)}: its step was never processed, and the engine could not go on: {ended}. "
             f"The round was launched before the host knew that (the extra step), so its tokens are "
             f"discarded, but only processing it says so: `commit_outputs` lowers each request's "
@@ -351,7 +350,7 @@ def kept_blocks_message(log: HostLog, err: EngineStalled) -> str:
     kept = [log.requests[i] for i in err.prompt_indexes]
     ended = "; ".join(f"prompt {r.index} ({r.prompt!r}) ended "
                       f"{_ENDED.get(r.finish_reason, 'by an abort')} "
-                      f"after {len(r.output_ids)} tokens" for r in kept[:3])
+                      f"after {counted(len(r.output_ids), 'token')}" for r in kept[:3])
     waiting = [r.index for r in log.requests if not r.output_ids and r not in kept]
     blocked = (f", so prompts {waiting} never got a batch row" if waiting else
                ", so the scheduler always had work and the run could not end")

@@ -50,6 +50,12 @@ def order_mistake(i: int, got: tuple[str, int], want: tuple[str, int]) -> Verdic
         category, why = "sample_before_postprocess", (
             ": the previous step is processed after this forward is launched, before this sample "
             "(the sample may need the tokens it commits, as the title-case demo of notebook 03a shows)")
+    elif got[0] == want[0] == "flush":
+        category, why = "wrong_round", (
+            f": the flush is right, its round is not: it processes the last round, round "
+            f"{want[1]} (" + (f"the run has no round {got[1]})" if got[1] > want[1] else
+                              f"round {got[1]} was postprocessed under round {got[1] + 1}'s "
+                              f"forward)"))
     elif want[0] == "flush":
         category, why = "no_flush", ": the last round has no next round to hide under, so it is flushed"
     elif got[0] == "flush" and want == ("sample", got[1]):

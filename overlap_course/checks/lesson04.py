@@ -21,7 +21,7 @@ from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_waits import HostReads, valueless_failure
-from .verdict import Verdict, fails, not_implemented, passes, unanswered
+from .verdict import Verdict, article, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
            "check_metadata_answer"]
@@ -293,7 +293,8 @@ def check_metadata_answer(answer) -> Verdict:
         return names
     if not all(isinstance(a, str) for a in names):
         odd = next(a for a in names if not isinstance(a, str))
-        return fails("shape", f"write {shape}; {show(odd)} is a {type(odd).__name__}, not a field name")
+        return fails("shape", f"write {shape}; {show(odd)} is {article(type(odd).__name__)}, not "
+                              f"a field name")
     answer = set(names)
     if answer & INPUTS:
         return fails("input_field",

@@ -18,7 +18,7 @@ from . import endings, pool
 from .answers import show
 from .errors import engines, said
 from .step_watch import UNKNOWN, StepWatch
-from .verdict import Verdict, fails
+from .verdict import Verdict, counted, fails
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def ended(reqs) -> str:
 def _kept_tokens(req) -> str:
     """How many tokens a request kept: none where its first token was EOS or ended a stop string."""
     if req.output_ids or req.finish_reason not in ("eos", "stop"):
-        return f"after {len(req.output_ids)} tokens"
+        return f"after {counted(len(req.output_ids), 'token')}"
     return "with its first token, so it kept no token"
 
 
@@ -102,8 +102,7 @@ def kept(blocks: bool, row: bool) -> str:
         return "its KV blocks and batch row"
     if blocks:
         return "its KV blocks (its batch row was given back, its blocks never were)"
-    return ("its batch row: it stays in `engine.scheduler.running`, though its KV blocks went "
-            "back")
+    return "its batch row: it stays in `engine.scheduler.running`, though its KV blocks went back"
 
 
 _LATER = ("an event recorded after the step's sample (`engine.device.synchronize()`, or a "
@@ -166,14 +165,10 @@ def stalled(err: EngineStalled, engine: Engine, reference) -> Verdict:
         stuck = [reqs[i] for i in err.prompt_indexes]
         held = kept(any(r.blocks for r in stuck), any(r in engine.scheduler.running for r in stuck))
         return fails("kept_blocks",
-                     "the engine could not go on: "
-                     f"{ended(stuck)}, but "
-                     f"your process_outputs kept {held}, so the run could "
-                     "not end. A "
-                     "request finishes at its limit, at a stop string, on EOS or by an abort: "
-                     "free every "
-                     "finished request once no launched round uses it "
-                     "(`engine.scheduler.release_if_done(req)`)")
+                     f"the engine could not go on: {ended(stuck)}, but your process_outputs kept "
+                     f"{held}, so the run could not end. A request finishes at its limit, at a "
+                     "stop string, on EOS or by an abort: free every finished request once no "
+                     "launched round uses it (`engine.scheduler.release_if_done(req)`)")
     return fails("stalled", f"the engine could not go on ("
                             f"{endings.stopped_at(reqs, reference, err.prompt_indexes)}): {err}")
 
@@ -233,6 +228,13 @@ def refused_tokens(err, who: str) -> Verdict | None:
     ``commit_outputs`` or gave it changed, or of a finished request set back to unfinished, in
     the lesson's words (blind round 25: the refusals' class names and the watch's own name were
     the verdict); None for any other error."""
+    took = engines(err, HandedBeside) and len(err.handed) - len(err.holds)  # < 0: appended
+    if engines(err, HandedBeside) and not err.before and took >= 0:  # taken back, or replaced
+        did = f"took {counted(took, 'token')} back off" if took else "replaced a token of"
+        return fails("tokens_beside", f"{who}: after `engine.commit_outputs(step, out)` had set "
+                     f"prompt {err.prompt}'s `req.output_ids`, your process_outputs {did} it (the "
+                     "engine refused it): a committed token stays (the device's cache holds it, "
+                     "the next round sends the newest). Leave it as the commit set it")
     if engines(err, HandedBeside):
         return fails("tokens_beside",
                      f"{who}: your process_outputs committed the step with "
@@ -281,9 +283,12 @@ def reason_mistake(call: dict, who: str, reference) -> Verdict | None:
                          f"{who}: your process_outputs {did}: {keeps}, which generate returns "
                          f"({want.finish_reason!r} here). Leave it, and free a finished request "
                          f"once `num_inflight == 0`{flight}")
-        got = f"{len(ids)} token(s)" if ids is not None else "its tokens"
+        got = counted(len(ids), "token") if ids is not None else "its tokens"
+        stop = req.stop[0] if want.finish_reason == "stop" else ""  # a token per character
+        taken = f", then takes the {len(stop)} of its stop string {stop!r} back off" if stop else ""
         reference_end = (f"the engine's own process_outputs goes on committing until it ends "
-                         f"{want.finish_reason!r}, with {len(want.token_ids)} token(s)")
+                         f"{want.finish_reason!r}, with "
+                         f"{counted(len(want.token_ids) + len(stop), 'token')}{taken}")
         if after == "abort":
             return fails("ended_unfinished", _aborted(who, req.index, got, reference_end))
         return fails("ended_unfinished",

@@ -15,7 +15,9 @@ from toy_engine.record import Commit, Free, Refused, Wait
 from toy_engine.sequence import Request
 from toy_engine.validate import plugin_label
 
+from .answers import show
 from .pool_reading import pool_after, pool_before
+from .verdict import Verdict, fails
 
 
 class StepWatch:
@@ -62,6 +64,7 @@ class StepWatch:
                               r in engine.scheduler.running) for r in reqs]
             call["reasons"] = [] if call.get("raised") else _reasons(engine, step, reqs,
                                                                      call["reasons"])
+            call["texts"] = [] if call.get("raised") else _texts(engine, reqs)
             call.update(pool_after(engine))
 
 
@@ -95,6 +98,38 @@ def _commit_alone(engine: Engine, req, ids: list, text: str, tokens: list) -> st
                                blocks=[])
     Request.commit(copy, tokens, engine.tokenizer.eos_id, engine.tokenizer.decode)
     return copy.finish_reason
+
+
+def _texts(engine: Engine, reqs: tuple) -> list[tuple]:
+    """The requests whose ``req.text`` a call left other than the text of their tokens, where
+    the tokens are as ``commit_outputs`` left them (an edit of those the engine refuses):
+    (prompt, its text, its tokens' text)."""
+    found = []
+    for req in reqs:
+        ids = _ids(req)
+        if ids is None or ids != engine._run.flights.held.get(id(req)) or type(req.text) is not str:
+            continue
+        try:
+            own = engine.tokenizer.decode(ids)
+        except (TypeError, ValueError):  # a token the engine refuses as the call returns
+            continue
+        if str.__str__(req.text) != own:
+            found.append((req.index, str.__str__(req.text), own))
+    return found
+
+
+def text_mistake(call: dict, who: str) -> Verdict | None:
+    """A ``req.text`` the learner's process_outputs changed (blind round 27: an upper-cased
+    text was told to commit each step's tokens once, from its own slot)."""
+    if not call.get("texts"):
+        return None
+    prompt, text, own = call["texts"][0]
+    return fails("edits_requests",
+                 f"{who}: your process_outputs changed prompt {prompt}'s `req.text`: after the "
+                 f"call it reads {show(text)}, where its tokens read {show(own)}. "
+                 f"`commit_outputs` sets `req.text` to the text of the tokens it commits (a stop "
+                 f"string is matched against it, and generate returns it): leave `req.text` as "
+                 f"the commit set it")
 
 
 def _ids(req) -> list[int] | None:

@@ -102,6 +102,16 @@ def fails(category: str, message: str) -> Verdict:
     return Verdict(False, message, category)
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 token", "3 tokens", "2 times"."""
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def article(noun: str) -> str:
+    """``noun`` with its article: "an int", "a list"."""
+    return ("an " if noun[:1].lower() in ("a", "e", "i", "o", "u") else "a ") + noun
+
+
 def no_such_round(rnd: int) -> Verdict:
     """A round number below 0: every question that asks for a round says the same."""
     return fails("no_such_round", f"there is no round {rnd}: a run's rounds are numbered from 0, its first prefill")
