@@ -5,8 +5,16 @@ process imports it to run :func:`verify`, and torch is all it needs."""
 
 import functools
 import hashlib
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
 
 import torch
+
+import toy_engine
 
 # A module's own tensors and submodules: read by value below, not as its settings
 _HELD = ("_parameters", "_buffers", "_modules")
@@ -69,6 +77,11 @@ class ChangedInputs(ValueError):
     """A batch of a run whose correction changed what it must leave alone (``changed_inputs``)."""
 
 
+class StillRunning(ValueError):
+    """A batch of a run whose correction was still running at the run's deadline, raised where
+    it was (:func:`_time_limited`)."""
+
+
 #: What exercise 04's correction corrects; every other field of ``meta`` is an input it reads.
 CORRECTED = ("seqlens_k", "positions", "slot_mapping")
 
@@ -111,12 +124,13 @@ def _shown(value, other) -> str:
     return f"{value.dtype} {value.tolist()}" if differs else str(value.tolist())
 
 
-def watched_correction(correction):
+def watched_correction(correction, deadline: float):
     """``correction`` as exercise 04's engine runs call it, each batch's ``seqlens_k`` then
     compared with the engine's own correction of the same inputs; a difference raises
     WrongKeyLengths (a sticky device error).  The toy's attention masks keys by position and
     never reads ``seqlens_k``, so its tokens cannot show a wrong one; a real kernel's would.
-    A batch whose correction changed an input or a field's dtype raises ChangedInputs."""
+    A batch whose correction changed an input or a field's dtype raises ChangedInputs; one
+    still running at ``deadline`` (``time.monotonic``, every process's clock) StillRunning."""
     from toy_engine.kernels import correct_seqlens_qk  # the engine's: a device process has it
 
     @functools.wraps(correction)
@@ -125,7 +139,7 @@ def watched_correction(correction):
         was = accepted.clone()
         want = {name: t.clone() for name, t in given.items()}
         correct_seqlens_qk(want, was.clone(), block_size)
-        answer = correction(meta, accepted, block_size)
+        answer = _time_limited(correction, deadline, meta, accepted, block_size)
         got, right = meta.get("seqlens_k"), want["seqlens_k"]
         if not (isinstance(got, torch.Tensor) and got.shape == right.shape and got.equal(right)):
             raise WrongKeyLengths(_key_lengths_differ(given, was, got, right))
@@ -134,6 +148,41 @@ def watched_correction(correction):
             raise ChangedInputs(f"in a batch of {len(given['seqlens_q'])} request(s), {changed}")
         return answer
     return watched
+
+
+# Not the learner's code: the engine, the course, the standard library and installed packages
+_NOT_LEARNERS = (os.path.dirname(os.path.abspath(__file__)),
+                 os.path.dirname(os.path.abspath(toy_engine.__file__)),
+                 *{sysconfig.get_paths()[k]
+                   for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_AT_LEAST_S = 2.0  # a correction of one batch takes milliseconds: one running 2 s never ends
+
+
+def _time_limited(correction, deadline: float, *args):
+    """``correction(*args)``, stopped by StillRunning (naming the learner's line it was at) once
+    ``deadline`` has passed, or at least ``_AT_LEAST_S``: in a device process, whose hang the
+    host's time limit would find only as the host's own wait (blind round 27: "at line 1 of
+    `<lambda>`").  Where a check's limit already traces the code (a CUDA device runs it in the
+    host's thread), or off the main thread, or with an alarm armed, that limit stops it."""
+    if (sys.gettrace() is not None or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
+        return correction(*args)
+    started = time.monotonic()
+
+    def stop(signum, frame):
+        while frame is not None and frame.f_code.co_filename.startswith(_NOT_LEARNERS):
+            frame = frame.f_back  # out to the innermost of the learner's frames
+        where = "" if frame is None else f", at line {frame.f_lineno} of `{frame.f_code.co_name}`"
+        raise StillRunning(f"still running after {time.monotonic() - started:.0f} s{where}")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - started, _AT_LEAST_S), 0.05)
+    try:
+        return correction(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _key_lengths_differ(given: dict, accepted, got, right) -> str:

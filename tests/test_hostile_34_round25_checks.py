@@ -162,7 +162,7 @@ def test_exercise_04b_rows_is_given_its_own_reason():
     assert "1 + k tokens" not in v.message, v
     v = checks.check_metadata_answer(right | {"seqlens_q"})  # the notebook quotes this one
     assert v.message == ("['seqlens_q'] do not change: each decode request still feeds 1 + k "
-                         "tokens and its blocks were reserved at admission"), v
+                         "tokens"), v  # round 27: each field its own reason, the blocks' too
 
 
 def _correction(read):
@@ -204,8 +204,8 @@ def _arange(meta):
 
 
 @pytest.mark.parametrize("read, named", [
-    (_some_pending, "equal (it returns a Python bool"),
-    (_some_pending_close, "allclose (it returns a Python bool"),
+    (_some_pending, "`torch.equal` (it returns a Python bool"),
+    (_some_pending_close, "`torch.allclose` (it returns a Python bool"),
     (_tensor_size, "a tensor as output_size"),
     (_sliced, "a tensor as a slice bound"),
     (_arange, "torch.arange(meta[\"seqlens_q\"].sum())"),

@@ -7,14 +7,15 @@ then inside a ZOS engine with drafts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import torch
 
-from overlap_course.device_state import (ChangedInputs, WrongKeyLengths, changed_inputs,
-                                         watched_message, watched_correction)
+from overlap_course.device_state import (ChangedInputs, StillRunning, WrongKeyLengths,
+                                         changed_inputs, watched_message, watched_correction)
 
-from . import context, correction_cases, pool
+from . import context, correction_cases, pool, sandbox
 from .correction_cases import FIELDS, worked_case, worked_requests
 from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
@@ -128,7 +129,7 @@ def _stays_on_device(fn) -> Verdict | None:
             names = sorted(set(seen.host), key=seen.host.index)
             return fails("host_read",
                          f"your correction computes the right values, but it reads tensor values on the host "
-                         f"({', '.join(f'`{n}`' for n in names)}: {len(seen.host)} times for "
+                         f"({', '.join(names)}: {len(seen.host)} times for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
                          "tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or "
@@ -162,6 +163,9 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
     held = {n: (t, t._version) for n, t in meta.items()}  # an in-place change bumps _version
     slips = variants(meta, accepted, block_size)
     fn(meta, accepted, block_size)
+    kept = _not_kept(meta, given)
+    if kept is not None:
+        return fails("shape", f"{label}: {kept}")
     got = {n: meta[n].tolist() for n in FIELDS}
     if got != expected:
         wrote = any(meta.get(n) is not t or t._version != v for n, (t, v) in held.items())
@@ -169,6 +173,26 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
                             slips, label, (given, was))
     changed = changed_inputs(given, was, meta, accepted)
     return None if changed is None else fails("changed_input", f"{label}: {changed}")
+
+
+def _not_kept(meta: dict, given: dict) -> str | None:
+    """What a correction made of a field that must stay a tensor of the host's shape (removed
+    it, stored a list, None or a string, changed its shape), or None: read by the checker, not
+    raised by the learner's code (blind round 27: "your correction raised KeyError")."""
+    keep = ("each field must stay a tensor of the host's dtype and shape, corrected in place "
+            "(`+=`, `.copy_`): the forward reads them all")
+    gone = [n for n in given if n not in meta]
+    if gone:
+        return f"your correction removed {', '.join(f'`meta[{n!r}]`' for n in gone)}: {keep}"
+    for name, held in given.items():
+        now = meta[name]
+        if not isinstance(now, torch.Tensor):
+            what = "None" if now is None else f"a {type(now).__name__} ({show(now)})"
+            return f"`meta[{name!r}]` is now {what}, not a tensor: {keep}"
+        if now.shape != held.shape:
+            return (f"`meta[{name!r}]` now has shape {list(now.shape)} ({show(now.tolist())}); "
+                    f"the host wrote shape {list(held.shape)}: {keep}")
+    return None
 
 
 @exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
@@ -183,6 +207,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     round whose text must equal plain greedy decoding and whose every batch's seqlens_k must
     be the engine's own correction's (``device_state.watched_correction``).
     """
+    started = time.monotonic()
     for meta, accepted, block_size, expected, label in correction_cases.every_case():
         try:
             verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
@@ -199,17 +224,13 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if verdict is not None:
         return verdict
     engine = pool.engine(num_draft_tokens=pool.DRAFTS)
-    watched = watched_correction(correct_seqlens_qk)
+    watched = watched_correction(correct_seqlens_qk, started + _ON_DEVICE * sandbox.TIME_LIMIT_S)
+    run = (f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
+           f"batches of 1 to 3 requests)")
     try:
         outs = engine.generate(pool.PROMPTS, max_new_tokens=pool.MAX_NEW_TOKENS, correction=watched)
     except Exception as err:  # noqa: BLE001
-        if watched_message(err, WrongKeyLengths):
-            return _wrong_key_lengths(err, engine)
-        if watched_message(err, ChangedInputs):
-            return fails("changed_input", f"in the engine: {watched_message(err, ChangedInputs)}")
-        return fails("engine_error", f"in the engine (block_size {engine.config.block_size}, {pool.DRAFTS} drafts, "
-                                     f"batches of 1 to 3 requests) your correction failed on the device: "
-                                     f"{quoted(err)}")
+        return _engine_failed(err, engine, run)
     diff = pool.compare([c.token_ids for c in outs], pool.reference())
     if diff:
         return fails("engine_mismatch", f"with your correction in ZOS + speculation ({pool.DRAFTS} drafts), {diff}")
@@ -217,13 +238,7 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     try:
         outs = engine.generate(pool.ENDINGS_PROMPTS, correction=watched, **pool.ENDINGS_RUN)
     except Exception as err:  # noqa: BLE001
-        if watched_message(err, WrongKeyLengths):
-            return _wrong_key_lengths(err, engine)
-        if watched_message(err, ChangedInputs):
-            return fails("changed_input", f"in the engine: {watched_message(err, ChangedInputs)}")
-        return fails("engine_error", f"{pool.endings_label(pool.DRAFTS)} your correction failed "
-                                     "on the device: "
-                                     f"{quoted(err)}")
+        return _engine_failed(err, engine, pool.endings_label(pool.DRAFTS))
     diff = pool.compare([c.token_ids for c in outs],
                         [c.token_ids for c in pool.endings_reference()])
     if diff:
@@ -233,6 +248,27 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     return passes(f"the {made} cases are right and ZOS + speculation (k={pool.DRAFTS}) matches "
                   f"plain greedy decoding; {engine.stats.mean_accepted_per_round:.2f} drafts "
                   f"accepted per request-round")
+
+
+# The share of the check's time limit after which a correction still running on the device is
+# stopped there, naming its line: the rest leaves time to report it before the host's limit.
+_ON_DEVICE = 0.8
+
+
+def _engine_failed(err: BaseException, engine, run: str) -> Verdict:
+    """A run that failed: a batch's wrong seqlens_k, a changed input, a correction stopped on
+    the device (``StillRunning``, where it was), or another error of the learner's code."""
+    if watched_message(err, WrongKeyLengths):
+        return _wrong_key_lengths(err, engine)
+    if watched_message(err, ChangedInputs):
+        return fails("changed_input", f"in the engine: {watched_message(err, ChangedInputs)}")
+    hung = watched_message(err, StillRunning)
+    if hung:
+        return fails("time_limit",
+                     f"{run} your correction was {hung} (the hand-made cases had passed): the "
+                     f"checker stopped it there. A loop that never ends only in the engine's run "
+                     f"usually waits on a condition that holds there (its block_size, its batch)")
+    return fails("engine_error", f"{run} your correction failed on the device: {quoted(err)}")
 
 
 def _wrong_key_lengths(err: BaseException, engine) -> Verdict:
@@ -268,12 +304,17 @@ INPUTS = {"pending"}  # shown in the worked case: says whether to correct a row,
 _FIELD_SET = 'a set of field names as strings, e.g. {"seqlens_q", "rows"}'
 
 
+# Why each field that stays does, in the notebook's words: each its own (blind round 25 gave
+# `rows` the lengths' and blocks' reason, round 27 gave `cu_seqlens_q` the blocks')
+_STAYS = {"seqlens_q": "each decode request still feeds 1 + k tokens",
+          "cu_seqlens_q": "`cu_seqlens_q` is the running sum of `seqlens_q`, which stays",
+          "block_tables": "a request's blocks were reserved at admission, with room for drafts",
+          "rows": "`rows` identify the request, not its length"}
+
+
 def _unchanged_why(fields: set) -> str:
-    """Why the fields that stay do (the notebook's reasons): ``rows`` has its own (blind round
-    25: it was given the lengths' and blocks' reason)."""
-    why = ["each decode request still feeds 1 + k tokens and its blocks were reserved at "
-           "admission"] if fields - {"rows"} else []
-    return "; ".join(why + ["`rows` identify the request, not its length"] * ("rows" in fields))
+    """Why the fields that stay do, one reason per field, in the notebook's order."""
+    return "; ".join(why for field, why in _STAYS.items() if field in fields)
 
 
 @exercise_check(answer=f"a plain {_FIELD_SET[2:]}")
