@@ -73,7 +73,11 @@ def absorb_time_up() -> None:
 
 @functools.lru_cache(maxsize=512)
 def _is_learners(filename: str) -> bool:
-    """Code that is neither the toy's nor a library's: a notebook cell, an exercise, a test corpus."""
+    """Code that is neither the toy's nor a library's: a notebook cell, an exercise, a test corpus.
+    A frozen module is the standard library's (round 27: a time limit named ``<frozen abc>``'s
+    ``__instancecheck__`` as the learner's line)."""
+    if filename.startswith("<frozen "):
+        return False
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
     return not (path.startswith(_PACKAGE_DIRS) or path.startswith(_LIBRARY_DIRS))
 
