@@ -173,9 +173,9 @@ def loads(data: str | bytes, what: str = "the JSON", *, max_depth: int = MAX_DEP
     try:
         return json.loads(data, parse_int=read_int, parse_float=read_float,
                           parse_constant=_constant(what))
-    except json.JSONDecodeError as exc:
-        raise JSONRefused(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}, "
-                          f"column {exc.colno})") from None
+    except json.JSONDecodeError as exc:  # "Unterminated string starting at": not "at at line"
+        raise JSONRefused(f"{what} is not valid JSON ({re.sub(' at:?$', '', exc.msg)} at line "
+                          f"{exc.lineno}, column {exc.colno})") from None
 
 
 def utf8_text(text: str) -> str:

@@ -30,7 +30,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from overlap_course.build.setup_cell import read_notebook, read_notebook_text, write_notebook
-from overlap_course.command_line import (PATH_CHARS, Parser, fail, in_a_folder, os_problem,
+from overlap_course.command_line import (PATH_CHARS, Parser, fail, os_problem, out_folder,
                                          progress, run)
 from overlap_course.out_folders import made_folder
 from overlap_course.safe_json import printable, quoted, refuse_unwritable, whole_set
@@ -223,8 +223,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "course":
         try:
-            in_a_folder(str(a.dest), "DEST")
-            home = course(a.dest, assignments=a.assignments, force=a.force)
+            dest = out_folder(str(a.dest), "DEST")  # as every command's --out: a link to nowhere
+            home = course(dest, assignments=a.assignments, force=a.force)
         except (ValueError, OSError) as err:  # OSError: DEST under a file, or not writable
             why = f"{err.strerror}: {err.filename!r}" if isinstance(err, OSError) else str(err)
             return fail("grading course", why)

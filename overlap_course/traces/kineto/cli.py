@@ -6,6 +6,7 @@ time.  What only ``export`` needs (the engine, its bounds) is imported when expo
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,6 +100,9 @@ PROG = "python -m overlap_course.traces.kineto"
 MAX_PROMPTS = 10_000
 #: The most characters of a path that a message quotes.
 PATH_CHARS = 200
+#: What ``export`` records when given no STORED timeline, unless its options say otherwise.
+RECORDING = {"mode": "both", "prompts": 8, "max_new_tokens": 32, "host_overhead_ms": 0.0,
+             "device": "auto"}
 
 
 def _parser() -> Parser:
@@ -136,14 +140,31 @@ def _export_options(e: Parser) -> None:
                                "OUT_serial and OUT_zos")
     e.add_argument("stored", nargs="?", help="convert this stored course timeline (path, or a "
                                              "shipped name like cpu_zos) instead of recording")
-    e.add_argument("--mode", choices=("serial", "zos", "both"), default="both")
-    e.add_argument("--prompts", type=whole_number(1, MAX_PROMPTS), default=8)
+    # What a recording reads: left unset unless given (RECORDING holds the defaults), so that
+    # one given with STORED is seen and refused (_recording_options).
+    unset = argparse.SUPPRESS
+    e.add_argument("--mode", choices=("serial", "zos", "both"), default=unset)
+    e.add_argument("--prompts", type=whole_number(1, MAX_PROMPTS), default=unset)
     # A prompt takes at least one of the model's positions; the rest can be new tokens.
     e.add_argument("--max-new-tokens", type=whole_number(1, GPTConfig.context_len - 1),
-                   default=32)
+                   default=unset)
     e.add_argument("--host-overhead-ms", type=finite_number(0.0, MAX_HOST_OVERHEAD_MS),
-                   default=0.0)
-    e.add_argument("--device", choices=DEVICES, default="auto")
+                   default=unset)
+    e.add_argument("--device", choices=DEVICES, default=unset)
+
+
+def _recording_options(args) -> None:
+    """The options of a recording (:data:`RECORDING`) refused with STORED, which is converted
+    as it was recorded (they were taken and ignored: the stored run written, exit 0); without
+    STORED, each not given is set to its default."""
+    given = [f"--{name.replace('_', '-')}" for name in RECORDING if name in vars(args)]
+    if args.stored is not None and given:
+        raise ValueError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to "
+                         f"recording only: STORED {quoted(args.stored, PATH_CHARS)} is a stored "
+                         f"run, converted as it is; leave {'them' if len(given) > 1 else 'it'} "
+                         f"out, or leave STORED out to record a run")
+    for name, value in RECORDING.items():
+        vars(args).setdefault(name, value)
 
 
 def _writable(text: str, stored: str | None) -> Path:
@@ -226,6 +247,7 @@ def _summary_text(source) -> str:
 def _export(args) -> dict:
     """The export's report: OUT checked, the STORED timeline read, OUT's folder locked, then
     the runs recorded (seconds) and written."""
+    _recording_options(args)
     out = _writable(args.out, args.stored)
     if args.stored is not None:
         timeline = _load_timeline(args.stored)
