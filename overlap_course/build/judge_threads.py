@@ -5,7 +5,12 @@ world afterwards, while the checker's own code runs (round 22: a loop's thread w
 compare at the loop's return, then rebound two of the checker's helpers with C callables, which
 hand nothing back, and the loop's next call put them back: a wrong loop passed).  So a thread it
 started that still runs when control comes back is graded as a change: join threads, and shut
-executors down, before returning."""
+executors down, before returning.  A thread is known by its first frame, not its ident alone:
+the system reuses a joined thread's ident for the next thread started (round 27: a right loop
+that started and joined a ``QueueListener`` failed when a thread not its own later got that
+ident, and a right loop with an executor passed only as none did).  Only hand-backs are
+compared, so a thread started and joined between two of them (around the loop's own code or
+its calls to the engine) is the loop's own business, as any code of its own there is."""
 
 from __future__ import annotations
 
@@ -32,17 +37,23 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
     behalf.  Bound as the watch is made, like the hooks (no name a cell can rebind is looked up
     as they run)."""
     foreign, looking = fields["foreign"], fields["looking"]
-    started: set[int] = set()  # idents of the threads the submission started
+    started: dict[int, object] = {}  # threads the submission started: ident -> first frame
     starting: dict[int, list] = {}  # a starting thread -> [threads alive before, looks left]
 
-    def idents() -> frozenset:
-        """The threads alive now (the audit hook lets the judge's own look through)."""
+    def alive() -> dict:
+        """The threads alive now, ident -> first frame (the audit hook lets the judge's own look
+        through)."""
         me = me_now()
         looking.add(me)
         try:
-            return frozenset(current_frames())
+            return {t: first(frame) for t, frame in current_frames().items()}
         finally:
             looking.discard(me)
+
+    def first(frame):
+        while frame.f_back is not None:
+            frame = frame.f_back
+        return frame
 
     def for_submission(frame) -> bool:
         while frame is not None:
@@ -58,19 +69,19 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
         me = me_now()
         if me in starting:  # a start made: the new thread, once it shows
             before, left = starting[me]
-            new = idents() - before
+            new = {t: f for t, f in alive().items() if before.get(t) is not f}
             if new or left <= 1:
                 started.update(new)
                 del starting[me]
             else:
                 starting[me][1] = left - 1
         if event == "c_call" and ident(arg) in starters and (
-                me in started or for_submission(frame)):
-            starting[me] = [idents(), looks]
+                started.get(me) is first(frame) or for_submission(frame)):
+            starting[me] = [alive(), looks]
 
     def running() -> list[str]:
-        alive = idents()
+        now = alive()
         return [f"a thread your code started (ident {t}) still running as control came back to "
                 f"the checker (join your threads and shut executors down before returning)"
-                for t in ordered(listed(started)) if t in alive]
+                for t in ordered(listed(started)) if now.get(t) is started[t]]
     return {"noted": noted, "running": running, "starting": starting}

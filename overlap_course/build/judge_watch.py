@@ -344,6 +344,8 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
             caller = frame.f_back  # other code returning into the checker's
             if caller is not None and checkers(caller.f_code):
                 compare()
+            elif caller is not None and foreign(caller.f_code):
+                pending.discard(me_now())  # back in the submission's code: not handed back
 
     def compare() -> None:
         pending.clear()  # the checker's world, all threads', is compared now
