@@ -71,7 +71,15 @@ frame it asks for itself (``sys._getframe``, a traceback's, a generator's or a c
 ``*_frame``), but a frame still reaches it through the standard library
 (``inspect.currentframe``, ``traceback.walk_stack``: ``logging`` and ``traceback`` read frames
 for right answers too), a signal handler or a trace function, and from it ``f_back`` and
-``f_locals`` lead to the report's writer; and, with ``ctypes``, any memory.  The judge's own
+``f_locals`` lead to the report's writer (a trace function set on a frame not the submission's,
+which runs at that frame's lines unseen by any hand-back and writes its ``f_locals`` back, is
+graded as a change at each compare, at the end, and as such a frame is called or resumed:
+:mod:`~overlap_course.build.judge_frames`, round 27); and, with ``ctypes``, memory: the
+submission's code is refused its audited ways to an address or a C function (``from_address``,
+``string_at``, ``PyObj_FromPtr``, ``CDLL``, ``pythonapi.X``, ``_ctypes.call_function``), but a
+call of a C function pointer already made (``ctypes.memmove``, ``memset``, ``cast``), a
+``Union`` of a ``c_void_p`` and a pointer, ``c_char_p(address).value`` and numpy's
+``__array_interface__`` given an address raise no audit event: any memory, still.  The judge's own
 modules (and ``builtins``' names, and its classes' attributes), which a cell can rebind with
 no audit event, are put back and any change named (graded 0) after the cells, at each
 hand-back and after the check, by C methods bound before the cells, and no function but the

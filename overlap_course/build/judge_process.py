@@ -18,6 +18,7 @@ from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_keep import (forget_caches, keeper,
                                              strange_modules as _strange_modules)
 from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
+from overlap_course.build.judge_frames import RAW_MEMORY_EVENTS
 from overlap_course.build.judge_handlers import ASYNCGEN_EVENTS
 from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
@@ -186,6 +187,7 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     audited, reaches_memory, profile = watch.audited, watch.reaches_memory, watch.profile
     asyncgen_set, asyncgen_events, hooks, no_more = (watch.asyncgen_set, ASYNCGEN_EVENTS,
                                                      watch.hooks, _NoMoreHooks)
+    raw_events, raw_memory = RAW_MEMORY_EVENTS, watch.raw_memory
     profiled, unaudited, writes, write_flags = PROFILE_EVENT, frozenset(_UNAUDITED_FILES), \
         frozenset(_WRITES), _WRITE_FLAGS
     watch.sealed()
@@ -217,6 +219,8 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
             return profile(*args)
         if event in code_events:
             audited(event, args)
+        if event in raw_events:  # ctypes reaching memory by address (judge_frames)
+            raw_memory(event)
         if event == "sys.addaudithook":  # a RuntimeError: the hook is not added, silently
             hooks.append(event)
             raise no_more("the judge does not let a submission add an audit hook")
@@ -380,7 +384,7 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
     moved = restore()
     watch.stop()
     changed = (moved + (watch.changed or _compare(before, _fingerprint())) + watch.modes.entered()
-               + _forkserver_moved(forkserver))
+               + _forkserver_moved(forkserver) + watch.traced())
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + watch.handlers() + [

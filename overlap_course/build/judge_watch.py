@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 import sys
 import threading
 import types
 import weakref
 
-import overlap_course
-import toy_engine
+from overlap_course.build.judge_frames import CHECKER_DIRS as _CHECKER_DIRS, frame_rules
 from overlap_course.build.judge_handlers import runtime_handlers
 from overlap_course.build.judge_threads import thread_starts
 from overlap_course.build.judge_weakrefs import c_callbacks
@@ -37,10 +35,6 @@ _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 
 _CLASS_DICT, _NAME = type.__dict__["__dict__"].__get__, type.__dict__["__name__"].__get__
 _BOOTSTRAP = threading.Thread._bootstrap.__code__  # a thread's first frame, under threading
-#: Where the checker's and the engine's code lives: a hand-back into other code (asyncio's event
-#: loop) is compared when control next reaches it (``_profiles``)
-_CHECKER_DIRS = tuple(os.path.dirname(package.__file__) + os.sep
-                      for package in (overlap_course, toy_engine))
 
 
 def _first(frame):
@@ -96,6 +90,7 @@ class Watch:
         self.looking: set[int] = set()  # threads in reaches_memory: its own look is not asked
         fields = object.__getattribute__(self, "__dict__")  # no descriptor a cell sets
         fields.update(_sees(fields))
+        fields.update(frame_rules(fields))
         fields.update(c_callbacks(fields))
         fields.update(runtime_handlers(fields))
         fields.update(_audits(fields))
@@ -140,7 +135,8 @@ def _sees(fields: dict, ident=id, kind=type, is_a=isinstance, frame_at=sys._getf
               types.MethodType, classmethod, staticmethod), class_dict=type.__dict__[
               "__dict__"].__get__, thread_type=threading.Thread, thread_run=threading.Thread.run,
           mro_of=type.__dict__["__mro__"].__get__, instance_dict=object.__getattribute__,
-          bootstrap=_BOOTSTRAP) -> dict:
+          bootstrap=_BOOTSTRAP, time_limits=_TIME_LIMITS, any_=any,
+          function_code=types.FunctionType.__dict__["__code__"].__get__) -> dict:
     """``foreign(code)``: whether code is the submission's; ``untrusted(callable)``: whether what
     it runs is (or is a builtin); ``on_stack()``: whether a frame of the submission's is on this
     thread's stack, or (``threads``) this thread is the submission's."""
@@ -191,8 +187,13 @@ def _sees(fields: dict, ident=id, kind=type, is_a=isinstance, frame_at=sys._getf
                 return theirs(frame)
             frame = frame.f_back
         return False
+
+    def is_time_limit(f) -> bool:
+        """Whether ``f`` is a trace function of the checker's time limit."""
+        return (kind(f) is function and any_(function_code(f) is c for c in time_limits)
+                and not foreign(function_code(f)))
     return {"foreign": foreign, "untrusted": untrusted, "on_stack": on_stack,
-            "from_thread": from_thread, "code_of": code_of}
+            "from_thread": from_thread, "code_of": code_of, "is_time_limit": is_time_limit}
 
 
 def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get_ident, kind=type,
@@ -201,12 +202,13 @@ def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get
             code_of=types.FunctionType.__dict__["__code__"].__get__,
             globals_of=types.FunctionType.__dict__["__globals__"].__get__, modules=sys.modules,
             space_of=types.ModuleType.__dict__["__dict__"].__get__, module=types.ModuleType,
-            profile_now=sys.getprofile, trace_now=sys.gettrace, time_limits=_TIME_LIMITS,
+            profile_now=sys.getprofile, trace_now=sys.gettrace,
             frame_attributes=frozenset(_FRAME_ATTRIBUTES),
             frame_events=frozenset(FRAME_EVENTS)) -> dict:
     """``audited(event, args)`` and ``reaches_memory(event, args)``, for the audit hook."""
-    foreign, on_stack, looking, codes = (fields[k] for k in ("foreign", "on_stack", "looking",
-                                                              "codes"))
+    foreign, on_stack, codes, is_time_limit = (fields[k] for k in (
+        "foreign", "on_stack", "codes", "is_time_limit"))
+    looking = fields["looking"]
 
     def reaches_memory(event: str, args: tuple) -> bool:
         """Whether code of the submission's asks for the judge's memory (round 19: a cell found
@@ -228,11 +230,6 @@ def _audits(fields: dict, ident=id, frame_at=sys._getframe, me_now=threading.get
             return on_stack()
         finally:
             looking.discard(me)
-
-    def is_time_limit(f) -> bool:
-        """Whether ``f`` is a trace function of the checker's time limit."""
-        return (kind(f) is function and any_(code_of(f) is c for c in time_limits)
-                and not foreign(code_of(f)))
 
     def audited(event: str, args: tuple) -> None:
         """Notes the code the submission makes; refuses anyone a module's function's code or
@@ -284,6 +281,7 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
     foreign, harm, code_of = fields["foreign"], fields["harm"], fields["code_of"]
     finalizers, before, entered = fields["finalizers"], fields["callbacks"], fields["modes"].entered
     pending, weakrefs, handlers = fields["pending"], fields["weakrefs"], fields["handlers"]
+    traced, traced_call = fields["traced"], fields["traced_call"]
 
     def name(f) -> str:
         code = code_of(f)
@@ -320,6 +318,9 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
             return
         if starting or event == "c_call":
             noted(frame, event, arg)  # a thread the submission starts (round 22)
+        if event == "call" and frame.f_trace is not None and (why := traced_call(frame)):
+            fields["changed"] = [why]  # a frame traced since it last ran (a generator's)
+            return
         if event[:2] == "c_" or event == "call" and not pending and not foreign(frame.f_code):
             return  # most events: quick (a C call or return is looked at for threads only)
         if event == "call":  # the submission's code called by the checker's, its first call by
@@ -349,7 +350,8 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
 
     def compare() -> None:
         pending.clear()  # the checker's world, all threads', is compared now
-        fields["changed"] = fields["changes"]() + deferred() + entered(True) + running()
+        fields["changed"] = (fields["changes"]() + deferred() + entered(True) + running()
+                             + traced())
 
     def checkers(code) -> bool:
         """Whether ``code`` is the checker's or the engine's (and not the submission's)."""
@@ -407,8 +409,6 @@ def _mode_calls(cls) -> tuple:
 
 
 _CHECKER = ("overlap_course.", "toy_engine.")
-
-
 
 
 def from_submission(thread: threading.Thread, watch: Watch) -> bool:
