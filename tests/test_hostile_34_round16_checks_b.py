@@ -4,6 +4,8 @@ fields' dtypes) before and after each hand-made case and in the engine runs; "st
 when the correction wrote nothing into ``meta``; a request that is not pending but moved is named
 as such; notebook 07's wants_more may answer 1 and 0."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -123,8 +125,8 @@ def test_the_engine_runs_watch_the_inputs_too():
         if len(meta["rows"]) == 4:
             meta["pending"].zero_()
     with pytest.raises(device_state.ChangedInputs, match=r"changed `meta\['pending'\]`"):
-        device_state.watched_correction(sly)(*_batch(), 8)
-    device_state.watched_correction(_right)(*_batch(), 8)  # a right one raises nothing
+        device_state.watched_correction(sly, time.monotonic() + 60)(*_batch(), 8)
+    device_state.watched_correction(_right, time.monotonic() + 60)(*_batch(), 8)  # right: no error
     told = RuntimeError("ChangedInputs: in a batch, x (in kernel 'correct', launch 3)")
     assert device_state.watched_message(told, device_state.ChangedInputs) == "in a batch, x"
     assert device_state.watched_message(told, device_state.WrongKeyLengths) is None
