@@ -77,6 +77,32 @@ def test_print_to_a_stream_the_cells_made_is_a_change():
     assert "a finalizer calling print" in message and "standard stream" in message, message
 
 
+# round 27b: Python's own stream type around a buffer of the cells', whose write is C code
+# that rebinds pool.compare; stderr (where the breaking print's error is reported) swaps stdout
+THROUGH_A_WRAPPER = _wrong('''
+import sys, types, io
+def _buf(write):
+    return types.SimpleNamespace(write=write, flush=int, closed=False,
+                                 readable=functools.partial(bool, 0),
+                                 writable=functools.partial(bool, 1),
+                                 seekable=functools.partial(bool, 0))
+MENDS = io.TextIOWrapper(_buf(MEND), write_through=True)
+SWAP = io.TextIOWrapper(_buf(functools.partial(max, [("stdout", MENDS)], key=vars(sys).update)),
+                        write_through=True)
+sys.stdout = io.TextIOWrapper(_buf(BREAK), write_through=True)
+sys.stderr = SWAP
+''', '''
+weakref.finalize(watch, print, "mended")
+weakref.finalize(local, print, "broken")
+''')
+
+
+def test_print_to_pythons_own_stream_type_around_the_cells_buffer_is_a_change():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, THROUGH_A_WRAPPER])
+    assert not passed and CHANGED in message and "standard stream" in message, message
+
+
 def test_print_given_what_is_not_plain_is_a_change():
     needs_the_engine()
     cell = PRINTS.replace('"freed", (1, 2.0), None', "engine")

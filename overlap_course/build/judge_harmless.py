@@ -27,16 +27,16 @@ hangs both (round 24's rule failed it).  Not as a finalizer, which hands them wh
 chose (round 26: ``finalize(x, torch._C._awaitable_wait, _awaitable(vars(pool).update, ...))``
 called the checker's dict's ``update`` late).  Every other C callable (a builtin function, a
 method-wrapper, a class, a method of anything else) is a change, named with why, but a
-finalizer's ``print`` given plain values while ``sys.stdout`` and ``sys.stderr`` are Python's
-own stream types at each look (round 26's right loop: ``finalize(step, print, "freed")``; a
-stream the cells made would call their code, and a weakref's or ``__del__``'s is handed an
-object whose ``__name__`` or ``__repr__`` the cells chose)."""
+finalizer's ``print`` given plain values while ``sys.stdout`` and ``sys.stderr`` are the judge's
+own, as they were, at each look (round 26's right loop: ``finalize(step, print, "freed")``; a
+stream the cells made, even a ``TextIOWrapper`` around a buffer of theirs, calls what they chose
+(round 27b), and a weakref's or ``__del__``'s is handed an object whose ``__name__`` or
+``__repr__`` the cells chose)."""
 
 from __future__ import annotations
 
 import collections
 import functools
-import io
 import itertools
 import sys
 import types
@@ -56,8 +56,6 @@ MOVES = frozenset({"append", "appendleft", "clear", "copy", "extend", "extendlef
 #: the methods that only store what they are given (never call, compare nor iterate it): any
 #: value may be handed to them (round 26: ``finalize(step, EVENTS.append, Event.FREED)``)
 STORES = frozenset({"append", "appendleft"})
-#: the streams ``print`` may write to, as a later call's: C code that writes to its own buffer
-STREAMS = frozenset({io.TextIOWrapper, io.StringIO, type(None)})
 #: the C callbacks CPython hangs itself, bound to a weakref: ``_abc``'s and ``threading.local``'s
 _CPYTHONS = frozenset({"_destroy", "_localdummy_destroyed"})
 _MAX_UNWRAP = 20
@@ -98,8 +96,8 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
               name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
               type_name=type.__dict__["__name__"].__get__, containers=CONTAINERS, plain=PLAIN,
               items=ITEMS, handed=HANDED, moves=MOVES, stores=STORES, cpythons=_CPYTHONS,
-              extension_own=_extension_own, records=_RECORDS, printer=print, system=sys,
-              streams=STREAMS) -> dict:
+              extension_own=_extension_own, records=_RECORDS, printer=print,
+              system=sys, attr=getattr) -> dict:
     """``harm(f, what, args, weak)``: why ``f`` (``what``: "a finalizer calling" ...; called
     with ``args``, or with ``weak``, the weakref whose callback it is) is a change, or None.
     ``owned``: the class whose instance a ``__del__`` is handed (``LIVE.remove`` compares it
@@ -111,6 +109,10 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
     alive: list = []  # the containers alive before the cells, held until the check begins
     held: dict[int, tuple] = {}  # id -> (a container whose items a callback compares, what)
     printing: list[str] = []  # the print callbacks: each look reads the streams they write to
+    # the judge's own streams, as the watch is made, and how they encode (a codec or an error
+    # handler the cells register is code too)
+    first = (system.stdout, system.stderr)
+    encoded = [(attr(s, "encoding", None), attr(s, "errors", None)) for s in first]
 
     def containers_in(objs) -> list:
         return listed(compress(objs, mapped(containers.__contains__, mapped(kind, objs))))
@@ -164,10 +166,12 @@ def harm_rule(code_of, kind=type, ident=id, listed=list, mapped=map,
             f"{'an' if other[:1] in 'AEIOUaeiou' else 'a'} {other})")
 
     def streams_of(what: str) -> str | None:
-        other = next((s for s in (system.stdout, system.stderr) if kind(s) not in streams), 0)
-        return None if other == 0 else (
-            f"{what} (C code writing to a {type_name(kind(other))} your cells made a standard "
-            f"stream: print is plain only to Python's own)")
+        now = (system.stdout, system.stderr)
+        if now[0] is first[0] and now[1] is first[1] and [
+                (attr(s, "encoding", None), attr(s, "errors", None)) for s in now] == encoded:
+            return None
+        return (f"{what} (C code writing to a standard stream your cells replaced or "
+                f"reconfigured: print is plain only to the judge's own, as they were)")
 
     def stray(given: list, weak, stored: bool, owned) -> str | None:
         """Why what a callback is handed is not plain: its values' type, the weakref's, or the
