@@ -177,8 +177,9 @@ def _judge_case(fn, meta, accepted, block_size, expected, label: str) -> Verdict
 
 def _not_kept(meta: dict, given: dict) -> str | None:
     """What a correction made of a field that must stay a tensor of the host's shape (removed
-    it, stored a list, None or a string, changed its shape), or None: read by the checker, not
-    raised by the learner's code (blind round 27: "your correction raised KeyError")."""
+    it, stored a list, None or a string, moved it to another device, changed its shape), or
+    None: read by the checker, not raised by the learner's code (blind round 27: "your
+    correction raised KeyError")."""
     keep = ("each field must stay a tensor of the host's dtype and shape, corrected in place "
             "(`+=`, `.copy_`): the forward reads them all")
     gone = [n for n in given if n not in meta]
@@ -189,6 +190,10 @@ def _not_kept(meta: dict, given: dict) -> str | None:
         if not isinstance(now, torch.Tensor):
             what = "None" if now is None else f"a {type(now).__name__} ({show(now)})"
             return f"`meta[{name!r}]` is now {what}, not a tensor: {keep}"
+        if now.device != held.device:  # round 27b: read, torch's meta device said "not
+            empty = ", which holds no values" if now.is_meta else ""  # implemented yet"
+            return (f"`meta[{name!r}]` is now a tensor on device {now.device.type!r}{empty}; the "
+                    f"host wrote it on {held.device.type!r}: {keep}")
         if now.shape != held.shape:
             return (f"`meta[{name!r}]` now has shape {list(now.shape)} ({show(now.tolist())}); "
                     f"the host wrote shape {list(held.shape)}: {keep}")
