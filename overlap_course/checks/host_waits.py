@@ -6,6 +6,8 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 from __future__ import annotations
 
 import linecache
+import sys
+import types
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -107,6 +109,26 @@ def _bool_index(index) -> bool:
 ON_META_TENSORS = frozenset({"check_correction"})
 
 
+def _half_imports_dropped(modules=sys.modules, roots=("sympy", "mpmath")) -> None:
+    """An Interrupt while the first run on meta tensors imports torch._dynamo (and sympy, about
+    a second) left sympy half-made: submodules in ``sys.modules`` not set on their package, or
+    whose package is gone, and every later run failed a right answer ("module 'sympy' has no
+    attribute 'core'", or 'printing', told as a host read) until the kernel restarted (round
+    27b).  Then sympy's and mpmath's modules are dropped, to be imported whole (a whole import
+    sets each on its package).  Read as plain modules' dicts: no code of a cell's runs here."""
+    names = [n for n in list(modules) if type(n) is str and n.split(".")[0] in roots]
+
+    def on_its_package(name: str) -> bool:
+        package, _, child = name.rpartition(".")
+        made = modules.get(package)
+        return type(made) is types.ModuleType and child in vars(made)
+    if all(on_its_package(n) for n in names if "." in n):
+        return
+    for name in names + [n for n in list(modules)
+                         if type(n) is str and n.startswith("torch.utils._sympy")]:
+        modules.pop(name, None)
+
+
 def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
                       counted_ops: int) -> str | None:
     """Why ``fn`` failed on copies of its tensors that hold no values (torch's meta device, where
@@ -116,6 +138,7 @@ def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
     that way).  Code that does its work only where values exist (``if accepted.is_meta:
     return``, round nine) changes none of the tensors there, or makes far fewer or more tensor
     operations than the ``counted_ops`` of its run with values."""
+    _half_imports_dropped()
     copies = {name: t.to("meta") for name, t in meta.items()}
     given = dict(copies)
     versions = {name: t._version for name, t in given.items()}  # an in-place change bumps it
