@@ -444,8 +444,8 @@ class RoundStages:
         """Hand ``req`` the tokens round ``rnd`` kept through its commit; one a plug-in replaced
         on the request is checked after: it appends them, in order, or fewer as the request
         ends, taking tokens back only as a stop string ends it (the device goes on from what
-        it kept); an EOS the round kept, left out or kept,
-        is lab 4's mistake to judge (past_eos, eos_kept), as a stop string left uncut is."""
+        it kept); an EOS the round kept, left out or kept, is lab 4's mistake to judge
+        (past_eos, eos_kept), as a stop string left uncut is."""
         if "commit" not in vars(req):
             req.commit(kept, self.tokenizer.eos_id, self.tokenizer.decode)
             return
