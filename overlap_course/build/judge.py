@@ -23,7 +23,9 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   as it was each time the submission's code handed control back to the checker (a replacement
   undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`; a hand-back to
   the standard library, asyncio's event loop, is compared as it reaches the checker) and at the
-  end, no thread of the submission still runs and no trace hook is left; a context argument
+  end, no thread still runs that was not alive before the cells nor seen started by the
+  checker's or the engine's code (:mod:`~overlap_course.build.judge_threads`; a raw thread
+  whose target is C code has no frame to list) and no trace hook is left; a context argument
   (``engine``) is the judge's own run of the notebook's cell, not the submission's object;
 * an audit hook, installed before the submission's first line, refuses to open notebooks,
   ``solutions/``, ``source/``, the course folder and anything outside the installation, the
@@ -52,7 +54,8 @@ purpose can still mutate the checker's data in place, leave a builtin for C code
 (a dunder method other than ``__del__`` that the checker's code reaches:
 ``functools.partial(setattr, ...)``, which no hand-back sees; a gc callback, a finalizer, a
 weakref or proxy whose callback is C code (``WeakMethod``'s too), a class whose own
-``__del__`` is, a signal handler that is, and ``sys.set_asyncgen_hooks``' that are, made or set
+``__del__`` is, a signal handler, an error hook (``threading.excepthook``, ``sys.excepthook``,
+``sys.unraisablehook``) that is, and ``sys.set_asyncgen_hooks``' that are, made or set
 by the cells or in the check, are graded as a change at each compare (rounds 24 and 25:
 :mod:`~overlap_course.build.judge_weakrefs`, :mod:`~overlap_course.build.judge_handlers`),
 unless a finalizer or a weakref calls Python code, compared as it runs, or touches only the

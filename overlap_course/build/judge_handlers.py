@@ -15,7 +15,14 @@ and the checker's Python code, not named.  An async generator keeps the finalize
 first iterates, which the hooks may no longer show at the next compare: so the submission's
 code may not set them itself (refused, and named), and each time anyone sets them (asyncio's
 loop, which sets its own Python methods, and puts back what it found) the ones they replace
-are looked at too."""
+are looked at too.
+
+The hooks the runtime calls for an error no code catches -- ``sys.unraisablehook`` (an
+exception in a ``__del__`` or a weakref's callback), ``sys.excepthook`` and
+``threading.excepthook`` (a thread's) -- run inside whatever code runs then: one that is C
+code, set since the watch was made, is named at each compare (round 28: the fingerprint saw
+``threading.excepthook`` set to a partial, a builtin as the one it replaces, as no change);
+the submission's Python code is compared as it runs, as for any call of it."""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import itertools
 import operator
 import signal
 import sys
+import threading
 import types
 
 _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
@@ -39,12 +47,17 @@ def runtime_handlers(fields: dict, signals=_SIGNALS, getsignal=_signal.getsignal
                      compress=itertools.compress, count=itertools.count, is_not=operator.is_not,
                      can_call=callable, frame_at=sys._getframe, refuse=PermissionError,
                      hook_names=("firstiter", "finalizer"), builtin=types.BuiltinFunctionType,
-                     name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__) -> dict:
+                     name_of=types.BuiltinFunctionType.__dict__["__name__"].__get__,
+                     error_hooks=((vars(sys), "sys", "unraisablehook"),
+                                  (vars(sys), "sys", "excepthook"),
+                                  (vars(threading), "threading", "excepthook")),
+                     read=dict.get) -> dict:
     """``handlers()`` at each compare (what it found, named) and ``asyncgen_set()`` for the
     audit hook, at a ``sys.set_asyncgen_hooks`` event.  Bound as the watch is made, before the
     submission's first line, like the hooks; what is set then is not the submission's."""
     untrusted, foreign, code_of = fields["untrusted"], fields["foreign"], fields["code_of"]
     hooks, before, hooks_before = fields["hooks"], listed(mapped(getsignal, signals)), hooks_now()
+    errors_before = [read(space, hook) for space, _, hook in error_hooks]
 
     def name(f) -> str:
         code = code_of(f)
@@ -60,7 +73,13 @@ def runtime_handlers(fields: dict, signals=_SIGNALS, getsignal=_signal.getsignal
         now = listed(mapped(getsignal, signals))
         return [f"a signal handler {name(now[i])} (signal {signals[i]})"
                 for i in compress(count(), mapped(is_not, now, before))
-                if can_call(now[i]) and untrusted(now[i])] + asyncgen()
+                if can_call(now[i]) and untrusted(now[i])] + asyncgen() + errors()
+
+    def errors() -> list[str]:
+        """The error hooks set to C code since the watch was made."""
+        return [f"{module}.{hook} set to C code ({name(f)})"
+                for (space, module, hook), was in zipped(error_hooks, errors_before)
+                if (f := read(space, hook)) is not was and can_call(f) and code_of(f) is None]
 
     def asyncgen_set() -> None:
         """The hooks replaced now, if they were C code or the submission's (an async generator

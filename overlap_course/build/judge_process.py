@@ -384,7 +384,7 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
     moved = restore()
     watch.stop()
     changed = (moved + (watch.changed or _compare(before, _fingerprint())) + watch.modes.entered()
-               + _forkserver_moved(forkserver) + watch.traced())
+               + _forkserver_moved(forkserver) + watch.traced() + watch.threads_left())
     left = [t.name for t in threading.enumerate()
             if t not in threads and (from_submission(t, watch) or watch.running(t))]
     hooks = watch.hooks + watch.handlers() + [

@@ -10,7 +10,15 @@ the system reuses a joined thread's ident for the next thread started (round 27:
 that started and joined a ``QueueListener`` failed when a thread not its own later got that
 ident, and a right loop with an executor passed only as none did).  Only hand-backs are
 compared, so a thread started and joined between two of them (around the loop's own code or
-its calls to the engine) is the loop's own business, as any code of its own there is."""
+its calls to the engine) is the loop's own business, as any code of its own there is.
+
+A thread is the checker's only if it was alive before the cells, or the checker's or the
+engine's code was seen starting it: every other thread alive at a compare or at the end is
+graded as a change (round 28: a thread a cell started -- a daemon ``threading.Thread`` or a
+raw ``_thread`` one, which no profile hook watches -- or one the loop started through C code,
+``list(map(_thread.start_new_thread, ...))``, rebound ``pool.compare`` between two compares and
+put it back before the last; ``sys._current_frames()`` lists raw threads too).  Not seen: a raw
+thread whose target is C code, which has no Python frame to list."""
 
 from __future__ import annotations
 
@@ -28,16 +36,19 @@ _LOOKS = 256
 
 def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
                   current_frames=sys._current_frames, starters=_STARTERS, looks=_LOOKS,
-                  listed=list, ordered=sorted) -> dict:
-    """``noted(frame, event, arg)``, at each profile event: notes a thread started for the
-    submission's code by a C call (``c_call``), found as it shows in the following events of
-    the thread that started it; ``running()``: those still running.  For the submission's code:
-    called from it, through the standard library (an executor, ``threading.Timer``) or in a
-    thread it started, not by the checker's or the engine's code (``checkers(code)``) on its
-    behalf.  Bound as the watch is made, like the hooks (no name a cell can rebind is looked up
-    as they run)."""
+                  listed=list, ordered=sorted, bootstrap=threading.Thread._bootstrap.__code__,
+                  is_a=isinstance, thread_type=threading.Thread,
+                  instance_dict=object.__getattribute__, kind=type) -> dict:
+    """``noted(frame, event, arg)``, at each profile event: notes a thread started by a C call
+    (``c_call``) of the checker's or the engine's code (``checkers(code)``) in a thread of
+    theirs, found as it shows in the following events of the thread that started it;
+    ``running()``: the threads alive now that are not theirs (nor alive before the cells:
+    ``cells_begin()``, and as the watch is made).  A start from the submission's code (called
+    from it, through the standard library -- an executor, ``threading.Timer`` -- or in a
+    thread that is not theirs) is not noted.  Bound as the watch is made, like the hooks (no
+    name a cell can rebind is looked up as they run)."""
     foreign, looking = fields["foreign"], fields["looking"]
-    started: dict[int, object] = {}  # threads the submission started: ident -> first frame
+    known: dict[int, object] = {}  # threads not the submission's: ident -> first frame
     starting: dict[int, list] = {}  # a starting thread -> [threads alive before, looks left]
 
     def alive() -> dict:
@@ -71,17 +82,27 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
             before, left = starting[me]
             new = {t: f for t, f in alive().items() if before.get(t) is not f}
             if new or left <= 1:
-                started.update(new)
+                known.update(new)
                 del starting[me]
             else:
                 starting[me][1] = left - 1
-        if event == "c_call" and ident(arg) in starters and (
-                started.get(me) is first(frame) or for_submission(frame)):
+        if event == "c_call" and ident(arg) in starters and known.get(me) is first(frame) and (
+                not for_submission(frame)):
             starting[me] = [alive(), looks]
 
+    def name(frame) -> str:
+        """The thread's name (threading's, which names its target) or its first function."""
+        thread = frame.f_locals.get("self") if frame.f_code is bootstrap else None
+        label = instance_dict(thread, "__dict__").get("_name") if is_a(thread, thread_type) else 0
+        return f"{label!r}" if kind(label) is str else f"running {frame.f_code.co_name}()"
+
     def running() -> list[str]:
-        now = alive()
-        return [f"a thread your code started (ident {t}) still running as control came back to "
-                f"the checker (join your threads and shut executors down before returning)"
-                for t in ordered(listed(started)) if now.get(t) is started[t]]
-    return {"noted": noted, "running": running, "starting": starting}
+        return [f"a thread your code started or your cells did (ident {t}, {name(f)}) still "
+                f"running as control came back to the checker (stop the threads your cells "
+                f"start before the check runs, and join those your code starts before returning)"
+                for t, f in ordered(listed(alive().items())) if known.get(t) is not f]
+
+    def cells_begin() -> None:
+        known.update(alive())
+    known.update(alive())
+    return {"noted": noted, "running": running, "starting": starting, "cells_begin": cells_begin}

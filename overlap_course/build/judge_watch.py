@@ -358,7 +358,9 @@ def _profiles(fields: dict, frame_type=types.FrameType, kind=type, listed=list,
         return starts(code.co_filename, places) and not foreign(code)
     threads = thread_starts(fields, checkers)
     noted, running, starting = threads["noted"], threads["running"], threads["starting"]
-    return {"profile": profile, "deferred": deferred}
+    weakrefs_begin, threads_begin = fields["cells_begin"], threads["cells_begin"]
+    return {"profile": profile, "deferred": deferred, "threads_left": running,
+            "cells_begin": lambda: (weakrefs_begin(), threads_begin())}
 
 
 class _TorchModes:
