@@ -146,7 +146,8 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"your correction computes the right values, but it makes "
                      f"{counted(counts[0], 'tensor operation')} for 3 requests and {counts[1]} for "
                      f"6: it loops over requests (or tokens) in Python. On a GPU every one of those "
-                     f"operations is a kernel launch, so the correction's cost grows with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
+                     f"operations is a kernel launch, so the correction's cost grows with the "
+                     f"batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
     failed = valueless_failure(fn, *worked_requests(4, [1, 1, 1]), 4, counts[0])
     if failed is not None and half_loaded_torch() is not None:
