@@ -3,6 +3,8 @@ device's weights shows as a different one (``checks.pool.heal``), and so does a 
 reached a device changed on its way there (``checks.pool.engine``).  A light module: a device
 process imports it to run :func:`verify`, and torch is all it needs."""
 
+import _signal
+import contextlib
 import functools
 import hashlib
 import os
@@ -80,6 +82,10 @@ class ChangedInputs(ValueError):
 class StillRunning(ValueError):
     """A batch of a run whose correction was still running at the run's deadline, raised where
     it was (:func:`_time_limited`)."""
+
+
+class EndsProcess(ValueError):
+    """A batch of a run whose correction called ``os._exit`` (:func:`_limit_kept`)."""
 
 
 #: What exercise 04's correction corrects; every other field of ``meta`` is an input it reads.
@@ -168,21 +174,71 @@ def _time_limited(correction, deadline: float, *args):
             or threading.current_thread() is not threading.main_thread()
             or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
         return correction(*args)
-    started = time.monotonic()
+    started, noted = time.monotonic(), []
 
     def stop(signum, frame):
-        while frame is not None and frame.f_code.co_filename.startswith(_NOT_LEARNERS):
-            frame = frame.f_back  # out to the innermost of the learner's frames
-        where = "" if frame is None else f", at line {frame.f_lineno} of `{frame.f_code.co_name}`"
-        raise StillRunning(f"still running after {time.monotonic() - started:.0f} s{where}")
+        kept = f" (it had called {', '.join(noted)}, which would have turned off the checker's " \
+               "time limit in the device process: the checker kept it)" if noted else ""
+        raise StillRunning(f"still running after {time.monotonic() - started:.0f} s"
+                           f"{_learners_line(frame)}{kept}")
 
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, max(deadline - started, _AT_LEAST_S), 0.05)
     try:
-        return correction(*args)
+        with _limit_kept(noted):
+            return correction(*args)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _learners_line(frame) -> str:
+    """", at line N of `f`": the innermost of the learner's frames from ``frame`` out, or ""."""
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_LEARNERS):
+        frame = frame.f_back
+    return "" if frame is None else f", at line {frame.f_lineno} of `{frame.f_code.co_name}`"
+
+
+@contextlib.contextmanager
+def _limit_kept(noted: list):
+    """While a correction runs in a device process, its calls that would turn off the time
+    limit there -- ``signal.alarm``, ``signal.setitimer`` of ITIMER_REAL, a SIGALRM handler --
+    are noted in ``noted`` with its line and not made (round 28: its endless loop was then told
+    as the host's wait, "line 1 of `<lambda>`"); ``os._exit`` raises EndsProcess, its line named."""
+    real = {name: getattr(_signal, name) for name in ("alarm", "setitimer", "signal")}
+
+    def note(call: str) -> None:
+        noted.append(f"`{call}`{_learners_line(sys._getframe(2))[1:]}")
+
+    def alarm(seconds, /):
+        return note(f"signal.alarm({seconds!r})") or 0
+
+    def setitimer(which, *args):
+        if which != signal.ITIMER_REAL:
+            return real["setitimer"](which, *args)
+        return note("signal.setitimer(signal.ITIMER_REAL, ...)") or signal.getitimer(which)
+
+    def handler(signalnum, action, /):
+        if signalnum != signal.SIGALRM:
+            return real["signal"](signalnum, action)
+        return note("signal.signal(signal.SIGALRM, ...)") or signal.getsignal(signalnum)
+
+    def exit_(code, /):
+        if threading.current_thread() is not threading.main_thread():
+            was(code)  # the device process's own: its parent is gone
+        raise EndsProcess(f"called `os._exit({code!r})`{_learners_line(sys._getframe(1))}, "
+                          "which ends the device process (and the run with it)")
+    stand_ins, was = {"alarm": alarm, "setitimer": setitimer, "signal": handler}, os._exit
+    saved = [(module, {n: vars(module)[n] for n in stand_ins}) for module in (signal, _signal)]
+    for module, _ in saved:
+        vars(module).update(stand_ins)
+    os._exit = exit_
+    try:
+        yield
+    finally:
+        os._exit = was
+        for module, held in saved:
+            vars(module).update(held)
 
 
 def _key_lengths_differ(given: dict, accepted, got, right) -> str:

@@ -59,5 +59,5 @@ def test_a_fix_that_never_returns_is_stopped_at_the_time_limit_naming_the_prompt
     assert "it should have ended on its limit, 12 tokens" in verdict.message
     verdict = checks.check_commit(commit_hangs_on_prompt_0)
     assert verdict.category == "time_limit", repr(verdict)
-    assert "called for prompt 0 ('Once upon a time') before round 1, with 0 token(s) committed; " \
+    assert "called for prompt 0 ('Once upon a time') before round 1, with 0 tokens committed; " \
            "it should have ended on a stop string after 7 tokens" in verdict.message, repr(verdict)

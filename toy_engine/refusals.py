@@ -344,6 +344,9 @@ class StateReplaced(TypeError):
 
     def __init__(self, prompt: int, name: str, value, who: str):
         kind, (want, why) = type(value).__name__, self.KINDS[name]
+        if "engine.commit_outputs" in who:  # the commit adds the round's tokens: none by hand
+            why = (f"{why.partition('; ')[0]}; engine.commit_outputs already adds each kept "
+                   f"token to it: leave it the {want.__name__} the commit made")
         super().__init__(f"prompt {prompt}'s req.{name} = {kind} {shown(value)} was stored "
                          f"{who}: {name} must stay a plain {want.__name__}, not a {kind} "
                          f"(it holds {why})")

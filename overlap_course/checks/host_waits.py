@@ -129,6 +129,17 @@ def _half_imports_dropped(modules=sys.modules, roots=("sympy", "mpmath")) -> Non
         modules.pop(name, None)
 
 
+def half_loaded_torch(modules=sys.modules) -> str | None:
+    """The torch package an Interrupt stopped halfway through its import, or None: the package
+    is gone from ``sys.modules``, its submodules made so far stay, and importing it again fails
+    ("partially initialized module 'torch._dynamo' has no attribute 'utils'", told as the
+    learner's host read: round 28).  Unlike sympy's, torch's modules cannot be dropped and
+    imported again (its pytree registrations refuse a second time): the kernel must restart."""
+    gone = {n.rpartition(".")[0] for n in list(modules)
+            if type(n) is str and n.startswith("torch.") and n.rpartition(".")[0] not in modules}
+    return min(gone, default=None)
+
+
 def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
                       counted_ops: int) -> str | None:
     """Why ``fn`` failed on copies of its tensors that hold no values (torch's meta device, where

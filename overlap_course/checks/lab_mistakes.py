@@ -17,7 +17,7 @@ from . import lifetime_runs, sandbox
 from .answers import show
 from .endings import ABORT, LIMIT_AT_ROUND_END
 from .errors import checkers, engines, quoted
-from .verdict import Verdict, fails, not_implemented
+from .verdict import Verdict, counted, fails, not_implemented
 
 
 def extra_step(calls, engine, own, run) -> Verdict:
@@ -32,9 +32,9 @@ def extra_step(calls, engine, own, run) -> Verdict:
                f"request")
         return fails("finished_scheduled", msg)
     if late:
-        where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had {late[2]} tokens "
-                 f"committed and {late[3]} round(s) in flight, enough for its {run.max_new}, yet "
-                 f"your policy planned it again")
+        where = (f"before round {late[0]} {runs.who(run.prompts, late[1])} had "
+                 f"{counted(late[2], 'token')} committed and {counted(late[3], 'round')} in "
+                 f"flight, enough for its {run.max_new}, yet your policy planned it again")
     else:
         where = "your policy planned rounds whose outputs came back for finished requests"
     return fails("extra_step", f"{run}: {where}: {cost}")
@@ -80,7 +80,8 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
         detail = f"your policy declined {runs.who(run.prompts, i)} before it reached its limit"
         if left:
             detail = (f"before round {left[-1][0]} your policy declined {runs.who(run.prompts, i)} "
-                      f"with {left[-1][2]} of its {run.max_new} tokens and {left[-1][3]} round(s) "
+                      f"with {left[-1][2]} of its {counted(run.max_new, 'token')} and "
+                      f"{counted(left[-1][3], 'round')} "
                       f"in flight")
         msg = (f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
                f"{_STALLS[err.reason]}, so it can never finish")
@@ -97,7 +98,7 @@ def timed_out(up, what: str, run, now, endings) -> Verdict:
     where = f"{run}: your {what} was {up}"
     if now.prompt is not None:
         where += (f", called for {runs.who(run.prompts, now.prompt)} before round {now.round}, "
-                  f"with {now.tokens} token(s) committed; it should have ended "
+                  f"with {counted(now.tokens, 'token')} committed; it should have ended "
                   f"{endings[now.prompt]}")
     return fails("time_limit", f"{where}. The check stopped it there (it allows "
                                f"{sandbox.TIME_LIMIT_S:.0f} s; the engine's own takes well under "
@@ -207,8 +208,8 @@ def abort_error(err: Exception, run, ref, engine, calls) -> Verdict:
     where = f"{run}: a request could not end"
     if left:
         where = (f"{run}: {runs.who(run.prompts, left[0].index)} should have ended "
-                 f"{ref.endings[left[0].index]}; it stopped with {len(left[0].output_ids)} "
-                 f"token(s)")
+                 f"{ref.endings[left[0].index]}; it stopped with "
+                 f"{counted(len(left[0].output_ids), 'token')}")
     if checkers(err, runs.Runaway):
         msg = (f"{where}, and rounds kept going in for it: the check stopped the run at round "
                f"{err.args[0]} (the engine's own run takes {ref.rounds}). An aborted request is "
@@ -271,7 +272,7 @@ def _abort_request(who: str, got, ref, ending) -> Verdict | None:
                f"by \"abort\". Leave a finished request alone")
         return fails("overwrote_finish", msg)
     if len(ids) > len(ref_ids) and ref_reason == "abort":
-        msg = (f"{who} was aborted with {len(ref_ids)} tokens but went on to {len(ids)} "
+        msg = (f"{who} was aborted with {counted(len(ref_ids), 'token')} but went on to {len(ids)} "
                f"({reason}): set its `finish_reason` to \"abort\" so that no round plans it again")
         return fails("still_running", msg)
     if ids == ref_ids and reason != ref_reason:
@@ -281,8 +282,8 @@ def _abort_request(who: str, got, ref, ending) -> Verdict | None:
                    f"{reason!r}: an aborted request's reason is \"abort\"")
         return fails("wrong_reason", msg)
     if ids != ref_ids:
-        return fails("wrong_tokens", f"{who}: {len(ids)} tokens ({reason}), where it should have "
-                                     f"ended {ending}")
+        return fails("wrong_tokens", f"{who}: {counted(len(ids), 'token')} ({reason}), where "
+                                     f"it should have ended {ending}")
     return None
 
 
@@ -297,7 +298,7 @@ def commit_never_ended(err, engine, run, endings) -> Verdict:
         return fails("stalled", f"{run}: the run could not go on ({err})")
     has, want = len(req.output_ids), endings[req.index]
     where = (f"{run}: {runs.who(run.prompts, req.index)} should have ended {want}; it stopped with "
-             f"{has} token(s), unfinished")
+             f"{counted(has, 'token')}, unfinished")
     if checkers(err, runs.Runaway):
         msg = (f"{where}, and the check stopped the run at round {err.args[0]}: your commit kept "
                f"it from reaching its end. Set `req.finish_reason` where a request ends")
@@ -319,7 +320,7 @@ def commit_refused(err, run) -> Verdict | None:
     other tokens is the checker's own slip first (``lab_runs.CommitSlip``)."""
     if engines(err, CommitStoppedEarly):
         kept, given = show(err.kept), show(err.appended)
-        did = (f"took back {err.removed} token(s) committed before" if err.removed else
+        did = (f"took back {counted(err.removed, 'token')} committed before" if err.removed else
                f"appended {given}, {len(err.appended)} of the {len(err.kept)}")
         end = "left it unfinished" if err.ended is None else f"ended it {err.ended!r}"
         fix = ("tokens come back only to cut a stop string off the end, where it ends 'stop'"
@@ -343,13 +344,15 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
         return fails("eos_kept", f"{who}: its tokens hold the EOS id {tok.eos_id}: EOS ends a request, it is not "
                                  f"one of its tokens")
     if text != tok.decode(ids):
-        return fails("text_mismatch", f"{who}: its text {show(text)} is not the text of its {len(ids)} tokens "
+        return fails("text_mismatch", f"{who}: its text {show(text)} is not the text of its "
+                                      f"{counted(len(ids), 'token')} "
                                       f"{show(tok.decode(ids))}: cut both alike")
     if (ids, text) == (ref_ids, ref_text):
         return fails("wrong_reason", f"{who}: the right tokens, finished as {reason!r} where the serial run "
                                      f"says {ref_reason!r}")
     if len(ids) > max_new:
-        return fails("past_limit", f"{who}: {len(ids)} tokens, {len(ids) - max_new} past its limit: a round's "
+        return fails("past_limit", f"{who}: {counted(len(ids), 'token')}, {len(ids) - max_new} "
+                                   f"past its limit: a round's "
                                    f"accepted run crossed it and was kept whole. Stop at the limit's token")
     if reason == ref_reason == "stop":
         verdict = _stop_cut_mistake(who, text, ref_text, stop)
@@ -372,17 +375,18 @@ def commit_mistake(i: int, got, ref, run, ending, engine) -> Verdict | None:
                      + (f"the stop string stays in the text: cut it off{later}" if kept else
                         "the stop string was completed inside a round's run, or across two, and missed"))
     if reason == "stop" and ref_reason == "length" and ref_ids[: len(ids)] == ids:
-        msg = (f"{who}: yours ends as 'stop' with {len(ids)} tokens {show(text)}: a stop string "
-               f"completed only by a token past the limit, in the limit's own run, ended it. One "
-               f"token at a time, the limit's token ends it first: check the limit after each "
-               f"token, not after the run")
+        msg = (f"{who}: yours ends as 'stop' with {counted(len(ids), 'token')} {show(text)}: "
+               f"a stop string completed only by a token past the limit, in the limit's own "
+               f"run, ended it. One token at a time, the limit's token ends it first: check the "
+               f"limit after each token, not after the run")
         return fails("stop_past_limit", msg)
     if reason == "stop" and any((ref_text + s).rstrip(s) == text != ref_text for s in stop):
         return fails("stopped_early", f"{who}: yours ends at {show(text)}, the serial run at "
                                       f"{show(ref_text)}: `str.rstrip(s)` strips any of the "
                                       f"characters of `s`, not the string; cut `len(s)` off")
     if ref_ids[: len(ids)] == ids:
-        return fails("stopped_early", f"{who}: it stops at {len(ids)} tokens, the serial run at {len(ref_ids)}")
+        return fails("stopped_early", f"{who}: it stops at {counted(len(ids), 'token')}, the "
+                                      f"serial run at {len(ref_ids)}")
     return fails("wrong_tokens", f"{who}: {show(text)} where the serial run gives {show(ref_text)}")
 
 

@@ -5,6 +5,7 @@ what stopped it named in the lesson's terms -- never raised to the learner.  Exe
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from toy_engine.device import DeviceError
@@ -42,6 +43,7 @@ class _Observed:
         object.__setattr__(self, "schedules", 0)
         object.__setattr__(self, "done_at", None)
         object.__setattr__(self, "past_end", 0)  # schedule() calls after the one that found the end
+        object.__setattr__(self, "stale", [])  # launches refused (StaleInputs), caught or not
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
@@ -59,7 +61,20 @@ class _Observed:
     def __getattr__(self, name):
         value = getattr(self._engine, name)
         mine = inspect.ismethod(value) and value.__self__ is self._engine
+        if mine and name in ("launch_forward", "launch_sample", "correct_on_device"):
+            value = self._refusals_kept(value)
         return self.watch.around(value) if mine else value
+
+    def _refusals_kept(self, launch):
+        """``launch``, its refusal (StaleInputs) kept: a loop may catch it and go on (round 28)."""
+        @functools.wraps(launch)
+        def call(*args, **kwargs):
+            try:
+                return launch(*args, **kwargs)
+            except StaleInputs as err:
+                self.stale.append(err)
+                raise
+        return call
 
     def __setattr__(self, name, value):
         self.edits.append(name)
@@ -131,6 +146,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
                 err is None or isinstance(err, _Spinning))):
         err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
+    log.stale = view.stale if view is not None else []
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
     log.record_commits = engine.record.of(Commit)
@@ -192,6 +208,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = _crash(log, err, mode)
     if verdict is None and log.refused:
         verdict = _swallowed(log.refused[0])
+    if verdict is None and log.stale:  # refused, caught: the loop went on as though it ran
+        verdict = _stale_inputs(log, log.stale[0], ", and your loop caught the error and went on")
     return verdict
 
 
@@ -258,8 +276,9 @@ def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
     return fails("raised", f"your loop raised {quoted(err)}")
 
 
-def _stale_inputs(log: HostLog, err: StaleInputs) -> Verdict:
-    """A launch given inputs that are not the device's latest upload (the engine refused it)."""
+def _stale_inputs(log: HostLog, err: StaleInputs, caught: str = "") -> Verdict:
+    """A launch given inputs that are not the device's latest upload (the engine refused it;
+    ``caught``: said where the loop caught the refusal and went on)."""
     if err.foreign:
         return fails("foreign_step",
                      f"your loop called `engine.{err.stage}` with round {err.round}'s inputs, "
@@ -267,12 +286,14 @@ def _stale_inputs(log: HostLog, err: StaleInputs) -> Verdict:
                      f"generate or check), kept in a global, a default argument or an attribute. "
                      f"Launch what this iteration's `engine.prepare_inputs(plan)` returned")
     if err.stage == "correct_on_device" and log.first("launch_sample", err.round) is not None:
-        return corrected_old_inputs(log, err.round, f", after round {err.latest}'s were prepared")
+        return corrected_old_inputs(log, err.round, f", after round {err.latest}'s were prepared"
+                                                    f" (the engine refused it{caught})")
+    again = " again" if log.first(err.stage, err.round) is not None else ""
     return fails("inputs_replaced",
-                 f"{log.who(err.round)}: your loop called `engine.{err.stage}` with its inputs "
-                 f"after round {err.latest}'s were prepared. The device holds one round's "
+                 f"{log.who(err.round)}: your loop called `engine.{err.stage}`{again} with its "
+                 f"inputs after round {err.latest}'s were prepared. The device holds one round's "
                  f"inputs, the latest upload, so it would have worked on round {err.latest}'s "
-                 f"metadata as round {err.round}'s (the engine refused it). Launch a round "
+                 f"metadata as round {err.round}'s (the engine refused it{caught}). Launch a round "
                  f"(`launch_forward(inputs)`, `launch_sample(inputs)`) with the inputs that "
                  f"`prepare_inputs(plan)` just returned, before preparing the next round")
 

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 
 import torch
 
-from overlap_course.device_state import (ChangedInputs, StillRunning, WrongKeyLengths,
-                                         changed_inputs, watched_message, watched_correction)
+from overlap_course.device_state import (ChangedInputs, EndsProcess, StillRunning,
+                                         WrongKeyLengths, changed_inputs, watched_message,
+                                         watched_correction)
 
 from . import context, correction_cases, pool, sandbox
 from .correction_cases import FIELDS, worked_case, worked_requests
@@ -21,8 +22,8 @@ from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
-from .host_waits import HostReads, valueless_failure
-from .verdict import Verdict, article, fails, not_implemented, passes, unanswered
+from .host_waits import HostReads, half_loaded_torch, valueless_failure
+from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
            "check_metadata_answer"]
@@ -82,8 +83,9 @@ def check_corrected_slots(answer, positions, table, accepted: int, block_size: i
         return fails("shape", "write the slots as a list of whole numbers, one per fed token")
     table, positions = [int(b) for b in table], [int(p) for p in positions]
     if len(got) != len(positions):
-        return fails("shape", f"the request feeds {len(positions)} tokens this round (seqlens_q does not change), "
-                              f"so give {len(positions)} slots, not {len(got)}")
+        return fails("shape", f"the request feeds {counted(len(positions), 'token')} this round "
+                              f"(seqlens_q does not change), so give "
+                              f"{counted(len(positions), 'slot')}, not {len(got)}")
 
     def slots(pos_list):
         return [table[p // block_size] * block_size + p % block_size if 0 <= p // block_size < len(table) else None
@@ -129,7 +131,7 @@ def _stays_on_device(fn) -> Verdict | None:
             names = sorted(set(seen.host), key=seen.host.index)
             return fails("host_read",
                          f"your correction computes the right values, but it reads tensor values on the host "
-                         f"({', '.join(names)}: {len(seen.host)} times for "
+                         f"({', '.join(names)}: {counted(len(seen.host), 'time')} for "
                          f"{3 * copies} requests). On a GPU each such read makes the host wait until the device "
                          f"has computed that value, which is exactly the wait ZOS removes. Keep every step a "
                          "tensor operation: no `.item()`, `.tolist()`, `.cpu()`, `int(...)` or "
@@ -141,12 +143,19 @@ def _stays_on_device(fn) -> Verdict | None:
         counts.append(seen.ops)
     if counts[1] > counts[0]:
         return fails("python_loop",
-                     f"your correction computes the right values, but it makes {counts[0]} tensor operations "
-                     f"for 3 requests and {counts[1]} for 6: it loops over requests (or tokens) in Python. On "
-                     f"a GPU every one of those operations is a kernel launch, so the correction's cost grows "
-                     f"with the batch. Write it with whole-tensor operations (the hints' repeat_interleave "
+                     f"your correction computes the right values, but it makes "
+                     f"{counted(counts[0], 'tensor operation')} for 3 requests and {counts[1]} for "
+                     f"6: it loops over requests (or tokens) in Python. On a GPU every one of those "
+                     f"operations is a kernel launch, so the correction's cost grows with the "
+                     f"batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
     failed = valueless_failure(fn, *worked_requests(4, [1, 1, 1]), 4, counts[0])
+    if failed is not None and half_loaded_torch() is not None:
+        return fails("setup", f"an Interrupt stopped the import of `{half_loaded_torch()}` "
+                              "halfway (torch imports it the first time a check runs tensors that "
+                              "hold no values), so torch is half-loaded in this kernel and cannot "
+                              "import it again: restart the kernel (Kernel > Restart), run your "
+                              "cells again, then this check. Your correction was not judged")
     if failed is not None:
         return fails("host_read",
                      f"your correction computes the right values, but it needs them on the host: "
@@ -273,6 +282,9 @@ def _engine_failed(err: BaseException, engine, run: str) -> Verdict:
                      f"{run} your correction was {hung} (the hand-made cases had passed): the "
                      f"checker stopped it there. A loop that never ends only in the engine's run "
                      f"usually waits on a condition that holds there (its block_size, its batch)")
+    if watched_message(err, EndsProcess):
+        return fails("engine_error", f"{run} your correction {watched_message(err, EndsProcess)}"
+                                     f": the checker stopped it there. Return from it instead")
     return fails("engine_error", f"{run} your correction failed on the device: {quoted(err)}")
 
 

@@ -136,14 +136,16 @@ def start_time_limit(seconds: float = TIME_LIMIT_S, trace: bool = True, watched=
             stopped.wait(_RETRY_S)
 
     alarm = _Alarm.start(seconds + _GRACE_S, seconds, up) if main else None
+    watcher = threading.Thread(target=watchdog, daemon=True, name="check-time-limit")
 
     def stop():
         with lock:
             stopped.set()
         if alarm is not None:
             alarm.end()
+        watcher.join()  # it ends at once (round 28: it outlived a check that hung in C)
 
-    threading.Thread(target=watchdog, daemon=True, name="check-time-limit").start()
+    watcher.start()
     sys.settrace(on_call)
     return stop
 
