@@ -131,7 +131,7 @@ from pathlib import Path
 
 import nbformat
 
-from overlap_course.build.grading import GRADED_CALLS, ROOT, VALUE_ANSWERS
+from overlap_course.build.graded import GRADED_CALLS, ROOT, VALUE_ANSWERS
 from overlap_course.build.judge_process import signer
 
 JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check

@@ -26,7 +26,7 @@ _JUDGES = ("overlap_course.build.judge_process", "overlap_course.build.judge_fin
            "overlap_course.build.judge_benign", "overlap_course.build.judge_cells",
            "overlap_course.build.judge_keep", "overlap_course.build.judge_threads",
            "overlap_course.build.landlock",
-           "overlap_course.build.grading", "types", "functools", "operator", "gc", "weakref",
+           "overlap_course.build.graded", "types", "functools", "operator", "gc", "weakref",
            "inspect")
 _ADDED_TO = ("builtins",)
 

@@ -22,7 +22,7 @@ from overlap_course.build.judge_frames import RAW_MEMORY_EVENTS
 from overlap_course.build.judge_handlers import ASYNCGEN_EVENTS
 from overlap_course.build.judge_values import code_answer, report_text
 from overlap_course.build.judge_values import decode as _decode, encode as _encode
-from overlap_course.build.grading import CONTEXT_RUNS, CONTEXT_TYPES
+from overlap_course.build.graded import CONTEXT_RUNS, CONTEXT_TYPES
 from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS,
                                              PROFILE_EVENT, Watch, from_submission)
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from overlap_course.build import landlock
-from overlap_course.build.grading import ROOT
+from overlap_course.build.graded import ROOT
 
 __all__ = ["fence", "KERNEL_ARGUMENTS"]
 
