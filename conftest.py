@@ -10,20 +10,25 @@ os.environ.setdefault("OVERLAP_PROGRESS_FILE",
 
 # ./run.sh test gives whole files to two workers (scripts/run_tests.py) in the order collected: the
 # longest start first, or the run ends on one long file with the other worker idle.  Longest first,
-# by their seconds in a serial run of the suite (2 cores, 2026-12-04, beside other work).
-LONGEST_FIRST = ["tests/test_grading.py",                      # 418 s
-                 "tests/test_grading_guard.py",                # 103 s
-                 "tests/test_plain_install.py",                # 101 s
-                 "tests/test_blind_corpus.py",                 # 82 s
-                 "tests/test_hostile_34_round7_judge.py",      # 79 s
-                 "tests/test_hostile_34_round3.py",            # 69 s
-                 "tests/test_hostile_34_round6_judge.py",      # 59 s
-                 "tests/test_hostile_34_round4_files.py",      # 55 s
-                 "tests/test_hostile_34_round6.py",            # 49 s
-                 "tests/test_hostile_34.py",                   # 47 s
-                 "tests/test_hostile_34_round4.py",            # 45 s
-                 "tests/test_mistakes.py",                     # 44 s
-                 "tests/test_run_sh.py"]                       # 42 s
+# by their seconds on two workers (2 cores, 2026-12-05, beside other work: a quiet run takes about
+# two thirds of these); test_grading.py's time is without its test that runs alone.
+LONGEST_FIRST = ["tests/test_hostile_34_round19_grading19.py",  # 527 s, before round 20's 2 students
+                 "tests/browser/test_voila.py",                 # 215 s
+                 "tests/test_hostile_34_round12_cli_b.py",      # 153 s
+                 "tests/test_hostile_34_round24_judge.py",      # 150 s
+                 "tests/test_grading.py",                       # 145 s
+                 "tests/browser/test_jupyterlab.py",            # 128 s
+                 "tests/test_hostile_34_round17_grading17.py",  # 116 s
+                 "tests/test_hostile_34_round4_files.py",       # 115 s
+                 "tests/test_grading_guard.py",                 # 113 s
+                 "tests/test_plain_install.py",                 # 102 s
+                 "tests/test_interrupts.py",                    # 100 s
+                 "tests/test_hostile_34_round15_grading.py",    # 99 s
+                 "tests/test_hostile_34_round16_cli.py",        # 99 s
+                 "tests/test_hostile_34_round10_grading.py",    # 96 s
+                 "tests/test_hostile_34_round25_judge.py",      # 92 s
+                 "tests/test_hostile_34_round27_judgeright.py", # 92 s
+                 "tests/test_blind_corpus.py"]                  # 90 s
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,8 @@ check ``sys.getprofile()`` handed the submission the watch (``.__self__``): sett
 ``foreign`` did the same from inside the loop.  Now what the hook calls is bound as the watch is
 made (closures over the watch's own fields, builtins as defaults), and the profile hook is
 ``sys.audit`` bound to an event's name, answered by the audit hook, which no code can reach.  Each
-cheat failed when written; right loops still pass."""
+cheat failed when written; right loops still pass.  Real nbgrader grades two of them in round
+nineteen's course (``test_hostile_34_round19_grading19``), beside that round's cheats."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from overlap_course.build import judge
 
-from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine, serial_loop_scores
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
 
 # Once the hook is loosened: the report's writer found by gc, and a signed pass written
 _FORGE = '''
@@ -87,16 +88,3 @@ def test_right_loops_still_pass(loop):
     needs_the_engine()
     passed, message = judge.judge("check_serial_loop", [IMPORTS, loop])
     assert passed, message
-
-
-def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
-    """nbgrader autograde of exercise 02: the solution and a right loop get full marks, a wrong
-    loop beside a cell that rebinds ``Watch.foreign``, or that sets the watch's from the
-    profile hook, none."""
-    pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra")
-    needs_the_engine()
-    students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
-                "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"]),
-                "profile_self": (WRONG_LOOP, CHECK_CHEATS["profile_self"])}
-    scores = serial_loop_scores(tmp_path / "course", students)
-    assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
