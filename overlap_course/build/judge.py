@@ -23,9 +23,11 @@ itself loaded, re-runs the submission's code cells above the check, and calls th
   as it was each time the submission's code handed control back to the checker (a replacement
   undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`; a hand-back to
   the standard library, asyncio's event loop, is compared as it reaches the checker) and at the
-  end, no thread still runs that was not alive before the cells nor seen started by the
-  checker's or the engine's code (:mod:`~overlap_course.build.judge_threads`; a raw thread
-  whose target is C code has no frame to list) and no trace hook is left; a context argument
+  end, no thread still runs that was not alive before the cells nor one of the course's own (a
+  ``threading.Thread`` running its time limit's watchdog, an executor's worker or
+  ``multiprocessing``'s descriptor server) the checker's or the engine's code was seen starting
+  (:mod:`~overlap_course.build.judge_threads`; a raw thread whose target is C code has no frame
+  to list) and no trace hook is left; a context argument
   (``engine``) is the judge's own run of the notebook's cell, not the submission's object;
 * an audit hook, installed before the submission's first line, refuses to open notebooks,
   ``solutions/``, ``source/``, the course folder and anything outside the installation, the
@@ -58,7 +60,9 @@ weakref or proxy whose callback is C code (``WeakMethod``'s too), a class whose 
 ``sys.unraisablehook``) that is, and ``sys.set_asyncgen_hooks``' that are, made or set
 by the cells or in the check, are graded as a change at each compare (rounds 24 and 25:
 :mod:`~overlap_course.build.judge_weakrefs`, :mod:`~overlap_course.build.judge_handlers`),
-unless a finalizer or a weakref calls Python code, compared as it runs, or touches only the
+unless a finalizer or a weakref calls the cells' Python code, compared as it runs (the
+library's, bound to an object or a class's ``__del__`` from another class, is a change: round
+28), or touches only the
 cells' own plain data (:mod:`~overlap_course.build.judge_harmless`: a method of a list, set or
 deque made while the cells ran, given plain values; one the checker's code made as a cell called
 it counts as the cells' too, while a right answer's list made in its loop, or a dict, is graded

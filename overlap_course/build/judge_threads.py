@@ -12,8 +12,14 @@ ident, and a right loop with an executor passed only as none did).  Only hand-ba
 compared, so a thread started and joined between two of them (around the loop's own code or
 its calls to the engine) is the loop's own business, as any code of its own there is.
 
-A thread is the checker's only if it was alive before the cells, or the checker's or the
-engine's code was seen starting it: every other thread alive at a compare or at the end is
+A thread is the checker's only if it was alive before the cells, or is one of the course's own
+(a ``threading.Thread``, no subclass, running the time limit's watchdog or ``pool.start``'s
+executor's worker, as it was started) that the checker's or the engine's code was seen starting:
+the one thread whose first frame holds the very ``Thread`` that start call started (round 28: a
+cell's thread started its own while the checker's start waited, and it was taken for the
+watchdog; a ``Thread`` subclass of the cells' whose ``__del__``, or whose ``__class__``
+property, was ``Thread.start`` was started by the checker's code as it dropped the loop's return
+value or asked ``inspect.ismethod``).  Every other thread alive at a compare or at the end is
 graded as a change (round 28: a thread a cell started -- a daemon ``threading.Thread`` or a
 raw ``_thread`` one, which no profile hook watches -- or one the loop started through C code,
 ``list(map(_thread.start_new_thread, ...))``, rebound ``pool.compare`` between two compares and
@@ -23,8 +29,13 @@ thread whose target is C code, which has no Python frame to list."""
 from __future__ import annotations
 
 import _thread
+import concurrent.futures.thread as futures_thread
+import multiprocessing.resource_sharer as sharer
 import sys
 import threading
+import types
+
+from overlap_course.checks import sandbox
 
 #: The C functions every Python thread starts through (threading's, and ``_thread``'s own)
 _STARTERS = frozenset(id(f) for f in (getattr(_thread, name, None) for name in (
@@ -32,16 +43,30 @@ _STARTERS = frozenset(id(f) for f in (getattr(_thread, name, None) for name in (
 #: Events of the starting thread after the start call within which the new thread shows (as
 #: ``threading.Thread.start`` waits for it); one that ended sooner did nothing since
 _LOOKS = 256
+#: What the course's own threads in the judge's process run (a ``threading.Thread``'s target's
+#: code -> the globals it runs with, and what it is bound to): the check's time limit,
+#: ``pool.start``'s executor, and the server of the file descriptors the engine's device sends
+_COURSE_TARGETS = {
+    id(next(c for c in sandbox.start_time_limit.__code__.co_consts
+            if type(c) is types.CodeType and c.co_name == "watchdog")): (vars(sandbox), None),
+    id(futures_thread._worker.__code__): (vars(futures_thread), None),
+    id(sharer._ResourceSharer._serve.__code__): (vars(sharer), sharer._resource_sharer)}
 
 
 def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
                   current_frames=sys._current_frames, starters=_STARTERS, looks=_LOOKS,
                   listed=list, ordered=sorted, bootstrap=threading.Thread._bootstrap.__code__,
                   is_a=isinstance, thread_type=threading.Thread,
-                  instance_dict=object.__getattribute__, kind=type) -> dict:
-    """``noted(frame, event, arg)``, at each profile event: notes a thread started by a C call
-    (``c_call``) of the checker's or the engine's code (``checkers(code)``) in a thread of
-    theirs, found as it shows in the following events of the thread that started it;
+                  instance_dict=object.__getattribute__, kind=type, function=types.FunctionType,
+                  start=threading.Thread.start.__code__, targets=_COURSE_TARGETS,
+                  code_of=types.FunctionType.__dict__["__code__"].__get__,
+                  globals_of=types.FunctionType.__dict__["__globals__"].__get__,
+                  method=types.MethodType, func_of=types.MethodType.__dict__["__func__"].__get__,
+                  self_of=types.MethodType.__dict__["__self__"].__get__) -> dict:
+    """``noted(frame, event, arg)``, at each profile event: notes a course's thread started by a
+    C call (``c_call``) in ``Thread.start`` of the checker's or the engine's code
+    (``checkers(code)``) in a thread of theirs, found as it shows in the following events of the
+    thread that started it;
     ``running()``: the threads alive now that are not theirs (nor alive before the cells:
     ``cells_begin()``, and as the watch is made).  A start from the submission's code (called
     from it, through the standard library -- an executor, ``threading.Timer`` -- or in a
@@ -49,7 +74,8 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
     name a cell can rebind is looked up as they run)."""
     foreign, looking = fields["foreign"], fields["looking"]
     known: dict[int, object] = {}  # threads not the submission's: ident -> first frame
-    starting: dict[int, list] = {}  # a starting thread -> [threads alive before, looks left]
+    starting: dict[int, list] = {}  # a starting thread -> [alive before, looks left, Thread]
+    course: dict[int, tuple] = {}  # the course's threads started since: ident -> (Thread, target)
 
     def alive() -> dict:
         """The threads alive now, ident -> first frame (the audit hook lets the judge's own look
@@ -76,19 +102,40 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
             frame = frame.f_back
         return False
 
+    def target(thread):
+        """The target of a thread the course starts (a ``threading.Thread``, no subclass, that
+        runs one of the course's functions), or None: the submission's, whoever starts it."""
+        own = instance_dict(thread, "__dict__") if kind(thread) is thread_type else {"run": 0}
+        f = bound = own.get("_target")
+        owner, f = (self_of(f), func_of(f)) if kind(f) is method else (None, f)
+        if "run" in own or kind(f) is not function:
+            return None
+        names, to = targets.get(ident(code_of(f)), (None, 0))  # (compared by identity)
+        return bound if names is globals_of(f) and to is owner else None
+
+    def still(t: int) -> bool:
+        """Whether a course's thread still runs what it was started with (or nothing more)."""
+        thread, f = course[t]
+        own = instance_dict(thread, "__dict__")
+        return "run" not in own and own.get("_target", f) is f
+
     def noted(frame, event: str, arg) -> None:
         me = me_now()
-        if me in starting:  # a start made: the new thread, once it shows
-            before, left = starting[me]
-            new = {t: f for t, f in alive().items() if before.get(t) is not f}
+        if me in starting:  # a start made: the thread it made (its own first frame), once shown
+            before, left, thread = starting[me]
+            new = [(t, f) for t, f in alive().items() if before.get(t) is not f and (
+                f.f_code is bootstrap and f.f_locals.get("self") is thread)]
             if new or left <= 1:
-                known.update(new)
+                if len(new) == 1:  # (another thread of the same Thread object: neither)
+                    known.update(new)
+                    course[new[0][0]] = (thread, target(thread))
                 del starting[me]
             else:
                 starting[me][1] = left - 1
-        if event == "c_call" and ident(arg) in starters and known.get(me) is first(frame) and (
-                not for_submission(frame)):
-            starting[me] = [alive(), looks]
+        if event == "c_call" and ident(arg) in starters and frame.f_code is start and (
+                known.get(me) is first(frame)) and not for_submission(frame) and target(
+                thread := frame.f_locals.get("self")) is not None:
+            starting[me] = [alive(), looks, thread]
 
     def name(frame) -> str:
         """The thread's name (threading's, which names its target) or its first function."""
@@ -100,9 +147,11 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
         return [f"a thread your code started or your cells did (ident {t}, {name(f)}) still "
                 f"running as control came back to the checker (stop the threads your cells "
                 f"start before the check runs, and join those your code starts before returning)"
-                for t, f in ordered(listed(alive().items())) if known.get(t) is not f]
+                for t, f in ordered(listed(alive().items()))
+                if known.get(t) is not f or t in course and not still(t)]
 
     def cells_begin() -> None:
+        course.clear()
         known.update(alive())
     known.update(alive())
     return {"noted": noted, "running": running, "starting": starting, "cells_begin": cells_begin}

@@ -14,7 +14,8 @@ the check runs, is graded as a change at the next compare, named with why
 made, as ``LIVE.remove``); ``WeakMethod``'s callback is read out of its closure.  A callback
 of Python code is not: the submission's is compared as it is called, and the standard
 library's (``WeakValueDictionary``, ``WeakSet``, ``weakref.finalize``, whose functions the
-watch reads from its registry) is trusted, as are the C callbacks CPython hangs itself
+watch reads from its registry) is trusted (but not bound to an object, nor another class's
+set as a ``__del__``: :func:`_bound_rule`), as are the C callbacks CPython hangs itself
 (``_abc``'s caches, at each ``isinstance`` of an ABC; ``threading.local``).  ``__del__`` is the
 one method the runtime calls as an object dies (``tp_finalize``; 3.11 has no
 ``__release_buffer__``).
@@ -30,6 +31,7 @@ collected as garbage in cycles while the check runs; ``end`` unfreezes it all.""
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import operator
@@ -93,7 +95,7 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
                                                                 None)
 
     rules = harm_rule(fields["code_of"])
-    harm, called, objs = rules["harm"], _weak_method_calls(), young()
+    harm, called, objs = _bound_rule(rules["harm"], fields), _weak_method_calls(), young()
     rules["harm_before"](objs)
     before = {ident(r): callback(r) for r in weakrefs_in(objs)
               if harm(called(callback(r)), "", weak=r) is not None}
@@ -126,6 +128,49 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
         rules["harm_end"]()
     return {"weakrefs": made, "weakrefs_begin": begin, "weakrefs_end": end, "harm": harm,
             "cells_begin": lambda: rules["harm_before"](young())}
+
+
+_BOUND = ("the library's Python code bound to an object of your cells': it calls what that "
+          "object holds, C code too, with no code of yours for the judge to compare")
+
+
+def _bound_rule(harm, fields: dict, kind=type, partial=functools.partial,
+                method=types.MethodType, function=types.FunctionType,
+                func_of=types.MethodType.__dict__["__func__"].__get__,
+                self_of=types.MethodType.__dict__["__self__"].__get__,
+                module_of=types.FunctionType.__dict__["__module__"].__get__,
+                type_name=type.__dict__["__qualname__"].__get__,
+                type_module=type.__dict__["__module__"].__get__):
+    """``harm`` (:func:`~overlap_course.build.judge_harmless.harm_rule`'s) that also grades as
+    a change what runs Python code not the submission's on an object of the cells' (round 28:
+    a weakref callback ``q.put``, ``queue.Queue``'s, of a queue whose ``not_empty.notify`` was
+    a partial of ``setattr``): a method of the library's bound to any object (the runtime's
+    calls make none the checker's), and a ``__del__`` of the library's not from the body of a
+    class of that name and module (``__del__ = queue.Queue.put``)."""
+    foreign, code_of = fields["foreign"], fields["code_of"]
+
+    def theirs(code) -> bool:
+        return code is None or foreign(code)
+
+    def graded(f, what: str, args: tuple = (), weak=None, owned=None) -> str | None:
+        if (why := harm(f, what, args, weak=weak, owned=owned)) is not None:
+            return why
+        if owned is not None and not theirs(code := code_of(f)) and (
+                kind(f) is not function or module_of(f) != type_module(owned)
+                or code.co_qualname.rpartition(".")[0] != type_name(owned)):
+            return f"{what} {code.co_qualname} ({_BOUND})"
+        for _ in range(_MAX_UNWRAP):
+            if kind(f) is partial:
+                f = f.func
+            elif kind(f) is method and theirs(code_of(func_of(f))):
+                f = func_of(f)
+            elif kind(f) is method:
+                return (f"{what} {code_of(func_of(f)).co_qualname} of a "
+                        f"{type_name(kind(self_of(f)))} ({_BOUND})")
+            else:
+                return None
+        return None
+    return graded
 
 
 def _weak_method_calls(kind=type, function=types.FunctionType, unwrap=_MAX_UNWRAP,
