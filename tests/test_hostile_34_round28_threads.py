@@ -23,28 +23,29 @@ check, still passes."""
 from __future__ import annotations
 
 from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+from test_hostile_34_round28_judge import _LAST_LINE, _LOOP_LINE
 
 from overlap_course.build import judge
 
 # the wrong loop (its last run's first token overwritten), and a poller that breaks
 # pool.compare after the compare at the loop's last return and mends it before the end
-POLLER = WRONG_LOOP.replace("requests) == 4", "requests) == 1") + '''
+POLLER = WRONG_LOOP.replace("requests) == 4", "requests) == 1") + f'''
 import inspect, _thread, threading, time, io, functools
 from overlap_course.checks import pool
 __import__("sys").setswitchinterval(1e-5)
 ORIG = pool.compare
 FAKE = functools.partial(print, file=io.StringIO())   # C: returns None for any args
-FRAMES = {}
+FRAMES = {{}}
 wrong_loop = serial_loop
 
 def poller():
     while "watched" not in FRAMES:
         time.sleep(0.0005)
     w, c = FRAMES["watched"], FRAMES["check"]
-    while w.f_lineno == 115:          # the loop has not returned yet
+    while w.f_lineno == {_LOOP_LINE}:  # the loop has not returned yet
         time.sleep(0.00002)
     pool.compare = FAKE               # after the compare at the loop's return
-    while c.f_lineno < 282:           # until _serial_run_verdict(log_long, ...) is done
+    while c.f_lineno <= {_LAST_LINE}:  # until _serial_run_verdict(log_long, ...) is done
         time.sleep(0.00002)
     pool.compare = ORIG
 
