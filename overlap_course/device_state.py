@@ -85,7 +85,7 @@ class StillRunning(ValueError):
 
 
 class EndsProcess(ValueError):
-    """A batch of a run whose correction called ``os._exit`` (:func:`_limit_kept`)."""
+    """Learner code called ``os._exit`` (:func:`signals_kept`)."""
 
 
 #: What exercise 04's correction corrects; every other field of ``meta`` is an input it reads.
@@ -177,15 +177,16 @@ def _time_limited(correction, deadline: float, *args):
     started, noted = time.monotonic(), []
 
     def stop(signum, frame):
-        kept = f" (it had called {', '.join(noted)}, which would have turned off the checker's " \
-               "time limit in the device process: the checker kept it)" if noted else ""
+        kept = f" (it had called {', '.join(noted)}, which would have changed the device " \
+               "process's signals and its time limit: the checker did not make the call)" \
+            if noted else ""
         raise StillRunning(f"still running after {time.monotonic() - started:.0f} s"
                            f"{_learners_line(frame)}{kept}")
 
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, max(deadline - started, _AT_LEAST_S), 0.05)
     try:
-        with _limit_kept(noted):
+        with signals_kept(noted):
             return correction(*args)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -200,45 +201,54 @@ def _learners_line(frame) -> str:
 
 
 @contextlib.contextmanager
-def _limit_kept(noted: list):
-    """While a correction runs in a device process, its calls that would turn off the time
-    limit there -- ``signal.alarm``, ``signal.setitimer`` of ITIMER_REAL, a SIGALRM handler --
-    are noted in ``noted`` with its line and not made (round 28: its endless loop was then told
-    as the host's wait, "line 1 of `<lambda>`"); ``os._exit`` raises EndsProcess, its line named."""
-    real = {name: getattr(_signal, name) for name in ("alarm", "setitimer", "signal")}
+def signals_kept(noted: list, ends: str = "the device process (and the run with it)"):
+    """While the learner's code runs (a correction in a device process; any check's code in the
+    checker's process: ``harness``), its calls that would change the process's signals --
+    ``signal.signal``, ``alarm``, ``setitimer``, ``pthread_sigmask`` -- are noted in ``noted``
+    with their line and not made: the checker's time limit and the kernel's Interrupt use them
+    (round 28: an endless loop told as the host's wait; SIGINT left ignored in the kernel).  The
+    checker's, the engine's and the libraries' own calls go through.  ``os._exit`` is noted and
+    raises EndsProcess, its line named: it would end ``ends``."""
+    was = os._exit
 
-    def note(call: str) -> None:
-        noted.append(f"`{call}`{_learners_line(sys._getframe(2))[1:]}")
-
-    def alarm(seconds, /):
-        return note(f"signal.alarm({seconds!r})") or 0
-
-    def setitimer(which, *args):
-        if which != signal.ITIMER_REAL:
-            return real["setitimer"](which, *args)
-        return note("signal.setitimer(signal.ITIMER_REAL, ...)") or signal.getitimer(which)
-
-    def handler(signalnum, action, /):
-        if signalnum != signal.SIGALRM:
-            return real["signal"](signalnum, action)
-        return note("signal.signal(signal.SIGALRM, ...)") or signal.getsignal(signalnum)
+    def stand_in(name, real, made):
+        def call(*args):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(_NOT_LEARNERS):
+                return real(*args)
+            noted.append(f"`{_shown_call(name, args)}`{_learners_line(frame)[1:]}")
+            return made(*args)
+        return call
 
     def exit_(code, /):
-        if threading.current_thread() is not threading.main_thread():
-            was(code)  # the device process's own: its parent is gone
-        raise EndsProcess(f"called `os._exit({code!r})`{_learners_line(sys._getframe(1))}, "
-                          "which ends the device process (and the run with it)")
-    stand_ins, was = {"alarm": alarm, "setitimer": setitimer, "signal": handler}, os._exit
-    saved = [(module, {n: vars(module)[n] for n in stand_ins}) for module in (signal, _signal)]
-    for module, _ in saved:
-        vars(module).update(stand_ins)
-    os._exit = exit_
+        raise EndsProcess(f"called `os._exit({code!r})`{_learners_line(sys._getframe(2))}, "
+                          f"which ends {ends}")
+    made = {"alarm": lambda *a: 0, "setitimer": lambda which, *a: signal.getitimer(which),
+            "signal": lambda num, *a: signal.getsignal(num),
+            "pthread_sigmask": lambda *a: _signal.pthread_sigmask(signal.SIG_BLOCK, [])}
+    saved = [(module, {n: vars(module)[n] for n in made}) for module in (signal, _signal)]
+    for module, held in saved:
+        vars(module).update({n: stand_in(n, held[n], made[n]) for n in made})
+    os._exit = stand_in("_exit", was, exit_)
     try:
         yield
     finally:
         os._exit = was
         for module, held in saved:
             vars(module).update(held)
+
+
+
+def _shown_call(name: str, args: tuple) -> str:
+    """A noted call as the learner wrote it: ``os._exit(3)``, ``signal.alarm(1)``,
+    ``signal.signal(signal.SIGINT, ...)``: the number, or the signal's or timer's name."""
+    if name in ("_exit", "alarm") or not args:
+        return f"{'os' if name == '_exit' else 'signal'}.{name}({', '.join(map(repr, args))})"
+    first = args[0]
+    timers = {getattr(signal, t): t for t in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+              if name == "setitimer" and hasattr(signal, t)}
+    shown = getattr(first, "name", None) if name != "setitimer" else timers.get(first)
+    return f"signal.{name}({'signal.' + shown if shown else repr(first)}, ...)"
 
 
 def _key_lengths_differ(given: dict, accepted, got, right) -> str:

@@ -14,10 +14,12 @@ exactly once.
 
 from __future__ import annotations
 
+import _signal  # signal's own functions: the handlers as they are set
 import dataclasses
 import functools
 import inspect
 import itertools
+import signal
 import sys
 
 import torch
@@ -280,6 +282,30 @@ def _learners_time_up(err: BaseException, ran: str | None = None) -> Verdict:
                            f"own, not a subclass of the checker's TimeUp")
 
 
+def _handlers() -> dict:
+    """Each signal's handler now (None: one Python cannot read or set)."""
+    return {s: _signal.getsignal(s) for s in signal.valid_signals()}
+
+
+def _handlers_put_back(handlers: dict) -> list[str]:
+    """Puts back each signal handler a check's code changed (round 28: SIGINT left ignored in
+    the kernel, its Interrupt gone); returns the signals' names.  Not by stand-ins for
+    ``signal.signal``: the grading judge trusts a check only while the standard library's
+    module attributes are the objects it found."""
+    changed = [s for s, was in handlers.items()
+               if was is not None and _signal.getsignal(s) is not was]
+    for s in changed:
+        _signal.signal(s, handlers[s])
+    return [signal.Signals(s).name for s in changed]
+
+
+def _signals_kept(noted: list[str]) -> Verdict:
+    return fails("signals", f"your code set the handler of {', '.join(noted)}: a check's code "
+                            f"leaves the process's signals alone (the checker's time limit and "
+                            f"the kernel's Interrupt use them), so the checker put back the "
+                            f"handler{'s' if len(noted) > 1 else ''} it found. Remove that call")
+
+
 def _not_started() -> None:
     pass
 
@@ -290,7 +316,7 @@ def _time_limited(check, args, kwargs, ran: str | None = None, answer: str = "")
     limit = sandbox.TIME_LIMIT_S
     previous, stopped, stop = sys.gettrace(), None, lambda: None
     modes, watch = torch._C._len_torch_function_stack(), other_engine.Watch()
-    threads = thread_errors.ThreadErrors()
+    threads, handlers = thread_errors.ThreadErrors(), _handlers()
     try:
         threads.start()
         with hold_sigint():
@@ -321,10 +347,13 @@ def _time_limited(check, args, kwargs, ran: str | None = None, answer: str = "")
         sys.settrace(previous)
         torch_modes_back_to(modes)
         threads.end()
+        noted = _handlers_put_back(handlers)
         if ctrl_c is not None:
             raise ctrl_c
     if watch.found is not None:  # first: what the other engine did next follows from it
         return other_engine.verdict(*watch.found)
+    if noted:  # before what followed: the calls would have changed the check (round 28)
+        return _signals_kept(noted)
     if isinstance(stopped, SystemExit):
         code = SystemExit.code.__get__(stopped)  # the slot itself: a subclass's property may raise
         return fails("raised",

@@ -5,7 +5,6 @@ what stopped it named in the lesson's terms -- never raised to the learner.  Exe
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 from toy_engine.device import DeviceError
@@ -20,6 +19,7 @@ from . import pool
 from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_taken_back,
                         kept_by_edit, settings, settings_edit, spun_by_edit, unplanned_by_edit)
 from .errors import engines, quoted, said
+from .refusals_caught import caught_refusal, kept
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
@@ -44,6 +44,7 @@ class _Observed:
         object.__setattr__(self, "done_at", None)
         object.__setattr__(self, "past_end", 0)  # schedule() calls after the one that found the end
         object.__setattr__(self, "stale", [])  # launches refused (StaleInputs), caught or not
+        object.__setattr__(self, "caught", [])  # other refusals: (call, round, error)
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
@@ -61,20 +62,7 @@ class _Observed:
     def __getattr__(self, name):
         value = getattr(self._engine, name)
         mine = inspect.ismethod(value) and value.__self__ is self._engine
-        if mine and name in ("launch_forward", "launch_sample", "correct_on_device"):
-            value = self._refusals_kept(value)
-        return self.watch.around(value) if mine else value
-
-    def _refusals_kept(self, launch):
-        """``launch``, its refusal (StaleInputs) kept: a loop may catch it and go on (round 28)."""
-        @functools.wraps(launch)
-        def call(*args, **kwargs):
-            try:
-                return launch(*args, **kwargs)
-            except StaleInputs as err:
-                self.stale.append(err)
-                raise
-        return call
+        return self.watch.around(kept(value, name, self)) if mine else value
 
     def __setattr__(self, name, value):
         self.edits.append(name)
@@ -146,7 +134,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
                 err is None or isinstance(err, _Spinning))):
         err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
-    log.stale = view.stale if view is not None else []
+    log.stale, log.caught = (view.stale, view.caught) if view is not None else ([], [])
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
     log.record_commits = engine.record.of(Commit)
@@ -210,6 +198,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = _swallowed(log.refused[0])
     if verdict is None and log.stale:  # refused, caught: the loop went on as though it ran
         verdict = _stale_inputs(log, log.stale[0], ", and your loop caught the error and went on")
+    if verdict is None and log.caught:
+        verdict = caught_refusal(log.caught[0])
     return verdict
 
 

@@ -150,8 +150,9 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"batch. Write it with whole-tensor operations (the hints' repeat_interleave "
                      f"and indexing with tensors), whose count does not depend on the batch size")
     failed = valueless_failure(fn, *worked_requests(4, [1, 1, 1]), 4, counts[0])
-    if failed is not None and half_loaded_torch() is not None:
-        return fails("setup", f"an Interrupt stopped the import of `{half_loaded_torch()}` "
+    half = half_loaded_torch() if failed is not None else None
+    if half is not None:
+        return fails("setup", f"an Interrupt stopped the import of `{half}` "
                               "halfway (torch imports it the first time a check runs tensors that "
                               "hold no values), so torch is half-loaded in this kernel and cannot "
                               "import it again: restart the kernel (Kernel > Restart), run your "

@@ -15,7 +15,7 @@ from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
 from .errors import engines, refused_or_raised
 from .harness import exercise_check, notebook_check
-from .step_watch import StepWatch, engine_frames, text_mistake
+from .step_watch import StepWatch, engine_frames, refusal_mistake, text_mistake
 from .thread_errors import other_thread
 from .verdict import (Verdict, fails, negative_count, no_such_round, not_implemented, passes,
                       unanswered)
@@ -205,7 +205,7 @@ def _step_mistake(call, reference) -> Verdict | None:
     (``reference``: the run's completions, as the engine's own process_outputs ends them)."""
     who = _who_step(call["step"])
     for rule in (_wait_mistake, _free_mistake, lifetime_runs.pool_mistake, _commit_mistake,
-                 text_mistake):
+                 text_mistake, refusal_mistake):
         verdict = rule(call, who)
         if verdict is not None:
             return verdict

@@ -185,8 +185,9 @@ class _Alarm:
 
     The process has one such timer: one that was armed when the check began (pytest-timeout,
     a learner's own alarm) keeps its time -- its handler is called at it -- and is put back
-    when the check ends, as is the handler.  Where there was none (SIG_DFL), ours stays
-    installed, idle: a signal still in flight as the check ends must not kill the kernel.
+    when the check ends, as is the handler, SIG_DFL too (round 28: ours left installed turned a
+    later timer of the learner's into a TimeUp): the timer is disarmed first, and a signal
+    caught but not yet handled is then dropped by Python, never the default action.
     A check inside a check keeps the outer one's alarm.  Not on Windows (no setitimer)."""
 
     __slots__ = ("deadline", "seconds", "up", "previous", "found", "ending", "ended", "found_fired",
@@ -243,8 +244,8 @@ class _Alarm:
         for frame in self.traced:
             frame.f_trace = None
         self.traced.clear()
-        if self.previous not in (_on_alarm, signal.SIG_DFL, None):
-            _signal.signal(_SIGALRM, self.previous)
+        if self.previous is not _on_alarm and self.previous is not None:
+            _signal.signal(_SIGALRM, self.previous)  # SIG_DFL too: no timer is armed now
         if self.found is not None and not self.found_fired:
             left = max(self.found[0] - time.monotonic(), 1e-6)
             _signal.setitimer(_REAL, left, self.found[1])

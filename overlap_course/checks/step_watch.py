@@ -16,7 +16,9 @@ from toy_engine.sequence import Request
 from toy_engine.validate import plugin_label
 
 from .answers import show
+from .errors import quoted
 from .pool_reading import pool_after, pool_before
+from .refusals_caught import REFUSALS
 from .verdict import Verdict, fails
 
 
@@ -47,12 +49,14 @@ class StepWatch:
         self.held.update(call["holders"])
         self.calls.append(call)
         record, first = engine.record, len(engine.record.events)
+        ours, call["caught"] = _refusals_kept(engine), []
         try:
             self.learner(engine, step)
         except BaseException:
             call["raised"] = True  # judged by the exception (the engine then recovers)
             raise
         finally:
+            call["caught"] = _stand_ins_gone(engine, ours)
             clock, events = engine.timeline.ns_to_ms, record.events[first:]
             call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in events
                              if isinstance(w, Wait)]
@@ -66,6 +70,55 @@ class StepWatch:
                                                                      call["reasons"])
             call["texts"] = [] if call.get("raised") else _texts(engine, reqs)
             call.update(pool_after(engine))
+
+
+def _refusals_kept(engine: Engine) -> dict:
+    """The engine's stages, while the learner's code runs, each a stand-in (an attribute of the
+    engine) that keeps a refusal out of the outermost call in ``ours["caught"]`` as (name,
+    error): a plug-in may catch it and go on (round 28).  Returns the stand-ins."""
+    depth, ours = [0], {"caught": []}
+
+    def stand_in(name, real):
+        def call(*args, **kwargs):
+            depth[0] += 1
+            try:
+                return real(*args, **kwargs)
+            except REFUSALS as err:
+                if depth[0] == 1:
+                    ours["caught"].append((name, err))
+                raise
+            finally:
+                depth[0] -= 1
+        return call
+    for name in _STAGES:
+        ours[name] = vars(engine)[name] = stand_in(name, getattr(engine, name))
+    return ours
+
+
+def _stand_ins_gone(engine: Engine, ours: dict) -> list:
+    """Takes ``ours`` off the engine (not what the learner's code set in their place, which the
+    check names); returns the refusals they kept."""
+    for name in _STAGES:
+        if vars(engine).get(name) is ours[name]:
+            del vars(engine)[name]
+    return ours["caught"]
+
+
+_STAGES = ("schedule", "prepare_inputs", "correct_on_device", "launch_forward", "launch_sample",
+           "process_outputs", "read_outputs", "commit_outputs", "flush")
+
+
+def refusal_mistake(call: dict, who: str) -> Verdict | None:
+    """A refusal of the engine that the learner's process_outputs caught and went on past."""
+    if not call["caught"] or call.get("raised"):
+        return None
+    name, err = call["caught"][0]
+    return fails("refusal_caught",
+                 f"{who}: your process_outputs called `engine.{name}` and the engine refused it "
+                 f"({quoted(err)}), and your code caught the error and went on. The refusal is "
+                 f"the bug report: an engine that did not check would have made that call. A "
+                 f"plug-in waits on the step's event, reads, commits and frees: make the call "
+                 f"right (or leave it out) instead of catching the error")
 
 
 UNKNOWN = "?"  # what commit_outputs alone ended a request with, where its tokens are unknown

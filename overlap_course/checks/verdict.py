@@ -19,7 +19,7 @@ CATEGORIES = frozenset({
     "unanswered", "not_implemented", "shape", "junk", "setup", "no_such_round", "wrong",
     # any exercise checker: what the learner's code did to the check itself
     "raised", "time_limit", "edits_engine", "spins", "stalled", "race", "device_error", "wrong_tokens",
-    "nested", "edits_requests", "edits_run",
+    "nested", "edits_requests", "edits_run", "signals", "refusal_caught",
     # a learner's loop (exercises 02 and 03), read from the host's order of stages
     "sample_before_forward", "prepared_twice", "launched_twice", "processed_twice", "plan_dropped",
     "never_launched",
