@@ -131,7 +131,9 @@ def c_callbacks(fields: dict, kind=type, ident=id, listed=list, mapped=map, any_
 
 
 _BOUND = ("the library's Python code bound to an object of your cells': it calls what that "
-          "object holds, C code too, with no code of yours for the judge to compare")
+          "object holds, C code too, with no code of yours for the judge to compare. If your "
+          "answer is right, end that object before the check runs -- a `with` block, or its "
+          "`close()` or `cleanup()` -- so that nothing of it is left to run inside the checker")
 
 
 def _bound_rule(harm, fields: dict, kind=type, partial=functools.partial,
