@@ -132,19 +132,19 @@ def test_the_judge_and_the_grader_sign_alike():
 
 
 def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
-    """nbgrader autograde of exercise 02: the solution and a right loop get full marks, the
-    wrong loop with each of three cheats none; and round twenty's two (``Watch.foreign``
-    rebound by a cell, or set on the watch from the profile hook), graded in the same course:
-    each student costs about 45 s of nbgrader, the solution and the right loop once."""
+    """nbgrader autograde of exercise 02: the solution and a right loop get full marks, and a
+    wrong loop none beside a cell that forges the report (``json``'s encoder), beside a cell
+    that loosens the audit hook (``Watch.foreign``, round twenty), or whose cheat runs inside
+    the check.  Each student costs about 45 s of nbgrader: the other cheats of rounds nineteen
+    and twenty are graded by the same judge below (``judge.judge``, which nbgrader's
+    preprocessor calls), and test_grading.py's cheat test grades through nbgrader alike."""
     pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra")
     needs_the_engine()
-    from test_hostile_34_round20_judge20 import CELL_CHEATS, CHECK_CHEATS
+    from test_hostile_34_round20_judge20 import CELL_CHEATS
     students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
-                **{c: (WRONG_LOOP, CHEATS[c]) for c in
-                   ("json_default_encoder", "gc_get_objects", "getframe_walk")},
-                "verdict": (WRONG_LOOP, _REBINDS["verdict"]), "in_check": (_IN_CHECK, ""),
-                "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"]),
-                "profile_self": (WRONG_LOOP, CHECK_CHEATS["profile_self"])}
+                "json_default_encoder": (WRONG_LOOP, CHEATS["json_default_encoder"]),
+                "in_check": (_IN_CHECK, ""),
+                "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"])}
     scores = serial_loop_scores(tmp_path / "course", students)
     assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
 
