@@ -137,6 +137,10 @@ def _trace(frame, event, arg):
     return _trace
 
 
+class _NOT_ENDED:  # the time limit's "stopped" (read as it is made)
+    is_set = staticmethod(lambda: False)
+
+
 def _rounds():
     yield 1
     yield 2
@@ -144,7 +148,7 @@ def _rounds():
 
 def test_the_watch_names_a_trace_on_a_running_frame_not_the_submissions():
     watch, frame = Watch(), sys._getframe()
-    in_learners_frame = sandbox._tracer(0.0, 0, sandbox._limits_class(1.0), None)[0]
+    in_learners_frame = sandbox._tracer(0.0, 0, sandbox._limits_class(1.0), _NOT_ENDED)[0]
     try:
         frame.f_trace = in_learners_frame  # the time limit's own: not named
         assert watch.traced() == []

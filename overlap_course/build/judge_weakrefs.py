@@ -141,25 +141,42 @@ def _bound_rule(harm, fields: dict, kind=type, partial=functools.partial,
                 func_of=types.MethodType.__dict__["__func__"].__get__,
                 self_of=types.MethodType.__dict__["__self__"].__get__,
                 module_of=types.FunctionType.__dict__["__module__"].__get__,
-                type_name=type.__dict__["__qualname__"].__get__,
-                type_module=type.__dict__["__module__"].__get__):
+                type_module=type.__dict__["__module__"].__get__,
+                globals_of=types.FunctionType.__dict__["__globals__"].__get__,
+                type_name=type.__dict__["__qualname__"].__get__, is_sub=issubclass,
+                own=type.__dict__["__dict__"].__get__, get=dict.get,
+                own_get=types.MappingProxyType.get):
     """``harm`` (:func:`~overlap_course.build.judge_harmless.harm_rule`'s) that also grades as
     a change what runs Python code not the submission's on an object of the cells' (round 28:
     a weakref callback ``q.put``, ``queue.Queue``'s, of a queue whose ``not_empty.notify`` was
     a partial of ``setattr``): a method of the library's bound to any object (the runtime's
-    calls make none the checker's), and a ``__del__`` of the library's not from the body of a
-    class of that name and module (``__del__ = queue.Queue.put``)."""
+    calls make none the checker's), and a ``__del__`` of the library's on a class that is not the
+    one whose body defined it (``__del__ = queue.Queue.put``): that class is found by identity,
+    through the function's own module namespace and qualname (round 28: a cells' class that
+    named itself ``queue.Queue`` passed a test of names)."""
     foreign, code_of = fields["foreign"], fields["code_of"]
 
     def theirs(code) -> bool:
         return code is None or foreign(code)
 
+    def owner(f, code, owned):
+        """The class whose body defined ``f``, read from its module's namespace, or None; in a
+        function's body (``<locals>``: no namespace holds it), ``owned`` if named as that class."""
+        names = code.co_qualname.split(".")[:-1]
+        if "<locals>" in names:
+            module, named = module_of(f), type_module(owned)  # strings alone: no __eq__ of theirs
+            same = kind(module) is kind(named) is str and module == named
+            return owned if same and ".".join(names) == type_name(owned) else None
+        found = get(globals_of(f), names[0]) if names else None
+        for name in names[1:]:
+            found = own_get(own(found), name) if is_sub(kind(found), type) else None
+        return found
+
     def graded(f, what: str, args: tuple = (), weak=None, owned=None) -> str | None:
         if (why := harm(f, what, args, weak=weak, owned=owned)) is not None:
             return why
         if owned is not None and not theirs(code := code_of(f)) and (
-                kind(f) is not function or module_of(f) != type_module(owned)
-                or code.co_qualname.rpartition(".")[0] != type_name(owned)):
+                kind(f) is not function or owner(f, code, owned) is not owned):
             return f"{what} {code.co_qualname} ({_BOUND})"
         for _ in range(_MAX_UNWRAP):
             if kind(f) is partial:

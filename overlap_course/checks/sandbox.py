@@ -156,20 +156,25 @@ _GRACE_S, _RETRY_S = 0.5, 0.02
 def _tracer(deadline: float, thread: int, up: type, stopped, watched: dict | None = None):
     """The trace functions of a time limit: (for a learner's frame, for every call).  Past the
     deadline, each line of the learner's code schedules ``up`` in ``thread`` until ``stopped``
-    is set; a call of a ``watched`` code runs its hook."""
-    watched = watched or {}
+    is set; a call of a ``watched`` code runs its hook.  What they read is in their defaults
+    (a tuple, a bound method), never a closure cell (round 28: the loop took ``sys.gettrace()``'s
+    closure and added hooks to the watch's dict, which ran C partials at the checker's own
+    calls; a cell's contents can be swapped too): no hook can be added, no value replaced."""
 
-    def in_learners_frame(frame, event, arg):
-        if event == "line" and time.monotonic() > deadline and not stopped.is_set():
+    def in_learners_frame(frame, event, arg, limit=(deadline, thread, up, stopped.is_set)):
+        if event == "line" and time.monotonic() > limit[0] and not limit[3]():
+            up = limit[2]
             if not up.line:  # the first of the learner's lines past the deadline: where it was
                 up.function, up.line = frame.f_code.co_name, frame.f_lineno
-            _set_async_exc(thread, up)
-        return in_learners_frame
+            _set_async_exc(limit[1], up)
+        return frame.f_trace  # this function: it is called as the frame's own
 
-    def on_call(frame, event, arg):
-        if frame.f_code in watched:
-            watched[frame.f_code](frame)
-        return in_learners_frame if _is_learners(frame.f_code.co_filename) else None
+    def on_call(frame, event, arg, hook_of=types.MappingProxyType(dict(watched or {})).get,
+                local=in_learners_frame):
+        hook = hook_of(frame.f_code)
+        if hook is not None:
+            hook(frame)
+        return local if _is_learners(frame.f_code.co_filename) else None
 
     return in_learners_frame, on_call
 
