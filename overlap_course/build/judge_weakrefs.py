@@ -145,7 +145,7 @@ def _bound_rule(harm, fields: dict, kind=type, partial=functools.partial,
                 globals_of=types.FunctionType.__dict__["__globals__"].__get__,
                 type_name=type.__dict__["__qualname__"].__get__, is_sub=issubclass,
                 own=type.__dict__["__dict__"].__get__, get=dict.get,
-                own_get=types.MappingProxyType.get):
+                own_get=types.MappingProxyType.get, values=dict.values, any_=any):
     """``harm`` (:func:`~overlap_course.build.judge_harmless.harm_rule`'s) that also grades as
     a change what runs Python code not the submission's on an object of the cells' (round 28:
     a weakref callback ``q.put``, ``queue.Queue``'s, of a queue whose ``not_empty.notify`` was
@@ -170,6 +170,9 @@ def _bound_rule(harm, fields: dict, kind=type, partial=functools.partial,
         found = get(globals_of(f), names[0]) if names else None
         for name in names[1:]:
             found = own_get(own(found), name) if is_sub(kind(found), type) else None
+        if found is not owned and len(names) == 1 and code.co_name == "__del__" and any_(
+                value is owned for value in values(globals_of(f))):
+            return owned  # under another name there (asyncio's _PyFuture, named Future)
         return found
 
     def graded(f, what: str, args: tuple = (), weak=None, owned=None) -> str | None:
