@@ -201,14 +201,14 @@ def _learners_line(frame) -> str:
 
 
 @contextlib.contextmanager
-def signals_kept(noted: list, ends: str = "the device process (and the run with it)"):
-    """While the learner's code runs (a correction in a device process; any check's code in the
-    checker's process: ``harness``), its calls that would change the process's signals --
-    ``signal.signal``, ``alarm``, ``setitimer``, ``pthread_sigmask`` -- are noted in ``noted``
-    with their line and not made: the checker's time limit and the kernel's Interrupt use them
-    (round 28: an endless loop told as the host's wait; SIGINT left ignored in the kernel).  The
-    checker's, the engine's and the libraries' own calls go through.  ``os._exit`` is noted and
-    raises EndsProcess, its line named: it would end ``ends``."""
+def signals_kept(noted: list):
+    """While a learner's correction runs in a device process, its calls that would change the
+    process's signals -- ``signal.signal``, ``alarm``, ``setitimer``, ``pthread_sigmask`` -- are
+    noted in ``noted`` with their line and not made: the checker's time limit uses them (round
+    28: an endless loop told as the host's wait).  The checker's, the engine's and the
+    libraries' own calls go through.  ``os._exit`` raises EndsProcess, its line named.  Not used
+    in the checker's own process, where the grading judge refuses stand-ins in ``signal`` and
+    ``os``: a check puts back the handlers its code changed instead (``harness``)."""
     was = os._exit
 
     def stand_in(name, real, made):
@@ -222,7 +222,7 @@ def signals_kept(noted: list, ends: str = "the device process (and the run with 
 
     def exit_(code, /):
         raise EndsProcess(f"called `os._exit({code!r})`{_learners_line(sys._getframe(2))}, "
-                          f"which ends {ends}")
+                          f"which ends the device process (and the run with it)")
     made = {"alarm": lambda *a: 0, "setitimer": lambda which, *a: signal.getitimer(which),
             "signal": lambda num, *a: signal.getsignal(num),
             "pthread_sigmask": lambda *a: _signal.pthread_sigmask(signal.SIG_BLOCK, [])}
@@ -236,7 +236,6 @@ def signals_kept(noted: list, ends: str = "the device process (and the run with 
         os._exit = was
         for module, held in saved:
             vars(module).update(held)
-
 
 
 def _shown_call(name: str, args: tuple) -> str:

@@ -40,8 +40,15 @@ def kept(call, name: str, view):
 def caught_refusal(caught: tuple) -> Verdict:
     """A refusal the loop caught and went on past (the run otherwise right)."""
     name, at, err = caught
+    return refused_and_caught(f"in round {at}, your loop", name, err, "your loop", "Make")
+
+
+def refused_and_caught(called: str, name: str, err: Exception, caught: str,
+                       fix: str) -> Verdict:
+    """A refusal of the engine's out of ``engine.name`` that the learner's code caught (a
+    loop's or a plug-in's: ``called`` and ``caught`` say whose), and ``fix``."""
     return fails("refusal_caught",
-                 f"in round {at}, your loop called `engine.{name}` and the engine refused it "
-                 f"({quoted(err)}), and your loop caught the error and went on. The refusal is "
-                 f"the bug report: an engine that did not check would have made that call. Make "
-                 f"the call right (or leave it out) instead of catching the error")
+                 f"{called} called `engine.{name}` and the engine refused it ({quoted(err)}), "
+                 f"and {caught} caught the error and went on. The refusal is the bug report: an "
+                 f"engine that did not check would have made that call. {fix} the call right (or "
+                 f"leave it out) instead of catching the error")

@@ -16,9 +16,8 @@ from toy_engine.sequence import Request
 from toy_engine.validate import plugin_label
 
 from .answers import show
-from .errors import quoted
 from .pool_reading import pool_after, pool_before
-from .refusals_caught import REFUSALS
+from .refusals_caught import REFUSALS, refused_and_caught
 from .verdict import Verdict, fails
 
 
@@ -113,12 +112,9 @@ def refusal_mistake(call: dict, who: str) -> Verdict | None:
     if not call["caught"] or call.get("raised"):
         return None
     name, err = call["caught"][0]
-    return fails("refusal_caught",
-                 f"{who}: your process_outputs called `engine.{name}` and the engine refused it "
-                 f"({quoted(err)}), and your code caught the error and went on. The refusal is "
-                 f"the bug report: an engine that did not check would have made that call. A "
-                 f"plug-in waits on the step's event, reads, commits and frees: make the call "
-                 f"right (or leave it out) instead of catching the error")
+    return refused_and_caught(f"{who}: your process_outputs", name, err, "your code",
+                              "A plug-in waits on the step's event, reads, commits and frees: "
+                              "make")
 
 
 UNKNOWN = "?"  # what commit_outputs alone ended a request with, where its tokens are unknown
