@@ -140,13 +140,20 @@ def test_a_restore_leaves_the_record_as_it_was():
 
 
 def test_the_watch_compares_before_the_submissions_first_call_runs():
+    """Compared before the first call runs and at its return.  A thread this test process
+    started after the watch was made (another test's, in the same worker: CI's stop 53) is
+    a change the first compare finds, after which the watch compares no more: that ending
+    is right too, and it says which thread it was."""
     call, watch, seen = _in_submission(), Watch(), []
     watch.start(lambda: seen.append("compared") or [])
     try:
         call(lambda: seen.append("ran"))
     finally:
         watch.stop()
-    assert seen == ["compared", "ran", "compared"]
+    if seen == ["compared", "ran"]:
+        assert watch.changed and all("a thread" in why for why in watch.changed), watch.changed
+    else:
+        assert seen == ["compared", "ran", "compared"] and watch.changed == [], watch.changed
 
 
 @pytest.mark.parametrize("cell, name", [(_REBOUND, "pool.reference"),
