@@ -144,10 +144,15 @@ def _serial_written(folder: Path, before: dict) -> bool:
 
 
 def test_an_interrupted_profile_cuda_leaves_its_earlier_set_as_it_was(tmp_path):
-    """Before: the new serial trace beside the earlier run's ZOS trace and summary."""
-    cmd = [*PROFILE, "--device", "cpu", "--out", "pc", "--prompts", "64", "--max-new-tokens",
+    """Before: the new serial trace beside the earlier run's ZOS trace and summary.
+
+    The earlier set only has to exist: one prompt, one token (3.8 s, not 23 s).  The run that is
+    cut must still be recording after its serial trace is written: 16 prompts of 100 tokens
+    leave it 3.3 s (64 prompts: 10.8 s) for a Ctrl-C sent within the 0.05 s poll."""
+    cmd = [*PROFILE, "--device", "cpu", "--out", "pc", "--prompts", "16", "--max-new-tokens",
            "100"]
-    subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, timeout=600, check=True)
+    subprocess.run([*cmd[:-4], "--prompts", "1", "--max-new-tokens", "1"], cwd=tmp_path, env=ENV,
+                   capture_output=True, timeout=600, check=True)
     folder = tmp_path / "pc"
     before = _state(folder)
     assert sorted(before) == ["torch_profile_serial.json.gz", "torch_profile_summary.json",
