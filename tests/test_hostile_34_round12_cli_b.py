@@ -95,7 +95,9 @@ def test_corpus_on_a_full_disk_is_one_line_and_keeps_the_table(tmp_path):
 
 # --- cases 8 and 18: train ---------------------------------------------------------------
 
-_TRAIN = ["overlap_course.train", "--batch-size", "1", "--block-size", "8", "--sample", "0"]
+# One thread: beside other work a second one doubled a tiny run's time (11-14 s, 7 s on one).
+_TRAIN = ["overlap_course.train", "--batch-size", "1", "--block-size", "8", "--threads", "1",
+          "--sample", "0"]
 
 
 def test_train_on_a_full_disk_is_one_line_naming_out(tmp_path):

@@ -39,7 +39,7 @@ def test_arguments_that_name_tests_or_workers_keep_one_pytest_run(args, named, m
 
 
 # Both collections in one interpreter, one ``pytest.main`` each: the second finds the test modules
-# imported (a collection of tests/ took 11 s, both 13 s, on a quiet core; 26 s and 35 s in CI).
+# imported (one collection of tests/ took 11 s on a quiet core, both 11.2 s; 26 s and 35 s in CI).
 _COLLECT = """import json, sys, pytest
 for args in json.loads(sys.argv[1]):
     code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args])
