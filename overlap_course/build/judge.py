@@ -9,9 +9,11 @@ tests hide a test's *source*, and ``nbgrader autograde`` re-inserts locked cells
 instructor's copy, but the test still runs in that kernel, after the learner's code: neither
 keeps the verdict out of the learner's reach.  So the course's ``nbgrader_config.py`` adds one
 step after nbgrader's ``Execute`` (:func:`autograde_preprocessors`): each graded cell's outputs
-are replaced by the verdict of a fresh ``python -I`` process (no user site, no ``PYTHONPATH``,
-an empty temporary folder as current folder and ``HOME``) that imports the course nbgrader
-itself loaded, re-runs the submission's code cells above the check, and calls the checker:
+are replaced by the verdict of a fresh judge process (no user site, no ``PYTHONPATH``, an
+empty temporary folder as current folder and ``HOME``; forked from a ``python -I`` started before
+any submission, which has imported the course nbgrader itself loaded and runs nothing else:
+:mod:`~overlap_course.build.judge_zygote`) that re-runs the submission's code cells above the
+check, and calls the checker:
 
 * a value answer (``order``, ``needs_correction``) is read out by one such process and checked
   by a second that runs no line of the submission; it crosses as tagged plain data (no pickle,
@@ -127,15 +129,16 @@ import os
 import secrets
 import signal
 import stat
-import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 
 import nbformat
 
 from overlap_course.build.graded import GRADED_CALLS, ROOT, VALUE_ANSWERS
+from overlap_course.build import judge_zygote
 from overlap_course.build.judge_process import signer
 
 JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
@@ -268,54 +271,80 @@ def judge(check: str, cells: list[str], private: list[str] = (),
     return report["passed"] is True, report["message"]
 
 
-# The judge finds the course and the toy in ROOT and nothing else there: ROOT is not put on
-# sys.path, where a file a submission left in it (ROOT/hmac.py) would shadow a module the
-# next judge imports before it reads its request.
-_BOOT = """import sys
-from importlib.machinery import PathFinder
-class OnlyTheCourse:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name in ("overlap_course", "toy_engine"):
-            return PathFinder.find_spec(name, [sys.argv[1]])
-sys.meta_path.insert(0, OnlyTheCourse)
-from overlap_course.build import judge_process
-judge_process.judge_main(sys.argv[1:])
-"""
-
-
 def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
-    """One judge process: ``python -I`` (no user site, no ``PYTHONPATH``, no current folder on
-    the path), in an empty temporary folder, with an environment of its own.  The request, a
-    secret made for this run and the report's (random) path cross on its stdin, which the judge
-    reads before any line of the submission: neither argv, the environment nor a file holds
-    them.  Its report is trusted only if signed with that secret, in the shape it must have,
-    from a process that exited 0 and left the installed files as they were."""
+    """One judge process, forked by the judges' zygote (a ``python -I``: no user site, no
+    ``PYTHONPATH``, no current folder on the path; :mod:`~overlap_course.build.judge_zygote`), in
+    an empty temporary folder, with an environment of its own.  The request, a secret made for
+    this run and the report's (random) path cross on its stdin, which the judge reads before any
+    line of the submission: neither argv, the environment nor a file holds them.  Its report is
+    trusted only if signed with that secret, in the shape it must have, from a process that
+    exited 0 and left the installed files as they were."""
     with tempfile.TemporaryDirectory(prefix="overlap-judge-") as tmp:
         secret = secrets.token_hex(32)
         answer = Path(tmp, f"{secrets.token_hex(16)}.json")
         ask = json.dumps({"secret": secret, "report": str(answer), "request": request})
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
                "LANG": "C.UTF-8"}
-        cmd = [sys.executable, "-I", "-c", _BOOT, str(ROOT), mode]
         with tempfile.TemporaryFile() as err:  # not kept in memory: a judge may write GBs
-            judge = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=err,
-                                     start_new_session=True)
-            try:
-                judge.communicate(ask.encode("utf-8"), timeout=JUDGE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+            code = _forked(mode, ask.encode("utf-8"), tmp, env, err.fileno())
+            if code is None:
                 return {"passed": False, "message": f"the judge stopped your code after "
                                                     f"{JUDGE_TIMEOUT_S} s without a verdict"}
-            finally:
-                _end_group(judge)
             last = _last_line(err)
         changed = _changed_files(pristine)
         if changed:
             return {"passed": False, "message": (
                 f"not graded: the judge's process changed {len(changed)} installed file(s) "
                 f"the grader trusts ({', '.join(changed[:3])}): reinstall the course")}
-        return _read_report(answer, secret, mode, judge.returncode, last)
+        return _read_report(answer, secret, mode, code, last)
+
+
+def _forked(mode: str, ask: bytes, tmp: str, env: dict, err: int) -> int | None:
+    """Run one judge to its end: its exit code, or None when it ran past the time limit.  A
+    zygote that cannot fork (ended by an earlier judge) is replaced, and so is one that ends or
+    stops answering while its judge runs: that gives no exit code, and no verdict of that
+    judge is trusted (-1).  One judge at a time per grader process (the zygote's replies)."""
+    with judge_zygote.LOCK:
+        reading, feeding = os.pipe()
+        try:
+            pid, parent = _fork(mode, tmp, env, reading, err)
+        except BaseException:
+            os.close(feeding)
+            raise
+        finally:
+            os.close(reading)
+        threading.Thread(target=_feed, args=(feeding, ask), daemon=True).start()
+        try:
+            code = parent.exit_code(JUDGE_TIMEOUT_S)
+        except OSError:  # the zygote ended, or stopped answering, while its judge ran
+            code = -1
+        finally:
+            _end_group(pid)
+        if code is None or code == -1:
+            judge_zygote.forget(at_once=True)
+        return code
+
+
+def _fork(mode: str, tmp: str, env: dict, stdin: int, err: int):
+    """(pid, zygote): a judge forked by this installation's zygote, a new one if it fails."""
+    for attempt in (1, 2):
+        parent = judge_zygote.zygote(str(ROOT), installed_digest())
+        try:
+            return parent.fork(mode, tmp, env, stdin, err), parent
+        except OSError:
+            judge_zygote.forget(at_once=True)
+            if attempt == 2:
+                raise
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """The request to the judge's stdin (a thread: a request larger than the pipe holds waits
+    for the judge to read it, and a judge that ended first leaves nothing waiting)."""
+    try:
+        with open(fd, "wb") as pipe:
+            pipe.write(data)
+    except OSError:
+        pass
 
 
 def _last_line(err) -> str:
@@ -325,13 +354,12 @@ def _last_line(err) -> str:
     return lines[-1][:300] if lines else "no message"
 
 
-def _end_group(process: subprocess.Popen) -> None:
+def _end_group(pid: int) -> None:
     """The judge and whatever it started (the engine's device process, a learner's child)."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
-    process.wait()
 
 
 def _read_report(path: Path, secret: str, mode: str, code: int, last: str) -> dict:
