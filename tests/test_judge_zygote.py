@@ -51,21 +51,22 @@ def test_a_judge_that_ends_or_stops_its_zygote_scores_0_and_the_next_gets_a_new_
     needs_the_engine()
     before = judge_zygote.zygote(str(judge.ROOT), judge.installed_digest()).process.pid
     cheat = RIGHT_LOOP + f"import os, signal\nos.kill(os.getppid(), signal.{signal_name})\n"
-    monkeypatch.setattr(judge, "JUDGE_TIMEOUT_S", 20)  # a stopped zygote answers nothing
+    monkeypatch.setattr(judge, "JUDGE_TIMEOUT_S", 5)  # a stopped zygote answers nothing
     passed, message = judge.judge("check_serial_loop", [IMPORTS, cheat])
     assert passed is False, message
-    assert ("without a verdict" in message or "after 20 s" in message), message
-    monkeypatch.undo()
-    again = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP])
-    assert again[0] is True, again
-    assert _zygote_pid() not in (None, before)
+    assert ("without a verdict" in message or "after 5 s" in message), message
+    after = judge_zygote.zygote(str(judge.ROOT), judge.installed_digest()).process
+    assert after.pid != before and after.poll() is None  # a new one, running
+    if signal_name == "SIGKILL":  # and it judges (once is enough: the same path after either)
+        monkeypatch.undo()
+        again = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP])
+        assert again[0] is True, again
 
 
 def test_where_a_fork_is_not_safe_each_judge_is_a_fresh_python(monkeypatch):
     needs_the_engine()
     judge_zygote.forget()
     monkeypatch.setattr(judge_zygote, "FORKS", False)  # as on macOS
-    assert judge.judge("check_serial_loop", [IMPORTS, _MARKS])[0] is True
     assert judge.judge("check_serial_loop", [IMPORTS, _MARKS])[0] is True
     judge_zygote.forget()
 
