@@ -2,7 +2,9 @@
 
 A judge process used to be a new ``python -I``: torch, the toy and the course imported each
 time, about 1.5 s of CPU before the submission's first line (quiet, 2-core machine; two or three
-times that beside other work), for every graded cell, twice for a value answer.  The zygote is
+times that beside other work), for every graded cell, twice for a value answer.  Six judged
+serial loops in one process, side by side: 31.0 s before, 26.1 s forked (quiet); 45.5 s and
+33.2 s at a load of 3 (docs/measurements/test_suite.md).  The zygote is
 such a process, started the same way (``-I``, an environment and an empty folder of its own)
 by the grader before any judge, with what a judge imports first already imported; it runs no
 line of any submission and only forks.  Each judge is a child forked from it that becomes a
