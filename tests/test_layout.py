@@ -124,12 +124,15 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # stalls, at an EOS still lab 4's past_eos: 39);
 # 4,908 until round twenty-eight's learner fix added 3 (output_ids or text of another type left
 # by a process_outputs that commits through engine.commit_outputs told that the commit adds the
-# tokens itself, not to append them, StateReplaced: 3).
+# tokens itself, not to append them, StateReplaced: 3);
+# 4,911 until the device process got its shared buffers as it starts and the n-gram table by
+# value, so that no engine starts the library's file-descriptor server thread (round 28b's
+# open cheat fed that thread its own callables): 1.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4911, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4912, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -348,7 +348,8 @@ class Engine(RoundStages):
                              c.race_check, c.device_threads)
         try:  # a failed or interrupted start ends the device it started
             device.launch(kernels.setup_state, self.layout, c.max_batch_size, c.num_draft_tokens,
-                          self.ngram, round=0, stage=Stage.SETUP)
+                          None if self.ngram is None else self.ngram.numpy(),  # by value: no fd
+                          round=0, stage=Stage.SETUP)
             device.synchronize()
             device.spans()  # start-up work is not part of any run
             device.run_record = self.record  # restarted mid-run, it records into the run's record

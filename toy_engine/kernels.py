@@ -26,7 +26,7 @@ def setup_state(ctx, layout: MetaLayout, max_rows: int, num_drafts: int, ngram_t
         accepted=torch.zeros(max_rows, dtype=torch.long, device=dev),
         drafts=torch.zeros(max_rows, max(num_drafts, 1), dtype=torch.long, device=dev),
         history=torch.zeros(max_rows, drafter.NGRAM - 1, dtype=torch.long, device=dev),
-        ngram_table=None if ngram_table is None else ngram_table.to(dev),
+        ngram_table=None if ngram_table is None else torch.as_tensor(ngram_table).to(dev),
     )
 
 

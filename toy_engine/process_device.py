@@ -103,7 +103,7 @@ def without_main_module():
                 mp_spawn.get_preparation_data, patch.original = patch.original, None
 
 
-def _device_main(conn, num_threads: int, pace: dict | None) -> None:
+def _device_main(conn, num_threads: int, pace: dict | None, buffers: dict) -> None:
     """Run launches in order, report stamps at events; ignore SIGINT (Jupyter signals the whole group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_die_with_parent, daemon=True).start()
@@ -111,7 +111,7 @@ def _device_main(conn, num_threads: int, pace: dict | None) -> None:
     if pace and hasattr(os, "nice"):  # like a GPU's, a paced kernel's compute never holds up the host
         os.nice(19)
     with torch.inference_mode():
-        _serve(conn, _Stream(pace=pace))
+        _serve(conn, _Stream(pace=pace, buffers=buffers))
 
 
 def _die_with_parent() -> None:
@@ -129,6 +129,7 @@ class _Stream:
     kernels: dict = field(default_factory=dict)  # kernel id -> kernel
     ctx: DeviceContext | None = None
     stamps: list[tuple[int, int, int, int, int | None]] = field(default_factory=list)
+    buffers: dict = field(default_factory=dict)  # the shared host buffers, name -> tensor
     error: str | None = None
     pace: dict | None = None
     clock: int = 0  # where the last kernel ends (perf_counter_ns); paced, it can be ahead of time
@@ -174,8 +175,9 @@ def _serve(conn, stream: _Stream) -> None:
         elif kind == "kernel":
             stream.kernels[msg[1]] = cloudpickle.loads(msg[2])
         elif kind == "setup":
-            _, model_bytes, num_kv_blocks, block_size, buffers = msg
-            stream.ctx = DeviceContext.build(model_bytes, num_kv_blocks, block_size, buffers, torch.device("cpu"))
+            _, model_bytes, num_kv_blocks, block_size = msg
+            stream.ctx = DeviceContext.build(model_bytes, num_kv_blocks, block_size, stream.buffers,
+                                             torch.device("cpu"))
             conn.send(("ready", os.getpid()))
         elif kind == "close":
             return
@@ -223,9 +225,8 @@ def _shutdown(proc, conn, link: dict, pidfd: int | None) -> None:
 
 @contextlib.contextmanager
 def _socket_in_tmpdir(what: str):
-    """A socket of ``what`` lives in TMPDIR (the forkserver's; under spawn, the one that hands
-    the device process its shared buffers): a TMPDIR too long for one is named, not an
-    ``AF_UNIX path too long`` deep in multiprocessing."""
+    """A socket of ``what`` lives in TMPDIR (the forkserver's): a TMPDIR too long for one is
+    named, not an ``AF_UNIX path too long`` deep in multiprocessing."""
     try:
         yield
     except OSError as exc:
@@ -266,7 +267,8 @@ class ProcessDevice(Device):
         if ctx.get_start_method() == "forkserver":
             ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace),
+        # buffers passed by the start: sent later, they needed a descriptor-server thread
+        self._proc = ctx.Process(target=_device_main, args=(child, num_threads, pace, self.buffers),
                                  daemon=True, name="toy-engine-device")
         self._kernel_ids: dict[object, int] = {}
         self._sent_ns: dict[int, tuple[int, str, int]] = {}  # seq -> (send time, name, round)
@@ -293,11 +295,9 @@ class ProcessDevice(Device):
             raise
 
     def _set_up(self, model, num_kv_blocks: int, block_size: int) -> int:
-        """Hand the started process its model and buffers; returns its pid once it is ready."""
+        """Hand the started process its model; returns its pid once it is ready."""
         # Pickled before the held send, where Ctrl-C still works and a failure breaks no pipe
-        with _socket_in_tmpdir("the socket that hands over its shared buffers"):
-            setup = ForkingPickler.dumps(("setup", cloudpickle.dumps(model), num_kv_blocks,
-                                          block_size, self.buffers))
+        setup = ForkingPickler.dumps(("setup", cloudpickle.dumps(model), num_kv_blocks, block_size))
         with hold_sigint():
             self._whole(lambda: self._conn.send_bytes(setup), "sending")
         deadline = time.monotonic() + self.START_TIMEOUT_S

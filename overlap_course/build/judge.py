@@ -26,8 +26,8 @@ check, and calls the checker:
   undone before the end counts: :class:`~overlap_course.build.judge_watch.Watch`; a hand-back to
   the standard library, asyncio's event loop, is compared as it reaches the checker) and at the
   end, no thread still runs that was not alive before the cells nor one of the course's own (a
-  ``threading.Thread`` running its time limit's watchdog, an executor's worker or
-  ``multiprocessing``'s descriptor server) the checker's or the engine's code was seen starting
+  ``threading.Thread`` running its time limit's watchdog or an executor's worker) the checker's
+  or the engine's code was seen starting
   (:mod:`~overlap_course.build.judge_threads`; a raw thread whose target is C code has no frame
   to list) and no trace hook is left; a context argument
   (``engine``) is the judge's own run of the notebook's cell, not the submission's object;

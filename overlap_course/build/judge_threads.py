@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import _thread
 import concurrent.futures.thread as futures_thread
-import multiprocessing.resource_sharer as sharer
 import sys
 import threading
 import types
@@ -45,15 +44,15 @@ _STARTERS = frozenset(id(f) for f in (getattr(_thread, name, None) for name in (
 _LOOKS = 256
 #: What the course's own threads in the judge's process run (a ``threading.Thread``'s target's
 #: code -> the identity of the globals it runs with, and of what it is bound to): the check's
-#: time limit, ``pool.start``'s executor, and the server of the file descriptors the engine's
-#: device sends.  Identities, not the objects: the judge fingerprints this module's names by
+#: time limit and ``pool.start``'s executor (not the library's server of file descriptors: no
+#: engine starts it since its device gets its buffers as it starts, and round 28b's loop had it
+#: run callables of its own).  Identities, not the objects: the judge fingerprints this module's names by
 #: their contents, and a module's globals hold ``__builtins__``, to which a cell may add a
 #: helper of its own (round 28: a right loop beside ``builtins.my_helper = len`` was failed)
 _COURSE_TARGETS = {
     id(next(c for c in sandbox.start_time_limit.__code__.co_consts
             if type(c) is types.CodeType and c.co_name == "watchdog")): (id(vars(sandbox)), None),
-    id(futures_thread._worker.__code__): (id(vars(futures_thread)), None),
-    id(sharer._ResourceSharer._serve.__code__): (id(vars(sharer)), id(sharer._resource_sharer))}
+    id(futures_thread._worker.__code__): (id(vars(futures_thread)), None)}
 
 
 def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
@@ -65,8 +64,7 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
                   code_of=types.FunctionType.__dict__["__code__"].__get__,
                   globals_of=types.FunctionType.__dict__["__globals__"].__get__,
                   method=types.MethodType, func_of=types.MethodType.__dict__["__func__"].__get__,
-                  self_of=types.MethodType.__dict__["__self__"].__get__,
-                  serve=sharer._ResourceSharer._serve.__code__) -> dict:
+                  self_of=types.MethodType.__dict__["__self__"].__get__) -> dict:
     """``noted(frame, event, arg)``, at each profile event: notes a course's thread started by a
     C call (``c_call``) in ``Thread.start`` of the checker's or the engine's code
     (``checkers(code)``) in a thread of theirs, found as it shows in the following events of the
@@ -148,20 +146,12 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
         label = instance_dict(thread, "__dict__").get("_name") if is_a(thread, thread_type) else 0
         return f"{label!r}" if kind(label) is str else f"running {frame.f_code.co_name}()"
 
-    def served(frame) -> bool:
-        """Whether a thread is the library's server of file descriptors, for the process, however
-        it started: the engine's device starts it the first time it sends one, which may be in a
-        cell (round 28: a right loop after a cell that ran the checks' engines was failed)."""
-        thread = frame.f_locals.get("self") if frame.f_code is bootstrap else None
-        bound = target(thread) if is_a(thread, thread_type) else None
-        return kind(bound) is method and code_of(func_of(bound)) is serve
-
     def running() -> list[str]:
         return [f"a thread your code started or your cells did (ident {t}, {name(f)}) still "
                 f"running as control came back to the checker (stop the threads your cells "
                 f"start before the check runs, and join those your code starts before returning)"
                 for t, f in ordered(listed(alive().items()))
-                if known.get(t) is not f and not served(f) or t in course and not still(t)]
+                if known.get(t) is not f or t in course and not still(t)]
 
     def cells_begin() -> None:
         course.clear()
