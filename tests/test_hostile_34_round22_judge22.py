@@ -8,6 +8,8 @@ a change (``judge_threads``); the checker's and the engine's own threads are not
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from overlap_course.build import judge
@@ -65,6 +67,7 @@ def _watched(run) -> Watch:
 @pytest.mark.parametrize("how", ["its own code", "a Timer of the standard library",
                                  "a thread it started"])
 def test_a_thread_the_submission_left_running_is_a_change_when_control_comes_back(how):
+    gc.collect()  # earlier tests' garbage (sqlalchemy's class registry) not collected mid-watch
     space = _submission('''
 import threading, time
 stop = threading.Event()

@@ -31,6 +31,8 @@ import threading
 #: Whether judges are forked (Linux); elsewhere each is a fresh ``python -I`` as before.
 FORKS = sys.platform == "linux"
 
+# The judges find the course and the toy in ROOT and nothing else there: ROOT is not put on
+# sys.path, where a file a submission left in it (ROOT/hmac.py) would shadow a module.
 _BOOT = """import sys
 from importlib.machinery import PathFinder
 class OnlyTheCourse:
