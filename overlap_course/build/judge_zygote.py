@@ -33,7 +33,7 @@ FORKS = sys.platform == "linux"
 
 # The judges find the course and the toy in ROOT and nothing else there: ROOT is not put on
 # sys.path, where a file a submission left in it (ROOT/hmac.py) would shadow a module.
-_BOOT = """import sys
+_FINDER = """import sys
 from importlib.machinery import PathFinder
 class OnlyTheCourse:
     @staticmethod
@@ -41,8 +41,13 @@ class OnlyTheCourse:
         if name in ("overlap_course", "toy_engine"):
             return PathFinder.find_spec(name, [sys.argv[1]])
 sys.meta_path.insert(0, OnlyTheCourse)
-from overlap_course.build import judge_zygote
+"""
+_BOOT = _FINDER + """from overlap_course.build import judge_zygote
 judge_zygote.serve(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "fork")
+"""
+#: Where judges are not forked: each a fresh ``python -I ROOT MODE``, as before the zygote
+_FRESH = _FINDER + """from overlap_course.build import judge_process
+judge_process.judge_main(sys.argv[1:])
 """
 
 
@@ -80,10 +85,7 @@ def serve(root: str, fd: int, forks: bool) -> None:
 
 def _spawned(orders: socket.socket, root: str, order: dict, fds: list[int]) -> None:
     """Where a fork is not safe after torch's import (macOS): a fresh ``python -I`` judge."""
-    boot = _BOOT.replace('judge_zygote.serve(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "fork")',
-                         "judge_process.judge_main(sys.argv[1:])").replace(
-        "import judge_zygote", "import judge_process")
-    with subprocess.Popen([sys.executable, "-I", "-c", boot, root, order["mode"]],
+    with subprocess.Popen([sys.executable, "-I", "-c", _FRESH, root, order["mode"]],
                           stdin=fds[0], stdout=subprocess.DEVNULL, stderr=fds[1],
                           cwd=order["cwd"], env=order["env"], start_new_session=True) as judge:
         for f in fds:
@@ -122,7 +124,7 @@ class Zygote:
     """The grader's side: one zygote per (interpreter, course folder, installed digest)."""
 
     def __init__(self, root: str, digest: dict[str, str]) -> None:
-        self.key = (sys.executable, root, json.dumps(digest, sort_keys=True))
+        self.key = _key(root, digest)
         self.home = tempfile.TemporaryDirectory(prefix="overlap-zygote-")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": self.home.name,
@@ -173,9 +175,14 @@ _ZYGOTE: list[Zygote] = []
 LOCK = threading.Lock()  # held by the grader from an order to its judge's exit code
 
 
+def _key(root: str, digest: dict[str, str]) -> tuple:
+    """What a zygote serves: this interpreter, the course folder, the installed files' digest."""
+    return sys.executable, root, json.dumps(digest, sort_keys=True)
+
+
 def zygote(root: str, digest: dict[str, str]) -> Zygote:
     """The zygote for this installation, started now if there is none or it differs."""
-    key = (sys.executable, root, json.dumps(digest, sort_keys=True))
+    key = _key(root, digest)
     if _ZYGOTE and (_ZYGOTE[0].key != key or _ZYGOTE[0].process.poll() is not None):
         _ZYGOTE.pop().close()
     if not _ZYGOTE:
