@@ -11,12 +11,13 @@ os.environ.setdefault("OVERLAP_PROGRESS_FILE",
 # ./run.sh test gives whole files to two workers (scripts/run_tests.py) in the order collected: the
 # longest start first, or the run ends on one long file with the other worker idle.  Longest first,
 # by their seconds on two workers (2 cores, 2026-12-05, beside other work: a quiet run takes about
-# two thirds of these); test_grading.py's time is without its test that runs alone.
-LONGEST_FIRST = ["tests/test_hostile_34_round19_grading19.py",  # 527 s for 7 students, now 5
+# two thirds of these); test_grading.py's includes its cheat test (120 s, quiet), which runs
+# with the others where Landlock fences the grading kernel.
+LONGEST_FIRST = ["tests/test_grading.py",                       # 145 s + 120 s
+                 "tests/test_hostile_34_round19_grading19.py",  # 527 s for 7 students, now 5
                  "tests/browser/test_voila.py",                 # 215 s
                  "tests/test_hostile_34_round12_cli_b.py",      # 153 s
                  "tests/test_hostile_34_round24_judge.py",      # 150 s
-                 "tests/test_grading.py",                       # 145 s
                  "tests/browser/test_jupyterlab.py",            # 128 s
                  "tests/test_hostile_34_round17_grading17.py",  # 116 s
                  "tests/test_hostile_34_round4_files.py",       # 115 s
