@@ -63,6 +63,29 @@ def test_a_judge_that_ends_or_stops_its_zygote_scores_0_and_the_next_gets_a_new_
         assert again[0] is True, again
 
 
+def test_what_a_judge_left_running_in_its_group_ends_with_it():
+    """The zygote ends the judge's group while the ended judge still holds its pid, then reaps
+    it: the grader no longer ends a group by a pid that another process may have by then."""
+    needs_the_engine()
+    mark = f"left-by-a-judge-{os.getpid()}-{time.time_ns()}"
+    left = RIGHT_LOOP + ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                         f"'import time; time.sleep(600)', {mark!r}])\n")
+    judge.judge("check_serial_loop", [IMPORTS, left])
+    assert _running_with(mark) == [], "a judge's child outlived its verdict"
+
+
+def _running_with(mark: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark.encode() in f.read() and not _zombie(pid):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def test_where_a_fork_is_not_safe_each_judge_is_a_fresh_python(monkeypatch):
     needs_the_engine()
     judge_zygote.forget()

@@ -314,14 +314,15 @@ def _forked(mode: str, ask: bytes, tmp: str, env: dict, err: int) -> int | None:
         finally:
             os.close(reading)
         threading.Thread(target=_feed, args=(feeding, ask), daemon=True).start()
+        code = -1  # also when the grader is interrupted: its zygote's reply is then unread
         try:
             code = parent.exit_code(JUDGE_TIMEOUT_S)
         except OSError:  # the zygote ended, or stopped answering, while its judge ran
-            code = -1
+            pass
         finally:
-            _end_group(pid)
-        if code is None or code == -1:
-            judge_zygote.forget(at_once=True)
+            if code is None or code == -1:  # the judge may still run: its zygote did not
+                _end_group(pid)  # reap it (a judge the zygote reaped, it ended with its group)
+                judge_zygote.forget(at_once=True)
         return code
 
 

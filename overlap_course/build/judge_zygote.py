@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,8 +80,7 @@ def serve(root: str, fd: int, forks: bool) -> None:
         for f in fds:
             os.close(f)
         orders.sendall(f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        orders.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        orders.sendall(f"{_reaped(pid)}\n".encode())
 
 
 def _spawned(orders: socket.socket, root: str, order: dict, fds: list[int]) -> None:
@@ -91,7 +91,20 @@ def _spawned(orders: socket.socket, root: str, order: dict, fds: list[int]) -> N
         for f in fds:
             os.close(f)
         orders.sendall(f"{judge.pid}\n".encode())
-        orders.sendall(f"{judge.wait()}\n".encode())
+        judge.returncode = _reaped(judge.pid)
+        orders.sendall(f"{judge.returncode}\n".encode())
+
+
+def _reaped(pid: int) -> int:
+    """The judge's exit code, its group ended first, while its ended process still holds the
+    pid: ended by the grader after the reap, that group id could already be another's."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # whatever the judge started and left running
+    except (ProcessLookupError, PermissionError):
+        pass
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def _judge(root: str, order: dict, fds: list[int], judge_main) -> int:
