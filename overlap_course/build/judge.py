@@ -36,9 +36,10 @@ check, and calls the checker:
   system's folders and the judge's own folder (a file the unguarded kernel left in ``/tmp``);
   to write, rename or remove anything under the course, the toy and the folders of Python's
   modules, start-up hooks and interpreter (a venv's ``bin/python`` link too); and to import
-  ``readline``, whose history files read and write any file with no audit event; and to open
+  ``readline``, whose history files read and write any file with no audit event; to open
   a folder outside its own, or a relative path that climbs out of its folder (a ``dir_fd``
-  call reads it from a folder the ``open`` event does not report);
+  call reads it from a folder the ``open`` event does not report), or a process's memory as a
+  file (``/proc/self/mem``: round 30 read the run's secret from it);
 * each judge gets a secret made for its run on stdin (with its request and the report's random
   path; none of them is in argv, the environment or a file) and signs its report with it; a
   report that is not signed, or a process that exits before the judge's own verdict, scores 0;
@@ -48,7 +49,10 @@ check, and calls the checker:
 * where Linux has Landlock, the kernel itself fences each judge's files (and the learner's
   grading kernel's, :mod:`~overlap_course.build.kernel_fence`) whatever code reaches them:
   C code such as ``torch.from_file`` or ``sqlite3``, which no audit event reports
-  (:mod:`~overlap_course.build.landlock`).
+  (:mod:`~overlap_course.build.landlock`); a fenced process is not dumpable and its programs
+  run without capabilities (none reads its memory, even as root), and from ABI 6 it signals no
+  process outside its fence; what a judge leaves running, even in a session of its own, the
+  zygote (a subreaper) ends with it (round 30: one killed later students' judges).
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made to
 lie about any check of itself (an input transformer that rewrites the test cell, a patched
@@ -142,6 +146,9 @@ from overlap_course.build import judge_zygote
 from overlap_course.build.judge_process import signer
 
 JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
+#: How long the zygote may take to reap a judge ended at the time limit, and what it left: no
+#: answer by then (stopped, where signals are not fenced in), and a new zygote serves the next.
+_REAPED_S = 10
 
 
 def autograde_preprocessors() -> list:
@@ -314,16 +321,20 @@ def _forked(mode: str, ask: bytes, tmp: str, env: dict, err: int) -> int | None:
         finally:
             os.close(reading)
         threading.Thread(target=_feed, args=(feeding, ask), daemon=True).start()
-        code = -1  # also when the grader is interrupted: its zygote's reply is then unread
+        code, late = -1, False  # -1 also when the grader is interrupted: the reply is unread
         try:
             code = parent.exit_code(JUDGE_TIMEOUT_S)
+            if code is None:  # past the limit: its group ended here, then reaped by its zygote
+                late = True
+                _end_group(pid)
+                code = parent.exit_code(_REAPED_S)
         except OSError:  # the zygote ended, or stopped answering, while its judge ran
             pass
         finally:
             if code is None or code == -1:  # the judge may still run: its zygote did not
                 _end_group(pid)  # reap it (a judge the zygote reaped, it ended with its group)
                 judge_zygote.forget(at_once=True)
-        return code
+        return None if late else code
 
 
 def _fork(mode: str, tmp: str, env: dict, stdin: int, err: int):

@@ -20,6 +20,7 @@ digest of the installed files, the interpreter and the course folder), else a ne
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ import threading
 
 #: Whether judges are forked (Linux); elsewhere each is a fresh ``python -I`` as before.
 FORKS = sys.platform == "linux"
+_CHILD_SUBREAPER = 36  # prctl
 
 # The judges find the course and the toy in ROOT and nothing else there: ROOT is not put on
 # sys.path, where a file a submission left in it (ROOT/hmac.py) would shadow a module.
@@ -63,6 +65,8 @@ def serve(root: str, fd: int, forks: bool) -> None:
     import overlap_course.checks.pool  # noqa: F401
     import toy_engine.judged_forkserver  # noqa: F401
     import torch.utils._device  # noqa: F401
+    if sys.platform == "linux":  # a judge's orphans are the zygote's (_swept), not init's
+        ctypes.CDLL(None).prctl(_CHILD_SUBREAPER, 1, 0, 0, 0)
     orders = socket.socket(fileno=fd)
     while True:
         message, fds, _, _ = socket.recv_fds(orders, 1 << 16, 2)
@@ -97,14 +101,45 @@ def _spawned(orders: socket.socket, root: str, order: dict, fds: list[int]) -> N
 
 def _reaped(pid: int) -> int:
     """The judge's exit code, its group ended first, while its ended process still holds the
-    pid: ended by the grader after the reap, that group id could already be another's."""
+    pid (ended by the grader after the reap, that group id could already be another's), and
+    then whatever left the group."""
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     try:
         os.killpg(pid, signal.SIGKILL)  # whatever the judge started and left running
     except (ProcessLookupError, PermissionError):
         pass
     _, status = os.waitpid(pid, 0)
+    _swept()
     return os.waitstatus_to_exitcode(status)
+
+
+def _swept() -> None:
+    """End what left the judge's group (``os.setsid()`` in a child: round 30's ran on and killed
+    later judges' processes).  Orphaned, it is the zygote's (a subreaper), whose only other
+    child was the judge: each child left is killed, then reaped, until none is left."""
+    while True:
+        for child in _children():
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(-1, 0)  # its children, orphaned as it ends, are the zygote's next
+        except ChildProcessError:
+            return
+
+
+def _children() -> list[int]:
+    """The zygote's children, by each process's parent in ``/proc``."""
+    me, found = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (name) state ppid ..."
+                if int(f.read().rpartition(b")")[2].split()[1]) == me:
+                    found.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
 
 
 def _judge(root: str, order: dict, fds: list[int], judge_main) -> int:

@@ -9,28 +9,36 @@ whatever code makes it: the installation and the system's folders can be read (a
 judge's own folder and ``/dev/shm`` (the engine's shared buffers) read and written, and
 nothing else reached at all -- the checkout's ``solutions/``, the course being graded, other
 temporary folders.  Where the kernel has no Landlock (macOS, Windows, older Linux) nothing is
-fenced and :func:`restrict` says so; the audit hook still stands.
+fenced and :func:`restrict` says so; the audit hook still stands.  Fenced, a process also
+sends no signal out of its fence (ABI 6 and newer) and no other process reads its memory.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import struct
 import sys
 
-__all__ = ["abi", "restrict", "SYSTEM_READS", "SYSTEM_RUNS", "SYSTEM_WRITES"]
+__all__ = ["abi", "restrict", "MEMORY_FILE", "SYSTEM_READS", "SYSTEM_RUNS", "SYSTEM_WRITES"]
 
 #: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
 SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
 #: What the engine's device process needs besides (its interpreter's libraries, shared memory).
 SYSTEM_RUNS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
 SYSTEM_WRITES = ("/dev/null", "/dev/shm")
+#: A process's memory as a file, any process's, as the path resolves (``/proc/self/mem``,
+#: ``/proc/thread-self/mem``, ``/proc/PID/task/TID/mem``), and the machine's (``kcore``):
+#: under ``/proc``, readable, so the judge's audit hook refuses them by name.
+MEMORY_FILE = re.compile(r"/proc/(kcore|[^/]+/(task/[^/]+/)?mem)")
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every Linux arch
 _VERSION = 1  # landlock_create_ruleset's flag: answer the ABI version
 _PATH_BENEATH = 1
 _NO_NEW_PRIVS = 38  # prctl: a fenced process may not regain rights through a setuid program
+_SET_DUMPABLE, _CAPBSET_DROP = 4, 24  # prctl
+_SCOPE_SIGNAL = 1 << 1  # v6: no signal to a process outside the fence (landlock.h)
 
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 #: Every right the ABI version knows (v1: 13 of them, v2 adds REFER, v3 TRUNCATE, v5 IOCTL_DEV).
@@ -63,7 +71,10 @@ def restrict(readable: list[str], writable: list[str]) -> str | None:
                 "hook only")
     libc = _libc()
     handled = _ALL_BY_ABI[min(version, max(_ALL_BY_ABI))]
-    attr = struct.pack("=Q", handled)  # v1's struct: only the file system is handled
+    # v1's struct handles the file system only; v6's also scopes signals (what a fenced process
+    # left running killed later judges' processes: round 30), its network left unhandled
+    attr = struct.pack("=Q", handled) if version < 6 else struct.pack("=QQQ", handled, 0,
+                                                                      _SCOPE_SIGNAL)
     ruleset = libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
@@ -76,7 +87,19 @@ def restrict(readable: list[str], writable: list[str]) -> str | None:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     finally:
         os.close(ruleset)
+    _unreadable(libc)
     return None
+
+
+def _unreadable(libc) -> None:
+    """No other process reads this one's memory (``/proc/PID/mem``: round 30 read the run's
+    secret that way, from a program the fenced process started): not dumpable, and no
+    capability, ``CAP_SYS_PTRACE`` among them, for what it runs, even as root."""
+    libc.prctl(_SET_DUMPABLE, 0, 0, 0, 0)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for capability in range(last + 1):
+        libc.prctl(_CAPBSET_DROP, capability, 0, 0, 0)  # refused without CAP_SETPCAP: none held
 
 
 def _allow(libc, ruleset: int, path: str, rights: int) -> None:
