@@ -54,21 +54,21 @@ def changed(shared, expected: str) -> str | None:
     if type(device) is not ProcessDevice:  # CUDA: not verified here (no GPU to test it on yet)
         return None
     if not all(any(k is own for own in _KERNELS) for k in device._kernel_ids):
-        return "engine.device (a kernel that is not the engine's ran on it"
+        return "`engine.device` (a kernel that is not the engine's ran on it"
     books = device._latencies_ns
     if (type(books) is not collections.deque or books.maxlen is None
             or not all(type(n) is int for n in books) or type(device._last_end_ns) is not int
             or type(device._sent_ns) is not dict or type(device._stamps) is not list):
-        return "engine.device's bookkeeping (its launch latencies and times"
+        return "`engine.device`'s bookkeeping (its launch latencies and times"
     try:
         device.launch(verify, expected, round=0, stage="verify")
         device.synchronize(timeout=RECOVER_S)
     except DeviceError:
-        return "engine.device's model or lasting state (changed by a kernel"
+        return "`engine.device`'s model or lasting state (changed by a kernel"
     races, n = device.races, shared.config.num_kv_blocks
     if races.pending or device._sent_ns:
-        return "engine.device.races.pending (a launch no wait covers"
+        return "`engine.device.races.pending` (a launch no wait covers"
     freed = races.free_blocks.items()
     if not all(type(b) is int and 0 <= b < n and type(p) is int for b, p in freed):
-        return "engine.device.races.free_blocks"
+        return "`engine.device.races.free_blocks` (entries that are not block numbers and rounds"
     return None

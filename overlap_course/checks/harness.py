@@ -162,7 +162,7 @@ def exercise_check(*warm, calls: str | None = None, answer: str = PLAIN):
             try:  # appended inside: a Ctrl-C right after it must not leave the name behind
                 _RUNNING.append(check.__name__)
                 changed, was = _PRISTINE.restore()
-                note = restored_note(changed + pool.heal(), was)
+                note = restored_note(changed, was, pool.heal())
                 verdict = not_a_function(check, args, kwargs, calls)
                 if verdict is None:
                     verdict = _never_runs(check, args, kwargs)
@@ -216,10 +216,11 @@ def _never_runs(check, args, kwargs) -> Verdict | None:
     return None
 
 
-def restored_note(changed: list[str], was: dict | None = None) -> str:
+def restored_note(changed: list[str], was: dict | None = None, healed: list[str] = ()) -> str:
     """The sentence a verdict adds when an earlier cell had patched the toy: what was changed
-    (with the values, where they are plain), and that the check put the original back for good."""
-    if not changed:
+    (with the values, where they are plain; ``healed``: what :func:`pool.heal` put back, each
+    already in words), and that the check put the original back for good."""
+    if not changed and not healed:
         return ""
     was = was or {}
     show = answers.show  # short and safe: the value found is any an earlier cell set
@@ -232,8 +233,9 @@ def restored_note(changed: list[str], was: dict | None = None) -> str:
             return f"`{n}` (it held {len(found)} items, now {len(original)} again)"
         return f"`{n}` (it was {show(found)}, now {show(original)} again)"
 
-    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-    names = ", ".join(map(shown, changed[:4])) + more
+    items = [*map(shown, changed), *healed]
+    more = f" and {len(items) - 4} more" if len(items) > 4 else ""
+    names = ", ".join(items[:4]) + more
     return (f" (Note: an earlier cell had replaced {names}; before it ran your code, this check "
             "put the "
             f"toy's original back, and it stays back for every later cell. Run that cell again to "

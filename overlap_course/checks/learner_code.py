@@ -35,16 +35,14 @@ class _Observed:
     # more None plans in ZOS) and judge the spin.
     MAX_SCHEDULES = 1000
 
+    # The view's own notes (past_end: schedule() calls after the one that found the end; stale:
+    # launches refused, StaleInputs, caught or not; caught: other refusals, (call, round, error)).
+    NOTES = ("_engine", "watch", "plans", "edits", "schedules", "done_at", "past_end", "stale",
+             "caught")
+
     def __init__(self, engine: Engine, watch: RequestWatch):
-        object.__setattr__(self, "_engine", engine)
-        object.__setattr__(self, "watch", watch)
-        object.__setattr__(self, "plans", {})
-        object.__setattr__(self, "edits", [])
-        object.__setattr__(self, "schedules", 0)
-        object.__setattr__(self, "done_at", None)
-        object.__setattr__(self, "past_end", 0)  # schedule() calls after the one that found the end
-        object.__setattr__(self, "stale", [])  # launches refused (StaleInputs), caught or not
-        object.__setattr__(self, "caught", [])  # other refusals: (call, round, error)
+        for name, value in zip(self.NOTES, (engine, watch, {}, [], 0, None, 0, [], [])):
+            object.__setattr__(self, name, value)
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
@@ -65,8 +63,17 @@ class _Observed:
         return self.watch.around(kept(value, name, self)) if mine else value
 
     def __setattr__(self, name, value):
-        self.edits.append(name)
-        raise _EngineEdited(name)
+        """A new name holds the loop's own state on this view, for this run; others are refused."""
+        if hasattr(type(self._engine), name) or name in vars(self._engine):
+            kind = "method" if callable(getattr(type(self._engine), name, None)) else "attribute"
+            what = f"which replaces the engine's {kind} `{name}`"
+        elif name in self.NOTES or hasattr(type(self), name):
+            what = "a name the checker uses on the engine it hands your loop, for its own notes"
+        else:
+            return object.__setattr__(self, name, value)
+        self.edits.append((name, what))
+        raise _EngineEdited(name, what)
+
 
 
 class _Spinning(BaseException):
@@ -85,11 +92,14 @@ class _EngineEdited(AttributeError):
     """A learner's loop tried to replace an attribute of a checker's shared engine."""
 
 
-def _edited(names: list[str]) -> Verdict:
+def _edited(name: str, what: str) -> Verdict:
     return fails("edits_engine",
-                 f"your loop set `engine.{names[0]}`: the checkers' engines are shared by every check, so a "
-                 f"loop may call the engine's methods but not replace them (nothing was changed, and the run "
-                 f"stopped there). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+                 f"your loop set `engine.{name}`, {what}: the checkers' engines are shared by "
+                 f"every check, so a loop may call the engine's methods and read its attributes "
+                 f"but not replace them (nothing was changed, and the run stopped there). The "
+                 f"loop's own state is fine in local variables (`previous = None`) or on the "
+                 f"engine under a new name of your own (`engine.previous`). Try replacing the "
+                 f"engine's parts on an engine of your own, `Engine(EngineConfig(...))`")
 
 
 def _spinning(calls: int) -> Verdict:
@@ -128,7 +138,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
         pool.forget_edits(engine, attributes)
     view = observed.get("view")
     if view is not None and view.edits:
-        err = _EngineEdited(view.edits[0])
+        err = _EngineEdited(*view.edits[0])
     elif view is not None and view.done_at is not None and (
             isinstance(err, (AttributeError, TypeError)) or view.past_end and (
                 err is None or isinstance(err, _Spinning))):
@@ -146,7 +156,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
 def _stopped_by_checker(err) -> Verdict | None:
     """The verdict for a run the checker itself stopped: the loop edited the engine, or spun."""
     if isinstance(err, _EngineEdited):
-        return _edited(err.args)
+        return _edited(*err.args)
     if isinstance(err, _Spinning):
         return _spinning(err.args[0])
     if isinstance(err, _PastTheEnd):

@@ -378,6 +378,13 @@ def check_three_rounds(order) -> Verdict:
 
 def _three_rounds_mistake(order, expected) -> Verdict:
     """The first way ``order`` (plain (stage, round) pairs) differs from the engine's."""
+    rounds, last = sorted({r for _, r in order}), expected[-1][1]
+    if rounds and rounds[0] == 0 and last not in rounds:  # decode rounds counted from 0
+        shifted = [(s, r + 1) for s, r in order] == expected
+        return fails("rounds_from_zero", f"you numbered the decode rounds 0-{rounds[-1]}; the "
+                     f"engine numbers them 1-{last}, as its timeline shows: round 0 is the prefill "
+                     f"(left out here, as asked), processed at once before round 1 is scheduled"
+                     + (". Add 1 to each round and your order is right" * shifted))
     if any(r == 0 for _, r in order):
         return fails("includes_prefill", "leave out round 0: it is the prefill, processed at once before round 1 "
                                          "is scheduled")

@@ -58,7 +58,6 @@ _PRINTS: dict = {}  # each device as built (device_state.fingerprint): to see a 
 _DEVICES: dict = {}  # each engine's device as built: to tell one the engine itself replaced
 
 
-
 @functools.lru_cache(maxsize=1)
 def _model():
     return load_model()
@@ -115,22 +114,22 @@ def heal() -> list[str]:
         replaced = False
         try:
             if shared.config is not _CONFIGS[key]:
-                changed.append("engine.config")
+                changed.append("`engine.config`")
                 shared.config = _CONFIGS[key]
             if not shared.device.races.enabled:
-                changed.append("engine.device.races.enabled")
+                changed.append("`engine.device.races.enabled`")
                 shared.device.races.enabled = True
             _finish_recovery(shared)
             if shared.device.failure() or not whole_pool(shared) or shared.scheduler.has_work():
-                what = f"the shared engine's KV pool ({pool_size(shared)}"
+                what = f"a shared engine's KV pool ({pool_size(shared)}"
             else:
                 replaced = _replaced_device(shared, key)
-                what = _changed(shared, _BUILT[key], replaced) or (
-                    None if replaced else devices.changed(shared, _PRINTS[key]))
-                what = what and f"{what} (the shared engine's: a learner's change in place"
+                what = _changed(shared, _BUILT[key], replaced)
+                what = (f"`{what}` of a shared engine (changed in place" if what else
+                        None if replaced else devices.changed(shared, _PRINTS[key]))
         except Exception:  # noqa: BLE001 - a learner's junk where the engine's parts were
-            what = "the shared engine (its parts could not be read"
-        if what is not None:
+            what = "a shared engine (its parts could not be read"
+        if what is not None and f"{what}; a fresh engine was started)" not in changed:
             changed.append(f"{what}; a fresh engine was started)")
         if what is not None or replaced:  # replaced: its device is new to the state as built
             _retire(_ENGINES.pop(key))
@@ -236,11 +235,10 @@ def _flatten(value, path: str, out: dict, seen: set) -> None:
     else:
         seen.add(id(value))
         attributes = vars(value)
-        out[path] = (_Same(kind), tuple(attributes))
+        out[path] = _Same(kind)  # each attribute its own path: an added one is named (round 30)
         skip = set().union(*(names for cls, names in _PER_RUN if isinstance(value, cls)))
-        for name, item in attributes.items():
-            if name not in skip:
-                _flatten(item, f"{path}.{name}", out, seen)
+        for name, item in attributes.items():  # of a per-run one, only that it is there
+            _flatten("per run" if name in skip else item, f"{path}.{name}", out, seen)
 
 
 def _replaced_device(shared: Engine, key: tuple) -> bool:
@@ -310,10 +308,10 @@ def close_engines() -> None:
 
 
 def forget_edits(shared: Engine, attributes: set[str]) -> None:
-    """Undo what a learner's code set on a shared engine over one of its methods (e.g.
-    ``engine.process_outputs = ...`` inside a plug-in), so that a later check runs on the
-    engine it expects.  (A run's own new attributes, ``stats``, ``completions``, stay.)"""
-    for name in shadowing(shared, attributes):
+    """Undo what a learner's code added to a shared engine in a check's run, over a method
+    (``engine.process_outputs = ...``, refused) or a new name (``engine.last_out = ...``): a
+    later check runs on the engine as built, and :func:`heal` finds nothing to note."""
+    for name in set(vars(shared)) - attributes:
         delattr(shared, name)
 
 

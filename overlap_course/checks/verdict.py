@@ -47,6 +47,7 @@ CATEGORIES = frozenset({
     "host_knows_token", "placeholder_for_known", "pending_unset", "pending_inverted", "divides_by_smaller",
     "upside_down", "device_over_host", "host_over_device", "serial_round_time", "from_idle_fraction",
     "zos_times", "measured_speedup", "one_decimal", "gain", "includes_prefill", "sample_before_postprocess",
+    "rounds_from_zero",  # 03(b): the decode rounds numbered from 0
     "flush_before_sample", "flush_mid_run", "forward_before_sample", "order", "length",
     "host_names",
     # 04: stale lengths, and exercise 04's correction and its fields

@@ -253,7 +253,8 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
 
     ``written``: a learner's list of ``(stage, round)`` as in exercise 03(b); it is drawn
     in a row above the host, item *i* under the engine's *i*-th issued step, and the
-    first place it differs is outlined and named.
+    first place it differs is outlined and named.  Anything but a list or tuple (``42``, a
+    string, a set) is not drawn: the subtitle says why (a cell after a junk answer still runs).
     """
     num_rounds = check_int("num_rounds", num_rounds, 1)
     check_timeline(timeline)
@@ -266,6 +267,10 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     notes, shapes = _columns(lay["columns"])
     notes += _event_arrows(lay["blocks"])
     height, yrange = 560, [-0.6, 1.85]
+    why = None if written is None or isinstance(written, (list, tuple)) else (
+        f"your order is not drawn: it is of type {html.escape(type(written).__name__)}, not a "
+        f"list of (stage, round) pairs")
+    written = None if why else written
     if written is not None:
         traces += _written_traces(written, timeline, lay)
         height, yrange = 680, [-0.6, 2.75]
@@ -284,7 +289,7 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     rounds, faded = _order_title(lay)
     apply_layout(fig, f"{heading(timeline, title)} · order view, {rounds}<br><sup>columns: loop passes; blocks in "
                       f"the order they started; arrows: sample event → the host's processing of that round"
-                      + (f"<br>{faded}" if faded else "") + "</sup>", height=height)
+                      + "".join(f"<br>{x}" for x in (faded, why) if x) + "</sup>", height=height)
     fig.update_layout(showlegend=False, bargap=0, uniformtext=dict(minsize=7, mode="show"),
                       margin=dict(l=70, r=20, t=90, b=50), meta=dict(view="order"))
     return fig
