@@ -18,6 +18,9 @@ F3: exercise 03 (b): decode rounds numbered 0-2 (the prefill left out, as asked)
 "leave out round 0: it is the prefill": they are told the engine numbers them 1-3.
 F4: exercise 03 (b): `figures.order_figure(..., written=42)` raised TypeError in the cell after
 the check: anything but a list or tuple is left out of the figure, and its subtitle says why.
+F5 (found while fixing F1): `del engine.plans` in a loop left the checker's code an
+AttributeError, and `vars(engine)["schedules"] = ...` wrote the view's own note: deleting is
+refused as setting is, and the notes are slots the loop's dict cannot reach.
 """
 
 from __future__ import annotations
@@ -87,6 +90,34 @@ def test_replacing_a_name_the_engine_or_the_view_has_is_refused_and_named(name, 
     assert not verdict.passed and verdict.category == "edits_engine", verdict.message
     assert f"your loop set `engine.{name}`, {says}" in verdict.message, verdict.message
     assert "local variables" in verdict.message and "a new name" in verdict.message
+
+
+@pytest.mark.parametrize("name", ["plans", "schedule", "scheduler"])
+def test_deleting_a_name_the_engine_or_the_view_has_is_refused_and_named(name):
+    """``del engine.plans`` left the checker's own code an AttributeError (a traceback)."""
+    def loop(engine):
+        delattr(engine, name)
+    verdict = checks.check_serial_loop(loop)
+    assert not verdict.passed and verdict.category == "edits_engine", verdict.message
+    assert f"`engine.{name}`" in verdict.message, verdict.message
+
+
+def test_a_loop_writing_the_views_dict_does_not_reach_its_notes():
+    """``vars(engine)["schedules"]`` wrote the note that stops a spinning loop; the notes are
+    slots now, and the loop's dict holds only its own names."""
+    def loop(engine):  # swallows the engine's errors past the end: spins
+        vars(engine)["schedules"] = -10 ** 9
+        while True:
+            try:
+                inputs = engine.prepare_inputs(engine.schedule())
+                engine.launch_forward(inputs)
+                step = engine.launch_sample(inputs)
+                engine.device.wait(step.sample_done)
+                engine.process_outputs(step)
+            except Exception:
+                pass
+    verdict = checks.check_serial_loop(loop)
+    assert verdict.category == "none_plan" and "more time(s)" in verdict.message, verdict.message
 
 
 def test_replacing_process_outputs_in_a_zos_loop_is_still_refused():

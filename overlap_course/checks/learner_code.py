@@ -5,91 +5,30 @@ what stopped it named in the lesson's terms -- never raised to the learner.  Exe
 
 from __future__ import annotations
 
-import inspect
-
 from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
-from toy_engine.engine import Engine
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
 from toy_engine.record import Commit, Refused
 from toy_engine.refusals import DraftsTooDeep, EndTakenBack
 
 from . import pool
+from .engine_view import EngineEdited, EngineView, Spinning
 from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_taken_back,
                         kept_by_edit, settings, settings_edit, spun_by_edit, unplanned_by_edit)
 from .errors import engines, quoted, said
-from .refusals_caught import caught_refusal, kept
+from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
 from .verdict import Verdict, counted, fails, not_implemented
 
 
-class _Observed:
-    """The engine as a learner's loop sees it: every call goes through to the engine;
-    ``schedule`` also notes each round's prompt indexes, so messages can name them."""
-
-    # A loop that swallows the engine's errors may never finish: stop it after far more
-    # schedule() calls than the reference loops make (48 serial rounds on PROMPTS, a few
-    # more None plans in ZOS) and judge the spin.
-    MAX_SCHEDULES = 1000
-
-    # The view's own notes (past_end: schedule() calls after the one that found the end; stale:
-    # launches refused, StaleInputs, caught or not; caught: other refusals, (call, round, error)).
-    NOTES = ("_engine", "watch", "plans", "edits", "schedules", "done_at", "past_end", "stale",
-             "caught")
-
-    def __init__(self, engine: Engine, watch: RequestWatch):
-        for name, value in zip(self.NOTES, (engine, watch, {}, [], 0, None, 0, [], [])):
-            object.__setattr__(self, name, value)
-
-    def schedule(self):
-        object.__setattr__(self, "schedules", self.schedules + 1)
-        if self.schedules > self.MAX_SCHEDULES:
-            raise _Spinning(self.schedules - 1)
-        if self.done_at is not None and not self._engine.scheduler.has_work():
-            object.__setattr__(self, "past_end", self.past_end + 1)
-        plan = self.watch.around(self._engine.schedule)()
-        if plan is not None:
-            self.plans[plan.round] = [r.index for r in plan.requests]
-        elif self.done_at is None and not self._engine.scheduler.has_work():
-            object.__setattr__(self, "done_at", max(self.plans, default=0))  # asked for a round after the end
-        return plan
-
-    def __getattr__(self, name):
-        value = getattr(self._engine, name)
-        mine = inspect.ismethod(value) and value.__self__ is self._engine
-        return self.watch.around(kept(value, name, self)) if mine else value
-
-    def __setattr__(self, name, value):
-        """A new name holds the loop's own state on this view, for this run; others are refused."""
-        if hasattr(type(self._engine), name) or name in vars(self._engine):
-            kind = "method" if callable(getattr(type(self._engine), name, None)) else "attribute"
-            what = f"which replaces the engine's {kind} `{name}`"
-        elif name in self.NOTES or hasattr(type(self), name):
-            what = "a name the checker uses on the engine it hands your loop, for its own notes"
-        else:
-            return object.__setattr__(self, name, value)
-        self.edits.append((name, what))
-        raise _EngineEdited(name, what)
-
-
-
-class _Spinning(BaseException):
-    """Stops a learner's loop that keeps going: a BaseException, so that an ``except
-    Exception`` in the loop cannot swallow it."""
-
-
 class _PastTheEnd(Exception):
     """A learner's loop went on after ``schedule()`` returned None with every request finished:
     with that None (``args``: last round, the error it hit, calls after), or, skipping it, with
-    more ``schedule()`` calls (last round, None or the checker's _Spinning, how many): a loop
+    more ``schedule()`` calls (last round, None or the checker's Spinning, how many): a loop
     of a fixed number of rounds, which a longer run would cut short (blind round 23)."""
-
-
-class _EngineEdited(AttributeError):
-    """A learner's loop tried to replace an attribute of a checker's shared engine."""
 
 
 def _edited(name: str, what: str) -> Verdict:
@@ -122,7 +61,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     observed, attributes = {}, set(vars(engine))
 
     def watched(real_engine):
-        view = _Observed(real_engine, RequestWatch(real_engine._run.requests))
+        view = EngineView(real_engine, RequestWatch(real_engine._run.requests))
         observed["view"], observed["settings"] = view, settings(real_engine._run.requests)
         try:
             loop(view)
@@ -132,16 +71,16 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     try:
         outs = engine.generate(prompts, loop=watched, **args)
         err = None
-    except (Exception, _Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
+    except (Exception, Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
     finally:
         pool.forget_edits(engine, attributes)
     view = observed.get("view")
     if view is not None and view.edits:
-        err = _EngineEdited(*view.edits[0])
+        err = EngineEdited(*view.edits[0])
     elif view is not None and view.done_at is not None and (
             isinstance(err, (AttributeError, TypeError)) or view.past_end and (
-                err is None or isinstance(err, _Spinning))):
+                err is None or isinstance(err, Spinning))):
         err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
     log.stale, log.caught = (view.stale, view.caught) if view is not None else ([], [])
@@ -155,9 +94,9 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
 
 def _stopped_by_checker(err) -> Verdict | None:
     """The verdict for a run the checker itself stopped: the loop edited the engine, or spun."""
-    if isinstance(err, _EngineEdited):
+    if isinstance(err, EngineEdited):
         return _edited(*err.args)
-    if isinstance(err, _Spinning):
+    if isinstance(err, Spinning):
         return _spinning(err.args[0])
     if isinstance(err, _PastTheEnd):
         last, cause, again = err.args
