@@ -44,7 +44,8 @@ class EngineView:
         if plan is not None:
             self.plans[plan.round] = [r.index for r in plan.requests]
         elif self.done_at is None and not self._engine.scheduler.has_work():
-            object.__setattr__(self, "done_at", max(self.plans, default=0))  # asked for a round after the end
+            # asked for a round after the end
+            object.__setattr__(self, "done_at", max(self.plans, default=0))
         return plan
 
     def __getattr__(self, name):
