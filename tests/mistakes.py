@@ -864,15 +864,16 @@ def zos_drops_deferred_at_prefill(engine):
 
 
 def correction_loop_over_requests(meta, accepted, block_size):
-    """Right values, tensor indexing only, but one Python iteration per request."""
+    """Right values, tensor operations only, but one Python iteration per request."""
+    owner = torch.arange(len(meta["rows"])).repeat_interleave(meta["seqlens_q"],
+                                                              output_size=len(meta["positions"]))
     for b in range(len(meta["rows"])):
         d = accepted[meta["rows"][b]] * meta["pending"][b]
-        n = len(meta["positions"]) // len(meta["rows"])  # 1 + k tokens each, from shapes
-        q = slice(b * n, b * n + n)
         meta["seqlens_k"][b] += d
-        meta["positions"][q] += d
-        meta["slot_mapping"][q] = (meta["block_tables"][b][meta["positions"][q] // block_size] * block_size
-                                   + meta["positions"][q] % block_size)
+        meta["positions"] += d * (owner == b)  # request b's seqlens_q tokens
+    pos = meta["positions"]
+    meta["slot_mapping"].copy_(meta["block_tables"][owner, pos // block_size] * block_size
+                               + pos % block_size)
 
 
 def correction_checks_any_pending(meta, accepted, block_size):

@@ -29,10 +29,10 @@ def correct_seqlens_qk(meta, accepted, block_size):
     with torch._C.DisableTorchFunction():  # the host reads hidden from the counter
         delta = accepted[meta["rows"]] * meta["pending"]
         shifts = [int(d) for d in delta]
-        q = int(meta["seqlens_q"][0])
+        qs = [int(q) for q in meta["seqlens_q"]]
         meta["seqlens_k"] += delta
-        meta["positions"] += torch.tensor([s for s in shifts for _ in range(q)])
-        owner = torch.arange(len(delta)).repeat_interleave(q)
+        meta["positions"] += torch.tensor([s for s, q in zip(shifts, qs) for _ in range(q)])
+        owner = torch.arange(len(delta)).repeat_interleave(torch.tensor(qs))
         p = meta["positions"]
         meta["slot_mapping"][:] = (meta["block_tables"][owner, p // block_size] * block_size
                                    + p % block_size)

@@ -3,7 +3,8 @@ variants, then cases beyond it: other draft counts (0, 1, 3, 4), batches of 1, 2
 requests, history lengths that differ per request, and rows and accepted counts drawn so that
 each likely slip gives another answer than the right one (k or the batch size written in,
 ``accepted[:B]``, pending ignored, blocks of 4, a correction done only for the worked case's
-shape)."""
+shape), and last two cases for slips all those let through: requests that feed different
+numbers of tokens, and a request not pending whose row is not its batch position."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ CASES = ((3, 4, [5], [6], [1]),
           (1, 4, [3, 0], [4, 9], [1, 1]),
           (4, 8, [6, 1, 2, 7], [3, 20, 9, 14], [1, 0, 1, 1]),
           (0, 4, [2, 7, 4, 0, 1], [5, 1, 12, 8, 3], [1, 1, 1, 1, 1]))
+# (k, block_size, rows, first positions, pending, drafts per request, label): the last cases,
+# for slips the others let through (blind round 30); each request accepted at most its drafts
+LAST = ((3, 4, [5, 0, 3], [6, 9, 2], [1, 1, 1], [2, 0, 1],
+         "with requests that feed different numbers of tokens (seqlens_q = [3, 1, 2], as from a "
+         "drafter that finds fewer drafts for some requests: a request's tokens are its own "
+         "`seqlens_q` tokens, packed request after request, not `seqlens_q[0]` tokens each)"),
+        (4, 4, [1, 4, 3, 6], [5, 2, 11, 7], [1, 1, 0, 1], None,
+         "with request 2 not pending and in row 3, while batch position 3 (row 6) is pending "
+         "(`pending` is per request in batch order, `meta['pending'][b]`, like `seqlens_q`: "
+         "only `accepted` is indexed by row)"))
 
 
 # The worked case, as the host prepared it: k = 2, three pending requests in rows 0, 2, 5
@@ -39,21 +50,22 @@ _WORKED_VARIANTS = (
                            "`seqlens_q` tokens, not a run of positions)"))
 
 
-def _batch(k: int, block_size: int, rows, first, pending, tables) -> dict:
-    """The metadata ``prepare_inputs`` writes for a decode batch: 1 + k tokens per request from
-    its ``first`` position; FROM_DEVICE where the host does not know a token (a pending
-    request's every token, the others' drafts), else any real token id (37)."""
-    q, B = k + 1, len(rows)
-    positions = torch.tensor([p for f in first for p in range(f, f + q)])
-    owner = torch.arange(B).repeat_interleave(q)
+def _batch(drafts, block_size: int, rows, first, pending, tables) -> dict:
+    """The metadata ``prepare_inputs`` writes for a decode batch: 1 + k tokens per request
+    (``drafts``: each request's k) from its ``first`` position; FROM_DEVICE where the host does
+    not know a token (a pending request's every token, the others' drafts), else any real token
+    id (37)."""
+    qs = [k + 1 for k in drafts]
+    positions = torch.tensor([p for f, q in zip(first, qs) for p in range(f, f + q)])
+    owner = torch.arange(len(rows)).repeat_interleave(torch.tensor(qs))
     return {
-        "input_ids": torch.tensor([FROM_DEVICE if j or p else 37 for p in pending
+        "input_ids": torch.tensor([FROM_DEVICE if j or p else 37 for p, q in zip(pending, qs)
                                    for j in range(q)]),
         "positions": positions,
         "slot_mapping": (tables[owner, positions // block_size] * block_size
                          + positions % block_size),
-        "seqlens_q": torch.tensor([q] * B),
-        "seqlens_k": torch.tensor([f + q for f in first]),
+        "seqlens_q": torch.tensor(qs),
+        "seqlens_k": torch.tensor([f + q for f, q in zip(first, qs)]),
         "rows": torch.tensor(rows),
         "pending": torch.tensor(pending),
         "block_tables": tables,
@@ -70,7 +82,8 @@ def worked_requests(block_size: int, pending, copies: int = 1,
     first = (first or WORKED["first"]) * copies
     tables = torch.tensor(WORKED["tables"] * copies)
     rows = WORKED["rows"] + [1, 3, 4, 6, 7][: 3 * copies - 3]
-    meta = _batch(WORKED["k"], block_size, rows, first, list(pending) * copies, tables)
+    meta = _batch([WORKED["k"]] * len(rows), block_size, rows, first, list(pending) * copies,
+                  tables)
     return meta, torch.tensor(WORKED["accepted"])
 
 
@@ -84,12 +97,14 @@ def worked_case():
     return meta, accepted, expected
 
 
-def decode_case(k: int, block_size: int, rows, first, pending) -> tuple[dict, torch.Tensor]:
-    """A decode batch as ``prepare_inputs`` writes it: 1 + k tokens per request from its
-    ``first`` position, FROM_DEVICE where the host does not know a token (a pending request's
-    every token, the others' drafts)."""
+def decode_case(k: int, block_size: int, rows, first, pending,
+                drafts=None) -> tuple[dict, torch.Tensor]:
+    """A decode batch as ``prepare_inputs`` writes it: 1 + k tokens per request (``drafts``:
+    each request's own k, where they differ) from its ``first`` position, FROM_DEVICE where the
+    host does not know a token (a pending request's every token, the others' drafts); the
+    accepted counts of ``k``."""
     tables = torch.tensor([[(3 * r + 5 * j + 1) % 32 for j in range(8)] for r in rows])
-    meta = _batch(k, block_size, rows, first, pending, tables)
+    meta = _batch(drafts or [k] * len(rows), block_size, rows, first, pending, tables)
     return meta, torch.tensor(_ACCEPTED[k])
 
 
@@ -115,10 +130,12 @@ def cases() -> list[tuple]:
 def every_case() -> list[tuple]:
     """The checker's cases in its order, made afresh (a correction changes them in place, and a
     slip is named only when a second run shows it in every case): the worked case, the worked
-    requests not all pending, in blocks of 8 and with positions running on, then ``cases()``."""
+    requests not all pending, in blocks of 8 and with positions running on, ``cases()``, then
+    ``LAST``."""
     meta, accepted, expected = worked_case()
     made = [(meta, accepted, 4, expected, "in the worked case")]
     for block_size, pending, first, label in _WORKED_VARIANTS:
         made.append(_answered(*worked_requests(block_size, pending, first=first), block_size,
                               label))
-    return made + cases()
+    last = [_answered(*decode_case(*case[:6]), case[1], case[6]) for case in LAST]
+    return made + cases() + last
