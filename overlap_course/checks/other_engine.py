@@ -16,6 +16,7 @@ from toy_engine.engine import Engine
 from toy_engine.process_device import ProcessDevice
 from toy_engine.scheduler import BlockManager, Scheduler
 
+from .engine_view import EngineView
 from .sandbox import _is_learners
 from .verdict import Verdict, fails
 
@@ -97,7 +98,7 @@ def _parameter(frame, engine: Engine) -> str | None:
     code = frame.f_code
     for name in code.co_varnames[:code.co_argcount]:
         value = frame.f_locals.get(name)
-        if value is engine or inspect.getattr_static(value, "_engine", None) is engine:
+        if value is engine or (type(value) is EngineView and value._engine is engine):
             return name
     return None
 
