@@ -402,7 +402,7 @@ class Run:
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
-            raise stalled(scheduler, scheduling=True, dropped=self.dropped())
+            raise stalled(scheduler, scheduling=True, dropped=self.dropped()) from self.other_thread
         self.idle_schedule = True
 
 

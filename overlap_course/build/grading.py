@@ -50,10 +50,9 @@ c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 from overlap_course.build.judge import autograde_preprocessors
 c.Autograde.autograde_preprocessors = autograde_preprocessors()
 c.Execute.timeout = 300          # a checker runs the engine: several seconds on a busy machine
-# The learner's kernel, which runs the submission before any judge, cannot read the solutions,
-# the gradebook or other submissions (overlap_course/build/kernel_fence.py).
-from overlap_course.build.kernel_fence import KERNEL_ARGUMENTS
-c.Execute.extra_arguments = KERNEL_ARGUMENTS
+# The learner's kernel, which runs the submission before any judge, is started fenced: it
+# cannot read the solutions, the gradebook or other submissions (autograde_preprocessors,
+# overlap_course/build/kernel_fence.py).
 c.ClearSolutions.code_stub = {
     "python": "# YOUR CODE HERE\\nraise NotImplementedError(\\"exercise: write this part\\")"}
 '''

@@ -141,6 +141,7 @@ from pathlib import Path
 
 import nbformat
 
+from overlap_course.build import kernel_fence
 from overlap_course.build.graded import GRADED_CALLS, ROOT, VALUE_ANSWERS
 from overlap_course.build import judge_zygote
 from overlap_course.build.judge_process import signer
@@ -169,7 +170,8 @@ def autograde_preprocessors() -> list:
             return nb, resources
 
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
-    steps.insert(steps.index(Execute) + 1, JudgeInFreshProcess)
+    at = steps.index(Execute)
+    steps[at:at + 1] = [kernel_fence.fenced_execute(), JudgeInFreshProcess]  # the kernel fenced
     return steps
 
 

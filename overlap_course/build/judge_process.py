@@ -193,7 +193,7 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     watch.sealed()
     climbs, is_a, any_, refuse, set_, writing = (_climbs, isinstance, any, PermissionError,
                                                  set, frozenset("wax+"))
-    memory_file, str_ = landlock.MEMORY_FILE.fullmatch, str
+    memory_file, str_, memory_name = landlock.MEMORY_FILE.fullmatch, str, landlock.memory_name()
     real, fsdecode, dirname, absolute, basename, paths = (
         os.path.realpath, os.fsdecode, os.path.dirname, os.path.abspath, os.path.basename,
         (str, bytes, os.PathLike))
@@ -242,7 +242,7 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
                 refuse_write(path)
         if event != "open" or (path := resolved(args[0])) is None:
             return
-        if memory_file(str_(path)):  # the process's memory as a file (round 30: the secret)
+        if memory_name(args[0]) or memory_file(str_(path)):  # its memory as a file (the secret)
             raise refuse(f"the judge does not let a submission read {path}: it is the "
                          f"judge's own memory; a right answer needs none")
         mode, flags = args[1], args[2]

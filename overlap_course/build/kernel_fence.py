@@ -20,17 +20,54 @@ from pathlib import Path
 from overlap_course.build import landlock
 from overlap_course.build.graded import ROOT
 
-__all__ = ["fence", "KERNEL_ARGUMENTS"]
+__all__ = ["fence", "fenced_execute", "launch"]
 
-#: What the course's nbgrader_config.py gives the kernel: nbgrader's default (no history file)
-#: and the fence, run by IPython before the first cell.
-KERNEL_ARGUMENTS = ["--HistoryManager.hist_file=:memory:",
-                    "--IPKernelApp.exec_lines=from overlap_course.build.kernel_fence import fence;"
-                    " fence()"]
+# The kernel's command: ``python -I`` (nothing of the submission's folder on sys.path, no user
+# site, no PYTHON* variables) running :func:`launch`, instead of ``python -m ipykernel_launcher``
+_BOOT = "from overlap_course.build.kernel_fence import launch\nlaunch()\n"
 
 
-def fence() -> None:
-    """Fence this kernel (and what it starts) to the installation and its own folder."""
+def fenced_execute():
+    """nbgrader's ``Execute`` with the kernel started fenced (the course's autograde steps).
+
+    The fence was set by the kernel's ``exec_lines``, after ipykernel had started its threads:
+    Landlock holds for the thread that asks and what it starts later, and round 31's cell
+    queued code on ipykernel's IOPub thread, which read the solution and rewrote the gradebook
+    from a process of its own; and ``-m ipykernel_launcher`` put the submission's folder first
+    on sys.path, so a submitted ``ipykernel_launcher.py`` ran before any fence."""
+    from jupyter_client import AsyncKernelManager
+    from nbgrader.preprocessors import Execute
+
+    class FencedKernelManager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            if "ipykernel_launcher" not in cmd:
+                raise RuntimeError(f"grade with the Python kernel (ipykernel), not: {cmd}")
+            return [sys.executable, "-I", "-c", _BOOT, *cmd[cmd.index("ipykernel_launcher") + 1:]]
+
+    class FencedExecute(Execute):
+        def __init__(self, *args, **kwargs):
+            kwargs["kernel_manager_class"] = FencedKernelManager  # nbgrader sets its own
+            super().__init__(*args, **kwargs)
+
+    return FencedExecute
+
+
+def launch() -> None:
+    """The grading kernel: fenced while it is this one thread, then ipykernel, given the
+    arguments (``-f CONNECTION_FILE``, nbgrader's ``--HistoryManager.hist_file=:memory:``)."""
+    if len(os.listdir("/proc/self/task")) != 1:
+        raise SystemExit("overlap_course: the grading kernel has threads before its fence")
+    connection = sys.argv[sys.argv.index("-f") + 1]
+    os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix="overlap-ipython-")  # writable below
+    fence([connection, os.environ["IPYTHONDIR"]])
+    sys.path.append(os.getcwd())  # a module beside the notebook, found after installed ones
+    from ipykernel import kernelapp
+    kernelapp.launch_new_instance()
+
+
+def fence(own: list[str] = ()) -> None:
+    """Fence this kernel (and what it starts) to the installation, its own folder and ``own``."""
     from overlap_course.build.judge_process import _protected_folders
 
     here = os.getcwd()
@@ -38,7 +75,7 @@ def fence() -> None:
     tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="overlap-kernel-")
     readable = [*map(str, _protected_folders(ROOT)), *landlock.SYSTEM_READS,
                 *landlock.SYSTEM_RUNS, *filter(None, sys.path)]
-    writable = [here, tempfile.tempdir, *landlock.SYSTEM_WRITES]
+    writable = [here, tempfile.tempdir, *own, *landlock.SYSTEM_WRITES]
     why_not = landlock.restrict([p for p in readable if not _holds_private(p)], writable)
     if why_not:
         print(f"overlap_course: the grading kernel runs unfenced: {why_not}", file=sys.stderr)

@@ -21,7 +21,8 @@ import re
 import struct
 import sys
 
-__all__ = ["abi", "restrict", "MEMORY_FILE", "SYSTEM_READS", "SYSTEM_RUNS", "SYSTEM_WRITES"]
+__all__ = ["abi", "restrict", "memory_name", "MEMORY_FILE", "SYSTEM_READS", "SYSTEM_RUNS",
+           "SYSTEM_WRITES"]
 
 #: Folders of the system a judge's imports read (``/proc`` and ``/sys``: the usable CPUs).
 SYSTEM_READS = ("/proc", "/sys", "/etc", "/usr", "/dev/null", "/dev/urandom", "/dev/random")
@@ -32,6 +33,25 @@ SYSTEM_WRITES = ("/dev/null", "/dev/shm")
 #: ``/proc/thread-self/mem``, ``/proc/PID/task/TID/mem``), and the machine's (``kcore``):
 #: under ``/proc``, readable, so the judge's audit hook refuses them by name.
 MEMORY_FILE = re.compile(r"/proc/(kcore|[^/]+/(task/[^/]+/)?mem)")
+
+
+def memory_name():
+    """``named(path)``: whether a path's last part is ``mem`` or ``kcore`` (a process's memory
+    as a file, from any folder, ``dir_fd`` included), decided by C functions bound now.  The
+    judge's audit hook asks it before it resolves a path with ``os.path.realpath``, Python code
+    a cell can rebind (round 31: ``posixpath._joinrealpath`` made ``/proc/self/mem`` resolve to
+    a harmless name).  A path object's ``__fspath__`` is the cells' to write, and may answer
+    the hook and ``open`` differently: what remains of code that runs beside the judge."""
+    fspath, text, decode, is_a = os.fspath, str.__str__, bytes.decode, isinstance
+    rstrip, rpartition, names = str.rstrip, str.rpartition, frozenset(("mem", "kcore"))
+
+    def named(path) -> bool:
+        if is_a(path, int):
+            return False  # a descriptor, opened (and audited) before
+        path = fspath(path)
+        path = text(decode(path, "utf-8", "surrogateescape") if is_a(path, bytes) else path)
+        return rpartition(rstrip(path, "/"), "/")[2] in names
+    return named
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every Linux arch
 _VERSION = 1  # landlock_create_ruleset's flag: answer the ABI version
