@@ -47,7 +47,8 @@ check, and calls the checker:
   course, the toy, the start-up hooks (``*.pth``, ``sitecustomize``) and the interpreter against
   their state when nbgrader started, and trusts no verdict if they changed;
 * where Linux has Landlock, the kernel itself fences each judge's files (and the learner's
-  grading kernel's, :mod:`~overlap_course.build.kernel_fence`) whatever code reaches them:
+  grading kernel's, from its start: :mod:`~overlap_course.build.kernel_fence`, round 31)
+  whatever code reaches them:
   C code such as ``torch.from_file`` or ``sqlite3``, which no audit event reports
   (:mod:`~overlap_course.build.landlock`); a fenced process is not dumpable and its programs
   run without capabilities (none reads its memory, even as root), and from ABI 6 it signals no

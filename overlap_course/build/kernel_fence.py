@@ -1,12 +1,12 @@
-"""The learner's kernel under ``nbgrader autograde``, fenced before its first cell.
+"""The learner's kernel under ``nbgrader autograde``, fenced before it starts.
 
 The kernel runs the submission's cells first, as the grader's user, with no judge around it:
 round six's cheat read the solution there and left it in ``/tmp`` for the judge's run of the
 same cell, and round seven's would leave it in ``/dev/shm``, which the judge's engine must
-share.  Fenced by Landlock (:mod:`overlap_course.build.landlock`) from the course's
-``nbgrader_config.py`` (``c.Execute.extra_arguments``), the kernel reads the installation, the
-system's folders and its own notebook's folder, and writes that folder, a temporary folder of
-its own and shared memory: not the checkout's ``solutions/`` and ``source/``, the gradebook or other
+share.  Fenced by Landlock (:mod:`overlap_course.build.landlock`) as it starts (the course's
+autograde steps run :func:`fenced_execute`), the kernel reads the installation, the system's
+folders and its own notebook's folder, and writes that folder, a temporary folder of its own
+and shared memory: not the checkout's ``solutions/`` and ``source/``, the gradebook or other
 learners' submissions.  Where the system has no Landlock it says so once and runs unfenced.
 """
 
