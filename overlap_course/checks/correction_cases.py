@@ -72,19 +72,33 @@ def _batch(drafts, block_size: int, rows, first, pending, tables) -> dict:
     }
 
 
-def worked_requests(block_size: int, pending, copies: int = 1,
-                    first=None) -> tuple[dict, torch.Tensor]:
+def worked_requests(block_size: int, pending, copies: int = 1, first=None,
+                    drafts=None) -> tuple[dict, torch.Tensor]:
     """The worked case's requests with another block size or other ``pending`` flags, as
     ``prepare_inputs`` writes them (a request that is not pending feeds its newest token,
     known on the host, then FROM_DEVICE draft slots); ``copies`` > 1 repeats the requests
     in other rows (the case for telling a loop over requests from tensor operations);
-    ``first``: other first positions."""
+    ``first``: other first positions; ``drafts``: each request's k (else the worked k)."""
     first = (first or WORKED["first"]) * copies
     tables = torch.tensor(WORKED["tables"] * copies)
     rows = WORKED["rows"] + [1, 3, 4, 6, 7][: 3 * copies - 3]
-    meta = _batch([WORKED["k"]] * len(rows), block_size, rows, first, list(pending) * copies,
-                  tables)
+    meta = _batch(list(drafts or [WORKED["k"]] * 3) * copies, block_size, rows, first,
+                  list(pending) * copies, tables)
     return meta, torch.tensor(WORKED["accepted"])
+
+
+# The worked requests with 1 + [3, 1, 2] tokens each: as many requests and tokens as the worked
+# case's 1 + [2, 2, 2], so only seqlens_q tells the two apart (blind round 31: a map from
+# tokens to requests cached by (batch size, token count) passed every case)
+SAME_SHAPE = [3, 1, 2]
+
+
+def same_shape_case(copies: int) -> tuple:
+    """(meta, accepted, the engine's correction of each field) of ``copies`` times the worked
+    requests with ``SAME_SHAPE``'s drafts, in blocks of 4."""
+    meta, accepted, _, expected, _ = _answered(
+        *worked_requests(4, [1, 1, 1], copies, drafts=SAME_SHAPE), 4, "")
+    return meta, accepted, expected
 
 
 def worked_case():

@@ -123,13 +123,18 @@ def common_mistakes(log: HostLog) -> Verdict | None:
                          f"second time corrupts both. Process each StepState once; in the ZOS loop, clear "
                          f"`previous` once it is processed (`previous = engine.flush(previous)`, and "
                          f"`previous = None` after a prefill)")
-    for r in range(last):
-        if log.first("schedule", r) is not None and log.first("prepare", r) is None:
-            return fails("plan_dropped",
-                         f"{log.who(r)} was scheduled but never prepared or launched: its requests now count "
-                         f"a launched round that will never produce a token. Run every plan that "
-                         f"`engine.schedule()` returns")
-    return corrected_launched_round(log)
+    dropped = dropped_plan(log, last)  # a Verdict that fails is falsy: no `or`
+    return corrected_launched_round(log) if dropped is None else dropped
+
+
+def dropped_plan(log: HostLog, last: int) -> Verdict | None:
+    """The first round before ``last`` that was scheduled but never prepared, or None."""
+    r = next((r for r in range(last) if log.first("schedule", r) is not None
+              and log.first("prepare", r) is None), None)
+    return None if r is None else fails(
+        "plan_dropped", f"{log.who(r)} was scheduled but never prepared or launched: its requests "
+                        f"now count a launched round that will never produce a token. Run every "
+                        f"plan that `engine.schedule()` returns")
 
 
 def sample_before_forward(log: HostLog, r: int, what: str) -> Verdict:

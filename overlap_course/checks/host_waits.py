@@ -13,8 +13,10 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import sandbox
+from . import correction_cases, sandbox
 from .answers import cut
+from .correction_cases import FIELDS, WORKED, worked_requests
+from .verdict import Verdict, counted, fails
 
 
 class HostReads(TorchFunctionMode):
@@ -195,3 +197,70 @@ def _failed_where(err: Exception) -> str:
     why = ("it needs a tensor's value there: a Python number, bool or size taken from a "
            "tensor" if "meta" in said.lower() else f"{type(err).__name__}: {cut(said, 160)}")
     return f"{line}: {why}" if line else why
+
+
+def host_read(seen: HostReads, copies: int) -> Verdict | None:
+    """The verdict on a run for ``3 * copies`` requests that read values on the host, or None."""
+    if not seen.host:
+        return None
+    names = sorted(set(seen.host), key=seen.host.index)
+    return fails("host_read",
+                 f"your correction computes the right values, but it reads tensor values on "
+                 f"the host ({', '.join(names)}: {counted(len(seen.host), 'time')} for "
+                 f"{3 * copies} requests). On a GPU each such read makes the host wait until "
+                 f"the device has computed that value, which is exactly the wait ZOS removes. "
+                 "Keep every step a tensor operation: no `.item()`, `.tolist()`, `.cpu()`, "
+                 "`int(...)` or `if` on a tensor, and no operation whose result's size depends "
+                 "on the values (a boolean mask, `nonzero`, `repeat_interleave` without "
+                 "`output_size`): use `torch.where(cond, a, b)`")
+
+
+def second_call(fn, copies: int) -> tuple[Verdict | None, HostReads]:
+    """A second call for ``3 * copies`` requests and as many tokens, with other seqlens_q
+    (``correction_cases.same_shape_case``): its host reads and values, and its count."""
+    meta, accepted, expected = correction_cases.same_shape_case(copies)
+    held = versions(meta)
+    with HostReads() as seen:
+        fn(meta, accepted, 4)
+    got = {n: meta[n].tolist() for n in FIELDS}
+    if seen.host or got == expected:
+        return host_read(seen, copies), seen
+    if not wrote(meta, held):
+        return stopped(f"a later call (for {3 * copies} requests)"), seen
+    wrong = next(n for n in FIELDS if got[n] != expected[n])
+    return fails("cached", f"your correction passed the cases, but on a second call for "
+                           f"{3 * copies} requests and {len(meta['positions'])} tokens, as the "
+                           f"call before, with seqlens_q = {meta['seqlens_q'].tolist()} (the "
+                           f"call before had {[WORKED['k'] + 1] * 3 * copies}), {wrong} is "
+                           f"{got[wrong]}, expected {expected[wrong]}: something it kept from "
+                           "an earlier call of the same shape (a map from tokens to requests, "
+                           "cached by the batch size or token count?) does not fit this one. "
+                           "Keep only what the shape alone decides (`torch.arange(B)`), or build "
+                           "the map on every call from `meta['seqlens_q']`"), seen
+
+
+def versions(meta: dict) -> dict:
+    """Each of ``meta``'s tensors and its version (an in-place change bumps ``_version``)."""
+    return {n: (t, t._version) for n, t in meta.items()}
+
+
+def wrote(meta: dict, held: dict) -> bool:
+    """Whether a correction wrote into or replaced any of the tensors ``versions`` saw."""
+    return any(meta.get(n) is not t or t._version != v for n, (t, v) in held.items())
+
+
+def changes_nothing(fn) -> bool:
+    """Whether ``fn``, run again on the worked case (tensors with values), changes nothing."""
+    meta, accepted = worked_requests(4, [1, 1, 1])
+    held = versions(meta)
+    fn(meta, accepted, 4)
+    return not wrote(meta, held)
+
+
+def stopped(when: str) -> Verdict:
+    """A correction that passed the cases and changed nothing on ``when`` (blind round 31: a
+    call counter that stops correcting was told it read values on the host)."""
+    return fails("stopped", f"your correction passed the cases, but changed none of the "
+                            f"tensors in `meta` on {when}: does it keep state between calls "
+                            "(a counter, a flag)? The engine calls it for every decode round, "
+                            "and each call must correct its own batch")

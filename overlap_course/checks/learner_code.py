@@ -19,8 +19,8 @@ from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_t
 from .errors import engines, quoted, said
 from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
-from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
-                         sample_before_forward)
+from .host_order import (HostLog, common_mistakes, corrected_old_inputs, dropped_plan,
+                         prepared_twice, sample_before_forward)
 from .verdict import Verdict, counted, fails, not_implemented
 
 
@@ -327,7 +327,9 @@ _ENDED = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length
 
 def _raced(log: HostLog, err: RaceError) -> Verdict:
     if err.kind == "buffer" and err.access == "w":
-        r = err.round
+        r, dropped = err.round, dropped_plan(log, err.round + 2)
+        if dropped is not None:  # round r + 1's plan dropped left round r unprocessed (round 31)
+            return dropped
         return fails("never_processed",
                      f"{log.who(r)}: its step was never waited for and processed, and round {r + 2} "
                      f"reuses its host buffer `{err.buffer}` (rounds alternate between two buffers) while, "
