@@ -27,8 +27,9 @@ class EngineView:
              "caught")
 
     # In slots, not the instance's dict, which the loop's own names use: a loop that writes
-    # ``vars(engine)["schedules"]`` writes a name the slot hides, not the note.
-    __slots__ = (*NOTES, "__dict__")
+    # ``vars(engine)["schedules"]`` writes a name the slot hides, not the note.  Weakly
+    # referenced as any object (a right loop's ``weakref.finalize(engine, ...)``).
+    __slots__ = (*NOTES, "__dict__", "__weakref__")
 
     def __init__(self, engine: Engine, watch: RequestWatch):
         for name, value in zip(self.NOTES, (engine, watch, {}, [], 0, None, 0, [], [])):
