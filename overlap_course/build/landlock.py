@@ -6,8 +6,8 @@ module the next judge imports through the same call's shared mapping, and wrote 
 gradebook through ``sqlite3`` (found by ``/proc/<parent>/cwd``).  A Landlock ruleset, made
 before the submission's first line, holds for every access of the process and its children
 whatever code makes it: the installation and the system's folders can be read (and run), the
-judge's own folder and ``/dev/shm`` (the engine's shared buffers) read and written, and
-nothing else reached at all -- the checkout's ``solutions/``, the course being graded, other
+judge's own folder and ``/dev/shm`` (the engine's shared buffers) read and written (no link or
+FIFO made in them), and nothing else reached at all -- the checkout's ``solutions/``, the course being graded, other
 temporary folders.  Where the kernel has no Landlock (macOS, Windows, older Linux) nothing is
 fenced and :func:`restrict` says so; the audit hook still stands.  Fenced, a process also
 sends no signal out of its fence (ABI 6 and newer) and no other process reads its memory.
@@ -65,6 +65,10 @@ _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _ALL_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
                5: (1 << 16) - 1}
 _READ = _EXECUTE | _READ_FILE | _READ_DIR
+# Not even in its own folders: a link or a FIFO at a name the grader writes later, unfenced
+# (round 32: the kernel's notebook replaced by a link, and nbgrader wrote the graded notebook
+# over another student's submission, the gradebook or nbgrader_config.py)
+_MAKE_FIFO, _MAKE_SYM = 1 << 10, 1 << 12
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | 1 << 14 | 1 << 15  # TRUNCATE, IOCTL_DEV
 
 
@@ -99,7 +103,7 @@ def restrict(readable: list[str], writable: list[str]) -> str | None:
     if ruleset < 0:
         return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
     try:
-        for paths, rights in ((readable, _READ), (writable, handled)):
+        for paths, rights in ((readable, _READ), (writable, handled & ~_MAKE_FIFO & ~_MAKE_SYM)):
             for path in paths:
                 _allow(libc, ruleset, path, rights)
         if libc.prctl(_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(
