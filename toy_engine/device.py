@@ -11,9 +11,13 @@ the stream; ``Device`` checks every launch, host access and free with the race c
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import itertools
 import os
+import sys
 import time
+from collections import ChainMap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +26,36 @@ import torch
 
 from .races import PendingLaunch, RaceChecker, RaceError
 from .record import RunRecord
+
+
+def _lru_cached(function, maxsize, typed):
+    return functools.lru_cache(maxsize, typed)(function)
+
+
+def _lru_by_value(wrapper):
+    """A ``functools.lru_cache`` function: pickle sends it by its name, which a device process
+    cannot find where a notebook (``__main__``) or a judge's cells made it; such a one travels
+    by value instead, rebuilt there around its function, with an empty cache."""
+    module = None if wrapper.__module__ == "__main__" else sys.modules.get(wrapper.__module__)
+    try:
+        if functools.reduce(getattr, wrapper.__qualname__.split("."), module) is wrapper:
+            return wrapper.__reduce__()
+    except AttributeError:  # not found by its name (a module or a cell that is not imported)
+        pass
+    params = wrapper.cache_parameters()
+    return _lru_cached, (wrapper.__wrapped__, params["maxsize"], params["typed"])
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({type(functools.lru_cache(len)): _lru_by_value},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(value) -> bytes:
+    """``cloudpickle.dumps``, with a notebook's ``functools.lru_cache`` functions by value."""
+    with io.BytesIO() as file:
+        _Pickler(file).dump(value)
+        return file.getvalue()
 
 
 class DeviceError(RuntimeError):

@@ -27,7 +27,7 @@ import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
-from .device import Device, DeviceContext, DeviceError
+from .device import Device, DeviceContext, DeviceError, dumps
 from .interrupts import hold_sigint, sigint_blocked
 from . import judged_forkserver
 from .validate import check_float, shown
@@ -312,7 +312,7 @@ class ProcessDevice(Device):
 
     def check_sendable(self, name: str, value) -> None:
         try:
-            cloudpickle.dumps(value)
+            dumps(value)
         except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
             what = value.__qualname__ if isinstance(value, types.FunctionType) else shown(value)
             raise TypeError(f"{name}={what} cannot be sent to the CPU stand-in's device "
@@ -396,9 +396,9 @@ class ProcessDevice(Device):
     def _launch(self, seq, kernel, args, round, stage, record_event):
         # Pickled before SIGINT is held: a plug-in's __reduce__ runs here, and may never return.
         kid = self._kernel_ids.get(kernel)
-        pickled = cloudpickle.dumps(kernel) if kid is None else None
+        pickled = dumps(kernel) if kid is None else None
         if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
-            args = cloudpickle.dumps(args)
+            args = dumps(args)
         with hold_sigint():
             if kid is None:
                 kid = len(self._kernel_ids)

@@ -239,6 +239,42 @@ def second_call(fn, copies: int) -> tuple[Verdict | None, HostReads]:
                            "the map on every call from `meta['seqlens_q']`"), seen
 
 
+# How many more calls of the cases (blind round 32: a counter that stopped correcting after 40
+# calls passed; the CPU stand-in unpickles the correction afresh for each launch, so no state
+# builds up there, where a GPU's device, one thread of this process, would keep it)
+MORE_CALLS = 60
+
+
+def state_kept(fn) -> Verdict | None:
+    """The cases again, ``MORE_CALLS`` calls, then a call whose ``accepted`` is the tensor of the
+    call before, rewritten in place (``correction_cases.next_round``): wrong values where the first
+    calls were right are state kept between calls."""
+    cases = []
+    for call in range(1, MORE_CALLS + 2):
+        if call <= MORE_CALLS:
+            cases = cases or correction_cases.every_case()
+            meta, accepted, block_size, expected, label = cases.pop(0)
+            when = f"call {call} of the cases again, {label}"
+        else:
+            meta, expected = correction_cases.next_round(accepted)
+            block_size, when = 4, ("a call whose `accepted` is the tensor of the call before, "
+                                   "rewritten in place with other counts, as the engine's is "
+                                   "every round (one tensor on the device)")
+        held = versions(meta)
+        fn(meta, accepted, block_size)
+        wrong = next((n for n in FIELDS if meta[n].tolist() != expected[n]), None)
+        if wrong is not None and not wrote(meta, held):
+            return stopped(when)
+        if wrong is not None:
+            return fails("cached", f"your correction passed the cases, but on {when}, {wrong} "
+                                   f"is {meta[wrong].tolist()}, expected {expected[wrong]}: it "
+                                   "keeps state between calls (a counter, a cache keyed by "
+                                   "`id(accepted)` or by anything but the batch's shape). The "
+                                   "engine calls it for every decode round, and each call must "
+                                   "correct its own batch")
+    return None
+
+
 def versions(meta: dict) -> dict:
     """Each of ``meta``'s tensors and its version (an in-place change bumps ``_version``)."""
     return {n: (t, t._version) for n, t in meta.items()}

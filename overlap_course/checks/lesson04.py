@@ -23,7 +23,7 @@ from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read,
-                         second_call, stopped, valueless_failure, versions, wrote)
+                         second_call, state_kept, stopped, valueless_failure, versions, wrote)
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
@@ -217,9 +217,10 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     starts: the notebook packs tokens "request after request, `seqlens_q` tokens each"), four
     with other k and batch sizes, two for slips those let through (requests that feed different
     numbers of tokens; a request not pending whose row is not its batch position:
-    ``correction_cases.LAST``), then a ZOS engine with 3 drafts per
-    round whose text must equal plain greedy decoding and whose every batch's seqlens_k must
-    be the engine's own correction's (``device_state.watched_correction``).
+    ``correction_cases.LAST``); the same cases 60 calls more and one whose ``accepted`` was
+    rewritten in place (``host_waits.state_kept``); then a ZOS engine with 3 drafts per round
+    whose text must equal plain greedy decoding and whose every batch's seqlens_k must be the
+    engine's own correction's (``device_state.watched_correction``).
     """
     started, cases = time.monotonic(), correction_cases.every_case()
     for meta, accepted, block_size, expected, label in cases:
@@ -235,6 +236,12 @@ def check_correction(correct_seqlens_qk) -> Verdict:
         verdict = _stays_on_device(correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
         return fails("raised", f"with 6 requests instead of 3 your correction raised {quoted(err)}")
+    if verdict is not None:
+        return verdict
+    try:
+        verdict = state_kept(correct_seqlens_qk)
+    except Exception as err:  # noqa: BLE001
+        return fails("raised", f"called on the cases again your correction raised {quoted(err)}")
     if verdict is not None:
         return verdict
     engine = pool.engine(num_draft_tokens=pool.DRAFTS)
