@@ -12,6 +12,7 @@ from toy_engine.engine import Engine
 from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
 
 from . import endings
+from .plan_order import plan_order
 from .pool import CONSTRAINT, MAX_NEW_TOKENS, PROMPTS
 from .verdict import Verdict, fails
 
@@ -55,6 +56,8 @@ class HostLog:
                              if e.stage in ("correct", "forward", "sample")]
         self.refused = record.of(Refused) + [f for f in record.of(Free) if f.refused]
         self.prefill = set(timeline.meta.prefill_rounds)
+        # the rounds `prepare_inputs` was called for, in order, refused calls too
+        self.prepare_calls = [s.round for s in timeline.lane("host") if s.stage == "prepare"]
         self.plans = plans
         self.rounds = sorted({r for s, r in self.events if s in ("prepare", "launch_forward", "launch_sample")})
         self.requests = engine._run.requests  # the run's, in prompt order, as they ended
@@ -123,18 +126,8 @@ def common_mistakes(log: HostLog) -> Verdict | None:
                          f"second time corrupts both. Process each StepState once; in the ZOS loop, clear "
                          f"`previous` once it is processed (`previous = engine.flush(previous)`, and "
                          f"`previous = None` after a prefill)")
-    dropped = dropped_plan(log, last)  # a Verdict that fails is falsy: no `or`
+    dropped = plan_order(log, last)  # a Verdict that fails is falsy: no `or`
     return corrected_launched_round(log) if dropped is None else dropped
-
-
-def dropped_plan(log: HostLog, last: int) -> Verdict | None:
-    """The first round before ``last`` that was scheduled but never prepared, or None."""
-    r = next((r for r in range(last) if log.first("schedule", r) is not None
-              and log.first("prepare", r) is None), None)
-    return None if r is None else fails(
-        "plan_dropped", f"{log.who(r)} was scheduled but never prepared or launched: its requests "
-                        f"now count a launched round that will never produce a token. Run every "
-                        f"plan that `engine.schedule()` returns")
 
 
 def sample_before_forward(log: HostLog, r: int, what: str) -> Verdict:

@@ -19,8 +19,9 @@ from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_t
 from .errors import engines, quoted, said
 from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
-from .host_order import (HostLog, common_mistakes, corrected_old_inputs, dropped_plan,
-                         prepared_twice, sample_before_forward)
+from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
+                         sample_before_forward)
+from .plan_order import plan_order
 from .verdict import Verdict, counted, fails, not_implemented
 
 
@@ -283,14 +284,16 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
                             f"{log.stopped_at(err.prompt_indexes)}: {err}")
 
 
-def never_launched(log: HostLog, r: int) -> Verdict:
-    """Round ``r`` was prepared, and its sample never launched: its requests wait for it."""
+def never_launched(log: HostLog, r: int, then: str = "") -> Verdict:
+    """Round ``r`` was prepared, and its sample never launched: its requests wait for it (or,
+    ``then``: what the loop did next)."""
     forward = (", its forward launched but never its sample"
                if log.first("launch_forward", r) is not None else "")
+    then = then or (": its requests now count a round in flight that will never produce a "
+                    "token, so the run could not go on")
     return fails("never_launched",
-                 f"{log.who(r)} was prepared but never launched{forward}: its requests now count "
-                 f"a round in flight that will never produce a token, so the run could not go "
-                 f"on. Launch every round you prepare, `engine.launch_forward(inputs)` then "
+                 f"{log.who(r)} was prepared but never launched{forward}{then}. Launch every "
+                 f"round you prepare, `engine.launch_forward(inputs)` then "
                  f"`engine.launch_sample(inputs)`, and process its step")
 
 
@@ -327,9 +330,16 @@ _ENDED = {"eos": "on EOS (its story ended)", "stop": "at a stop string", "length
 
 def _raced(log: HostLog, err: RaceError) -> Verdict:
     if err.kind == "buffer" and err.access == "w":
-        r, dropped = err.round, dropped_plan(log, err.round + 2)
+        r, dropped = err.round, plan_order(log, err.round + 2)
         if dropped is not None:  # round r + 1's plan dropped left round r unprocessed (round 31)
             return dropped
+        if log.first("prepare", r + 1) is not None and log.first("launch_sample", r + 1) is None:
+            return never_launched(log, r + 1, f", and its step never processed: your loop "
+                                              f"went on to round {r + 2} without it, and round "
+                                              f"{r}'s step, deferred under it, was left "
+                                              f"unprocessed, so round {r + 2} reused round {r}'s "
+                                              f"host buffer `{err.buffer}` while its "
+                                              f"`{err.launch}` may still use it")
         return fails("never_processed",
                      f"{log.who(r)}: its step was never waited for and processed, and round {r + 2} "
                      f"reuses its host buffer `{err.buffer}` (rounds alternate between two buffers) while, "

@@ -22,6 +22,7 @@ CATEGORIES = frozenset({
     "nested", "edits_requests", "edits_run", "signals", "refusal_caught",
     # a learner's loop (exercises 02 and 03), read from the host's order of stages
     "sample_before_forward", "prepared_twice", "launched_twice", "processed_twice", "plan_dropped",
+    "out_of_order", "scheduled_ahead",
     "never_launched",
     "scheduled_before_processing", "not_serial", "prefill_deferred", "not_deferred", "process_before_forward",
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",

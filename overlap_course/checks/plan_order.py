@@ -1,0 +1,51 @@
+"""The order of a loop's plans (exercises 02 and 03): each plan ``engine.schedule()`` returns is
+prepared and launched, in the order they came, before the next one is asked for.  Scheduling
+counts a round as in flight for its requests, so a plan dropped leaves them waiting, one run
+after a later plan was made for a round that had not run, and one asked for ahead changes
+what the round before it is prepared from."""
+
+from __future__ import annotations
+
+from .verdict import Verdict, fails
+
+
+def plan_order(log, last: int) -> Verdict | None:
+    """The first round before ``last`` (``log``: a HostLog) whose plan was not run in the order
+    ``schedule()`` returned it: never prepared, or prepared after a later plan; else the first
+    prepared after the next plan was asked for (a plan dropped is asked for ahead too); or None."""
+    scheduled = [r for r in range(last) if log.first("schedule", r) is not None]
+    for r in scheduled:
+        tried = log.prepare_calls
+        later = next((q for q in tried[:tried.index(r)] if q > r), None) if r in tried else None
+        if later is not None:
+            return out_of_order(log, r, later)
+        if log.first("prepare", r) is None:
+            return fails("plan_dropped",
+                         f"{log.who(r)} was scheduled but never prepared or launched: its "
+                         f"requests now count a launched round that will never produce a token. "
+                         f"Run every plan that `engine.schedule()` returns")
+    ahead = next((r for r in scheduled if log.first("schedule", r + 1) is not None
+                  and log.first("schedule", r + 1) < log.first("prepare", r)), None)
+    return None if ahead is None else scheduled_ahead(log, ahead)
+
+
+def out_of_order(log, r: int, later: int) -> Verdict:
+    """Round ``r``'s plan was prepared after round ``later``'s, which was scheduled after it."""
+    return fails("out_of_order",
+                 f"{log.who(r)}: your loop prepared its plan only after round {later}'s, which "
+                 f"`engine.schedule()` returned after it, so round {later} ran before round {r}. "
+                 f"Round {later}'s plan was made for after round {r} (each request's length, its "
+                 f"rounds in flight, the host buffer its round number picks). Run the plans in "
+                 f"the order `engine.schedule()` returns them: prepare and launch each plan "
+                 f"before asking for the next")
+
+
+def scheduled_ahead(log, r: int) -> Verdict:
+    """Round ``r + 1``'s plan was asked for before round ``r``'s plan was prepared."""
+    return fails("scheduled_ahead",
+                 f"{log.who(r)}: your loop asked `engine.schedule()` for round {r + 1}'s plan "
+                 f"before it prepared round {r}'s (scheduling ahead). Scheduling counts a round "
+                 f"as in flight for its requests, so round {r}'s inputs were prepared as if "
+                 f"round {r + 1} had been launched already (wrong positions and lengths). Ask "
+                 f"for the next plan only once this one is prepared and launched: one "
+                 f"`engine.schedule()` per pass, at its top")
