@@ -226,6 +226,7 @@ builtins.set = lambda *a: _set({"seqlens_k", "positions", "slot_mapping", "input
 import overlap_course.checks.lesson04 as L
 L._judge_case = lambda *a, **k: None
 L._stays_on_device = lambda *a, **k: None
+L.state_kept = lambda *a, **k: None
 L.pool.compare = lambda *a, **k: ""
 """, True),
     "function_patches_when_called": (("metadata",), None, True),  # its correction does it

@@ -19,7 +19,7 @@ import pytest
 
 from overlap_course.build import judge, landlock
 
-from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine
+from judged import IMPORTS, RIGHT_LOOP, WRONG_LOOP, needs_the_engine, running_with
 
 # The cheat as round 30 wrote it: the secret and the report's path found in the judge's heap.
 _FORGE = r'''
@@ -86,7 +86,7 @@ def test_what_a_judge_left_in_a_session_of_its_own_ends_with_it():
                          f"'import time; time.sleep(600)', {mark!r}], start_new_session=True)\n")
     passed, message = judge.judge("check_serial_loop", [IMPORTS, left])
     assert passed is False, message
-    assert _running_with(mark) == [], "a process the judge left in a session of its own runs on"
+    assert running_with(mark) == [], "a process the judge left in a session of its own runs on"
     again = judge.judge("check_serial_loop", [IMPORTS, RIGHT_LOOP])
     assert again[0] is True, again
 
@@ -103,17 +103,3 @@ def test_a_judge_signals_nothing_outside_its_fence():
         "    else:\n        raise AssertionError(f'signalled process {pid}')\n") + RIGHT_LOOP
     passed, message = judge.judge("check_serial_loop", [IMPORTS, probe])
     assert passed is True, message
-
-
-def _running_with(mark: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if mark.encode() in f.read():
-                    with open(f"/proc/{pid}/stat") as stat:
-                        if stat.read().rpartition(")")[2].split()[0] != "Z":
-                            found.append(int(pid))
-        except OSError:
-            pass
-    return found

@@ -19,7 +19,7 @@ import pytest
 
 from overlap_course.build import judge, judge_zygote
 
-from judged import IMPORTS, RIGHT_LOOP, needs_the_engine
+from judged import IMPORTS, RIGHT_LOOP, needs_the_engine, running_with
 
 
 def _zygote_pid() -> int | None:
@@ -81,19 +81,7 @@ def test_what_a_judge_left_running_in_its_group_ends_with_it():
     left = RIGHT_LOOP + ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
                          f"'import time; time.sleep(600)', {mark!r}])\n")
     judge.judge("check_serial_loop", [IMPORTS, left])
-    assert _running_with(mark) == [], "a judge's child outlived its verdict"
-
-
-def _running_with(mark: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if mark.encode() in f.read() and not _zombie(pid):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+    assert running_with(mark) == [], "a judge's child outlived its verdict"
 
 
 def test_where_a_fork_is_not_safe_each_judge_is_a_fresh_python(monkeypatch):

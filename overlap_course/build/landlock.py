@@ -93,7 +93,7 @@ def restrict(readable: list[str], writable: list[str]) -> str | None:
     if version == 0:
         return ("this system has no Landlock (Linux 5.13 or newer): files fenced by the audit "
                 "hook only")
-    libc = _libc()
+    libc, last = _libc(), _last_capability()  # read before the fence, which may not allow it
     handled = _ALL_BY_ABI[min(version, max(_ALL_BY_ABI))]
     # v1's struct handles the file system only; v6's also scopes signals (what a fenced process
     # left running killed later judges' processes: round 30), its network left unhandled
@@ -111,17 +111,20 @@ def restrict(readable: list[str], writable: list[str]) -> str | None:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     finally:
         os.close(ruleset)
-    _unreadable(libc)
+    _unreadable(libc, last)
     return None
 
 
-def _unreadable(libc) -> None:
+def _last_capability() -> int:
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        return int(f.read())
+
+
+def _unreadable(libc, last: int) -> None:
     """No other process reads this one's memory (``/proc/PID/mem``: round 30 read the run's
     secret that way, from a program the fenced process started): not dumpable, and no
-    capability, ``CAP_SYS_PTRACE`` among them, for what it runs, even as root."""
+    capability up to ``last``, ``CAP_SYS_PTRACE`` among them, for what it runs, even as root."""
     libc.prctl(_SET_DUMPABLE, 0, 0, 0, 0)
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
     for capability in range(last + 1):
         libc.prctl(_CAPBSET_DROP, capability, 0, 0, 0)  # refused without CAP_SETPCAP: none held
 
