@@ -125,6 +125,8 @@ def _swept() -> None:
                 pass
         try:
             os.waitpid(-1, 0)  # its children, orphaned as it ends, are the zygote's next
+            while os.waitpid(-1, os.WNOHANG)[0]:  # and those already ended, before the next
+                pass  # scan of /proc (one scan per reap: 2,000 left made a judge 54 s, not 5 s)
         except ChildProcessError:
             return
 
