@@ -16,7 +16,8 @@ kept between calls?), whether it stops before the loop rule's calls or on the ru
 c: exercise 03, a ZOS loop that calls ``engine.schedule()`` once more at the first decode round
 (a look-ahead whose plan it drops) was told round 1's step was never processed and its buffer
 reused by round 3; the cause is round 2's plan, scheduled and never run. The race now names the
-dropped plan between, as the same slip at a prefill is named.
+dropped plan between, as the same slip at a prefill is named. Since round 33 the engine refuses
+round 1's plan, prepared after round 2's was planned: the loop is told it scheduled ahead.
 
 Right answers pass: the cached-arange correction, one with a counter that corrects every call,
 and a right ZOS loop."""
@@ -151,9 +152,11 @@ def look_ahead_dropped(engine):
 
 def test_c_a_decode_plan_dropped_is_named_not_the_buffer_race_it_causes():
     v = checks.check_zos_loop(look_ahead_dropped)
-    assert not v.passed and v.category == "plan_dropped", v
-    assert v.message.startswith("round 2 (decode"), v.message
-    assert "scheduled but never prepared or launched" in v.message, v.message
-    assert "Run every plan" in v.message and "buffer" not in v.message, v.message
+    # Since round 33 the engine refuses round 1's plan, prepared after round 2's was planned
+    # (PlannedSince): the loop stops there, and the look-ahead is what it is told.
+    assert not v.passed and v.category == "scheduled_ahead", v
+    assert v.message.startswith("round 1 (decode"), v.message
+    assert "round 2's plan before it prepared round 1's" in v.message, v.message
+    assert "one `engine.schedule()` per pass" in v.message and "buffer" not in v.message
     v = checks.check_zos_loop(right_zos_loop())
     assert v.passed, v.message

@@ -12,8 +12,9 @@ and round 5 reuses its host buffer"): the race now names round 4, prepared (its 
 launched) but its sample never launched and its step never processed.
 c: a loop that calls ``schedule()`` for round N+1 before preparing round N (then runs every plan
 once, in order) was told "round 23 ... was flushed before round 24 was even scheduled"; its
-round N is prepared as if round N+1 were launched already (the engine gives other text). It is
-now told it scheduled ahead, naming the first two rounds.
+round N is prepared as if round N+1 were launched already (the engine gave other text; since
+round 33 it refuses the plan: ``PlannedSince``). It is now told it scheduled ahead, naming the
+first two rounds.
 
 Right loops pass: the reference ZOS loop, and one that keeps its plans in a queue, in order."""
 

@@ -83,6 +83,20 @@ class PreparedTwice(RuntimeError):
         self.round, self.latest, self.ran = round, latest, ran
 
 
+class PlannedSince(RuntimeError):
+    """prepare_inputs was given round ``round``'s plan after engine.schedule() had planned
+    round ``latest``: scheduling counts a round in flight, so this one's lengths are stale."""
+
+    def __init__(self, round: int, latest: int):
+        super().__init__(f"prepare_inputs was given round {round}'s plan, but engine.schedule() "
+                         f"has planned round {latest} since: planning it counted round {round} "
+                         f"as launched (each request's length and rounds in flight), so round "
+                         f"{round}'s inputs would be prepared for the wrong positions. Prepare "
+                         f"and launch each plan before asking for the next, and run the plans "
+                         f"in the order engine.schedule() returns them")
+        self.round, self.latest = round, latest
+
+
 class StageInPlugin(RuntimeError):
     """A round's stage (``stage``) called from inside a plug-in or another stage (``inside``)."""
 

@@ -18,7 +18,7 @@ from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
 from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
-                       PlannedPastLimit, PreparedTwice, RunEnded, SampleBeforeForward,
+                       PlannedPastLimit, PlannedSince, PreparedTwice, RunEnded, SampleBeforeForward,
                        StaleInputs, StateReplaced, StepProcessedTwice)
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
@@ -157,6 +157,8 @@ class RoundStages:
         rnd = run.check_plan("prepare_inputs", plan)[0]
         if rnd in run.prepared or rnd in run.committed:
             raise PreparedTwice(rnd, run.latest, rnd in run.committed)
+        if rnd != run.latest:  # a later plan moved its requests' lengths (round 32)
+            raise PlannedSince(rnd, run.latest)
         run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         run.check_planned(plan)

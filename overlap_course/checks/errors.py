@@ -12,7 +12,7 @@ import toy_engine
 from toy_engine.races import RaceError
 from toy_engine.buffers import BadOutputs
 from toy_engine.refusals import (CommitStoppedEarly, DraftsTooDeep, EndTakenBack, HandedBeside,
-                                  OtherTokens)
+                                  OtherTokens, PlannedSince)
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
@@ -69,6 +69,7 @@ _FIELDS = {
     ForeignStep: {"round": lambda x: type(x) is int,
                   "what": lambda x: type(x) is str and x in ("step", "plan")},
     PreparedTwice: {"round": lambda x: type(x) is int, "latest": lambda x: type(x) is int},
+    PlannedSince: {"round": lambda x: type(x) is int, "latest": lambda x: type(x) is int},
     SampleBeforeForward: {"round": lambda x: type(x) is int},
     StageInPlugin: {"stage": lambda x: type(x) is str},
     StaleInputs: {"stage": lambda x: type(x) is str, "round": lambda x: type(x) is int,

@@ -10,7 +10,7 @@ from toy_engine.races import RaceError
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
 from toy_engine.record import Commit, Refused
-from toy_engine.refusals import DraftsTooDeep, EndTakenBack
+from toy_engine.refusals import DraftsTooDeep, EndTakenBack, PlannedSince
 
 from . import pool
 from .engine_view import EngineEdited, EngineView, Spinning
@@ -21,7 +21,7 @@ from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
-from .plan_order import plan_order
+from .plan_order import plan_order, planned_since
 from .verdict import Verdict, counted, fails, not_implemented
 
 
@@ -134,6 +134,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = sample_before_forward(log, err.round, "came before `launch_forward`")
     if verdict is None and engines(err, PreparedTwice):
         verdict = prepared_twice(log, err.round, err.latest)
+    if verdict is None and engines(err, PlannedSince):
+        verdict = planned_since(log, err.round)
     if verdict is None and engines(err, EndTakenBack):
         verdict = end_taken_back(err)
     if verdict is None and engines(err, DraftsTooDeep):

@@ -29,6 +29,13 @@ def plan_order(log, last: int) -> Verdict | None:
     return None if ahead is None else scheduled_ahead(log, ahead)
 
 
+def planned_since(log, r: int) -> Verdict:
+    """The engine refused round ``r``'s plan at ``prepare_inputs``, a later round's planned
+    since (``PlannedSince``): a later plan prepared first is named, else scheduling ahead."""
+    later = next((q for q in log.prepare_calls if q > r), None)
+    return scheduled_ahead(log, r) if later is None else out_of_order(log, r, later)
+
+
 def out_of_order(log, r: int, later: int) -> Verdict:
     """Round ``r``'s plan was prepared after round ``later``'s, which was scheduled after it."""
     return fails("out_of_order",
@@ -45,7 +52,7 @@ def scheduled_ahead(log, r: int) -> Verdict:
     return fails("scheduled_ahead",
                  f"{log.who(r)}: your loop asked `engine.schedule()` for round {r + 1}'s plan "
                  f"before it prepared round {r}'s (scheduling ahead). Scheduling counts a round "
-                 f"as in flight for its requests, so round {r}'s inputs were prepared as if "
-                 f"round {r + 1} had been launched already (wrong positions and lengths). Ask "
-                 f"for the next plan only once this one is prepared and launched: one "
-                 f"`engine.schedule()` per pass, at its top")
+                 f"as in flight for its requests, so round {r}'s inputs would be prepared as if "
+                 f"round {r + 1} had been launched already (wrong positions and lengths: the "
+                 f"engine refuses it). Ask for the next plan only once this one is prepared and "
+                 f"launched: one `engine.schedule()` per pass, at its top")

@@ -1,0 +1,76 @@
+"""Issue 34, round thirty-three (the engine): plans prepared out of the order ``schedule()``
+returned them.  Planning a round counts it in flight for its requests (their lengths, their
+rounds in flight), so a plan prepared after a later one was planned reads lengths already moved
+past it: a plain ZOS loop that asked for round N+1's plan before preparing round N's returned
+other text with no error, and one that ran two plans newer first stopped on a bare race on the
+host buffer ``meta1``.  ``prepare_inputs`` now refuses a plan that is not the last one planned
+(``PlannedSince``, naming both rounds), and the engine stays usable."""
+
+from __future__ import annotations
+
+import pytest
+
+import toy_engine as te
+from toy_engine.refusals import PlannedSince
+
+PROMPTS = ["the quick brown fox", "hello world", "once upon a time"]
+
+
+def _run(engine, plan, previous):
+    inputs = engine.prepare_inputs(plan)
+    if previous is not None:
+        engine.correct_on_device(inputs)
+    engine.launch_forward(inputs)
+    if previous is not None:
+        engine.process_outputs(previous)
+    step = engine.launch_sample(inputs)
+    if plan.is_prefill:
+        engine.process_outputs(step)
+        return None
+    return step
+
+
+def ahead(engine):
+    """Asks for the next decode plan before preparing this one, then runs each in order."""
+    previous, queue = None, []
+    while engine.scheduler.has_work() or queue:
+        if not queue:
+            queue.append(engine.schedule())
+        plan = queue.pop(0)
+        if plan is not None and not plan.is_prefill and engine.scheduler.has_work():
+            queue.append(engine.schedule())
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        previous = _run(engine, plan, previous)
+
+
+def newer_first(engine):
+    """Takes two decode plans and runs them newer first."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            previous = engine.flush(previous)
+            continue
+        nxt = engine.schedule() if not plan.is_prefill else None
+        if nxt is not None:
+            previous = _run(engine, nxt, previous)
+        previous = _run(engine, plan, previous)
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("loop, later", [(ahead, "has planned round 2 since"),
+                                         (newer_first, "has planned round 2 since")])
+def test_a_plan_prepared_after_a_later_one_was_planned_is_refused(loop, later, drafts):
+    config = te.EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=drafts)
+    with te.Engine(config) as engine:
+        reference = [o.text for o in engine.generate(PROMPTS, max_new_tokens=8)]
+        with pytest.raises(PlannedSince) as raised:
+            engine.generate(PROMPTS, max_new_tokens=8, loop=loop)
+        assert (raised.value.round, raised.value.latest) == (1, 2)
+        assert "round 1's plan" in str(raised.value) and later in str(raised.value)
+        assert "before asking for the next" in str(raised.value)
+        # nothing lost: the call's requests ended, the engine drained and usable
+        assert not engine.scheduler.has_work()
+        assert [o.text for o in engine.generate(PROMPTS, max_new_tokens=8)] == reference
