@@ -300,3 +300,15 @@ def stopped(when: str) -> Verdict:
                             f"tensors in `meta` on {when}: does it keep state between calls "
                             "(a counter, a flag)? The engine calls it for every decode round, "
                             "and each call must correct its own batch")
+
+
+def scripted() -> Verdict:
+    """A correction compiled by ``torch.jit.script``: TorchScript runs it where no
+    ``TorchFunctionMode`` sees its operations, so neither the counts nor the run on tensors
+    without values can tell whether it reads the host (round 32 called one a host read)."""
+    return fails("scripted", "your correction is compiled by `torch.jit.script`: TorchScript "
+                             "runs it outside the Python the checker watches, so the checker can "
+                             "neither count its tensor operations nor run it on tensors that "
+                             "hold no values, and cannot tell whether it reads the host. Pass "
+                             "the plain function (`def`, without `torch.jit.script`): the "
+                             "engine calls it as it is")

@@ -22,7 +22,7 @@ from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
-from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read,
+from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read, scripted,
                          second_call, state_kept, stopped, valueless_failure, versions, wrote)
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 
@@ -223,6 +223,8 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     engine's own correction's (``device_state.watched_correction``).
     """
     started, cases = time.monotonic(), correction_cases.every_case()
+    if isinstance(correct_seqlens_qk, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+        return scripted()
     for meta, accepted, block_size, expected, label in cases:
         try:
             verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)

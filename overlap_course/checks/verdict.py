@@ -56,7 +56,7 @@ CATEGORIES = frozenset({
     "accepted_by_batch", "pending_ignored", "first_token_only", "block_size_hardcoded", "seqlens_q",
     "seqlens_k", "positions", "slot_mapping", "host_read", "python_loop", "engine_error", "engine_mismatch",
     "input_field", "unknown_field", "missing_field", "unchanged_field", "changed_input", "no_shift",
-    "cached", "stopped",
+    "cached", "stopped", "scripted",
     # 05: ownership and lifetime, and exercise 05's process_outputs
     "misses_current_round", "misses_in_flight", "already_processed", "missed_abort_round",
     "missed_extra_step", "serial_discards_nothing", "nothing_discarded", "too_many", "wrong_slot",
