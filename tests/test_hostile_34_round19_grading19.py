@@ -132,21 +132,23 @@ def test_the_judge_and_the_grader_sign_alike():
 
 
 def test_real_nbgrader_gives_the_cheats_nothing(tmp_path):
-    """nbgrader autograde of exercise 02: the solution and a right loop get full marks, and a
-    wrong loop none beside a cell that forges the report (``json``'s encoder), beside a cell
-    that loosens the audit hook (``Watch.foreign``, round twenty), or whose cheat runs inside
-    the check.  Each student costs about 45 s of nbgrader: the other cheats of rounds nineteen
-    and twenty are graded by the same judge below (``judge.judge``, which nbgrader's
-    preprocessor calls), and test_grading.py's cheat test grades through nbgrader alike."""
+    """nbgrader autograde of exercise 02: a right loop gets full marks, and a wrong loop none
+    beside a cell that forges the report (``json``'s encoder), beside a cell that loosens the
+    audit hook (``Watch.foreign``, round twenty), or whose cheat runs inside the check.  Each
+    student costs about 18 s (one student's autograde took 22 s here, 3 s of it nbgrader's own
+    start; the kernel 8 s, the two judges 10 s): the other cheats of rounds nineteen and twenty
+    are graded by the same judge below (``judge.judge``, which nbgrader's preprocessor calls),
+    test_grading.py's cheat test grades through nbgrader alike, and its first test gives every
+    exercise's solution full marks (no solution student here)."""
     pytest.importorskip("nbgrader", reason="nbgrader is in the dev extra")
     needs_the_engine()
     from test_hostile_34_round20_judge20 import CELL_CHEATS
-    students = {"solution": (None, ""), "right": (RIGHT_LOOP, ""),
+    students = {"right": (RIGHT_LOOP, ""),
                 "json_default_encoder": (WRONG_LOOP, CHEATS["json_default_encoder"]),
                 "in_check": (_IN_CHECK, ""),
                 "class_foreign": (WRONG_LOOP, CELL_CHEATS["class_foreign"])}
     scores = serial_loop_scores(tmp_path / "course", students)
-    assert scores == {s: (3.0 if s in ("solution", "right") else 0.0) for s in students}
+    assert scores == {s: (3.0 if s == "right" else 0.0) for s in students}
 
 
 # Round nineteen (b): the judge's code after the cells looks its functions up by name in its
