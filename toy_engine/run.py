@@ -11,11 +11,12 @@ from . import kernels
 from .device import Event
 from .flights import Flights
 from .refusals import (FixedChanged, ForeignStep, InflightChanged,  # noqa: F401
-                       PlacementChanged, PreparedTwice, RunEnded, SampleBeforeForward,
+                       PlacementChanged, PlannedSince, PreparedTwice, RunEnded, SampleBeforeForward,
                        StageInPlugin, StaleInputs, StateReplaced,  # exported: the checks'
                        StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
+from .stalls import EngineStalled, stalled  # noqa: F401 - exported: the engine's, the checks'
 from .validate import plugin_label, shown
 
 
@@ -71,27 +72,6 @@ class StepState(_SetOnce):
     def owner(self) -> int:
         """What owns the round's results, as spans and race reports name it: its round."""
         return self.plan.round
-
-
-class EngineStalled(RuntimeError):
-    """The loop cannot make progress; ``reason``, for a checker: ``"unprocessed_inflight"`` (a
-    round in flight never processed: a deferred step dropped, a plan never launched),
-    ``"finished_kept_blocks"`` (finished requests keep blocks and rows),
-    ``"loop_returned_with_work"``, ``"not_planned"`` (a schedule found no
-    round for unfinished requests with nothing in flight: a plug-in's ``wants_more`` or
-    ``commit``, or changed fields); ``"no_progress"``: rounds commit nothing (a per_request
-    commit or a process_outputs plug-in, ``Run.check_progress``).  ``prompt_indexes``:
-    positions in the call; ``request_ids``: ids."""
-
-    REASONS = ("unprocessed_inflight", "finished_kept_blocks", "loop_returned_with_work",
-               "not_planned", "no_progress")
-
-    def __init__(self, message: str, *, reason: str, requests=()):
-        super().__init__(message)
-        assert reason in self.REASONS, reason
-        self.reason = reason
-        self.prompt_indexes = [r.index for r in requests]
-        self.request_ids = [r.id for r in requests]
 
 
 @dataclass
@@ -220,6 +200,37 @@ class Run:
                "the device in the plan's order and its tokens are handed out in that order, so "
                "they would reach the wrong prompts; do not change a plan, sort a copy: "
                "sorted(plan.requests, key=...)") + ")")
+
+    def check_next(self, plan) -> int:
+        """The round of ``plan``, which prepare_inputs may prepare now: this run's, as made, not
+        prepared before, and the last plan made: planning counts a round in flight for its
+        requests, so a plan prepared after a later one reads lengths already moved past it
+        (round 32: other text, or a bare race on ``meta1``)."""
+        if plan.run is not self:  # as a step's run is checked (stages' _own)
+            raise ForeignStep(plan.round, what="plan")
+        if self.ended:
+            raise RunEnded("prepare_inputs", plan.round, "plan")
+        rnd = self.check_plan("prepare_inputs", plan)[0]
+        if rnd in self.prepared or rnd in self.committed:
+            raise PreparedTwice(rnd, self.latest, rnd in self.committed)
+        if rnd != self.latest:
+            raise PlannedSince(rnd, self.latest)
+        return rnd
+
+    def explained(self, err: Exception) -> Exception:
+        """``err`` (a race on a host buffer, drafts too deep), raised as a later round is
+        prepared, with its cause when an earlier plan was dropped (``continue`` before its
+        sample): the step deferred under it was never processed, and its requests still count
+        that round (round 33: the engine named only the race)."""
+        dropped = [(r, prepared) for r, prepared in self.dropped() if r < self.latest]
+        if dropped:
+            r, prepared = dropped[0]
+            how = ("prepared but its sample never launched" if prepared else
+                   "scheduled but never prepared or launched")
+            err.args = (f"{err.args[0]}. The cause: round {r}'s plan was {how}, so its requests "
+                        f"still count it in flight and the step deferred before it was never "
+                        f"processed; run every plan engine.schedule() returns, once",)
+        return err
 
     def who(self) -> str:
         """Who calls the stages now, as messages name it: the plug-in running, else the loop."""
@@ -421,60 +432,3 @@ ROUND_STAGES = {"schedule", "prepare_inputs", "correct_on_device", "launch_forwa
 def _copy(value):
     """A field's value as it is now (a list is copied: it may be changed in place)."""
     return list(value) if type(value) is list else value
-
-
-def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
-    """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
-    nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
-    planned but never launched (``Run.dropped``), whose requests wait for them."""
-    def names(reqs):
-        return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
-
-    stuck = [r for r in scheduler.running if r.num_inflight]
-    kept = [r for r in scheduler.running if r.finished]
-    left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
-    if stuck and dropped:
-        r, prepared = dropped[0]
-        how = ("was prepared but its sample never launched (engine.launch_forward(inputs), "
-               "then engine.launch_sample(inputs), then process the step)" if prepared else
-               "was scheduled but never prepared or launched (was engine.schedule() called "
-               "again before it ran?)")
-        reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still count{'s' * (len(stuck) == 1)} a round that will never "
-            f"run: round {r}'s plan {how}; run every plan engine.schedule() returns, once")
-    elif stuck:
-        reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for launched rounds whose "
-            f"results were never processed; was a deferred step dropped instead of processed or "
-            f"flushed?")
-    elif kept:
-        blocked = "waiting requests can never start" if scheduler.waiting else "the scheduler always has work"
-        reason, reqs, msg = "finished_kept_blocks", kept, (
-            f"{names(kept)} finished but still hold their KV blocks and rows, so {blocked}; free "
-            f"finished requests")
-    elif scheduling:
-        reason, reqs, msg = "not_planned", left, (
-            f"engine.schedule() found no round to plan for {names(left)}, unfinished with "
-            f"nothing in flight: {_unplanned(left[0])}")
-    else:
-        reason, reqs, msg = "loop_returned_with_work", left, (
-            f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; keep "
-            f"scheduling rounds while the scheduler has work")
-    return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
-
-
-def _unplanned(req) -> str:
-    """Why no round plans ``req``, unfinished with nothing in flight: a plug-in may set its own
-    ``wants_more`` or ``commit`` on a request (as the course's ``per_request`` does)."""
-    if req.row < 0:
-        return (f"prompt {req.index} waits for a batch row and KV blocks that never come free "
-                f"(were rows or blocks taken out of engine.scheduler?)")
-    has = f"prompt {req.index} has {len(req.output_ids)} of its {req.max_new_tokens} tokens"
-    if "wants_more" in vars(req) and Request.wants_more(req):  # the engine's own would say yes
-        return (f"{has} and no finish_reason, yet its wants_more, replaced on the request by a "
-                f"plug-in, answers False: it must want more rounds until it is finished")
-    why = ("its commit, replaced on the request by a plug-in, did not end it"
-           if "commit" in vars(req) else
-           "its fields were changed outside the engine's commit (by a plug-in or the loop)")
-    return (f"{has} and no finish_reason: {why}, so it wants no more rounds and nothing ends it; "
-            f"set req.finish_reason where a request ends")

@@ -17,9 +17,10 @@ from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .record import RunRecord
+from .races import RaceError
 from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
-                       PlannedPastLimit, PlannedSince, PreparedTwice, RunEnded, SampleBeforeForward,
-                       StaleInputs, StateReplaced, StepProcessedTwice)
+                       PlannedPastLimit, RunEnded, SampleBeforeForward, StaleInputs, StateReplaced,
+                       StepProcessedTwice)
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
@@ -150,20 +151,12 @@ class RoundStages:
         _takes("prepare_inputs", plan, Plan)
         rows = check_rows(rows, plan.requests, self.config.max_batch_size)
         run = self._run
-        if plan.run is not run:  # as a step's run is checked (_own)
-            raise ForeignStep(plan.round, what="plan")
-        if run.ended:
-            raise RunEnded("prepare_inputs", plan.round, "plan")
-        rnd = run.check_plan("prepare_inputs", plan)[0]
-        if rnd in run.prepared or rnd in run.committed:
-            raise PreparedTwice(rnd, run.latest, rnd in run.committed)
-        if rnd != run.latest:  # a later plan moved its requests' lengths (round 32)
-            raise PlannedSince(rnd, run.latest)
+        rnd = run.check_next(plan)
         run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         run.check_planned(plan)
         if k and (deep := next((r for r in plan.requests if r.num_inflight > 2), None)):
-            raise DraftsTooDeep(plan.round, deep.index, deep.num_inflight - 1, k)
+            raise run.explained(DraftsTooDeep(plan.round, deep.index, deep.num_inflight - 1, k))
         self._check_blocks(plan, k)
         with self.timeline.host_span(Stage.PREPARE, plan.round):
             cols = self._metadata(plan, k, rows or [r.row for r in plan.requests])
@@ -173,8 +166,11 @@ class RoundStages:
             blocks = frozenset(b for r in plan.requests for b in r.blocks)
             inputs = run.keep(RoundInputs(plan, plan.round % run.num_slots, len(cols["input_ids"]),
                                           nb, max(cols["seqlens_q"]), blocks, run))
-            buffers.write_inputs(self.device, self.layout, inputs.slot, cols,
-                                 [r.temperature for r in plan.requests], nb)
+            try:
+                buffers.write_inputs(self.device, self.layout, inputs.slot, cols,
+                                     [r.temperature for r in plan.requests], nb)
+            except RaceError as err:  # the cause, if a plan before this one was dropped
+                raise run.explained(err)
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
                                round=plan.round, stage=Stage.UPLOAD,
                                reads={buffers.meta_buffer(inputs.slot), buffers.temps_buffer(inputs.slot)})
