@@ -54,3 +54,47 @@ def test_a_scripted_correction_is_told_it_cannot_be_checked(module):
 def test_the_same_correction_plain_passes(module):
     v = checks.check_correction(module.correct_seqlens_qk)
     assert v.passed, v.message
+
+
+# A right correction that slices its token map from a table made once in the notebook: the CPU
+# stand-in's device process receives a notebook's function by value, its globals with it, at
+# every launch (round 33: 128 MB made exercise 04's check run past its 30 s limit and be told
+# its code never ended; 64 MB took 25.8 s).
+TABLE_CORRECTION = '''
+def correct_seqlens_qk(meta, accepted, block_size):
+    B = len(meta["seqlens_q"])
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.repeat_interleave(TABLE[:B], meta["seqlens_q"],
+                                    output_size=len(meta["positions"]))
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    p = meta["positions"]
+    meta["slot_mapping"].copy_(meta["block_tables"][owner, p // block_size] * block_size
+                               + p % block_size)
+'''
+
+
+def _notebook_correction(entries: int):
+    """The correction as a notebook defines it (``__main__``: sent by value), with a table."""
+    import torch
+    space = {"__name__": "__main__", "torch": torch, "TABLE": torch.arange(entries)}
+    exec(compile(TABLE_CORRECTION, "<cell>", "exec"), space)
+    return space["correct_seqlens_qk"]
+
+
+def test_a_correction_carrying_a_large_table_is_refused_naming_it():
+    import toy_engine as te
+    config = te.EngineConfig(mode="zos", max_batch_size=3, num_draft_tokens=2)
+    with te.Engine(config) as engine:
+        with pytest.raises(TypeError) as raised:
+            engine.generate(["Once upon"], max_new_tokens=4,
+                            correction=_notebook_correction(2_000_000))
+        said = str(raised.value)
+        assert "carries 16.0 MB" in said and "`TABLE` (16.0 MB)" in said, said
+        assert "at most 10 MB" in said and "inside the function" in said, said
+        small = _notebook_correction(100_000)  # 0.8 MB: sent, and right
+        outs = engine.generate(["Once upon"], max_new_tokens=4, correction=small)
+        assert outs[0].finish_reason == "length"
+    v = checks.check_correction(_notebook_correction(2_000_000))
+    assert not v.passed and "`TABLE` (16.0 MB)" in v.message, v
+    assert "still running" not in v.message, v.message

@@ -133,12 +133,14 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 4,946 until round thirty-three refused a plan prepared after a later one was planned (it read
 # lengths already moved past it: other text, or a bare race on meta1; PlannedSince): 16;
 # 4,962 until a race or a too-deep refusal at a prepare named the plan dropped before it as its
-# cause (Run.explained; the stall's explanations moved to stalls.py, with a docstring): 33.
+# cause (Run.explained; the stall's explanations moved to stalls.py, with a docstring): 33;
+# 4,995 until a correction carrying more than 10 MB to the device process at every launch (a
+# notebook's table, sent by value) was refused naming its globals (device.too_heavy): 34.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 4995, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5029, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -17,6 +17,7 @@ import itertools
 import os
 import sys
 import time
+import types
 from collections import ChainMap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,34 @@ def dumps(value) -> bytes:
     with io.BytesIO() as file:
         _Pickler(file).dump(value)
         return file.getvalue()
+
+
+#: The most a plug-in may carry to the CPU stand-in's device process: it is pickled, sent and
+#: unpickled at every launch (round 33: a correction reading an 8 MB table took exercise 04's
+#: check 7.5 s instead of 4 s, 64 MB 25.8 s, and 128 MB ran past its 30 s limit).
+MAX_SENT_BYTES = 10_000_000
+
+
+def too_heavy(label: str, value, sent: int) -> str:
+    """Why the plug-in ``label`` (``value``, ``sent`` bytes pickled) is refused: with the largest
+    globals its code reads, which cloudpickle sends with a notebook's function."""
+    heavy = {}
+    functions = [value] if isinstance(value, types.FunctionType) else []
+    for fn in functions:  # and the functions it closes over (a checker's wrapper of yours)
+        functions += [c.cell_contents for c in fn.__closure__ or () if isinstance(
+            c.cell_contents, types.FunctionType) and c.cell_contents not in functions]
+        for name in (n for n in fn.__code__.co_names if n in fn.__globals__):
+            try:
+                heavy[name] = len(dumps(fn.__globals__[name]))
+            except Exception:  # noqa: BLE001 - a global that cannot be pickled was not sent
+                continue
+    named = ", ".join(f"`{name}` ({size / 1e6:.1f} MB)" for name, size in sorted(
+        heavy.items(), key=lambda item: -item[1])[:2] if size > MAX_SENT_BYTES / 10)
+    return (f"{label} carries {sent / 1e6:.1f} MB to the CPU stand-in's device process at every "
+            f"launch (it receives a notebook's function by value, with the globals its code reads"
+            f"{': ' + named if named else ''}); at most {MAX_SENT_BYTES / 1e6:.0f} MB: make such a "
+            f"table inside the function from the call's sizes (torch.arange(len(...))), or keep "
+            f"what it reads small")
 
 
 class DeviceError(RuntimeError):
@@ -195,7 +224,7 @@ class Device:
     def spans(self, paced: bool = False) -> list[tuple]: raise NotImplementedError
     def take_launch_latencies_ms(self) -> list[float]: return []  # since the last call; none here
     def close(self) -> None: pass
-    def check_sendable(self, name: str, value) -> None: pass  # refuse a plug-in it could not run
+    def check_sendable(self, name: str, value) -> int: return 0  # bytes sent at each launch
 
     def failure(self) -> str | None:
         """Why this device can no longer be used (closed, dead, link broken), or None."""

@@ -22,7 +22,7 @@ from .config import (MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_correction,
                      check_kv_cache_size, plain_config, replaced_config)
 from .constraint import make_constraint
 from .data import CharTokenizer
-from .device import DeviceError, make_device
+from .device import MAX_SENT_BYTES, DeviceError, make_device, too_heavy
 from .drafter import ngram_table
 from .interrupts import hold_sigint
 from .model import TinyGPT, load_model
@@ -152,6 +152,12 @@ class Engine(RoundStages):
             _wait_for_exit()  # a run in another thread, cut by Python's exit: nothing to report
             raise
 
+    def _check_correction(self, correction, loop) -> None:
+        """A correction this engine can call, and send to its device at every launch."""
+        check_correction(correction, self.config, loop)
+        if (sent := self.device.check_sendable("correction", correction)) > MAX_SENT_BYTES:
+            raise TypeError(too_heavy(f"correction={plugin_label(correction)}", correction, sent))
+
     def _generate(self, prompts, max_new_tokens, stop, temperature, seed, plugins: dict):
         self._check_config()
         for name, plugin in plugins.items():
@@ -160,8 +166,7 @@ class Engine(RoundStages):
                 check_takes(name, plugin, PLUGIN_CALLS[name])
         correction = plugins["correction"]
         if correction is not None:  # refused now, not rounds into the run at its first launch
-            check_correction(correction, self.config, plugins["loop"])
-            self.device.check_sendable("correction", correction)
+            self._check_correction(correction, plugins["loop"])
         requests = self._make_requests(prompts, max_new_tokens, stop, temperature, seed)
         # Each called through a check of its answer: one that never ran its body is refused.
         checked = {name: None if plugin is None else body_checked(name, plugin)

@@ -310,9 +310,9 @@ class ProcessDevice(Device):
 
     # -- the link: whole messages only -----------------------------------------------
 
-    def check_sendable(self, name: str, value) -> None:
+    def check_sendable(self, name: str, value) -> int:
         try:
-            dumps(value)
+            return len(dumps(value))  # the bytes it carries to the device at each launch
         except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
             what = value.__qualname__ if isinstance(value, types.FunctionType) else shown(value)
             raise TypeError(f"{name}={what} cannot be sent to the CPU stand-in's device "
