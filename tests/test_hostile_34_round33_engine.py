@@ -20,50 +20,11 @@ import toy_engine as te
 from toy_engine.races import RaceError
 from toy_engine.refusals import DraftsTooDeep, PlannedSince
 
+# round 32's loops: one asks for the next plan before preparing this one, one runs two plans
+# newer first
+from test_hostile_34_round32_ex03 import scheduled_ahead as ahead, swapped_pairs as newer_first
+
 PROMPTS = ["the quick brown fox", "hello world", "once upon a time"]
-
-
-def _run(engine, plan, previous):
-    inputs = engine.prepare_inputs(plan)
-    if previous is not None:
-        engine.correct_on_device(inputs)
-    engine.launch_forward(inputs)
-    if previous is not None:
-        engine.process_outputs(previous)
-    step = engine.launch_sample(inputs)
-    if plan.is_prefill:
-        engine.process_outputs(step)
-        return None
-    return step
-
-
-def ahead(engine):
-    """Asks for the next decode plan before preparing this one, then runs each in order."""
-    previous, queue = None, []
-    while engine.scheduler.has_work() or queue:
-        if not queue:
-            queue.append(engine.schedule())
-        plan = queue.pop(0)
-        if plan is not None and not plan.is_prefill and engine.scheduler.has_work():
-            queue.append(engine.schedule())
-        if plan is None:
-            previous = engine.flush(previous)
-            continue
-        previous = _run(engine, plan, previous)
-
-
-def newer_first(engine):
-    """Takes two decode plans and runs them newer first."""
-    previous = None
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        if plan is None:
-            previous = engine.flush(previous)
-            continue
-        nxt = engine.schedule() if not plan.is_prefill else None
-        if nxt is not None:
-            previous = _run(engine, nxt, previous)
-        previous = _run(engine, plan, previous)
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
