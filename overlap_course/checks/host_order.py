@@ -12,7 +12,7 @@ from toy_engine.engine import Engine
 from toy_engine.record import Commit, Free, Launch, Refused, Schedule, Wait
 
 from . import endings
-from .plan_order import plan_order
+from .plan_order import plan_order, planned_early
 from .pool import CONSTRAINT, MAX_NEW_TOKENS, PROMPTS
 from .verdict import Verdict, fails
 
@@ -212,7 +212,8 @@ def deferred(log: HostLog) -> int:
 
 def _zos_order(log: HostLog) -> Verdict | None:
     """The ZOS rules, round by round: prefill at once, decode deferred under the next
-    forward and before the next sample, and processed when nothing is left to launch.  Which
+    forward and before the next sample, and processed when nothing is left to launch, each
+    before the next round is planned (:func:`plan_order.planned_early`).  Which
     method processed a step (``process_outputs``, ``flush``, code written inline) does not
     matter here: a deferred step flushed where it belongs is judged last
     (:func:`flushed_with_a_plan`)."""
@@ -220,6 +221,7 @@ def _zos_order(log: HostLog) -> Verdict | None:
         done = log.processing(r)
         if done:
             verdict = _prefill_at_once(log, r, done[0]) if r in log.prefill else _decode_deferred(log, r, done[0])
+            verdict = planned_early(log, r, done[0]) if verdict is None else verdict
             if verdict is not None:
                 return verdict
     return None
@@ -297,11 +299,11 @@ def _decode_deferred(log: HostLog, r: int, at: int) -> Verdict | None:
 
 def _processed_before_next(log: HostLog, r: int, at: int) -> Verdict | None:
     """A decode step processed before the next round was prepared: right only as the flush,
-    when a schedule() since the step's sample found nothing to launch.  The engine records
-    such a schedule under the last launched round (r), one that found a plan under the
-    plan's round."""
+    when a schedule() since the step's forward (its sample changes no plan) found nothing to
+    launch.  The engine records such a schedule under the last launched round (r), one that
+    found a plan under the plan's round."""
     stage = log.events[at][0]
-    schedules = [q for s, q in log.between(log.first("launch_sample", r), at) if s == "schedule"]
+    schedules = [q for s, q in log.between(log.first("launch_forward", r), at) if s == "schedule"]
     found_plan = [q for q in schedules if q > r]
     if schedules and not found_plan:
         return None  # nothing was left to launch: processing it now is the flush, whatever its name
@@ -331,9 +333,8 @@ def _overlapped(log: HostLog) -> Verdict | None:
         sample, forward = log.launches.get(("sample", r)), log.launches.get(("forward", r + 1))
         if r in log.prefill or sample is None or forward is None or forward.enqueued_before_waiting_for(sample):
             continue
-        found_nothing = [q for s, q in log.between(log.first("launch_sample", r), log.first("launch_forward", r + 1))
-                         if s == "schedule" and q <= r]
-        if found_nothing:
+        since = log.between(log.first("launch_forward", r), log.first("launch_forward", r + 1))
+        if any(s == "schedule" and q <= r for s, q in since):  # its sample changes no plan
             continue  # a schedule found nothing to launch until round r was processed: nothing to overlap with
         wait = next((w for w in log.waits if w.seq >= sample.seq), None)
         on = (f"on round {wait.round}'s `{wait.stage}`" if wait is not None else "on the device")

@@ -21,7 +21,7 @@ from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
                          sample_before_forward)
-from .plan_order import plan_order, planned_since
+from .plan_order import plan_order, planned_since, scheduled_ahead
 from .verdict import Verdict, counted, fails, not_implemented
 
 
@@ -136,6 +136,11 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         verdict = prepared_twice(log, err.round, err.latest)
     if verdict is None and engines(err, PlannedSince):
         verdict = planned_since(log, err.round)
+    if verdict is None and (since := next((c for _, _, c in log.caught
+                                           if engines(c, PlannedSince)), None)):
+        verdict = scheduled_ahead(log, since.round, f" with `PlannedSince`, and your loop caught "
+                                                    f"the error and went on without round "
+                                                    f"{since.round}")
     if verdict is None and engines(err, EndTakenBack):
         verdict = end_taken_back(err)
     if verdict is None and engines(err, DraftsTooDeep):

@@ -2,7 +2,8 @@
 prepared and launched, in the order they came, before the next one is asked for.  Scheduling
 counts a round as in flight for its requests, so a plan dropped leaves them waiting, one run
 after a later plan was made for a round that had not run, and one asked for ahead changes
-what the round before it is prepared from."""
+what the round before it is prepared from.  In the ZOS loop (exercise 03) a round is planned
+once the step before it is processed (:func:`planned_early`)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def plan_order(log, last: int) -> Verdict | None:
     return None if ahead is None else scheduled_ahead(log, ahead)
 
 
-def planned_since(log, r: int) -> Verdict:
+def planned_since(log, r: int, caught: str = "") -> Verdict:
     """The engine refused round ``r``'s plan at ``prepare_inputs``, a later round's planned
-    since (``PlannedSince``): a later plan prepared first is named, else scheduling ahead."""
+    since (``PlannedSince``): a later plan prepared first is named, else scheduling ahead
+    (``caught``: said where the loop caught the refusal and went on)."""
     later = next((q for q in log.prepare_calls if q > r), None)
-    return scheduled_ahead(log, r) if later is None else out_of_order(log, r, later)
+    return scheduled_ahead(log, r, caught) if later is None else out_of_order(log, r, later)
 
 
 def out_of_order(log, r: int, later: int) -> Verdict:
@@ -47,12 +49,40 @@ def out_of_order(log, r: int, later: int) -> Verdict:
                  f"before asking for the next")
 
 
-def scheduled_ahead(log, r: int) -> Verdict:
-    """Round ``r + 1``'s plan was asked for before round ``r``'s plan was prepared."""
+def scheduled_ahead(log, r: int, caught: str = "") -> Verdict:
+    """Round ``r + 1``'s plan was asked for before round ``r``'s plan was prepared
+    (``caught``: the engine's refusal that the loop caught, and that it went on)."""
     return fails("scheduled_ahead",
                  f"{log.who(r)}: your loop asked `engine.schedule()` for round {r + 1}'s plan "
                  f"before it prepared round {r}'s (scheduling ahead). Scheduling counts a round "
                  f"as in flight for its requests, so round {r}'s inputs would be prepared as if "
                  f"round {r + 1} had been launched already (wrong positions and lengths: the "
-                 f"engine refuses it). Ask for the next plan only once this one is prepared and "
-                 f"launched: one `engine.schedule()` per pass, at its top")
+                 f"engine refuses it{caught}). Ask for the next plan only once this one is "
+                 f"prepared and launched: one `engine.schedule()` per pass, at its top")
+
+
+def planned_early(log, r: int, at: int) -> Verdict | None:
+    """Exercise 03: round ``r``'s step, processed at event ``at``, must be processed before
+    any plan after the one the lesson's loop makes before it: ``r``'s own for a prefill
+    (processed at once), round ``r + 1``'s for a decode step (processed under round
+    ``r + 1``'s forward).  A later ``schedule()`` call before ``at`` (blind round 33: one
+    right after the forward launch) plans from state a round staler."""
+    prefill = r in log.prefill
+    since = log.first("schedule", r if prefill else r + 1)
+    asked = next((i for i in range(since + 1, at) if log.events[i][0] == "schedule"),
+                 None) if since is not None else None
+    if asked is None:
+        return None
+    nxt = log.events[since][1] + 1
+    stage, q = log.events[asked - 1]
+    got = "" if asked in log.found_plan else " (it returned None: nothing could be planned yet)"
+    how = ("a prefill's step at once, after its sample" if prefill else
+           f"round {r}'s step under round {r + 1}'s forward, before its sample")
+    return fails("scheduled_too_early",
+                 f"{log.who(r)}: your loop asked `engine.schedule()` for round {nxt}'s plan "
+                 f"right after round {q}'s `{stage}`, before it processed round {r}'s step"
+                 f"{got}. The next round was planned before the previous step was processed: "
+                 f"a request that ended in round {r} (a stop string, EOS, its limit) is "
+                 f"planned into round {nxt} as well, for an extra wasted step. Process "
+                 f"{how}, then ask for the next plan at the top of the next pass: one "
+                 f"`engine.schedule()` per pass")
