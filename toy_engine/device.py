@@ -11,6 +11,7 @@ the stream; ``Device`` checks every launch, host access and free with the race c
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import io
 import itertools
@@ -27,6 +28,7 @@ import torch
 
 from .races import PendingLaunch, RaceChecker, RaceError
 from .record import RunRecord
+from .validate import shown
 
 
 def _lru_cached(function, maxsize, typed):
@@ -65,26 +67,64 @@ def dumps(value) -> bytes:
 MAX_SENT_BYTES = 10_000_000
 
 
-def too_heavy(label: str, value, sent: int) -> str:
-    """Why the plug-in ``label`` (``value``, ``sent`` bytes pickled) is refused: with the largest
-    globals its code reads, which cloudpickle sends with a notebook's function."""
-    heavy = {}
-    functions = [value] if isinstance(value, types.FunctionType) else []
-    for fn in functions:  # and the functions it closes over (a checker's wrapper of yours)
-        functions += [c.cell_contents for c in fn.__closure__ or () if isinstance(
-            c.cell_contents, types.FunctionType) and c.cell_contents not in functions]
-        for name in (n for n in fn.__code__.co_names if n in fn.__globals__):
+def sendable(label: str, plugin, value) -> bytes:
+    """``value`` (``plugin``, or a launch's arguments that hold it) pickled for the CPU stand-in's
+    device process, which receives a notebook's function by value, with what it reads; refused
+    with a message naming ``label`` if it cannot be, or carries more than ``MAX_SENT_BYTES``:
+    checked as a run starts and at each launch (a plug-in can grow, or take in a lock, mid-run)."""
+    try:
+        data = dumps(value)
+    except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
+        raise TypeError(f"{label} cannot be sent to the CPU stand-in's device process, which "
+                        f"receives it by value (cloudpickle): {shown(err)}; have it use only what "
+                        f"can be copied (not an engine, a lock, a file or a generator)") from None
+    if len(data) > MAX_SENT_BYTES:
+        heavy = ", ".join(f"{what} ({size / 1e6:.1f} MB)" for size, what in _carried(plugin)[:2])
+        raise TypeError(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
+                        f"process at every launch (it receives a notebook's function by value, "
+                        f"with what it reads{': ' + heavy if heavy else ''}); at most "
+                        f"{MAX_SENT_BYTES / 1e6:.0f} MB: make such a table inside the function "
+                        f"from the call's sizes (torch.arange(len(...))), or keep what it reads "
+                        f"small")
+    return data
+
+
+def _carried(plugin) -> list[tuple[int, str]]:
+    """What a function sends with it, over a tenth of the limit, largest first: the globals its
+    code reads (nested code too: a comprehension's), its defaults, and its closure's values (a
+    function there, as a checker's wrapper holds yours, looked into in turn)."""
+    found, functions = {}, [plugin] if isinstance(plugin, types.FunctionType) else []
+    for fn in functions:
+        parts = [(f"global `{n}`", fn.__globals__[n]) for n in _globals_read(fn.__code__)
+                 if n in fn.__globals__]
+        parts += [(f"default `{n}`", v) for n, v in zip(reversed(fn.__code__.co_varnames[
+            :fn.__code__.co_argcount]), reversed(fn.__defaults__ or ()))]
+        parts += [(f"default `{n}`", v) for n, v in (fn.__kwdefaults__ or {}).items()]
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
-                heavy[name] = len(dumps(fn.__globals__[name]))
-            except Exception:  # noqa: BLE001 - a global that cannot be pickled was not sent
+                parts.append((f"closure variable `{name}`", cell.cell_contents))
+            except ValueError:  # a cell never filled
                 continue
-    named = ", ".join(f"`{name}` ({size / 1e6:.1f} MB)" for name, size in sorted(
-        heavy.items(), key=lambda item: -item[1])[:2] if size > MAX_SENT_BYTES / 10)
-    return (f"{label} carries {sent / 1e6:.1f} MB to the CPU stand-in's device process at every "
-            f"launch (it receives a notebook's function by value, with the globals its code reads"
-            f"{': ' + named if named else ''}); at most {MAX_SENT_BYTES / 1e6:.0f} MB: make such a "
-            f"table inside the function from the call's sizes (torch.arange(len(...))), or keep "
-            f"what it reads small")
+        for what, value in parts:
+            if isinstance(value, types.FunctionType):
+                functions += [value] if value not in functions else []
+                continue
+            try:
+                found[what] = len(dumps(value))
+            except Exception:  # noqa: BLE001 - what cannot be pickled was not sent either
+                continue
+    return sorted(((size, what) for what, size in found.items()
+                   if size > MAX_SENT_BYTES / 10), reverse=True)
+
+
+def _globals_read(code) -> set[str]:
+    """The global names ``code`` reads, with its nested code's (attribute names are not)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL",
+                                                                          "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _globals_read(const)
+    return names
 
 
 class DeviceError(RuntimeError):
@@ -224,7 +264,7 @@ class Device:
     def spans(self, paced: bool = False) -> list[tuple]: raise NotImplementedError
     def take_launch_latencies_ms(self) -> list[float]: return []  # since the last call; none here
     def close(self) -> None: pass
-    def check_sendable(self, name: str, value) -> int: return 0  # bytes sent at each launch
+    def check_sendable(self, label: str, value) -> None: pass  # refuse what it cannot run
 
     def failure(self) -> str | None:
         """Why this device can no longer be used (closed, dead, link broken), or None."""

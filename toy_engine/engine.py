@@ -22,7 +22,7 @@ from .config import (MAX_SLOTS, MAX_TEMPERATURE, EngineConfig, check_correction,
                      check_kv_cache_size, plain_config, replaced_config)
 from .constraint import make_constraint
 from .data import CharTokenizer
-from .device import MAX_SENT_BYTES, DeviceError, make_device, too_heavy
+from .device import DeviceError, make_device
 from .drafter import ngram_table
 from .interrupts import hold_sigint
 from .model import TinyGPT, load_model
@@ -155,8 +155,7 @@ class Engine(RoundStages):
     def _check_correction(self, correction, loop) -> None:
         """A correction this engine can call, and send to its device at every launch."""
         check_correction(correction, self.config, loop)
-        if (sent := self.device.check_sendable("correction", correction)) > MAX_SENT_BYTES:
-            raise TypeError(too_heavy(f"correction={plugin_label(correction)}", correction, sent))
+        self.device.check_sendable(f"correction={plugin_label(correction)}", correction)
 
     def _generate(self, prompts, max_new_tokens, stop, temperature, seed, plugins: dict):
         self._check_config()

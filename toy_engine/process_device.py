@@ -27,10 +27,10 @@ import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
-from .device import Device, DeviceContext, DeviceError, dumps
+from .device import Device, DeviceContext, DeviceError, dumps, sendable
 from .interrupts import hold_sigint, sigint_blocked
 from . import judged_forkserver
-from .validate import check_float, shown
+from .validate import check_float, plugin_label, shown
 
 # What a forkserver imports once for all device processes: torch, their main and the kernels.
 _FORKSERVER_PRELOAD = ["torch", __name__, "toy_engine.kernels"]
@@ -310,15 +310,8 @@ class ProcessDevice(Device):
 
     # -- the link: whole messages only -----------------------------------------------
 
-    def check_sendable(self, name: str, value) -> int:
-        try:
-            return len(dumps(value))  # the bytes it carries to the device at each launch
-        except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
-            what = value.__qualname__ if isinstance(value, types.FunctionType) else shown(value)
-            raise TypeError(f"{name}={what} cannot be sent to the CPU stand-in's device "
-                            f"process, which receives it by value (cloudpickle): {shown(err)}; "
-                            f"have it use only what can be copied (not an engine, a lock, a file "
-                            f"or a generator)") from None
+    def check_sendable(self, label: str, value) -> None:
+        sendable(label, value, value)
 
     def failure(self) -> str | None:
         if self._failure is None and self._error is None and self._link["ok"]:
@@ -397,8 +390,9 @@ class ProcessDevice(Device):
         # Pickled before SIGINT is held: a plug-in's __reduce__ runs here, and may never return.
         kid = self._kernel_ids.get(kernel)
         pickled = dumps(kernel) if kid is None else None
-        if any(callable(a) for a in args):  # a function (maybe from a notebook) travels by value
-            args = dumps(args)
+        if plugins := [a for a in args if callable(a)]:  # a notebook's function: by value
+            args = sendable(f"{plugin_label(plugins[0])} (round {round}'s {stage} launch)",
+                            plugins[0], args)
         with hold_sigint():
             if kid is None:
                 kid = len(self._kernel_ids)

@@ -143,6 +143,7 @@ def body_checked(name: str, plugin):
                             f"calls it holds never happened: map, filter, zip and itertools call "
                             f"nothing until iterated; call the function in a `for` loop")
         return answer
+    checked.label = f"{name}={plugin_label(plugin)}"  # what a message names (as the run's labels)
     return checked
 
 
