@@ -17,6 +17,7 @@ import time
 import torch
 
 import toy_engine
+from toy_engine.validate import plugin_label
 
 # A module's own tensors and submodules: read by value below, not as its settings
 _HELD = ("_parameters", "_buffers", "_modules")
@@ -153,6 +154,7 @@ def watched_correction(correction, deadline: float):
         if changed:
             raise ChangedInputs(f"in a batch of {len(given['seqlens_q'])} request(s), {changed}")
         return answer
+    watched.label = plugin_label(correction)  # what the engine's messages name: the learner's
     return watched
 
 

@@ -90,24 +90,16 @@ def sendable(label: str, plugin, value) -> bytes:
 
 
 def _carried(plugin) -> list[tuple[int, str]]:
-    """What a function sends with it, over a tenth of the limit, largest first: the globals its
-    code reads (nested code too: a comprehension's), its defaults, and its closure's values (a
-    function there, as a checker's wrapper holds yours, looked into in turn)."""
-    found, functions = {}, [plugin] if isinstance(plugin, types.FunctionType) else []
-    for fn in functions:
-        parts = [(f"global `{n}`", fn.__globals__[n]) for n in _globals_read(fn.__code__)
-                 if n in fn.__globals__]
-        parts += [(f"default `{n}`", v) for n, v in zip(reversed(fn.__code__.co_varnames[
-            :fn.__code__.co_argcount]), reversed(fn.__defaults__ or ()))]
-        parts += [(f"default `{n}`", v) for n, v in (fn.__kwdefaults__ or {}).items()]
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                parts.append((f"closure variable `{name}`", cell.cell_contents))
-            except ValueError:  # a cell never filled
-                continue
-        for what, value in parts:
-            if isinstance(value, types.FunctionType):
-                functions += [value] if value not in functions else []
+    """What a plug-in sends with it, over a tenth of the limit, largest first: a function's
+    globals its code reads (nested code too: a comprehension's), its defaults and its closure's
+    values; a partial's arguments; an object's (a bound method's) attributes.  A function among
+    them (a checker's wrapper holds yours; a partial's) is looked into in turn."""
+    found, holders, seen = {}, [plugin], []
+    for holder in holders:
+        for what, value in _parts(holder):
+            if callable(value) and value not in seen and not isinstance(value, type):
+                seen.append(value)
+                holders.append(value)
                 continue
             try:
                 found[what] = len(dumps(value))
@@ -115,6 +107,34 @@ def _carried(plugin) -> list[tuple[int, str]]:
                 continue
     return sorted(((size, what) for what, size in found.items()
                    if size > MAX_SENT_BYTES / 10), reverse=True)
+
+
+def _parts(holder) -> list[tuple[str, object]]:
+    """(what, value): what ``holder`` (a function, partial, method or object) holds by value."""
+    if isinstance(holder, functools.partial):
+        return ([(f"the partial's argument {i}", a) for i, a in enumerate(holder.args)]
+                + [(f"the partial's `{k}=`", v) for k, v in holder.keywords.items()]
+                + [("", holder.func)])
+    if isinstance(holder, types.MethodType):
+        return [("", holder.__self__), ("", holder.__func__)]
+    if not isinstance(holder, types.FunctionType):
+        try:  # read as stored: no property or __getattr__ of the plug-in's runs
+            return [(f"attribute `.{n}`", v) for n, v in object.__getattribute__(
+                holder, "__dict__").items()] if hasattr(type(holder), "__dict__") else []
+        except (AttributeError, TypeError):
+            return []
+    code, parts = holder.__code__, []
+    parts += [(f"global `{n}`", holder.__globals__[n]) for n in _globals_read(code)
+              if n in holder.__globals__]
+    parts += [(f"default `{n}`", v) for n, v in zip(reversed(code.co_varnames[
+        :code.co_argcount]), reversed(holder.__defaults__ or ()))]
+    parts += [(f"default `{n}`", v) for n, v in (holder.__kwdefaults__ or {}).items()]
+    for name, cell in zip(code.co_freevars, holder.__closure__ or ()):
+        try:
+            parts.append((f"closure variable `{name}`", cell.cell_contents))
+        except ValueError:  # a cell never filled
+            continue
+    return parts
 
 
 def _globals_read(code) -> set[str]:

@@ -5,6 +5,7 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 
 from __future__ import annotations
 
+import dis
 import linecache
 import importlib
 import sys
@@ -302,13 +303,52 @@ def stopped(when: str) -> Verdict:
                             "and each call must correct its own batch")
 
 
-def scripted() -> Verdict:
-    """A correction compiled by ``torch.jit.script``: TorchScript runs it where no
-    ``TorchFunctionMode`` sees its operations, so neither the counts nor the run on tensors
-    without values can tell whether it reads the host (round 32 called one a host read)."""
-    return fails("scripted", "your correction is compiled by `torch.jit.script`: TorchScript "
-                             "runs it outside the Python the checker watches, so the checker can "
-                             "neither count its tensor operations nor run it on tensors that "
-                             "hold no values, and cannot tell whether it reads the host. Pass "
-                             "the plain function (`def`, without `torch.jit.script`): the "
-                             "engine calls it as it is")
+_SCRIPTED = (torch.jit.ScriptFunction, torch.jit.ScriptModule)
+
+
+def scripted_part(fn) -> str | None:
+    """What of ``fn`` is compiled by ``torch.jit.script``: ``fn`` itself (``""``), or the name
+    of a scripted helper its code reads (a global, nested code's too, or a closure variable;
+    plain functions among them looked into in turn); None when nothing is (round 34: a right
+    correction calling a scripted helper was called a host read)."""
+    if isinstance(fn, _SCRIPTED):
+        return ""
+    functions = [fn] if isinstance(fn, types.FunctionType) else []
+    for function in functions:
+        code, found = function.__code__, function.__globals__
+        parts = [(n, found[n]) for n in _names_read(code) if n in found]
+        for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+            try:
+                parts.append((name, cell.cell_contents))
+            except ValueError:  # a cell never filled
+                continue
+        for name, value in parts:
+            if isinstance(value, _SCRIPTED):
+                return name
+            if isinstance(value, types.FunctionType) and value not in functions:
+                functions.append(value)
+    return None
+
+
+def _names_read(code) -> set[str]:
+    """The global names ``code`` reads, with its nested code's (attribute names are not)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL",
+                                                                          "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
+
+
+def scripted(helper: str = "") -> Verdict:
+    """A correction compiled by ``torch.jit.script``, or calling a helper that is: TorchScript
+    runs it where no ``TorchFunctionMode`` sees its operations, so neither the counts nor the
+    run on tensors without values can tell whether it reads the host (round 32 called one a
+    host read)."""
+    what = (f"your correction calls `{helper}`, compiled by `torch.jit.script`" if helper else
+            "your correction is compiled by `torch.jit.script`")
+    return fails("scripted", f"{what}: TorchScript runs it outside the Python the checker "
+                             f"watches, so the checker can neither count its tensor operations "
+                             f"nor run it on tensors that hold no values, and cannot tell "
+                             f"whether it reads the host. Pass plain functions (`def`, without "
+                             f"`torch.jit.script`): the engine calls them as they are")

@@ -23,7 +23,8 @@ from .answers import int_list, items, one_number, show
 from .errors import quoted
 from .harness import exercise_check, notebook_check
 from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read, scripted,
-                         second_call, state_kept, stopped, valueless_failure, versions, wrote)
+                         scripted_part, second_call, state_kept, stopped, valueless_failure,
+                         versions, wrote)
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
@@ -223,8 +224,8 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     engine's own correction's (``device_state.watched_correction``).
     """
     started, cases = time.monotonic(), correction_cases.every_case()
-    if isinstance(correct_seqlens_qk, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
-        return scripted()
+    if (helper := scripted_part(correct_seqlens_qk)) is not None:
+        return scripted(helper)
     for meta, accepted, block_size, expected, label in cases:
         try:
             verdict = _judge_case(correct_seqlens_qk, meta, accepted, block_size, expected, label)
