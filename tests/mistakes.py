@@ -1183,6 +1183,8 @@ WRONG = [
            "previous skipped in a prefill round"),
     Answer("03a", "loops forever after the work", zos_loops_forever, "time_limit",
            "while True with except BaseException after the loop"),
+    Answer("03a", "prefill through flush", zos_flush_prefill, "flushed_with_a_plan",
+           "engine.flush(step) for each prefill step, schedule() having returned a plan"),
     Answer("03b", "flush before the last sample", THREE_ROUNDS[:7] + [("flush", 3), ("sample", 3)],
            "flush_before_sample", "the last round flushed before its sample is launched"),
     Answer("03b", "two forwards before a sample", [("forward", 1), ("forward", 2)] + THREE_ROUNDS[1:],
@@ -1243,9 +1245,9 @@ RIGHT = [
     Answer("04a", "searchsorted and gather", correction_gather_form),
     Answer("05", "written out with release_if_done", inline_process),
     # flush is process_outputs under the name the timeline gives the step processed when nothing is left
-    # to launch: which of the two processes a step is not a behaviour the checker can (or should) see
+    # to launch: processing that last step with process_outputs is no mistake (flush where a plan was
+    # found is: "prefill through flush" above)
     Answer("03a", "process_outputs instead of flush", make_zos(flush="process")),
-    Answer("03a", "prefill through flush", zos_flush_prefill),
     # harmless since the run keeps its own tuple of requests: one completion per prompt whatever a plug-in does
     Answer("05", "clears engine.requests", process_clears_requests),
 ]

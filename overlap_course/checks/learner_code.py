@@ -353,8 +353,32 @@ def _raced(log: HostLog, err: RaceError) -> Verdict:
                      f"as far as the host knows, round {r}'s `{err.launch}` may still use it. Every "
                      f"launched step must go through `engine.process_outputs(step)` before its buffer "
                      f"comes round again")
+    if err.kind in ("free_in_use", "double_free"):
+        return _freed_early(log, err)
     return fails("race", f"the race checker stopped your loop ({err.kind}, round {err.round}'s "
                          f"`{err.launch}`): {err}")
+
+
+def _freed_early(log: HostLog, err: RaceError) -> Verdict:
+    """A free the race checker stopped, in the lesson's words (blind round 34: its own text
+    named its kinds and advised a wait on the next round's event, which loses the overlap).
+    (A ``launch_on_free`` needs a step processed before the next forward: the order names it.)"""
+    done = [r for s, r in log.events if s in log.PROCESSING]
+    who = f"{log.who(done[-1])}: your loop" if done else "your loop"
+    blocks = f"the KV cache of prompt {err.prompt} (blocks {err.blocks})"
+    if err.kind == "double_free":
+        return fails("double_free",
+                     f"{who} freed {blocks} a second time: it was freed already, and a pool that "
+                     f"took it back twice would hand a block to two requests. Free each finished "
+                     f"request once: `engine.process_outputs(step)` frees the finished ones, "
+                     f"`engine.scheduler.release_if_done(req)` only what is still held")
+    extra = (" (the extra step: under ZOS the finished request is already in the next launched "
+             "round)" if done and err.round > done[-1] else "")
+    return fails("free_in_use",
+                 f"{who} freed {blocks} while round {err.round}'s `{err.launch}`, launched and "
+                 f"not yet waited for, still uses it{extra}. Free a finished request only when "
+                 f"`req.num_inflight == 0` (`engine.scheduler.release_if_done(req)`, as "
+                 f"`engine.process_outputs` does), not after an extra wait")
 
 
 def _went_on_without_plan(log: HostLog, err: BaseException, mode: str) -> Verdict | None:
