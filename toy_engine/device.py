@@ -124,7 +124,7 @@ def _parts(holder) -> list[tuple[str, object]]:
         except (AttributeError, TypeError):
             return []
     code, parts = holder.__code__, []
-    parts += [(f"global `{n}`", holder.__globals__[n]) for n in _globals_read(code)
+    parts += [(f"global `{n}`", holder.__globals__[n]) for n in globals_read(code)
               if n in holder.__globals__]
     parts += [(f"default `{n}`", v) for n, v in zip(reversed(code.co_varnames[
         :code.co_argcount]), reversed(holder.__defaults__ or ()))]
@@ -137,13 +137,13 @@ def _parts(holder) -> list[tuple[str, object]]:
     return parts
 
 
-def _globals_read(code) -> set[str]:
+def globals_read(code) -> set[str]:
     """The global names ``code`` reads, with its nested code's (attribute names are not)."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL",
                                                                           "LOAD_NAME")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _globals_read(const)
+            names |= globals_read(const)
     return names
 
 

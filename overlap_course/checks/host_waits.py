@@ -5,7 +5,6 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 
 from __future__ import annotations
 
-import dis
 import linecache
 import importlib
 import sys
@@ -13,6 +12,8 @@ import types
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from toy_engine.device import globals_read
 
 from . import correction_cases, sandbox
 from .answers import cut
@@ -316,7 +317,7 @@ def scripted_part(fn) -> str | None:
     functions = [fn] if isinstance(fn, types.FunctionType) else []
     for function in functions:
         code, found = function.__code__, function.__globals__
-        parts = [(n, found[n]) for n in _names_read(code) if n in found]
+        parts = [(n, found[n]) for n in globals_read(code) if n in found]
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             try:
                 parts.append((name, cell.cell_contents))
@@ -328,16 +329,6 @@ def scripted_part(fn) -> str | None:
             if isinstance(value, types.FunctionType) and value not in functions:
                 functions.append(value)
     return None
-
-
-def _names_read(code) -> set[str]:
-    """The global names ``code`` reads, with its nested code's (attribute names are not)."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL",
-                                                                          "LOAD_NAME")}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_read(const)
-    return names
 
 
 def scripted(helper: str = "") -> Verdict:
