@@ -1244,9 +1244,9 @@ RIGHT = [
     Answer("04a", "pending from input_ids == FROM_DEVICE", correction_pending_from_input_ids),
     Answer("04a", "searchsorted and gather", correction_gather_form),
     Answer("05", "written out with release_if_done", inline_process),
-    # flush is process_outputs under the name the timeline gives the step processed when nothing is left
-    # to launch: processing that last step with process_outputs is no mistake (flush where a plan was
-    # found is: "prefill through flush" above)
+    # flush is process_outputs under the name the timeline gives the step processed when nothing is
+    # left to launch: processing that last step with process_outputs is no mistake (flush where a
+    # plan was found is: "prefill through flush" above)
     Answer("03a", "process_outputs instead of flush", make_zos(flush="process")),
     # harmless since the run keeps its own tuple of requests: one completion per prompt whatever a plug-in does
     Answer("05", "clears engine.requests", process_clears_requests),

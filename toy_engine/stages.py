@@ -16,8 +16,8 @@ from .constraint import TitleCase
 from .data import CharTokenizer
 from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
-from .record import RunRecord
 from .races import RaceError
+from .record import RunRecord
 from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
                        PlannedPastLimit, RunEnded, SampleBeforeForward, StaleInputs, StateReplaced,
                        StepProcessedTwice)

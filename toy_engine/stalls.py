@@ -51,7 +51,8 @@ def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
             f"results were never processed; was a deferred step dropped instead of processed or "
             f"flushed?")
     elif kept:
-        blocked = "waiting requests can never start" if scheduler.waiting else "the scheduler always has work"
+        blocked = ("waiting requests can never start" if scheduler.waiting else
+                   "the scheduler always has work")
         reason, reqs, msg = "finished_kept_blocks", kept, (
             f"{names(kept)} finished but still hold their KV blocks and rows, so {blocked}; free "
             f"finished requests")
@@ -61,8 +62,8 @@ def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
             f"nothing in flight: {_unplanned(left[0])}")
     else:
         reason, reqs, msg = "loop_returned_with_work", left, (
-            f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; keep "
-            f"scheduling rounds while the scheduler has work")
+            f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; "
+            f"keep scheduling rounds while the scheduler has work")
     return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
 
 
