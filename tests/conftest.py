@@ -15,6 +15,23 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True)
+def _collector_left_unfrozen():
+    """The judge's look freezes the garbage collector's objects (``gc.freeze``) until its watch
+    ends: a test that leaves them frozen hides every object of this worker from the next test's
+    look, which then calls a library's weakref older than the look new (stop 55's CI: a sqlalchemy
+    callback named in round 27's test, after round 15's watch was never ended).  Such a test fails
+    here, and the objects are unfrozen for the tests after it."""
+    import gc
+
+    frozen_before = gc.get_freeze_count()
+    yield
+    if gc.get_freeze_count() and not frozen_before:
+        gc.unfreeze()
+        pytest.fail("this test left the garbage collector's objects frozen (gc.freeze): end the "
+                    "judge's watch it made (`watch.weakrefs_end()`) in a `finally`", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def shipped():
     """The shipped model and its alphabet, loaded once."""

@@ -40,14 +40,17 @@ def test_the_watchs_own_hook_turned_off_is_judged_by_the_verdict_not_blamed_at_o
     while the hook is still set: a lost hook; with another profile set, the submission's."""
     call, watch = _in_submission(), Watch()
     watch.changes = lambda: []  # the check is running
-    sys.setprofile(watch.hook)
     try:
+        sys.setprofile(watch.hook)
+        try:
+            call(lambda: watch.audited("sys.setprofile", ()))
+        finally:
+            sys.setprofile(None)
+        assert watch.lost and watch.hooks == []
         call(lambda: watch.audited("sys.setprofile", ()))
+        assert watch.hooks == ["sys.setprofile"]
     finally:
-        sys.setprofile(None)
-    assert watch.lost and watch.hooks == []
-    call(lambda: watch.audited("sys.setprofile", ()))
-    assert watch.hooks == ["sys.setprofile"]
+        watch.weakrefs_end()  # its hook's look froze the collector's objects
 
 
 def test_a_loop_that_sleeps_past_the_limit_gets_the_time_out_verdict():
