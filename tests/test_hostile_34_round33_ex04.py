@@ -98,3 +98,6 @@ def test_a_correction_carrying_a_large_table_is_refused_naming_it():
     v = checks.check_correction(_notebook_correction(2_000_000))
     assert not v.passed and "`TABLE` (16.0 MB)" in v.message, v
     assert "still running" not in v.message, v.message
+    # refused on the host, as the run starts: nothing failed on the device (session 11)
+    assert "the engine refused to send your correction to its device" in v.message, v.message
+    assert "failed on the device" not in v.message, v.message

@@ -73,3 +73,4 @@ def test_a_heavy_partial_or_object_is_named_with_where_its_weight_is(correction,
     assert not v.passed and f"{label} carries 16.0 MB" in v.message, v.message
     assert f"with what it reads: {where}" in v.message, v.message
     assert "watched" not in v.message, v.message
+    assert "refused to send your correction" in v.message, v.message

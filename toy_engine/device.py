@@ -67,6 +67,10 @@ def dumps(value) -> bytes:
 MAX_SENT_BYTES = 10_000_000
 
 
+class NotSendable(TypeError):
+    """A plug-in the engine refused to send to the device process: its message names why."""
+
+
 def sendable(label: str, plugin, value) -> bytes:
     """``value`` (``plugin``, or a launch's arguments that hold it) pickled for the CPU stand-in's
     device process, which receives a notebook's function by value, with what it reads; refused
@@ -75,12 +79,12 @@ def sendable(label: str, plugin, value) -> bytes:
     try:
         data = dumps(value)
     except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
-        raise TypeError(f"{label} cannot be sent to the CPU stand-in's device process, which "
+        raise NotSendable(f"{label} cannot be sent to the CPU stand-in's device process, which "
                         f"receives it by value (cloudpickle): {shown(err)}; have it use only what "
                         f"can be copied (not an engine, a lock, a file or a generator)") from None
     if len(data) > MAX_SENT_BYTES:
         heavy = ", ".join(f"{what} ({size / 1e6:.1f} MB)" for size, what in _carried(plugin)[:2])
-        raise TypeError(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
+        raise NotSendable(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
                         f"process at every launch (it receives a notebook's function by value, "
                         f"with what it reads{': ' + heavy if heavy else ''}); at most "
                         f"{MAX_SENT_BYTES / 1e6:.0f} MB: make such a table inside the function "

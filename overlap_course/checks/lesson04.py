@@ -15,6 +15,7 @@ import torch
 from overlap_course.device_state import (ChangedInputs, EndsProcess, StillRunning,
                                          WrongKeyLengths, changed_inputs, watched_message,
                                          watched_correction)
+from toy_engine.device import NotSendable
 
 from . import context, correction_cases, pool, sandbox
 from .correction_cases import FIELDS, worked_case, worked_requests
@@ -294,6 +295,9 @@ def _engine_failed(err: BaseException, engine, run: str) -> Verdict:
     if watched_message(err, EndsProcess):
         return fails("engine_error", f"{run} your correction {watched_message(err, EndsProcess)}"
                                      f": the checker stopped it there. Return from it instead")
+    if isinstance(err, NotSendable):  # refused on the host, before or between launches
+        return fails("engine_error", f"{run} the engine refused to send your correction to its "
+                                     f"device: {quoted(err)}")
     return fails("engine_error", f"{run} your correction failed on the device: {quoted(err)}")
 
 
