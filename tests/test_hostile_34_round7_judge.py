@@ -105,5 +105,7 @@ def test_a_right_answer_under_a_magic_is_judged(magic):
 
 
 def test_a_magic_the_judge_does_not_run_is_named():
-    passed, message = judge.judge("check_serial_loop", ["!pip list\n" + RIGHT_LOOP])
+    """(Round 35: a shell line alone is not run, and noted; one whose output is kept is
+    refused.)"""
+    passed, message = judge.judge("check_serial_loop", ["packages = !pip list\n" + RIGHT_LOOP])
     assert not passed and "shell commands" in message, message

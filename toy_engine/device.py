@@ -98,12 +98,13 @@ def _carried(plugin) -> list[tuple[int, str]]:
     globals its code reads (nested code too: a comprehension's), its defaults and its closure's
     values; a partial's arguments; an object's (a bound method's) attributes.  A function among
     them (a checker's wrapper holds yours; a partial's) is looked into in turn."""
-    found, holders, seen = {}, [plugin], []
+    found, holders, seen = {}, [plugin], {id(plugin)}
     for holder in holders:
         for what, value in _parts(holder):
-            if callable(value) and value not in seen and not isinstance(value, type):
-                seen.append(value)
-                holders.append(value)
+            if callable(value) and not issubclass(type(value), type):
+                if id(value) not in seen:  # by identity: a plug-in's own == may run code
+                    seen.add(id(value))
+                    holders.append(value)
                 continue
             try:
                 found[what] = len(dumps(value))
@@ -119,14 +120,11 @@ def _parts(holder) -> list[tuple[str, object]]:
         return ([(f"the partial's argument {i}", a) for i, a in enumerate(holder.args)]
                 + [(f"the partial's `{k}=`", v) for k, v in holder.keywords.items()]
                 + [("", holder.func)])
-    if isinstance(holder, types.MethodType):
-        return [("", holder.__self__), ("", holder.__func__)]
+    if isinstance(holder, types.MethodType):  # its object (looked into, or its attributes)
+        obj = holder.__self__
+        return ([("", obj)] if callable(obj) else _attributes(obj)) + [("", holder.__func__)]
     if not isinstance(holder, types.FunctionType):
-        try:  # read as stored: no property or __getattr__ of the plug-in's runs
-            return [(f"attribute `.{n}`", v) for n, v in object.__getattribute__(
-                holder, "__dict__").items()] if hasattr(type(holder), "__dict__") else []
-        except (AttributeError, TypeError):
-            return []
+        return _attributes(holder)
     code, parts = holder.__code__, []
     parts += [(f"global `{n}`", holder.__globals__[n]) for n in globals_read(code)
               if n in holder.__globals__]
@@ -139,6 +137,16 @@ def _parts(holder) -> list[tuple[str, object]]:
         except ValueError:  # a cell never filled
             continue
     return parts
+
+
+def _attributes(obj) -> list[tuple[str, object]]:
+    """An object's attributes, read as stored: no ``__getattr__`` of the plug-in's runs (a
+    ``__dict__`` property of its own may: what it raises leaves them unnamed)."""
+    try:
+        return [(f"attribute `.{n}`", v) for n, v in object.__getattribute__(
+            obj, "__dict__").items()] if hasattr(type(obj), "__dict__") else []
+    except Exception:  # noqa: BLE001 - whatever it raises, the refusal names nothing
+        return []
 
 
 def globals_read(code) -> set[str]:

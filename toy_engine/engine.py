@@ -284,7 +284,8 @@ class Engine(RoundStages):
                         loop = loops.zos_loop if self.config.mode == "zos" else loops.serial_loop
                     loop(self)
                     if self.scheduler.has_work():
-                        raise stalled(self.scheduler, dropped=run.dropped()) from run.other_thread
+                        raise stalled(self.scheduler, dropped=run.dropped(),
+                                      uncommitted=run.uncommitted()) from run.other_thread
                 self._clean = True
             except BaseException:
                 self._recover()  # held: a second Interrupt cannot cut it short

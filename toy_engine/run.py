@@ -16,7 +16,8 @@ from .refusals import (FixedChanged, ForeignStep, InflightChanged,  # noqa: F401
                        StepProcessedTwice)
 from .scheduler import Plan
 from .sequence import Request
-from .stalls import EngineStalled, stalled  # noqa: F401 - exported: the engine's, the checks'
+from .stalls import (EngineStalled, stalled,  # noqa: F401 - exported: the engine's, the checks'
+                     uncommitted_step)
 from .validate import plugin_label, shown
 
 
@@ -109,6 +110,7 @@ class Run:
     latest: int = -1  # the last round engine.schedule() planned
     prepared: set = field(default_factory=set)  # rounds in flight whose plan was prepared
     sampled: set = field(default_factory=set)  # rounds in flight whose sample was launched
+    handed: dict = field(default_factory=dict)  # round -> the process_outputs plug-in given it
     live: int = 64  # record entries past which the dead ones are dropped (``done``)
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
     marks: dict = field(default_factory=dict)  # id(request) -> (most tokens it had, ended)
@@ -223,6 +225,7 @@ class Run:
         sample): the step deferred under it was never processed, and its requests still count
         that round (round 33: the engine named only the race)."""
         dropped = [(r, prepared) for r, prepared in self.dropped() if r < self.latest]
+        kept = [(r, label) for r, label in self.uncommitted() if r < self.latest]
         if dropped:
             r, prepared = dropped[0]
             how = ("prepared but its sample never launched" if prepared else
@@ -230,7 +233,14 @@ class Run:
             err.args = (f"{err.args[0]}. The cause: round {r}'s plan was {how}, so its requests "
                         f"still count it in flight and the step deferred before it was never "
                         f"processed; run every plan engine.schedule() returns, once",)
+        elif kept:  # round 35: the loop was blamed for a plug-in's missing commit
+            err.args = (f"{err.args[0]}. The cause: {uncommitted_step(*kept[0])}",)
         return err
+
+    def uncommitted(self) -> list[tuple[int, str]]:
+        """Rounds whose step a process_outputs plug-in was given and returned uncommitted (it
+        may commit one later, by engine.commit_outputs), with the plug-in's label."""
+        return [(r, label) for r, label in self.handed.items() if r not in self.committed]
 
     def who(self) -> str:
         """Who calls the stages now, as messages name it: the plug-in running, else the loop."""
@@ -318,6 +328,8 @@ class Run:
         if self.flights.after_process(planned, label, planned[0] in self.committed, before, kept):
             self.flag(step, "committed")
             self.done(planned[0])
+        elif planned[0] not in self.committed:  # named if its requests wait for it (round 35)
+            self.handed[planned[0]] = label
 
     def check_fields(self, requests, placed: dict, who: str) -> None:
         """Refuse a request whose fixed fields (checked by generate, sized, reserved or sent
@@ -413,7 +425,8 @@ class Run:
     def note_idle_schedule(self, scheduler) -> None:
         """Nothing to launch while work is left: legal once, while launched results are outstanding."""
         if self.idle_schedule or not any(r.num_inflight for r in scheduler.running):
-            raise stalled(scheduler, scheduling=True, dropped=self.dropped()) from self.other_thread
+            raise stalled(scheduler, scheduling=True, dropped=self.dropped(),
+                          uncommitted=self.uncommitted()) from self.other_thread
         self.idle_schedule = True
 
 

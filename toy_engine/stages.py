@@ -24,8 +24,8 @@ from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenB
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
-from .timeline import Stage, Timeline
-from .validate import check_committed, check_rows, plugin_label as _label
+from .timeline import PROCESS_STAGES, Stage, Timeline
+from .validate import check_committed, check_rows, plugin_label as _label, shown
 
 _MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
 # What returns each stage's argument: a refusal of anything else names it.
@@ -152,7 +152,6 @@ class RoundStages:
         rows = check_rows(rows, plan.requests, self.config.max_batch_size)
         run = self._run
         rnd = run.check_next(plan)
-        run.prepared.add(rnd)
         k = 0 if plan.is_prefill else self.config.num_draft_tokens
         run.check_planned(plan)
         if k and (deep := next((r for r in plan.requests if r.num_inflight > 2), None)):
@@ -171,6 +170,7 @@ class RoundStages:
                                      [r.temperature for r in plan.requests], nb)
             except RaceError as err:  # the cause, if a plan before this one was dropped
                 raise run.explained(err)
+            run.prepared.add(rnd)  # not before: a refused plan, its cause mended, may come again
             self.device.launch(kernels.upload_inputs, inputs.slot, inputs.num_tokens, len(plan.requests), nb,
                                round=plan.round, stage=Stage.UPLOAD,
                                reads={buffers.meta_buffer(inputs.slot), buffers.temps_buffer(inputs.slot)})
@@ -320,6 +320,9 @@ class RoundStages:
         """Wait for the step's sample event, read its tokens, commit them to the requests, and free
         the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
         ``generate`` does all of that instead."""
+        if type(stage) not in (str, Stage) or stage not in PROCESS_STAGES:  # a timeline label
+            raise ValueError(f"process_outputs was given stage={shown(stage)}: its spans are "
+                             f"'postprocess' (the default) or 'flush' (engine.flush's); leave it out")
         # Before the wait: another device's event may never come on this one.
         self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
         custom, label = self._run.process_outputs, self._run.labels.get("process_outputs")

@@ -26,10 +26,18 @@ class EngineStalled(RuntimeError):
         self.request_ids = [r.id for r in requests]
 
 
-def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
+def uncommitted_step(rnd: int, label: str) -> str:
+    """A step given to a process_outputs plug-in (``label``) that it never committed."""
+    return (f"{label} was given round {rnd}'s step and returned without committing it, so its "
+            f"requests still count that round in flight: commit each step it is given "
+            f"(engine.commit_outputs(step, tokens))")
+
+
+def stalled(scheduler, scheduling: bool = False, dropped=(), uncommitted=()) -> EngineStalled:
     """Why the loop cannot go on, naming the prompts involved; ``scheduling``: a schedule found
     nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
-    planned but never launched (``Run.dropped``), whose requests wait for them."""
+    planned but never launched (``Run.dropped``), whose requests wait for them;
+    ``uncommitted``: steps a process_outputs plug-in was given and did not commit."""
     def names(reqs):
         return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
 
@@ -45,6 +53,10 @@ def stalled(scheduler, scheduling: bool = False, dropped=()) -> EngineStalled:
         reason, reqs, msg = "unprocessed_inflight", stuck, (
             f"{names(stuck)} still count{'s' * (len(stuck) == 1)} a round that will never "
             f"run: round {r}'s plan {how}; run every plan engine.schedule() returns, once")
+    elif stuck and uncommitted:
+        reason, reqs, msg = "unprocessed_inflight", stuck, (
+            f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for a launched round: "
+            f"{uncommitted_step(*uncommitted[0])}")
     elif stuck:
         reason, reqs, msg = "unprocessed_inflight", stuck, (
             f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for launched rounds whose "

@@ -114,8 +114,9 @@ writes to the course's and the toy's sources and bytecode, unless the process le
 process group on purpose and writes later) -- all of it in the submission, for the instructor
 to read.  A right answer the judge runs differently from the kernel: a helper module submitted
 next to the notebook is not in the judge's folder (only one the cells write there, with ``open``
-or ``%%writefile``; the kernel's folder may hold what it wrote unguarded), and ``Out[N]`` counts
-only the cells the judge runs (graded cells are left out).  Exercise 04's run on valueless
+or ``%%writefile``; the kernel's folder may hold what it wrote unguarded), ``Out[N]`` counts
+only the cells the judge runs (graded cells are left out), and a shell line (``!echo``) is not
+run, only noted (a cell that needs what it did fails there).  Exercise 04's run on valueless
 tensors catches code that reads values, skips that run or works differently there, not code that
 fakes a correction of its own when ``is_meta`` (it is in the submission, for the instructor to
 read).  And the kernel runs as the

@@ -32,9 +32,9 @@ def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
     space.update({"__builtins__": builtins, "display": lambda *a, **k: None,
                   "In": [""], "Out": {}, "_": "", "__": "", "___": ""})
     compiler = _Compiler()
-    space["get_ipython"] = lambda: _Magics(space, compiler)
+    notes: list[str] = []
+    space["get_ipython"] = lambda: _Magics(space, compiler, notes)
     history = _History(space)
-    notes = []
     sys.modules["__main__"] = main
     try:
         for number, source in enumerate(cells, 1):
@@ -141,8 +141,11 @@ class _Magics:
     """The judge's ``get_ipython()``: magics that only time, show or set how things are shown
     run their cell as IPython runs it or do nothing (``obj?`` shows help), ``%env`` sets
     ``os.environ``, ``%%writefile`` writes its file in the judge's folder (for a later cell to
-    import, as the kernel's cells import it from theirs); any other (``!pip``, ``%run``) is an
-    error that names it."""
+    import, as the kernel's cells import it from theirs) and ``%run FILE`` runs one there; a
+    shell line (``!echo``) is not run, and noted (a cell that needs what it did fails on that;
+    round 35: a right answer below ``!echo`` or ``%pwd``, or loaded by ``%run``, scored 0); any
+    other magic, and a shell command whose output is kept (``x = !ls``), is an error that names
+    it."""
 
     CELL = {"time", "timeit", "capture", "prun"}
     LINE = {"matplotlib", "load_ext", "reload_ext", "unload_ext", "autoreload", "aimport",
@@ -150,8 +153,8 @@ class _Magics:
             "automagic", "who", "whos", "env", "set_env", "pinfo", "pinfo2", "psearch", "pdoc",
             "pdef", "psource", "pfile"}
 
-    def __init__(self, space: dict, compiler: _Compiler):
-        self._space, self._compile = space, compiler
+    def __init__(self, space: dict, compiler: _Compiler, notes: list[str]):
+        self._space, self._compile, self._notes = space, compiler, notes
 
     def run_cell_magic(self, magic: str, line: str, cell: str):
         if magic in ("writefile", "file"):  # %%file: IPython's other name for it
@@ -175,6 +178,10 @@ class _Magics:
         return None
 
     def run_line_magic(self, magic: str, line: str, *args):
+        if magic == "run":
+            return _run_file(self._space, self._compile, line)
+        if magic == "pwd":
+            return os.getcwd()
         if magic not in self.LINE:
             raise NameError(f"the judge does not run the magic %{magic}: remove it")
         if magic in ("time", "timeit"):
@@ -229,10 +236,12 @@ class _Magics:
         _execute(self._compile(inner, "<magic-timeit>", "exec"), self._space, local)
         local["inner"](range(1), None)
 
-    def system(self, command: str, *args):
-        raise NameError(f"the judge does not run shell commands (!{command[:40]}): remove it")
+    def system(self, command: str, *args) -> None:
+        self._notes.append(f"the shell line !{command[:40]} was not run: the judge runs no "
+                           f"command")
 
-    getoutput = system
+    def getoutput(self, command: str, *args):
+        raise NameError(f"the judge does not run shell commands (!{command[:40]}): remove it")
 
 
 def _env(line: str):
@@ -253,18 +262,49 @@ def _write_file(space: dict, line: str, cell: str) -> None:
     judge reads no other -- so a path outside it is an error that says how to write it."""
     from IPython.core.magic_arguments import parse_argstring
     from IPython.core.magics.osm import OSMagics
+
+    args = parse_argstring(OSMagics.writefile, _expanded(space, line))
+    quoted = re.match(r"^('.*')|(\".*\")$", args.filename)
+    name = _inside(args.filename[1:-1] if quoted else args.filename, "%%writefile",
+                   "%%writefile my_helpers.py), where a later cell imports it from")
+    with open(name, "a" if args.append else "w", encoding="utf-8") as f:
+        f.write(cell)
+
+
+def _run_file(space: dict, compile_: _Compiler, line: str) -> None:
+    """IPython's ``%run FILE``, without options or arguments: a file in the judge's folder (as
+    a ``%%writefile`` cell wrote it) run as ``__main__`` in a namespace of its own, whose names
+    then join the cells', as IPython's do; its code is the submission's, watched as a cell's."""
+    import shlex
+
+    words = shlex.split(_expanded(space, line))
+    if len(words) != 1 or words[0].startswith("-"):
+        raise NameError(f"the judge runs `%run FILE` alone (a Python file in the notebook's "
+                        f"folder), not %run {line[:40]}: remove the options and arguments")
+    name = _inside(words[0], "%run", "%run my_helpers.py), where %%writefile wrote it")
+    with open(name, encoding="utf-8") as f:
+        tree = _parsed(f.read())
+    ran = {"__name__": "__main__", "__file__": name, "__builtins__": builtins}
+    _execute(compile_(tree, f"<submission %run {name}>", "exec"), ran)
+    space.update({k: v for k, v in ran.items()
+                  if not (type(k) is str and k.startswith("__") and k.endswith("__"))})
+
+
+def _expanded(space: dict, line: str) -> str:
+    """A magic's line with ``{name}`` and ``$name`` read from the cells' names, as IPython's."""
     from IPython.utils.text import DollarFormatter
 
     try:
-        line = DollarFormatter().vformat(line, args=[], kwargs=space)
+        return DollarFormatter().vformat(line, args=[], kwargs=space)
     except Exception:  # noqa: BLE001 - as IPython: the line as written
-        pass
-    args = parse_argstring(OSMagics.writefile, line)
-    quoted = re.match(r"^('.*')|(\".*\")$", args.filename)
-    name = os.path.expanduser(args.filename[1:-1] if quoted else args.filename)
+        return line
+
+
+def _inside(name: str, magic: str, how: str) -> str:
+    """``name``, which must be in the judge's folder -- the judge reads no other -- or an error
+    that says how to write it."""
+    name = os.path.expanduser(name)
     if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == "..":
-        raise PermissionError(f"%%writefile: the judge writes only a path inside the notebook's "
-                              f"folder (%%writefile my_helpers.py), where a later cell imports "
-                              f"it from, not {name}")
-    with open(name, "a" if args.append else "w", encoding="utf-8") as f:
-        f.write(cell)
+        raise PermissionError(f"{magic}: the judge reads and writes only a path inside the "
+                              f"notebook's folder ({how}), not {name}")
+    return name

@@ -309,6 +309,8 @@ def _processed_before_next(log: HostLog, r: int, at: int) -> Verdict | None:
     found_plan = [q for q in schedules if q > r]
     if schedules and not found_plan:
         return None  # nothing was left to launch: processing it now is the flush, whatever its name
+    if not found_plan and not any(s == "launch_forward" for s, _ in log.events[at + 1:]):
+        return None  # no round came after it to hide it under (round 35: a flush when none wants more)
     how = "flushed" if stage == "flush" else "processed"
     if found_plan:
         return fails("not_deferred",
@@ -318,13 +320,17 @@ def _processed_before_next(log: HostLog, r: int, at: int) -> Verdict | None:
                      f"`previous` and process it after round {found_plan[0]}'s `launch_forward`, before "
                      f"its `launch_sample`" + ("; `flush` is only for when `schedule()` returns None"
                                                if stage == "flush" else ""))
+    if stage == "flush":  # kept as `previous`, then flushed though a round came next
+        return fails("not_deferred",
+                     f"{log.who(r)} was flushed before `engine.schedule()` was asked for round "
+                     f"{r + 1}, which then came: processed under round {r + 1}'s forward, it would "
+                     f"have overlapped it. `flush` is only for when `engine.schedule()` returns "
+                     f"None (nothing left to launch): ask for the next plan first")
     return fails("not_deferred",
                  f"{log.who(r)} was {how} before round {r + 1} was even scheduled (right after its own "
                  f"sample, or first thing in the next pass): no round was on the device to hide it under, "
                  f"so no decode step was deferred. Keep the StepState as `previous` and process it during "
-                 f"the next round, after that round's forward launch" +
-                 ("; `flush` is only for when `engine.schedule()` returns None (nothing left to "
-                  "launch)" if stage == "flush" else ""))
+                 f"the next round, after that round's forward launch")
 
 
 def _overlapped(log: HostLog) -> Verdict | None:
