@@ -143,11 +143,14 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 5,083 until a moved line of stalls.py was folded to 100 characters: 1.
 # 5,084 until a plug-in refused on the host has its own type (device.NotSendable, a TypeError:
 # exercise 04 no longer says such a correction "failed on the device"): 4.
+# 5,088 until round 35: a process_outputs plug-in's uncommitted step named (Run.handed,
+# stalls._waiting), a stage checked, a heavy plug-in's object named without running its code
+# (device._attributes): 41.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5088, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5129, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

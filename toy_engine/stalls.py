@@ -38,45 +38,49 @@ def stalled(scheduler, scheduling: bool = False, dropped=(), uncommitted=()) -> 
     nothing to launch (the loop is still going), else the loop returned; ``dropped``: rounds
     planned but never launched (``Run.dropped``), whose requests wait for them;
     ``uncommitted``: steps a process_outputs plug-in was given and did not commit."""
-    def names(reqs):
-        return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
-
     stuck = [r for r in scheduler.running if r.num_inflight]
     kept = [r for r in scheduler.running if r.finished]
     left = [r for r in scheduler.running if not r.finished] + list(scheduler.waiting)
-    if stuck and dropped:
+    if stuck:
+        reason, reqs, msg = "unprocessed_inflight", stuck, _waiting(stuck, dropped, uncommitted)
+    elif kept:
+        blocked = ("waiting requests can never start" if scheduler.waiting else
+                   "the scheduler always has work")
+        reason, reqs, msg = "finished_kept_blocks", kept, (
+            f"{_names(kept)} finished but still hold their KV blocks and rows, so {blocked}; "
+            f"free finished requests")
+    elif scheduling:
+        reason, reqs, msg = "not_planned", left, (
+            f"engine.schedule() found no round to plan for {_names(left)}, unfinished with "
+            f"nothing in flight: {_unplanned(left[0])}")
+    else:
+        reason, reqs, msg = "loop_returned_with_work", left, (
+            f"the loop stopped with work left: {_names(left)} unfinished and nothing in flight; "
+            f"keep scheduling rounds while the scheduler has work")
+    return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
+
+
+def _names(reqs) -> str:
+    return ", ".join(f"prompt {r.index}" for r in reqs[:5]) + (" ..." if len(reqs) > 5 else "")
+
+
+def _waiting(stuck, dropped, uncommitted) -> str:
+    """What requests with rounds in flight wait for: a plan dropped, a step a plug-in did not
+    commit, or (neither known) a deferred step never processed."""
+    s = "s" * (len(stuck) == 1)
+    if dropped:
         r, prepared = dropped[0]
         how = ("was prepared but its sample never launched (engine.launch_forward(inputs), "
                "then engine.launch_sample(inputs), then process the step)" if prepared else
                "was scheduled but never prepared or launched (was engine.schedule() called "
                "again before it ran?)")
-        reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still count{'s' * (len(stuck) == 1)} a round that will never "
-            f"run: round {r}'s plan {how}; run every plan engine.schedule() returns, once")
-    elif stuck and uncommitted:
-        reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for a launched round: "
-            f"{uncommitted_step(*uncommitted[0])}")
-    elif stuck:
-        reason, reqs, msg = "unprocessed_inflight", stuck, (
-            f"{names(stuck)} still wait{'s' * (len(stuck) == 1)} for launched rounds whose "
-            f"results were never processed; was a deferred step dropped instead of processed or "
-            f"flushed?")
-    elif kept:
-        blocked = ("waiting requests can never start" if scheduler.waiting else
-                   "the scheduler always has work")
-        reason, reqs, msg = "finished_kept_blocks", kept, (
-            f"{names(kept)} finished but still hold their KV blocks and rows, so {blocked}; free "
-            f"finished requests")
-    elif scheduling:
-        reason, reqs, msg = "not_planned", left, (
-            f"engine.schedule() found no round to plan for {names(left)}, unfinished with "
-            f"nothing in flight: {_unplanned(left[0])}")
-    else:
-        reason, reqs, msg = "loop_returned_with_work", left, (
-            f"the loop stopped with work left: {names(left)} unfinished and nothing in flight; "
-            f"keep scheduling rounds while the scheduler has work")
-    return EngineStalled(f"the engine cannot make progress: {msg}", reason=reason, requests=reqs)
+        return (f"{_names(stuck)} still count{s} a round that will never run: round {r}'s plan "
+                f"{how}; run every plan engine.schedule() returns, once")
+    if uncommitted:
+        return f"{_names(stuck)} still wait{s} for a launched round: " + uncommitted_step(
+            *uncommitted[0])
+    return (f"{_names(stuck)} still wait{s} for launched rounds whose results were never "
+            f"processed; was a deferred step dropped instead of processed or flushed?")
 
 
 def _unplanned(req) -> str:

@@ -216,7 +216,7 @@ def _zos_order(log: HostLog) -> Verdict | None:
     before the next round is planned (:func:`plan_order.planned_early`).  Which
     method processed a step (``process_outputs``, ``flush``, code written inline) does not
     matter here: a deferred step flushed where it belongs is judged last
-    (:func:`flushed_with_a_plan`)."""
+    (:func:`plan_order.flushed_with_a_plan`)."""
     for r in log.rounds:
         done = log.processing(r)
         if done:
@@ -224,32 +224,6 @@ def _zos_order(log: HostLog) -> Verdict | None:
             verdict = planned_early(log, r, done[0]) if verdict is None else verdict
             if verdict is not None:
                 return verdict
-    return None
-
-
-def flushed_with_a_plan(log: HostLog) -> Verdict | None:
-    """A step processed by ``engine.flush`` though the last ``schedule()`` had returned a plan:
-    exercise 03 keeps flush for when ``schedule()`` returns None (blind round 24: a loop that
-    flushed every deferred step passed; blind round 34: one that flushed every prefill step at
-    once).  Judged once the run is right otherwise (a loop that also drops its last step is
-    told that first)."""
-    for r in log.rounds:
-        done = log.processing(r)
-        if not done or log.events[done[0]][0] != "flush":
-            continue
-        last = max((i for i, (s, _) in enumerate(log.events[:done[0]]) if s == "schedule"),
-                   default=None)
-        if last in log.found_plan:
-            prefill = r in log.prefill
-            return fails("flushed_with_a_plan",
-                         f"{log.who(r)}: your loop processed its step with `engine.flush`, though "
-                         f"the last `engine.schedule()` had returned a plan (round "
-                         f"{log.events[last][1]}'s). `flush` is only for when `schedule()` returns "
-                         f"None, with no round left to hide the step under, and the timeline names "
-                         f"the work it does `flush`. Here process it with "
-                         + ("`engine.process_outputs(step)`, at once after the prefill's sample"
-                            if prefill else "`engine.process_outputs(previous)`")
-                         + ", and keep `previous = engine.flush(previous)` for the None plan")
     return None
 
 

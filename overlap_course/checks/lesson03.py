@@ -18,9 +18,9 @@ from . import context, pool
 from .answers import (bool_pair, flag_list, int_list, items, name, one_number, round_number, show,
                       whole)
 from .harness import exercise_check, notebook_check
-from .host_order import (correction_mistake, deferred, flushed_with_a_plan, waits_beyond_sample,
-                         zos_overlapped)
+from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
 from .learner_code import loop_verdict, run_loop
+from .plan_order import flushed_with_a_plan
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered

@@ -3,7 +3,8 @@ prepared and launched, in the order they came, before the next one is asked for.
 counts a round as in flight for its requests, so a plan dropped leaves them waiting, one run
 after a later plan was made for a round that had not run, and one asked for ahead changes
 what the round before it is prepared from.  In the ZOS loop (exercise 03) a round is planned
-once the step before it is processed (:func:`planned_early`)."""
+once the step before it is processed (:func:`planned_early`), and ``engine.flush`` only
+after a ``schedule()`` that returned no plan (:func:`flushed_with_a_plan`)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,29 @@ def planned_early(log, r: int, at: int) -> Verdict | None:
                  f"planned into round {nxt} as well, for an extra wasted step. Process "
                  f"{how}, then ask for the next plan at the top of the next pass: one "
                  f"`engine.schedule()` per pass")
+
+
+def flushed_with_a_plan(log) -> Verdict | None:
+    """A step processed by ``engine.flush`` though the last ``schedule()`` had returned a plan:
+    exercise 03 keeps flush for when ``schedule()`` returns None (blind round 24: a loop that
+    flushed every deferred step passed; blind round 34: one that flushed every prefill step at
+    once).  Judged once the run is right otherwise (a loop that also drops its last step is
+    told that first)."""
+    for r in log.rounds:
+        done = log.processing(r)
+        if not done or log.events[done[0]][0] != "flush":
+            continue
+        last = max((i for i, (s, _) in enumerate(log.events[:done[0]]) if s == "schedule"),
+                   default=None)
+        if last in log.found_plan:
+            prefill = r in log.prefill
+            return fails("flushed_with_a_plan",
+                         f"{log.who(r)}: your loop processed its step with `engine.flush`, though "
+                         f"the last `engine.schedule()` had returned a plan (round "
+                         f"{log.events[last][1]}'s). `flush` is only for when `schedule()` returns "
+                         f"None, with no round left to hide the step under, and the timeline names "
+                         f"the work it does `flush`. Here process it with "
+                         + ("`engine.process_outputs(step)`, at once after the prefill's sample"
+                            if prefill else "`engine.process_outputs(previous)`")
+                         + ", and keep `previous = engine.flush(previous)` for the None plan")
+    return None
