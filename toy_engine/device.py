@@ -39,14 +39,20 @@ def _lru_by_value(wrapper):
     """A ``functools.lru_cache`` function: pickle sends it by its name, which a device process
     cannot find where a notebook (``__main__``) or a judge's cells made it; such a one travels
     by value instead, rebuilt there around its function, with an empty cache."""
-    module = None if wrapper.__module__ == "__main__" else sys.modules.get(wrapper.__module__)
-    try:
-        if functools.reduce(getattr, wrapper.__qualname__.split("."), module) is wrapper:
-            return wrapper.__reduce__()
-    except AttributeError:  # not found by its name (a module or a cell that is not imported)
-        pass
+    if _by_name(wrapper):
+        return wrapper.__reduce__()
     params = wrapper.cache_parameters()
     return _lru_cached, (wrapper.__wrapped__, params["maxsize"], params["typed"])
+
+
+def _by_name(function) -> bool:
+    """Whether pickle sends ``function`` by its module and name (nothing it holds travels):
+    found under them, in a module that is not a notebook's (``__main__``) nor a judge's cells'."""
+    module = None if function.__module__ == "__main__" else sys.modules.get(function.__module__)
+    try:
+        return functools.reduce(getattr, function.__qualname__.split("."), module) is function
+    except AttributeError:  # not found by its name (a module or a cell that is not imported)
+        return False
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -101,8 +107,9 @@ def _carried(plugin) -> list[tuple[int, str]]:
     found, holders, seen = {}, [plugin], {id(plugin)}
     for holder in holders:
         for what, value in _parts(holder):
-            if callable(value) and not issubclass(type(value), type):
-                if id(value) not in seen:  # by identity: a plug-in's own == may run code
+            if type(value) in _HOLDERS:  # code, or what calls code: looked into, not sized
+                if id(value) not in seen and not (  # by identity: a plug-in's == may run code
+                        type(value) is types.FunctionType and _by_name(value)):  # (sent by name)
                     seen.add(id(value))
                     holders.append(value)
                 continue
@@ -112,6 +119,9 @@ def _carried(plugin) -> list[tuple[int, str]]:
                 continue
     return sorted(((size, what) for what, size in found.items()
                    if size > MAX_SENT_BYTES / 10), reverse=True)
+
+
+_HOLDERS = (types.FunctionType, functools.partial, types.MethodType)
 
 
 def _parts(holder) -> list[tuple[str, object]]:
@@ -124,7 +134,7 @@ def _parts(holder) -> list[tuple[str, object]]:
         obj = holder.__self__
         return ([("", obj)] if callable(obj) else _attributes(obj)) + [("", holder.__func__)]
     if not isinstance(holder, types.FunctionType):
-        return _attributes(holder)
+        return _attributes(holder) + _class_parts(type(holder))
     code, parts = holder.__code__, []
     parts += [(f"global `{n}`", holder.__globals__[n]) for n in globals_read(code)
               if n in holder.__globals__]
@@ -147,6 +157,18 @@ def _attributes(obj) -> list[tuple[str, object]]:
             obj, "__dict__").items()] if hasattr(type(obj), "__dict__") else []
     except Exception:  # noqa: BLE001 - whatever it raises, the refusal names nothing
         return []
+
+
+def _class_parts(cls: type) -> list[tuple[str, object]]:
+    """A notebook's class, sent by value with an instance of it: its functions (looked into:
+    ``__call__`` reads globals) and its other attributes (round 36: neither was named)."""
+    space = type.__dict__["__dict__"].__get__(cls)  # read as stored, as _attributes does
+    module = space.get("__module__")
+    if type(module) is str and module != "__main__" and sys.modules.get(module) is not None:
+        return []  # an imported module's class: sent by its name
+    return [("" if type(v) is types.FunctionType else f"class attribute `.{n}`", v)
+            for n, v in space.items() if type(n) is str and not n.startswith("__")
+            or n == "__call__"]
 
 
 def globals_read(code) -> set[str]:

@@ -109,16 +109,22 @@ def check_takes(name: str, function, params: list[str]) -> None:
     will give it (``params``, by position): the call would otherwise fail rounds later with an
     error that names neither the plug-in nor the argument."""
     check_callable(name, function, allow_none=False)
-    try:
-        signature = inspect.signature(function)
-    except Exception:  # noqa: BLE001 - a builtin without one, an object whose attributes raise
-        return  # the run will tell
-    try:
-        signature.bind(*params)
-    except TypeError:
-        call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
-        raise TypeError(f"{name}: the run calls it as {call}, and {_label(function)}{signature} "
-                        f"cannot take those {len(params)} argument(s)") from None
+    for wrapper in (False, True):  # the function, then what a decorator put around it (round 36)
+        try:
+            signature = inspect.signature(function, follow_wrapped=not wrapper)
+        except Exception:  # noqa: BLE001 - a builtin without one, an object whose attributes raise
+            continue  # the run will tell
+        try:
+            signature.bind(*params)
+        except TypeError:
+            call = f"{name.rpartition(' ')[2]}({', '.join(params)})"
+            raise TypeError(f"{name}: the run calls it as {call}, and {_label(function)}{signature}"
+                            f"{_WRAPPER if wrapper else ''} cannot take those {len(params)} "
+                            f"argument(s)") from None
+
+
+_WRAPPER = (" (the wrapper a decorator put around your function, named after it by "
+            "functools.wraps)")
 
 
 def body_checked(name: str, plugin):

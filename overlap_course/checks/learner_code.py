@@ -11,6 +11,7 @@ from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBef
                             StaleInputs)
 from toy_engine.record import Commit, Refused
 from toy_engine.refusals import DraftsTooDeep, EndTakenBack, PlannedSince
+from toy_engine.validate import plugin_label
 
 from . import pool
 from .engine_view import EngineEdited, EngineView, Spinning
@@ -68,6 +69,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
             loop(view)
         finally:
             view.watch.look()
+    watched.label = plugin_label(loop)  # the engine's messages name the learner's loop
 
     try:
         outs = engine.generate(prompts, loop=watched, **args)

@@ -23,6 +23,7 @@ from .learner_code import loop_verdict, run_loop
 from .plan_order import flushed_with_a_plan
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
+from .zos_runs import SPEC, endings_run
 from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
 
 __all__ = ["check_processed_under", "check_swapped_order", "check_tokens_lost", "check_future_inputs",
@@ -283,6 +284,8 @@ def check_zos_loop(loop) -> Verdict:
         return fails("edits_run", f"with the `{pool.CONSTRAINT}` constraint on, {why}")
     spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
     verdict = loop_verdict(spec_log, err, "zos", zos_overlapped)  # its rounds end differently: a new order
+    if verdict is None and (verdict := waits_beyond_sample(spec, spec_log)) is not None:
+        verdict.message = f"{SPEC}: {verdict.message}"  # each run's (round 36: only with drafts)
     if verdict is not None:
         return verdict
     verdict = run_verdict(spec_log, spec_outs, pool.reference(),
@@ -295,36 +298,20 @@ def check_zos_loop(loop) -> Verdict:
         return fails("correction" if why else "wrong_tokens",
                      f"with speculative decoding ({pool.DRAFTS} drafts per round) {diff} compared with plain greedy "
                      f"decoding: {why or 'process every step exactly once, in round order'}")
+    logs = {"": log, f"{SPEC}: ": spec_log}
     for drafts in (0, pool.DRAFTS):
-        verdict = _endings_run(loop, drafts)
+        verdict, logs[f"{pool.endings_label(drafts)}: "] = endings_run(loop, drafts)
         if verdict is not None:
             verdict.message = f"{pool.endings_label(drafts)}: {verdict.message}"
             return verdict
-    verdict = flushed_with_a_plan(log)
-    if verdict is not None:
-        return verdict
+    for label, run_log in logs.items():  # every run's (round 36: misused only with drafts)
+        verdict = flushed_with_a_plan(run_log)
+        if verdict is not None:
+            verdict.message = label + verdict.message
+            return verdict
     return passes(f"ZOS loop matches the serial tokens with the `{pool.CONSTRAINT}` constraint and with "
                   f"{pool.DRAFTS} drafts per round; {deferred(log)} decode steps were processed under the next "
                   f"round's forward, before its sample, and the last one was flushed")
-
-
-def _endings_run(loop, drafts: int) -> Verdict | None:
-    """The learner's loop on the endings run; what went wrong, or None."""
-    engine, log, outs, err = run_loop(loop, endings=True, **pool.drafted(drafts))
-    verdict = loop_verdict(log, err, "zos", zos_overlapped)
-    if verdict is not None:
-        return verdict
-    reference = [c.token_ids for c in pool.endings_reference()]
-    verdict = run_verdict(log, outs, reference)
-    if verdict is not None:
-        return verdict
-    diff = pool.compare([c.token_ids for c in outs], reference)
-    if diff:
-        why = correction_mistake(engine, log) if drafts else ""
-        return fails("correction" if why else "wrong_tokens",
-                     f"{diff}: {why or 'process every step exactly once, in round order'}")
-    why = same_run(log, outs, pool.serial_run(endings=True), rounds=False)
-    return fails("edits_run", why) if why else None
 
 
 def expected_three_rounds() -> list[tuple[str, int]]:
