@@ -85,9 +85,13 @@ def sendable(label: str, plugin, value) -> bytes:
     try:
         data = dumps(value)
     except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
+        where = next((f" (in {what or 'it'}: {_kind(value)})" for what, value in _sent(plugin)
+                      if not _copies(value)), "")
         raise NotSendable(f"{label} cannot be sent to the CPU stand-in's device process, which "
-                        f"receives it by value (cloudpickle): {shown(err)}; have it use only what "
-                        f"can be copied (not an engine, a lock, a file or a generator)") from None
+                          f"receives it by value (cloudpickle): {shown(err)}{where}; have it use "
+                          f"only what can be copied (not an engine, a lock, a file or a "
+                          f"generator: a @contextlib.contextmanager decorator holds one, a "
+                          f"class-based decorator does not)") from None
     if len(data) > MAX_SENT_BYTES:
         heavy = ", ".join(f"{what} ({size / 1e6:.1f} MB)" for size, what in _carried(plugin)[:2])
         raise NotSendable(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
@@ -100,25 +104,49 @@ def sendable(label: str, plugin, value) -> bytes:
 
 
 def _carried(plugin) -> list[tuple[int, str]]:
-    """What a plug-in sends with it, over a tenth of the limit, largest first: a function's
-    globals its code reads (nested code too: a comprehension's), its defaults and its closure's
-    values; a partial's arguments; an object's (a bound method's) attributes.  A function among
-    them (a checker's wrapper holds yours; a partial's) is looked into in turn."""
-    found, holders, seen = {}, [plugin], {id(plugin)}
+    """What a plug-in sends with it, over a tenth of the limit, largest first (:func:`_sent`)."""
+    found = {}
+    for what, value in _sent(plugin):
+        try:
+            found[what] = len(dumps(value))
+        except Exception:  # noqa: BLE001 - what cannot be pickled was not sent either
+            continue
+    return sorted(((size, what) for what, size in found.items()
+                   if size > MAX_SENT_BYTES / 10), reverse=True)
+
+
+def _sent(plugin):
+    """(what, value): what a plug-in sends by value -- a function's globals its code reads
+    (nested code too: a comprehension's), its defaults, its closure's values and its own
+    attributes; a partial's arguments; an object's (a bound method's) attributes, its notebook
+    class's too.  A function among them (a checker's wrapper holds yours; a partial's) is looked
+    into in turn, unless pickle sends it by name (an imported module's: nothing it reads
+    travels)."""
+    holders, seen = [plugin], {id(plugin)}
     for holder in holders:
         for what, value in _parts(holder):
             if type(value) in _HOLDERS:  # code, or what calls code: looked into, not sized
                 if id(value) not in seen and not (  # by identity: a plug-in's == may run code
-                        type(value) is types.FunctionType and _by_name(value)):  # (sent by name)
+                        type(value) is types.FunctionType and _by_name(value)):
                     seen.add(id(value))
                     holders.append(value)
                 continue
-            try:
-                found[what] = len(dumps(value))
-            except Exception:  # noqa: BLE001 - what cannot be pickled was not sent either
-                continue
-    return sorted(((size, what) for what, size in found.items()
-                   if size > MAX_SENT_BYTES / 10), reverse=True)
+            yield what, value
+
+
+def _copies(value) -> bool:
+    try:
+        dumps(value)
+    except Exception:  # noqa: BLE001 - whatever its pickling raises
+        return False
+    return True
+
+
+def _kind(value) -> str:
+    """A value's class, for a message (``contextlib``'s generator decorator named as such)."""
+    kind = type(value)
+    return ("a @contextlib.contextmanager decorator's state, which holds a generator"
+            if kind.__name__ == "_GeneratorContextManager" else f"a {kind.__name__}")
 
 
 _HOLDERS = (types.FunctionType, functools.partial, types.MethodType)
@@ -130,12 +158,13 @@ def _parts(holder) -> list[tuple[str, object]]:
         return ([(f"the partial's argument {i}", a) for i, a in enumerate(holder.args)]
                 + [(f"the partial's `{k}=`", v) for k, v in holder.keywords.items()]
                 + [("", holder.func)])
-    if isinstance(holder, types.MethodType):  # its object (looked into, or its attributes)
+    if isinstance(holder, types.MethodType):  # its object's (a class's, for a classmethod)
         obj = holder.__self__
-        return ([("", obj)] if callable(obj) else _attributes(obj)) + [("", holder.__func__)]
+        owned = _class_parts(obj) if isinstance(obj, type) else _object_parts(obj)
+        return owned + [("", holder.__func__)]
     if not isinstance(holder, types.FunctionType):
-        return _attributes(holder) + _class_parts(type(holder))
-    code, parts = holder.__code__, []
+        return _object_parts(holder)
+    code, parts = holder.__code__, _named(holder.__dict__, "function attribute")
     parts += [(f"global `{n}`", holder.__globals__[n]) for n in globals_read(code)
               if n in holder.__globals__]
     parts += [(f"default `{n}`", v) for n, v in zip(reversed(code.co_varnames[
@@ -149,14 +178,38 @@ def _parts(holder) -> list[tuple[str, object]]:
     return parts
 
 
+def _object_parts(obj) -> list[tuple[str, object]]:
+    return _attributes(obj) + _class_parts(type(obj))
+
+
 def _attributes(obj) -> list[tuple[str, object]]:
     """An object's attributes, read as stored: no ``__getattr__`` of the plug-in's runs (a
-    ``__dict__`` property of its own may: what it raises leaves them unnamed)."""
+    ``__dict__`` property of its own may: what it raises leaves them unnamed); its
+    ``__slots__``' values, read by their descriptors."""
     try:
-        return [(f"attribute `.{n}`", v) for n, v in object.__getattribute__(
-            obj, "__dict__").items()] if hasattr(type(obj), "__dict__") else []
+        found = _named(object.__getattribute__(obj, "__dict__"), "attribute") if hasattr(
+            type(obj), "__dict__") else []
     except Exception:  # noqa: BLE001 - whatever it raises, the refusal names nothing
-        return []
+        found = []
+    for cls in type.__dict__["__mro__"].__get__(type(obj)):
+        for name, slot in type.__dict__["__dict__"].__get__(cls).items():
+            if type(slot) is types.MemberDescriptorType:
+                with contextlib.suppress(AttributeError):  # a slot never set
+                    found.append((f"attribute `.{name}`", slot.__get__(obj)))
+    return found
+
+
+def _named(space, what: str) -> list[tuple[str, object]]:
+    """A namespace's values by name; a private dict of named values in it (a torch Module's
+    ``_parameters`` and ``_buffers``) by its entries' names, as the code reads them."""
+    found = []
+    for name, value in space.items():
+        if type(value) is dict and str(name).startswith("_") and all(
+                type(k) is str for k in value):
+            found += [(f"{what} `.{k}`", v) for k, v in value.items()]
+        else:
+            found.append((f"{what} `.{name}`", value))
+    return found
 
 
 def _class_parts(cls: type) -> list[tuple[str, object]]:

@@ -175,6 +175,11 @@ class Run:
         device in the order prepare_inputs saw.  Read through vars() against the record, so no
         code of a class put in Plan's place runs.  Returns (round, is_prefill, requests)."""
         kept, rec = self._kept(plan)
+        if kept is not plan and type(plan) is Plan and vars(plan).get("run") is self:
+            raise ValueError(f"{self.who()} gave engine.{stage}() a Plan that engine.schedule() "
+                             f"did not return (a copy, dataclasses.replace() or one built by "
+                             f"hand): only the one it returned is this run's record of its "
+                             f"round; pass that one")  # (round 37: told "another run")
         if kept is not plan:
             rnd = vars(plan).get("round") if type(plan) is Plan else None
             raise ForeignStep(rnd if type(rnd) is int else -1, what="plan")

@@ -35,6 +35,7 @@ class HostLog:
         self.sample_calls = Counter(s.round for s in timeline.lane("host")
                                     if s.stage == "launch_sample")
         self.events, self.launches, planned = [], {}, 0
+        self.constraint = engine.config.constraint  # None in the runs without one
         self.found_plan: set[int] = set()  # the events of schedule() calls that returned a plan
         for e in record.events:
             if isinstance(e, Schedule):  # one that found nothing belongs to the last planned round
@@ -267,9 +268,13 @@ def _decode_deferred(log: HostLog, r: int, at: int) -> Verdict | None:
                      f"{log.who(r)}: round {r + 1}'s sample was launched before round {r}'s results were "
                      f"processed (host order: launch_forward {r + 1} -> launch_sample {r + 1} -> "
                      f"postprocess {r}). Sampling may depend on the text committed so far (a grammar "
-                     f"mask, a penalty): with the `{CONSTRAINT}` constraint on, round {r + 1}'s mask was "
-                     f"built without round {r}'s token. The order is: this round's forward, the previous "
-                     f"round's postprocess, this round's sample")
+                     f"mask, a penalty): " + (
+                         f"with the `{log.constraint}` constraint on, round {r + 1}'s mask was built "
+                         f"without round {r}'s token" if log.constraint else
+                         f"with the `{CONSTRAINT}` constraint of this check's first run, round "
+                         f"{r + 1}'s mask would be built without round {r}'s token")
+                     + ". The order is: this round's forward, the previous round's postprocess, this "
+                       "round's sample")
     return None
 
 

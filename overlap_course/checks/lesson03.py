@@ -284,9 +284,10 @@ def check_zos_loop(loop) -> Verdict:
         return fails("edits_run", f"with the `{pool.CONSTRAINT}` constraint on, {why}")
     spec, spec_log, spec_outs, err = run_loop(loop, num_draft_tokens=pool.DRAFTS)
     verdict = loop_verdict(spec_log, err, "zos", zos_overlapped)  # its rounds end differently: a new order
-    if verdict is None and (verdict := waits_beyond_sample(spec, spec_log)) is not None:
-        verdict.message = f"{SPEC}: {verdict.message}"  # each run's (round 36: only with drafts)
+    if verdict is None:
+        verdict = waits_beyond_sample(spec, spec_log)  # each run's (round 36: only with drafts)
     if verdict is not None:
+        verdict.message = f"{SPEC}: {verdict.message}"  # named (round 37: read as the first run's)
         return verdict
     verdict = run_verdict(spec_log, spec_outs, pool.reference(),
                           f"with speculative decoding ({pool.DRAFTS} drafts per round) ")
