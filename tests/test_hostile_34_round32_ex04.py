@@ -113,7 +113,7 @@ def test_b_a_notebooks_lru_cache_helper_passes():
 
 
 def test_b_an_lru_cache_function_travels_by_value_only_where_its_name_cannot_find_it():
-    from toy_engine.device import dumps  # the CPU stand-in's pickling (round 32)
+    from toy_engine.sending import dumps  # the CPU stand-in's pickling (round 32)
     helper = notebook_cell(LRU)["batch_index"]
     sent = pickle.loads(dumps(helper))
     assert sent is not helper and sent(3).tolist() == [0, 1, 2]

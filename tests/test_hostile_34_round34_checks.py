@@ -94,7 +94,8 @@ def test_a_right_loops_that_flush_only_at_the_none_plan_pass():
 def test_b_a_free_under_the_next_round_is_told_in_the_lessons_words():
     v = checks.check_zos_loop(_zos(_inline(False)))
     assert not v.passed and v.category == "free_in_use", v
-    assert re.match(r"round 9 \(decode, prompts \[0, 1, 2\]\): your loop freed the KV cache of "
+    assert re.match(r"with speculative decoding \(3 drafts per round\): "  # (round 37: named)
+                    r"round 9 \(decode, prompts \[0, 1, 2\]\): your loop freed the KV cache of "
                     r"prompt 0 \(blocks \[\d+, \d+, \d+\]\) while round 10's `forward`, launched "
                     r"and not yet waited for, still uses it \(the extra step: under ZOS the "
                     r"finished request is already in the next launched round\)\. Free a finished "

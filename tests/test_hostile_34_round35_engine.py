@@ -13,7 +13,7 @@ import torch
 
 import toy_engine as te
 from toy_engine import kernels
-from toy_engine.device import NotSendable
+from toy_engine.sending import NotSendable
 
 PROMPTS = ["Once upon", "The king"]
 

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 import toy_engine as te
-from toy_engine.device import NotSendable
+from toy_engine.sending import NotSendable
 
 PROMPTS = ["Once upon", "The cat"]
 

@@ -12,7 +12,7 @@ import copy
 import pytest
 
 import toy_engine as te
-from toy_engine.device import NotSendable
+from toy_engine.sending import NotSendable
 
 # A notebook's cells (``__main__``: its classes and functions are sent by value)
 CELLS = '''

@@ -149,12 +149,14 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 5,129 until round 36: what a heavy plug-in carries named as pickle sends it (device._by_name,
 # _class_parts) and a decorator's wrapper checked (validate._WRAPPER): 28.
 # 5,157 until round 37: a heavy plug-in's table named in slots, function attributes and a
-# Module's buffers, what cannot be sent named (device._sent, _named), a plan's copy named: 58.
+# Module's buffers, what cannot be sent named (device._sent, _named), a plan's copy named: 58;
+# then what a plug-in sends moved out of device.py into sending.py (its own docstring and
+# imports): 5,232.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5215, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5232, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

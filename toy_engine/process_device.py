@@ -27,7 +27,8 @@ import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
-from .device import Device, DeviceContext, DeviceError, dumps, sendable
+from .device import Device, DeviceContext, DeviceError
+from .sending import dumps, sendable
 from .interrupts import hold_sigint, sigint_blocked
 from . import judged_forkserver
 from .validate import check_float, plugin_label, shown

@@ -13,7 +13,7 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
-from toy_engine.device import globals_read
+from toy_engine.sending import globals_read
 
 from . import correction_cases, sandbox
 from .answers import cut

@@ -15,7 +15,7 @@ import torch
 from overlap_course.device_state import (ChangedInputs, EndsProcess, StillRunning,
                                          WrongKeyLengths, changed_inputs, watched_message,
                                          watched_correction)
-from toy_engine.device import NotSendable
+from toy_engine.sending import NotSendable
 
 from . import context, correction_cases, pool, sandbox
 from .correction_cases import FIELDS, worked_case, worked_requests
