@@ -72,15 +72,16 @@ def sendable(label: str, plugin, value) -> bytes:
     try:
         data = dumps(value)
     except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
-        where = next((f" (in {what or 'it'}: {_kind(value)})" for what, value in _sent(plugin)
-                      if not _copies(value)), "")
+        where = _naming(lambda: next((f" (in {what or 'it'}: {_kind(value)})"
+                                      for what, value in _sent(plugin) if not _copies(value)), ""))
         raise NotSendable(f"{label} cannot be sent to the CPU stand-in's device process, which "
                           f"receives it by value (cloudpickle): {shown(err)}{where}; have it use "
                           f"only what can be copied (not an engine, a lock, a file or a "
                           f"generator: a @contextlib.contextmanager decorator holds one, a "
                           f"class-based decorator does not)") from None
     if len(data) > MAX_SENT_BYTES:
-        heavy = ", ".join(f"{what} ({size / 1e6:.1f} MB)" for size, what in _carried(plugin)[:2])
+        heavy = _naming(lambda: ", ".join(f"{what} ({size / 1e6:.1f} MB)"
+                                          for size, what in _carried(plugin)[:2]))
         raise NotSendable(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
                         f"process at every launch (it receives a notebook's function by value, "
                         f"with what it reads{': ' + heavy if heavy else ''}); at most "
@@ -88,6 +89,15 @@ def sendable(label: str, plugin, value) -> bytes:
                         f"from the call's sizes (torch.arange(len(...))), or keep what it reads "
                         f"small")
     return data
+
+
+def _naming(name) -> str:
+    """``name()``, or nothing if it raises: a plug-in's own code (a ``__class__`` property, a
+    ``__dict__`` of its own) never replaces the refusal it names (round 38)."""
+    try:
+        return name()
+    except Exception:  # noqa: BLE001 - whatever the plug-in's code raises
+        return ""
 
 
 def _carried(plugin) -> list[tuple[int, str]]:
@@ -143,15 +153,16 @@ _HOLDERS = (types.FunctionType, functools.partial, types.MethodType)
 
 def _parts(holder) -> list[tuple[str, object]]:
     """(what, value): what ``holder`` (a function, partial, method or object) holds by value."""
-    if isinstance(holder, functools.partial):
+    kind = type(holder)  # its type, not its __class__ (a property of the plug-in's may run)
+    if issubclass(kind, functools.partial):
         return ([(f"the partial's argument {i}", a) for i, a in enumerate(holder.args)]
                 + [(f"the partial's `{k}=`", v) for k, v in holder.keywords.items()]
                 + [("", holder.func)])
-    if isinstance(holder, types.MethodType):  # its object's (a class's, for a classmethod)
+    if issubclass(kind, types.MethodType):  # its object's (a class's, for a classmethod)
         obj = holder.__self__
-        owned = _class_parts(obj) if isinstance(obj, type) else _object_parts(obj)
+        owned = _class_parts(obj) if issubclass(type(obj), type) else _object_parts(obj)
         return owned + [("", holder.__func__)]
-    if not isinstance(holder, types.FunctionType):
+    if not issubclass(kind, types.FunctionType):
         return _object_parts(holder)
     own = holder.__dict__  # under functools.wraps, a copy of what it wraps's: named there
     code, parts = holder.__code__, _named(

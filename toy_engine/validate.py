@@ -150,6 +150,7 @@ def body_checked(name: str, plugin):
                             f"nothing until iterated; call the function in a `for` loop")
         return answer
     checked.label = f"{name}={plugin_label(plugin)}"  # what a message names (as the run's labels)
+    checked.__wrapped__ = plugin  # what a refusal to send it names (round 38: its closure's)
     return checked
 
 
