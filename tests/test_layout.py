@@ -153,12 +153,13 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # then what a plug-in sends moved out of device.py into sending.py (its own docstring and
 # imports): 5,232.
 # 5,232 until round 38: a plug-in's own errors never replace a refusal (sending._naming), a
-# cached correction refused as the run starts (config.check_correction): 17.
+# cached correction refused as the run starts (config.check_correction), a stage label checked
+# in timeline.processing (process_outputs's printed source, notebook 02, stays short): 23.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5249, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5255, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

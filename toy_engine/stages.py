@@ -24,8 +24,8 @@ from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenB
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
 from .sequence import Request
-from .timeline import PROCESS_STAGES, Stage, Timeline
-from .validate import check_committed, check_rows, plugin_label as _label, shown
+from .timeline import Stage, Timeline, processing
+from .validate import check_committed, check_rows, plugin_label as _label
 
 _MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
 # What returns each stage's argument: a refusal of anything else names it.
@@ -320,11 +320,8 @@ class RoundStages:
         """Wait for the step's sample event, read its tokens, commit them to the requests, and free
         the cache of those finished and in no launched round; a ``process_outputs`` plug-in given to
         ``generate`` does all of that instead."""
-        if type(stage) not in (str, Stage) or stage not in PROCESS_STAGES:  # a timeline label
-            raise ValueError(f"process_outputs was given stage={shown(stage)}: its spans are "
-                             f"'postprocess' (the default) or 'flush' (engine.flush's); leave it out")
         # Before the wait: another device's event may never come on this one.
-        self._own("flush" if stage == Stage.FLUSH else "process_outputs", step)
+        self._own(processing(stage), step)
         custom, label = self._run.process_outputs, self._run.labels.get("process_outputs")
         if custom is not None:
             self._custom_process(custom, label, step, stage)

@@ -47,6 +47,15 @@ DEVICE_STAGES = (Stage.UPLOAD, Stage.CORRECT, Stage.FORWARD, Stage.SAMPLE)
 #: Host stages that consume a round's results (they wait for its sample event first).
 PROCESS_STAGES = (Stage.POSTPROCESS, Stage.FLUSH)
 _STAGES = {stage.value: stage for stage in Stage}
+
+
+def processing(stage) -> str:
+    """The stage that calls ``engine.process_outputs`` with ``stage``, its span's label:
+    postprocess, or flush (round 35: any string was taken, and a checker then read others)."""
+    if type(stage) not in (str, Stage) or stage not in PROCESS_STAGES:
+        raise ValueError(f"process_outputs was given stage={shown(stage)}: its spans are "
+                         f"'postprocess' (the default) or 'flush' (engine.flush's); leave it out")
+    return "flush" if stage == Stage.FLUSH else "process_outputs"
 _VERSION = 1
 
 

@@ -201,10 +201,11 @@ def _guard(private: list[str], protected: list[Path], readable: list[Path], watc
     def resolved(path) -> Path | None:
         if not is_a(path, paths):
             return None  # a file descriptor: opening it was audited
-        if climbs(fsdecode(path)):
-            raise refuse(f"the judge does not let a submission use a relative path that leaves "
-                         f"its folder ({fsdecode(path)[:80]}): give the path from /")
-        return Path(real(fsdecode(path)))
+        target = Path(real(fsdecode(path)))  # from the folder it is in now (round 38: `..`
+        if climbs(fsdecode(path)) and not target.is_relative_to(home):  # after an os.chdir)
+            raise refuse(f"the judge does not let a submission use a relative path that "
+                         f"leaves its folder ({fsdecode(path)[:80]}): keep to the notebook's")
+        return target
 
     def refuse_write(path) -> None:
         """Checked as it resolves, and as the link it may be: removing or replacing a link
@@ -263,12 +264,7 @@ class _NoMoreHooks(RuntimeError):
 
 def _climbs(name: str) -> bool:
     """Whether a relative path leaves the folder it starts from (``a/../../b``)."""
-    depth = 0
-    for part in ([] if os.path.isabs(name) else name.split(os.sep)):
-        depth += -1 if part == ".." else part not in ("", ".")
-        if depth < 0:
-            return True
-    return False
+    return not os.path.isabs(name) and os.path.normpath(name).split(os.sep)[0] == ".."
 
 
 def _reporter(path: str, secret: str):
