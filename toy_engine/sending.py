@@ -72,8 +72,8 @@ def sendable(label: str, plugin, value) -> bytes:
     try:
         data = dumps(value)
     except Exception as err:  # noqa: BLE001 - whatever the value's own pickling raises
-        where = _naming(lambda: next((f" (in {what or 'it'}: {_kind(value)})"
-                                      for what, value in _sent(plugin) if not _copies(value)), ""))
+        where = _naming(lambda: next((f" (in {what or 'it'}: {_kind(part)})"
+                                      for what, part in _sent(plugin) if not _copies(part)), ""))
         raise NotSendable(f"{label} cannot be sent to the CPU stand-in's device process, which "
                           f"receives it by value (cloudpickle): {shown(err)}{where}; have it use "
                           f"only what can be copied (not an engine, a lock, a file or a "
@@ -82,12 +82,12 @@ def sendable(label: str, plugin, value) -> bytes:
     if len(data) > MAX_SENT_BYTES:
         heavy = _naming(lambda: ", ".join(f"{what} ({size / 1e6:.1f} MB)"
                                           for size, what in _carried(plugin)[:2]))
-        raise NotSendable(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's device "
-                        f"process at every launch (it receives a notebook's function by value, "
-                        f"with what it reads{': ' + heavy if heavy else ''}); at most "
-                        f"{MAX_SENT_BYTES / 1e6:.0f} MB: make such a table inside the function "
-                        f"from the call's sizes (torch.arange(len(...))), or keep what it reads "
-                        f"small")
+        raise NotSendable(f"{label} carries {len(data) / 1e6:.1f} MB to the CPU stand-in's "
+                          f"device process at every launch (it receives a notebook's function "
+                          f"by value, with what it reads{': ' + heavy if heavy else ''}); at "
+                          f"most {MAX_SENT_BYTES / 1e6:.0f} MB: make such a table inside the "
+                          f"function from the call's sizes (torch.arange(len(...))), or keep "
+                          f"what it reads small")
     return data
 
 
