@@ -155,11 +155,13 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 5,232 until round 38: a plug-in's own errors never replace a refusal (sending._naming), a
 # cached correction refused as the run starts (config.check_correction), a stage label checked
 # in timeline.processing (process_outputs's printed source, notebook 02, stays short): 23.
+# 5,255 until a cached function's type was named once (sending.LRU_CACHED, which config's
+# refusal reads too) and timeline.processing's docstring said what it returns: 5.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5255, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5260, 480, 40
 COURSE_FILE_MAX_LINES = 420
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -6,11 +6,11 @@ or after minutes of spinning); the sizes behind them are in docs/measurements/en
 """
 
 import dataclasses
-import functools
 import os
 from dataclasses import dataclass
 
 from .constraint import CONSTRAINTS
+from .sending import LRU_CACHED
 from .validate import _label, check_bool, check_choice, check_float, check_int, check_seed, shown
 
 __all__ = ["EngineConfig", "MODES", "DEVICES", "check_kv_cache_size", "plain_config",
@@ -162,7 +162,7 @@ def check_correction(correction, config: EngineConfig, loop) -> None:
            "engine.correct_on_device" if loop is None and config.mode == "serial" else None)
     if why is not None:
         raise ValueError(f"correction={_label(correction)} would never be called: {why}")
-    if type(correction) is type(functools.lru_cache(len)):  # round 38: failed on the device
+    if type(correction) is LRU_CACHED:  # round 38: failed on the device
         raise TypeError(f"correction={_label(correction.__wrapped__)} is cached "
                         f"(functools.cache or lru_cache), but the run calls it with the round's "
                         f"metadata, a dict, which cannot be a cache key: remove the decorator")

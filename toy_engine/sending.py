@@ -42,8 +42,12 @@ def _by_name(function) -> bool:
         return False
 
 
+#: The type of a ``functools.cache`` or ``lru_cache`` function
+LRU_CACHED = type(functools.lru_cache(len))
+
+
 class _Pickler(cloudpickle.Pickler):
-    dispatch_table = ChainMap({type(functools.lru_cache(len)): _lru_by_value},
+    dispatch_table = ChainMap({LRU_CACHED: _lru_by_value},
                               cloudpickle.Pickler.dispatch_table)
 
 

@@ -50,8 +50,9 @@ _STAGES = {stage.value: stage for stage in Stage}
 
 
 def processing(stage) -> str:
-    """The stage that calls ``engine.process_outputs`` with ``stage``, its span's label:
-    postprocess, or flush (round 35: any string was taken, and a checker then read others)."""
+    """The stage a message names for ``engine.process_outputs`` called with the span label
+    ``stage``, which must be postprocess or flush (round 35: any string was taken, and a
+    checker then read the span as another stage)."""
     if type(stage) not in (str, Stage) or stage not in PROCESS_STAGES:
         raise ValueError(f"process_outputs was given stage={shown(stage)}: its spans are "
                          f"'postprocess' (the default) or 'flush' (engine.flush's); leave it out")
