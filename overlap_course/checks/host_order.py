@@ -269,12 +269,12 @@ def _decode_deferred(log: HostLog, r: int, at: int) -> Verdict | None:
                      f"processed (host order: launch_forward {r + 1} -> launch_sample {r + 1} -> "
                      f"postprocess {r}). Sampling may depend on the text committed so far (a grammar "
                      f"mask, a penalty): " + (
-                         f"with the `{log.constraint}` constraint on, round {r + 1}'s mask was built "
-                         f"without round {r}'s token" if log.constraint else
+                         f"with the `{log.constraint}` constraint on, round {r + 1}'s mask was "
+                         f"built without round {r}'s token" if log.constraint else
                          f"with the `{CONSTRAINT}` constraint of this check's first run, round "
                          f"{r + 1}'s mask would be built without round {r}'s token")
-                     + ". The order is: this round's forward, the previous round's postprocess, this "
-                       "round's sample")
+                     + ". The order is: this round's forward, the previous round's postprocess, "
+                       "this round's sample")
     return None
 
 
@@ -288,8 +288,9 @@ def _processed_before_next(log: HostLog, r: int, at: int) -> Verdict | None:
     found_plan = [q for q in schedules if q > r]
     if schedules and not found_plan:
         return None  # nothing was left to launch: processing it now is the flush, whatever its name
+    # no round came after it to hide it under (round 35: a flush once none wants more)
     if not found_plan and not any(s == "launch_forward" for s, _ in log.events[at + 1:]):
-        return None  # no round came after it to hide it under (round 35: a flush when none wants more)
+        return None
     how = "flushed" if stage == "flush" else "processed"
     if found_plan:
         return fails("not_deferred",
