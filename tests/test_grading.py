@@ -163,6 +163,13 @@ def test_nbgrader_generates_and_autogrades_with_the_course_checkers(tmp_path):
     errors = [o for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_serial_loop"
               for o in c.outputs if o.output_type == "error"]
     assert errors and errors[0].ename == "CheckNotPassed" and "never" in errors[0].evalue, errors
+    # The right submission's own cells ran in the fenced kernel: its engine started (round 39
+    # saw every engine of a grading kernel fail where the course was installed another way).
+    for a in homes:
+        graded = nbformat.read(homes[a] / "autograded" / "right" / a / f"{a}.ipynb", as_version=4)
+        errors = [o for c in graded.cells for o in c.get("outputs", [])
+                  if o.output_type == "error"]
+        assert not errors, (a, errors)
 
 
 def test_a_learners_lab_set_up_by_run_sh_loads_no_nbgrader_menus():

@@ -8,7 +8,9 @@ import collections.abc
 import contextlib
 import decimal
 import functools
+import gc
 import inspect
+import itertools
 import math
 import numbers
 import operator
@@ -143,7 +145,7 @@ def body_checked(name: str, plugin):
                             f"a generator expression, or a decorator around a generator or an "
                             f"`async def`, does that): do the work in a plain function, with "
                             f"`return`, not `yield`")
-        if issubclass(kind, collections.abc.Iterator):
+        if issubclass(kind, collections.abc.Iterator) and _holds_calls(answer):
             raise TypeError(f"{name}={_label(plugin)} returned a lazy iterator ({_label(answer)}) "
                             f"that nothing iterates (the run ignores what it returns), so the "
                             f"calls it holds never happened: map, filter, zip and itertools call "
@@ -156,6 +158,35 @@ def body_checked(name: str, plugin):
 
 _NOT_RUN = {types.GeneratorType: "a generator", types.CoroutineType: "a coroutine",
             types.AsyncGeneratorType: "an async generator"}
+# Iterators whose next() calls a function: a plug-in's answer the run ignores, their calls never
+# happen.  Iterators of these modules' types only walk what they hold (round 39).
+_CALLING = {map, filter, itertools.starmap, itertools.filterfalse, itertools.takewhile,
+            itertools.dropwhile, itertools.accumulate, itertools.groupby, *_NOT_RUN}
+_WALKED = ("builtins", "itertools", "collections", "_io")
+MAX_WALKED = 1000  # objects looked at in one answer: past them, taken as holding calls
+
+
+def _holds_calls(answer) -> bool:
+    """Whether iterating ``answer`` would run code: a ``map``, ``filter`` or generator in it
+    (``enumerate(map(f, xs))``), or an iterator of a class of the learner's, whose ``__next__``
+    never ran.  ``iter(engine.completions)`` or ``zip(a, b)`` over lists calls nothing: a loop
+    that did its work and returned one was refused, its finished run lost (round 39).  Walks
+    what the iterators hold through the collector's view (C code: none of the learner's runs)."""
+    seen, todo = set(), [answer]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        kind = type(item)
+        if kind in _CALLING or len(seen) > MAX_WALKED:
+            return True
+        if kind is tuple or (issubclass(kind, collections.abc.Iterator)
+                             and type.__dict__["__module__"].__get__(kind) in _WALKED):
+            todo.extend(gc.get_referents(item))
+        elif issubclass(kind, collections.abc.Iterator):
+            return True  # a class of the learner's: its __next__ is code that never ran
+    return False
 
 
 def plugin_label(function) -> str:

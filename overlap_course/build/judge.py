@@ -112,17 +112,15 @@ Without Landlock, it can also write files through ``ctypes`` or a
 process of its own (the audit hook is not inherited; the re-hash after the judge catches such
 writes to the course's and the toy's sources and bytecode, unless the process leaves the judge's
 process group on purpose and writes later) -- all of it in the submission, for the instructor
-to read.  A right answer the judge runs differently from the kernel: a helper module submitted
-next to the notebook is not in the judge's folder (only one the cells write there, with ``open``
-or ``%%writefile``; the kernel's folder may hold what it wrote unguarded), ``Out[N]`` counts
+to read.  A right answer the judge runs differently from the kernel: of the kernel's folder, the
+judge's holds only the files submitted with the notebook (:mod:`.judge_beside`), ``Out[N]`` counts
 only the cells the judge runs (graded cells are left out), and a shell line (``!echo``) is not
 run, only noted (a cell that needs what it did fails there).  Exercise 04's run on valueless
 tensors catches code that reads values, skips that run or works differently there, not code that
 fakes a correction of its own when ``is_meta`` (it is in the submission, for the instructor to
-read).  And the kernel runs as the
-grader's user, before any judge: it can rewrite torch or the standard library, which are not
-hashed (too large to hash per process), so grade where submissions cannot write the course
-folder or the environment (a container, as otter-grader recommends).
+read).  And the kernel runs as the grader's user, before any judge: it can rewrite torch or the
+standard library, which are not hashed (too large to hash per process), so grade where submissions
+cannot write the course folder or the environment (a container, as otter-grader recommends).
 """
 
 from __future__ import annotations
@@ -145,7 +143,7 @@ import nbformat
 
 from overlap_course.build import kernel_fence
 from overlap_course.build.graded import GRADED_CALLS, ROOT, VALUE_ANSWERS
-from overlap_course.build import judge_zygote
+from overlap_course.build import judge_beside, judge_zygote
 from overlap_course.build.judge_process import signer
 
 JUDGE_TIMEOUT_S = 600  # one judge process: the learner's cells up to the check, then the check
@@ -168,12 +166,13 @@ def autograde_preprocessors() -> list:
         """Overwrites each graded cell's outputs with a fresh process's verdict."""
 
         def preprocess(self, nb, resources):
-            judge_notebook(nb, pristine)
+            judge_notebook(nb, pristine, judge_beside.given(resources))
             return nb, resources
 
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     at = steps.index(Execute)
-    steps[at:at + 1] = [kernel_fence.fenced_execute(), JudgeInFreshProcess]  # the kernel fenced
+    steps[at:at + 1] = [judge_beside.read_step(), kernel_fence.fenced_execute(),
+                        JudgeInFreshProcess]  # the kernel fenced, what it was given read first
     return steps
 
 
@@ -212,9 +211,10 @@ def _changed_files(pristine: dict[str, str]) -> list[str]:
     return sorted(set(now) ^ set(pristine) | edited)
 
 
-def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
+def judge_notebook(nb, pristine: dict[str, str] | None = None, beside=({}, "")) -> None:
     """Give every graded cell of an executed submission the judge's outputs: a line that
-    says it passed, or a ``CheckNotPassed`` error (nbgrader scores a cell with an error 0)."""
+    says it passed, or a ``CheckNotPassed`` error (nbgrader scores a cell with an error 0).
+    ``beside``: the files submitted with the notebook (:mod:`.judge_beside`), and why not."""
     changed = _changed_files(pristine) if pristine is not None else []
     private = _private_folders(Path.cwd())
     for index, cell in enumerate(nb.cells):
@@ -228,7 +228,8 @@ def judge_notebook(nb, pristine: dict[str, str] | None = None) -> None:
                 f"written them: reinstall the course and grade again, with submissions unable "
                 f"to write the environment")
         else:
-            passed, message = judge(check, _code_before(nb, index), private)
+            passed, message = judge(check, _code_before(nb, index), private, files=beside[0])
+            message += f" ({beside[1]})" * (not passed and bool(beside[1]))
         cell.outputs = [_outcome(check, passed, message)]
 
 
@@ -262,27 +263,28 @@ def _private_folders(course: Path) -> list[str]:
 
 
 def judge(check: str, cells: list[str], private: list[str] = (),
-          pristine: dict[str, str] | None = None) -> tuple[bool, str]:
+          pristine: dict[str, str] | None = None, files=None) -> tuple[bool, str]:
     """(passed, message) for ``check`` on the answers ``cells`` define, from fresh processes.
 
     A check of values reads them in one process (the learner's cells run there) and judges them
     in another that runs no line of the submission; a check of code runs the cells and the
     check in one process that verifies afterwards that nothing the checker uses was replaced.
     After each process the installed files are re-hashed against ``pristine`` (by default,
-    their state now): a verdict from a judge whose course was rewritten is not trusted."""
+    their state now): a verdict from a judge whose course was rewritten is not trusted.
+    ``files``: what each judge finds in its folder (the files submitted with the notebook)."""
     pristine = compiled_digest() if pristine is None else pristine
     names = graded_arguments(check)
     request = {"check": check, "names": names, "cells": cells, "private": list(private)}
     if set(names) <= VALUE_ANSWERS:
-        answers = _run_judge("answers", request, pristine)
+        answers = _run_judge("answers", request, pristine, files)
         if "values" not in answers:
             return False, answers["message"]
         request = {"check": check, "names": names, "values": answers["values"], "private": []}
-    report = _run_judge("check", request, pristine)
+    report = _run_judge("check", request, pristine, files if "cells" in request else None)
     return report["passed"] is True, report["message"]
 
 
-def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
+def _run_judge(mode: str, request: dict, pristine: dict[str, str], files=None) -> dict:
     """One judge process, forked by the judges' zygote (a ``python -I``: no user site, no
     ``PYTHONPATH``, no current folder on the path; :mod:`~overlap_course.build.judge_zygote`), in
     an empty temporary folder, with an environment of its own.  The request, a secret made for
@@ -291,6 +293,7 @@ def _run_judge(mode: str, request: dict, pristine: dict[str, str]) -> dict:
     trusted only if signed with that secret, in the shape it must have, from a process that
     exited 0 and left the installed files as they were."""
     with tempfile.TemporaryDirectory(prefix="overlap-judge-") as tmp:
+        judge_beside.write(files or {}, tmp)
         secret = secrets.token_hex(32)
         answer = Path(tmp, f"{secrets.token_hex(16)}.json")
         ask = json.dumps({"secret": secret, "report": str(answer), "request": request})

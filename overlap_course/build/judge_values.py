@@ -92,11 +92,16 @@ def _plain(value) -> tuple[str, object]:
     base = next((b for b in (list, tuple, set, frozenset) if isinstance(value, b)),
                 tuple if record else list)
     try:
-        return _TAGS[base], list(itertools.islice(iter(value), MAX_ITEMS + 1))
+        given = iter(value)
+        items = None if given is value else list(itertools.islice(given, MAX_ITEMS + 1))
     except TypeError:
         fix = ("a tuple of its fields (dataclasses.astuple)" if record
                else "it with sets, lists, tuples, dicts, strings and numbers")
         raise ValueError(f"{refused}: write {fix}") from None
+    if items is None:  # as the checker refuses it (round 39): its first reader uses it up
+        raise ValueError(f"a {kind.__name__} is an iterator, which its first reader (the check) "
+                         f"uses up: write a list or a tuple")
+    return _TAGS[base], items
 
 
 def _learners_eq(value) -> bool:

@@ -408,13 +408,19 @@ def share(x) -> float | None:
 def items(answer, shape: str, has: str = "a few") -> list | Verdict:
     """The items of a collection the learner gave, or the Verdict on why it is not one
     (``shape``: what the question asks for; ``has``: how many items its answer has).  An endless
-    iterator stops after MAX_ITEMS: ``list`` would spin in C, out of reach of the time limit."""
+    iterable stops after MAX_ITEMS: ``list`` would spin in C, out of reach of the time limit.  An
+    iterator is refused: this check would use it up (round 39: a figure then drew nothing)."""
     try:
-        out = list(itertools.islice(iter(answer), MAX_ITEMS + 1))
+        given = iter(answer)
+        out = None if given is answer else list(itertools.islice(given, MAX_ITEMS + 1))
     except TypeError:
         return fails("shape", f"write {shape}; got {show(answer)} ({article(type_name(answer))})")
+    if out is None:
+        return fails("shape", f"write {shape} as a list or a tuple: yours is "
+                              f"{article(type_name(answer))}, an iterator, which its first reader "
+                              f"(this check) uses up, leaving the cells below it nothing to read")
     if len(out) > MAX_ITEMS:
         many = (f"has {length(answer)} items" if isinstance(answer, (list, tuple)) else
-                f"gave more than {MAX_ITEMS} items (an endless iterator?)")
+                f"gave more than {MAX_ITEMS} items (endless?)")
         return fails("shape", f"write {shape}; yours {many}, and the answer has {has}")
     return out

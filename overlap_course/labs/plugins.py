@@ -79,8 +79,7 @@ def _answer_checked(name: str, method, req):
         if type(value) is np.bool_ or (isinstance(value, (int, np.integer)) and value in (0, 1)):
             value = bool(value)  # numpy's bool type cannot be subclassed: exactly that
         if type(value) is not bool:
-            raise NotTrueOrFalse(getattr(method, "__name__", type(method).__name__), answer,
-                                 req.index)
+            raise NotTrueOrFalse(plugin_label(method), answer, req.index)  # reads types only
         return value
     wants_more.label = f"per_request(wants_more={plugin_label(method)})"  # the engine's messages
     return wants_more

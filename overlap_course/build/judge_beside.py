@@ -1,0 +1,55 @@
+"""The files submitted beside a notebook (a helper module, a data file), which each judge finds
+in its folder as the learner's kernel found them in the notebook's (round 39: a right loop that
+the notebook imported from a submitted ``helpers.py`` scored 0, the judge's folder being empty).
+
+They are read as nbgrader copied them, before the learner's kernel runs: the kernel may write
+its folder, and without Landlock read the solution, so what it leaves there never reaches a
+judge.  Only plain files at the top of the folder, not notebooks, and only up to a size: past
+it none are copied, and a verdict that did not pass says why."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+MAX_FILES, MAX_BYTES = 100, 20 * 2**20  # a helper module or a data file, not a data set
+_KEY = "overlap_beside"  # where in nbgrader's resources they wait for the judge
+
+
+def read_step():
+    """nbgrader's preprocessor that reads them, placed before the kernel runs."""
+    from nbgrader.preprocessors import NbGraderPreprocessor
+
+    class ReadFilesBeside(NbGraderPreprocessor):
+        def preprocess(self, nb, resources):
+            folder = resources.get("metadata", {}).get("path") or "."
+            resources[_KEY] = read(Path(folder))
+            return nb, resources
+    return ReadFilesBeside
+
+
+def read(folder: Path) -> tuple[dict[str, bytes], str]:
+    """``{name: bytes}`` of the plain files beside the notebook, and why none are copied."""
+    files, size = {}, 0
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name.endswith(".ipynb") or not stat.S_ISREG(entry.stat(follow_symlinks=False)
+                                                             .st_mode):
+            continue  # a folder (the kernel's __pycache__), a link, a notebook
+        size += entry.stat(follow_symlinks=False).st_size
+        if len(files) == MAX_FILES or size > MAX_BYTES:
+            return {}, (f"the files submitted beside the notebook (over {MAX_FILES} or over "
+                        f"{MAX_BYTES // 2**20} MB) were not copied to the judge's folder")
+        files[entry.name] = Path(entry.path).read_bytes()
+    return files, ""
+
+
+def given(resources: dict) -> tuple[dict[str, bytes], str]:
+    return resources.get(_KEY, ({}, ""))
+
+
+def write(files: dict[str, bytes], folder: str) -> None:
+    """The files into a judge's folder, before it starts."""
+    for name, data in files.items():
+        with open(os.path.join(folder, name), "xb") as f:
+            f.write(data)
