@@ -118,7 +118,7 @@ Step = collections.namedtuple("Step", "stage round")
     ([Step("forward", 1), Step("sample", 1)], [("forward", 1), ("sample", 1)]),
     (set(np.array(["input_ids", "positions"])), {"input_ids", "positions"}),
     (dict(input_ids=1, positions=1).keys(), ["input_ids", "positions"]),
-    (np.int64(3), 3), (np.float32(0.5), 0.5), ((i for i in range(5000)), list(range(4097))),
+    (np.int64(3), 3), (np.float32(0.5), 0.5), (range(5000), list(range(4097))),
 ])
 def test_value_answers_cross_as_the_checker_reads_them(value, plain):
     sent = judge_process._decode(judge_process._encode(value))
@@ -179,3 +179,10 @@ def test_the_judge_passes_a_partial_and_a_namedtuple_order():
         f"import collections\nS = collections.namedtuple('S', 'stage round')\n"
         f"order = [S(*x) for x in {order!r}]"])
     assert passed, message
+
+
+def test_an_iterator_is_refused_as_the_checker_refuses_it():
+    """Round 39: the checker refuses a generator (its first reader uses it up); the judge read
+    one as a list and passed what the kernel failed."""
+    with pytest.raises(ValueError, match="a generator is an iterator"):
+        judge_process._encode(i for i in range(5))
