@@ -74,7 +74,8 @@ def test_the_grading_kernel_is_fenced_on_every_thread_and_runs_no_launcher_it_is
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
-    execute = judge.autograde_preprocessors()[0](timeout=120)
+    execute = next(step for step in judge.autograde_preprocessors()  # after ReadFilesBeside
+                   if step.__name__ == "FencedExecute")(timeout=120)
     executed, _ = execute.preprocess(nb, {"metadata": {"path": str(folder)}})
     said = "".join(o.get("text", "") for o in executed.cells[0].outputs)
     assert "iopub: refused 13" in said, executed.cells[0].outputs

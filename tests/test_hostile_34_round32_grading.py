@@ -42,7 +42,8 @@ def test_the_grading_kernel_cannot_replace_its_notebook_by_a_link(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, folder / "graded.ipynb")
-    execute = judge.autograde_preprocessors()[0](timeout=120)
+    execute = next(step for step in judge.autograde_preprocessors()  # after ReadFilesBeside
+                   if step.__name__ == "FencedExecute")(timeout=120)
     executed, _ = execute.preprocess(nb, {"metadata": {"path": str(folder)}})
     said = "".join(o.get("text", "") for o in executed.cells[0].outputs)
     assert "refused 13" in said, executed.cells[0].outputs
