@@ -23,8 +23,8 @@ def read_step():
 
     class ReadFilesBeside(NbGraderPreprocessor):
         def preprocess(self, nb, resources):
-            folder = resources.get("metadata", {}).get("path") or "."
-            resources[_KEY] = read(Path(folder))
+            folder = resources.get("metadata", {}).get("path")  # nbgrader's: the notebook's
+            resources[_KEY] = read(Path(folder)) if folder else ({}, "")
             return nb, resources
     return ReadFilesBeside
 
@@ -35,7 +35,7 @@ def read(folder: Path) -> tuple[dict[str, bytes], str]:
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         if entry.name.endswith(".ipynb") or not stat.S_ISREG(entry.stat(follow_symlinks=False)
                                                              .st_mode):
-            continue  # a folder (the kernel's __pycache__), a link, a notebook
+            continue  # a folder, a link, a notebook
         size += entry.stat(follow_symlinks=False).st_size
         if len(files) == MAX_FILES or size > MAX_BYTES:
             return {}, (f"the files submitted beside the notebook (over {MAX_FILES} or over "
