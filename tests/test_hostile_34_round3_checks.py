@@ -95,9 +95,16 @@ class LearnersBaseException(BaseException):
     """Not KeyboardInterrupt nor SystemExit: the learner's own."""
 
 
-def _stops_with(error):
-    yield 1
-    raise error("learner")
+class _stops_with:
+    """An iterable (not an iterator: one is refused before it is read, round 39) whose reading
+    raises ``error`` after one item."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __iter__(self):
+        yield 1
+        raise self.error("learner")
 
 
 @pytest.mark.timeout(30)
