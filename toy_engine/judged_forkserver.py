@@ -5,11 +5,7 @@ and the device processes forked from it run the submission's kernels; none is us
 
 import multiprocessing as mp
 import multiprocessing.forkserver  # noqa: F401  (its forkserver's pid)
-import os
-import socket
-import sys
 import types
-from multiprocessing import connection, resource_tracker
 
 from .device import DeviceError
 
@@ -27,43 +23,8 @@ def running(preload: list[str], without_main) -> int:
 
 
 def start(preload: list[str], without_main) -> None:
-    """Start the forkserver now, preloading ``preload``, and use only it from now on.  A
-    process of one thread (a judge before its cells and its audit hook) forks it from itself,
-    ``preload`` already imported: a new interpreter imported torch again for each judge, its
-    first engine 1.4 s instead of 0.15 s (measured, 2 cores).  CPython 3.14's forkserver
-    authenticates its clients, a layout this does not write: there, as elsewhere, a new one."""
-    if sys.version_info < (3, 14) and len(os.listdir("/proc/self/task")) == 1 and all(
-            name in sys.modules for name in preload):
-        PINNED.pid = _forked()
-    else:
-        PINNED.pid = running(preload, without_main)
-
-
-def _forked() -> int:
-    """multiprocessing's forkserver loop in a child forked now, made the one its forkserver
-    context uses (CPython 3.11-3.13: as ``ForkServer.ensure_running`` records a new one)."""
-    server = mp.forkserver._forkserver
-    with server._lock:
-        if server._forkserver_pid is not None:  # one runs already: that one
-            return server._forkserver_pid
-        resource_tracker.ensure_running()  # before the fork: the server and its children share it
-        with socket.socket(socket.AF_UNIX) as listener:
-            address = connection.arbitrary_address("AF_UNIX")
-            listener.bind(address)
-            os.chmod(address, 0o600)
-            listener.listen()
-            alive_r, alive_w = os.pipe()  # its end at EOF: this process is gone, so is the server
-            pid = os.fork()
-            if pid == 0:  # never returns: no handler of this process's runs in the server
-                try:
-                    os.close(alive_w)
-                    mp.forkserver.main(listener.fileno(), alive_r, [])
-                finally:
-                    os._exit(0)
-            os.close(alive_r)
-        server._forkserver_address, server._forkserver_alive_fd = address, alive_w
-        server._forkserver_pid = pid
-    return pid
+    """Start the forkserver now, preloading ``preload``, and use only it from now on."""
+    PINNED.pid = running(preload, without_main)
 
 
 def method(chosen: str) -> str:

@@ -72,12 +72,6 @@ def judge_main(argv: list[str]) -> None:
     # The kernel's fence first: the hook below would refuse the folders its rules must open.
     landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
                       [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
-    # The device processes' forkserver, started before any submission line and the only one
-    # used (round 16: one the check started after the cells ran the code they put in it); fenced,
-    # and before the hook below, which a forkserver forked from here would carry to the devices
-    if mode != "answers":
-        device = sys.modules["toy_engine.process_device"]
-        judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
     sys.addaudithook(_guard(request["private"], trusted, readable, watch))
     # a module the cells write next to themselves, found as the kernel finds it (there its folder
     # comes first; here last, so that no file of the submission shadows an installed module)
@@ -86,6 +80,10 @@ def judge_main(argv: list[str]) -> None:
     if mode == "answers":
         write(_read_values(request["cells"], names, keeper()))
         return
+    # The device processes' forkserver, started before any submission line and the only one
+    # used (round 16: one the check started after the cells ran the code they put in it)
+    device = sys.modules["toy_engine.process_device"]
+    judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
     forkserver = judged_forkserver.PINNED.pid  # by value, before the cells
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}

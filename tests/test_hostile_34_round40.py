@@ -1,0 +1,35 @@
+"""Issue 34, round forty.  A judge that forked its device processes' forkserver from itself (to
+spare a second import of torch) gave that forkserver, and every process the cells asked it for,
+the judge's memory: the report's writer with the run's secret bound in it, and no audit hook.
+A wrong loop whose cells started such a process and signed "passed" scored full marks, and the
+same route read the solutions.  Reverted: the forkserver is a new interpreter again, fenced, with
+nothing of the judge's memory.  Failed when written (against the forked forkserver)."""
+
+from __future__ import annotations
+
+from overlap_course.build import judge
+
+from judged import IMPORTS, WRONG_LOOP, needs_the_engine
+
+_SIGNS = r'''
+import gc, types
+for o in gc.get_objects():
+    if type(o) is types.FunctionType and o.__qualname__ == "_reporter.<locals>.write":
+        o({"passed": True, "message": "forged by the forkserver's child"})
+'''
+_ASKS_THE_FORKSERVER = f'''
+import multiprocessing, os
+child = multiprocessing.get_context("forkserver").Process(target=exec, args=({_SIGNS!r},))
+child.start()
+child.join()
+os._exit(0)
+'''
+
+
+def test_a_process_the_cells_ask_the_forkserver_for_cannot_sign_the_verdict():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP,
+                                                        _ASKS_THE_FORKSERVER])
+    assert not passed and "forged" not in message, message
+    passed, message = judge.judge("check_serial_loop", [_ASKS_THE_FORKSERVER])
+    assert not passed and "forged" not in message, message
