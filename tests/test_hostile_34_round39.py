@@ -88,17 +88,49 @@ def test_the_judge_refuses_an_order_written_as_a_generator_as_the_checker_does()
         ORDER).message)
 
 
-def test_only_the_plain_files_beside_the_notebook_are_read(tmp_path):
-    (tmp_path / "helpers.py").write_text("X = 1\n")
-    (tmp_path / "answer.txt").write_text("input_ids\n")
-    (tmp_path / "ex.ipynb").write_text("{}")
-    (tmp_path / "__pycache__").mkdir()
-    os.symlink("/etc/hostname", tmp_path / "link.txt")
-    assert judge_beside.read(tmp_path) == ({"answer.txt": b"input_ids\n",
-                                            "helpers.py": b"X = 1\n"}, "")
-    (tmp_path / "big.bin").write_bytes(b"\0" * (judge_beside.MAX_BYTES + 1))
-    files, why = judge_beside.read(tmp_path)
+def test_only_the_plain_files_submitted_beside_the_notebook_are_read(tmp_path):
+    submitted, graded = tmp_path / "submitted", tmp_path / "autograded"
+    for folder in (submitted, graded):
+        folder.mkdir()
+        (folder / "helpers.py").write_text("X = 1\n")
+        (folder / "answer.txt").write_text("input_ids\n")
+        (folder / "ex.ipynb").write_text("{}")
+        (folder / "__pycache__").mkdir()
+        os.symlink("/etc/hostname", folder / "link.txt")
+    (graded / "course_data.txt").write_text("the course's own file, not submitted\n")
+    assert judge_beside.read(graded, submitted) == ({"answer.txt": b"input_ids\n",
+                                                     "helpers.py": b"X = 1\n"}, "")
+    (graded / "big.bin").write_bytes(b"\0" * (judge_beside.MAX_BYTES + 1))
+    (submitted / "big.bin").write_bytes(b"\0" * (judge_beside.MAX_BYTES + 1))
+    files, why = judge_beside.read(graded, submitted)
     assert files == {} and "were not copied to the judge's folder" in why
+
+
+def test_a_link_submitted_beside_the_notebook_never_reaches_a_judge(tmp_path):
+    """Round 40: nbgrader's copy follows a submitted link, so the autograded folder held the
+    instructor's source notebook as a plain file, which the judges were given."""
+    import shutil
+
+    from traitlets.config import Config
+
+    source = tmp_path / "source" / "02_serial_loop"
+    source.mkdir(parents=True)
+    (source / "02_serial_loop.ipynb").write_text("the solution")
+    submitted = tmp_path / "submitted" / "cheat" / "02_serial_loop"
+    submitted.mkdir(parents=True)
+    os.symlink("../../../source/02_serial_loop/02_serial_loop.ipynb", submitted / "sol.json")
+    (submitted / "helpers.py").write_text("X = 1\n")
+    graded = tmp_path / "autograded" / "cheat" / "02_serial_loop"
+    graded.mkdir(parents=True)
+    for name in ("sol.json", "helpers.py"):  # as nbgrader copies them: a link followed
+        shutil.copy(submitted / name, graded / name)
+    assert (graded / "sol.json").read_text() == "the solution"
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    step = judge_beside.read_step()(config=config)
+    _, resources = step.preprocess(None, {"metadata": {"path": str(graded)}, "nbgrader": {
+        "student": "cheat", "assignment": "02_serial_loop"}})
+    assert judge_beside.given(resources) == ({"helpers.py": b"X = 1\n"}, "")
 
 
 def test_the_files_are_read_before_the_learners_kernel_runs():

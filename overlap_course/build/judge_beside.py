@@ -4,8 +4,10 @@ the notebook imported from a submitted ``helpers.py`` scored 0, the judge's fold
 
 They are read as nbgrader copied them, before the learner's kernel runs: the kernel may write
 its folder, and without Landlock read the solution, so what it leaves there never reaches a
-judge.  Only plain files at the top of the folder, not notebooks, and only up to a size: past
-it none are copied, and a verdict that did not pass says why."""
+judge.  Only plain files at the top of the folder, not notebooks, and only those that were
+plain files in ``submitted/`` too: nbgrader's copy follows a link, and round 40's link to the
+instructor's source notebook arrived as a file holding the solution.  Up to a size: past it
+none are copied, and a verdict that did not pass says why."""
 
 from __future__ import annotations
 
@@ -23,25 +25,44 @@ def read_step():
 
     class ReadFilesBeside(NbGraderPreprocessor):
         def preprocess(self, nb, resources):
+            from nbgrader.coursedir import CourseDirectory
+
             folder = resources.get("metadata", {}).get("path")  # nbgrader's: the notebook's
-            resources[_KEY] = read(Path(folder)) if folder else ({}, "")
+            who = resources.get("nbgrader", {})
+            if not (folder and who.get("student") and who.get("assignment")):
+                resources[_KEY] = ({}, "")
+                return nb, resources
+            course = CourseDirectory(config=self.config)
+            submitted = course.format_path(course.submitted_directory, who["student"],
+                                           who["assignment"])
+            resources[_KEY] = read(Path(folder), Path(submitted))
             return nb, resources
     return ReadFilesBeside
 
 
-def read(folder: Path) -> tuple[dict[str, bytes], str]:
-    """``{name: bytes}`` of the plain files beside the notebook, and why none are copied."""
+def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
+    """``{name: bytes}`` of the plain files beside the notebook that were submitted as such
+    (in ``submitted``, as plain files with the same bytes), and why none are copied."""
     files, size = {}, 0
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.name.endswith(".ipynb") or not stat.S_ISREG(entry.stat(follow_symlinks=False)
-                                                             .st_mode):
-            continue  # a folder, a link, a notebook
+        if entry.name.endswith(".ipynb") or not (_plain(Path(entry.path))
+                                                 and _plain(submitted / entry.name)):
+            continue  # a folder, a link (here or as submitted), a notebook, the course's own
         size += entry.stat(follow_symlinks=False).st_size
         if len(files) == MAX_FILES or size > MAX_BYTES:
             return {}, (f"the files submitted beside the notebook (over {MAX_FILES} or over "
                         f"{MAX_BYTES // 2**20} MB) were not copied to the judge's folder")
-        files[entry.name] = Path(entry.path).read_bytes()
+        data = Path(entry.path).read_bytes()
+        if data == (submitted / entry.name).read_bytes():  # not one the course put there
+            files[entry.name] = data
     return files, ""
+
+
+def _plain(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def given(resources: dict) -> tuple[dict[str, bytes], str]:
