@@ -119,7 +119,8 @@ def test_a_link_submitted_beside_the_notebook_never_reaches_a_judge(tmp_path):
     submitted = tmp_path / "submitted" / "cheat" / "02_serial_loop"
     submitted.mkdir(parents=True)
     os.symlink("../../../source/02_serial_loop/02_serial_loop.ipynb", submitted / "sol.json")
-    (submitted / "helpers.py").write_text("X = 1\n")
+    (submitted / "real_helpers.py").write_text("X = 1\n")
+    os.symlink("real_helpers.py", submitted / "helpers.py")  # the learner's own file: kept
     graded = tmp_path / "autograded" / "cheat" / "02_serial_loop"
     graded.mkdir(parents=True)
     for name in ("sol.json", "helpers.py"):  # as nbgrader copies them: a link followed

@@ -5,9 +5,9 @@ the notebook imported from a submitted ``helpers.py`` scored 0, the judge's fold
 They are read as nbgrader copied them, before the learner's kernel runs: the kernel may write
 its folder, and without Landlock read the solution, so what it leaves there never reaches a
 judge.  Only plain files at the top of the folder, not notebooks, and only those that were
-plain files in ``submitted/`` too: nbgrader's copy follows a link, and round 40's link to the
-instructor's source notebook arrived as a file holding the solution.  Up to a size: past it
-none are copied, and a verdict that did not pass says why."""
+plain files in ``submitted/`` too, or links to one beside them: nbgrader's copy follows a link,
+and round 40's link to the instructor's source notebook arrived as a file holding the solution.
+Up to a size: past it none are copied, and a verdict that did not pass says why."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
     files, size = {}, 0
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         if entry.name.endswith(".ipynb") or not (_plain(Path(entry.path))
-                                                 and _plain(submitted / entry.name)):
-            continue  # a folder, a link (here or as submitted), a notebook, the course's own
+                                                 and _submitted(submitted / entry.name)):
+            continue  # a folder, a link out of the submission, a notebook, the course's own
         size += entry.stat(follow_symlinks=False).st_size
         if len(files) == MAX_FILES or size > MAX_BYTES:
             return {}, (f"the files submitted beside the notebook (over {MAX_FILES} or over "
@@ -63,6 +63,12 @@ def _plain(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _submitted(path: Path) -> bool:
+    """A plain file as submitted, or a link to one beside it (the learner's own file)."""
+    real = Path(os.path.realpath(path))
+    return real.parent == Path(os.path.realpath(path.parent)) and _plain(real)
 
 
 def given(resources: dict) -> tuple[dict[str, bytes], str]:
