@@ -3,7 +3,8 @@ spare a second import of torch) gave that forkserver, and every process the cell
 the judge's memory: the report's writer with the run's secret bound in it, and no audit hook.
 A wrong loop whose cells started such a process and signed "passed" scored full marks, and the
 same route read the solutions.  Reverted: the forkserver is a new interpreter again, fenced, with
-nothing of the judge's memory.  Failed when written (against the forked forkserver)."""
+nothing of the judge's memory.  And ``%run helpers`` (IPython adds ``.py``) or ``%run
+helpers.ipynb`` scored 0 with an error naming neither.  Each failed when written."""
 
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ def test_a_process_the_cells_ask_the_forkserver_for_cannot_sign_the_verdict():
     assert not passed and "forged" not in message, message
     passed, message = judge.judge("check_serial_loop", [_ASKS_THE_FORKSERVER])
     assert not passed and "forged" not in message, message
+
+
+def test_run_finds_a_file_as_ipython_does_and_names_a_notebook():
+    """Round 40: ``%run helpers`` (IPython adds ``.py``) scored 0 with a FileNotFoundError, and
+    ``%run helpers.ipynb`` with a PermissionError on the judge's temporary folder."""
+    needs_the_engine()
+    from judged import RIGHT_LOOP
+
+    files = {"helpers.py": RIGHT_LOOP.encode()}
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, "%run helpers\n"], files=files)
+    assert passed, message
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, "%run helpers.ipynb\n"],
+                                  files=files)
+    assert not passed and "the judge runs `%run` on a Python file only" in message, message

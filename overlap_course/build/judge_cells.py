@@ -282,6 +282,11 @@ def _run_file(space: dict, compile_: _Compiler, line: str) -> None:
         raise NameError(f"the judge runs `%run FILE` alone (a Python file in the notebook's "
                         f"folder), not %run {line[:40]}: remove the options and arguments")
     name = _inside(words[0], "%run", "%run my_helpers.py), where %%writefile wrote it")
+    if name.endswith(".ipynb"):  # round 40: read as a refused file in the judge's temp folder
+        raise NameError(f"the judge runs `%run` on a Python file only, not the notebook {name}: "
+                        f"save its code as a .py file (or a %%writefile cell) and %run that")
+    if not os.path.isfile(name) and os.path.isfile(name + ".py"):
+        name += ".py"  # as IPython's %run finds `helpers` (round 40)
     with open(name, encoding="utf-8") as f:
         tree = _parsed(f.read())
     ran = {"__name__": "__main__", "__file__": name, "__builtins__": builtins}
