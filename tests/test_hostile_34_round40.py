@@ -4,7 +4,8 @@ the judge's memory: the report's writer with the run's secret bound in it, and n
 A wrong loop whose cells started such a process and signed "passed" scored full marks, and the
 same route read the solutions.  Reverted: the forkserver is a new interpreter again, fenced, with
 nothing of the judge's memory.  And ``%run helpers`` (IPython adds ``.py``) or ``%run
-helpers.ipynb`` scored 0 with an error naming neither.  Each failed when written."""
+helpers.ipynb`` scored 0 with an error naming neither, and a package folder beside the
+notebook (``helpers/``) with no word that folders are not copied.  Each failed when written."""
 
 from __future__ import annotations
 
@@ -48,3 +49,16 @@ def test_run_finds_a_file_as_ipython_does_and_names_a_notebook():
     passed, message = judge.judge("check_serial_loop", [IMPORTS, "%run helpers.ipynb\n"],
                                   files=files)
     assert not passed and "the judge runs `%run` on a Python file only" in message, message
+
+
+def test_a_folder_submitted_beside_the_notebook_is_named_when_the_check_fails(tmp_path):
+    """Round 40: ``helpers/__init__.py`` scored 0 with only "No module named 'helpers'"."""
+    from overlap_course.build import judge_beside
+
+    for side in ("submitted", "autograded"):
+        (tmp_path / side / "helpers").mkdir(parents=True)
+        (tmp_path / side / "helpers" / "__init__.py").write_text("X = 1\n")
+        (tmp_path / side / "data.txt").write_text("1\n")
+    files, why = judge_beside.read(tmp_path / "autograded", tmp_path / "submitted")
+    assert files == {"data.txt": b"1\n"}
+    assert why.startswith("the folders submitted beside the notebook (helpers/) are not copied")

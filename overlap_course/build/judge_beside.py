@@ -43,8 +43,11 @@ def read_step():
 def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
     """``{name: bytes}`` of the plain files beside the notebook that were submitted as such
     (in ``submitted``, as plain files with the same bytes), and why none are copied."""
-    files, size = {}, 0
+    files, size, folders = {}, 0, []
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False) and (submitted / entry.name).is_dir() and not (
+                entry.name == "__pycache__" or entry.name.startswith(".")):
+            folders.append(f"{entry.name}/")  # round 40: a package folder, left out unsaid
         if entry.name.endswith(".ipynb") or not (_plain(Path(entry.path))
                                                  and _submitted(submitted / entry.name)):
             continue  # a folder, a link out of the submission, a notebook, the course's own
@@ -55,7 +58,9 @@ def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
         data = Path(entry.path).read_bytes()
         if data == (submitted / entry.name).read_bytes():  # not one the course put there
             files[entry.name] = data
-    return files, ""
+    return files, (f"the folders submitted beside the notebook ({', '.join(folders[:3])}) are "
+                   f"not copied to the judge's folder: put their code in plain files beside "
+                   f"it" if folders else "")
 
 
 def _plain(path: Path) -> bool:
