@@ -181,11 +181,12 @@ def _holds_calls(answer) -> bool:
         kind = type(item)
         if kind in _CALLING or len(seen) > MAX_WALKED:
             return True
-        if kind is tuple or (issubclass(kind, collections.abc.Iterator)
-                             and type.__dict__["__module__"].__get__(kind) in _WALKED):
+        if issubclass(kind, collections.abc.Iterator):
+            if type.__dict__["__module__"].__get__(kind) not in _WALKED:
+                return True  # a class of the learner's: its __next__ is code that never ran
             todo.extend(gc.get_referents(item))
-        elif issubclass(kind, collections.abc.Iterator):
-            return True  # a class of the learner's: its __next__ is code that never ran
+        elif kind is tuple:
+            todo.extend(gc.get_referents(item))
     return False
 
 

@@ -48,7 +48,7 @@ def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
         if entry.is_dir(follow_symlinks=False) and (submitted / entry.name).is_dir() and not (
                 entry.name == "__pycache__" or entry.name.startswith(".")):
             folders.append(f"{entry.name}/")  # round 40: a package folder, left out unsaid
-        if entry.name.endswith(".ipynb") or not (_plain(Path(entry.path))
+        if entry.name.endswith(".ipynb") or not (entry.is_file(follow_symlinks=False)
                                                  and _submitted(submitted / entry.name)):
             continue  # a folder, a link out of the submission, a notebook, the course's own
         size += entry.stat(follow_symlinks=False).st_size
