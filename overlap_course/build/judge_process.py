@@ -15,6 +15,7 @@ from pathlib import Path
 from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
+from overlap_course.build.judge_forkserver import fork_before_the_secret
 from overlap_course.build.judge_keep import (forget_caches, keeper,
                                              strange_modules as _strange_modules)
 from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
@@ -41,11 +42,11 @@ def signer(secret: str):
 
 def judge_main(argv: list[str]) -> None:
     """Entry of a judge process: ``ROOT MODE``, and on stdin the request, the run's secret and
-    the report's path, read before anything else.  The course is imported from ROOT before any
-    line of the submission runs, and its state is fingerprinted then."""
+    the report's path, read once the judge is fenced and has forked its device forkserver
+    (which so holds none of them: :mod:`~overlap_course.build.judge_forkserver`).  The course is
+    imported from ROOT before any line of the submission runs, and its state is fingerprinted
+    then."""
     root, mode = argv
-    sent = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    sys.stdin.close()
     import overlap_course
     import toy_engine
     from toy_engine import judged_forkserver
@@ -56,6 +57,16 @@ def judge_main(argv: list[str]) -> None:
         if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
             raise SystemExit(f"the judge imported {package.__name__} from {package.__file__}, "
                              f"not from {root}")
+    trusted = _protected_folders(Path(root))
+    readable = _readable_folders(trusted)
+    # The kernel's fence first: the hook below would refuse the folders its rules must open.
+    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
+                      [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
+    device = sys.modules["toy_engine.process_device"]
+    if mode == "check":
+        fork_before_the_secret(device._FORKSERVER_PRELOAD)
+    sent = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    sys.stdin.close()
     request = sent["request"]
     if request["check"] in host_waits.ON_META_TENSORS:
         import torch._dynamo  # noqa: F401 - the check's meta tensors import it, which rebinds
@@ -66,12 +77,7 @@ def judge_main(argv: list[str]) -> None:
     import torch.utils._device  # noqa: F401
     _no_bar_monitor()
     write = _reporter(sent.pop("report"), sent.pop("secret"))
-    trusted = _protected_folders(Path(root))
     watch = Watch()
-    readable = _readable_folders(trusted)
-    # The kernel's fence first: the hook below would refuse the folders its rules must open.
-    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
-                      [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
     sys.addaudithook(_guard(request["private"], trusted, readable, watch))
     # a module the cells write next to themselves, found as the kernel finds it (there its folder
     # comes first; here last, so that no file of the submission shadows an installed module)
@@ -81,8 +87,8 @@ def judge_main(argv: list[str]) -> None:
         write(_read_values(request["cells"], names, keeper()))
         return
     # The device processes' forkserver, started before any submission line and the only one
-    # used (round 16: one the check started after the cells ran the code they put in it)
-    device = sys.modules["toy_engine.process_device"]
+    # used (round 16: one the check started after the cells ran the code they put in it): the
+    # one forked above, or a new one
     judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
     forkserver = judged_forkserver.PINNED.pid  # by value, before the cells
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
