@@ -143,6 +143,7 @@ import nbformat
 
 from overlap_course.build import kernel_fence
 from overlap_course.build.graded import GRADED_CALLS, ROOT, VALUE_ANSWERS
+from overlap_course import progress
 from overlap_course.build import judge_beside, judge_zygote
 from overlap_course.build.judge_process import signer
 
@@ -298,7 +299,8 @@ def _run_judge(mode: str, request: dict, pristine: dict[str, str], files=None) -
         answer = Path(tmp, f"{secrets.token_hex(16)}.json")
         ask = json.dumps({"secret": secret, "report": str(answer), "request": request})
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": tmp, "TMPDIR": tmp,
-               "LANG": "C.UTF-8"}
+               "LANG": "C.UTF-8", progress.ENV_FILE: os.devnull}  # a judge keeps no record (a
+        # submitted `.overlap_course` file beside the notebook made a pass say it was not saved)
         with tempfile.TemporaryFile() as err:  # not kept in memory: a judge may write GBs
             code = _forked(mode, ask.encode("utf-8"), tmp, env, err.fileno())
             if code is None:

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 MAX_FILES, MAX_BYTES = 100, 20 * 2**20  # a helper module or a data file, not a data set
+NBGRADERS = frozenset({"timestamp.txt"})  # nbgrader's own, not the learner's: not counted
 _KEY = "overlap_beside"  # where in nbgrader's resources they wait for the judge
 
 
@@ -48,13 +49,16 @@ def read(folder: Path, submitted: Path) -> tuple[dict[str, bytes], str]:
         if entry.is_dir(follow_symlinks=False) and (submitted / entry.name).is_dir() and not (
                 entry.name == "__pycache__" or entry.name.startswith(".")):
             folders.append(f"{entry.name}/")  # round 40: a package folder, left out unsaid
-        if entry.name.endswith(".ipynb") or not (entry.is_file(follow_symlinks=False)
-                                                 and _submitted(submitted / entry.name)):
-            continue  # a folder, a link out of the submission, a notebook, the course's own
+        if entry.name.endswith(".ipynb") or entry.name in NBGRADERS or not (
+                entry.is_file(follow_symlinks=False) and _submitted(submitted / entry.name)):
+            continue  # a folder, a link out of the submission, a notebook, nbgrader's own
         size += entry.stat(follow_symlinks=False).st_size
         if len(files) == MAX_FILES or size > MAX_BYTES:
-            return {}, (f"the files submitted beside the notebook (over {MAX_FILES} or over "
-                        f"{MAX_BYTES // 2**20} MB) were not copied to the judge's folder")
+            over = (f"more than {MAX_FILES} files" if len(files) == MAX_FILES else
+                    f"{size / 2**20:.1f} MB or more, over {MAX_BYTES // 2**20} MB")
+            return {}, (f"the files submitted beside the notebook were not copied to the "
+                        f"judge's folder: {over} (a helper module or a data file fits; submit "
+                        f"fewer or smaller files)")
         data = Path(entry.path).read_bytes()
         if data == (submitted / entry.name).read_bytes():  # not one the course put there
             files[entry.name] = data

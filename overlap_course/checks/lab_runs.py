@@ -33,12 +33,13 @@ class Ended:
     tokens: int
 
     def __str__(self) -> str:
-        limit = f"on its limit, {self.tokens} tokens,"
-        return {endings.EOS: f"on EOS after {self.tokens} tokens",
-                endings.STOP: f"on a stop string after {self.tokens} tokens",
+        tokens = f"{self.tokens} token{'s' * (self.tokens != 1)}"  # round 40: "1 tokens"
+        limit = f"on its limit, {tokens},"
+        return {endings.EOS: f"on EOS after {tokens}",
+                endings.STOP: f"on a stop string after {tokens}",
                 endings.LIMIT_AT_ROUND_END: f"{limit} the last of a round's run",
                 endings.LIMIT_IN_SPEC_STEP: f"{limit} inside a round's accepted run",
-                endings.ABORT: f"by its abort, with {self.tokens} tokens"}[self.how]
+                endings.ABORT: f"by its abort, with {tokens}"}[self.how]
 
 
 def ended(engine, completions) -> tuple[Ended, ...]:
