@@ -10,7 +10,8 @@ judge's own folder and ``/dev/shm`` (the engine's shared buffers) read and writt
 FIFO made in them), and nothing else reached at all -- the checkout's ``solutions/``, the course being graded, other
 temporary folders.  Where the kernel has no Landlock (macOS, Windows, older Linux) nothing is
 fenced and :func:`restrict` says so; the audit hook still stands.  Fenced, a process also
-sends no signal out of its fence (ABI 6 and newer) and no other process reads its memory.
+sends no signal out of its fence (ABI 6 and newer), no other process reads its memory, and it
+holds no capability (a root grader's judges are root without root's rights).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ _VERSION = 1  # landlock_create_ruleset's flag: answer the ABI version
 _PATH_BENEATH = 1
 _NO_NEW_PRIVS = 38  # prctl: a fenced process may not regain rights through a setuid program
 _SET_DUMPABLE, _CAPBSET_DROP = 4, 24  # prctl
+_CAP_AMBIENT, _CAP_AMBIENT_CLEAR_ALL = 47, 4  # prctl
+_CAPABILITY_V3 = 0x20080522  # capset's header: 64-bit sets, as two 32-bit halves
 _SCOPE_SIGNAL = 1 << 1  # v6: no signal to a process outside the fence (landlock.h)
 
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -123,10 +126,17 @@ def _last_capability() -> int:
 def _unreadable(libc, last: int) -> None:
     """No other process reads this one's memory (``/proc/PID/mem``: round 30 read the run's
     secret that way, from a program the fenced process started): not dumpable, and no
-    capability up to ``last``, ``CAP_SYS_PTRACE`` among them, for what it runs, even as root."""
+    capability up to ``last``, ``CAP_SYS_PTRACE`` among them, for what it runs, even as root --
+    nor for itself and what it forks (round 41: a judge's forkserver, forked from it, kept
+    root's ``CAP_SYS_PTRACE``, and a process the cells asked it for read the secret)."""
     libc.prctl(_SET_DUMPABLE, 0, 0, 0, 0)
     for capability in range(last + 1):
         libc.prctl(_CAPBSET_DROP, capability, 0, 0, 0)  # refused without CAP_SETPCAP: none held
+    libc.prctl(_CAP_AMBIENT, _CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    none = ctypes.create_string_buffer(24)  # effective, permitted, inheritable: 0, twice (v3)
+    if libc.capset(struct.pack("=Ii", _CAPABILITY_V3, 0), none) != 0:  # only lowers: never fails
+        raise OSError(ctypes.get_errno(), f"capabilities not dropped: "
+                                          f"{os.strerror(ctypes.get_errno())}")
 
 
 def _allow(libc, ruleset: int, path: str, rights: int) -> None:

