@@ -237,7 +237,9 @@ def test_the_watch_names_c_signal_handlers_and_asyncgen_hooks():
     c_handler, old = functools.partial(max, [], key=vars(operator).update), None
     try:
         old = signal.signal(signal.SIGUSR2, c_handler)
-        assert watch.handlers() == [f"a signal handler partial (signal {int(signal.SIGUSR2)})"]
+        assert watch.handlers() == [f"a signal handler partial (signal {int(signal.SIGUSR2)}: "
+                                    f"put back the one it replaced, `signal.signal(signum, "
+                                    f"previous)`, before the check)"]
         signal.signal(signal.SIGUSR2, lambda *a: None)  # Python code, not the submission's
         sys.set_asyncgen_hooks(finalizer=print)
         assert watch.handlers() == ["sys.set_asyncgen_hooks (finalizer print)"]

@@ -85,3 +85,50 @@ def _capabilities() -> str:
     with open("/proc/self/status") as status:
         fields = dict(line.split(":\t", 1) for line in status if line.startswith("Cap"))
     return f"{fields['CapEff'].strip()} {fields['CapPrm'].strip()}"
+
+
+# Round 42 (real nbgrader, 0 of 2 for a right answer): a pool worker that ran the answer's own
+# lambda, then a timeline method, was "a thread still running" at the compare made in that
+# worker as it entered the checker's code.
+_POOL_IDLE = '''
+from concurrent.futures import ThreadPoolExecutor
+
+def idle_fraction(timeline):
+    with ThreadPoolExecutor(1) as ex:
+        idle = ex.submit(lambda: sum(e - s for s, e in timeline.device_gaps())).result()
+        busy = ex.submit(timeline.device_busy_ms).result()
+    return idle / (idle + busy)
+'''
+_POOL_LEFT = '''
+import threading
+from concurrent.futures import ThreadPoolExecutor
+_pool, _stop = ThreadPoolExecutor(1), threading.Event()
+
+def idle_fraction(timeline):   # wrong: leaves a worker of its own running
+    idle = _pool.submit(lambda: sum(e - s for s, e in timeline.device_gaps())).result()
+    busy = _pool.submit(timeline.device_busy_ms).result()
+    _pool.submit(_stop.wait, 30)
+    return idle / (idle + busy)
+'''
+
+
+_ENGINE = ("engine = te.Engine(te.EngineConfig(mode='serial', max_batch_size=4))\n"
+           "engine.generate(['Once upon a time'], max_new_tokens=8)\n")  # the judge runs its own
+
+
+def test_a_pool_worker_that_calls_the_timeline_after_the_answers_code_passes():
+    needs_the_engine()
+    passed, message = judge.judge("check_idle_fraction", [IMPORTS, _ENGINE, _POOL_IDLE])
+    assert passed, message
+    passed, message = judge.judge("check_idle_fraction", [IMPORTS, _ENGINE, _POOL_LEFT])
+    assert not passed and "still running" in message, message
+
+
+def test_a_signal_handler_left_set_is_named_with_its_fix():
+    needs_the_engine()
+    from judged import RIGHT_LOOP
+
+    cell = ("import signal\ndef on_alarm(signum, frame):\n    raise TimeoutError('too long')\n"
+            "signal.signal(signal.SIGALRM, on_alarm)\nsignal.alarm(0)\n")
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, cell, RIGHT_LOOP])
+    assert not passed and "signal.signal(signum, previous)" in message, message

@@ -71,7 +71,8 @@ def runtime_handlers(fields: dict, signals=_SIGNALS, getsignal=_signal.getsignal
 
     def handlers() -> list[str]:
         now = listed(mapped(getsignal, signals))
-        return [f"a signal handler {name(now[i])} (signal {signals[i]})"
+        return [f"a signal handler {name(now[i])} (signal {signals[i]}: put back the one it "
+                f"replaced, `signal.signal(signum, previous)`, before the check)"
                 for i in compress(count(), mapped(is_not, now, before))
                 if can_call(now[i]) and untrusted(now[i])] + asyncgen() + errors()
 

@@ -147,11 +147,14 @@ def thread_starts(fields: dict, checkers, ident=id, me_now=threading.get_ident,
         return f"{label!r}" if kind(label) is str else f"running {frame.f_code.co_name}()"
 
     def running() -> list[str]:
+        """Not the thread comparing: it runs the checker's code now (round 42: a right
+        ``idle_fraction`` whose pool worker ran its lambda, then a timeline method, failed)."""
+        me = me_now()
         return [f"a thread your code started or your cells did (ident {t}, {name(f)}) still "
                 f"running as control came back to the checker (stop the threads your cells "
                 f"start before the check runs, and join those your code starts before returning)"
                 for t, f in ordered(listed(alive().items()))
-                if known.get(t) is not f or t in course and not still(t)]
+                if t != me and (known.get(t) is not f or t in course and not still(t))]
 
     def cells_begin() -> None:
         course.clear()
