@@ -132,3 +132,65 @@ def test_a_signal_handler_left_set_is_named_with_its_fix():
             "signal.signal(signal.SIGALRM, on_alarm)\nsignal.alarm(0)\n")
     passed, message = judge.judge("check_serial_loop", [IMPORTS, cell, RIGHT_LOOP])
     assert not passed and "signal.signal(signum, previous)" in message, message
+
+
+# Round 42: a cell renamed the forkserver's socket file (in the judge's own folder) and bound a
+# relay at its path, which handed each device process of the check a pickle of its own before
+# passing the request on to the real forkserver: the submission's code ran in the checker's
+# device processes, and a right loop's verdict was still trusted.
+_RELAY = r'''
+import os, socket, pickle, multiprocessing.forkserver as f
+from multiprocessing import reduction
+address = f._forkserver._forkserver_address
+os.rename(address, address + ".real")
+relay = socket.socket(socket.AF_UNIX)
+relay.bind(address)
+relay.listen()
+RAN = "open(%r, 'a').write('ran')" % (os.getcwd() + "/ran.txt")
+
+class Rewritten:
+    def __init__(self, data):
+        self.data = data
+    def __reduce__(self):
+        return (eval, ("exec(C) or __import__('pickle').loads(B)", {"C": RAN, "B": self.data}))
+
+if os.fork() == 0:
+    while True:
+        conn, _ = relay.accept()
+        fds = reduction.recvfds(conn, 256)
+        mine_r, mine_w = os.pipe()
+        real = socket.socket(socket.AF_UNIX)
+        real.connect(address + ".real")
+        reduction.sendfds(real, [mine_r] + fds[1:])
+        os.close(mine_r)
+        real.close()
+        conn.close()
+        for fd in fds[1:]:
+            os.close(fd)
+        if os.fork() == 0:
+            relay.close()
+            theirs, read = open(fds[0], "rb"), []
+            class Recorded:
+                def read(self, n):
+                    read.append(theirs.read(n))
+                    return read[-1]
+                def readline(self):
+                    read.append(theirs.readline())
+                    return read[-1]
+            pickle.load(Recorded())
+            os.write(mine_w, pickle.dumps(Rewritten(b"".join(read))))
+            while chunk := theirs.read1(65536):
+                os.write(mine_w, chunk)
+            os._exit(0)
+        os.close(fds[0])
+        os.close(mine_w)
+relay.close()
+'''
+
+
+def test_a_relay_bound_in_place_of_the_forkserver_reaches_no_device_process():
+    needs_the_engine()
+    from judged import RIGHT_LOOP
+
+    passed, message = judge.judge("check_serial_loop", [IMPORTS, _RELAY, RIGHT_LOOP])
+    assert not passed, message

@@ -13,7 +13,9 @@ the report's writer, is in its memory (round 40 forged a signed "passed" from a 
 later, whose children the cells can ask for and run code in).  It keeps only its socket, its
 pipe from the judge and stderr: stdin (the secret's pipe) and stdout are ``/dev/null``.  Like
 the new interpreter, it and its children have no audit hook; the fence is what guards their
-files.  Only where CPython's forkserver takes this layout (3.11-3.13; 3.14's authenticates its
+files (and, a fenced process holding no capability, nothing reads the judge's memory).  Its
+socket is a file in the judge's folder, which the cells may write: every device process is
+asked of it by a connect that checks the process listening there is this server.  Only where CPython's forkserver takes this layout (3.11-3.13; 3.14's authenticates its
 clients) and the judge runs one thread; elsewhere the judge starts a new one later, as before.
 """
 
@@ -23,8 +25,11 @@ import multiprocessing as mp
 import multiprocessing.forkserver  # noqa: F401  (its module-level ForkServer)
 import os
 import socket
+import struct
 import sys
-from multiprocessing import connection
+from multiprocessing import connection, reduction, resource_tracker
+
+_CREDS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of the process that listens
 
 
 def fork_before_the_secret(preload: list[str]) -> int | None:
@@ -41,20 +46,60 @@ def fork_before_the_secret(preload: list[str]) -> int | None:
             address = connection.arbitrary_address("AF_UNIX")
             listener.bind(address)
             os.chmod(address, 0o600)
-            listener.listen()
             alive_r, alive_w = os.pipe()  # at EOF the judge is gone, and the server ends
+            ready_r, ready_w = os.pipe()  # at EOF the server listens
             pid = os.fork()
             if pid == 0:  # never returns: nothing of the judge's runs after this in the server
                 try:
+                    listener.listen()  # here: a client's SO_PEERCRED names the server, not us
                     _keep_only(listener.fileno(), alive_r)
                     mp.forkserver.main(listener.fileno(), alive_r, [])
                 finally:
                     os._exit(0)
-            os.close(alive_r)
+            for fd in (alive_r, ready_w):
+                os.close(fd)
+            os.read(ready_r, 1)
+            os.close(ready_r)
         # as ForkServer.ensure_running records the one it starts (CPython 3.11-3.13)
         server._forkserver_address, server._forkserver_alive_fd = address, alive_w
         server._forkserver_pid = pid
+        mp.forkserver.connect_to_new_process = _connecting(address, pid, alive_w)
     return pid
+
+
+def _connecting(address: str, pid: int, alive_w: int):
+    """multiprocessing's ``connect_to_new_process`` (CPython 3.11-3.13, its protocol as is) to
+    the server forked here only: at the address as forked (not the one the instance holds
+    now), and refused unless the process that listens there is that server.  Round 42: a cell
+    renamed the socket's file in the judge's folder and bound its own relay there, which
+    rewrote what each device process of the check unpickled (the submission's code ran in them)
+    and passed it on to this server, which forked them as always."""
+    def connect_to_new_process(fds):
+        if len(fds) + 4 >= mp.forkserver.MAXFDS_TO_SEND:
+            raise ValueError("too many fds")
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(address)
+            creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
+            listening = _CREDS.unpack(creds)[0]
+            if listening != pid:
+                raise ConnectionRefusedError(
+                    f"the device processes' socket ({address}) is served by process "
+                    f"{listening}, not by the forkserver {pid} the judge started before your "
+                    f"code: your code replaced it")
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            try:
+                reduction.sendfds(client, [child_r, child_w, alive_w,
+                                           resource_tracker.getfd(), *fds])
+                return parent_r, parent_w
+            except BaseException:
+                os.close(parent_r)
+                os.close(parent_w)
+                raise
+            finally:
+                os.close(child_r)
+                os.close(child_w)
+    return connect_to_new_process
 
 
 def _keep_only(*kept: int) -> None:
