@@ -15,8 +15,11 @@ pipe from the judge and stderr: stdin (the secret's pipe) and stdout are ``/dev/
 the new interpreter, it and its children have no audit hook; the fence is what guards their
 files (and, a fenced process holding no capability, nothing reads the judge's memory).  Its
 socket is a file in the judge's folder, which the cells may write: every device process is
-asked of it by a connect that checks the process listening there is this server.  Only where CPython's forkserver takes this layout (3.11-3.13; 3.14's authenticates its
-clients) and the judge runs one thread; elsewhere the judge starts a new one later, as before.
+asked of it by a connect that checks the process listening there is this server.
+
+Only where CPython's forkserver takes this layout (3.11-3.13; 3.14's authenticates its clients)
+and the judge runs one thread; elsewhere the judge starts a new one later, as before, with
+multiprocessing's own connect (a relay bound in the socket's place is not refused there).
 """
 
 from __future__ import annotations
