@@ -107,7 +107,7 @@ _pool, _stop = ThreadPoolExecutor(1), threading.Event()
 def idle_fraction(timeline):   # wrong: leaves a worker of its own running
     idle = _pool.submit(lambda: sum(e - s for s, e in timeline.device_gaps())).result()
     busy = _pool.submit(timeline.device_busy_ms).result()
-    _pool.submit(_stop.wait, 30)
+    _pool.submit(_stop.wait, 3)  # alive as the check compares; the judge then ends in 3 s
     return idle / (idle + busy)
 '''
 

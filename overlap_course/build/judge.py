@@ -50,8 +50,10 @@ check, and calls the checker:
   grading kernel's, from its start: :mod:`~overlap_course.build.kernel_fence`, round 31)
   whatever code reaches them:
   C code such as ``torch.from_file`` or ``sqlite3``, which no audit event reports
-  (:mod:`~overlap_course.build.landlock`); a fenced process is not dumpable and its programs
-  run without capabilities (none reads its memory, even as root), and from ABI 6 it signals no
+  (:mod:`~overlap_course.build.landlock`); a fenced process is not dumpable and holds no
+  capability, nor does what it forks or runs (none reads its memory, even as root: round 41),
+  and its device forkserver is forked before the secret is read, asked only over a socket whose
+  listener is checked (:mod:`~overlap_course.build.judge_forkserver`); from ABI 6 it signals no
   process outside its fence; what a judge leaves running, even in a session of its own, the
   zygote (a subreaper) ends with it (round 30: one killed later students' judges).
 
