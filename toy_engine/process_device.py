@@ -13,6 +13,7 @@ import multiprocessing as mp
 import multiprocessing.connection  # noqa: F401  (mp.connection.wait)
 import multiprocessing.spawn as mp_spawn
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-memory tensor pickling)
 
 from .device import Device, DeviceContext, DeviceError
-from .sending import dumps, sendable
+from .sending import dumps, received, sendable
 from .interrupts import hold_sigint, sigint_blocked
 from . import judged_forkserver
 from .validate import check_float, plugin_label, shown
@@ -64,6 +65,7 @@ class _MainPatch:
 
 
 _MAIN_PATCH = _MainPatch()
+_PREPARATION_DATA = mp_spawn.get_preparation_data  # as imported: not one a cell put there
 _NO_MAIN = object()  # sys.modules had no __main__
 
 
@@ -75,7 +77,7 @@ def without_main_module():
     patch = _MAIN_PATCH
     with patch.lock:
         if patch.inside == 0:
-            patch.original = original = mp_spawn.get_preparation_data
+            patch.original, original = mp_spawn.get_preparation_data, _PREPARATION_DATA
 
             def preparation_data(name):
                 """The parent's data read with a bare ``__main__`` in its place, so that none
@@ -356,7 +358,7 @@ class ProcessDevice(Device):
         self._whole(lambda: self._conn.send(msg), "sending")
 
     def _recv(self):
-        return self._whole(self._conn.recv, "receiving")
+        return self._whole(lambda: received(self._conn.recv_bytes()), "receiving")
 
     def _whole(self, transfer, doing: str):
         """One message through the pipe (callers hold SIGINT): the link stays broken if it does not finish."""
@@ -364,7 +366,7 @@ class ProcessDevice(Device):
         self._link["ok"] = False
         try:
             result = transfer()
-        except (EOFError, OSError, ValueError) as exc:
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             raise self._lost(f"{doing} failed: {type(exc).__name__}") from None
         self._link["ok"] = True
         return result

@@ -38,7 +38,9 @@ def _fingerprint() -> dict[str, tuple]:
     read = _Reader(_our_classes())
     for name, module, ours, theirs, std in _watched(marks):
         for attr, value in list(_MODULE_DICT(module).items()):
-            if ours or (theirs and callable(value)):
+            # a module a module of theirs holds too: round 43 gave popen_forkserver a copy of
+            # multiprocessing.spawn whose preparation data ran its code in the device processes
+            if ours or (theirs and (callable(value) or type(value) is types.ModuleType)):
                 marks[f"{name}.{attr}"] = _mark(value) + read.contents(name, attr, value)
             if (issubclass(type(value), type) and (ours or std or attr in _THEIR_CLASSES)
                     and (ours or id(value) not in seen)):

@@ -33,6 +33,7 @@ import sys
 from multiprocessing import connection, reduction, resource_tracker
 
 _CREDS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of the process that listens
+_MAX_FDS = mp.forkserver.MAXFDS_TO_SEND  # as imported (a cell set it to 3: "ValueError")
 
 
 def fork_before_the_secret(preload: list[str]) -> int | None:
@@ -78,7 +79,7 @@ def _connecting(address: str, pid: int, alive_w: int):
     rewrote what each device process of the check unpickled (the submission's code ran in them)
     and passed it on to this server, which forked them as always."""
     def connect_to_new_process(fds):
-        if len(fds) + 4 >= mp.forkserver.MAXFDS_TO_SEND:
+        if len(fds) + 4 >= _MAX_FDS:
             raise ValueError("too many fds")
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(address)
