@@ -121,6 +121,7 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     if log.other_thread is not None:  # first: what followed is the refused call's absence
         return other_thread(log.other_thread,
+                            None if err is log.other_thread else
                             f"which returned with prompts {err.prompt_indexes} unfinished"
                             if engines(err, EngineStalled) else
                             "which went on as though the call had been made")

@@ -73,4 +73,4 @@ def order_mistake(i: int, got: tuple[str, int], want: tuple[str, int]) -> Verdic
     elif got[0] in ("postprocess", "flush") and want[0] == "forward":
         category, why = "serial_order", (": a decode step is processed in the next round, after that "
                                          "round's forward is launched, not in its own")
-    return fails(category, f"step {i}: you wrote {got}, the engine did {want}{why}")
+    return fails(category, f"step {i + 1}: you wrote {got}, the engine did {want}{why}")

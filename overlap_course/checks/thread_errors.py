@@ -80,14 +80,17 @@ def _refused(err: BaseException | None) -> bool:
     return tb is not None and tb.tb_frame.f_code is Run.enter.__code__
 
 
-def other_thread(refusal: BaseException, ending: str, who: str = "loop",
+def other_thread(refusal: BaseException, ending: str | None, who: str = "loop",
                  fix: str = "Run the rounds") -> Verdict:
     """The engine refused a stage called from a thread the learner's ``who`` started: the refusal
     was raised in that thread, lost to ``who``, whose ``ending`` (what it did instead) follows
-    it.  Named first, whatever followed: what followed is the refused call's absence."""
+    it; None: ``who`` raised it again and stopped (round 43: ``pool.submit(...).result()`` was
+    said to have lost it).  Named first, whatever followed: what followed is the refused
+    call's absence."""
+    what = (f"That thread's error never reached your {who}, {ending}" if ending is not None
+            else f"Your {who} stopped with that error, raised again from that thread")
     return fails("other_thread",
                  f"your {who} called the engine from another thread than the one that called "
-                 f"your {who}, and the engine refused the call ({said(refusal)}). That thread's "
-                 f"error never reached your {who}, {ending}. {fix} in the thread that calls "
-                 f"your {who}")
+                 f"your {who}, and the engine refused the call ({said(refusal)}). {what}. "
+                 f"{fix} in the thread that calls your {who}")
 
