@@ -107,39 +107,19 @@ def test_a_copy_of_spawn_given_to_popen_forkserver_is_a_change():
 # Round 43's grading helper: exercise 03's messages.  A loop that ran its rounds in a pool and
 # raised the engine's refusal again (``.result()``) was told the error "never reached" it; and
 # check_three_rounds counted its steps from 0 where the question counts rounds from 1.
-_IN_A_POOL = '''
-from concurrent.futures import ThreadPoolExecutor
-
-def _rounds(engine):
-    previous = None
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        if plan is None:
-            previous = engine.flush(previous)
-            continue
-        inputs = engine.prepare_inputs(plan)
-        if previous is not None:
-            engine.correct_on_device(inputs)
-        engine.launch_forward(inputs)
-        if previous is not None:
-            engine.process_outputs(previous)
-        current = engine.launch_sample(inputs)
-        previous = None if plan.is_prefill else current
-        if plan.is_prefill:
-            engine.process_outputs(current)
-
-def zos_loop(engine):
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(_rounds, engine).result()
-'''
-
-
 def test_a_refusal_raised_again_in_the_loop_is_not_said_to_be_lost():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mistakes
     from overlap_course import checks
 
-    space = {}
-    exec(_IN_A_POOL, space)
-    v = checks.check_zos_loop(space["zos_loop"])
+    rounds = mistakes.make_zos()  # the solution's loop, run in a pool's thread
+
+    def zos_loop(engine):
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(rounds, engine).result()
+
+    v = checks.check_zos_loop(zos_loop)
     assert not v.passed and v.category == "other_thread", v
     assert "Your loop stopped with that error" in v.message and "never reached" not in v.message
 
