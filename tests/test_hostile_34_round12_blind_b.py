@@ -190,7 +190,8 @@ def test_the_host_lanes_names_in_a_wrong_order_name_both():
     serial = [("forward", 1), ("sample", 1), ("postprocess", 1)] + ZOS_ORDER[3:]
     verdict = checks.check_three_rounds([(HOST.get(s, s), r) for s, r in serial])
     assert verdict.category == "host_names", verdict.message
-    assert '"forward" and "sample"' in verdict.message and "step 2" in verdict.message
+    # steps counted from 1 since round 43: the third entry is "step 3"
+    assert '"forward" and "sample"' in verdict.message and "step 3" in verdict.message
 
 
 # ---- case 11: a whole float where the loop needs an int ----------------------------------------
