@@ -41,8 +41,9 @@ def test_a_key_length_slice_slip_is_not_called_accepted_by_batch():
     v = checks.check_correction(_key_length_of_first_request_only)
     assert not v and v.category == "seqlens_k", v.message
     assert "accepted[:B]" not in v.message
-    assert ("in the worked case: seqlens_k is [10, 6, 13], expected [10, 6, 15]: the key "
-            "length must grow by the accepted drafts") in v.message
+    assert ("in the worked case: seqlens_k is [10, 6, 13], expected [10, 6, 15]: request 2's "
+            "key length moved by +0, and must move by +2: the key length must grow by the "
+            "accepted drafts") in v.message
 
 
 def test_a_shift_capped_at_two_is_not_called_accepted_by_batch():

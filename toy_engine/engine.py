@@ -299,6 +299,7 @@ class Engine(RoundStages):
                 finally:
                     for observer in RUN_OBSERVERS:
                         observer(self, "end")
+        run.warn_lost()
         return self.completions
 
     def _check_config(self) -> None:

@@ -4,6 +4,7 @@ loop keeps making progress."""
 
 import operator
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -115,6 +116,7 @@ class Run:
     progress_round: int = 0  # the scheduler's round when a commit last added a token or ended one
     marks: dict = field(default_factory=dict)  # id(request) -> (most tokens it had, ended)
     limits: dict = field(default_factory=dict)  # id(request) -> lowest max_new_tokens seen
+    lost: list = field(default_factory=list)  # ids of requests end() found freed unfinished
 
     def __post_init__(self) -> None:
         self.requests = tuple(self.requests)
@@ -378,12 +380,23 @@ class Run:
         boundary applied, ends "abort", as its completion says."""
         self.on_round = self.process_outputs = None
         self.correction = kernels.correct_seqlens_qk
+        asked = {id(r) for r in self.queued_aborts}
+        self.lost = [r.id for r in self.requests if not r.finished and id(r) not in asked]
         for req in self.requests:
             if not req.finished:
                 req.finish_reason = "abort"
         with self._aborts_lock:  # every request has ended: an abort from now on has nothing to do
             self.loop_thread, self.queued_aborts, self.ended = None, [], True
         self.stage = self.plugin = None
+
+    def warn_lost(self) -> None:
+        """Once a clean run has returned its completions: name the requests its loop took out of
+        the scheduler unfinished with no abort asked, which ended "abort" (round 43: silently)."""
+        if self.lost:
+            warnings.warn(f"generate: request(s) {shown(self.lost)} left the scheduler unfinished "
+                          f"with no abort asked (the loop or a process_outputs plug-in freed "
+                          f"them): they end as \"abort\"", RuntimeWarning,
+                          stacklevel=5)  # generate's caller
 
     def dropped(self) -> list[tuple[int, bool]]:
         """Rounds engine.schedule() planned whose sample was never launched, each with whether

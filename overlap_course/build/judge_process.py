@@ -421,5 +421,7 @@ def _forkserver_moved(pid: int) -> list[str]:
         alive = False
     if alive and now == pid:
         return []
-    return [f"the forkserver {pid} the judge started was {'replaced' if alive else 'stopped'}: "
-            f"devices now come from {now}"]
+    if alive:
+        return [f"the forkserver {pid} the judge started was replaced: devices now come from {now}"]
+    since = f": devices now come from {now}" if now not in (pid, None) else ""  # (round 43: "by"
+    return [f"the forkserver {pid} the judge started was stopped{since}"]  # the same pid)

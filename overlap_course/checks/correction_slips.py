@@ -105,4 +105,20 @@ def wrong_values(fn, got, expected, before, wrote, slips, label, inputs) -> Verd
     for category in dict.fromkeys(matching):
         if confirmed(fn, category, wrong):
             return fails(category, f"{said}: {slips[category][1]}")
-    return fails(wrong, f"{said}: {_WHY[wrong]}")
+    return fails(wrong, f"{said}: {_moved(wrong, got, expected, before) or _WHY[wrong]}")
+
+
+def _moved(field: str, got, expected, before) -> str | None:
+    """How far the first wrong key length or position moved against how far it must move
+    (round 43: a correction that grew a request with pending 0 was told "it must grow")."""
+    if field not in ("seqlens_k", "positions"):
+        return None
+    i = next((i for i, (g, e) in enumerate(zip(got[field], expected[field])) if g != e), None)
+    if i is None or len(got[field]) != len(expected[field]):
+        return None
+    moved, must = got[field][i] - before[field][i], expected[field][i] - before[field][i]
+    what = f"request {i}'s key length" if field == "seqlens_k" else f"query token {i}"
+    if must == 0:
+        return (f"{what} must not move here ({moved:+d}): its request has no accepted drafts "
+                f"to add, or is not pending (processed before this round was prepared)")
+    return f"{what} moved by {moved:+d}, and must move by {must:+d}: {_WHY[field]}"

@@ -5,6 +5,7 @@ itself with other attributes.  Only an error the engine raised is read as the en
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 
@@ -17,6 +18,7 @@ from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBef
                             StageInPlugin, StaleInputs, StepProcessedTwice)
 from toy_engine.timeline import Stage
 
+from . import sandbox
 from .answers import MAX_MESSAGE, cut, type_name
 
 UNREAD = "(its message could not be read)"
@@ -38,6 +40,20 @@ def said(err: BaseException, most: int = MAX_MESSAGE) -> str:
 def quoted(err: BaseException) -> str:
     """``"ValueError: its message"``, as a verdict names what the learner's code raised."""
     return f"{type_name(err)}: {said(err)}"
+
+
+def learner_line(err: BaseException) -> str:
+    """Where the learner's code raised ``err``: "at line 3 of `fn`, `x = rows[7]`", the innermost
+    of the learner's frames; "" when none of them is on its traceback."""
+    line, tb = "", err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if sandbox._is_learners(code.co_filename):
+            text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+            shown = f", `{cut(text, 80)}`" if text else ""
+            line = f"at line {tb.tb_lineno} of `{code.co_name}`{shown}"
+        tb = tb.tb_next
+    return line
 
 
 def _ints(x) -> bool:

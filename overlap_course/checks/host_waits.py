@@ -5,7 +5,6 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 
 from __future__ import annotations
 
-import linecache
 import importlib
 import sys
 import types
@@ -17,6 +16,7 @@ from toy_engine.sending import globals_read
 
 from . import correction_cases, sandbox
 from .answers import cut
+from .errors import learner_line
 from .correction_cases import FIELDS, WORKED, worked_requests
 from .verdict import Verdict, counted, fails
 
@@ -182,14 +182,7 @@ def _failed_where(err: Exception) -> str:
     """Where the learner's code failed on tensors without values, and why: torch's own
     complaint about meta tensors names the checker's probe, not the learner's read (blind
     round 25: "aten::equal: attempted to run this operator with Meta tensors ...", cut)."""
-    line, tb = "", err.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if sandbox._is_learners(code.co_filename):  # the innermost of the learner's frames
-            text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-            shown = f", `{cut(text, 80)}`" if text else ""
-            line = f"at line {tb.tb_lineno} of `{code.co_name}`{shown}"
-        tb = tb.tb_next
+    line = learner_line(err)
     try:
         said = str.__str__(str(err))
     except (KeyboardInterrupt, sandbox.TimeUp):
