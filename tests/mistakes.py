@@ -222,6 +222,11 @@ def idle_over_the_whole_run(timeline):
     return idle_in_ms(timeline) / (max(s.end_ms for s in everything) - min(s.start_ms for s in everything))
 
 
+def idle_from_time_zero(timeline):
+    """Counts the run's start-up, before the device's first span, as idle (blind round 44)."""
+    return 1 - timeline.device_busy_ms() / max(s.end_ms for s in timeline.lane("device"))
+
+
 def idle_as_text(timeline):
     return f"{idle(timeline):.1%}"
 
@@ -1031,6 +1036,8 @@ WRONG = [
     Answer("02b", "idle in ms", idle_in_ms, "idle_ms", "the idle time, not a fraction"),
     Answer("02b", "whole run as denominator", idle_over_the_whole_run, "wall_denominator",
            "idle / (first to last span of both lanes)"),
+    Answer("02b", "counted from time 0", idle_from_time_zero, "counts_startup",
+           "1 - busy / the last device span's end"),
     Answer("02b", "first gap only", idle_over_first_gap, "wrong_value", "device_gaps()[0] only"),
     Answer("02b", "a formatted string", idle_as_text, "not_a_number", "returns '12.3%'"),
     Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",

@@ -526,7 +526,8 @@ def test_tokens_lost_accepts(answer):
     (20, "all_lost", "only the last decode step"),
     ([20, 20], "all_lost", "only the last decode step"),
     (19, "tokens_kept", "how many tokens the requests kept"),
-    (2, "more_than_one_step", "one decode step at a time"),
+    (2, "total_not_per_request", "what the 2 requests lost together"),  # blind round 44
+    (3, "more_than_one_step", "one decode step at a time"),
     ([2, 2], "more_than_one_step", "one decode step at a time"),
     (-1, "negative", "cannot gain tokens"),
     ([1, 1, 1], "shape", "give one number, or a list of 2"),

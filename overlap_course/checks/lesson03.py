@@ -123,6 +123,10 @@ def check_tokens_lost(answer, reference, without_flush) -> Verdict:
         return fails("negative", "a request cannot gain tokens by losing the flush")
     if got == [len(g.token_ids) for g in without_flush]:
         return fails("tokens_kept", "that is how many tokens the requests kept; the question asks how many they lost")
+    if one is not None and len(want) > 1 and one == sum(want):  # blind round 44
+        return fails("total_not_per_request",
+                     f"{one} is what the {len(want)} requests lost together; the question asks "
+                     f"how many tokens each request loses")
     if all(g > w for g, w in zip(got, want)):
         return fails("more_than_one_step",
                      "ZOS defers one decode step at a time (`previous` holds one StepState): how many tokens "
@@ -246,6 +250,9 @@ def check_ideal_ratio(answer, serial_stats: RunStats, zos_stats: RunStats | None
     if any(abs(answer - one_decimal) < 1e-9 for one_decimal in (round(want, 1), math.floor(want * 10) / 10)):
         return fails("one_decimal", f"{answer:.3g} is the ratio cut to one decimal: that hides the part this "
                                     f"question is about, give two decimals")
+    if abs(answer - math.floor(want * 100) / 100) < 1e-9:  # blind round 44: int(x * 100) / 100
+        return fails("cut_two_decimals", f"{answer:.3g} is the ratio cut to two decimals "
+                                         f"(x{want:.4f}): round it instead, x{want:.2f}")
     return fails("wrong", f"{answer:.3g} is not it: read serial_stats.mean_host_ms_per_round and "
                           f".mean_device_ms_per_round, then compute (host + device) / max(host, device)")
 

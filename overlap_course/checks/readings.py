@@ -136,6 +136,19 @@ def idle_slips(timeline, stats, expected: float) -> list[tuple]:
     slips.append(("idle_ms", idle, "the idle time in ms",
                   "divide it by idle + busy to get a fraction",
                   _whole_if_two_digits(idle, "whole milliseconds")))
+    device = timeline.lane("device")
+    lead = min(s.start_ms for s in device) if device else 0.0
+    if lead > 0:  # from time 0 (blind round 44): 1 - busy / the last device span's end
+        slips.append(("counts_startup", (idle + lead) / (idle + lead + busy),
+                      f"counted from time 0: the {lead:.1f} ms before the device's first work "
+                      f"(the run starting, nothing queued yet) counted as idle",
+                      "the idle fraction runs from the first device span to the last; "
+                      "device_gaps() starts there", None))
+        slips.append(("counts_startup", idle / (idle + lead + busy),
+                      f"idle over the time from 0 to the device's last work, whose first "
+                      f"{lead:.1f} ms came before any device work (the run starting)",
+                      "the idle fraction runs from the first device span to the last: "
+                      "divide by idle + busy", None))
     for denominator in (getattr(stats, "wall_ms", extent), extent):
         if denominator:
             slips.append(("wall_denominator", idle / denominator, "idle over the wall time",
@@ -146,7 +159,8 @@ def idle_slips(timeline, stats, expected: float) -> list[tuple]:
                f"give a fraction from 0 to 1, not a percentage; {fix}",
                _whole_if_two_digits(100 * value, "a whole percent"))
               for category, value, what, fix, _ in slips[1:]
-              if category in ("busy_fraction", "idle_over_busy", "wall_denominator")]
+              if category in ("busy_fraction", "idle_over_busy", "wall_denominator",
+                              "counts_startup")]
     return slips
 
 

@@ -44,10 +44,10 @@ CATEGORIES = frozenset({
     "wrong_value", "not_from_timeline", "wall_time", "new_gap", "no_gap", "microseconds",
     # 03: the ZOS order, the future-token map, the ideal; exercise 03's three rounds
     "serial_order", "not_launched_yet", "earlier_round", "nothing_lost", "all_lost", "tokens_kept",
-    "more_than_one_step", "plain_changes", "constraint_unaffected", "against_measurement", "serial_ids",
+    "more_than_one_step", "total_not_per_request", "counts_startup", "plain_changes", "constraint_unaffected", "against_measurement", "serial_ids",
     "host_knows_token", "placeholder_for_known", "pending_unset", "pending_inverted", "divides_by_smaller",
     "upside_down", "device_over_host", "host_over_device", "serial_round_time", "from_idle_fraction",
-    "zos_times", "measured_speedup", "one_decimal", "gain", "includes_prefill", "sample_before_postprocess",
+    "zos_times", "measured_speedup", "one_decimal", "cut_two_decimals", "gain", "includes_prefill", "sample_before_postprocess",
     "rounds_from_zero",  # 03(b): the decode rounds numbered from 0
     "flush_before_sample", "flush_mid_run", "forward_before_sample", "order", "length",
     "host_names",

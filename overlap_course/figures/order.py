@@ -10,6 +10,7 @@ columns.  It is computed from the spans, never drawn by hand.  Exercise 03(b)'s 
 from __future__ import annotations
 
 import html
+import operator
 import re
 
 import plotly.graph_objects as go
@@ -295,10 +296,26 @@ def order_figure(timeline: Timeline, first_round: int | None = None, num_rounds:
     return fig
 
 
+def _as_checked(pair: tuple) -> tuple:
+    """A (stage, round) pair as check_three_rounds reads it, so that the figure agrees with the
+    check (blind round 44: "Forward" passed there and was drawn as the first difference here):
+    the stage by the checks' ``name`` (case, surrounding spaces and quotes ignored), the round
+    as an integer (a numpy one too)."""
+    from overlap_course.checks.answers import name  # the checks are imported only for a row
+    stage, rnd = pair
+    if name(stage) is None or isinstance(rnd, bool):
+        return pair
+    try:
+        return name(stage), operator.index(rnd)
+    except TypeError:
+        return pair
+
+
 def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
     """The learner's order, item i under the engine's i-th issued step; the first difference outlined."""
     # A learner's list may hold anything: keep (stage, round) pairs, show the rest as written.
-    written = [tuple(x) if isinstance(x, (tuple, list)) and len(x) == 2 else (repr(x), "?") for x in written]
+    shown = [tuple(x) if isinstance(x, (tuple, list)) and len(x) == 2 else (repr(x), "?") for x in written]
+    written = [_as_checked(x) for x in shown]
     rounds = range(lay["first"], lay["last"] + 1)
     engine = issued_order(timeline, rounds)
     slots = {}  # i -> where the engine's i-th issued step is drawn
@@ -319,7 +336,7 @@ def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
         xs.append(x0 + 0.04)
         ws.append(max(x1 - x0 - 0.08, 0.6))
         texts.append(f"{stage} r{item[1]}")
-        hovers.append(f"you wrote <b>{html.escape(str(item))}</b><br>the engine did "
+        hovers.append(f"you wrote <b>{html.escape(str(shown[i]))}</b><br>the engine did "
                       f"<b>{html.escape(str(did)) if did else 'nothing more'}</b>" +
                       ("" if same else "<br><b>first difference</b>" if i == first_diff else "<br>differs"))
         colors.append(stage_color(host_stage))
