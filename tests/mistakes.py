@@ -227,6 +227,11 @@ def idle_from_time_zero(timeline):
     return 1 - timeline.device_busy_ms() / max(s.end_ms for s in timeline.lane("device"))
 
 
+def idle_from_the_built_in(timeline):
+    """The timeline's own method: the exercise asks for the computation (grading round 44)."""
+    return timeline.device_idle_fraction()
+
+
 def idle_as_text(timeline):
     return f"{idle(timeline):.1%}"
 
@@ -1038,6 +1043,8 @@ WRONG = [
            "idle / (first to last span of both lanes)"),
     Answer("02b", "counted from time 0", idle_from_time_zero, "counts_startup",
            "1 - busy / the last device span's end"),
+    Answer("02b", "the built-in", idle_from_the_built_in, "built_in",
+           "returns timeline.device_idle_fraction()"),
     Answer("02b", "first gap only", idle_over_first_gap, "wrong_value", "device_gaps()[0] only"),
     Answer("02b", "a formatted string", idle_as_text, "not_a_number", "returns '12.3%'"),
     Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",

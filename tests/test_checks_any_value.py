@@ -269,7 +269,8 @@ def test_an_idle_fraction_that_empties_the_timeline_is_judged_on_its_value(noteb
     assert len(engine.timeline.spans) == spans
 
     def right_then_empties(timeline):
-        value = timeline.device_idle_fraction()
+        idle = sum(b - a for a, b in timeline.device_gaps())
+        value = idle / (idle + timeline.device_busy_ms())
         timeline.spans.clear()
         return value
     assert checks.check_idle_fraction(right_then_empties, engine).passed

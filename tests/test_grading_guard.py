@@ -186,7 +186,8 @@ def test_a_check_keeps_what_the_judge_fingerprints_while_the_answer_runs(make_en
 
     def idle_fraction(timeline):
         seen.append(changed())
-        return timeline.device_idle_fraction()
+        idle = sum(b - a for a, b in timeline.device_gaps())
+        return idle / (idle + timeline.device_busy_ms())
     engine = make_engine(mode="serial", max_batch_size=4)
     engine.generate(["Once upon a time", "The bird said"], max_new_tokens=8)
     checks.check_slot(37, table=[5, 2, 9], pos=9, block_size=4)  # first imports done

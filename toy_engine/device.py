@@ -152,6 +152,7 @@ class Device:
         except RaceError as err:
             self.run_record.refused(name, mode, err.round, err.launch)
             raise
+        self.run_record.access(name, mode)
         return self.buffers[name]
 
     buffers: dict  # subclasses set it and implement what follows

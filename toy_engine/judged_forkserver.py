@@ -9,9 +9,21 @@ import types
 
 from .device import DeviceError
 
-#: The pid of the forkserver that must fork every device process; None (outside the judge): any.
-#: An object's attribute: the checkers put the toy's module names back as they were imported.
-PINNED = types.SimpleNamespace(pid=None)
+#: The pid of the forkserver that must fork every device process; None (outside the judge): any;
+#: and its :func:`identity`.  An object's attributes: the checkers put the toy's module names back
+#: as they were imported.
+PINNED = types.SimpleNamespace(pid=None, identity=None)
+
+
+def identity(pid: int) -> tuple[int, int] | None:
+    """(pid, start time in clock ticks since boot) of a live process, None for none (Linux).  A
+    pid is free again once its process is reaped; a start time is not (round 44: a cell killed
+    the forkserver, reaped it, and forked until a child of its own had its pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (name) state ppid ... starttime ..."
+            return pid, int(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def running(preload: list[str], without_main) -> int:
@@ -25,6 +37,7 @@ def running(preload: list[str], without_main) -> int:
 def start(preload: list[str], without_main) -> None:
     """Start the forkserver now, preloading ``preload``, and use only it from now on."""
     PINNED.pid = running(preload, without_main)
+    PINNED.identity = identity(PINNED.pid)
 
 
 def method(chosen: str) -> str:
@@ -41,7 +54,7 @@ def check_parent(pid: int) -> None:
             parent = int(f.read().rpartition(b")")[2].split()[1])
     except (OSError, ValueError, IndexError):
         parent = None
-    if parent != PINNED.pid:
+    if parent != PINNED.pid or identity(parent) != PINNED.identity:
         raise DeviceError(f"device process {pid} was forked by process {parent}, not by the "
                           f"forkserver {PINNED.pid} the judge started before your code: your code "
                           f"stopped, restarted or replaced the forkserver")

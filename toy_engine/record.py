@@ -80,6 +80,17 @@ class Refused:
     t_ns: int
 
 
+@dataclass(frozen=True)
+class Access:
+    """A host access to a buffer the race checker let through: whether a wait ordered it after
+    the launches using it is read from the record's waits before it, not from the checker's
+    state (grading round 44: an answer that emptied the checker read before its wait)."""
+
+    buffer: str
+    access: str
+    t_ns: int
+
+
 class RunRecord:
     """The events of one run, in order (``events``); the engine starts a new one per run."""
 
@@ -111,6 +122,9 @@ class RunRecord:
 
     def refused(self, buffer: str, access: str, round: int, launch: str) -> None:
         self.events.append(Refused(buffer, access, round, launch, time.perf_counter_ns()))
+
+    def access(self, buffer: str, access: str) -> None:
+        self.events.append(Access(buffer, access, time.perf_counter_ns()))
 
     def outstanding(self, blocks=None) -> list[Launch]:
         """Launches not yet covered by a host wait (touching ``blocks``, if given)."""

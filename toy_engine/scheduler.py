@@ -85,6 +85,27 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
+    def check_queue(self, of_the_run: dict) -> None:
+        """Refuse a queue no round can be planned from (round 44: a bare KeyError, or a double
+        free blamed on the learner): a request not of this run (``of_the_run``: its requests by
+        id), a copy of one, one queued twice, or one admitted and freed before.  (One that ended
+        while it waited is lab 2's mistake: its checker reads what planning it does.)"""
+        seen = set()
+        for req in [*self.waiting, *self.running]:
+            if id(req) not in of_the_run:
+                raise RuntimeError(f"request {shown(req.id)} is not one of this run's: a loop "
+                                   f"plans the requests generate was given; a new prompt needs "
+                                   f"a generate call of its own, not engine.scheduler.add")
+            if id(req) in seen:
+                raise RuntimeError(f"request {req.id} is queued twice: generate queues each "
+                                   f"request once, and the loop plans them with engine.schedule()")
+            seen.add(id(req))
+        for req in self.waiting:
+            if req.id in self.freed:
+                raise RuntimeError(f"request {req.id} was admitted and freed already: the toy "
+                                   f"admits a request once (it has no preemption to start one "
+                                   f"over)")
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -112,6 +112,7 @@ class RoundStages:
         run, placed = self._run, self.scheduler.placed
         for req in run.take_aborts():
             self.scheduler.abort(req)
+        self.scheduler.check_queue(run.fixed)
         since = self._suspects()
         run.check_fields(self.scheduler.running + self._next_admitted(), placed, since)
         if not self.scheduler.has_work():

@@ -32,6 +32,8 @@ import struct
 import sys
 from multiprocessing import connection, reduction, resource_tracker
 
+from toy_engine.judged_forkserver import identity
+
 _CREDS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid of the process that listens
 _MAX_FDS = mp.forkserver.MAXFDS_TO_SEND  # as imported (a cell set it to 3: "ValueError")
 
@@ -67,17 +69,20 @@ def fork_before_the_secret(preload: list[str]) -> int | None:
         # as ForkServer.ensure_running records the one it starts (CPython 3.11-3.13)
         server._forkserver_address, server._forkserver_alive_fd = address, alive_w
         server._forkserver_pid = pid
-        mp.forkserver.connect_to_new_process = _connecting(address, pid, alive_w)
+        mp.forkserver.connect_to_new_process = _connecting(address, identity(pid), alive_w)
     return pid
 
 
-def _connecting(address: str, pid: int, alive_w: int):
+def _connecting(address: str, server: tuple[int, int] | None, alive_w: int):
     """multiprocessing's ``connect_to_new_process`` (CPython 3.11-3.13, its protocol as is) to
     the server forked here only: at the address as forked (not the one the instance holds
-    now), and refused unless the process that listens there is that server.  Round 42: a cell
-    renamed the socket's file in the judge's folder and bound its own relay there, which
-    rewrote what each device process of the check unpickled (the submission's code ran in them)
-    and passed it on to this server, which forked them as always."""
+    now), and refused unless the process that listens there is that server (its ``identity``,
+    pid and start time).  Round 42: a cell renamed the socket's file in the judge's folder and
+    bound its own relay there, which rewrote what each device process of the check unpickled
+    (the submission's code ran in them) and passed it on to this server, which forked them as
+    always.  Round 44: a cell killed the server, and a child of its own took its pid."""
+    pid = server[0] if server else None
+
     def connect_to_new_process(fds):
         if len(fds) + 4 >= _MAX_FDS:
             raise ValueError("too many fds")
@@ -85,7 +90,7 @@ def _connecting(address: str, pid: int, alive_w: int):
             client.connect(address)
             creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
             listening = _CREDS.unpack(creds)[0]
-            if listening != pid:
+            if listening != pid or identity(listening) != server:
                 raise ConnectionRefusedError(
                     f"the device processes' socket ({address}) is served by process "
                     f"{listening}, not by the forkserver {pid} the judge started before your "

@@ -16,6 +16,7 @@ from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_forkserver import fork_before_the_secret
+from toy_engine.judged_forkserver import identity
 from overlap_course.build.judge_keep import (forget_caches, keeper,
                                              strange_modules as _strange_modules)
 from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
@@ -93,7 +94,7 @@ def judge_main(argv: list[str]) -> None:
     # used (round 16: one the check started after the cells ran the code they put in it): the
     # one forked above, or a new one
     judged_forkserver.start(device._FORKSERVER_PRELOAD, device.without_main_module)
-    forkserver = judged_forkserver.PINNED.pid  # by value, before the cells
+    forkserver = judged_forkserver.PINNED.pid, judged_forkserver.PINNED.identity  # by value, now
     runs = {name: _judges_run(CONTEXT_RUNS[name], toy_engine)  # before any submission line
             for name in names if name in CONTEXT_TYPES and "values" not in request}
     remember_modules()
@@ -366,7 +367,7 @@ def _judges_run(run: dict, toy_engine):
 def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch,
              restore=None) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
-    (``began``: the fingerprint and the forkserver's pid) each time the submission's code handed
+    (``began``: the fingerprint and the forkserver's identity) each time the submission's code handed
     control back to the checker, and at the end.  Not started under a torch mode the cells left
     entered: the checker's own runs before its time limit (its references) would run the mode's
     code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s).  The
@@ -411,13 +412,15 @@ def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch:
     return {"passed": verdict.passed is True, "message": verdict.message}
 
 
-def _forkserver_moved(pid: int) -> list[str]:
-    """The forkserver the judge started before the cells, if it is gone or another one serves:
-    a cell that stopped it had the check start one with the cell's code (round 16)."""
+def _forkserver_moved(server: tuple) -> list[str]:
+    """The forkserver the judge started before the cells (its pid and ``identity``), if it is gone
+    or another one serves: a cell that stopped it had the check start one with the cell's code
+    (round 16), or forked until a child of the judge's had its pid (round 44)."""
+    pid, began = server
     now = sys.modules["multiprocessing.forkserver"]._forkserver._forkserver_pid
     try:
-        alive = os.waitpid(pid, os.WNOHANG) == (0, 0)  # the judge's child
-    except ChildProcessError:
+        alive = os.waitpid(pid, os.WNOHANG) == (0, 0) and identity(pid) == began
+    except ChildProcessError:  # (not the judge's child: reaped already)
         alive = False
     if alive and now == pid:
         return []

@@ -337,12 +337,19 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     The function gets a copy: one that empties or edits it changes neither the run nor the check."""
     timeline = context.plain_timeline(engine.timeline)  # as given() read it: plain values only
     expected = engine.stats.device_idle_fraction
+    given = copy.deepcopy(timeline)
+    given.__class__ = _Given
     try:
-        got = idle_fraction(copy.deepcopy(timeline))
+        got = idle_fraction(given)
     except NotImplementedError:
         return not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
         return fails("raised", f"your idle_fraction raised {quoted(err)}")
+    if given.built_in:
+        return fails("built_in", "your idle_fraction calls the timeline's own "
+                                 "`device_idle_fraction()`: the exercise asks you to compute it "
+                                 "yourself, idle / (idle + busy) from timeline.device_gaps() and "
+                                 "timeline.device_busy_ms()")
     value = returned_real(got)
     if value is None:
         return fails("not_a_number", f"idle_fraction should return a number, got {type(got).__name__}")
@@ -380,6 +387,18 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
                                    f"and timeline.device_busy_ms(), not times 100")
     return fails("wrong_value", f"got {got:.4f}, expected {expected:.4f}: idle / (idle + busy) from "
                                 f"timeline.device_gaps() and timeline.device_busy_ms()")
+
+
+class _Given(Timeline):
+    """The copy of the timeline an idle_fraction answer is given: it notes a call of the method
+    the exercise asks the answer to write itself (grading round 44: `return
+    timeline.device_idle_fraction()` scored 2 of 2)."""
+
+    built_in = False
+
+    def device_idle_fraction(self, *args, **kwargs):
+        self.built_in = True
+        return super().device_idle_fraction(*args, **kwargs)
 
 
 def _same_on_another_timeline(idle_fraction, timeline) -> Verdict:

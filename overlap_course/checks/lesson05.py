@@ -214,6 +214,13 @@ def _step_mistake(call, reference) -> Verdict | None:
 
 def _wait_mistake(call, who: str) -> Verdict | None:
     step = call["step"]
+    if call.get("forgotten"):
+        return fails("edits_race_checker",
+                     f"{who}: your process_outputs took launch(es) {call['forgotten']} off the "
+                     f"engine's list of unwaited launches (`engine.device.races`, "
+                     f"`engine.device.run_record`) without waiting on them: those books are the "
+                     f"engine's, and only a wait clears them. Wait on `step.sample_done`, then "
+                     f"read, commit and free")
     later = [seq for seq, _, _, _ in call["waits"] if seq > step.sample_done.seq]
     if later:
         return fails("waits_later_event", who)  # the message, with its cost, is written by the caller
@@ -223,6 +230,12 @@ def _wait_mistake(call, who: str) -> Verdict | None:
                      f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
                      f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
                      f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
+    if call.get("unwaited_reads") and not call["refused"]:  # the checker's books were changed
+        return fails("read_before_wait",
+                     f"{who}: you read the step's sampled tokens (`{call['unwaited_reads'][0]}`) "
+                     f"before any wait on its completion event: with race checking off "
+                     f"(benchmarks, a real GPU) that read returns whatever the slot held. Wait "
+                     f"on `step.sample_done` first: the wait is the permission to read")
     early = [r for r in call["refused"] if r.buffer.startswith("out")]
     if early and not call.get("raised"):
         return fails("read_before_wait",

@@ -11,7 +11,7 @@ import os
 from collections import Counter
 
 from toy_engine.engine import Engine
-from toy_engine.record import Commit, Free, Refused, Wait
+from toy_engine.record import Access, Commit, Free, Refused, Wait
 from toy_engine.sequence import Request
 from toy_engine.validate import plugin_label
 
@@ -29,6 +29,23 @@ class StepWatch:
     def __init__(self, engine: Engine, process_outputs):
         self.engine, self.learner, self.calls = engine, process_outputs, []
         self.held: dict[int, int] = {}  # each KV block's last holder seen: names a block lost later
+        self.waited: list = [None, 0, -1]  # see _unwaited_reads
+
+    def _unwaited_reads(self, record, first: int, seq: int) -> list[str]:
+        """The output buffers read from ``record``'s event ``first`` on before it held a wait at
+        or after launch ``seq`` (the step's sample); the waits before are read once per run."""
+        if self.waited[0] is not record:
+            self.waited = [record, 0, -1]  # the record read so far: up to event n, waited upto
+        _, n, waited = self.waited
+        early = []
+        for i, event in enumerate(record.events[n:], start=n):
+            if isinstance(event, Wait):
+                waited = max(waited, event.seq)
+            elif (i >= first and isinstance(event, Access) and event.buffer.startswith("out")
+                  and waited < seq):
+                early.append(event.buffer)
+        self.waited = [record, len(record.events), waited]
+        return early
 
     def plugin(self) -> functools.partial:
         """This watch as generate's ``process_outputs``, labelled as the learner's function: a
@@ -48,6 +65,7 @@ class StepWatch:
         self.held.update(call["holders"])
         self.calls.append(call)
         record, first = engine.record, len(engine.record.events)
+        pending = _pending(engine)
         ours, call["caught"] = _refusals_kept(engine), []
         try:
             self.learner(engine, step)
@@ -62,6 +80,9 @@ class StepWatch:
             call["commits"] = [c for c in events if isinstance(c, Commit)]
             call["frees"] = [f for f in events if isinstance(f, Free)]
             call["refused"] = [r for r in events if isinstance(r, Refused)]
+            waited = max((w.seq for w in events if isinstance(w, Wait)), default=-1)
+            call["forgotten"] = sorted(s for s in pending - _pending(engine) if s > waited)
+            call["unwaited_reads"] = self._unwaited_reads(record, first, step.sample_done.seq)
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks),
                               r in engine.scheduler.running) for r in reqs]
@@ -69,6 +90,15 @@ class StepWatch:
                                                                      call["reasons"])
             call["texts"] = [] if call.get("raised") else _texts(engine, reqs)
             call.update(pool_after(engine))
+
+
+def _pending(engine: Engine) -> set:
+    """The launches the engine's books hold unwaited (the race checker's and the run record's):
+    one leaves them only by a wait the record saw (grading round 44: an answer that emptied them,
+    or told the race checker it had waited, read before its wait unrefused and scored 4/4)."""
+    device = engine.device
+    return ({p.seq for p in device.races.pending}
+            | {p.seq for p in device.run_record.outstanding()})
 
 
 def _refusals_kept(engine: Engine) -> dict:

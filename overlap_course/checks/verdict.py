@@ -41,7 +41,7 @@ CATEGORIES = frozenset({
     "from_sample_start", "too_few_digits", "wait_is_not_work", "device_stage", "not_a_stage",
     "launch_only_queues", "hidden_by_device", "negative", "partly_hidden", "more_than_overhead",
     "not_a_number", "percentage", "busy_fraction", "idle_over_busy", "idle_ms", "wall_denominator",
-    "wrong_value", "not_from_timeline", "wall_time", "new_gap", "no_gap", "microseconds",
+    "wrong_value", "not_from_timeline", "built_in", "wall_time", "new_gap", "no_gap", "microseconds",
     # 03: the ZOS order, the future-token map, the ideal; exercise 03's three rounds
     "serial_order", "not_launched_yet", "earlier_round", "nothing_lost", "all_lost", "tokens_kept",
     "more_than_one_step", "total_not_per_request", "counts_startup", "plain_changes", "constraint_unaffected", "against_measurement", "serial_ids",
@@ -60,7 +60,7 @@ CATEGORIES = frozenset({
     # 05: ownership and lifetime, and exercise 05's process_outputs
     "misses_current_round", "misses_in_flight", "already_processed", "missed_abort_round",
     "missed_extra_step", "serial_discards_nothing", "nothing_discarded", "too_many", "wrong_slot",
-    "wrong_buffer", "writing_round", "waits_other_event", "read_before_wait", "double_free", "free_in_use",
+    "wrong_buffer", "writing_round", "waits_other_event", "read_before_wait", "edits_race_checker", "double_free", "free_in_use",
     "committed_twice", "plan_changed", "never_committed", "inflight_changed", "freed_unfinished",
     "short_commit", "bad_outputs",
     "left_unfinished", "ended_unfinished",
