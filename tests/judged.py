@@ -59,12 +59,12 @@ def serial_loop(engine):
 
 def judge_began() -> tuple:
     """What the judge notes before the cells, for tests that call its verdict in this process:
-    the forkserver's pid (started as the judge starts its own, not pinned: later tests here use
-    any) and the fingerprint, taken after it as the judge takes it."""
+    the forkserver's pid and identity (started as the judge starts its own, not pinned: later
+    tests here use any) and the fingerprint, taken after it as the judge takes it."""
     from toy_engine import judged_forkserver, process_device as device
 
     pid = judged_forkserver.running(device._FORKSERVER_PRELOAD, device.without_main_module)
-    return judge_process._fingerprint(), pid
+    return judge_process._fingerprint(), (pid, judged_forkserver.identity(pid))
 
 
 def serial_loop_scores(home, students: dict) -> dict:

@@ -180,6 +180,7 @@ def _requeued_once_freed(engine):
 
 @pytest.mark.parametrize("edit, said", [
     (lambda e: e.scheduler.add(_EARLIER[0]), "request 0 is not one of this run's"),
+    (lambda e: e.scheduler.waiting.append("junk"), "'junk' is not one of this run's requests"),
     (lambda e: e.scheduler.add(copy.copy(e.scheduler.waiting[0])), "is not one of this run's"),
     (lambda e: e.scheduler.add(e.scheduler.waiting[0]), "is queued twice"),
     (_requeued_once_freed, "was admitted and freed already"),

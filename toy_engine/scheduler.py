@@ -93,7 +93,8 @@ class Scheduler:
         seen = set()
         for req in [*self.waiting, *self.running]:
             if id(req) not in of_the_run:
-                raise RuntimeError(f"request {shown(req.id)} is not one of this run's: a loop "
+                what = f"request {shown(req.id)}" if isinstance(req, Request) else shown(req)
+                raise RuntimeError(f"{what} is not one of this run's requests: a loop "
                                    f"plans the requests generate was given; a new prompt needs "
                                    f"a generate call of its own, not engine.scheduler.add")
             if id(req) in seen:
