@@ -53,7 +53,8 @@ check, and calls the checker:
   (:mod:`~overlap_course.build.landlock`); a fenced process is not dumpable and holds no
   capability, nor does what it forks or runs (none reads its memory, even as root: round 41),
   and its device forkserver is forked before the secret is read, asked only over a socket whose
-  listener is checked (:mod:`~overlap_course.build.judge_forkserver`), and what its device
+  listener is checked by pid and start time (:mod:`~overlap_course.build.judge_forkserver`),
+  and what its device
   processes send back is read as plain values (round 43); from ABI 6 it signals no
   process outside its fence; what a judge leaves running, even in a session of its own, the
   zygote (a subreaper) ends with it (round 30: one killed later students' judges).
