@@ -95,4 +95,5 @@ def test_a_stopped_forkserver_is_not_said_to_be_followed_by_itself(monkeypatch):
     assert judge_process._forkserver_moved((pid, None)) == [
         f"the forkserver {pid} the judge started was stopped"]
     monkeypatch.setattr(server, "_forkserver_pid", pid + 1)
-    assert judge_process._forkserver_moved((pid, None))[0].endswith(f"devices now come from {pid + 1}")
+    moved = judge_process._forkserver_moved((pid, None))
+    assert moved[0].endswith(f"devices now come from {pid + 1}")

@@ -28,7 +28,7 @@ from .interrupts import hold_sigint
 from .model import TinyGPT, load_model
 from .record import RunRecord
 from .run import Run, stalled
-from .scheduler import BlockManager, Scheduler
+from .scheduler import BlockManager, Scheduler, whole
 from .sequence import Completion, Request, check_prompts, check_stop
 from .stages import RoundStages
 from .runinfo import RunStats, TimelineMeta, Workload
@@ -320,9 +320,9 @@ class Engine(RoundStages):
         elif not self._clean or self._lost_rows_or_blocks():
             self._recover()
 
-    def _lost_rows_or_blocks(self) -> bool:
-        s, c = self.scheduler, self.config
-        return len(s.free_rows) != c.max_batch_size or len(s.blocks.free_ids) != c.num_kv_blocks
+    def _lost_rows_or_blocks(self) -> bool:  # or its scheduler replaced (round 45)
+        c = self.config
+        return not whole(self.scheduler, c.max_batch_size, c.num_kv_blocks)
 
     def _recover(self) -> None:
         """After an exception: let the device finish (or give it up), forget the run, be ready."""

@@ -94,12 +94,13 @@ class Scheduler:
         for req in [*self.waiting, *self.running]:
             if id(req) not in of_the_run:
                 what = f"request {shown(req.id)}" if isinstance(req, Request) else shown(req)
-                raise RuntimeError(f"{what} is not one of this run's requests: a loop "
-                                   f"plans the requests generate was given; a new prompt needs "
-                                   f"a generate call of its own, not engine.scheduler.add")
+                raise RuntimeError(f"{what} is not one of this run's requests: a run plans "
+                                   f"only the requests its generate call was given; a new "
+                                   f"prompt needs a generate call of its own, not a place in "
+                                   f"engine.scheduler's queues")
             if id(req) in seen:
                 raise RuntimeError(f"request {req.id} is queued twice: generate queues each "
-                                   f"request once, and the loop plans them with engine.schedule()")
+                                   f"request once, and engine.schedule() plans them")
             seen.add(id(req))
         for req in self.waiting:
             if req.id in self.freed:
@@ -174,3 +175,14 @@ class Scheduler:
             req.blocks, req.row = [], -1
             self.placed.pop(id(req), None)
             self.freed[req.id] = blocks
+
+
+
+def whole(s, rows: int, blocks: int) -> bool:
+    """Whether ``s`` is a Scheduler with queues of its own kinds, ``rows`` rows and ``blocks`` KV
+    blocks free (a run took back what it lent): a loop that set ``engine.scheduler.waiting =
+    ()``, or the scheduler to None, left the next generate failing (round 45); the engine then
+    starts the next run on a new one."""
+    return (type(s) is Scheduler and type(s.waiting) is deque and type(s.running) is list
+            and type(s.free_rows) is list and type(s.blocks) is BlockManager
+            and len(s.free_rows) == rows and len(s.blocks.free_ids) == blocks)

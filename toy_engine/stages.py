@@ -122,6 +122,7 @@ class RoundStages:
         if run.on_round is not None:
             with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
+            self.scheduler.check_queue(run.fixed)  # round 45: what on_round queued, too
             run.check_fields(self.scheduler.running + list(self.scheduler.waiting), placed,
                              f"by {run.labels['on_round']}")
         self._end_lowered(since)

@@ -367,13 +367,13 @@ def _judges_run(run: dict, toy_engine):
 def _verdict(check, args: list, began: tuple, threads: set, verdict_type, watch: Watch,
              restore=None) -> dict:
     """The check's verdict, kept only if the check's world was as it was when the judge began
-    (``began``: the fingerprint and the forkserver's identity) each time the submission's code handed
-    control back to the checker, and at the end.  Not started under a torch mode the cells left
-    entered: the checker's own runs before its time limit (its references) would run the mode's
-    code, unlimited (round 17: 14,000 calls, each compared, kept the judge past 270 s).  The
-    judge's modules are put back (``restore``) at each hand-back and as the check returns, before
-    any name is looked up in them (by default, as they are at the call): the comparer is the
-    judge's own."""
+    (``began``: the fingerprint and the forkserver's pid and identity) each time the
+    submission's code handed control back to the checker, and at the end. Not started under a
+    torch mode the cells left entered: the checker's own runs before its time limit (its
+    references) would run the mode's code, unlimited (round 17: 14,000 calls, each compared,
+    kept the judge past 270 s). The judge's modules are put back (``restore``) at each hand-back
+    and as the check returns, before any name is looked up in them (by default, as they are at
+    the call): the comparer is the judge's own."""
     before, forkserver, restore = *began, restore or keeper()
     if modes := watch.modes.entered():
         return {"passed": False, "message": f"your code changed what the checker runs on "

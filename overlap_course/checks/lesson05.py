@@ -230,6 +230,13 @@ def _wait_mistake(call, who: str) -> Verdict | None:
                      f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
                      f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
                      f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
+    if call.get("unread_commit"):  # swapped in for the read (round 45)
+        return fails("unchecked_read",
+                     f"{who}: your process_outputs committed tokens it did not read through the "
+                     f"engine (`engine.read_outputs(step)`, or `engine.device.host(...)`): a read "
+                     f"of the shared buffer behind the race checker's back (`engine.device."
+                     f"buffers`, or with the device's books swapped) can come before the device "
+                     f"wrote it. Wait on `step.sample_done`, then `engine.read_outputs(step)`")
     if call.get("unwaited_reads") and not call["refused"]:  # the checker's books were changed
         return fails("read_before_wait",
                      f"{who}: you read the step's sampled tokens (`{call['unwaited_reads'][0]}`) "

@@ -10,6 +10,7 @@ import inspect
 import os
 from collections import Counter
 
+from toy_engine.buffers import out_buffer
 from toy_engine.engine import Engine
 from toy_engine.record import Access, Commit, Free, Refused, Wait
 from toy_engine.sequence import Request
@@ -83,6 +84,9 @@ class StepWatch:
             waited = max((w.seq for w in events if isinstance(w, Wait)), default=-1)
             call["forgotten"] = sorted(s for s in pending - _pending(engine) if s > waited)
             call["unwaited_reads"] = self._unwaited_reads(record, first, step.sample_done.seq)
+            call["unread_commit"] = any(  # round 45: `engine.device.buffers` read directly, or
+                isinstance(c, Commit) and not c.refused for c in events) and not any(  # a record
+                isinstance(a, Access) and a.buffer == out_buffer(step.slot) for a in events)
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks),
                               r in engine.scheduler.running) for r in reqs]

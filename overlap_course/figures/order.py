@@ -314,7 +314,8 @@ def _as_checked(pair: tuple) -> tuple:
 def _written_traces(written, timeline: Timeline, lay: dict) -> list[go.Bar]:
     """The learner's order, item i under the engine's i-th issued step; the first difference outlined."""
     # A learner's list may hold anything: keep (stage, round) pairs, show the rest as written.
-    shown = [tuple(x) if isinstance(x, (tuple, list)) and len(x) == 2 else (repr(x), "?") for x in written]
+    shown = [tuple(x) if isinstance(x, (tuple, list)) and len(x) == 2 else (repr(x), "?")
+             for x in written]
     written = [_as_checked(x) for x in shown]
     rounds = range(lay["first"], lay["last"] + 1)
     engine = issued_order(timeline, rounds)
