@@ -95,3 +95,27 @@ def test_a_clean_run_that_replaced_the_schedulers_queues_leaves_the_next_generat
     with te.Engine(te.EngineConfig(mode="serial")) as engine:
         engine.generate(["ab", "cd"], max_new_tokens=4, loop=loop)
         assert [c.finish_reason for c in engine.generate(["ab"], max_new_tokens=4)] == ["length"]
+
+
+def _raises_after_its_read(engine, step):
+    engine.device.wait(step.sample_done)
+    out = engine.read_outputs(step)
+    return out[len(step.plan.requests) * 200]
+
+
+def _loop_that_raises(engine):
+    while engine.scheduler.has_work():
+        engine.schedule()
+        return [1][5]
+
+
+@pytest.mark.parametrize("check, answer, said", [
+    (checks.check_process_outputs, _raises_after_its_read,
+     "of `_raises_after_its_read`, `return out[len(step.plan.requests) * 200]`)"),
+    (checks.check_serial_loop, _loop_that_raises,
+     "of `_loop_that_raises`, `return [1][5]`)"),
+])
+def test_an_answer_that_raises_is_told_its_line(check, answer, said):
+    verdict = check(answer)
+    assert not verdict.passed and verdict.category == "raised", verdict.message
+    assert " (at line " in verdict.message and said in verdict.message, verdict.message

@@ -56,6 +56,13 @@ def learner_line(err: BaseException) -> str:
     return line
 
 
+def at(err: BaseException) -> str:
+    """" (at line 3 of `fn`, `x = rows[7]`)" for a verdict that says the learner's code raised
+    ``err``, or "" (rounds 43 and 45: a raise in an answer named no line)."""
+    line = learner_line(err)
+    return f" ({line})" if line else ""
+
+
 def _ints(x) -> bool:
     return type(x) is list and all(type(i) is int and i >= 0 for i in x)
 

@@ -16,7 +16,7 @@ from . import lab_runs as runs
 from . import lifetime_runs, sandbox
 from .answers import show
 from .endings import ABORT, LIMIT_AT_ROUND_END
-from .errors import checkers, engines, quoted
+from .errors import at, checkers, engines, quoted
 from .verdict import Verdict, counted, fails, not_implemented
 
 
@@ -86,7 +86,7 @@ def policy_error(err: Exception, calls, run, own, engine) -> Verdict:
         msg = (f"{run}: {detail}: it should have ended {own.endings[i]}, and stopped with {has}: "
                f"{_STALLS[err.reason]}, so it can never finish")
         return fails("stalled", msg)
-    return fails("raised", f"your wants_more raised {quoted(err)}")
+    return fails("raised", f"your wants_more raised {quoted(err)}{at(err)}")
 
 
 def timed_out(up, what: str, run, now, endings) -> Verdict:
@@ -202,7 +202,7 @@ def abort_error(err: Exception, run, ref, engine, calls) -> Verdict:
     first request left, how it should have ended and where it stopped; a finished request kept
     in ``running`` whose blocks its abort gave back itself is told so (blind round 19)."""
     if not (engines(err, EngineStalled) or checkers(err, runs.Runaway)):
-        return fails("raised", f"your abort raised {quoted(err)}")
+        return fails("raised", f"your abort raised {quoted(err)}{at(err)}")
     left = [r for r in engine.requests if r.index in getattr(err, "prompt_indexes", ())]
     left = left or [r for r in engine.requests if r.finish_reason != ref.outs[r.index][1]]
     where = f"{run}: a request could not end"

@@ -17,7 +17,7 @@ from . import pool
 from .engine_view import EngineEdited, EngineView, Spinning
 from .run_edits import (RequestWatch, drafts_too_deep, dropped_at_prefill, end_taken_back,
                         kept_by_edit, settings, settings_edit, spun_by_edit, unplanned_by_edit)
-from .errors import engines, quoted, said
+from .errors import at, engines, quoted, said
 from .refusals_caught import caught_refusal
 from .thread_errors import other_thread
 from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepared_twice,
@@ -223,7 +223,7 @@ def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:
         return fails("device_error", f"a launch failed on the device: {said(err)}. Check that "
                                      f"each round is prepared, then its forward launched, then "
                                      f"its sample")
-    return fails("raised", f"your loop raised {quoted(err)}")
+    return fails("raised", f"your loop raised {quoted(err)}{at(err)}")
 
 
 def _stale_inputs(log: HostLog, err: StaleInputs, caught: str = "") -> Verdict:

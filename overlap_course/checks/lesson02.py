@@ -18,7 +18,7 @@ from toy_engine.timeline import Timeline
 
 from . import context, pool
 from .answers import name, one_number, returned_real, show
-from .errors import quoted
+from .errors import at, quoted
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
 from .learner_code import loop_verdict, run_loop
@@ -344,7 +344,7 @@ def check_idle_fraction(idle_fraction, engine: Engine) -> Verdict:
     except NotImplementedError:
         return not_implemented("`idle_fraction`")
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        return fails("raised", f"your idle_fraction raised {quoted(err)}")
+        return fails("raised", f"your idle_fraction raised {quoted(err)}{at(err)}")
     if given.built_in:
         return fails("built_in", "your idle_fraction calls the timeline's own "
                                  "`device_idle_fraction()`: the exercise asks you to compute it "

@@ -21,7 +21,7 @@ from . import context, correction_cases, pool, sandbox
 from .correction_cases import FIELDS, worked_case, worked_requests
 from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
-from .errors import learner_line, quoted
+from .errors import at, quoted
 from .harness import exercise_check, notebook_check
 from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read, scripted,
                          scripted_part, second_call, state_kept, stopped, valueless_failure,
@@ -209,13 +209,6 @@ def _not_kept(meta: dict, given: dict) -> str | None:
     return None
 
 
-def _at(err: Exception) -> str:
-    """" (at line 3 of `fn`, `x = rows[7]`)" where the learner's correction raised it (round 43:
-    a hidden case's error named no line)."""
-    line = learner_line(err)
-    return f" ({line})" if line else ""
-
-
 @exercise_check(lambda: pool.start({"num_draft_tokens": pool.DRAFTS}, {}), pool.reference,
                 pool.endings_reference, calls="correct_seqlens_qk(meta, accepted, block_size)")
 def check_correction(correct_seqlens_qk) -> Verdict:
@@ -240,21 +233,21 @@ def check_correction(correct_seqlens_qk) -> Verdict:
         except NotImplementedError:
             return not_implemented("`correct_seqlens_qk`")
         except Exception as err:  # noqa: BLE001
-            return fails("raised", f"{label} your correction raised {quoted(err)}{_at(err)}")
+            return fails("raised", f"{label} your correction raised {quoted(err)}{at(err)}")
         if verdict is not None:
             return verdict
     try:
         verdict = _stays_on_device(correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
         return fails("raised", f"with 6 requests instead of 3 your correction raised "
-                                f"{quoted(err)}{_at(err)}")
+                                f"{quoted(err)}{at(err)}")
     if verdict is not None:
         return verdict
     try:
         verdict = state_kept(correct_seqlens_qk)
     except Exception as err:  # noqa: BLE001
         return fails("raised", f"called on the cases again your correction raised "
-                                f"{quoted(err)}{_at(err)}")
+                                f"{quoted(err)}{at(err)}")
     if verdict is not None:
         return verdict
     engine = pool.engine(num_draft_tokens=pool.DRAFTS)

@@ -13,7 +13,7 @@ from toy_engine.run import EngineStalled, StageInPlugin, StepProcessedTwice
 
 from . import context, lifetime_runs, pool
 from .answers import bare_number, int_set, length, name, one_number, round_number, show
-from .errors import engines, refused_or_raised
+from .errors import at, engines, refused_or_raised
 from .harness import exercise_check, notebook_check
 from .step_watch import StepWatch, engine_frames, refusal_mistake, text_mistake
 from .thread_errors import other_thread
@@ -426,5 +426,5 @@ def _raised(watch: StepWatch, err: Exception, engine: Engine, reference) -> Verd
         err, _who_step(watch.calls[-1]["step"]) if watch.calls else "in this run")
     if refused is not None:
         return refused
-    return fails("raised", f"your process_outputs {refused_or_raised(err)}")
+    return fails("raised", f"your process_outputs {refused_or_raised(err)}{at(err)}")
 
