@@ -54,10 +54,9 @@ check, and calls the checker:
   capability, nor does what it forks or runs (none reads its memory, even as root: round 41),
   and its device forkserver is forked before the secret is read, asked only over a socket whose
   listener is checked by pid and start time (:mod:`~overlap_course.build.judge_forkserver`),
-  and what its device
-  processes send back is read as plain values (round 43); from ABI 6 it signals no
-  process outside its fence; what a judge leaves running, even in a session of its own, the
-  zygote (a subreaper) ends with it (round 30: one killed later students' judges).
+  and what its device processes send back is read as plain values (round 43); from ABI 6 it
+  signals no process outside its fence; what a judge leaves running, even in a session of its
+  own, the zygote (a subreaper) ends with it (round 30: one killed later students' judges).
 
 Chosen over verifying the kernel's modules before trusting its verdict: a kernel can be made to
 lie about any check of itself (an input transformer that rewrites the test cell, a patched

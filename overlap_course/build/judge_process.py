@@ -16,7 +16,6 @@ from overlap_course.build import landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_forkserver import fork_before_the_secret
-from toy_engine.judged_forkserver import identity
 from overlap_course.build.judge_keep import (forget_caches, keeper,
                                              strange_modules as _strange_modules)
 from overlap_course.build.judge_fingerprint import _OURS, _compare, _fingerprint, watcher
@@ -27,6 +26,7 @@ from overlap_course.build.judge_values import decode as _decode, encode as _enco
 from overlap_course.build.graded import CONTEXT_RUNS, CONTEXT_TYPES
 from overlap_course.build.judge_watch import (CODE_EVENTS, FRAME_EVENTS, MEMORY_EVENTS,
                                              PROFILE_EVENT, Watch, from_submission)
+from toy_engine.judged_forkserver import identity
 
 
 def signer(secret: str):

@@ -230,7 +230,7 @@ def _wait_mistake(call, who: str) -> Verdict | None:
                      f"{who}: your process_outputs waited on another step's event (one of round {earlier[-1]}) "
                      f"instead of this step's own `step.sample_done`: round {step.plan.round}'s sample may still "
                      f"be writing the tokens you then read. Wait on the `sample_done` of the step you were given")
-    if call.get("unread_commit"):  # swapped in for the read (round 45)
+    if call.get("unread_commit"):  # a read the run's record did not see (round 45)
         return fails("unchecked_read",
                      f"{who}: your process_outputs committed tokens it did not read through the "
                      f"engine (`engine.read_outputs(step)`, or `engine.device.host(...)`): a read "

@@ -81,12 +81,13 @@ class StepWatch:
             call["commits"] = [c for c in events if isinstance(c, Commit)]
             call["frees"] = [f for f in events if isinstance(f, Free)]
             call["refused"] = [r for r in events if isinstance(r, Refused)]
-            waited = max((w.seq for w in events if isinstance(w, Wait)), default=-1)
+            waited = max((seq for seq, *_ in call["waits"]), default=-1)
             call["forgotten"] = sorted(s for s in pending - _pending(engine) if s > waited)
             call["unwaited_reads"] = self._unwaited_reads(record, first, step.sample_done.seq)
-            call["unread_commit"] = any(  # round 45: `engine.device.buffers` read directly, or
-                isinstance(c, Commit) and not c.refused for c in events) and not any(  # a record
-                isinstance(a, Access) and a.buffer == out_buffer(step.slot) for a in events)
+            # round 45: tokens committed with no read of their buffer this record saw (a read of
+            # `engine.device.buffers` itself, or one made with the device's books swapped)
+            read = any(isinstance(a, Access) and a.buffer == out_buffer(step.slot) for a in events)
+            call["unread_commit"] = not read and any(not c.refused for c in call["commits"])
             call["plan_changed"] = tuple(step.plan.requests) != reqs
             call["after"] = [(r.num_inflight, r.finished, bool(r.blocks),
                               r in engine.scheduler.running) for r in reqs]
