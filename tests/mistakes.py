@@ -232,6 +232,19 @@ def idle_from_the_built_in(timeline):
     return timeline.device_idle_fraction()
 
 
+def idle_through_the_class(timeline):
+    """The built-in called through the class: refused as the method is (grading round 46)."""
+    return te.Timeline.device_idle_fraction(timeline)
+
+
+def idle_that_falls_back(timeline):
+    """Tries the built-in, and computes it where that is refused: judged by what it computed."""
+    try:
+        return timeline.device_idle_fraction()
+    except Exception:  # noqa: BLE001 - the answer's own fallback
+        return idle(timeline)
+
+
 def idle_as_text(timeline):
     return f"{idle(timeline):.1%}"
 
@@ -1045,6 +1058,8 @@ WRONG = [
            "1 - busy / the last device span's end"),
     Answer("02b", "the built-in", idle_from_the_built_in, "built_in",
            "returns timeline.device_idle_fraction()"),
+    Answer("02b", "the built-in through the class", idle_through_the_class, "built_in",
+           "returns te.Timeline.device_idle_fraction(timeline)"),
     Answer("02b", "first gap only", idle_over_first_gap, "wrong_value", "device_gaps()[0] only"),
     Answer("02b", "a formatted string", idle_as_text, "not_a_number", "returns '12.3%'"),
     Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",
@@ -1234,6 +1249,7 @@ RIGHT = [
     Answer("02b", "1 - busy share", idle_one_minus_busy),
     Answer("02b", "a NumPy float32", lambda timeline: np.float32(idle(timeline))),
     Answer("02b", "a 0-d tensor", lambda timeline: torch.tensor(idle(timeline))),
+    Answer("02b", "the built-in tried, computed where refused", idle_that_falls_back),
     Answer("03a", "the solution", make_zos()),
     Answer("03a", "while True with break", zos_while_true),
     Answer("03a", "correct_on_device every round", make_zos(correct="always")),

@@ -320,9 +320,8 @@ class Engine(RoundStages):
         elif not self._clean or self._lost_rows_or_blocks():
             self._recover()
 
-    def _lost_rows_or_blocks(self) -> bool:  # or its scheduler replaced (round 45)
-        c = self.config
-        return not whole(self.scheduler, c.max_batch_size, c.num_kv_blocks)
+    def _lost_rows_or_blocks(self) -> bool:  # or its scheduler replaced or written (45, 46)
+        return not whole(self.scheduler, self._new_scheduler())
 
     def _recover(self) -> None:
         """After an exception: let the device finish (or give it up), forget the run, be ready."""

@@ -12,7 +12,7 @@ class BlockManager:
     ``on_alloc``/``on_free`` tell the race checker, which may refuse a free before anything changes."""
 
     def __init__(self, num_blocks: int, block_size: int, on_alloc, on_free):
-        self.block_size = block_size
+        self.block_size, self.num_blocks = block_size, num_blocks
         self.free_ids = deque(range(num_blocks))
         self.on_alloc, self.on_free = on_alloc, on_free
 
@@ -74,6 +74,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted, holding a row and blocks
         self.freed: dict[int, list[int]] = {}  # request id -> the blocks it gave back
+        self.rows = max_batch_size
         self.free_rows = list(range(max_batch_size))
         self.placed: dict[int, tuple[int, list[int]]] = {}  # id(request) -> its row and blocks
         self.round = 0
@@ -107,6 +108,33 @@ class Scheduler:
                 raise RuntimeError(f"request {req.id} was admitted and freed already: the toy "
                                    f"admits a request once (it has no preemption to start one "
                                    f"over)")
+
+    def check_pool(self, who: str) -> None:
+        """Refuse free rows or KV blocks that are not the engine's to hand out (round 46: rows
+        written as ``[0, 0]`` put two requests in one row, and their text went wrong silently,
+        in that run and the next; a block out of range failed deep in a kernel): each free
+        one must be a whole number in range, listed once, and held by no running request."""
+        held_rows = {req.row for req in self.running}
+        held_blocks = {b for req in self.running for b in req.blocks}
+        for name, free, count, held in (("free_rows", self.free_rows, self.rows, held_rows),
+                                        ("blocks.free_ids", self.blocks.free_ids,
+                                         self.blocks.num_blocks, held_blocks)):
+            kind = list if name == "free_rows" else deque
+            if type(free) is not kind or {type(x) for x in free} - {int}:
+                why = f"it must be a {kind.__name__} of ints"
+            elif len(set(free)) != len(free):
+                twice = sorted(x for x in free if free.count(x) > 1)[0]
+                why = f"each must be listed once ({twice} is listed twice)"
+            elif free and (min(free) < 0 or max(free) >= count):
+                why = f"each must be between 0 and {count - 1}"
+            elif held & set(free):
+                why = f"none may be one a running request holds ({min(held & set(free))} is)"
+            else:
+                continue
+            raise RuntimeError(f"engine.scheduler.{name} was changed {who}: it holds "
+                               f"{shown(free)}, but {why}. They are the engine's "
+                               f"to hand out, and engine.scheduler.free(req) gives a finished "
+                               f"request's back: read them, never write them")
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -178,11 +206,23 @@ class Scheduler:
 
 
 
-def whole(s, rows: int, blocks: int) -> bool:
-    """Whether ``s`` is a Scheduler with queues of its own kinds, ``rows`` rows and ``blocks`` KV
-    blocks free (a run took back what it lent): a loop that set ``engine.scheduler.waiting =
-    ()``, or the scheduler to None, left the next generate failing (round 45); the engine then
-    starts the next run on a new one."""
-    return (type(s) is Scheduler and type(s.waiting) is deque and type(s.running) is list
-            and type(s.free_rows) is list and type(s.blocks) is BlockManager
-            and len(s.free_rows) == rows and len(s.blocks.free_ids) == blocks)
+def whole(s, fresh: Scheduler) -> bool:
+    """Whether ``s`` is as ``fresh`` (a new scheduler, the engine's) starts a run: its own
+    classes, fields and settings, nothing queued or placed, every row and KV block free once.
+    A loop that set ``engine.scheduler.waiting = ()`` or the scheduler to None left the next
+    generate failing (round 45); one that wrote ``free_rows = [0, 0]`` or replaced ``on_free``
+    after its work left every later run's text wrong (round 46): the engine then starts the
+    next run on a new one."""
+    b, new = getattr(s, "blocks", None), fresh.blocks
+    if type(s) is not Scheduler or type(b) is not BlockManager or (
+            vars(s).keys() != vars(fresh).keys() or vars(b).keys() != vars(new).keys()):
+        return False  # (a method set on the instance hides the class's)
+    same = [(x, y) for x, y in ((s.rows, fresh.rows), (s.num_draft_tokens, fresh.num_draft_tokens),
+                                (b.num_blocks, new.num_blocks), (b.block_size, new.block_size),
+                                (b.on_alloc, new.on_alloc), (b.on_free, new.on_free))]
+    return (all(type(x) is type(y) and x == y for x, y in same)
+            and type(s.waiting) is deque and not s.waiting and type(s.running) is list
+            and not s.running and type(s.placed) is dict and not s.placed
+            and type(s.free_rows) is list and type(b.free_ids) is deque
+            and not {type(x) for x in [*s.free_rows, *b.free_ids]} - {int}
+            and s.free_rows == list(range(s.rows)) and sorted(b.free_ids) == [*new.free_ids])

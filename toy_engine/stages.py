@@ -114,6 +114,7 @@ class RoundStages:
             self.scheduler.abort(req)
         self.scheduler.check_queue(run.fixed)
         since = self._suspects()
+        self.scheduler.check_pool(since)
         run.check_fields(self.scheduler.running + self._next_admitted(), placed, since)
         if not self.scheduler.has_work():
             return None
@@ -123,6 +124,7 @@ class RoundStages:
             with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
             self.scheduler.check_queue(run.fixed)  # round 45: what on_round queued, too
+            self.scheduler.check_pool(f"by {run.labels['on_round']}")
             run.check_fields(self.scheduler.running + list(self.scheduler.waiting), placed,
                              f"by {run.labels['on_round']}")
         self._end_lowered(since)

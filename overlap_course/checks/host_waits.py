@@ -37,7 +37,11 @@ class HostReads(TorchFunctionMode):
                         "`not`, or Python's `max(...)`, `min(...)` or `sorted(...)` over its "
                         "elements, which compare them one by one)",
             "__index__": "a tensor used as a Python int (`range(t)`, a list's index or "
-                         "length)"}
+                         "length)",
+            # blind round 46: pickle.dumps(t) and torch.save(t, f) read the bytes through it
+            "untyped_storage": "`pickle`, `torch.save` or `.untyped_storage()` of a tensor (its "
+                               "bytes are copied to the host)",
+            "storage": "`.storage()` of a tensor (its bytes are read on the host)"}
     # print(t), f"{t}", repr(t), str(t): the values are copied to the host to be written out
     SHOWN = frozenset({"__format__", "__repr__", "__str__"})
     DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
