@@ -272,7 +272,7 @@ class Engine(RoundStages):
             self.record = self.device.run_record = RunRecord()
             self.device.spans()  # device work from before the run (a probe, a late recovery) is not part of it
             self.device.take_launch_latencies_ms()  # nor are its launches' latencies
-            self.scheduler.round = 0
+            self.scheduler.round, self.scheduler.freed = 0, {}  # (round 47: junk left in it)
             start = time.perf_counter()
             try:
                 for req in run.requests:  # queued only once the run owns them

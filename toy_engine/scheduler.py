@@ -12,7 +12,7 @@ class BlockManager:
     ``on_alloc``/``on_free`` tell the race checker, which may refuse a free before anything changes."""
 
     def __init__(self, num_blocks: int, block_size: int, on_alloc, on_free):
-        self.block_size, self.num_blocks = block_size, num_blocks
+        self.block_size = block_size
         self.free_ids = deque(range(num_blocks))
         self.on_alloc, self.on_free = on_alloc, on_free
 
@@ -74,9 +74,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted, holding a row and blocks
         self.freed: dict[int, list[int]] = {}  # request id -> the blocks it gave back
-        self.rows = max_batch_size
         self.free_rows = list(range(max_batch_size))
         self.placed: dict[int, tuple[int, list[int]]] = {}  # id(request) -> its row and blocks
+        self._admitted: dict[int, tuple] = {}  # the engine's own copy of placed: check_pool
         self.round = 0
 
     def positions_needed(self, req: Request) -> int:
@@ -90,7 +90,14 @@ class Scheduler:
         """Refuse a queue no round can be planned from (round 44: a bare KeyError, or a double
         free blamed on the learner): a request not of this run (``of_the_run``: its requests by
         id), a copy of one, one queued twice, or one admitted and freed before.  (One that ended
-        while it waited is lab 2's mistake: its checker reads what planning it does.)"""
+        while it waited is lab 2's mistake: its checker reads what planning it does.)
+        First, each of the scheduler's own fields must still be of its kind (round 47:
+        ``placed = None`` met a bare TypeError deep in the engine)."""
+        for name, kind in _KINDS:
+            if type(value := _field(self, name)) is not kind:
+                raise RuntimeError(f"engine.scheduler.{name} was replaced by {shown(value)}: it "
+                                   f"is the engine's own {kind.__name__}, which the engine "
+                                   f"keeps up to date; read it, never replace it")
         seen = set()
         for req in [*self.waiting, *self.running]:
             if id(req) not in of_the_run:
@@ -109,32 +116,60 @@ class Scheduler:
                                    f"admits a request once (it has no preemption to start one "
                                    f"over)")
 
-    def check_pool(self, who: str) -> None:
-        """Refuse free rows or KV blocks that are not the engine's to hand out (round 46: rows
-        written as ``[0, 0]`` put two requests in one row, and their text went wrong silently,
-        in that run and the next; a block out of range failed deep in a kernel): each free
-        one must be a whole number in range, listed once, and held by no running request."""
-        held_rows = {req.row for req in self.running}
-        held_blocks = {b for req in self.running for b in req.blocks}
-        for name, free, count, held in (("free_rows", self.free_rows, self.rows, held_rows),
-                                        ("blocks.free_ids", self.blocks.free_ids,
-                                         self.blocks.num_blocks, held_blocks)):
-            kind = list if name == "free_rows" else deque
-            if type(free) is not kind or {type(x) for x in free} - {int}:
-                why = f"it must be a {kind.__name__} of ints"
-            elif len(set(free)) != len(free):
-                twice = sorted(x for x in free if free.count(x) > 1)[0]
-                why = f"each must be listed once ({twice} is listed twice)"
-            elif free and (min(free) < 0 or max(free) >= count):
-                why = f"each must be between 0 and {count - 1}"
-            elif held & set(free):
-                why = f"none may be one a running request holds ({min(held & set(free))} is)"
+    def check_pool(self, rows: int, blocks: int, who: str) -> None:
+        """Refuse rows or KV blocks that are not where the engine put them (``rows`` and
+        ``blocks``: the engine's counts, from its config).  Round 46: free rows written as
+        ``[0, 0]`` put two requests in one row, and their text went wrong silently, in that run
+        and the next; a block out of range failed deep in a kernel.  Round 47: two running
+        requests in one row (``placed`` cleared first), or holding one block, or a running one
+        listed as freed, did the same.  Each row and block is a whole number in range, held by
+        one running request or free, once; a running request's place is in ``placed``."""
+        held_rows, held_blocks = [], []
+        for req in self.running:
+            if id(req) not in self.placed:
+                self._refuse("placed", self.placed, who, f"it must hold every running request's "
+                             f"row and blocks (request {req.id}'s are missing)")
+            if req.id in self.freed:
+                self._refuse("freed", self.freed, who, f"a running request is never in it "
+                             f"(request {req.id} is)")
+            held_rows.append(req.row)
+            held_blocks += req.blocks if type(req.blocks) is list else [req.blocks]
+        for name, ids, count in (("free_rows", self.free_rows, rows),
+                                 ("blocks.free_ids", self.blocks.free_ids, blocks)):
+            held = held_rows if name == "free_rows" else held_blocks
+            every = [*ids, *held]  # free, then held by the running requests
+            if {type(x) for x in every} - {int}:
+                why = "each must be an int (so must each running request's)"
+            elif min(every, default=0) < 0 or max(every, default=0) >= count:
+                why = f"each must be between 0 and {count - 1} (so must each running request's)"
+            elif len(set(every)) != len(every):
+                twice = sorted(x for x in every if every.count(x) > 1)[0]
+                how = "listed twice" if ids.count(twice) > 1 else "held twice, or free and held"
+                why = f"each must be free once or held by one running request ({twice} is {how})"
             else:
                 continue
-            raise RuntimeError(f"engine.scheduler.{name} was changed {who}: it holds "
-                               f"{shown(free)}, but {why}. They are the engine's "
-                               f"to hand out, and engine.scheduler.free(req) gives a finished "
-                               f"request's back: read them, never write them")
+            self._refuse(name, ids, who, why)
+        self._check_places(who)
+
+    def _check_places(self, who: str) -> None:
+        """Each running request where the engine put it (round 47: two swapped, ``placed``
+        rewritten to match, wrote each one's tokens with the other's state)."""
+        for req in self.running:
+            if id(req) not in self._admitted:
+                raise RuntimeError(f"request {req.id} was admitted outside engine.schedule() "
+                                   f"(engine.scheduler.plan_round() called by hand?): a round "
+                                   f"is planned by plan = engine.schedule()")
+            if self._admitted[id(req)] != (req.row, tuple(req.blocks)):
+                row, blocks = self._admitted[id(req)]
+                self._refuse("placed", self.placed, who, f"request {req.id} is where the engine "
+                             f"put it: row {row}, blocks {list(blocks)} (it says row "
+                             f"{shown(req.row)}, blocks {shown(req.blocks)})")
+
+    def _refuse(self, name: str, value, who: str, why: str) -> None:
+        raise RuntimeError(f"engine.scheduler.{name} (or a running request's place) was changed "
+                           f"{who}: it holds {shown(value)}, but {why}. Rows and KV blocks are "
+                           f"the engine's to hand out, and engine.scheduler.free(req) gives a "
+                           f"finished request's back: read them, never write them")
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -173,6 +208,13 @@ class Scheduler:
         self.round += 1
         return plan
 
+    def note_admitted(self, plan: Plan | None) -> Plan | None:
+        """``plan``, once the engine's own copy of where a prefill put its requests is kept
+        (``check_pool`` compares: ``placed`` is the learner's to read, and can be written)."""
+        if plan is not None and plan.is_prefill:
+            self._admitted.update((id(r), (r.row, tuple(r.blocks))) for r in plan.requests)
+        return plan
+
     def abort(self, req: Request) -> None:
         """End ``req`` as aborted (a finished one keeps its reason): a waiting one never starts, a
         running one is freed once no launched round can touch its cache."""
@@ -202,27 +244,36 @@ class Scheduler:
             self.free_rows.sort()
             req.blocks, req.row = [], -1
             self.placed.pop(id(req), None)
+            self._admitted.pop(id(req), None)
             self.freed[req.id] = blocks
 
 
 
 def whole(s, fresh: Scheduler) -> bool:
-    """Whether ``s`` is as ``fresh`` (a new scheduler, the engine's) starts a run: its own
-    classes, fields and settings, nothing queued or placed, every row and KV block free once.
-    A loop that set ``engine.scheduler.waiting = ()`` or the scheduler to None left the next
-    generate failing (round 45); one that wrote ``free_rows = [0, 0]`` or replaced ``on_free``
-    after its work left every later run's text wrong (round 46): the engine then starts the
-    next run on a new one."""
+    """Whether ``s`` can start a run as ``fresh`` (a new scheduler, the engine's) would: its own
+    classes and containers, its settings and the race checker's callbacks, nothing queued or
+    placed, every row and KV block free once.  A loop that set ``engine.scheduler.waiting = ()``
+    or the scheduler to None left the next generate failing (round 45); one that wrote
+    ``free_rows = [0, 0]`` or replaced ``on_free`` after its work left every later run's text
+    wrong (round 46): the engine then starts the next run on a new one.  A method set on the
+    instance stays (notebook 05 spies on ``free`` so)."""
     b, new = getattr(s, "blocks", None), fresh.blocks
-    if type(s) is not Scheduler or type(b) is not BlockManager or (
-            vars(s).keys() != vars(fresh).keys() or vars(b).keys() != vars(new).keys()):
-        return False  # (a method set on the instance hides the class's)
-    same = [(x, y) for x, y in ((s.rows, fresh.rows), (s.num_draft_tokens, fresh.num_draft_tokens),
-                                (b.num_blocks, new.num_blocks), (b.block_size, new.block_size),
-                                (b.on_alloc, new.on_alloc), (b.on_free, new.on_free))]
+    if type(s) is not Scheduler or any(type(_field(s, name)) is not kind for name, kind in _KINDS):
+        return False
+    same = [(s.num_draft_tokens, fresh.num_draft_tokens), (b.block_size, new.block_size),
+            (b.on_alloc, new.on_alloc), (b.on_free, new.on_free)]
     return (all(type(x) is type(y) and x == y for x, y in same)
-            and type(s.waiting) is deque and not s.waiting and type(s.running) is list
-            and not s.running and type(s.placed) is dict and not s.placed
-            and type(s.free_rows) is list and type(b.free_ids) is deque
+            and not s.waiting and not s.running and not s.placed
             and not {type(x) for x in [*s.free_rows, *b.free_ids]} - {int}
-            and s.free_rows == list(range(s.rows)) and sorted(b.free_ids) == [*new.free_ids])
+            and s.free_rows == fresh.free_rows and sorted(b.free_ids) == [*new.free_ids])
+
+
+# The scheduler's containers, each of its kind (``check_queue``, ``whole``)
+_KINDS = (("waiting", deque), ("running", list), ("free_rows", list), ("placed", dict),
+          ("freed", dict), ("blocks", BlockManager), ("blocks.free_ids", deque))
+
+
+def _field(s, name: str):
+    """A scheduler's field by its dotted name (``blocks`` is checked before ``blocks.free_ids``)."""
+    owner, _, attr = name.rpartition(".")
+    return getattr(getattr(s, owner) if owner else s, attr, None)

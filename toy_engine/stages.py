@@ -114,8 +114,8 @@ class RoundStages:
             self.scheduler.abort(req)
         self.scheduler.check_queue(run.fixed)
         since = self._suspects()
-        self.scheduler.check_pool(since)
         run.check_fields(self.scheduler.running + self._next_admitted(), placed, since)
+        self.scheduler.check_pool(self.config.max_batch_size, self.config.num_kv_blocks, since)
         if not self.scheduler.has_work():
             return None
         run.check_progress(self.scheduler)
@@ -124,9 +124,9 @@ class RoundStages:
             with self.calling(run.labels["on_round"]):
                 run.on_round(self, self.scheduler.round)
             self.scheduler.check_queue(run.fixed)  # round 45: what on_round queued, too
-            self.scheduler.check_pool(f"by {run.labels['on_round']}")
             run.check_fields(self.scheduler.running + list(self.scheduler.waiting), placed,
-                             f"by {run.labels['on_round']}")
+                             who := f"by {run.labels['on_round']}")
+            self.scheduler.check_pool(self.config.max_batch_size, self.config.num_kv_blocks, who)
         self._end_lowered(since)
         plan = self._plan()
         self.record.schedule(plan.round if plan else None)
@@ -222,7 +222,7 @@ class RoundStages:
         """The scheduler's plan: it asks each running request's wants_more, so an end taken
         back there is by one a plug-in replaced on a request, named."""
         try:
-            return self.scheduler.plan_round()
+            return self.scheduler.note_admitted(self.scheduler.plan_round())
         except EndTakenBack as err:
             raise err.by(" or ".join(sorted({_label(vars(r)["wants_more"]) for r in
                                              self.scheduler.running if "wants_more" in vars(r)})

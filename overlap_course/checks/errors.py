@@ -143,6 +143,10 @@ def refused_or_raised(err: BaseException) -> str:
     learner's own error, ``quoted``."""
     if _raised_by_toy(err):
         return f"was refused by the engine: {said(err)}"
+    if type(err) is AttributeError and str(err).startswith("'StepState' object has no attribute"):
+        # def process_outputs(step, engine): the step was read as the engine (blind round 45)
+        return (f"raised {quoted(err)}: a step was used as the engine. The engine calls it with "
+                f"(engine, step), the engine first: are your parameters the other way round?")
     return f"raised {quoted(err)}"
 
 

@@ -29,9 +29,17 @@ class Given(Timeline):
     timeline)` and `super()` did): that method reads the device lane first."""
 
     def lane(self, lane: str) -> list:
-        if sys._getframe(1).f_code is _IDLE_FRACTION:  # the built-in's own frame
+        # the built-in's own frame, or a copy of its code (grading round 47: `code.replace()`)
+        if sys._getframe(1).f_code.co_code == _IDLE_FRACTION.co_code:
             raise BuiltInRan
         return super().lane(lane)
+
+    def __setattr__(self, name: str, value) -> None:
+        """Its class stays (grading round 47: `timeline.__class__ = te.Timeline` then the
+        built-in scored 2 of 2)."""
+        if name == "__class__":
+            raise BuiltInRan
+        super().__setattr__(name, value)
 
 
 _IDLE_FRACTION = Timeline.device_idle_fraction.__code__

@@ -348,9 +348,8 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
     reference = lifetime_runs.completions(run)
     watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
     try:
-        outs = engine.generate(list(run.prompts), process_outputs=watch.plugin(),
-                               on_round=lifetime_runs.aborter(run.abort),
-                               **dict(run.args))
+        outs = watch.generate(list(run.prompts), on_round=lifetime_runs.aborter(run.abort),
+                              **dict(run.args))
         err = None
     except NotImplementedError:
         return not_implemented("`process_outputs`")
