@@ -303,6 +303,27 @@ def make_zos(*, flush="flush", process_first=False, defer=True, sample_first=Fal
     return loop
 
 
+def zos_schedule_retried(engine):
+    """Asks ``schedule()`` again after it returned None, the deferred step still held (blind
+    round 48): None means nothing can be planned until that step is processed."""
+    previous = None
+    while engine.scheduler.has_work():
+        plan = engine.schedule()
+        if plan is None:
+            plan = engine.schedule()
+            if plan is None:
+                previous = engine.flush(previous)
+                continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            engine.correct_on_device(inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            engine.process_outputs(previous)
+        step = engine.launch_sample(inputs)
+        previous = engine.process_outputs(step) if plan.is_prefill else step
+
+
 def zos_while_true(engine):
     previous = None
     while True:
@@ -1065,6 +1086,8 @@ WRONG = [
     Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",
            "returns timeline.meta.stats.device_idle_fraction"),
     Answer("03a", "no flush", make_zos(flush="drop"), "no_flush", "previous dropped when schedule() returns None"),
+    Answer("03a", "schedule retried after None", zos_schedule_retried, "no_flush",
+           "schedule() asked again before the held step is flushed"),
     Answer("03a", "break without flush", make_zos(flush="drop", on_none="break"), "no_flush",
            "break when schedule() returns None"),
     Answer("03a", "process before the forward", make_zos(process_first=True), "process_before_forward",

@@ -61,9 +61,9 @@ def _rows_beyond(s):
 
 @pytest.mark.parametrize("mode, drafts", [("serial", 0), ("zos", 2)])
 @pytest.mark.parametrize("write, said", [
-    (_one_row, r"placed .*request \d+'s are missing"),
-    (_swapped, r"placed .*where the engine put it"),
-    (_one_block, r"blocks\.free_ids .*held twice"),
+    (_one_row, r"prompt 1's place was changed .* row 1 .* now says row 0"),
+    (_swapped, r"prompt \d's place was changed"),
+    (_one_block, r"prompt 1's place was changed .* blocks"),
     (_freed_running, r"freed .*a running request is never in it"),
     (_rows_beyond, r"free_rows .*between 0 and 1"),
     (lambda s: setattr(s, "placed", None), r"placed was replaced by None"),
@@ -94,7 +94,7 @@ def test_a_process_outputs_plug_in_that_moves_a_request_is_refused_at_the_next_r
 
     with _engine("zos", 2) as engine:
         want = _texts(engine.generate(PROMPTS, max_new_tokens=8))
-        with pytest.raises(RuntimeError, match=r"placed .*missing"):
+        with pytest.raises(RuntimeError, match=r"prompt 1's place was changed"):
             engine.generate(PROMPTS, max_new_tokens=8, process_outputs=process_outputs)
         assert _texts(engine.generate(PROMPTS, max_new_tokens=8)) == want
 

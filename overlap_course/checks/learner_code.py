@@ -60,7 +60,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
                      pool.ENDINGS_RUN) if endings else (pool.PROMPTS, pool.run_args(second))
     if workload is not None:
         prompts, args = workload
-    observed, attributes = {}, set(vars(engine))
+    observed, attributes = {}, pool.names_of(engine)
 
     def watched(real_engine):
         view = EngineView(real_engine, RequestWatch(real_engine._run.requests))
@@ -77,7 +77,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     except (Exception, Spinning) as exc:  # noqa: BLE001 - judged below, never raised to the learner
         outs, err = None, exc
     finally:
-        pool.forget_edits(engine, attributes)
+        pool.forget_edits(attributes)
     view = observed.get("view")
     if view is not None and view.edits:
         err = EngineEdited(*view.edits[0])
@@ -273,7 +273,8 @@ def _stalled(log: HostLog, err: EngineStalled, mode: str) -> Verdict:
                          f"token(s){log.stopped_at(err.prompt_indexes)}. "
                          f"When `engine.schedule()` returns "
                          f"None there is no next round to hide the deferred step under: process it with "
-                         f"`previous = engine.flush(previous)`, then keep looping")
+                         f"`previous = engine.flush(previous)` before you call `engine.schedule()` "
+                         f"again (a second call plans nothing either), then keep looping")
         return fails("never_processed",
                      f"{log.who(r)}: its step was launched but never processed, so prompts "
                      f"{err.prompt_indexes} never received its "

@@ -346,7 +346,7 @@ def check_process_outputs(process_outputs) -> Verdict:
 def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
     engine = lifetime_runs.run_engine(run)
     reference = lifetime_runs.completions(run)
-    watch, attributes = StepWatch(engine, process_outputs), set(vars(engine))
+    watch, attributes = StepWatch(engine, process_outputs), pool.names_of(engine)
     try:
         outs = watch.generate(list(run.prompts), on_round=lifetime_runs.aborter(run.abort),
                               **dict(run.args))
@@ -356,13 +356,14 @@ def _judge_run(process_outputs, run: lifetime_runs.Run) -> Verdict | None:
     except Exception as exc:  # noqa: BLE001 - judged below
         outs, err = None, exc
     finally:
-        edits = pool.shadowing(engine, attributes)
-        pool.forget_edits(engine, attributes)
+        edits = pool.shadowing(attributes)
+        pool.forget_edits(attributes)
     if edits:
         return fails("edits_engine",
-                     f"your process_outputs set `engine.{edits[0]}`: the checkers' engines are shared by every "
-                     f"check, so a plug-in may call the engine's methods but not replace them (the change was "
-                     f"undone). Try such experiments on an engine of your own, `Engine(EngineConfig(...))`")
+                     f"your process_outputs set `{edits[0]}`: the checkers' engines are shared "
+                     f"by every check, so a plug-in may call the engine's methods but not replace "
+                     f"them (the change was undone). Try such experiments on an engine of your "
+                     f"own, `Engine(EngineConfig(...))`")
     if engine._run.other_thread is not None:  # first: what followed is the refused call's absence
         return other_thread(engine._run.other_thread, "which went on as though the call had "
                             "been made", "process_outputs", "Wait, read, commit and free")

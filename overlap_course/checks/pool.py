@@ -307,17 +307,29 @@ def close_engines() -> None:
         books.clear()  # after the closes: an engine a learner's close() built is dropped too
 
 
-def forget_edits(shared: Engine, attributes: set[str]) -> None:
-    """Undo what a learner's code added to a shared engine in a check's run, over a method
-    (``engine.process_outputs = ...``, refused) or a new name (``engine.last_out = ...``): a
-    later check runs on the engine as built, and :func:`heal` finds nothing to note."""
-    for name in set(vars(shared)) - attributes:
-        delattr(shared, name)
+def names_of(shared: Engine) -> dict[str, tuple]:
+    """A shared engine's instance attributes, and its scheduler's and KV blocks' (grading round
+    48: a plug-in's ``engine.scheduler.free = guard`` hid exercise 05's early free and scored
+    4/4), before a check's run: ``"engine."`` -> (the object, its names)."""
+    scheduler = shared.scheduler
+    return {f"engine.{where}": (obj, set(vars(obj))) for where, obj in (
+        ("", shared), ("scheduler.", scheduler), ("scheduler.blocks.", scheduler.blocks))}
 
 
-def shadowing(shared: Engine, attributes: set[str]) -> list[str]:
-    """The instance attributes set since ``attributes`` that hide one of the engine's methods."""
-    return sorted(n for n in set(vars(shared)) - attributes if hasattr(type(shared), n))
+def forget_edits(before: dict[str, tuple]) -> None:
+    """Undo what a learner's code added to a shared engine (``names_of``) in a check's run, over
+    a method (``engine.process_outputs = ...``, refused) or a new name (``engine.last_out =
+    ...``): a later check runs on the engine as built, and :func:`heal` finds nothing to note."""
+    for obj, names in before.values():
+        for name in set(vars(obj)) - names:
+            delattr(obj, name)
+
+
+def shadowing(before: dict[str, tuple]) -> list[str]:
+    """The instance attributes set since ``before`` (``names_of``) that hide a method of the
+    engine's, its scheduler's or its KV blocks' (``engine.scheduler.free``)."""
+    return sorted(f"{where}{n}" for where, (obj, names) in before.items()
+                  for n in set(vars(obj)) - names if hasattr(type(obj), n))
 
 
 def run_args(second: bool = False) -> dict:
