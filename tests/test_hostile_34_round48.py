@@ -15,6 +15,7 @@ import types
 
 import pytest
 
+import mistakes
 import toy_engine as te
 from overlap_course import checks
 
@@ -103,32 +104,9 @@ def _right(engine, step):
         engine.scheduler.release_if_done(req)
 
 
-def _retries_the_schedule(engine):
-    previous = None
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        if plan is None:
-            plan = engine.schedule()  # retried, with the deferred step still held
-            if plan is None:
-                previous = engine.flush(previous)
-                continue
-        inputs = engine.prepare_inputs(plan)
-        if previous is not None:
-            engine.correct_on_device(inputs)
-        engine.launch_forward(inputs)
-        if previous is not None:
-            engine.process_outputs(previous)
-        step = engine.launch_sample(inputs)
-        if plan.is_prefill:
-            engine.process_outputs(step)
-            previous = None
-        else:
-            previous = step
-
-
 def test_a_schedule_asked_again_after_none_is_told_to_flush_before_asking_again():
     """Its run is a dropped step's (the second call plans nothing either, and the engine stalls
     there), so the verdict is the same; its advice says when to flush."""
-    verdict = checks.check_zos_loop(_retries_the_schedule)
+    verdict = checks.check_zos_loop(mistakes.zos_schedule_retried)
     assert not verdict.passed and verdict.category == "no_flush", verdict
     assert "before you call `engine.schedule()` again" in verdict.message, verdict
