@@ -252,12 +252,16 @@ def idle_as_text(timeline):
 # ---------------------------------------------------------------- 03a: the ZOS loop
 
 def make_zos(*, flush="flush", process_first=False, defer=True, sample_first=False, correct="before",
-             defer_prefill=False, reset_previous=True, on_none="continue", launch_sample_first=False):
-    """The solution, or one of its classic mistakes."""
+             defer_prefill=False, reset_previous=True, on_none="continue", launch_sample_first=False,
+             retry_none=False):
+    """The solution, or one of its classic mistakes (``retry_none``: schedule() asked again at
+    once when it returns None, the deferred step still held: blind round 48)."""
     def loop(engine):
         previous = None
         while engine.scheduler.has_work():
             plan = engine.schedule()
+            if plan is None and retry_none:
+                plan = engine.schedule()
             if plan is None:
                 if flush == "flush":
                     if reset_previous:
@@ -301,27 +305,6 @@ def make_zos(*, flush="flush", process_first=False, defer=True, sample_first=Fal
             else:
                 previous = current
     return loop
-
-
-def zos_schedule_retried(engine):
-    """Asks ``schedule()`` again after it returned None, the deferred step still held (blind
-    round 48): None means nothing can be planned until that step is processed."""
-    previous = None
-    while engine.scheduler.has_work():
-        plan = engine.schedule()
-        if plan is None:
-            plan = engine.schedule()
-            if plan is None:
-                previous = engine.flush(previous)
-                continue
-        inputs = engine.prepare_inputs(plan)
-        if previous is not None:
-            engine.correct_on_device(inputs)
-        engine.launch_forward(inputs)
-        if previous is not None:
-            engine.process_outputs(previous)
-        step = engine.launch_sample(inputs)
-        previous = engine.process_outputs(step) if plan.is_prefill else step
 
 
 def zos_while_true(engine):
@@ -1086,7 +1069,7 @@ WRONG = [
     Answer("02b", "the timeline's own stats", idle_from_the_timelines_stats, "not_from_timeline",
            "returns timeline.meta.stats.device_idle_fraction"),
     Answer("03a", "no flush", make_zos(flush="drop"), "no_flush", "previous dropped when schedule() returns None"),
-    Answer("03a", "schedule retried after None", zos_schedule_retried, "no_flush",
+    Answer("03a", "schedule retried after None", make_zos(retry_none=True), "no_flush",
            "schedule() asked again before the held step is flushed"),
     Answer("03a", "break without flush", make_zos(flush="drop", on_none="break"), "no_flush",
            "break when schedule() returns None"),

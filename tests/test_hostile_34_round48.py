@@ -107,6 +107,6 @@ def _right(engine, step):
 def test_a_schedule_asked_again_after_none_is_told_to_flush_before_asking_again():
     """Its run is a dropped step's (the second call plans nothing either, and the engine stalls
     there), so the verdict is the same; its advice says when to flush."""
-    verdict = checks.check_zos_loop(mistakes.zos_schedule_retried)
+    verdict = checks.check_zos_loop(mistakes.make_zos(retry_none=True))
     assert not verdict.passed and verdict.category == "no_flush", verdict
     assert "before you call `engine.schedule()` again" in verdict.message, verdict
