@@ -1,12 +1,22 @@
-"""The ZOS loop that tests hand an engine or a checker when they must see inside a run: the
-order of ``toy_engine.loops.zos_loop``, written out (a checker reads a loop's own source and
-names its parameter, ``eng``), with two places a test can look in or put a mistake."""
+"""The loops that tests hand an engine or a checker as right answers, written out: the
+checkers of exercises 02 and 03 refuse the engine's own loops as answers (``engine_loop``).
+The ZOS loop is the order of ``toy_engine.loops.zos_loop`` (a checker reads a loop's own source
+and names its parameter, ``eng``), with two places a test can look in or put a mistake."""
 
 from __future__ import annotations
 
 
 def _processed(eng, step) -> None:
     eng.process_outputs(step)
+
+
+def serial_loop(eng):
+    """A right serial loop: the order of ``toy_engine.loops.serial_loop``, written out."""
+    while eng.scheduler.has_work():
+        plan = eng.schedule()
+        inputs = eng.prepare_inputs(plan)
+        eng.launch_forward(inputs)
+        eng.process_outputs(eng.launch_sample(inputs))
 
 
 def zos_loop(seen=lambda inputs, step: None, finish=_processed):

@@ -8,6 +8,7 @@ instructor guide's "common mistakes" table lists the same entries by name.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -1034,8 +1035,17 @@ WRONG = [
            "the two launches swapped (the exercise's try-it 1)"),
     Answer("02a", "a step processed twice", serial_processes_twice, "processed_twice",
            "process_outputs(step) called twice"),
-    Answer("02a", "the ZOS loop handed in", lambda engine: te.loops.zos_loop(engine), "not_serial",
+    Answer("02a", "the ZOS loop handed in", make_zos(), "not_serial",
            "the overlapped loop given as the serial one"),
+    Answer("02a", "the engine's own loop", lambda engine: te.loops.serial_loop(engine),
+           "engine_loop", "def serial_loop(engine): te.loops.serial_loop(engine)"),
+    Answer("02a", "the engine's loop handed in", te.loops.serial_loop, "engine_loop",
+           "serial_loop = te.loops.serial_loop"),
+    Answer("02a", "the engine's loop's code in a new function",
+           types.FunctionType(te.loops.serial_loop.__code__, {}), "engine_loop",
+           "FunctionType(te.loops.serial_loop.__code__, globals())"),
+    Answer("03a", "the engine's own loop", lambda engine: te.loops.zos_loop(engine),
+           "engine_loop", "def zos_loop(engine): te.loops.zos_loop(engine)"),
     Answer("02a", "ten rounds only", serial_ten_rounds, "loop_returned",
            "for _ in range(10) instead of while has_work (try-it 2)"),
     Answer("02a", "no forward", serial_no_forward, "sample_before_forward", "launch_forward forgotten"),
@@ -1248,7 +1258,6 @@ RIGHT = [
     Answer("02a", "the solution", serial),
     Answer("02a", "while True with break", serial_while_true),
     Answer("02a", "break when schedule() returns None", serial_break_on_none),
-    Answer("02a", "the engine's own loop", lambda engine: te.loops.serial_loop(engine)),
     Answer("02b", "the solution", idle),
     Answer("02b", "end - start denominator", idle_end_minus_start),
     Answer("02b", "summed span durations", idle_summed_durations),
@@ -1260,7 +1269,6 @@ RIGHT = [
     Answer("03a", "while True with break", zos_while_true),
     Answer("03a", "correct_on_device every round", make_zos(correct="always")),
     Answer("03a", "a harmless flush after the loop", zos_flush_after_the_loop_too),
-    Answer("03a", "the engine's own loop", lambda engine: te.loops.zos_loop(engine)),
     Answer("03b", "the solution", THREE_ROUNDS),
     Answer("03b", "as lists", [list(x) for x in THREE_ROUNDS]),
     Answer("04a", "the solution", correction),

@@ -44,6 +44,13 @@ RULED_RIGHT = {
         "this question checks the tool's use, and its one candidate is the right name",
 }
 
+# (check, answer name) -> why the answer is wrong although its author marked it right
+RULED_WRONG = {
+    ("check_serial_loop", "delegates"):
+        "exercise 02 asks for the loop written from the stage methods ('you write both pieces yourself'); "
+        "the engine's own loop asked for every round (category engine_loop, since 2026-12-07)",
+}
+
 # The notebooks' second questions, each with the rule of an answer ruled right above: (call, value).
 SECOND_QUESTIONS = {
     "pos_times_block_size": lambda: checks.check_slot(6 * 4 + 6 % 4, table=[3, 8, 6, 1], pos=6, block_size=4,
@@ -117,10 +124,11 @@ def test_blind_practice_answer(entry, namespaces, monkeypatch):
     ns = namespaces(entry.args_from)
     verdict = evaluate(entry, ns)
     wrong = entry.wrong and (entry.check, entry.name) not in RULED_RIGHT and not right_by_value(
-        entry, ns, ns["answer"])
+        entry, ns, ns["answer"]) or (entry.check, entry.name) in RULED_WRONG
     assert "Traceback" not in verdict.message, verdict
     if wrong:
         assert not verdict.passed and verdict.category != "passed", f"FALSE PASS ({entry.why}): {verdict!r}"
+        assert ((entry.check, entry.name) in RULED_WRONG) == (verdict.category == "engine_loop"), verdict
     else:
         assert verdict.passed, f"WRONG FAILURE ({entry.why}): {verdict!r}"
 

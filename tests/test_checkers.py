@@ -15,6 +15,7 @@ from overlap_course.checks import pool, sandbox
 from toy_engine import kernels, loops
 
 import mistakes
+import loops_for_tests
 
 
 def not_written(*args):
@@ -60,7 +61,7 @@ def test_waiting_on_a_later_event_fails_and_says_what_it_cost(answer):
 
 
 def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
-    v = checks.check_serial_loop(lambda engine: loops.zos_loop(engine))
+    v = checks.check_serial_loop(loops_for_tests.zos_loop())
     assert not v and v.category == "not_serial"
     assert "round 1 (decode, prompts [0, 1, 2]): its results were processed after round 2 was prepared" in v.message
 

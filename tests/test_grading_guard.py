@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from overlap_course.build import grading, judge, judge_process
+import loops_for_tests
+from overlap_course.build import grading, judge, judge_folders, judge_process
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = 'needs_correction = {"seqlens_k", "positions", "slot_mapping", "input_ids"}'
@@ -156,7 +157,7 @@ def test_the_courses_bytecode_is_part_of_what_the_grader_trusts(tmp_path, monkey
 def test_a_module_put_in_sys_modules_during_the_check_is_named():
     import types
 
-    trusted = judge_process._protected_folders(ROOT)
+    trusted = judge_folders.protected(ROOT)
     before = set(sys.modules)
     sys.modules["toy_engine.planted"] = types.ModuleType("toy_engine.planted")
     import tabnanny  # noqa: F401 - a standard module imported for the first time: trusted
@@ -182,7 +183,7 @@ def test_a_check_keeps_what_the_judge_fingerprints_while_the_answer_runs(make_en
 
     def serial_loop(engine):
         seen.append(changed())
-        te.loops.serial_loop(engine)
+        loops_for_tests.serial_loop(engine)
 
     def idle_fraction(timeline):
         seen.append(changed())

@@ -24,6 +24,7 @@ from overlap_course import checks
 from overlap_course.checks import answers, errors, harness, lab_mistakes, pool, sandbox
 from toy_engine import process_device
 from toy_engine.run import EngineStalled
+import loops_for_tests
 
 _CATEGORY = re.compile(r"\([a-z]+(_[a-z]+)+\)")  # "(loop_returned_with_work)": a checker's name
 
@@ -55,7 +56,7 @@ def _right_policy(req):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("check, stopped, then, passed", [
-    ("check_serial_loop", _serial_loop_that_blocks, te.loops.serial_loop, True),
+    ("check_serial_loop", _serial_loop_that_blocks, loops_for_tests.serial_loop, True),
     ("check_wants_more", _blocks, _one_short, False),
 ], ids=["02-serial-loop", "07-wants-more"])
 def test_a_verdict_after_a_time_up_in_a_blocking_call_blames_no_earlier_cell(
@@ -100,7 +101,7 @@ def test_an_engine_recovery_cut_short_is_finished_by_the_next_check_without_a_no
     finally:
         del shared.device.synchronize
     assert shared._clean is False  # the recovery was cut short, as on main after a time-up
-    verdict = checks.check_serial_loop(te.loops.serial_loop)
+    verdict = checks.check_serial_loop(loops_for_tests.serial_loop)
     assert verdict.passed, verdict.message
     assert "earlier cell" not in verdict.message, verdict.message
     assert pool.engine() is shared  # recovered in place, not replaced

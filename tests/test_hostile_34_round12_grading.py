@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from overlap_course.build import judge_fingerprint as jf
-from overlap_course.build import judge_process, judge_values
+from overlap_course.build import judge_folders, judge_process, judge_values
 from overlap_course.build.judge_cells import run_cells
 
 # ---- (1) the fingerprint reads a held function down to its code ----------------------------
@@ -87,8 +87,8 @@ def test_a_dict_subclass_with_no_method_of_its_own_is_still_read():
 # ---- (3) ordinary imports above the answer ----------------------------------------------------
 
 def test_pyexpats_registered_submodules_are_not_strangers():
-    trusted = judge_process._protected_folders(judge_process.Path(judge_process.__file__)
-                                               .resolve().parents[2])
+    trusted = judge_folders.protected(judge_process.Path(judge_process.__file__)
+                                      .resolve().parents[2])
     modules = set(sys.modules) - {"pyexpat", "pyexpat.errors", "pyexpat.model"}
     import xml.etree.ElementTree as ET
     ET.fromstring("<a/>")
@@ -99,8 +99,8 @@ def test_pyexpats_registered_submodules_are_not_strangers():
 
 def test_a_module_planted_under_a_package_is_still_a_stranger():
     import types
-    trusted = judge_process._protected_folders(judge_process.Path(judge_process.__file__)
-                                               .resolve().parents[2])
+    trusted = judge_folders.protected(judge_process.Path(judge_process.__file__)
+                                      .resolve().parents[2])
     import json
     fake = types.ModuleType("json.planted")
     modules = set(sys.modules)

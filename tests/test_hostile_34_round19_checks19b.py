@@ -11,6 +11,7 @@ import pytest
 import toy_engine as te
 from overlap_course import checks
 from toy_engine.run import EngineStalled
+import loops_for_tests
 
 PROMPTS = ["Once upon a time", "The bird said"]
 
@@ -87,7 +88,7 @@ def test_a_loop_run_in_its_own_thread_is_told_the_engine_refused_that_thread():
         assert not v.passed and v.category == "other_thread", v
         assert _REFUSED in v.message and "Run the rounds in the thread that calls" in v.message, v
         assert "loop while" not in v.message, v
-    assert checks.check_serial_loop(te.loops.serial_loop).passed  # the engines recovered
+    assert checks.check_serial_loop(loops_for_tests.serial_loop).passed  # the engines recovered
 
 
 @_THREADS_ERROR

@@ -20,6 +20,7 @@ from overlap_course import checks
 from overlap_course.checks import sandbox
 
 import mistakes
+import loops_for_tests
 
 
 def _round(engine, plan):
@@ -95,10 +96,10 @@ def test_a_fixed_count_the_checker_cuts_short_is_told_it_went_on_not_that_it_spi
 
 
 @pytest.mark.parametrize("check, loop", [
-    (checks.check_serial_loop, te.loops.serial_loop),
+    (checks.check_serial_loop, loops_for_tests.serial_loop),
     (checks.check_serial_loop, mistakes.serial_while_true),
     (checks.check_serial_loop, mistakes.serial_break_on_none),
-    (checks.check_zos_loop, te.loops.zos_loop),
+    (checks.check_zos_loop, loops_for_tests.zos_loop()),
     (checks.check_zos_loop, mistakes.zos_while_true),
     (checks.check_zos_loop, zos_breaks_at_the_end)])
 def test_loops_that_stop_at_the_end_still_pass(check, loop):
@@ -158,13 +159,13 @@ def test_a_thread_per_round_is_told_the_refusal_and_its_tracebacks_are_not_print
     assert len(err.splitlines()) == 1, err[:2000]
     assert "in threads your code started were not printed; the first: RuntimeError" in err
     assert "_Spinning" not in err and "Traceback" not in err
-    assert checks.check_serial_loop(te.loops.serial_loop).passed  # the engines recovered
+    assert checks.check_serial_loop(loops_for_tests.serial_loop).passed  # the engines recovered
 
 
 def test_a_check_whose_threads_raise_nothing_prints_nothing(monkeypatch, capsys):
     def learners_hook(args):
         raise AssertionError("not called")
     monkeypatch.setattr(threading, "excepthook", learners_hook)
-    assert checks.check_zos_loop(te.loops.zos_loop).passed
+    assert checks.check_zos_loop(loops_for_tests.zos_loop()).passed
     assert threading.excepthook is learners_hook
     assert capsys.readouterr().err == ""

@@ -30,6 +30,7 @@ import pytest
 import toy_engine as te
 from overlap_course import checks, figures
 from overlap_course.checks import pool
+import loops_for_tests
 
 
 def _zos_on_engine(engine):
@@ -75,7 +76,7 @@ def test_a_loop_keeping_its_state_under_a_new_name_passes_ex02_and_ex03():
 def _setting(name, value):
     def loop(engine):
         setattr(engine, name, value(engine))
-        te.loops.serial_loop(engine)
+        loops_for_tests.serial_loop(engine)
     return loop
 
 
@@ -140,12 +141,12 @@ def _keeps_last_out(engine, step):
 def test_an_accepted_new_name_in_process_outputs_leaves_no_note_for_the_next_check():
     verdict = checks.check_process_outputs(_keeps_last_out)
     assert verdict.passed, verdict.message
-    after = checks.check_serial_loop(te.loops.serial_loop)
+    after = checks.check_serial_loop(loops_for_tests.serial_loop)
     assert after.passed and "earlier cell" not in after.message, after.message
 
 
 def test_heal_names_the_added_attribute_once_and_readably():
-    checks.check_serial_loop(te.loops.serial_loop)
+    checks.check_serial_loop(loops_for_tests.serial_loop)
     pool.engine().tokenizer.extra = 1
     pool.engine().last_out = 2
     changed = pool.heal()

@@ -15,6 +15,7 @@ from overlap_course import checks
 from overlap_course.checks import sandbox
 from overlap_course.labs import plugins, plugins_2026
 from toy_engine import process_device
+import loops_for_tests
 
 
 class LiesInt(int):
@@ -176,10 +177,10 @@ def test_a_wrong_answers_change_to_the_shared_engine_never_fails_a_later_right_a
 
     def wrong(engine):
         change(engine)
-        te.loops.serial_loop(engine)
+        loops_for_tests.serial_loop(engine)
 
     checks.check_serial_loop(wrong)
-    verdict = checks.check_serial_loop(te.loops.serial_loop)
+    verdict = checks.check_serial_loop(loops_for_tests.serial_loop)
     assert verdict.passed, verdict.message
     assert "a fresh engine was started" in verdict.message
 
@@ -191,12 +192,12 @@ def test_a_check_called_inside_a_checks_run_gets_a_verdict(monkeypatch):
     inner = []
 
     def loop(engine):
-        inner.append(checks.check_serial_loop(te.loops.serial_loop))
-        te.loops.serial_loop(engine)
+        inner.append(checks.check_serial_loop(loops_for_tests.serial_loop))
+        loops_for_tests.serial_loop(engine)
 
     outer = checks.check_serial_loop(loop)
     assert outer.passed, outer.message
     assert inner and not inner[0].passed and inner[0].category == "nested", inner
     assert "another check's run" in inner[0].message
-    again = checks.check_serial_loop(te.loops.serial_loop)
+    again = checks.check_serial_loop(loops_for_tests.serial_loop)
     assert again.passed and "fresh engine" not in again.message, again.message

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_support import FORGER, WRONG_VALUE, judged_in_a_throwaway_venv
+from hostile_support import FORGER, SERIAL_LOOP, WRONG_VALUE, judged_in_a_throwaway_venv
 from overlap_course.build import judge
 
 ZOS = '''
@@ -93,11 +93,7 @@ def test_a_file_the_kernel_left_is_not_read_by_the_judge():
 
 
 def test_control_a_right_loop_still_passes_with_the_new_guards():
-    passed, message = judge.judge("check_serial_loop", ['''
-import toy_engine as te
-def serial_loop(engine):
-    te.loops.serial_loop(engine)
-'''])
+    passed, message = judge.judge("check_serial_loop", [SERIAL_LOOP])
     assert passed, message
 
 

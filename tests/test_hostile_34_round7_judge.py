@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostile_support import WRONG_VALUE, judged_in_a_throwaway_venv
+from hostile_support import SERIAL_LOOP, WRONG_VALUE, judged_in_a_throwaway_venv
 from overlap_course.build import judge, landlock
 
 needs_landlock = pytest.mark.skipif(landlock.abi() == 0, reason="no Landlock on this system: "
@@ -91,11 +91,7 @@ def test_a_course_class_rebased_is_seen():
     assert not passed and "changed what the checker runs on" in message, message
 
 
-RIGHT_LOOP = '''
-import toy_engine as te
-def serial_loop(engine):
-    te.loops.serial_loop(engine)
-'''
+RIGHT_LOOP = SERIAL_LOOP
 
 
 @pytest.mark.parametrize("magic", ["%%time\n", "%matplotlib inline\n"], ids=["cell", "line"])

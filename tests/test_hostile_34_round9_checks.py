@@ -18,6 +18,7 @@ from hostile_support import a_false_verdict
 from overlap_course import checks, safe_json
 from overlap_course.checks import harness, sandbox
 from overlap_course.labs import plugins, shipped
+import loops_for_tests
 
 PROMPTS = ["Once upon a time", "One day, the little", "There was a fox", "The bird said"]
 
@@ -259,13 +260,13 @@ def test_an_observer_a_wrong_loop_appends_is_named_and_taken_out(monkeypatch):
 
     def wrong_loop(engine):
         te.engine.RUN_OBSERVERS.append(_raising_observer)
-        te.loops.serial_loop(engine)
+        loops_for_tests.serial_loop(engine)
 
     verdict = a_false_verdict(lambda: checks.check_serial_loop(wrong_loop))
     assert verdict.category == "edits_engine", verdict.message
     assert "toy_engine.engine.RUN_OBSERVERS" in verdict.message
     assert te.engine.RUN_OBSERVERS == before
-    right = checks.check_serial_loop(te.loops.serial_loop)
+    right = checks.check_serial_loop(loops_for_tests.serial_loop)
     assert right.passed, right.message
 
 
@@ -279,7 +280,7 @@ def test_the_toys_lists_and_dicts_an_earlier_cell_changed_in_place_are_put_back(
     junk = next(box for box in boxes if type(box) is dict)
     junk["an earlier cell's key"] = None
     try:
-        verdict = checks.check_serial_loop(te.loops.serial_loop)
+        verdict = checks.check_serial_loop(loops_for_tests.serial_loop)
         put_back = [box == copy for box, copy in saved]
     finally:
         for box, copy in saved:  # the state as before, whatever the check did

@@ -163,11 +163,11 @@ def test_the_grader_keeps_only_the_end_of_a_judges_stderr():
 
 HOOKED = '''
 import os, sys
-from overlap_course.build import judge_process as jp
+from overlap_course.build import judge_folders, judge_process as jp
 from overlap_course.build.judge_watch import Watch
 from overlap_course.build.grading import ROOT
-trusted = jp._protected_folders(ROOT)
-sys.addaudithook(jp._guard([], trusted, jp._readable_folders(trusted), Watch()))  # no Landlock
+trusted = judge_folders.protected(ROOT)
+sys.addaudithook(jp._guard([], trusted, judge_folders.readable(trusted), Watch()))  # no Landlock
 os.mkdir("sub")
 os.close(os.open("sub", os.O_RDONLY))  # a folder of the judge's own: allowed
 open("sub/../mine.txt", "w").write("mine")  # stays in the judge's folder: allowed

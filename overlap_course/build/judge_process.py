@@ -8,11 +8,10 @@ import _hashlib
 import json
 import os
 import sys
-import sysconfig
 import threading
 from pathlib import Path
 
-from overlap_course.build import landlock
+from overlap_course.build import judge_folders, landlock
 from overlap_course.build.judge_benign import remember_modules
 from overlap_course.build.judge_cells import run_cells
 from overlap_course.build.judge_forkserver import fork_before_the_secret
@@ -58,10 +57,11 @@ def judge_main(argv: list[str]) -> None:
         if not Path(package.__file__).resolve().is_relative_to(Path(root).resolve()):
             raise SystemExit(f"the judge imported {package.__name__} from {package.__file__}, "
                              f"not from {root}")
-    trusted = _protected_folders(Path(root))
-    readable = _readable_folders(trusted)
+    trusted = judge_folders.protected(Path(root))
+    readable = judge_folders.readable(trusted)
     # The kernel's fence first: the hook below would refuse the folders its rules must open.
-    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS, *filter(None, sys.path)],
+    landlock.restrict([*map(str, readable), *landlock.SYSTEM_RUNS,
+                       *judge_folders.module_folders(Path(root))],
                       [os.getcwd(), *landlock.SYSTEM_WRITES])  # what C code reaches too
     device = sys.modules["toy_engine.process_device"]
     if mode == "check":
@@ -139,29 +139,6 @@ def _no_bar_monitor() -> None:
     except ImportError:
         return
     tqdm.std.tqdm.monitor_interval = 0
-
-
-def _protected_folders(root: Path) -> list[Path]:
-    """What no judge process may write: the course, the toy, and the folders of the modules and
-    start-up hooks (``*.pth``, ``sitecustomize``) the next ``python -I`` loads, and of the
-    interpreter itself (a venv's ``bin/python`` replaced made every later judge a forger)."""
-    paths = sysconfig.get_paths()
-    folders = {root / "overlap_course", root / "toy_engine"}
-    folders |= {Path(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
-    folders |= {Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
-                                  sys.base_exec_prefix, os.path.dirname(sys.executable))}
-    return sorted({Path(os.path.realpath(f)) for f in folders})
-
-
-
-
-def _readable_folders(protected: list[Path]) -> list[Path]:
-    """What a judge process may read: the installation (what it may not write), the system's
-    own folders, and its own empty folder.  Nothing else, so that no file another process left
-    -- the learner's kernel, which ran the same cells first, unguarded, and could copy the
-    solution to ``/tmp`` -- reaches the submission's cells in the judge."""
-    return [*protected, Path(os.getcwd()).resolve(),
-            *(Path(os.path.realpath(f)) for f in landlock.SYSTEM_READS)]
 
 
 # Audit events that change a file or folder at the path they name (first argument; a rename's

@@ -68,12 +68,12 @@ def launch() -> None:
 
 def fence(own: list[str] = ()) -> None:
     """Fence this kernel (and what it starts) to the installation, its own folder and ``own``."""
-    from overlap_course.build.judge_process import _protected_folders
+    from overlap_course.build.judge_folders import protected
 
     here = os.getcwd()
     # A temporary folder of its own: the shared one may hold anything (a course laid out there)
     tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="overlap-kernel-")
-    readable = [*map(str, _protected_folders(ROOT)), *landlock.SYSTEM_READS,
+    readable = [*map(str, protected(ROOT)), *landlock.SYSTEM_READS,
                 *landlock.SYSTEM_RUNS, *filter(None, sys.path)]
     writable = [here, tempfile.tempdir, *own, *landlock.SYSTEM_WRITES]
     why_not = landlock.restrict([p for p in readable if not _holds_private(p)], writable)

@@ -5,11 +5,21 @@ what would change the engine other checks share."""
 from __future__ import annotations
 
 import inspect
+import sys
 
+from toy_engine import loops
 from toy_engine.engine import Engine
 
 from .refusals_caught import kept
 from .run_edits import RequestWatch
+
+
+# The engine's own loops, by their code: a run whose rounds one of them asked for is the engine's
+# loop, not the learner's (the exercises ask for a loop written from the stage methods).  Compared
+# by identity (code objects compare equal by content): the source typed or pasted into a cell is
+# new code, as any answer typed by hand is.
+ENGINE_LOOPS = tuple((loop.__code__, f"te.loops.{loop.__name__}")
+                     for loop in (loops.serial_loop, loops.zos_loop))
 
 
 class EngineView:
@@ -22,9 +32,10 @@ class EngineView:
     MAX_SCHEDULES = 1000
 
     # The view's own notes (past_end: schedule() calls after the one that found the end; stale:
-    # launches refused, StaleInputs, caught or not; caught: other refusals, (call, round, error)).
+    # launches refused, StaleInputs, caught or not; caught: other refusals, (call, round, error);
+    # engine_loop: which of ENGINE_LOOPS asked for a round, if one did).
     NOTES = ("_engine", "watch", "plans", "edits", "schedules", "done_at", "past_end", "stale",
-             "caught")
+             "caught", "engine_loop")
 
     # In slots, not the instance's dict, which the loop's own names use: a loop that writes
     # ``vars(engine)["schedules"]`` writes a name the slot hides, not the note.  Weakly
@@ -32,13 +43,18 @@ class EngineView:
     __slots__ = (*NOTES, "__dict__", "__weakref__")
 
     def __init__(self, engine: Engine, watch: RequestWatch):
-        for name, value in zip(self.NOTES, (engine, watch, {}, [], 0, None, 0, [], [])):
+        for name, value in zip(self.NOTES, (engine, watch, {}, [], 0, None, 0, [], [], None)):
             object.__setattr__(self, name, value)
 
     def schedule(self):
         object.__setattr__(self, "schedules", self.schedules + 1)
         if self.schedules > self.MAX_SCHEDULES:
             raise Spinning(self.schedules - 1)
+        if self.engine_loop is None:
+            caller = sys._getframe(1).f_code
+            for code, name in ENGINE_LOOPS:
+                if code is caller:
+                    object.__setattr__(self, "engine_loop", name)
         if self.done_at is not None and not self._engine.scheduler.has_work():
             object.__setattr__(self, "past_end", self.past_end + 1)
         plan = self.watch.around(self._engine.schedule)()

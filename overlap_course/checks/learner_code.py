@@ -87,6 +87,7 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
         err = _PastTheEnd(view.done_at, err, view.past_end)
     log = HostLog(engine, view.plans if view else {})
     log.stale, log.caught = (view.stale, view.caught) if view is not None else ([], [])
+    log.engine_loop = view.engine_loop if view is not None else None
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
     log.record_commits = engine.record.of(Commit)
@@ -206,6 +207,22 @@ def _swallowed(refusal) -> Verdict:
                  f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
                  f"happens, and it races with the device. Wait on the right event first instead of catching "
                  f"the error")
+
+
+def engine_loop(logs, mode: str) -> Verdict | None:
+    """Whether the engine's own loop asked for the rounds of runs that were otherwise right:
+    the exercise is the loop itself.  Last, so a loop that hands over after a mistake of its
+    own hears of that mistake."""
+    name = next((log.engine_loop for log in logs if log.engine_loop is not None), None)
+    if name is None:
+        return None
+    mine = "serial_loop" if mode == "serial" else "zos_loop"
+    return fails("engine_loop",
+                 f"the rounds were asked for by the engine's own loop, `{name}`, not by a loop of "
+                 f"yours: its tokens are right because it is the engine's answer. Write `{mine}` "
+                 f"yourself from the stage methods in the table above (`engine.schedule()`, "
+                 f"`engine.prepare_inputs(plan)`, ...); `{name}` is there to compare yours with "
+                 f"once yours passes")
 
 
 def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:

@@ -22,7 +22,7 @@ from .errors import at, quoted
 from .given_timeline import BuiltInRan, Given, built_in
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
-from .learner_code import loop_verdict, run_loop
+from .learner_code import engine_loop, loop_verdict, run_loop
 from .run_edits import run_verdict, serial_same_run
 from .readings import (decimals, gap_in_microseconds, gap_in_seconds, hover_gaps, idle_slips, near,
                        no_gap, shortened, slip_reading)
@@ -267,9 +267,10 @@ def check_serial_loop(loop) -> Verdict:
     at different rounds (so a loop that counts rounds or tokens fails); the endings run, whose
     requests end every way (EOS, stop, limit), without drafts and with them; one request for
     more rounds than any of those (a loop capped at a number of rounds fails)."""
-    runs = []
+    runs, logs = [], []
     for second, endings, config in _SERIAL_RUNS:
         engine, log, outs, err = run_loop(loop, second=second, endings=endings, **config)
+        logs.append(log)
         verdict = _serial_run_verdict(log, outs, err, second,
                                       config.get("num_draft_tokens", 0) if endings
                                       else None)
@@ -284,6 +285,9 @@ def check_serial_loop(loop) -> Verdict:
         verdict.message = (f"in a longer run (the prompt {_LONG_RUN[0][0]!r} alone, "
                            f"{_LONG_RUN[1]['max_new_tokens']} new tokens, one round each): "
                            f"{verdict.message}")
+        return verdict
+    verdict = engine_loop([*logs, log_long], "serial")
+    if verdict is not None:
         return verdict
     note = ""
     if any(stage == "flush" for stage, _ in log.events):

@@ -19,7 +19,7 @@ from .answers import (bool_pair, flag_list, int_list, items, name, one_number, r
                       whole)
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
-from .learner_code import loop_verdict, run_loop
+from .learner_code import engine_loop, loop_verdict, run_loop
 from .plan_order import flushed_with_a_plan
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
@@ -321,6 +321,9 @@ def check_zos_loop(loop) -> Verdict:
         if verdict is not None:
             verdict.message = label + verdict.message
             return verdict
+    verdict = engine_loop(logs.values(), "zos")
+    if verdict is not None:
+        return verdict
     return passes(f"ZOS loop matches the serial tokens with the `{pool.CONSTRAINT}` constraint and with "
                   f"{pool.DRAFTS} drafts per round; {deferred(log)} decode steps were processed under the next "
                   f"round's forward, before its sample, and the last one was flushed")

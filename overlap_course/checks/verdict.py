@@ -28,7 +28,7 @@ CATEGORIES = frozenset({
     "deferred_past_prefill", "sample_before_process", "waits_before_forward", "waits_later_event",
     "loop_returned", "dropped_at_prefill", "no_flush", "never_processed", "none_plan", "correction",
     "skipped_extra_step", "foreign_step", "other_engine", "inputs_replaced", "other_thread",
-    "flushed_with_a_plan", "scheduled_too_early",
+    "flushed_with_a_plan", "scheduled_too_early", "engine_loop",
     # 00: stream, launch, event
     "includes_later_kernel", "misses_earlier_kernel", "no_such_kernel", "launch_count", "no_read",
     "wait_without_event", "read_before_launch", "no_race", "still_races",

@@ -1,0 +1,107 @@
+"""Issue 34, round forty-nine.  Exercises 02(a) and 03(a) say "you write both pieces yourself",
+but a function that handed the engine to ``te.loops.serial_loop`` or ``zos_loop`` got full
+marks (rounds 46-48 left it for a decision): the checkers now name the engine's own loop
+(``engine_loop``), last, so a loop that hands over after a mistake of its own hears of that
+mistake.  And with a path-based editable install (a ``.pth`` naming the course's folder), the
+judge's Landlock rules let C code read ``solutions/`` (``torch.from_file``): full marks for the
+solution's loop.  Each failed when written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import types
+
+import pytest
+
+import loops_for_tests
+import mistakes
+import toy_engine as te
+from hostile_support import ROOT
+from overlap_course import checks
+from overlap_course.build import judge, landlock
+
+
+@pytest.mark.parametrize("check, answer", [
+    (checks.check_serial_loop, te.loops.serial_loop),
+    (checks.check_serial_loop, lambda engine: te.loops.serial_loop(engine)),
+    (checks.check_serial_loop, types.FunctionType(te.loops.serial_loop.__code__, {"te": te})),
+    (checks.check_zos_loop, lambda engine: te.loops.zos_loop(engine)),
+], ids=["handed-in", "called", "its-code", "zos-called"])
+def test_the_engines_own_loop_is_not_an_answer(check, answer):
+    verdict = check(answer)
+    assert not verdict.passed and verdict.category == "engine_loop", verdict
+    assert "te.loops." in verdict.message and "yourself" in verdict.message
+
+
+def test_a_loop_that_hands_over_after_a_mistake_hears_of_the_mistake():
+    def loop(engine):
+        engine.requests[0].max_new_tokens = 3  # an edit of the requests, then the engine's loop
+        te.loops.serial_loop(engine)
+    verdict = checks.check_serial_loop(loop)
+    assert not verdict.passed and verdict.category == "edits_requests", verdict
+
+
+def test_right_loops_that_reach_schedule_through_helpers_of_their_own_pass():
+    def plan_of(engine):
+        return engine.schedule()
+
+    def serial_loop(engine):
+        while engine.scheduler.has_work():
+            inputs = engine.prepare_inputs(plan_of(engine))
+            engine.launch_forward(inputs)
+            engine.process_outputs(engine.launch_sample(inputs))
+    assert checks.check_serial_loop(serial_loop).passed
+    assert checks.check_serial_loop(loops_for_tests.serial_loop).passed
+    assert checks.check_zos_loop(mistakes.make_zos()).passed
+
+
+@pytest.mark.timeout(300)
+def test_the_judge_gives_the_engines_loop_nothing():
+    cell = "import toy_engine as te\ndef serial_loop(engine):\n    te.loops.serial_loop(engine)\n"
+    passed, message = judge.judge("check_serial_loop", [cell])
+    assert not passed and "`te.loops.serial_loop`" in message, message
+
+
+# The solution's loop read by C code the audit hook does not see, run as the answer.
+READS_THE_SOLUTION = '''
+import json, os, torch, overlap_course
+_path = os.path.join(os.path.dirname(os.path.dirname(overlap_course.__file__)),
+                     "solutions", "02_serial_loop.ipynb")
+def serial_loop(engine):
+    pass
+try:
+    _raw = torch.from_file(_path, shared=False, size=os.stat(_path).st_size, dtype=torch.uint8)
+    for _c in json.loads(bytes(_raw.tolist()).decode())["cells"]:
+        if _c["cell_type"] == "code" and "def serial_loop(" in "".join(_c["source"]):
+            exec("".join(_c["source"]))
+except Exception as err:
+    print("refused:", type(err).__name__)
+'''
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(landlock.abi() == 0, reason="no Landlock on this system: C code reaches "
+                    "files past the audit hook (documented)")
+def test_a_pth_that_names_the_course_folder_does_not_open_the_solutions_to_c_code(tmp_path):
+    """A venv whose ``.pth`` names the course's folder (a path-based editable install): every
+    ``sys.path`` entry was readable to the judge's C code, the course's folder with it."""
+    venv = tmp_path / "v"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "course.pth"), "w") as pth:
+        pth.write(f"{ROOT}\n{sysconfig.get_paths()['purelib']}\n")
+    child = ("import sys\nfrom overlap_course.build import judge\n"
+             f"assert {str(ROOT)!r} in sys.path\n"
+             f"print(judge.judge('check_serial_loop', [{READS_THE_SOLUTION!r}], "
+             f"private=[{str(ROOT / 'solutions')!r}]))\n")
+    run = subprocess.run([str(python), "-c", child], capture_output=True, text=True,
+                         timeout=800, cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr[-2000:]
+    assert run.stdout.startswith("(False,"), run.stdout
