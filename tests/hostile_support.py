@@ -105,6 +105,18 @@ if sys.flags.isolated and sys.argv[-1:] == ["check"]:
 """
 
 
+def throwaway_venv(tmp_path: Path) -> tuple[Path, str]:
+    """A fresh venv without pip under ``tmp_path``: its python and its site-packages folder."""
+    venv = tmp_path / "v"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return python, site
+
+
 def judged_in_a_throwaway_venv(tmp_path: Path, cheat: str) -> tuple[list[str], Path, Path]:
     """``check_metadata_answer`` on ``cheat``, then on a plain wrong answer, in a fresh venv
     whose site-packages holds its own copy of nbformat (which every judge imports): the two
@@ -114,13 +126,7 @@ def judged_in_a_throwaway_venv(tmp_path: Path, cheat: str) -> tuple[list[str], P
 
     import nbformat
 
-    venv = tmp_path / "v"
-    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; "
-                           "print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    python, site = throwaway_venv(tmp_path)
     Path(site, "main-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     shutil.copytree(Path(nbformat.__file__).parent, Path(site, "nbformat"))
     child = (f"from overlap_course.build import judge\n"

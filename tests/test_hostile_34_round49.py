@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import sysconfig
 import types
 
@@ -19,7 +18,7 @@ import pytest
 import loops_for_tests
 import mistakes
 import toy_engine as te
-from hostile_support import ROOT
+from hostile_support import ROOT, throwaway_venv
 from overlap_course import checks
 from overlap_course.build import judge, landlock
 
@@ -88,13 +87,7 @@ except Exception as err:
 def test_a_pth_that_names_the_course_folder_does_not_open_the_solutions_to_c_code(tmp_path):
     """A venv whose ``.pth`` names the course's folder (a path-based editable install): every
     ``sys.path`` entry was readable to the judge's C code, the course's folder with it."""
-    venv = tmp_path / "v"
-    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; "
-                           "print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    python, site = throwaway_venv(tmp_path)
     with open(os.path.join(site, "course.pth"), "w") as pth:
         pth.write(f"{ROOT}\n{sysconfig.get_paths()['purelib']}\n")
     child = ("import sys\nfrom overlap_course.build import judge\n"
