@@ -1044,6 +1044,8 @@ WRONG = [
     Answer("02a", "the engine's loop's code in a new function",
            types.FunctionType(te.loops.serial_loop.__code__, {}), "engine_loop",
            "FunctionType(te.loops.serial_loop.__code__, globals())"),
+    Answer("02a", "the loop on the engine behind the view", lambda engine: serial(engine._engine),
+           "edits_engine", "every stage called on engine._engine"),
     Answer("03a", "the engine's own loop", lambda engine: te.loops.zos_loop(engine),
            "engine_loop", "def zos_loop(engine): te.loops.zos_loop(engine)"),
     Answer("02a", "ten rounds only", serial_ten_rounds, "loop_returned",

@@ -2,12 +2,15 @@
 but a function that handed the engine to ``te.loops.serial_loop`` or ``zos_loop`` got full
 marks (rounds 46-48 left it for a decision): the checkers now name the engine's own loop
 (``engine_loop``), last, so a loop that hands over after a mistake of its own hears of that
-mistake.  And with a path-based editable install (a ``.pth`` naming the course's folder), the
+mistake; behind a proxy of the learner's, or copied (``code.replace``, ``marshal``), it is still
+the engine's loop, and a loop run on the engine behind the checker's view is told so.  And with
+a path-based editable install (a ``.pth`` naming the course's folder), the
 judge's Landlock rules let C code read ``solutions/`` (``torch.from_file``): full marks for the
 solution's loop.  Each failed when written."""
 
 from __future__ import annotations
 
+import marshal
 import os
 import subprocess
 import sysconfig
@@ -33,6 +36,55 @@ def test_the_engines_own_loop_is_not_an_answer(check, answer):
     verdict = check(answer)
     assert not verdict.passed and verdict.category == "engine_loop", verdict
     assert "te.loops." in verdict.message and "yourself" in verdict.message
+
+
+class _Proxy:
+    """The engine behind a class of the learner's: ``schedule`` is called from here, not from
+    the engine's loop."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def schedule(self):
+        return self.engine.schedule()
+
+
+# Round 49's engine helper: the check compared only the code that called ``schedule`` with the
+# engine's loops, by identity, so a proxy in between or a copy of the code object passed.
+@pytest.mark.parametrize("check, answer", [
+    (checks.check_serial_loop, lambda engine: te.loops.serial_loop(_Proxy(engine))),
+    (checks.check_zos_loop, lambda engine: te.loops.zos_loop(_Proxy(engine))),
+    (checks.check_serial_loop, lambda engine: te.loops.serial_loop(types.SimpleNamespace(
+        schedule=lambda: engine.schedule(), scheduler=engine.scheduler,
+        prepare_inputs=engine.prepare_inputs, launch_forward=engine.launch_forward,
+        launch_sample=engine.launch_sample, process_outputs=engine.process_outputs))),
+    (checks.check_serial_loop,
+     types.FunctionType(te.loops.serial_loop.__code__.replace(co_name="mine"), vars(te.loops))),
+    (checks.check_zos_loop,
+     types.FunctionType(te.loops.zos_loop.__code__.replace(co_name="mine"), vars(te.loops))),
+    (checks.check_serial_loop,
+     types.FunctionType(marshal.loads(marshal.dumps(te.loops.serial_loop.__code__)),
+                        vars(te.loops))),
+], ids=["serial-proxy", "zos-proxy", "serial-namespace", "serial-code-replace",
+        "zos-code-replace", "serial-code-marshal"])
+def test_the_engines_loop_behind_a_proxy_or_copied_is_still_the_engines_loop(check, answer):
+    verdict = check(answer)
+    assert not verdict.passed and verdict.category == "engine_loop", verdict
+
+
+@pytest.mark.parametrize("check, loop", [
+    (checks.check_serial_loop, lambda engine: te.loops.serial_loop(engine._engine)),
+    (checks.check_zos_loop, lambda engine: te.loops.zos_loop(engine._engine)),
+    (checks.check_serial_loop, lambda engine: loops_for_tests.serial_loop(engine._engine)),
+], ids=["serial-engine-loop", "zos-engine-loop", "serial-written-out"])
+def test_a_loop_on_the_engine_behind_the_view_is_told_so(check, loop):
+    """It was told it "appended 24 token(s) to prompt 0's `req.output_ids` itself"."""
+    verdict = check(loop)
+    assert not verdict.passed and verdict.category == "edits_engine", verdict
+    assert "`engine._engine`" in verdict.message and "appended" not in verdict.message, verdict
 
 
 def test_a_loop_that_hands_over_after_a_mistake_hears_of_the_mistake():

@@ -9,7 +9,7 @@ from toy_engine.device import DeviceError
 from toy_engine.races import RaceError
 from toy_engine.run import (EngineStalled, ForeignStep, PreparedTwice, SampleBeforeForward,
                             StaleInputs)
-from toy_engine.record import Commit, Refused
+from toy_engine.record import Commit, Refused, Schedule
 from toy_engine.refusals import DraftsTooDeep, EndTakenBack, PlannedSince
 from toy_engine.validate import plugin_label
 
@@ -88,6 +88,8 @@ def run_loop(loop, second: bool = False, endings: bool = False, workload=None, *
     log = HostLog(engine, view.plans if view else {})
     log.stale, log.caught = (view.stale, view.caught) if view is not None else ([], [])
     log.engine_loop = view.engine_loop if view is not None else None
+    planned = {e.round for e in engine.record.of(Schedule) if e.round is not None}
+    log.around_view = sorted(planned - set(view.plans)) if view is not None else []
     log.settings_edit = settings_edit(observed.get("settings", []), log.requests)
     log.watch = view.watch if view is not None else RequestWatch([])
     log.record_commits = engine.record.of(Commit)
@@ -120,6 +122,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     (Verdicts are falsy when failed, hence the explicit ``is None`` chain.)"""
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
+    if log.around_view:  # first: nothing the checker read of such a run is the loop's own
+        return _around_view(log.around_view)
     if log.other_thread is not None:  # first: what followed is the refused call's absence
         return other_thread(log.other_thread,
                             None if err is log.other_thread else
@@ -207,6 +211,16 @@ def _swallowed(refusal) -> Verdict:
                  f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
                  f"happens, and it races with the device. Wait on the right event first instead of catching "
                  f"the error")
+
+
+def _around_view(rounds: list[int]) -> Verdict:
+    """Rounds planned on the engine behind the one the loop was handed (``engine._engine``)."""
+    shown = ", ".join(map(str, rounds[:5])) + (f" and {len(rounds) - 5} more" * (len(rounds) > 5))
+    which = f"round {shown} was" if len(rounds) == 1 else f"rounds {shown} were"
+    return fails("edits_engine",
+                 f"{which} planned on `engine._engine`, the shared engine behind the one the "
+                 f"checker handed your loop, so the checker could not watch them: call every "
+                 f"stage on `engine` itself")
 
 
 def engine_loop(logs, mode: str) -> Verdict | None:
