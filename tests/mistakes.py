@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import toy_engine as te
+from overlap_course.labs import plugins
 from toy_engine import kernels
 
 
@@ -56,6 +57,14 @@ def serial_break_on_none(engine):
         inputs = engine.prepare_inputs(plan)
         engine.launch_forward(inputs)
         engine.process_outputs(engine.launch_sample(inputs))
+
+
+def serial_through_the_class(engine):  # notebook 02 prints te.Engine.process_outputs
+    while engine.scheduler.has_work():
+        plan = te.Engine.schedule(engine)
+        inputs = te.Engine.prepare_inputs(engine, plan)
+        te.Engine.launch_forward(engine, inputs)
+        te.Engine.process_outputs(engine, te.Engine.launch_sample(engine, inputs))
 
 
 def serial_never_processes(engine):
@@ -1046,6 +1055,8 @@ WRONG = [
            "FunctionType(te.loops.serial_loop.__code__, globals())"),
     Answer("02a", "the loop on the engine behind the view", lambda engine: serial(engine._engine),
            "edits_engine", "every stage called on engine._engine"),
+    Answer("03a", "the lab's loop", lambda engine: plugins.keep_in_flight(1)(engine),
+           "engine_loop", "def zos_loop(engine): plugins.keep_in_flight(1)(engine) (notebook 07)"),
     Answer("03a", "the engine's own loop", lambda engine: te.loops.zos_loop(engine),
            "engine_loop", "def zos_loop(engine): te.loops.zos_loop(engine)"),
     Answer("02a", "ten rounds only", serial_ten_rounds, "loop_returned",
@@ -1260,6 +1271,7 @@ RIGHT = [
     Answer("02a", "the solution", serial),
     Answer("02a", "while True with break", serial_while_true),
     Answer("02a", "break when schedule() returns None", serial_break_on_none),
+    Answer("02a", "stages called through the class", serial_through_the_class),
     Answer("02b", "the solution", idle),
     Answer("02b", "end - start denominator", idle_end_minus_start),
     Answer("02b", "summed span durations", idle_summed_durations),

@@ -3,7 +3,10 @@ but a function that handed the engine to ``te.loops.serial_loop`` or ``zos_loop`
 marks (rounds 46-48 left it for a decision): the checkers now name the engine's own loop
 (``engine_loop``), last, so a loop that hands over after a mistake of its own hears of that
 mistake; behind a proxy of the learner's, or copied (``code.replace``, ``marshal``), it is still
-the engine's loop, and a loop run on the engine behind the checker's view is told so.  And with
+the engine's loop, as are the labs' loops (notebook 07's ``keep_in_flight``, 07b's ``batch_queue``
+and ``future_key``: blind), and a loop run on the engine behind the checker's view is told so.
+A right loop that calls a stage through the class (``te.Engine.process_outputs(engine, step)``,
+as notebook 02 prints it) was told it used another engine (blind).  And with
 a path-based editable install (a ``.pth`` naming the course's folder), the
 judge's Landlock rules let C code read ``solutions/`` (``torch.from_file``): full marks for the
 solution's loop.  Each failed when written."""
@@ -24,6 +27,7 @@ import toy_engine as te
 from hostile_support import ROOT, throwaway_venv
 from overlap_course import checks
 from overlap_course.build import judge, landlock
+from overlap_course.labs import plugins, plugins_2026
 
 
 @pytest.mark.parametrize("check, answer", [
@@ -109,9 +113,21 @@ def test_right_loops_that_reach_schedule_through_helpers_of_their_own_pass():
     assert checks.check_zos_loop(mistakes.make_zos()).passed
 
 
+# Round 49's grading helper: the code object copied scored 3.0 of 3 (02) and 4.0 of 4 (03) in
+# real nbgrader autograde; after the fix their test scored it 0 (run once, not kept: about 100 s).
+COPIED = """import types
+import toy_engine as te
+_theirs = te.loops.serial_loop
+serial_loop = types.FunctionType(_theirs.__code__.replace(co_name="serial_loop"),
+                                 _theirs.__globals__)
+"""
+
+
 @pytest.mark.timeout(300)
-def test_the_judge_gives_the_engines_loop_nothing():
-    cell = "import toy_engine as te\ndef serial_loop(engine):\n    te.loops.serial_loop(engine)\n"
+@pytest.mark.parametrize("cell", [
+    "import toy_engine as te\ndef serial_loop(engine):\n    te.loops.serial_loop(engine)\n", COPIED,
+], ids=["called", "code-copied"])
+def test_the_judge_gives_the_engines_loop_nothing(cell):
     passed, message = judge.judge("check_serial_loop", [cell])
     assert not passed and "`te.loops.serial_loop`" in message, message
 
@@ -150,3 +166,59 @@ def test_a_pth_that_names_the_course_folder_does_not_open_the_solutions_to_c_cod
                          timeout=800, cwd=tmp_path)
     assert run.returncode == 0 and run.stdout.strip(), run.stderr[-2000:]
     assert run.stdout.startswith("(False,"), run.stdout
+
+
+# Round 49's blind learner: the labs' own ZOS loops passed exercise 03(a) as the learner's.
+@pytest.mark.parametrize("loop", [
+    lambda engine: plugins.keep_in_flight(1)(engine),
+    plugins_2026.batch_queue(1, lambda engine, plan, held: len(held)),
+    plugins_2026.future_key(lambda req, b: req.row),
+], ids=["keep_in_flight", "batch_queue", "future_key"])
+def test_the_labs_own_loops_are_not_an_answer(loop):
+    verdict = checks.check_zos_loop(loop)
+    assert not verdict.passed and verdict.category == "engine_loop", verdict
+    assert "a loop the course ships" in verdict.message, verdict
+
+
+def _serial_through_the_class(engine):
+    while engine.scheduler.has_work():
+        plan = te.Engine.schedule(engine)
+        inputs = te.Engine.prepare_inputs(engine, plan)
+        te.Engine.launch_forward(engine, inputs)
+        te.Engine.process_outputs(engine, te.Engine.launch_sample(engine, inputs))
+
+
+def _zos_through_the_class(engine):
+    previous = None
+    while engine.scheduler.has_work():
+        plan = te.Engine.schedule(engine)
+        if plan is None:
+            previous = te.Engine.flush(engine, previous)
+            continue
+        inputs = engine.prepare_inputs(plan)
+        if previous is not None:
+            te.Engine.correct_on_device(engine, inputs)
+        engine.launch_forward(inputs)
+        if previous is not None:
+            te.Engine.process_outputs(engine, previous)
+        step = engine.launch_sample(inputs)
+        previous = te.Engine.process_outputs(engine, step) if plan.is_prefill else step
+
+
+@pytest.mark.parametrize("check, loop", [(checks.check_serial_loop, _serial_through_the_class),
+                                         (checks.check_zos_loop, _zos_through_the_class)],
+                         ids=["serial", "zos"])
+def test_stages_called_through_the_class_on_the_given_engine_pass(check, loop):
+    """Told "your code called `.process_outputs(...)` on an engine other than the one the check
+    gave it"."""
+    verdict = check(loop)
+    assert verdict.passed, verdict
+
+
+def test_a_stage_through_the_class_on_what_is_not_an_engine_is_one_clear_error():
+    with pytest.raises(TypeError, match=r"Engine.schedule takes an engine first, got 'int'"):
+        te.Engine.schedule(3)
+    with te.Engine(te.EngineConfig(mode="serial")) as engine:
+        want = [c.text for c in engine.generate(["ab", "cd"], max_new_tokens=4)]
+        got = engine.generate(["ab", "cd"], max_new_tokens=4, loop=_serial_through_the_class)
+        assert [c.text for c in got] == want

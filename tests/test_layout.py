@@ -173,12 +173,16 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # _check_places, note_admitted), with the scheduler's containers' kinds and the race checker's
 # callbacks, and a scheduler between runs is compared whole with a new one (scheduler.whole:
 # rows or blocks written, a callback replaced): 106.
+# 5,493 until round 49: a stage called through the class on an object that stands for an
+# engine (the checkers' view: ``te.Engine.process_outputs(engine, step)``, as notebook 02 prints
+# it) is that object's own stage (stages._own_stage), and what each stage takes moved to its own
+# module (stage_args.py) to keep stages.py under the file limit: 19.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files; 426 at round 39 (items refuses an iterator,
 # which it would use up), until issue 35 splits the answer readers by kind.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5493, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5512, 480, 40
 COURSE_FILE_MAX_LINES = 430
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -18,36 +18,17 @@ from .device import Device, ForeignEvent
 from .kernels import FROM_DEVICE
 from .races import RaceError
 from .record import RunRecord
-from .refusals import (ClassChanged, CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
+from .refusals import (CommitOtherTokens, DraftsTooDeep, EndTakenBack, ForeignStep,
                        PlannedPastLimit, RunEnded, SampleBeforeForward, StaleInputs, StateReplaced,
                        StepProcessedTwice)
 from .run import FIXED_FIELDS, RoundInputs, Run, StepState
 from .scheduler import Plan, Scheduler
+from .stage_args import takes
 from .sequence import Request
 from .timeline import Stage, Timeline, processing
 from .validate import check_committed, check_rows, plugin_label as _label
 
 _MAX = FIXED_FIELDS.index("max_new_tokens")  # a request's as generate made it, in Run.fixed
-# What returns each stage's argument: a refusal of anything else names it.
-_MADE_BY = {Plan: "engine.schedule()", RoundInputs: "engine.prepare_inputs(plan)",
-            StepState: "engine.launch_sample(inputs)"}
-
-
-def _takes(stage: str, value, cls: type, or_none: bool = False) -> None:
-    """Refuse a ``value`` that is not a ``cls`` (a mix-up of a loop's objects) by name, nor one
-    of a subclass: the stages read its fields, and a subclass's code would decide what they see."""
-    if type(value) is cls or (or_none and value is None):
-        return
-    if issubclass(type(value), cls):  # not isinstance: a __class__ property would answer it
-        raise ClassChanged(stage, cls, type(value), _MADE_BY[cls])
-    got = "None" if value is None else f"a {type(value).__name__}"
-    hint = (": schedule() returns None when nothing can be launched now; check `if plan is None`"
-            if value is None and cls is Plan else
-            f" (what {_MADE_BY[type(value)]} returns)" if type(value) in _MADE_BY else "")
-    raise TypeError(f"{stage} takes the {cls.__name__} that {_MADE_BY[cls]} returned, "
-                    f"got {got}{hint}")
-
-
 def _stage(method):
     """A stage of the run: refused from another thread or inside a plug-in (``Run.enter``);
     while it runs, an abort from its own thread (a signal handler) waits for the next round."""
@@ -55,6 +36,8 @@ def _stage(method):
 
     @functools.wraps(method)
     def stage(self, *args, **kwargs):
+        if not isinstance(self, RoundStages):  # Engine.<stage>(view, ...): the view's own stage
+            return _own_stage(self, name, stage)(*args, **kwargs)
         run = self._run
         previous = run.enter(name)
         try:
@@ -62,6 +45,17 @@ def _stage(method):
         finally:
             run.stage = previous
     return stage
+
+
+def _own_stage(obj, name: str, stage):
+    """``Engine.<name>(obj, ...)`` given an object that is not an engine but stands for one (the
+    course's checkers hand a learner's loop a view of theirs, and notebook 02 prints
+    ``te.Engine.process_outputs``): that object's own stage, as ``obj.<name>(...)`` calls it."""
+    own = getattr(obj, name, None)
+    if not callable(own) or getattr(own, "__func__", None) is stage:
+        raise TypeError(f"Engine.{name} takes an engine first, got {type(obj).__name__!r}: "
+                        f"call it as engine.{name}(...)")
+    return own
 
 
 def _ids(req: Request) -> list:
@@ -152,7 +146,7 @@ class RoundStages:
         ``rows``: the metadata's row of each planned request, under which the device keeps its
         newest token, drafts and accepted count (lab 7b's keys); by default its own ``req.row``."""
         self._open("prepare_inputs")
-        _takes("prepare_inputs", plan, Plan)
+        takes("prepare_inputs", plan, Plan)
         rows = check_rows(rows, plan.requests, self.config.max_batch_size)
         run = self._run
         rnd = run.check_next(plan)
@@ -184,7 +178,7 @@ class RoundStages:
     def _uploaded(self, stage: str, inputs: RoundInputs) -> tuple:
         """Launch only the latest upload, unchanged (its plan too: its record is returned)."""
         self._open(stage)
-        _takes(stage, inputs, RoundInputs)
+        takes(stage, inputs, RoundInputs)
         run = self._run
         if inputs.run is not run:
             raise StaleInputs(stage, inputs.plan.round, None, foreign=True)
@@ -384,7 +378,7 @@ class RoundStages:
         event not this device's, and may never come on it (``ForeignStep``); nor one changed (its
         plan too: its record, (round, is_prefill, requests), is returned)."""
         self._open(stage)
-        _takes(stage, step, StepState)
+        takes(stage, step, StepState)
         if step.run is not self._run:
             raise ForeignStep(step.plan.round)
         self._run.check_made(stage, step)
@@ -474,7 +468,7 @@ class RoundStages:
         """Process a deferred step now: there is no next round to overlap it with.  Returns
         what stays deferred, nothing, so ``previous = engine.flush(previous)`` also clears it."""
         self._open("flush")
-        _takes("flush", previous, StepState, or_none=True)
+        takes("flush", previous, StepState, or_none=True)
         if previous is not None:
             self.process_outputs(previous, stage=Stage.FLUSH)
         return None

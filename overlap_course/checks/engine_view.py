@@ -7,37 +7,11 @@ from __future__ import annotations
 import inspect
 import sys
 
-from toy_engine import loops
 from toy_engine.engine import Engine
 
 from .refusals_caught import kept
 from .run_edits import RequestWatch
-
-
-# The engine's own loops, by their code: a run whose rounds one of them asked for is the engine's
-# loop, not the learner's (the exercises ask for a loop written from the stage methods).  Its
-# code copied (``code.replace``, ``marshal``, its source pasted whole, docstring and all) is
-# still its code: compared by what it runs and holds, not by the object or its name.  A loop
-# typed from notebook 02's listing is new code (its own docstring, or none).
-ENGINE_LOOPS = tuple((loop.__code__, f"te.loops.{loop.__name__}")
-                     for loop in (loops.serial_loop, loops.zos_loop))
-
-
-def _same_code(code, other) -> bool:
-    return (code is other or code.co_code == other.co_code and code.co_consts == other.co_consts
-            and code.co_names == other.co_names and code.co_varnames == other.co_varnames)
-
-
-def _engine_loop_above(frame) -> str | None:
-    """Which of ENGINE_LOOPS is on the stack above a ``schedule()`` call, or None: anywhere above,
-    so that a proxy of the learner's own between the engine's loop and this view changes
-    nothing."""
-    while frame is not None:
-        for code, name in ENGINE_LOOPS:
-            if _same_code(code, frame.f_code):
-                return name
-        frame = frame.f_back
-    return None
+from .whose_loop import engine_loop_above
 
 
 class EngineView:
@@ -51,7 +25,7 @@ class EngineView:
 
     # The view's own notes (past_end: schedule() calls after the one that found the end; stale:
     # launches refused, StaleInputs, caught or not; caught: other refusals, (call, round, error);
-    # engine_loop: which of ENGINE_LOOPS asked for a round, if one did).
+    # engine_loop: which of whose_loop.SHIPPED_LOOPS asked for a round, if one did).
     NOTES = ("_engine", "watch", "plans", "edits", "schedules", "done_at", "past_end", "stale",
              "caught", "engine_loop")
 
@@ -69,7 +43,7 @@ class EngineView:
         if self.schedules > self.MAX_SCHEDULES:
             raise Spinning(self.schedules - 1)
         if self.engine_loop is None:
-            object.__setattr__(self, "engine_loop", _engine_loop_above(sys._getframe(1)))
+            object.__setattr__(self, "engine_loop", engine_loop_above(sys._getframe(1)))
         if self.done_at is not None and not self._engine.scheduler.has_work():
             object.__setattr__(self, "past_end", self.past_end + 1)
         plan = self.watch.around(self._engine.schedule)()

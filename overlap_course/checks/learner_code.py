@@ -24,6 +24,7 @@ from .host_order import (HostLog, common_mistakes, corrected_old_inputs, prepare
                          sample_before_forward)
 from .plan_order import plan_order, planned_since, scheduled_ahead
 from .verdict import Verdict, counted, fails, not_implemented
+from .whose_loop import around_view
 
 
 class _PastTheEnd(Exception):
@@ -123,7 +124,7 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if isinstance(err, NotImplementedError):
         return not_implemented("`serial_loop`" if mode == "serial" else "`zos_loop`")
     if log.around_view:  # first: nothing the checker read of such a run is the loop's own
-        return _around_view(log.around_view)
+        return around_view(log.around_view)
     if log.other_thread is not None:  # first: what followed is the refused call's absence
         return other_thread(log.other_thread,
                             None if err is log.other_thread else
@@ -211,32 +212,6 @@ def _swallowed(refusal) -> Verdict:
                  f"the bug report: with race checking off (as in benchmarks, or on a real GPU) that access "
                  f"happens, and it races with the device. Wait on the right event first instead of catching "
                  f"the error")
-
-
-def _around_view(rounds: list[int]) -> Verdict:
-    """Rounds planned on the engine behind the one the loop was handed (``engine._engine``)."""
-    shown = ", ".join(map(str, rounds[:5])) + (f" and {len(rounds) - 5} more" * (len(rounds) > 5))
-    which = f"round {shown} was" if len(rounds) == 1 else f"rounds {shown} were"
-    return fails("edits_engine",
-                 f"{which} planned on `engine._engine`, the shared engine behind the one the "
-                 f"checker handed your loop, so the checker could not watch them: call every "
-                 f"stage on `engine` itself")
-
-
-def engine_loop(logs, mode: str) -> Verdict | None:
-    """Whether the engine's own loop asked for the rounds of runs that were otherwise right:
-    the exercise is the loop itself.  Last, so a loop that hands over after a mistake of its
-    own hears of that mistake."""
-    name = next((log.engine_loop for log in logs if log.engine_loop is not None), None)
-    if name is None:
-        return None
-    mine = "serial_loop" if mode == "serial" else "zos_loop"
-    return fails("engine_loop",
-                 f"the rounds were asked for by the engine's own loop, `{name}`, not by a loop of "
-                 f"yours: its tokens are right because it is the engine's answer. Write `{mine}` "
-                 f"yourself from the stage methods in the table above (`engine.schedule()`, "
-                 f"`engine.prepare_inputs(plan)`, ...); `{name}` is there to compare yours with "
-                 f"once yours passes")
 
 
 def _crash(log: HostLog, err: BaseException, mode: str) -> Verdict:

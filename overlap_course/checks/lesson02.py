@@ -22,7 +22,8 @@ from .errors import at, quoted
 from .given_timeline import BuiltInRan, Given, built_in
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
-from .learner_code import engine_loop, loop_verdict, run_loop
+from .learner_code import loop_verdict, run_loop
+from .whose_loop import engine_loop
 from .run_edits import run_verdict, serial_same_run
 from .readings import (decimals, gap_in_microseconds, gap_in_seconds, hover_gaps, idle_slips, near,
                        no_gap, shortened, slip_reading)

@@ -19,7 +19,8 @@ from .answers import (bool_pair, flag_list, int_list, items, name, one_number, r
                       whole)
 from .harness import exercise_check, notebook_check
 from .host_order import correction_mistake, deferred, waits_beyond_sample, zos_overlapped
-from .learner_code import engine_loop, loop_verdict, run_loop
+from .learner_code import loop_verdict, run_loop
+from .whose_loop import engine_loop
 from .plan_order import flushed_with_a_plan
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes

@@ -69,8 +69,9 @@ class Watch:
         running = _running(caller)
         path, part = _CODES[frame.f_code]
         me = frame.f_locals.get("self")
-        if running is None or me is part(running):
-            return
+        if running is None or me is part(running) or (
+                type(me) is EngineView and object.__getattribute__(me, "_engine") is running):
+            return  # the view of the running engine: ``te.Engine.<stage>(engine, ...)``
         name = frame.f_locals["name"] if frame.f_code is _STAGE else frame.f_code.co_name
         if self.found is None:
             closed = isinstance(me, Engine) and getattr(me, "_closed", False) is True
