@@ -180,14 +180,6 @@ def test_the_labs_own_loops_are_not_an_answer(loop):
     assert "a loop the course ships" in verdict.message, verdict
 
 
-def _serial_through_the_class(engine):
-    while engine.scheduler.has_work():
-        plan = te.Engine.schedule(engine)
-        inputs = te.Engine.prepare_inputs(engine, plan)
-        te.Engine.launch_forward(engine, inputs)
-        te.Engine.process_outputs(engine, te.Engine.launch_sample(engine, inputs))
-
-
 def _zos_through_the_class(engine):
     previous = None
     while engine.scheduler.has_work():
@@ -205,7 +197,7 @@ def _zos_through_the_class(engine):
         previous = te.Engine.process_outputs(engine, step) if plan.is_prefill else step
 
 
-@pytest.mark.parametrize("check, loop", [(checks.check_serial_loop, _serial_through_the_class),
+@pytest.mark.parametrize("check, loop", [(checks.check_serial_loop, mistakes.serial_through_the_class),
                                          (checks.check_zos_loop, _zos_through_the_class)],
                          ids=["serial", "zos"])
 def test_stages_called_through_the_class_on_the_given_engine_pass(check, loop):
@@ -220,5 +212,5 @@ def test_a_stage_through_the_class_on_what_is_not_an_engine_is_one_clear_error()
         te.Engine.schedule(3)
     with te.Engine(te.EngineConfig(mode="serial")) as engine:
         want = [c.text for c in engine.generate(["ab", "cd"], max_new_tokens=4)]
-        got = engine.generate(["ab", "cd"], max_new_tokens=4, loop=_serial_through_the_class)
+        got = engine.generate(["ab", "cd"], max_new_tokens=4, loop=mistakes.serial_through_the_class)
         assert [c.text for c in got] == want
