@@ -197,8 +197,9 @@ def _zos_through_the_class(engine):
         previous = te.Engine.process_outputs(engine, step) if plan.is_prefill else step
 
 
-@pytest.mark.parametrize("check, loop", [(checks.check_serial_loop, mistakes.serial_through_the_class),
-                                         (checks.check_zos_loop, _zos_through_the_class)],
+@pytest.mark.parametrize("check, loop", [
+    (checks.check_serial_loop, mistakes.serial_through_the_class),
+    (checks.check_zos_loop, _zos_through_the_class)],
                          ids=["serial", "zos"])
 def test_stages_called_through_the_class_on_the_given_engine_pass(check, loop):
     """Told "your code called `.process_outputs(...)` on an engine other than the one the check
@@ -212,5 +213,6 @@ def test_a_stage_through_the_class_on_what_is_not_an_engine_is_one_clear_error()
         te.Engine.schedule(3)
     with te.Engine(te.EngineConfig(mode="serial")) as engine:
         want = [c.text for c in engine.generate(["ab", "cd"], max_new_tokens=4)]
-        got = engine.generate(["ab", "cd"], max_new_tokens=4, loop=mistakes.serial_through_the_class)
+        got = engine.generate(["ab", "cd"], max_new_tokens=4,
+                              loop=mistakes.serial_through_the_class)
         assert [c.text for c in got] == want
