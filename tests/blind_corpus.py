@@ -1815,7 +1815,7 @@ def corr_hardcoded_k2_repeat(meta, accepted, block_size):
     delta = accepted[meta["rows"]] * meta["pending"]
     meta["seqlens_k"] += delta
     meta["positions"] += delta.repeat_interleave(3)
-    owner = torch.arange(len(meta["positions"])) // 3
+    owner = torch.arange(len(meta["positions"]), device=meta["seqlens_q"].device) // 3
     meta["slot_mapping"].copy_(meta["block_tables"][owner, meta["positions"] // block_size] * block_size
                                + meta["positions"] % block_size)
 
@@ -1906,7 +1906,8 @@ def corr_mutates_rows(meta, accepted, block_size):
 @add("04a", "corr_repeat_interleave", False, "plain torch.repeat_interleave owner, add_ and copy_")
 def corr_repeat_interleave(meta, accepted, block_size):
     delta = accepted[meta["rows"]] * meta["pending"]
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"])
     meta["seqlens_k"].add_(delta)
     meta["positions"].add_(delta[owner])
     pos = meta["positions"]
@@ -1921,7 +1922,7 @@ def corr_pending_from_input_ids(meta, accepted, block_size):
     first = torch.cumsum(q, 0) - q
     pending = (meta["input_ids"][first] == FROM_DEVICE).to(accepted.dtype)
     delta = accepted[meta["rows"]] * pending
-    owner = torch.repeat_interleave(torch.arange(len(q)), q)
+    owner = torch.repeat_interleave(torch.arange(len(q), device=meta["seqlens_q"].device), q)
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     meta["slot_mapping"].copy_(meta["block_tables"][owner, meta["positions"] // block_size] * block_size
@@ -1932,7 +1933,7 @@ def corr_pending_from_input_ids(meta, accepted, block_size):
 def corr_index_select_gather(meta, accepted, block_size):
     delta = accepted.index_select(0, meta["rows"]) * meta["pending"]
     q = meta["seqlens_q"]
-    owner = torch.repeat_interleave(torch.arange(q.numel()), q)
+    owner = torch.repeat_interleave(torch.arange(q.numel(), device=meta["seqlens_q"].device), q)
     meta["seqlens_k"].add_(delta)
     meta["positions"].add_(delta.index_select(0, owner))
     tables = meta["block_tables"]
@@ -1947,8 +1948,9 @@ def corr_positions_from_seqlens_k(meta, accepted, block_size):
     q = meta["seqlens_q"]
     delta = accepted[meta["rows"]] * meta["pending"]
     meta["seqlens_k"] += delta
-    owner = torch.repeat_interleave(torch.arange(len(q)), q)
-    offset = torch.arange(len(meta["positions"])) - (torch.cumsum(q, 0) - q)[owner]
+    owner = torch.repeat_interleave(torch.arange(len(q), device=meta["seqlens_q"].device), q)
+    device = meta["seqlens_q"].device
+    offset = torch.arange(len(meta["positions"]), device=device) - (torch.cumsum(q, 0) - q)[owner]
     meta["positions"].copy_((meta["seqlens_k"] - q)[owner] + offset)
     meta["slot_mapping"].copy_(meta["block_tables"][owner, meta["positions"] // block_size] * block_size
                                + meta["positions"] % block_size)
@@ -1958,7 +1960,9 @@ def corr_positions_from_seqlens_k(meta, accepted, block_size):
 def corr_searchsorted_owner(meta, accepted, block_size):
     q = meta["seqlens_q"]
     ends = torch.cumsum(q, 0)
-    owner = torch.searchsorted(ends, torch.arange(len(meta["positions"])), right=True)
+    device = meta["seqlens_q"].device
+    owner = torch.searchsorted(ends, torch.arange(len(meta["positions"]), device=device),
+                               right=True)
     delta = torch.where(meta["pending"].bool(), accepted[meta["rows"]], torch.zeros_like(meta["pending"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
@@ -1994,7 +1998,7 @@ def corr_bool_mask_where(meta, accepted, block_size):
 @add("04a", "corr_einsum_onehot", False, "per-token delta via a one-hot matmul instead of indexing")
 def corr_einsum_onehot(meta, accepted, block_size):
     q = meta["seqlens_q"]
-    owner = torch.repeat_interleave(torch.arange(len(q)), q)
+    owner = torch.repeat_interleave(torch.arange(len(q), device=meta["seqlens_q"].device), q)
     onehot = torch.nn.functional.one_hot(owner, num_classes=len(q))
     delta = accepted[meta["rows"]] * meta["pending"]
     meta["seqlens_k"] += delta

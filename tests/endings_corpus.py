@@ -186,7 +186,8 @@ WRONG = [
 
 def _owner(meta):
     q = meta["seqlens_q"]
-    return torch.repeat_interleave(torch.arange(len(q)), q, output_size=len(meta["positions"]))
+    return torch.repeat_interleave(torch.arange(len(q), device=meta["seqlens_q"].device),
+                                   q, output_size=len(meta["positions"]))
 
 
 def _finish(meta, delta, owner, block_size):
@@ -223,12 +224,13 @@ def correction_without_output_size(meta, accepted, block_size):
     host."""
     q = meta["seqlens_q"]
     _finish(meta, accepted[meta["rows"]] * meta["pending"],
-            torch.repeat_interleave(torch.arange(len(q)), q),
+            torch.repeat_interleave(torch.arange(len(q), device=meta["seqlens_q"].device), q),
             block_size)
 
 
 def correction_method_without_output_size(meta, accepted, block_size):
-    owner = torch.arange(len(meta["seqlens_q"])).repeat_interleave(meta["seqlens_q"])
+    device = meta["seqlens_q"].device
+    owner = torch.arange(len(meta["seqlens_q"]), device=device).repeat_interleave(meta["seqlens_q"])
     _finish(meta, accepted[meta["rows"]] * meta["pending"], owner, block_size)
 
 

@@ -355,7 +355,18 @@ THREE_ROUNDS = [("forward", 1), ("sample", 1),
 
 def correction(meta, accepted, block_size):
     delta = accepted[meta["rows"]] * meta["pending"]
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"], output_size=len(meta["positions"]))
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"], output_size=len(meta["positions"]))
+    meta["seqlens_k"] += delta
+    meta["positions"] += delta[owner]
+    block = meta["block_tables"][owner, meta["positions"] // block_size]
+    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def correction_arange_on_the_host(meta, accepted, block_size):  # right on a CPU, an error on a GPU
+    delta = accepted[meta["rows"]] * meta["pending"]
+    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"],
+                                    output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     block = meta["block_tables"][owner, meta["positions"] // block_size]
@@ -376,7 +387,8 @@ def correction_with_python_loop(meta, accepted, block_size):  # right values, re
 
 
 def _shift(meta, delta, block_size, slots=True):
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"])
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     if slots:
@@ -400,7 +412,8 @@ def correction_positions_only(meta, accepted, block_size):
 
 def correction_slot_plus_delta(meta, accepted, block_size):
     delta = accepted[meta["rows"]] * meta["pending"]
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"])
     _shift(meta, delta, block_size, slots=False)
     meta["slot_mapping"] += delta[owner]
 
@@ -427,7 +440,8 @@ def correction_first_token_only(meta, accepted, block_size):
     starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
     meta["seqlens_k"] += delta
     meta["positions"][starts] += delta
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"])
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"])
     block = meta["block_tables"][owner, meta["positions"] // block_size]
     meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
 
@@ -902,7 +916,8 @@ def zos_drops_deferred_at_prefill(engine):
 
 def correction_loop_over_requests(meta, accepted, block_size):
     """Right values, tensor operations only, but one Python iteration per request."""
-    owner = torch.arange(len(meta["rows"])).repeat_interleave(meta["seqlens_q"],
+    device = meta["seqlens_q"].device
+    owner = torch.arange(len(meta["rows"]), device=device).repeat_interleave(meta["seqlens_q"],
                                                               output_size=len(meta["positions"]))
     for b in range(len(meta["rows"])):
         d = accepted[meta["rows"][b]] * meta["pending"][b]
@@ -924,7 +939,8 @@ def correction_pending_from_input_ids(meta, accepted, block_size):
     starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
     pending = (meta["input_ids"][starts] == kernels.FROM_DEVICE).long()
     delta = accepted[meta["rows"]] * pending
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"], output_size=len(meta["positions"]))
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"], output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     block = meta["block_tables"][owner, meta["positions"] // block_size]
@@ -935,7 +951,9 @@ def correction_gather_form(meta, accepted, block_size):
     """Right: the per-token shift through searchsorted on the query boundaries."""
     delta = accepted.index_select(0, meta["rows"]) * meta["pending"]
     ends = torch.cumsum(meta["seqlens_q"], 0)
-    owner = torch.searchsorted(ends, torch.arange(meta["positions"].numel()), right=True)
+    device = meta["seqlens_q"].device
+    owner = torch.searchsorted(ends, torch.arange(meta["positions"].numel(), device=device),
+                               right=True)
     meta["seqlens_k"].add_(delta)
     meta["positions"].add_(delta.gather(0, owner))
     slots = meta["block_tables"][owner, torch.div(meta["positions"], block_size, rounding_mode="floor")]
@@ -1131,6 +1149,8 @@ WRONG = [
     Answer("03b", "last round left out", THREE_ROUNDS[:-1], "length", "round 3 never processed"),
     Answer("03b", "flush every round", [("flush", r) if s == "postprocess" else (s, r) for s, r in THREE_ROUNDS],
            "flush_mid_run", "flush instead of postprocess"),
+    Answer("04a", "arange on the host", correction_arange_on_the_host, "host_tensor",
+           "torch.arange(B) without device=: mixed with the metadata's device tensors"),
     Answer("04a", "no correction", correction_stale, "stale", "the function does nothing"),
     Answer("04a", "not in place", correction_not_in_place, "stale", "new tensors in a copied dict"),
     Answer("04a", "positions but not slots", correction_positions_only, "slot_mapping", "slot_mapping left stale"),

@@ -38,6 +38,9 @@ _NO_OUTPUT_SIZE = "torch.repeat_interleave(..., seqlens_q) without output_size: 
 RULED_WRONG = {name: _NO_OUTPUT_SIZE for name in (
     "corr_repeat_interleave", "corr_pending_from_input_ids", "corr_index_select_gather",
     "corr_positions_from_seqlens_k", "corr_einsum_onehot")}
+# round 50: made on the host, mixed with the device's tensors: an error on a GPU (host_tensor)
+RULED_WRONG["corr_scatter_owner"] = "torch.zeros(T) without device=, scattered with the " \
+                                    "metadata's indices: tensors on two devices on a GPU"
 ENTRIES = [(a, (a.wrong and a.name not in RULED_RIGHT) or a.name in RULED_WRONG) for a in BLIND]
 # The checks' own limit is 30 s; blind hangs stop sooner here: 10 s, and 1.5 s for the six answers
 # written to loop forever (nothing they do depends on the limit's length: each must end as time_limit).

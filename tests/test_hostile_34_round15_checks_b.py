@@ -14,7 +14,8 @@ import toy_engine as te
 def _shift(meta, accepted, block_size):
     """Positions and slots corrected as the engine does; the delta per request."""
     delta = accepted[meta["rows"]] * meta["pending"]
-    tok = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"],
+    tok = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                  meta["seqlens_q"],
                                   output_size=len(meta["positions"]))
     meta["positions"] += delta[tok]
     pos = meta["positions"]

@@ -16,7 +16,9 @@ from overlap_course.checks import correction_cases
 
 def _token_owner(meta):
     b = meta["seqlens_q"].shape[0]
-    return torch.arange(b).repeat_interleave(meta["seqlens_q"], output_size=len(meta["positions"]))
+    device = meta["seqlens_q"].device
+    return torch.arange(b, device=device).repeat_interleave(meta["seqlens_q"],
+                                                            output_size=len(meta["positions"]))
 
 
 def _shift(meta, delta, block_size):

@@ -10,7 +10,8 @@ from overlap_course import checks
 
 def _shift(meta, delta, block_size, key_delta=None):
     """A correction's body: positions and slots from ``delta``, seqlens_k from ``key_delta``."""
-    owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"],
+    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                    meta["seqlens_q"],
                                     output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta if key_delta is None else key_delta
     meta["positions"] += delta[owner]

@@ -174,7 +174,8 @@ def _correction(read):
         b = len(meta["seqlens_q"])
         delta = accepted[meta["rows"]] * meta["pending"]
         size = len(meta["positions"]) if n is None or n is True else n
-        tok = torch.repeat_interleave(torch.arange(b), meta["seqlens_q"], output_size=size)
+        tok = torch.repeat_interleave(torch.arange(b, device=meta["seqlens_q"].device),
+                                      meta["seqlens_q"], output_size=size)
         meta["seqlens_k"] += delta
         meta["positions"] += delta[tok]
         pos = meta["positions"]

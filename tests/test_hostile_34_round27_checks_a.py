@@ -26,7 +26,9 @@ from overlap_course.checks import sandbox
 
 
 def _owner(meta):
-    return torch.repeat_interleave(torch.arange(len(meta["seqlens_q"])), meta["seqlens_q"],
+    device = meta["seqlens_q"].device
+    return torch.repeat_interleave(torch.arange(len(meta["seqlens_q"]), device=device),
+                                   meta["seqlens_q"],
                                    output_size=len(meta["positions"]))
 
 
@@ -174,7 +176,9 @@ def test_exercise_04a_host_reads_are_named_as_written(read, named):
 def _searchsorted(meta, accepted, block_size):
     shift = accepted[meta["rows"]] * meta["pending"]
     ends = torch.cumsum(meta["seqlens_q"], 0)
-    tok = torch.searchsorted(ends, torch.arange(len(meta["positions"])), right=True)
+    device = meta["seqlens_q"].device
+    tok = torch.searchsorted(ends, torch.arange(len(meta["positions"]), device=device),
+                             right=True)
     meta["seqlens_k"] += shift
     meta["positions"] += shift[tok]
     pos = meta["positions"]

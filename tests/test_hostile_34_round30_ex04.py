@@ -23,7 +23,8 @@ from toy_engine import kernels
 def equal_lengths(meta, accepted, block_size):
     """Wrong: token t belongs to request t // seqlens_q[0]."""
     d = accepted[meta["rows"]] * meta["pending"]
-    t = torch.div(torch.arange(meta["positions"].shape[0]), meta["seqlens_q"][0],
+    t = torch.div(torch.arange(meta["positions"].shape[0], device=meta["seqlens_q"].device),
+                  meta["seqlens_q"][0],
                   rounding_mode="floor")
     meta["seqlens_k"] += d
     meta["positions"] += d[t]
@@ -36,7 +37,7 @@ def pending_by_row(meta, accepted, block_size):
     """Wrong: pending read by row (clamped into range), not by batch position."""
     B = meta["rows"].shape[0]
     d = accepted[meta["rows"]] * meta["pending"][meta["rows"].clamp(max=B - 1)]
-    t = torch.repeat_interleave(torch.arange(B), meta["seqlens_q"],
+    t = torch.repeat_interleave(torch.arange(B, device=meta["seqlens_q"].device), meta["seqlens_q"],
                                 output_size=len(meta["positions"]))
     meta["seqlens_k"] += d
     meta["positions"] += d[t]
@@ -49,7 +50,9 @@ def by_cumsum(meta, accepted, block_size):
     """Right, unusually: each token's request counted from the requests' end offsets."""
     d = accepted[meta["rows"]] * meta["pending"]
     ends = torch.cumsum(meta["seqlens_q"], 0)
-    t = torch.searchsorted(ends, torch.arange(meta["positions"].shape[0]), right=True)
+    device = meta["seqlens_q"].device
+    t = torch.searchsorted(ends, torch.arange(meta["positions"].shape[0], device=device),
+                           right=True)
     meta["seqlens_k"].add_(d)
     meta["positions"].add_(d[t])
     pos = meta["positions"]

@@ -61,7 +61,8 @@ def map_cached_by_shape():
     def correct_seqlens_qk(meta, accepted, block_size):
         B, T = len(meta["seqlens_q"]), len(meta["positions"])
         if (B, T) not in maps:
-            maps[B, T] = torch.repeat_interleave(torch.arange(B), meta["seqlens_q"], output_size=T)
+            maps[B, T] = torch.repeat_interleave(torch.arange(B, device=meta["seqlens_q"].device),
+                                                 meta["seqlens_q"], output_size=T)
         _correct(meta, accepted, block_size, maps[B, T])
     return correct_seqlens_qk
 
@@ -72,7 +73,8 @@ def loop_with_cache():
 
     def correct_seqlens_qk(meta, accepted, block_size):
         B = len(meta["seqlens_q"])
-        owner = torch.repeat_interleave(torch.arange(B), meta["seqlens_q"],
+        owner = torch.repeat_interleave(torch.arange(B, device=meta["seqlens_q"].device),
+                                        meta["seqlens_q"],
                                         output_size=len(meta["positions"]))
         if B not in owners:
             owners[B] = [torch.tensor(b) for b in range(B)]
@@ -94,7 +96,9 @@ def counting(stops_after=None):
         calls[0] += 1
         if stops_after is not None and calls[0] > stops_after:
             return
-        owner = torch.repeat_interleave(torch.arange(len(meta["seqlens_q"])), meta["seqlens_q"],
+        device = meta["seqlens_q"].device
+        owner = torch.repeat_interleave(torch.arange(len(meta["seqlens_q"]), device=device),
+                                        meta["seqlens_q"],
                                         output_size=len(meta["positions"]))
         _correct(meta, accepted, block_size, owner)
     return correct_seqlens_qk

@@ -56,7 +56,9 @@ def arange_by_size():
     def correct(meta, accepted, block_size):
         B = meta["seqlens_q"].shape[0]
         delta = accepted[meta["rows"]] * meta["pending"]
-        owner = torch.repeat_interleave(made.setdefault(B, torch.arange(B)), meta["seqlens_q"],
+        device = meta["seqlens_q"].device
+        owner = torch.repeat_interleave(made.setdefault(B, torch.arange(B, device=device)),
+                                        meta["seqlens_q"],
                                         output_size=meta["positions"].shape[0])
         meta["seqlens_k"] += delta
         meta["positions"] += delta[owner]

@@ -29,7 +29,8 @@ HELPER = textwrap.dedent('''
 
     def correct_seqlens_qk(meta, accepted, block_size):
         delta = shift_of(accepted[meta["rows"]], meta["pending"])
-        owner = torch.repeat_interleave(torch.arange(len(delta)), meta["seqlens_q"],
+        owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
+                                        meta["seqlens_q"],
                                         output_size=len(meta["positions"]))
         meta["seqlens_k"] += delta
         meta["positions"] += delta[owner]

@@ -15,7 +15,8 @@ from overlap_course import checks
 
 
 def _owner(meta):
-    return torch.repeat_interleave(torch.arange(len(meta["rows"])), meta["seqlens_q"],
+    return torch.repeat_interleave(torch.arange(len(meta["rows"]), device=meta["seqlens_q"].device),
+                                   meta["seqlens_q"],
                                    output_size=len(meta["positions"]))
 
 

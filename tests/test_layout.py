@@ -176,13 +176,15 @@ ENGINE, COURSE = ROOT / "toy_engine", ROOT / "overlap_course"
 # 5,493 until round 49: a stage called through the class on an object that stands for an
 # engine (the checkers' view: ``te.Engine.process_outputs(engine, step)``, as notebook 02 prints
 # it) is that object's own stage (stages._own_stage), and what each stage takes moved to its own
-# module (stage_args.py) to keep stages.py under the file limit: 19.
+# module (stage_args.py) to keep stages.py under the file limit: 19.  5,512 until round 50: a
+# partial or the plain stage refused by _own_stage, and the run's note of each stage refused in
+# a plug-in (Run.stage_refusals), which exercise 05's check reads: 5.
 # engine.py (480) and process_device.py (420) passed the 400 lines a file had:
 # the file limit is 480 until issue 35 moves the device and observation code into packages;
 # answers.py (411) likewise for the course's files; 426 at round 39 (items refuses an iterator,
 # which it would use up), until issue 35 splits the answer readers by kind.
 # No budget is worth squeezing code for: issue 35 moves course-only code out.
-ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5512, 480, 40
+ENGINE_MAX_LINES, ENGINE_FILE_MAX_LINES, ENGINE_FUNCTION_MAX_LINES = 5517, 480, 40
 COURSE_FILE_MAX_LINES = 430
 DISPLAY_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib", "kaleido", "voila"}
 

@@ -96,6 +96,8 @@ class Run:
     idle_schedule: bool = False  # the last schedule found nothing to launch, and nothing was processed since
     loop_thread: int | None = None  # the thread running the loop (its ident), until the run ends
     other_thread: RuntimeError | None = None  # the first stage call refused from another thread
+    # each stage refused in a plug-in, (stage, error): one caught there leaves no other trace
+    stage_refusals: list = field(default_factory=list)
     ended: bool = False  # generate returned: its stages take none of its objects any more
     queued_aborts: list = field(default_factory=list)  # requests aborted from other threads
     # Reentrant: a signal handler in the loop's thread may abort while the loop holds it.
@@ -156,7 +158,8 @@ class Run:
         if stage in ROUND_STAGES and (self.plugin is not None or self.stage is not None) or (
                 stage == "process_outputs" and self.plugin is not None
                 and self.plugin == self.labels.get("process_outputs")):  # it would call itself
-            raise StageInPlugin(stage, inside)
+            self.stage_refusals.append((stage, StageInPlugin(stage, inside)))
+            raise self.stage_refusals[-1][1]
         previous, self.stage = self.stage, stage
         return previous
 

@@ -51,8 +51,10 @@ def _own_stage(obj, name: str, stage):
     """``Engine.<name>(obj, ...)`` given an object that is not an engine but stands for one (the
     course's checkers hand a learner's loop a view of theirs, and notebook 02 prints
     ``te.Engine.process_outputs``): that object's own stage, as ``obj.<name>(...)`` calls it."""
-    own = getattr(obj, name, None)
-    if not callable(own) or getattr(own, "__func__", None) is stage:
+    own = target = getattr(obj, name, None)
+    while isinstance(target, functools.partial):  # one bound to ``obj`` again: endless
+        target = target.func
+    if not callable(own) or getattr(target, "__func__", target) is stage:
         raise TypeError(f"Engine.{name} takes an engine first, got {type(obj).__name__!r}: "
                         f"call it as engine.{name}(...)")
     return own

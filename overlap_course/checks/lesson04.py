@@ -23,9 +23,9 @@ from .correction_slips import variants, wrong_values
 from .answers import int_list, items, one_number, show
 from .errors import at, quoted
 from .harness import exercise_check, notebook_check
-from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_read, scripted,
-                         scripted_part, second_call, state_kept, stopped, valueless_failure,
-                         versions, wrote)
+from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_made, host_read,
+                         scripted, scripted_part, second_call, state_kept, stopped,
+                         valueless_failure, versions, wrote)
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
@@ -163,6 +163,14 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"run on tensors that hold no values (as a GPU's are to the host) it failed "
                      f"({failed}). On a GPU such a read makes the host wait for the device, "
                      f"which is what ZOS removes: keep every step a tensor operation")
+    mixed = host_made(fn, *worked_requests(4, [1, 1, 1]), 4)
+    if mixed is not None:
+        return fails("host_tensor",
+                     f"your correction computes the right values on this CPU, but `{mixed}` "
+                     f"mixes a tensor it made on the host (a factory such as `torch.arange(n)` "
+                     f"without `device=`) with the metadata's tensors, which live on the "
+                     f"device. On a GPU that is an error (tensors on two devices): make it where "
+                     f"the metadata lives, `device=meta[\"rows\"].device`")
     return None
 
 

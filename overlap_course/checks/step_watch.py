@@ -77,6 +77,7 @@ class StepWatch:
         record, first = engine.record, len(engine.record.events)
         pending = _pending(engine)
         ours, call["caught"] = _refusals_kept(engine), []
+        refused_before = len(engine._run.stage_refusals)
         try:
             self.learner(engine, step)
         except BaseException:
@@ -84,6 +85,10 @@ class StepWatch:
             raise
         finally:
             call["caught"] = _stand_ins_gone(engine, ours)
+            # a stage called through the class (te.Engine.schedule(engine)) skips the stand-ins
+            call["caught"] += [(name, err) for name, err in
+                               engine._run.stage_refusals[refused_before:]
+                               if all(err is not kept for _, kept in call["caught"])]
             clock, events = engine.timeline.ns_to_ms, record.events[first:]
             call["waits"] = [(w.seq, clock(w.start_ns), clock(w.end_ns), w.round) for w in events
                              if isinstance(w, Wait)]
