@@ -354,7 +354,11 @@ THREE_ROUNDS = [("forward", 1), ("sample", 1),
 # ---------------------------------------------------------------- 04a: the correction
 
 def correction(meta, accepted, block_size):
-    delta = accepted[meta["rows"]] * meta["pending"]
+    _shifted_by(meta, accepted[meta["rows"]] * meta["pending"], block_size)
+
+
+def _shifted_by(meta, delta, block_size):
+    """The correction's steps once each request's shift ``delta`` is known."""
     owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
                                     meta["seqlens_q"], output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
@@ -938,13 +942,7 @@ def correction_pending_from_input_ids(meta, accepted, block_size):
     """Right: a pending request's first input is FROM_DEVICE (prepare_inputs writes it so)."""
     starts = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
     pending = (meta["input_ids"][starts] == kernels.FROM_DEVICE).long()
-    delta = accepted[meta["rows"]] * pending
-    owner = torch.repeat_interleave(torch.arange(len(delta), device=meta["seqlens_q"].device),
-                                    meta["seqlens_q"], output_size=len(meta["positions"]))
-    meta["seqlens_k"] += delta
-    meta["positions"] += delta[owner]
-    block = meta["block_tables"][owner, meta["positions"] // block_size]
-    meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+    _shifted_by(meta, accepted[meta["rows"]] * pending, block_size)
 
 
 def correction_gather_form(meta, accepted, block_size):
