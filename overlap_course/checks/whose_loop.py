@@ -42,9 +42,10 @@ SHIPPED_LOOPS = (*_loops_of(loops, "te.loops"), *_loops_of(plugins, "plugins"),
 SHIPPED_FILES = {code.co_filename: shown.rpartition(".")[0] for code, shown in SHIPPED_LOOPS}
 
 
-def _same_code(code, other) -> bool:
-    return (code is other or code.co_code == other.co_code and code.co_consts == other.co_consts
-            and code.co_names == other.co_names and code.co_varnames == other.co_varnames)
+# Their content, for a copy pasted whole into a cell (a cell's file name): looked up by bytecode,
+# then compared by what else it holds.  Dict look-ups, no call: this runs at every schedule().
+_BY_BYTECODE = {code.co_code: (code.co_consts, code.co_names, code.co_varnames, shown)
+                for code, shown in SHIPPED_LOOPS}
 
 
 def engine_loop_above(frame) -> str | None:
@@ -52,11 +53,12 @@ def engine_loop_above(frame) -> str | None:
     so that a proxy of the learner's own between the engine's loop and this view changes
     nothing."""
     while frame is not None:
-        for code, name in SHIPPED_LOOPS:
-            if _same_code(code, frame.f_code):
-                return name
-        if frame.f_code.co_filename in SHIPPED_FILES:
-            return f"{SHIPPED_FILES[frame.f_code.co_filename]}.{frame.f_code.co_name}"
+        code = frame.f_code
+        held = _BY_BYTECODE.get(code.co_code)
+        if held is not None and held[:3] == (code.co_consts, code.co_names, code.co_varnames):
+            return held[3]
+        if code.co_filename in SHIPPED_FILES:
+            return f"{SHIPPED_FILES[code.co_filename]}.{code.co_name}"
         frame = frame.f_back
     return None
 
