@@ -377,6 +377,10 @@ def correction_arange_on_the_host(meta, accepted, block_size):  # right on a CPU
     meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
 
 
+def correction_calls_the_engines(meta, accepted, block_size):  # right values, not written
+    kernels.correct_seqlens_qk(meta, accepted, block_size)
+
+
 def correction_with_python_loop(meta, accepted, block_size):  # right values, read on the host: breaks the rule
     start = 0
     for b in range(len(meta["rows"])):
@@ -1149,6 +1153,10 @@ WRONG = [
            "flush_mid_run", "flush instead of postprocess"),
     Answer("04a", "arange on the host", correction_arange_on_the_host, "host_tensor",
            "torch.arange(B) without device=: mixed with the metadata's device tensors"),
+    Answer("04a", "the engine's correction called", correction_calls_the_engines, "engine_fix",
+           "def correct_seqlens_qk(...): te.kernels.correct_seqlens_qk(...)"),
+    Answer("04a", "the engine's correction handed in", te.kernels.correct_seqlens_qk, "engine_fix",
+           "checks.check_correction(te.kernels.correct_seqlens_qk)"),
     Answer("04a", "no correction", correction_stale, "stale", "the function does nothing"),
     Answer("04a", "not in place", correction_not_in_place, "stale", "new tensors in a copied dict"),
     Answer("04a", "positions but not slots", correction_positions_only, "slot_mapping", "slot_mapping left stale"),
@@ -1304,7 +1312,6 @@ RIGHT = [
     Answer("03b", "the solution", THREE_ROUNDS),
     Answer("03b", "as lists", [list(x) for x in THREE_ROUNDS]),
     Answer("04a", "the solution", correction),
-    Answer("04a", "the engine's own", kernels.correct_seqlens_qk),
     Answer("04b", "the solution", {"seqlens_k", "positions", "slot_mapping", "input_ids"}),
     Answer("04b", "with cu_seqlens_k", {"seqlens_k", "positions", "slot_mapping", "input_ids", "cu_seqlens_k"}),
     Answer("04b", "as a list", ["input_ids", "positions", "slot_mapping", "seqlens_k"]),

@@ -18,7 +18,6 @@ from test_mistakes import check, serial_run  # noqa: F401  (the same checker cal
 RULED_RIGHT = {
     "idle_unmerged_spans": "device spans of one in-order stream never overlap, so unmerged sums equal merged "
                            "ones (the guide's corpus lists 'summed span durations' as right)",
-    "corr_calls_engine_kernel": "the engine's own correct_seqlens_qk computes exactly what the exercise asks",
     "corr_rebind_dict_entries": "the engine runs the forward on the dict it passed, so new tensors under the same "
                                 "keys are used; the exercise's text now says so (it claimed tensors must change "
                                 "in place, which nothing needs)",
@@ -44,12 +43,15 @@ RULED_WRONG["corr_scatter_owner"] = "torch.zeros(T) without device=, scattered w
 ENTRIES = [(a, (a.wrong and a.name not in RULED_RIGHT) or a.name in RULED_WRONG) for a in BLIND]
 # The checks' own limit is 30 s; blind hangs stop sooner here: 10 s, and 1.5 s for the six answers
 # written to loop forever (nothing they do depends on the limit's length: each must end as time_limit).
-# The answers whose only mistake is handing the rounds to the engine's own loop.  Any other wrong
-# answer that hands over after a mistake of its own must be judged for that mistake: the
-# engine's loop is named last, so it never hides a mistake the checker would miss otherwise.
+# The answers whose only mistake is handing the work to the engine's own code: the rounds to its
+# loop (engine_loop), exercise 04's values to its correction (engine_fix, since 2026-12-07; it
+# had been ruled right).  Any other wrong answer that hands over after a mistake of its own must
+# be judged for that mistake: the engine's code is named last, so it never hides a mistake the
+# checker would miss otherwise.
 # (serial_clears_requests clears engine.requests after the engine's loop: harmless, as
 # po_clear_requests shows for exercise 05, so handing over is its only mistake.)
-HANDS_OVER_ONLY = {"serial_calls_engine_loop", "zos_calls_engine_loop", "serial_clears_requests"}
+HANDS_OVER_ONLY = {"serial_calls_engine_loop", "zos_calls_engine_loop", "serial_clears_requests",
+                   "corr_calls_engine_kernel"}
 
 LIMIT_S, FOREVER_LIMIT_S = 10.0, 1.5
 FOREVER = {"serial_catch_baseexception_forever", "serial_endless_iterator", "serial_forever", "zos_forever_after_done",
@@ -64,7 +66,8 @@ def test_blind_answer(entry, wrong, serial_run, monkeypatch):
     if wrong:
         assert not verdict.passed, f"FALSE PASS ({entry.why}): {verdict!r}"
         assert verdict.category != "passed" and "Traceback" not in verdict.message
-        assert (verdict.category == "engine_loop") == (entry.name in HANDS_OVER_ONLY), repr(verdict)
+        handed_over = verdict.category in ("engine_loop", "engine_fix")
+        assert handed_over == (entry.name in HANDS_OVER_ONLY), repr(verdict)
     else:
         assert verdict.passed, f"WRONG FAILURE ({entry.why}): {verdict!r}"
 

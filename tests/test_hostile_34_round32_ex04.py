@@ -89,11 +89,12 @@ def test_a_a_cache_of_arange_by_batch_size_still_passes():
 LRU = '''
 import functools, torch
 @functools.lru_cache(maxsize=None)
-def batch_index(B):
-    return torch.arange(B)
+def batch_index(B, device=None):  # made where the metadata lives (round 51: host_tensor)
+    return torch.arange(B, device=device)
 def correct_seqlens_qk(meta, accepted, block_size):
     delta = accepted[meta["rows"]] * meta["pending"]
-    owner = torch.repeat_interleave(batch_index(len(meta["seqlens_q"])), meta["seqlens_q"],
+    B, device = len(meta["seqlens_q"]), meta["seqlens_q"].device
+    owner = torch.repeat_interleave(batch_index(B, device), meta["seqlens_q"],
                                     output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]

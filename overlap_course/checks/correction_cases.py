@@ -101,6 +101,14 @@ def same_shape_case(copies: int) -> tuple:
     return meta, accepted, expected
 
 
+def unseen_batch() -> tuple[dict, torch.Tensor]:
+    """A decode batch of 7 requests (k = 1, blocks of 4), a size no other call of the check
+    gives: a cache the correction keys by the batch size misses it, so what it makes for it is
+    made in this call, where the check sees how (round 51: a `functools.lru_cache` of
+    `torch.arange(B)`, filled on tensors with values, was never seen made on the host)."""
+    return decode_case(1, 4, list(range(7)), [2 + 3 * r for r in range(7)], [1] * 7)
+
+
 def worked_case():
     """The notebook's worked case (block size 4, k = 2): three pending decode requests
     whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""

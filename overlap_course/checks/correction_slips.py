@@ -91,8 +91,9 @@ def wrong_values(fn, got, expected, before, wrote, slips, label, inputs) -> Verd
     wrong = next(n for n in FIELDS if got[n] != expected[n])
     said = f"{label}: {wrong} is {got[wrong]}, expected {expected[wrong]}"
     if got == before and not wrote:
-        return fails("stale", f"{said} (still the host's stale values): change the tensors in "
-                              "`meta` in place (`+=`, `.copy_`), do not build new ones")
+        return fails("stale", f"{said} (still the host's stale values): change the `meta` you "
+                              "were given, its tensors in place (`+=`, `.copy_`) or new ones "
+                              "under its keys; a copy of it, or a dict returned, is never seen")
     if got == before:
         meta, accepted = inputs
         return fails("no_shift", f"{said}: your correction wrote into `meta`, but it shifted "

@@ -5,6 +5,7 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 
 from __future__ import annotations
 
+import dis
 import importlib
 import sys
 import types
@@ -57,7 +58,10 @@ class HostReads(TorchFunctionMode):
         self.ops += 1
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], *kwargs.values()))
+        # a device named "cpu" in the code; not `.to(x.device)`, which on this CPU says "cpu"
+        # too and on a GPU moves nothing (round 51): the run without values refuses the rest
+        to_host = name == "to" and any(isinstance(a, str) and a.split(":")[0] == "cpu"
+                                       for a in (*args[1:], *kwargs.values()))
         if name in self.HOST or to_host:
             self.host.append(self.HOST.get(name, "`.to('cpu')`"))
         elif name in self.SHOWN:
@@ -183,41 +187,102 @@ def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
 
 
 class _Devices(TorchFunctionMode):
-    """The first tensor operation that mixes a tensor made on the host in this call (by a factory:
-    no tensor among its arguments) with tensors on another device, by name.  0-d ones aside (a
-    GPU's kernels take those from the host), and not one made before the call: a cache filled on
-    tensors with values holds host tensors that a GPU's run would have made on the device."""
+    """The first tensor operation that meets a tensor on the host with one on the device, by
+    name, and how: mixed with the metadata's tensors, or copied to the device (`.to(device)`,
+    `copy_`: on a GPU a copy from the host waits for the device's queue).  A host tensor here is
+    one the call made by a factory (no tensor among its arguments), or computed from one
+    (`.clone()`, `+ 0`, `torch.stack` of 0-d ones: round 51), one made from host memory
+    (`torch.from_numpy`: storage torch did not allocate), or one of ``held``.  0-d ones aside (a
+    GPU's kernels take those from the host); not any other made before the call: a cache filled
+    on tensors with values holds host tensors that a GPU's run would have made on the device."""
 
-    def __init__(self):
+    def __init__(self, held=()):
         super().__init__()
-        self.mixed, self.made = None, []
+        self.mixed, self.copied, self.made = None, False, list(held)
+
+    def _on_host(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and (any(t is m for m in self.made)
+                                           or not t.untyped_storage().resizable())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor)]
-        if self.mixed is None and len({t.device.type for t in tensors if t.dim()}) > 1 and any(
-                t.device.type == "cpu" and any(t is m for m in self.made) for t in tensors):
-            self.mixed = getattr(func, "__name__", "an operation")
+        host = [t for t in tensors if self._on_host(t)]
         result = func(*args, **kwargs)
-        if not tensors and isinstance(result, torch.Tensor) and result.device.type == "cpu":
-            self.made.append(result)
+        out = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        if self.mixed is None and any(t.dim() for t in host):
+            elsewhere = [t for t in (*tensors, *out) if t.device.type != "cpu" and t.dim()]
+            if elsewhere:
+                self.mixed = getattr(func, "__name__", "an operation")
+                self.copied = not any(t.device.type != "cpu" for t in tensors if t.dim())
+        if not tensors or host:
+            self.made += [t for t in out if t.device.type == "cpu"]
         return result
 
 
-def host_made(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> str | None:
-    """The first operation of ``fn`` that mixes a tensor it made on the host with the metadata's
-    (``torch.arange(n)`` without ``device=``), or None.  Run on tensors that hold no values and
-    without a default device, so what it makes stays where it says; on a CPU the two are one
-    device and a GPU's error (tensors on two devices) never shows (blind round 50).  Whatever
-    the code raises here is the run before's to judge."""
-    seen = _Devices()
+def held_on_host(fn, depth: int = 3) -> list[torch.Tensor]:
+    """The host tensors (not 0-d) a correction reads as they were when its cell ran: its
+    globals, defaults and closure cells, and those of the functions it reaches that way
+    (round 51: a module-level `torch.arange(4096)` sliced in the call).  Not a global it
+    assigns itself (a lazily made one) nor what a container holds (a cache): those may have
+    been made where the metadata lives."""
+    found, seen, todo = [], set(), [(fn, 0)]
+    while todo:
+        f, level = todo.pop()
+        if not isinstance(f, types.FunctionType) or id(f) in seen or level > depth or \
+                (f.__module__ or "").split(".")[0] in ("torch", "numpy", "toy_engine",
+                                                      "overlap_course"):
+            continue
+        seen.add(id(f))
+        stored = _globals_stored(f.__code__)
+        reached = [f.__globals__.get(n) for n in _names_read(f.__code__) if n not in stored]
+        reached += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
+        reached += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
+        found += [t for t in reached if isinstance(t, torch.Tensor) and t.dim()
+                  and t.device.type == "cpu"]
+        todo += [(g, level + 1) for g in reached if isinstance(g, types.FunctionType)]
+    return found
+
+
+def _names_read(code) -> set[str]:
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return names
+
+
+def _globals_stored(code) -> set[str]:
+    stored, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        stored.update(i.argval for i in dis.get_instructions(c) if i.opname == "STORE_GLOBAL")
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return stored
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell: a name the function assigns later
+        return False
+    return True
+
+
+def host_made(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> _Devices:
+    """What ``fn`` did with host tensors (``_Devices``: ``mixed`` is None when nothing).  Run on
+    tensors that hold no values and without a default device, so what it makes stays where it
+    says; on a CPU the two are one device and a GPU's error (tensors on two devices) never
+    shows (blind round 50).  Whatever the code raises here is the run before's to judge."""
+    seen = _Devices(held_on_host(fn))
     try:
         with seen:
             fn({name: t.to("meta") for name, t in meta.items()}, accepted.to("meta"), block_size)
     except Exception:  # noqa: BLE001 - judged by valueless_failure's run
         pass
-    return seen.mixed
+    return seen
 
 
 def _failed_where(err: Exception) -> str:
@@ -231,8 +296,13 @@ def _failed_where(err: Exception) -> str:
         raise
     except BaseException:  # noqa: BLE001 - a message that cannot be read
         said = "(its message could not be read)"
-    why = ("it needs a tensor's value there: a Python number, bool or size taken from a "
-           "tensor" if "meta" in said.lower() else f"{type(err).__name__}: {cut(said, 160)}")
+    if "copy out of meta" in said:  # .to("cpu"), .cpu(), a host tensor's copy_ from it
+        why = "it copies a tensor's values to the host there (`.cpu()`, `.to(\"cpu\")`)"
+    elif "meta" in said.lower():
+        why = ("it needs a tensor's value there: a Python number, bool or size taken from a "
+               "tensor")
+    else:
+        why = f"{type(err).__name__}: {cut(said, 160)}"
     return f"{line}: {why}" if line else why
 
 

@@ -140,7 +140,8 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if verdict is None and engines(err, ForeignStep):
         verdict = _foreign_step(log, err)
     if verdict is None and engines(err, SampleBeforeForward):
-        verdict = sample_before_forward(log, err.round, "came before `launch_forward`")
+        verdict = sample_before_forward(log, err.round, "came before `launch_forward`" if log.pos(
+            "launch_forward", err.round) else "was called but `launch_forward` never was")
     if verdict is None and engines(err, PreparedTwice):
         verdict = prepared_twice(log, err.round, err.latest)
     if verdict is None and engines(err, PlannedSince):
@@ -358,11 +359,11 @@ def _raced(log: HostLog, err: RaceError) -> Verdict:
                                               f"host buffer `{err.buffer}` while its "
                                               f"`{err.launch}` may still use it")
         return fails("never_processed",
-                     f"{log.who(r)}: its step was never waited for and processed, and round {r + 2} "
-                     f"reuses its host buffer `{err.buffer}` (rounds alternate between two buffers) while, "
-                     f"as far as the host knows, round {r}'s `{err.launch}` may still use it. Every "
-                     f"launched step must go through `engine.process_outputs(step)` before its buffer "
-                     f"comes round again")
+                     f"{log.who(r)}: its step had not been waited for and processed when round "
+                     f"{r + 2} reused its host buffer `{err.buffer}` (rounds alternate between two "
+                     f"buffers), so as far as the host knows, round {r}'s `{err.launch}` may still "
+                     f"use it. Every launched step must go through `engine.process_outputs(step)` "
+                     f"before its buffer comes round again")
     if err.kind in ("free_in_use", "double_free"):
         return _freed_early(log, err)
     return fails("race", f"the race checker stopped your loop ({err.kind}, round {err.round}'s "

@@ -47,6 +47,12 @@ def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> 
         table[index] * block_size: ("missing_offset", f"that is the block's first slot: add the offset {pos} % "
                                                       f"{block_size}"),
     }
+    if pos == table[index]:  # blind round 51: 9 at pos 9 in block 9 is also the position
+        mistakes[pos] = ("block_number",
+                         "that is the position itself (as if the request owned blocks 0, 1, "
+                         "2, ... in order: look its block up in the block table) and, here, "
+                         "also that block's number: multiply it by the block size and add the "
+                         "offset")
     if offset:  # at offset 0 the block number plus the offset is the number: nothing was added
         mistakes[table[index] + offset] = ("offset_on_block_number",
                                            "you added the offset to the block number: multiply the "
@@ -55,8 +61,8 @@ def check_slot(answer, table, pos: int, block_size: int, name: str = "slot") -> 
         mistakes.setdefault(table[offset] * block_size + index,
                             ("swapped_div_mod",
                              "you swapped // and %: the block index is pos // block_size, the offset pos % block_size"))
-    for wrong_index in (index - 1, index + 1):
-        if 0 <= wrong_index < len(table):
+    for wrong_index in sorted(range(len(table)), key=lambda i: abs(i - index)):  # any other
+        if wrong_index != index:  # block of the table (blind round 51: table[0] for index 2)
             mistakes.setdefault(table[wrong_index] * block_size + offset,
                                 ("wrong_block", f"right offset, wrong block: position {pos} is in block index {pos} "
                                                 f"// {block_size} = {index} of the table"))

@@ -85,6 +85,11 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     for value, category, why in _gap_mistakes(timeline, round, want):
         if near(gap_ms, value):
             return fails(category, f"{shown} ms: {why}")
+    other = _nearer_gap(timeline, gap_ms, want, hover)
+    if other is not None:  # blind round 51: round 25's gap, to the ns, passed as round 10's
+        return fails("wrong_round", f"{shown} ms: that is the gap before round {other}, to "
+                                    f"{decimals(gap_ms)} decimals; the question asks for the gap "
+                                    f"before round {round}, {want:.3f} ms")
     if within:
         return passes(close)
     if gap_ms == 0:
@@ -142,6 +147,19 @@ def _gap_mistakes(timeline, round: int, want: float) -> list[tuple[float, str, s
                          f"you started at the start of round {round - 1}'s sample; the device was busy until "
                          f"its end"))
     return mistakes
+
+
+def _nearer_gap(timeline, gap_ms: float, want: float, hover: float | None) -> int | None:
+    """The round whose gap before it is the answer (within a thousandth) and nearer than the
+    asked one, for an answer written to more than the rule's two decimals that is not the
+    hover's reading of the asked gap."""
+    if decimals(gap_ms) <= 2 or (hover is not None and near(gap_ms, hover)):
+        return None
+    first_start, last_end = _round_extent(timeline)
+    gaps = {r: first_start[r] - last_end[r - 1] for r in first_start if r - 1 in last_end}
+    nearer = [r for r, gap in gaps.items() if near(gap_ms, gap) and abs(gap_ms - gap) <
+              abs(gap_ms - want)]
+    return min(nearer, key=lambda r: abs(gap_ms - gaps[r]), default=None)
 
 
 HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess")

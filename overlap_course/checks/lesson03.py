@@ -406,18 +406,21 @@ def _three_rounds_mistake(order, expected) -> Verdict:
 
 # The host stages the question leaves out (the host lane's names and the question's)
 _LEFT_OUT = frozenset({"schedule", "prepare", "prepare_inputs", "wait"})
-# The host lane's names for the launches (what `engine.timeline.lane("host")` shows), and the
-# exercise's names for them.
-_HOST_NAMES = {"launch_forward": "forward", "launch_sample": "sample"}
+# The engine's method names for the steps (the host lane shows the launches' names), and the
+# exercise's names for them (blind round 51: `process_outputs` read as a wrong step).
+_HOST_NAMES = {"launch_forward": "forward", "launch_sample": "sample",
+               "process_outputs": "postprocess"}
 
 
 def _host_names(order, expected) -> Verdict:
-    """An order written with the host lane's launch names: the names named, then the order."""
+    """An order written with the engine's method names: the names named, then the order."""
     renamed = [(_HOST_NAMES.get(stage, stage), rnd) for stage, rnd in order]
     if renamed == expected:
         then = "with those names it is the engine's order"
     else:
         then = "with those names: " + _three_rounds_mistake(renamed, expected).message
-    return fails("host_names", f"you wrote the host lane's names (`launch_forward`, "
-                               f"`launch_sample`): this exercise calls those launches \"forward\" "
-                               f"and \"sample\"; {then}")
+    used = [name for name in _HOST_NAMES if any(stage == name for stage, _ in order)]
+    return fails("host_names", f"you wrote the engine's method names "
+                               f"({', '.join(f'`{name}`' for name in used)}): this exercise "
+                               f"calls those steps "
+                               f"{', '.join(repr(_HOST_NAMES[name]) for name in used)}; {then}")

@@ -27,6 +27,7 @@ from .host_waits import (HostReads, changes_nothing, half_loaded_torch, host_mad
                          scripted, scripted_part, second_call, state_kept, stopped,
                          valueless_failure, versions, wrote)
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
+from .whose_fix import engine_fix
 
 __all__ = ["check_true_key_length", "check_corrected_slots", "worked_case", "check_correction",
            "check_metadata_answer"]
@@ -163,14 +164,22 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"run on tensors that hold no values (as a GPU's are to the host) it failed "
                      f"({failed}). On a GPU such a read makes the host wait for the device, "
                      f"which is what ZOS removes: keep every step a tensor operation")
-    mixed = host_made(fn, *worked_requests(4, [1, 1, 1]), 4)
-    if mixed is not None:
+    seen = host_made(fn, *correction_cases.unseen_batch(), 4)
+    if seen.copied:
         return fails("host_tensor",
-                     f"your correction computes the right values on this CPU, but `{mixed}` "
-                     f"mixes a tensor it made on the host (a factory such as `torch.arange(n)` "
-                     f"without `device=`) with the metadata's tensors, which live on the "
-                     f"device. On a GPU that is an error (tensors on two devices): make it where "
+                     f"your correction computes the right values on this CPU, but `{seen.mixed}` "
+                     f"copies a tensor it made on the host (a factory such as `torch.arange(n)` "
+                     f"without `device=`) to the device. On a GPU such a copy waits for "
+                     f"everything queued on the device first, the wait ZOS removes: make it where "
                      f"the metadata lives, `device=meta[\"rows\"].device`")
+    if seen.mixed is not None:
+        return fails("host_tensor",
+                     f"your correction computes the right values on this CPU, but `{seen.mixed}` "
+                     f"mixes a tensor it made on the host (a factory such as `torch.arange(n)` "
+                     f"without `device=`, or one made when its cell ran) with the metadata's "
+                     f"tensors, which live on the device. On a GPU that is an error (tensors on "
+                     f"two devices): make it where the metadata lives, "
+                     f"`device=meta[\"rows\"].device`")
     return None
 
 
@@ -279,6 +288,13 @@ def check_correction(correct_seqlens_qk) -> Verdict:
     if diff:
         return fails("engine_mismatch", f"{pool.endings_label(pool.DRAFTS)}, with your "
                                         f"correction: {diff}")
+    try:
+        verdict = engine_fix(correct_seqlens_qk, *worked_requests(4, [1, 1, 1]), 4)
+    except Exception as err:  # noqa: BLE001
+        return fails("raised", f"called once more on the worked requests your correction raised "
+                                f"{quoted(err)}{at(err)}")
+    if verdict is not None:
+        return verdict
     return passes(f"the {len(cases)} cases are right and ZOS + speculation (k={pool.DRAFTS}) "
                   f"matches plain greedy decoding; {engine.stats.mean_accepted_per_round:.2f} "
                   f"drafts accepted per request-round")

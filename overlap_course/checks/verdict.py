@@ -58,7 +58,7 @@ CATEGORIES = frozenset({
     "stale", "off_by_one", "plus_one", "subtracted", "slots_shifted", "positions_not_slots", "shifted_by_one",
     "accepted_by_batch", "pending_ignored", "first_token_only", "block_size_hardcoded", "seqlens_q",
     "seqlens_k", "positions", "slot_mapping", "host_read", "host_tensor", "python_loop",
-    "engine_error", "engine_mismatch",
+    "engine_fix", "engine_error", "engine_mismatch",
     "input_field", "unknown_field", "missing_field", "unchanged_field", "changed_input", "no_shift",
     "cached", "stopped", "scripted",
     # 05: ownership and lifetime, and exercise 05's process_outputs
