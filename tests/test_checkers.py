@@ -71,7 +71,8 @@ def test_a_zos_loop_handed_in_as_the_serial_loop_fails():
 def test_launch_sample_before_launch_forward_names_the_round_and_prompts():
     v = checks.check_serial_loop(mistakes.serial_sample_first)
     assert v.category == "sample_before_forward"
-    assert v.message.startswith("round 0 (prefill, prompts [0, 1, 2]): `launch_sample` came before `launch_forward`")
+    assert v.message.startswith("round 0 (prefill, prompts [0, 1, 2]): `launch_sample` was called "
+                                "with no `launch_forward` of the round before it")
     assert "DeviceError" not in v.message
 
 

@@ -146,7 +146,7 @@ def test_a_gap_in_seconds_is_named_with_its_value_in_ms(gap, answer, reads):
 def test_right_readings_of_the_gap_pass(gap):
     """Exact, to 3 or 2 decimals, as float32, tensor, list, Fraction: all within the rule."""
     tl = _timeline_with_gap(gap)
-    want = checks.lesson02._round_extent(tl)[0][2] - checks.lesson02._round_extent(tl)[1][1]
+    want = checks.lesson02.round_extent(tl)[0][2] - checks.lesson02.round_extent(tl)[1][1]
     for answer in (want, round(want, 3), round(want, 2), np.float32(want),
                    np.float32(round(want, 2)), torch.tensor(round(want, 2)), [round(want, 2)],
                    Fraction(f"{want:.2f}"), round(want, 2) + 0.004, round(want, 2) - 0.004,

@@ -56,10 +56,12 @@ def test_the_same_correction_plain_passes(module):
     assert v.passed, v.message
 
 
-# A right correction that slices its token map from a table made once in the notebook: the CPU
+# A correction that slices its token map from a table made once in the notebook: the CPU
 # stand-in's device process receives a notebook's function by value, its globals with it, at
 # every launch (round 33: 128 MB made exercise 04's check run past its 30 s limit and be told
-# its code never ended; 64 MB took 25.8 s).
+# its code never ended; 64 MB took 25.8 s).  The table is made on the host, so exercise 04's
+# check refuses it as a host tensor since round 51 (an error on a GPU); the engine still
+# refuses to send a large one, naming it.
 TABLE_CORRECTION = '''
 def correct_seqlens_qk(meta, accepted, block_size):
     B = len(meta["seqlens_q"])
@@ -96,8 +98,5 @@ def test_a_correction_carrying_a_large_table_is_refused_naming_it():
         outs = engine.generate(["Once upon"], max_new_tokens=4, correction=small)
         assert outs[0].finish_reason == "length"
     v = checks.check_correction(_notebook_correction(2_000_000))
-    assert not v.passed and "`TABLE` (16.0 MB)" in v.message, v
-    assert "still running" not in v.message, v.message
-    # refused on the host, as the run starts: nothing failed on the device (session 11)
-    assert "the engine refused to send your correction to its device" in v.message, v.message
-    assert "failed on the device" not in v.message, v.message
+    assert not v.passed and v.category == "host_tensor", v
+    assert "still running" not in v.message and "failed on the device" not in v.message, v

@@ -182,7 +182,8 @@ def test_a_serial_loop_without_a_forward_is_told_it_never_launched_one():
             inputs = engine.prepare_inputs(engine.schedule())
             engine.process_outputs(engine.launch_sample(inputs))
     verdict = checks.check_serial_loop(no_forward)
-    assert not verdict and "`launch_forward` never was" in verdict.message, verdict
+    assert not verdict and "came before" not in verdict.message, verdict
+    assert "with no `launch_forward` of the round before it" in verdict.message, verdict
 
 
 def test_a_zos_loop_two_rounds_deep_is_not_told_its_step_was_never_processed():

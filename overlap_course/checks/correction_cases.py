@@ -109,6 +109,13 @@ def unseen_batch() -> tuple[dict, torch.Tensor]:
     return decode_case(1, 4, list(range(7)), [2 + 3 * r for r in range(7)], [1] * 7)
 
 
+def fresh_shape() -> tuple:
+    """A case of 8 requests feeding 1 + [1, 3, 3, 2, 2, 2, 1, 3] tokens (k = 3, blocks of 4), a
+    size no other call gives: (meta, accepted, block_size, the engine's correction, label)."""
+    return _answered(*decode_case(3, 4, list(range(8)), [5, 11, 2, 17, 9, 22, 14, 6], [1] * 8,
+                                  drafts=[1, 3, 3, 2, 2, 2, 1, 3]), 4, "")
+
+
 def worked_case():
     """The notebook's worked case (block size 4, k = 2): three pending decode requests
     whose previous round accepted 1, 0 and 2 drafts.  Returns (meta, accepted, expected)."""

@@ -5,7 +5,6 @@ holds on any machine; and a run on tensors that hold no values, which any such r
 
 from __future__ import annotations
 
-import dis
 import importlib
 import sys
 import types
@@ -19,6 +18,7 @@ from . import correction_cases, sandbox
 from .answers import cut
 from .errors import learner_line
 from .correction_cases import FIELDS, WORKED, worked_requests
+from .op_watch import Watch, hidden_ops
 from .verdict import Verdict, counted, fails
 
 
@@ -52,9 +52,17 @@ class HostReads(TorchFunctionMode):
 
     def __init__(self):
         super().__init__()
-        self.ops, self.host = 0, []
+        self.ops, self.host, self.inside = 0, [], 0  # inside: an operation of ours running
+        self.dispatched = self.unaccounted = 0  # counted by a Watch of the same call
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.inside += 1
+        try:
+            return self._counted(func, args, kwargs)
+        finally:
+            self.inside -= 1
+
+    def _counted(self, func, args, kwargs):
         self.ops += 1
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
@@ -122,7 +130,7 @@ def _bool_index(index) -> bool:
 ON_META_TENSORS = frozenset({"check_correction"})
 
 
-def _half_imports_dropped(modules=sys.modules, roots=("sympy", "mpmath")) -> None:
+def half_imports_dropped(modules=sys.modules, roots=("sympy", "mpmath")) -> None:
     """An Interrupt while the first run on meta tensors imports torch._dynamo (and sympy, about
     a second) left sympy half-made: submodules in ``sys.modules`` not set on their package, or
     whose package is gone, and every later run failed a right answer ("module 'sympy' has no
@@ -169,120 +177,23 @@ def valueless_failure(fn, meta: dict, accepted: torch.Tensor, block_size: int,
     that way).  Code that does its work only where values exist (``if accepted.is_meta:
     return``, round nine) changes none of the tensors there, or makes far fewer or more tensor
     operations than the ``counted_ops`` of its run with values."""
-    _half_imports_dropped()
+    half_imports_dropped()
     copies = {name: t.to("meta") for name, t in meta.items()}
     given = dict(copies)
-    versions = {name: t._version for name, t in given.items()}  # an in-place change bumps it
+    versions = {name: (t._version, t.untyped_storage()._cdata)  # an in-place change bumps
+                for name, t in given.items()}  # the version; `t.data = new` swaps the storage
     try:
         with torch.device("meta"), HostReads() as seen:
             fn(copies, accepted.to("meta"), block_size)
     except Exception as err:  # noqa: BLE001 - the learner's code failed without values
         return _failed_where(err)
-    if all(copies.get(n) is t and t._version == versions[n] for n, t in given.items()):
+    if all(copies.get(n) is t and (t._version, t.untyped_storage()._cdata) == versions[n]
+           for n, t in given.items()):
         return "it changed none of the tensors in `meta`, which it corrects when they hold values"
     if seen.ops * 2 < counted_ops or seen.ops > 2 * counted_ops + 2:
         return (f"it made {seen.ops} tensor operations there and {counted_ops} on tensors "
                 f"with values: it does its work differently when the values exist")
     return None
-
-
-class _Devices(TorchFunctionMode):
-    """The first tensor operation that meets a tensor on the host with one on the device, by
-    name, and how: mixed with the metadata's tensors, or copied to the device (`.to(device)`,
-    `copy_`: on a GPU a copy from the host waits for the device's queue).  A host tensor here is
-    one the call made by a factory (no tensor among its arguments), or computed from one
-    (`.clone()`, `+ 0`, `torch.stack` of 0-d ones: round 51), one made from host memory
-    (`torch.from_numpy`: storage torch did not allocate), or one of ``held``.  0-d ones aside (a
-    GPU's kernels take those from the host); not any other made before the call: a cache filled
-    on tensors with values holds host tensors that a GPU's run would have made on the device."""
-
-    def __init__(self, held=()):
-        super().__init__()
-        self.mixed, self.copied, self.made = None, False, list(held)
-
-    def _on_host(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and (any(t is m for m in self.made)
-                                           or not t.untyped_storage().resizable())
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                   if isinstance(t, torch.Tensor)]
-        host = [t for t in tensors if self._on_host(t)]
-        result = func(*args, **kwargs)
-        out = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
-        if self.mixed is None and any(t.dim() for t in host):
-            elsewhere = [t for t in (*tensors, *out) if t.device.type != "cpu" and t.dim()]
-            if elsewhere:
-                self.mixed = getattr(func, "__name__", "an operation")
-                self.copied = not any(t.device.type != "cpu" for t in tensors if t.dim())
-        if not tensors or host:
-            self.made += [t for t in out if t.device.type == "cpu"]
-        return result
-
-
-def held_on_host(fn, depth: int = 3) -> list[torch.Tensor]:
-    """The host tensors (not 0-d) a correction reads as they were when its cell ran: its
-    globals, defaults and closure cells, and those of the functions it reaches that way
-    (round 51: a module-level `torch.arange(4096)` sliced in the call).  Not a global it
-    assigns itself (a lazily made one) nor what a container holds (a cache): those may have
-    been made where the metadata lives."""
-    found, seen, todo = [], set(), [(fn, 0)]
-    while todo:
-        f, level = todo.pop()
-        if not isinstance(f, types.FunctionType) or id(f) in seen or level > depth or \
-                (f.__module__ or "").split(".")[0] in ("torch", "numpy", "toy_engine",
-                                                      "overlap_course"):
-            continue
-        seen.add(id(f))
-        stored = _globals_stored(f.__code__)
-        reached = [f.__globals__.get(n) for n in _names_read(f.__code__) if n not in stored]
-        reached += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
-        reached += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
-        found += [t for t in reached if isinstance(t, torch.Tensor) and t.dim()
-                  and t.device.type == "cpu"]
-        todo += [(g, level + 1) for g in reached if isinstance(g, types.FunctionType)]
-    return found
-
-
-def _names_read(code) -> set[str]:
-    names, todo = set(), [code]
-    while todo:
-        c = todo.pop()
-        names.update(c.co_names)
-        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return names
-
-
-def _globals_stored(code) -> set[str]:
-    stored, todo = set(), [code]
-    while todo:
-        c = todo.pop()
-        stored.update(i.argval for i in dis.get_instructions(c) if i.opname == "STORE_GLOBAL")
-        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return stored
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # an empty cell: a name the function assigns later
-        return False
-    return True
-
-
-def host_made(fn, meta: dict, accepted: torch.Tensor, block_size: int) -> _Devices:
-    """What ``fn`` did with host tensors (``_Devices``: ``mixed`` is None when nothing).  Run on
-    tensors that hold no values and without a default device, so what it makes stays where it
-    says; on a CPU the two are one device and a GPU's error (tensors on two devices) never
-    shows (blind round 50).  Whatever the code raises here is the run before's to judge."""
-    seen = _Devices(held_on_host(fn))
-    try:
-        with seen:
-            fn({name: t.to("meta") for name, t in meta.items()}, accepted.to("meta"), block_size)
-    except Exception:  # noqa: BLE001 - judged by valueless_failure's run
-        pass
-    return seen
 
 
 def _failed_where(err: Exception) -> str:
@@ -326,15 +237,27 @@ def second_call(fn, copies: int) -> tuple[Verdict | None, HostReads]:
     """A second call for ``3 * copies`` requests and as many tokens, with other seqlens_q
     (``correction_cases.same_shape_case``): its host reads and values, and its count."""
     meta, accepted, expected = correction_cases.same_shape_case(copies)
-    held = versions(meta)
-    with HostReads() as seen:
+    held, given = versions(meta), {n: t.clone() for n, t in meta.items()}
+    with HostReads() as seen, Watch(seen) as watch:
         fn(meta, accepted, 4)
     got = {n: meta[n].tolist() for n in FIELDS}
+    hidden = hidden_ops(meta, given, watch)
+    if hidden is not None:
+        return hidden, seen
     if seen.host or got == expected:
         return host_read(seen, copies), seen
     if not wrote(meta, held):
         return stopped(f"a later call (for {3 * copies} requests)"), seen
     wrong = next(n for n in FIELDS if got[n] != expected[n])
+    fresh = _fresh_shape_wrong(fn)
+    if fresh is not None:  # blind round 52: wrong on a shape never seen too: no cache to blame
+        return fails("uneven_queries",
+                     f"your correction passed the cases, but with seqlens_q = "
+                     f"{meta['seqlens_q'].tolist()} {wrong} is {got[wrong]}, expected "
+                     f"{expected[wrong]}, and it is wrong on a batch of a shape it never saw "
+                     f"({fresh}): it assumes something about where each request's tokens start "
+                     f"that the earlier cases happened to hold. A request's tokens follow those "
+                     f"of the requests before it, `seqlens_q` of each, whatever their positions"), seen
     return fails("cached", f"your correction passed the cases, but on a second call for "
                            f"{3 * copies} requests and {len(meta['positions'])} tokens, as the "
                            f"call before, with seqlens_q = {meta['seqlens_q'].tolist()} (the "
@@ -344,6 +267,18 @@ def second_call(fn, copies: int) -> tuple[Verdict | None, HostReads]:
                            "cached by the batch size or token count?) does not fit this one. "
                            "Keep only what the shape alone decides (`torch.arange(B)`), or build "
                            "the map on every call from `meta['seqlens_q']`"), seen
+
+
+def _fresh_shape_wrong(fn) -> str | None:
+    """What ``fn`` gets wrong on ``correction_cases.fresh_shape()``, a batch of a size no other
+    call gives (so nothing kept from an earlier call fits it), or None: a mistake there is the
+    code's own, not a cache's."""
+    meta, accepted, block_size, expected, _ = correction_cases.fresh_shape()
+    fn(meta, accepted, block_size)
+    got = {n: meta[n].tolist() for n in FIELDS}
+    wrong = next((n for n in FIELDS if got[n] != expected[n]), None)
+    return None if wrong is None else (f"seqlens_q = {meta['seqlens_q'].tolist()}: {wrong} is "
+                                       f"{got[wrong]}, expected {expected[wrong]}")
 
 
 # How many more calls of the cases (blind round 32: a counter that stopped correcting after 40
@@ -383,13 +318,15 @@ def state_kept(fn) -> Verdict | None:
 
 
 def versions(meta: dict) -> dict:
-    """Each of ``meta``'s tensors and its version (an in-place change bumps ``_version``)."""
-    return {n: (t, t._version) for n, t in meta.items()}
+    """Each of ``meta``'s tensors, its version (an in-place change bumps ``_version``) and its
+    storage (`t.data = new` swaps it and bumps nothing: blind round 52)."""
+    return {n: (t, t._version, t.untyped_storage()._cdata) for n, t in meta.items()}
 
 
 def wrote(meta: dict, held: dict) -> bool:
     """Whether a correction wrote into or replaced any of the tensors ``versions`` saw."""
-    return any(meta.get(n) is not t or t._version != v for n, (t, v) in held.items())
+    return any(meta.get(n) is not t or t._version != v or t.untyped_storage()._cdata != s
+               for n, (t, v, s) in held.items())
 
 
 def changes_nothing(fn) -> bool:

@@ -140,8 +140,10 @@ def loop_verdict(log: HostLog, err, mode: str, in_order) -> Verdict | None:
     if verdict is None and engines(err, ForeignStep):
         verdict = _foreign_step(log, err)
     if verdict is None and engines(err, SampleBeforeForward):
-        verdict = sample_before_forward(log, err.round, "came before `launch_forward`" if log.pos(
-            "launch_forward", err.round) else "was called but `launch_forward` never was")
+        # the run stopped at the refused sample: whether a forward would have come later is
+        # not known (blind round 51: a loop with none was told the sample "came before" it)
+        verdict = sample_before_forward(log, err.round, "was called with no `launch_forward` "
+                                                        "of the round before it")
     if verdict is None and engines(err, PreparedTwice):
         verdict = prepared_twice(log, err.round, err.latest)
     if verdict is None and engines(err, PlannedSince):

@@ -19,6 +19,7 @@ from toy_engine.timeline import Timeline
 from . import context, pool
 from .answers import name, one_number, returned_real, show
 from .errors import at, quoted
+from .gap_mistakes import gap_mistakes, nearer_gap, round_extent
 from .given_timeline import BuiltInRan, Given, built_in
 from .harness import exercise_check, notebook_check
 from .host_order import serial_order
@@ -31,14 +32,6 @@ from .verdict import Verdict, fails, not_implemented, passes, unanswered
 
 __all__ = ["check_round_gap", "check_largest_host_stage", "check_overhead_gap", "host_ms_per_round",
            "host_cpu_ms_per_round", "check_serial_loop", "check_idle_fraction"]
-
-
-def _round_extent(timeline) -> tuple[dict, dict]:
-    first_start, last_end = {}, {}
-    for span in timeline.lane("device"):
-        first_start[span.round] = min(first_start.get(span.round, span.start_ms), span.start_ms)
-        last_end[span.round] = max(last_end.get(span.round, span.end_ms), span.end_ms)
-    return first_start, last_end
 
 
 # The one precision rule of check_round_gap: two decimals of a millisecond (as 03b says of its
@@ -56,7 +49,7 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     gap_ms = one_number(gap_ms, "set `gap_ms` to the gap in milliseconds", "write the gap as a number of milliseconds")
     if isinstance(gap_ms, Verdict):
         return gap_ms
-    first_start, last_end = _round_extent(timeline)
+    first_start, last_end = round_extent(timeline)
     if round not in first_start or round - 1 not in last_end:
         return fails("setup", f"this timeline has no rounds {round - 1} and {round} on its device lane")
     want = first_start[round] - last_end[round - 1]
@@ -82,10 +75,10 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     # to three decimals unless that would show a value the check passes (np.float16's 0.38 is
     # 0.37988, 0.00502 ms from a gap of 0.385: "0.380" would hide why it failed, blind round 13)
     shown = f"{gap_ms:.3f}" if float(f"{gap_ms:.3f}") == gap_ms else f"{gap_ms:.6g}"
-    for value, category, why in _gap_mistakes(timeline, round, want):
+    for value, category, why in gap_mistakes(timeline, round, want):
         if near(gap_ms, value):
             return fails(category, f"{shown} ms: {why}")
-    other = _nearer_gap(timeline, gap_ms, want, hover)
+    other = nearer_gap(timeline, gap_ms, want, hover)
     if other is not None:  # blind round 51: round 25's gap, to the ns, passed as round 10's
         return fails("wrong_round", f"{shown} ms: that is the gap before round {other}, to "
                                     f"{decimals(gap_ms)} decimals; the question asks for the gap "
@@ -109,57 +102,6 @@ def check_round_gap(gap_ms, timeline, round: int) -> Verdict:
     return fails("wrong", f"{shown} ms is not the gap: take the start of round {round}'s first "
                           f"device span minus the end of round {round - 1}'s last device span "
                           f"(timeline.lane(\"device\"))")
-
-
-def _gap_mistakes(timeline, round: int, want: float) -> list[tuple[float, str, str]]:
-    """What the classic wrong measurements of the gap give on this timeline: (value, category, why)."""
-    first_start, last_end = _round_extent(timeline)
-    dev = {(s.stage, s.round): s for s in timeline.lane("device")}
-    host = {(s.stage, s.round): s for s in timeline.lane("host")}
-    mistakes = [
-        (-want, "sign_flipped",
-         "the sign is flipped: subtract the end of the earlier round from the start of the later one"),
-    ]
-    if round + 1 in first_start:
-        mistakes.append((first_start[round + 1] - last_end[round], "wrong_round",
-                         f"that is the gap after round {round}; the question asks for the gap before it, after "
-                         f"round {round - 1}"))
-    if round - 2 in last_end:
-        mistakes.append((first_start[round - 1] - last_end[round - 2], "wrong_round",
-                         f"that is the gap before round {round - 1}; the question asks for the gap before round "
-                         f"{round}"))
-    if round - 1 in first_start:
-        mistakes.append((first_start[round] - first_start[round - 1], "start_to_start",
-                         f"that is from the start of round {round - 1} to the start of round {round}: it includes "
-                         f"round {round - 1}'s device work; start from the end of its last span"))
-    if ("upload", round) in dev and ("forward", round) in dev:
-        mistakes.append((dev[("forward", round)].start_ms - dev[("upload", round)].end_ms, "inside_round",
-                         f"that is the small gap inside round {round}, between its upload and its forward"))
-    if ("sample", round - 1) in dev and ("forward", round) in dev:
-        mistakes.append((dev[("forward", round)].start_ms - dev[("sample", round - 1)].end_ms, "up_to_forward",
-                         f"you measured up to round {round}'s forward, but its upload is already device work"))
-    if ("wait", round - 1) in host:
-        mistakes.append((first_start[round] - host[("wait", round - 1)].end_ms, "host_lane",
-                         f"you started at the end of the host's wait; the gap starts on the device lane, when "
-                         f"round {round - 1}'s sample ends"))
-    if ("sample", round - 1) in dev:
-        mistakes.append((first_start[round] - dev[("sample", round - 1)].start_ms, "from_sample_start",
-                         f"you started at the start of round {round - 1}'s sample; the device was busy until "
-                         f"its end"))
-    return mistakes
-
-
-def _nearer_gap(timeline, gap_ms: float, want: float, hover: float | None) -> int | None:
-    """The round whose gap before it is the answer (within a thousandth) and nearer than the
-    asked one, for an answer written to more than the rule's two decimals that is not the
-    hover's reading of the asked gap."""
-    if decimals(gap_ms) <= 2 or (hover is not None and near(gap_ms, hover)):
-        return None
-    first_start, last_end = _round_extent(timeline)
-    gaps = {r: first_start[r] - last_end[r - 1] for r in first_start if r - 1 in last_end}
-    nearer = [r for r, gap in gaps.items() if near(gap_ms, gap) and abs(gap_ms - gap) <
-              abs(gap_ms - want)]
-    return min(nearer, key=lambda r: abs(gap_ms - gaps[r]), default=None)
 
 
 HOST_WORK_STAGES = ("schedule", "prepare", "launch_forward", "launch_sample", "postprocess")

@@ -25,7 +25,8 @@ from .plan_order import flushed_with_a_plan
 from .run_edits import run_verdict, same_run
 from .lesson03_mistakes import order_mistake, ratio_mistakes
 from .zos_runs import SPEC, endings_run
-from .verdict import Verdict, fails, no_such_round, not_implemented, passes, unanswered
+from .verdict import (Verdict, fails, joined, no_such_round, not_implemented, passes,
+                      unanswered)
 
 __all__ = ["check_processed_under", "check_swapped_order", "check_tokens_lost", "check_future_inputs",
            "check_ideal_ratio", "check_zos_loop", "expected_three_rounds", "check_three_rounds"]
@@ -421,6 +422,7 @@ def _host_names(order, expected) -> Verdict:
         then = "with those names: " + _three_rounds_mistake(renamed, expected).message
     used = [name for name in _HOST_NAMES if any(stage == name for stage, _ in order)]
     return fails("host_names", f"you wrote the engine's method names "
-                               f"({', '.join(f'`{name}`' for name in used)}): this exercise "
+                               f"({joined([f'`{name}`' for name in used])}): this exercise "
                                f"calls those steps "
-                               f"{', '.join(repr(_HOST_NAMES[name]) for name in used)}; {then}")
+                               f"{joined([f'{chr(34)}{_HOST_NAMES[n]}{chr(34)}' for n in used])}"
+                               f"; {then}")

@@ -58,9 +58,9 @@ CATEGORIES = frozenset({
     "stale", "off_by_one", "plus_one", "subtracted", "slots_shifted", "positions_not_slots", "shifted_by_one",
     "accepted_by_batch", "pending_ignored", "first_token_only", "block_size_hardcoded", "seqlens_q",
     "seqlens_k", "positions", "slot_mapping", "host_read", "host_tensor", "python_loop",
-    "engine_fix", "engine_error", "engine_mismatch",
+    "engine_fix", "hidden_ops", "engine_error", "engine_mismatch",
     "input_field", "unknown_field", "missing_field", "unchanged_field", "changed_input", "no_shift",
-    "cached", "stopped", "scripted",
+    "cached", "uneven_queries", "stopped", "scripted",
     # 05: ownership and lifetime, and exercise 05's process_outputs
     "misses_current_round", "misses_in_flight", "already_processed", "missed_abort_round",
     "missed_extra_step", "serial_discards_nothing", "nothing_discarded", "too_many", "wrong_slot",
@@ -114,6 +114,11 @@ def fails(category: str, message: str) -> Verdict:
 def counted(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: "1 token", "3 tokens", "2 times"."""
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def joined(words: list[str]) -> str:
+    """Words as a sentence lists them: "a", "a and b", "a, b and c"."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def article(noun: str) -> str:

@@ -1,15 +1,17 @@
 """Whose correction computed exercise 04(a)'s values: the engine's own
-``te.kernels.correct_seqlens_qk``, which the exercise asks the learner to write, or the learner's.
-The same rule as exercises 02 and 03's loops (``whose_loop``): what ran decides, not the name."""
+``te.kernels.correct_seqlens_qk``, which the exercise asks the learner to write, or the learner's
+(the same rule as exercises 02 and 03's loops, ``whose_loop``: what ran decides, not the name);
+and whether the check saw every operation of a call it counts."""
 
 from __future__ import annotations
 
-import sys
-
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch
 
 from toy_engine import kernels
 
+from .correction_cases import FIELDS
+from .host_waits import stopped
+from .op_watch import Watch, hidden_ops
 from .verdict import Verdict, fails
 
 # The engine's correction by its code: its content (a copy pasted whole, docstring and all, or
@@ -30,28 +32,26 @@ def _engine_fix_above(frame) -> bool:
     return False
 
 
-class _Watch(TorchDispatchMode):
-    """Whether any tensor operation ran with the engine's correction on the stack.  A dispatch
-    mode, not a function mode: ``torch._C.DisableTorchFunction()`` does not hide an operation
-    from it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ran = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.ran:
-            self.ran = _engine_fix_above(sys._getframe(1))
-        return func(*args, **(kwargs or {}))
-
-
-def engine_fix(fn, meta: dict, accepted, block_size: int) -> Verdict | None:
-    """The verdict on a correction whose call ran the engine's own, or None.  Last, after the
-    engine's run: a correction that hands over after a mistake of its own hears of that mistake."""
-    watch = _Watch()
-    with watch:
+def engine_fix(fn, meta: dict, accepted, block_size: int, expected: dict) -> Verdict | None:
+    """The verdict on a correction whose call ran the engine's own (or ran where the check
+    cannot see whose code ran), or None.  Last, after the engine's run: a correction that hands
+    over after a mistake of its own hears of that mistake."""
+    given = {name: t.clone() for name, t in meta.items()}
+    with Watch(look_for=_engine_fix_above) as watch:
         fn(meta, accepted, block_size)
-    if not watch.ran:
+    got = {name: meta[name].tolist() for name in FIELDS}
+    if got != expected:  # round 52: a correction that does nothing while a mode watches
+        wrong = next(name for name in FIELDS if got[name] != expected[name])
+        if all(torch.equal(meta[name], given[name]) for name in FIELDS):
+            return stopped("a later call of the worked case (its tensor operations watched)")
+        return fails("stopped", f"your correction passed the cases, but on a later call of the "
+                                f"worked case (its tensor operations watched) {wrong} is "
+                                f"{got[wrong]}, expected {expected[wrong]}: does it do "
+                                f"differently when watched?")
+    verdict = hidden_ops(meta, given, watch)
+    if verdict is not None:
+        return verdict
+    if not watch.found:
         return None
     return fails("engine_fix",
                  "your function's values come from the engine's own correction, "
