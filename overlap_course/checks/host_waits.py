@@ -217,6 +217,29 @@ def _failed_where(err: Exception) -> str:
     return f"{line}: {why}" if line else why
 
 
+def python_loop(ops: list[int], hidden: bool) -> Verdict:
+    """The verdict on a correction that makes more tensor operations for 6 requests than for 3
+    (``hidden``: counted at dispatch, torch's function modes having been switched off)."""
+    where = ", counted where torch's function modes were switched off" * hidden
+    return fails("python_loop",
+                 f"your correction computes the right values, but it makes "
+                 f"{counted(ops[0], 'tensor operation')} for 3 requests and {ops[1]} for 6 (each "
+                 f"on its second call of that size{where}): it loops over requests (or tokens) "
+                 f"in Python. On a GPU every one of those operations is a kernel launch, so the "
+                 f"correction's cost grows with the batch. Write it with whole-tensor operations "
+                 f"(the hints' repeat_interleave and indexing with tensors), whose count does "
+                 f"not depend on the batch size")
+
+
+def torch_half_loaded(half: str) -> Verdict:
+    """The verdict when an Interrupt stopped torch's import of ``half`` halfway."""
+    return fails("setup", f"an Interrupt stopped the import of `{half}` halfway (torch imports "
+                          "it the first time a check runs tensors that hold no values), so torch "
+                          "is half-loaded in this kernel and cannot import it again: restart "
+                          "the kernel (Kernel > Restart), run your cells again, then this check. "
+                          "Your correction was not judged")
+
+
 def host_read(seen: HostReads, copies: int) -> Verdict | None:
     """The verdict on a run for ``3 * copies`` requests that read values on the host, or None."""
     if not seen.host:

@@ -25,8 +25,9 @@ from .errors import at, quoted
 from .harness import exercise_check, notebook_check
 from .device_homes import host_made
 from .host_waits import (HostReads, changes_nothing, half_imports_dropped, half_loaded_torch,
-                         host_read, scripted, scripted_part, second_call, state_kept, stopped,
-                         valueless_failure, versions, wrote)
+                         host_read, python_loop, scripted, scripted_part, second_call,
+                         state_kept, stopped, torch_half_loaded, valueless_failure, versions,
+                         wrote)
 from .op_watch import Watch, hidden_ops
 from .verdict import Verdict, article, counted, fails, not_implemented, passes, unanswered
 from .whose_fix import engine_fix
@@ -130,6 +131,8 @@ def _stays_on_device(fn) -> Verdict | None:
     each counted on a second call of its size (``host_waits.second_call``: a cache that missed
     on the first is warm); then run on tensors without values, which no read can hide from."""
     half_imports_dropped()  # a dispatch mode watches each call: torch may import sympy for it
+    if (half := half_loaded_torch()) is not None:  # and torch._dynamo (round 28's Interrupt)
+        return torch_half_loaded(half)
     calls = []  # each size's counted call: its HostReads
     for copies in (1, 2):
         meta, accepted = worked_requests(4, [1, 1, 1], copies)
@@ -145,26 +148,14 @@ def _stays_on_device(fn) -> Verdict | None:
             return verdict
         calls.append(seen)
     counts = [call.ops for call in calls]
-    hidden = "" if not any(call.unaccounted for call in calls) else (
-        ", counted where torch's function modes were switched off")
-    ops = [call.dispatched for call in calls] if hidden else counts
-    if ops[1] > ops[0]:  # round 52: a loop under torch._C.DisableTorchFunction() passed
-        return fails("python_loop",
-                     f"your correction computes the right values, but it makes "
-                     f"{counted(ops[0], 'tensor operation')} for 3 requests and {ops[1]} for "
-                     f"6 (each on its second call of that size{hidden}): it loops over requests "
-                     f"(or tokens) in Python. On a GPU every one of those "
-                     f"operations is a kernel launch, so the correction's cost grows with the "
-                     f"batch. Write it with whole-tensor operations (the hints' repeat_interleave "
-                     f"and indexing with tensors), whose count does not depend on the batch size")
+    hidden = any(call.unaccounted for call in calls)  # torch's function modes switched off:
+    ops = [call.dispatched for call in calls] if hidden else counts  # counted at dispatch,
+    if ops[1] > ops[0] and not hidden:  # after the run without values, which names a host
+        return python_loop(ops, hidden)  # read first (round 52: a loop there passed)
     failed = valueless_failure(fn, *worked_requests(4, [1, 1, 1]), 4, counts[0])
     half = half_loaded_torch() if failed is not None else None
     if half is not None:
-        return fails("setup", f"an Interrupt stopped the import of `{half}` "
-                              "halfway (torch imports it the first time a check runs tensors that "
-                              "hold no values), so torch is half-loaded in this kernel and cannot "
-                              "import it again: restart the kernel (Kernel > Restart), run your "
-                              "cells again, then this check. Your correction was not judged")
+        return torch_half_loaded(half)
     if failed is not None and changes_nothing(fn):
         return stopped("its last two calls (on tensors that hold no values, then on tensors "
                        "that do)")
@@ -174,6 +165,8 @@ def _stays_on_device(fn) -> Verdict | None:
                      f"run on tensors that hold no values (as a GPU's are to the host) it failed "
                      f"({failed}). On a GPU such a read makes the host wait for the device, "
                      f"which is what ZOS removes: keep every step a tensor operation")
+    if ops[1] > ops[0]:
+        return python_loop(ops, hidden)
     seen = host_made(fn, *correction_cases.unseen_batch(), 4)
     if seen.copied:
         return fails("host_tensor",
