@@ -61,13 +61,17 @@ def test_the_engines_correction_hidden_from_the_watch_is_refused(fn, category):
 
 # -- serious: host tensors the host-tensor rule does not see (wrong on a GPU, passed here) --
 
-def _body(meta, accepted, block_size, rows):
-    delta = accepted[meta["rows"]] * meta["pending"]
+def _shifted(meta, delta, rows, block_size):
+    """The solution's steps from a per-request shift ``delta`` and index ``rows`` (0..B-1)."""
     owner = torch.repeat_interleave(rows, meta["seqlens_q"], output_size=len(meta["positions"]))
     meta["seqlens_k"] += delta
     meta["positions"] += delta[owner]
     block = meta["block_tables"][owner, meta["positions"] // block_size]
     meta["slot_mapping"].copy_(block * block_size + meta["positions"] % block_size)
+
+
+def _body(meta, accepted, block_size, rows):
+    _shifted(meta, accepted[meta["rows"]] * meta["pending"], rows, block_size)
 
 
 def _like_on_cpu(meta, accepted, block_size):
@@ -262,15 +266,7 @@ def _host_mix_variants():
     """Corrections that are right on this CPU but mix a host-made 1-D tensor with device tensors."""
 
     def _finish(meta, d, block_size):
-        B = len(meta["rows"])
-        req = torch.repeat_interleave(torch.arange(B, device=meta["rows"].device),
-                                      meta["seqlens_q"],
-                                      output_size=len(meta["positions"]))
-        meta["seqlens_k"] += d
-        meta["positions"] += d[req]
-        p = meta["positions"]
-        meta["slot_mapping"].copy_(meta["block_tables"][req, p // block_size] * block_size
-                                   + p % block_size)
+        _shifted(meta, d, torch.arange(len(meta["rows"]), device=meta["rows"].device), block_size)
 
     def where_host_zeros(meta, accepted, block_size):
         # the notebook says "use torch.where(cond, a, b)"; b made on the host
@@ -301,19 +297,10 @@ def _host_mix_variants():
 
     def positions_from_host_arange(meta, accepted, block_size):
         # recompute positions from the corrected key length; offsets from a host arange
-        B = len(meta["rows"])
-        T = len(meta["positions"])
-        d = accepted[meta["rows"]] * meta["pending"]
-        meta["seqlens_k"] += d
-        req = torch.repeat_interleave(torch.arange(B, device=meta["rows"].device),
-                                      meta["seqlens_q"],
-                                      output_size=T)
-        start = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
-        j = torch.arange(T) - start[req]  # host arange minus a device tensor
-        meta["positions"].copy_((meta["seqlens_k"] - meta["seqlens_q"])[req] + j)
-        p = meta["positions"]
-        meta["slot_mapping"].copy_(meta["block_tables"][req, p // block_size] * block_size
-                                   + p % block_size)
+        def offsets(T, req):
+            start = torch.cumsum(meta["seqlens_q"], 0) - meta["seqlens_q"]
+            return torch.arange(T) - start[req]  # host arange minus a device tensor
+        _rebuilt(meta, accepted, block_size, offsets)
 
     def index_add_host_index(meta, accepted, block_size):
         B = len(meta["rows"])
@@ -339,6 +326,20 @@ def test_04a_host_tensor_mixed_by_arithmetic_where_cat_index_add_is_refused(fix)
     assert not verdict and verdict.category == "host_tensor", verdict
 
 
+def _rebuilt(meta, accepted, block_size, offsets):
+    """Positions rebuilt from the corrected key lengths, each token's ``offsets(T, req)`` in its
+    request (``req``: each token's request), then the slots."""
+    T = len(meta["positions"])
+    d = accepted[meta["rows"]] * meta["pending"]
+    meta["seqlens_k"] += d
+    req = torch.repeat_interleave(torch.arange(len(d), device=d.device), meta["seqlens_q"],
+                                  output_size=T)
+    meta["positions"].copy_((meta["seqlens_k"] - meta["seqlens_q"])[req] + offsets(T, req))
+    p = meta["positions"]
+    meta["slot_mapping"].copy_(meta["block_tables"][req, p // block_size] * block_size
+                               + p % block_size)
+
+
 def test_04a_modulo_offset_message_does_not_blame_a_cache():
     """Medium (wrong message): a correction that keeps nothing between calls, but finds a token's
     offset in its request as `arange % seqlens_q[req]` (right only when every request starts at a
@@ -347,18 +348,8 @@ def test_04a_modulo_offset_message_does_not_blame_a_cache():
     name the offset/start mistake (or at least not a cache)."""
 
     def correct_seqlens_qk(meta, accepted, block_size):
-        B = len(meta["rows"])
-        T = len(meta["positions"])
-        d = accepted[meta["rows"]] * meta["pending"]
-        meta["seqlens_k"] += d
-        req = torch.repeat_interleave(torch.arange(B, device=meta["rows"].device),
-                                      meta["seqlens_q"],
-                                      output_size=T)
-        j = torch.arange(T, device=meta["rows"].device) % meta["seqlens_q"][req]
-        meta["positions"].copy_((meta["seqlens_k"] - meta["seqlens_q"])[req] + j)
-        p = meta["positions"]
-        meta["slot_mapping"].copy_(meta["block_tables"][req, p // block_size] * block_size
-                                   + p % block_size)
+        _rebuilt(meta, accepted, block_size,
+                 lambda T, req: torch.arange(T, device=req.device) % meta["seqlens_q"][req])
 
     verdict = checks.check_correction(correct_seqlens_qk)
     assert not verdict and verdict.category == "uneven_queries", verdict
